@@ -1,0 +1,1 @@
+"""Per-block activation extraction into Zarr v3 stores. Uses torch."""

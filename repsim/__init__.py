@@ -1,0 +1,59 @@
+"""repsim: representation analysis at scale, torch-free.
+
+Minibatch CKA, class separation (R^2), sparsity, neural-collapse metrics, spectra and transfer
+probes, computed from in-memory arrays (NumPy, CuPy, array-api-strict) or streamed out-of-core from
+Zarr v3 activation stores with Dask. The science follows Kornblith, Chen, Lee & Norouzi, "Why Do
+Better Loss Functions Lead to Less Transferable Features?" (NeurIPS 2021).
+
+Public names are imported lazily so that ``import repsim`` stays cheap and never imports torch.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it (relative to this package)
+_EXPORTS: dict[str, str] = {
+    # kernels
+    "linear_cka": "cka",
+    "ucenter": "cka",
+    "MinibatchCKA": "cka",
+    "class_separation": "separation",
+    "ClassSeparation": "separation",
+    "nonzero_fraction": "sparsity",
+    "nonzero_fraction_per_channel": "sparsity",
+    "Sparsity": "sparsity",
+    "collapse_metrics": "collapse",
+    "CollapseStats": "collapse",
+    # stores
+    "save_store": "store",
+    "open_store": "store",
+    "ActivationStore": "store",
+    "StoreWriter": "store",
+    "StoreError": "store",
+    # out-of-core engine
+    "cka_matrix": "engine",
+    "CKAResult": "engine",
+    "set_scheduler": "scheduler",
+    # probes
+    "linear_probe": "probes",
+    "knn_probe": "probes",
+    "ProbeResult": "probes",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'repsim' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

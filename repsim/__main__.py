@@ -1,0 +1,3 @@
+from repsim.cli import main
+
+raise SystemExit(main())

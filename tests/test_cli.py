@@ -1,0 +1,28 @@
+"""The command line: every subcommand has --help, and importing repsim never imports torch."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from repsim.cli import SUBCOMMANDS, build_parser
+
+
+def test_import_repsim_is_torch_free():
+    code = "import sys, repsim, repsim.cli; repsim.cli.build_parser(); assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("command", sorted(SUBCOMMANDS))
+def test_every_subcommand_has_help(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args([command, "--help"])
+    assert exc.value.code == 0
+    assert command in capsys.readouterr().out
+
+
+def test_console_script_runs():
+    out = subprocess.run([sys.executable, "-m", "repsim", "--help"], capture_output=True, text=True, check=True)
+    for command in SUBCOMMANDS:
+        assert command in out.stdout

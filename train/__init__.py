@@ -1,0 +1,1 @@
+"""Training under the nine objectives of Kornblith et al. (2021). Uses torch."""
