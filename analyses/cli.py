@@ -1,10 +1,62 @@
-"""`repsim figures`: regenerate the paper's figures and tables from stores and results (issue 8; not implemented yet)."""
+"""`repsim figures`: regenerate the paper's figures and tables from stores and results files.
+
+Every item the inputs support is written to ``--out`` (figures as PNG + PDF, tables as CSV +
+Markdown) together with ``report.html``; items whose inputs are missing are listed in the report with
+the reason. Exit status: 0, or 1 when an item failed with an error (its traceback is in the report).
+"""
 from __future__ import annotations
 
-from repsim.commands import no_arguments as configure, not_implemented
+import argparse
+from pathlib import Path
 
 HELP = "regenerate the paper's figures and tables from stores and results"
 
 
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stores", type=Path, default=None,
+                        help="directory holding activation stores (*.zarr, searched recursively)")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="directory of results files (cka_*.npz, separation.csv, probes.csv, ...)")
+    parser.add_argument("--out", type=Path, required=True, help="output directory for figures, tables, report.html")
+    parser.add_argument("--only", nargs="+", metavar="ID", default=None,
+                        help="render only these items (e.g. fig1 table1 fig2a)")
+    parser.add_argument("--list", action="store_true", help="list the items and their inputs, then exit")
+    parser.add_argument("--quiet", action="store_true", help="no per-item progress lines")
+
+
+def make_figures(stores: Path | None, results: Path | None, out: Path, *, only=None, progress: bool = True,
+                 title: str = "repsim figures", intro_html: str = ""):
+    """Render every item the inputs support into ``out`` and write ``out/report.html``.
+
+    Returns (outcomes, report path).
+    """
+    from analyses.data import Inputs
+    from analyses.registry import render_all
+    from analyses.report import write_report
+
+    inputs = Inputs(stores, results)
+    outcomes = render_all(inputs, Path(out), only=set(only) if only else None, progress=progress)
+    sources = f"Stores: {stores or '—'} ({len(inputs.stores)} complete). Results: {results or '—'}."
+    return outcomes, write_report(outcomes, Path(out), title=title, intro_html=intro_html, sources=sources)
+
+
 def run(args) -> int:
-    return not_implemented("figures", 8)
+    if args.list:
+        from analyses.items import ORDER
+        from analyses.registry import REGISTRY
+
+        for it in sorted(REGISTRY, key=lambda it: ORDER.index(it.id)):
+            print(f"{it.id:8s} {it.kind:6s} {it.title}  [needs: {', '.join(it.needs)}]")
+        return 0
+    for name in ("stores", "results"):
+        path = getattr(args, name)
+        if path is not None and not path.is_dir():
+            raise SystemExit(f"repsim figures: --{name} {path} is not a directory")
+    outcomes, report = make_figures(args.stores, args.results, args.out, only=args.only, progress=not args.quiet)
+    failed = [o for o in outcomes if o.status == "failed"]
+    done = sum(o.status == "done" for o in outcomes)
+    print(f"repsim figures: {done} rendered, {sum(o.status == 'skipped' for o in outcomes)} skipped, "
+          f"{len(failed)} failed -> {report}")
+    for o in failed:
+        print(f"  FAILED {o.item.id}: {o.note.splitlines()[0]}")
+    return 1 if failed else 0

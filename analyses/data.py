@@ -1,0 +1,300 @@
+"""Inputs of the figure script: results files and activation stores, loaded lazily.
+
+Formats are those of CONTRACTS.md "Results files". Every accessor raises :class:`Missing` (with the
+reason) when its input is absent, so that a figure whose inputs are not there is skipped with a note
+rather than failing the whole report.
+"""
+from __future__ import annotations
+
+import json
+import re
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+import pandas as pd
+
+# Paper order (Table 1) and display names of the nine objectives; anything else is appended.
+OBJECTIVES: tuple[str, ...] = (
+    "softmax", "label_smoothing", "sigmoid", "extra_l2", "dropout",
+    "logit_penalty", "logit_norm", "cosine_softmax", "squared_error",
+)
+DISPLAY: dict[str, str] = {
+    "softmax": "Softmax", "label_smoothing": "Label smoothing", "sigmoid": "Sigmoid",
+    "extra_l2": "More final layer L²", "dropout": "Dropout", "logit_penalty": "Logit penalty",
+    "logit_norm": "Logit normalization", "cosine_softmax": "Cosine softmax",
+    "squared_error": "Squared error", "init": "Initialization",
+}
+# Evaluation splits, most preferred first, for "source accuracy" (ImageNet validation in the paper).
+EVAL_SPLITS: tuple[str, ...] = ("test", "val", "validation", "holdout")
+# probes.csv tasks that relearn the pretraining classes (Fig. 6), not transfer tasks.
+SOURCE_TASK = re.compile(r"^(source|relearn)", re.IGNORECASE)
+
+
+class Missing(Exception):
+    """An item's inputs are absent; the message says which."""
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key: block2 < block10; ``pool`` and ``logits`` after every block."""
+    tail = {"pool": 1, "logits": 2}.get(name, 0)
+    return (tail,) + tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def objective_key(label: str) -> tuple:
+    """Sort key for labels: paper order of the objective, then the label itself."""
+    objective = label.split(" (")[0]
+    rank = OBJECTIVES.index(objective) if objective in OBJECTIVES else len(OBJECTIVES)
+    return (rank, label)
+
+
+def display(label: str) -> str:
+    objective, _, rest = label.partition(" (")
+    return DISPLAY.get(objective, objective) + (f" ({rest}" if rest else "")
+
+
+def _params_text(params: Any) -> str:
+    if isinstance(params, str):
+        try:
+            params = json.loads(params) if params else {}
+        except json.JSONDecodeError:
+            return params
+    if not params:
+        return ""
+    return ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+
+
+class Inputs:
+    """Everything under ``--stores`` and ``--results``; each piece read at most once."""
+
+    def __init__(self, stores_dir: str | Path | None, results_dir: str | Path | None):
+        self.stores_dir = Path(stores_dir) if stores_dir else None
+        self.results_dir = Path(results_dir) if results_dir else None
+
+    # ----------------------------------------------------------------- stores
+    @cached_property
+    def stores(self) -> dict[str, Any]:
+        """Complete stores under the stores directory, by name (incomplete ones are ignored)."""
+        if self.stores_dir is None or not self.stores_dir.is_dir():
+            return {}
+        from repsim import open_store
+
+        found = {}
+        for path in sorted(self.stores_dir.rglob("*.zarr")):
+            try:
+                store = open_store(path)
+            except ValueError:
+                continue
+            found[store.name] = store
+        return found
+
+    def require_stores(self, why: str) -> dict[str, Any]:
+        if not self.stores:
+            raise Missing(f"no complete activation stores under --stores ({why})")
+        return self.stores
+
+    @cached_property
+    def runs(self) -> pd.DataFrame:
+        """One row per known store: store, objective, seed, params, arch, epoch, dataset, split, n, label.
+
+        From the stores' attrs when available, else from the (store, objective, seed) columns of
+        the results CSVs. ``label`` is the objective, with its parameters appended when one objective
+        appears with several parameter settings (e.g. a temperature sweep).
+        """
+        rows = []
+        for name, store in self.stores.items():
+            model, dataset = store.attrs.get("model") or {}, store.attrs.get("dataset") or {}
+            rows.append(dict(
+                store=name, objective=model.get("objective") or "", seed=model.get("seed"),
+                params=_params_text(model.get("params")), arch=model.get("arch") or "",
+                epoch=model.get("epoch"), dataset=dataset.get("name") or "",
+                split=dataset.get("split") or "", n=dataset.get("n", store.n),
+            ))
+        known = {r["store"] for r in rows}
+        for name in ("separation", "sparsity", "collapse", "probes"):
+            df = self._raw_csv(name)
+            if df is None or "store" not in df:
+                continue
+            for rec in df.drop_duplicates("store").to_dict("records"):
+                if rec["store"] not in known:
+                    known.add(rec["store"])
+                    rows.append(dict(store=rec["store"], objective=rec.get("objective", ""),
+                                     seed=rec.get("seed"), params=rec.get("params", "") or "",
+                                     arch="", epoch=rec.get("epoch"), dataset="", split="", n=None))
+        runs = pd.DataFrame(rows, columns=["store", "objective", "seed", "params", "arch", "epoch",
+                                           "dataset", "split", "n"])
+        runs["objective"] = runs["objective"].fillna("").astype(str)
+        runs["params"] = runs["params"].fillna("").astype(str)
+        runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce")
+        runs["epoch"] = pd.to_numeric(runs["epoch"], errors="coerce")
+        n_settings = runs.groupby("objective")["params"].nunique()
+        runs["label"] = [
+            f"{o} ({p})" if p and n_settings.get(o, 0) > 1 else o
+            for o, p in zip(runs["objective"], runs["params"])
+        ]
+        return runs
+
+    # --------------------------------------------------------------- results
+    def _raw_csv(self, name: str) -> pd.DataFrame | None:
+        if self.results_dir is None:
+            return None
+        path = self.results_dir / f"{name}.csv"
+        if not path.is_file():
+            return None
+        return pd.read_csv(path, keep_default_na=False, na_values=[""])
+
+    def csv(self, name: str) -> pd.DataFrame:
+        """A results CSV with ``label`` (and store metadata) joined on; raises Missing when absent."""
+        df = self._raw_csv(name)
+        if df is None:
+            raise Missing(f"{name}.csv not found in --results")
+        if df.empty:
+            raise Missing(f"{name}.csv in --results has no rows")
+        df = df.copy()
+        if "seed" in df:
+            df["seed"] = pd.to_numeric(df["seed"], errors="coerce")
+        if "objective" in df:
+            df["objective"] = df["objective"].fillna("").astype(str)
+        if "store" in df:
+            meta = self.runs[["store", "label", "epoch", "dataset", "split", "n"]]
+            df = df.drop(columns=[c for c in ("epoch",) if c in df and c in meta and df[c].isna().all()])
+            df = df.merge(meta, on="store", how="left", suffixes=("", "_store"))
+            if "epoch_store" in df:
+                df["epoch"] = df["epoch"].fillna(df.pop("epoch_store"))
+            fallback = df["objective"] if "objective" in df else df["store"]
+            df["label"] = df["label"].fillna(fallback)
+        elif "objective" in df:
+            df["label"] = df["objective"]
+        return df
+
+    @cached_property
+    def cka(self) -> "CKACollection":
+        if self.results_dir is None:
+            raise Missing("no --results directory")
+        files = sorted(self.results_dir.glob("cka_*.npz"))
+        if not files:
+            raise Missing("no cka_*.npz in --results")
+        return CKACollection(files)
+
+    @cached_property
+    def spectra(self) -> dict[tuple[str, str, str], np.ndarray]:
+        path = self.results_dir / "spectra.npz" if self.results_dir else None
+        if path is None or not path.is_file():
+            raise Missing("spectra.npz not found in --results")
+        with np.load(path) as z:
+            out = {}
+            for key in z.files:
+                store, layer, kind = key.rsplit("/", 2)
+                out[(store, layer, kind)] = np.asarray(z[key], dtype=np.float64)
+        return out
+
+    # ---------------------------------------------------------------- helpers
+    def label_of(self, store: str) -> str:
+        hit = self.runs.loc[self.runs["store"] == store, "label"]
+        if hit.empty or not hit.iloc[0]:
+            raise Missing(f"objective of store {store!r} unknown (pass --stores or a results CSV naming it)")
+        return str(hit.iloc[0])
+
+    def source_accuracy(self) -> pd.DataFrame:
+        """Final-epoch accuracy on the source task per (label, seed): columns top1, top5, split.
+
+        From training.csv, on the most preferred evaluation split present (test > val > holdout).
+        """
+        tr = self.csv("training")
+        if "run" in tr and "store" not in tr:
+            tr = tr.rename(columns={"run": "store"})
+        split = next((s for s in EVAL_SPLITS if (tr["split"] == s).any()), None)
+        if split is None:
+            raise Missing(f"training.csv has no evaluation split ({', '.join(EVAL_SPLITS)})")
+        ev = tr[tr["split"] == split]
+        last = ev.loc[ev.groupby(["label", "seed"], dropna=False)["epoch"].idxmax()]
+        out = last[["label", "seed", "top1"] + (["top5"] if "top5" in last else [])].copy()
+        out["split"] = split
+        return out.reset_index(drop=True)
+
+    def penultimate(self, layers: Iterable[str]) -> str:
+        """The penultimate layer: ``pool`` when present, else the last non-logits layer."""
+        layers = sorted(set(layers), key=natural_key)
+        if "pool" in layers:
+            return "pool"
+        rest = [l for l in layers if l != "logits"]
+        if not rest:
+            raise Missing("no penultimate layer (only logits)")
+        return rest[-1]
+
+    def layer_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-example shape of each layer, from the first store (used for stage boundaries)."""
+        for store in self.stores.values():
+            return {name: tuple(store.layer(name).shape[1:]) for name in store.layers}
+        return {}
+
+    def describe(self, stores: Iterable[str]) -> str:
+        """Caption fragment naming the data, n and seeds behind a set of stores."""
+        runs = self.runs[self.runs["store"].isin(set(stores))]
+        if runs.empty:
+            return "data: not recorded"
+        parts = []
+        data = runs[runs["dataset"] != ""].groupby(["dataset", "split"], dropna=False)["n"].first()
+        if len(data):
+            parts.append("data: " + "; ".join(
+                f"{d}/{s} (n={int(n) if pd.notna(n) else '?'})" for (d, s), n in data.items()))
+        seeds = sorted({int(s) for s in runs["seed"].dropna()})
+        parts.append(f"{runs['label'].nunique()} objectives, {len(runs)} stores, seeds "
+                     + (", ".join(map(str, seeds)) if seeds else "unrecorded"))
+        return "; ".join(parts)
+
+
+def describe_rows(df: pd.DataFrame) -> str:
+    """Caption fragment for rows of a results CSV (seeds, number of runs, stores' data)."""
+    seeds = sorted({int(s) for s in df["seed"].dropna()}) if "seed" in df else []
+    parts = [f"{df['label'].nunique()} objectives"]
+    parts.append("seeds " + (", ".join(map(str, seeds)) if seeds else "unrecorded"))
+    if "dataset" in df:
+        data = df[df["dataset"].fillna("") != ""].groupby(["dataset", "split"])["n"].first()
+        if len(data):
+            parts.append("data: " + "; ".join(
+                f"{d}/{s} (n={int(n) if pd.notna(n) else '?'})" for (d, s), n in data.items()))
+    return "; ".join(parts)
+
+
+class CKACollection:
+    """Every cka_<tag>.npz of a results directory (CKAResult.save format), queried by (store, layer)."""
+
+    def __init__(self, files: list[Path]):
+        self.parts: list[tuple[dict[tuple[str, str], int], np.ndarray, dict, str]] = []
+        for f in files:
+            with np.load(f, allow_pickle=False) as z:
+                values = np.asarray(z["values"], dtype=np.float64)
+                index = list(zip(z["stores"].astype(str), z["layers"].astype(str)))
+                meta = json.loads(str(z["meta"])) if "meta" in z.files else {}
+            if values.shape != (len(index), len(index)):
+                raise ValueError(f"{f}: values {values.shape} do not match an index of {len(index)}")
+            self.parts.append(({key: i for i, key in enumerate(index)}, values, meta, f.name))
+
+    @property
+    def stores(self) -> list[str]:
+        return sorted({s for pos, *_ in self.parts for s, _ in pos})
+
+    def layers(self, store: str) -> list[str]:
+        return sorted({l for pos, *_ in self.parts for s, l in pos if s == store}, key=natural_key)
+
+    def block(self, a: str, b: str, layers_a: list[str], layers_b: list[str]) -> np.ndarray | None:
+        """CKA between every layer of store a (rows) and of store b (columns), or None if absent."""
+        for pos, values, _, _ in self.parts:
+            try:
+                ia = [pos[(a, l)] for l in layers_a]
+                ib = [pos[(b, l)] for l in layers_b]
+            except KeyError:
+                continue
+            return values[np.ix_(ia, ib)]
+        return None
+
+    def meta_text(self) -> str:
+        """Caption fragment with the estimator settings recorded in CKAResult.meta."""
+        keys = ("batch_size", "epochs", "debiased", "spatial", "shuffle", "seed", "n", "n_batches")
+        texts = []
+        for _, _, meta, name in self.parts:
+            shown = ", ".join(f"{k}={meta[k]}" for k in keys if k in meta)
+            texts.append(f"{name}: {shown or 'settings not recorded'}")
+        return "estimator: minibatch linear CKA; " + "; ".join(texts)

@@ -1,0 +1,77 @@
+"""Data shaping shared by several items (transfer accuracies, penultimate R², legends)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analyses.data import SOURCE_TASK, Inputs, Missing, describe_rows, display, objective_key
+from analyses.summary import as_percent
+
+
+def probe_rows(inputs: Inputs, probe: str, *, source: bool = False) -> pd.DataFrame:
+    """probes.csv rows of one probe kind: transfer tasks (default) or source-relearning tasks."""
+    df = inputs.csv("probes")
+    df = df[df["probe"].astype(str) == probe].copy()
+    is_source = df["task"].astype(str).str.match(SOURCE_TASK)
+    df = df[is_source] if source else df[~is_source]
+    if df.empty:
+        what = "source-relearning (task source*/relearn*)" if source else "transfer"
+        raise Missing(f"probes.csv has no {probe} rows for {what} tasks")
+    df["accuracy"] = as_percent(df["accuracy"])
+    return df
+
+
+def mean_transfer(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean accuracy across tasks per (label, seed), only for runs evaluated on every task."""
+    tasks = df["task"].nunique()
+    g = df.groupby(["label", "seed"], dropna=False)["accuracy"]
+    out = g.mean().to_frame("transfer")
+    out["tasks"] = g.size()
+    return out[out["tasks"] == tasks].reset_index()
+
+
+def probe_settings(df: pd.DataFrame) -> str:
+    """Caption fragment: probe estimator and the selected hyperparameters' range."""
+    texts = []
+    for probe, sub in df.groupby("probe"):
+        metric = ", ".join(sorted(sub["metric"].astype(str).unique())) if "metric" in sub else "top1"
+        est = ("L²-regularised multinomial logistic regression on fixed features, λ chosen on a held-out "
+               "validation split" if probe == "linear" else
+               "cosine k-nearest neighbours, k chosen by leave-one-out" if probe == "knn" else probe)
+        best = pd.to_numeric(sub.get("best_param"), errors="coerce").dropna() if "best_param" in sub else []
+        rng = f" (selected {'λ' if probe == 'linear' else 'k'} {best.min():.3g}–{best.max():.3g})" if len(best) else ""
+        texts.append(f"{probe}: {est}{rng}; metric {metric}")
+    return "; ".join(texts)
+
+
+def penultimate_r2(inputs: Inputs, distance: str = "cosine") -> pd.DataFrame:
+    """R² (Eq. 11) of the penultimate layer per (label, seed, dataset split)."""
+    sep = inputs.csv("separation")
+    sep = sep[sep["distance"].astype(str) == distance]
+    if sep.empty:
+        raise Missing(f"separation.csv has no rows with distance={distance}")
+    layer = inputs.penultimate(sep["layer"].astype(str))
+    return sep[sep["layer"].astype(str) == layer].copy()
+
+
+def one_r2_per_run(sep: pd.DataFrame) -> pd.DataFrame:
+    """Collapse to one R² per (label, seed): the most common (dataset, split) wins (training set first)."""
+    if "split" in sep and sep["split"].fillna("").ne("").any():
+        prefer = sep["split"].fillna("").map({"train": 0}).fillna(1)
+        key = (sep.assign(_p=prefer).groupby(["dataset", "split"], dropna=False)["_p"].first()
+               .sort_values(kind="stable"))
+        dataset, split = key.index[0]
+        sep = sep[(sep["dataset"] == dataset) & (sep["split"] == split)]
+    return sep.groupby(["label", "seed"], dropna=False)["r2"].mean().reset_index()
+
+
+def legend_outside(ax, **kw) -> None:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, **kw)
+
+
+def labels_in_order(labels) -> list[str]:
+    return sorted(set(labels), key=objective_key)
+
+
+__all__ = ["probe_rows", "mean_transfer", "probe_settings", "penultimate_r2", "one_r2_per_run",
+           "legend_outside", "labels_in_order", "describe_rows", "display", "np"]

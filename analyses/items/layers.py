@@ -1,0 +1,272 @@
+"""Layer-wise items: Fig. 2a/2b (CKA), Fig. 3 (sparsity), Table 3 / Fig. 4 (R²), Tables E.1, E.2, Fig. E.4."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+
+from analyses.data import Inputs, Missing, describe_rows, display, natural_key
+from analyses.items.common import labels_in_order, legend_outside, one_r2_per_run, penultimate_r2
+from analyses.registry import Figure, Table, item
+from analyses.style import color
+from analyses.summary import as_percent, seed_summary
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _cka_groups(inputs: Inputs) -> tuple[object, dict[str, list[str]], list[str]]:
+    """CKA collection, stores grouped by label, and the layers every store shares."""
+    cka = inputs.cka
+    groups: dict[str, list[str]] = {}
+    for s in cka.stores:
+        try:
+            groups.setdefault(inputs.label_of(s), []).append(s)
+        except Missing:
+            continue
+    if not groups:
+        raise Missing("the objective of no CKA store is known (pass --stores or results CSVs naming them)")
+    layers = sorted(set.intersection(*(set(cka.layers(s)) for ss in groups.values() for s in ss)), key=natural_key)
+    layers = [l for l in layers if l != "logits"]
+    if len(layers) < 2:
+        raise Missing("CKA stores share fewer than 2 layers")
+    return cka, groups, layers
+
+
+def _mean_block(cka, a_stores, b_stores, layers_a, layers_b) -> tuple[np.ndarray | None, int]:
+    mats = [m for a, b in itertools.product(a_stores, b_stores) if a != b
+            for m in [cka.block(a, b, layers_a, layers_b)] if m is not None]
+    return (np.mean(mats, axis=0), len(mats)) if mats else (None, 0)
+
+
+def _short(layer: str) -> str:
+    return layer.replace("block", "")
+
+
+@item("fig2a", "Fig. 2a: block × block CKA between softmax networks and networks of each objective",
+      "figure", ("cka_*.npz", "stores or results CSVs naming objectives"))
+def fig2a(inputs: Inputs) -> Figure:
+    cka, groups, layers = _cka_groups(inputs)
+    if "softmax" not in groups:
+        raise Missing("no softmax network among the CKA stores (the reference of Fig. 2a)")
+    panels = []
+    for label in labels_in_order(groups):
+        m, n = _mean_block(cka, groups["softmax"], groups[label], layers, layers)
+        if m is not None:
+            panels.append((f"Softmax vs. {display(label)}", m, n))
+    unknown = len(cka.stores) - sum(len(v) for v in groups.values())
+    if not panels:
+        raise Missing("no softmax-vs-objective pair of stores with CKA values (softmax needs ≥ 2 seeds for its control)")
+    plt = _plt()
+    ncol = min(5, len(panels))
+    nrow = -(-len(panels) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(2.7 * ncol + 0.9, 2.8 * nrow), squeeze=False)
+    ticks = np.arange(len(layers))
+    step = max(1, len(layers) // 6)
+    for ax, (title, m, n) in zip(axes.flat, panels):
+        im = ax.imshow(m, vmin=0, vmax=1, cmap="magma", origin="lower")
+        ax.set_title(f"{title}\n(mean of {n} pair{'s' if n > 1 else ''})", fontsize=9)
+        ax.set_xticks(ticks[::step], [_short(l) for l in layers][::step], fontsize=8)
+        ax.set_yticks(ticks[::step], [_short(l) for l in layers][::step], fontsize=8)
+        ax.set_xlabel("Layer (objective net)", fontsize=8)
+        ax.set_ylabel("Layer (softmax net)", fontsize=8)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="linear CKA")
+    cap = (f"Rows: layers of softmax networks; columns: the same layers of a network trained with the "
+           f"objective in the panel title, averaged over all pairs of distinct networks (the Softmax vs. "
+           f"Softmax panel is the seed-to-seed control; stores with objective init give the untrained control). "
+           f"{f'{unknown} store(s) of unknown objective ignored. ' if unknown else ''}"
+           f"{inputs.describe(cka.stores)}. {cka.meta_text()}.")
+    return Figure(fig, cap)
+
+
+@item("fig2b", "Fig. 2b: CKA between objectives at corresponding layers", "figure",
+      ("cka_*.npz", "stores or results CSVs naming objectives"))
+def fig2b(inputs: Inputs) -> Figure:
+    cka, groups, layers = _cka_groups(inputs)
+    labels = labels_in_order(groups)
+    if len(labels) < 2:
+        raise Missing("CKA stores of ≥ 2 objectives are needed")
+    chosen = sorted(set(np.linspace(0, len(layers) - 1, min(6, len(layers))).round().astype(int)))
+    chosen = [layers[i] for i in chosen]
+    plt = _plt()
+    ncol = min(3, len(chosen))
+    nrow = -(-len(chosen) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.9 * ncol + 0.8, 3.7 * nrow), squeeze=False)
+    vmin = 1.0
+    mats = []
+    for layer in chosen:
+        m = np.full((len(labels), len(labels)), np.nan)
+        for i, a in enumerate(labels):
+            for j, b in enumerate(labels):
+                v, _ = _mean_block(cka, groups[a], groups[b], [layer], [layer])
+                m[i, j] = np.nan if v is None else v[0, 0]
+        mats.append(m)
+        vmin = min(vmin, np.nanmin(m)) if np.isfinite(m).any() else vmin
+    names = [display(l) for l in labels]
+    for ax, layer, m in zip(axes.flat, chosen, mats):
+        im = ax.imshow(m, vmin=min(vmin, 0.9), vmax=1, cmap="viridis")
+        ax.set_title(layer)
+        ax.set_xticks(range(len(labels)), names, rotation=90, fontsize=7.5)
+        ax.set_yticks(range(len(labels)), names, fontsize=7.5)
+    for ax in axes.flat[len(chosen):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.7, label="linear CKA")
+    cap = (f"Entry (i, j): CKA between the named layer of networks trained with objectives i and j, averaged "
+           f"over pairs of distinct networks; the diagonal compares different seeds of one objective (blank "
+           f"when an objective has one seed). Layers shown: {', '.join(chosen)}. {inputs.describe(cka.stores)}. "
+           f"{cka.meta_text()}.")
+    return Figure(fig, cap)
+
+
+def _stage_boundaries(inputs: Inputs, layers: list[str]) -> list[float]:
+    """Positions between consecutive layers whose activation shape changes (a new ResNet stage)."""
+    shapes = inputs.layer_shapes()
+    if not shapes:
+        return []
+    return [i - 0.5 for i in range(1, len(layers))
+            if layers[i] in shapes and layers[i - 1] in shapes and shapes[layers[i]] != shapes[layers[i - 1]]
+            and layers[i] != "logits"]
+
+
+def _per_layer_plot(inputs: Inputs, df: pd.DataFrame, value: str, ylabel: str, title: str):
+    layers = sorted(df["layer"].astype(str).unique(), key=natural_key)
+    layers = [l for l in layers if l != "logits"] or layers
+    pos = {l: i for i, l in enumerate(layers)}
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.38 * len(layers) + 3), 4.2))
+    for label in labels_in_order(df["label"]):
+        g = df[(df["label"] == label) & df["layer"].isin(layers)].groupby("layer")[value]
+        mean, sd = g.mean(), g.std()
+        x = [pos[l] for l in mean.index]
+        order = np.argsort(x)
+        xs, ms = np.asarray(x)[order], mean.to_numpy()[order]
+        ax.plot(xs, ms, marker="o", ms=3.5, color=color(label), label=display(label))
+        if sd.notna().any():
+            ax.fill_between(xs, ms - sd.to_numpy()[order], ms + sd.to_numpy()[order], color=color(label), alpha=0.15)
+    bounds = _stage_boundaries(inputs, layers)
+    for b in bounds:
+        ax.axvline(b, color="0.4", ls="--", lw=0.9)
+    ax.set_xticks(range(len(layers)), [_short(l) for l in layers], rotation=45 if len(layers) > 10 else 0)
+    ax.set_xlabel("Layer (block number, then penultimate pool)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    legend_outside(ax)
+    return fig, bounds
+
+
+@item("fig3", "Fig. 3: fraction of non-zero activations per block", "figure", ("sparsity.csv",))
+def fig3(inputs: Inputs) -> Figure:
+    df = inputs.csv("sparsity")
+    df["pct"] = 100.0 * pd.to_numeric(df["nonzero_fraction"])
+    fig, bounds = _per_layer_plot(inputs, df, "pct", "Non-zero activations (%)",
+                                  "Sparsity of activations after each block")
+    stage = ("Dashed lines: stage boundaries (activation shape changes)." if bounds else
+             "Stage boundaries not drawn (no store to read layer shapes from).")
+    return Figure(fig, f"Mean over seeds (band: ± sd). {stage} {describe_rows(df)}.")
+
+
+@item("fig4", "Fig. 4: class separation R² per layer", "figure", ("separation.csv",))
+def fig4(inputs: Inputs) -> Figure:
+    df = inputs.csv("separation")
+    df = df[df["distance"].astype(str) == "cosine"]
+    if df.empty:
+        raise Missing("separation.csv has no cosine-distance rows")
+    if "split" in df and df["split"].fillna("").ne("").any():
+        split = "train" if (df["split"] == "train").any() else df["split"].mode().iloc[0]
+        df = df[df["split"] == split]
+    fig, bounds = _per_layer_plot(inputs, df, "r2", "Class separation R² (cosine)", "Class separation per layer")
+    return Figure(fig, "R² = 1 − d̄_within / d̄_total (Eq. 11), convolutional layers flattened across space; "
+                       f"mean over seeds (band: ± sd). {describe_rows(df)}.")
+
+
+@item("table3", "Table 3: source accuracy and penultimate-layer class separation", "table", ("separation.csv",))
+def table3(inputs: Inputs) -> Table:
+    sep = penultimate_r2(inputs)
+    parts = [one_r2_per_run(sep).rename(columns={"r2": "value"}).assign(column="R²")]
+    note = ""
+    try:
+        src = inputs.source_accuracy()
+        parts.insert(0, src.assign(column="Source top-1", value=as_percent(src["top1"])))
+    except Missing as exc:
+        note = f" Source accuracy omitted ({exc})."
+    long = pd.concat([p[["label", "seed", "column", "value"]] for p in parts], ignore_index=True)
+    cols = [c for c in ("Source top-1", "R²") if (long["column"] == c).any()]
+    numeric, shown, _ = seed_summary(long, cols, digits={"R²": 3}, bold=False)
+    shown["label"] = shown["label"].map(display)
+    cap = (f"Mean ± sd over seeds; R² (Eq. 11, cosine) of layer {sep['layer'].iloc[0]}. {describe_rows(sep)}.{note}")
+    return Table(numeric.rename(columns={"label": "objective"}), shown.rename(columns={"label": "Objective"}), cap)
+
+
+@item("tableE1", "Table E.1: class separation under different distances", "table", ("separation.csv",))
+def tableE1(inputs: Inputs) -> Table:
+    sep = inputs.csv("separation")
+    layer = inputs.penultimate(sep["layer"].astype(str))
+    sep = sep[sep["layer"].astype(str) == layer]
+    names = {"cosine": "Cosine", "cosine_centered": "Cosine (mean-subtracted)", "sqeuclidean": "Euclidean"}
+    present = [d for d in names if (sep["distance"] == d).any()]
+    if len(present) < 2:
+        raise Missing("separation.csv has fewer than 2 distances at the penultimate layer")
+    long = pd.concat([one_r2_per_run(sep[sep["distance"] == d]).assign(column=names[d]) for d in present])
+    numeric, shown, _ = seed_summary(long.rename(columns={"r2": "value"}), [names[d] for d in present],
+                                     digits={names[d]: 4 for d in present}, bold=False)
+    shown["label"] = shown["label"].map(display)
+    cap = (f"R² of layer {layer}, mean ± sd over seeds. Mean-subtracted cosine centres activations on the mean "
+           f"over all examples; Euclidean uses squared Euclidean distance on raw embeddings. {describe_rows(sep)}.")
+    return Table(numeric.rename(columns={"label": "objective"}), shown.rename(columns={"label": "Objective"}), cap)
+
+
+COLLAPSE_KEYS = {
+    "norm_cv_means": "Std‖μ̃‖/Avg‖μ̃‖", "norm_cv_weights": "Std‖w‖/Avg‖w‖",
+    "cos_std_means": "Std sim(μ̃,μ̃′)", "cos_std_weights": "Std sim(w,w′)",
+    "equiangular_means": "Avg|sim(μ̃,μ̃′)+1/(C−1)|", "equiangular_weights": "Avg|sim(w,w′)+1/(C−1)|",
+    "self_duality": "‖W/‖W‖−M/‖M‖‖²", "nc1": "Tr(Σ_W Σ_B⁺)/C",
+}
+
+
+@item("tableE2", "Table E.2: neural-collapse (simplex ETF) measurements", "table", ("collapse.csv",))
+def tableE2(inputs: Inputs) -> Table:
+    df = inputs.csv("collapse")
+    layer = inputs.penultimate(df["layer"].astype(str))
+    df = df[df["layer"].astype(str) == layer]
+    keys = [k for k in COLLAPSE_KEYS if k in df and pd.to_numeric(df[k], errors="coerce").notna().any()]
+    if not keys:
+        raise Missing("collapse.csv has none of the collapse keys")
+    long = pd.concat([df[["label", "seed"]].assign(column=k, value=pd.to_numeric(df[k], errors="coerce"))
+                      for k in keys])
+    numeric, shown, _ = seed_summary(long, keys, digits={k: 3 for k in keys}, bold=False)
+    shown = shown.rename(columns=COLLAPSE_KEYS)
+    shown["label"] = shown["label"].map(display)
+    cap = (f"Layer {layer}; mean ± sd over seeds. μ̃_c: class means minus the mean of class means; w_c: "
+           f"final-layer rows; population sd; pairs over c ≠ c′. {describe_rows(df)}.")
+    return Table(numeric.rename(columns={"label": "objective"}), shown.rename(columns={"label": "Objective"}), cap)
+
+
+@item("figE4", "Fig. E.4: class separation over training", "figure",
+      ("separation.csv for ≥ 2 checkpoints (epochs)",))
+def figE4(inputs: Inputs) -> Figure:
+    sep = penultimate_r2(inputs)
+    if "epoch" not in sep or sep.groupby(["label", "seed"])["epoch"].nunique().max() < 2:
+        raise Missing("separation.csv results for ≥ 2 checkpoints (epochs) of one run are needed")
+    splits = sorted(sep["split"].fillna("").unique()) if "split" in sep else [""]
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(splits), figsize=(4.6 * len(splits) + 2, 3.8), squeeze=False)
+    for ax, split in zip(axes.flat, splits):
+        sub = sep[sep["split"].fillna("") == split] if "split" in sep else sep
+        for label in labels_in_order(sub["label"]):
+            g = sub[sub["label"] == label].groupby("epoch")["r2"].mean()
+            ax.plot(g.index, g.values, marker="o", ms=3, color=color(label), label=display(label))
+        ax.set_title(f"{split or 'all'} split")
+        ax.set_xlabel("Epoch")
+        ax.set_ylabel("Class separation R²")
+    legend_outside(axes.flat[-1])
+    fig.tight_layout()
+    return Figure(fig, f"R² (cosine) of layer {sep['layer'].iloc[0]} at each checkpoint, mean over seeds. "
+                       f"{describe_rows(sep)}.")

@@ -1,0 +1,292 @@
+"""Items computed from stores' logits and penultimate activations: Figs. C.4–C.7 (prediction
+similarity, ensembles), E.1 (angular visual hardness), E.3 (cosine distances), and E.2 (spectra)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from analyses.data import Inputs, Missing, display
+from analyses.items.common import labels_in_order, legend_outside
+from analyses.registry import Figure, item
+from analyses.style import color
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+class Models:
+    """Networks evaluated on one (dataset, split): labels, predictions, probabilities, ordered by objective."""
+
+    def __init__(self, inputs: Inputs, *, need_head: bool = False):
+        stores = inputs.require_stores("logits of every network on one dataset split")
+        runs = inputs.runs.set_index("store")
+        cands = [s for s in stores.values() if s.logits is not None and (s.head is not None or not need_head)]
+        if not cands:
+            raise Missing("no store with logits" + (" and a final-layer head" if need_head else ""))
+        key = lambda s: (runs.loc[s.name, "dataset"], runs.loc[s.name, "split"])
+        groups: dict[tuple, list] = {}
+        for s in cands:
+            groups.setdefault(key(s), []).append(s)
+        # the split with most networks; ties: a test split first
+        (self.dataset, self.split), chosen = max(groups.items(), key=lambda kv: (len(kv[1]), kv[0][1] == "test"))
+        if len(chosen) < 2:
+            raise Missing("fewer than 2 stores with logits on one dataset split")
+        chosen.sort(key=lambda s: (labels_in_order(runs["label"]).index(runs.loc[s.name, "label"]),
+                                   runs.loc[s.name, "seed"], s.name))
+        ids = chosen[0].example_ids
+        for s in chosen[1:]:
+            if not np.array_equal(s.example_ids, ids):
+                raise ValueError(f"stores {chosen[0].name} and {s.name} hold different examples")
+        self.stores = chosen
+        self.names = [s.name for s in chosen]
+        self.labels = [runs.loc[s.name, "label"] for s in chosen]
+        self.seeds = [runs.loc[s.name, "seed"] for s in chosen]
+        self.y = np.asarray(chosen[0].labels)
+        logits = [np.asarray(s.logits.compute(), dtype=np.float64) for s in chosen]
+        self.pred = np.stack([z.argmax(1) for z in logits])
+        z = np.stack(logits)
+        z = np.exp(z - z.max(-1, keepdims=True))
+        self.prob = z / z.sum(-1, keepdims=True)
+        self.n = len(self.y)
+        self.describe = inputs.describe(self.names)
+
+    def tick_names(self) -> list[str]:
+        return [f"{display(l)} s{int(s) if pd.notna(s) else '?'}" for l, s in zip(self.labels, self.seeds)]
+
+    def by_label(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for i, l in enumerate(self.labels):
+            out.setdefault(l, []).append(i)
+        return out
+
+
+def agreement(pred: np.ndarray, y: np.ndarray, kind: str) -> np.ndarray:
+    """Pairwise prediction similarity (%), App. C.3: "all" = same top-1 prediction on every example;
+    "correctness" = both right or both wrong; "both_wrong" = same prediction among examples both get wrong."""
+    m = len(pred)
+    out = np.full((m, m), np.nan)
+    right = pred == y
+    for i in range(m):
+        for j in range(m):
+            if kind == "all":
+                out[i, j] = np.mean(pred[i] == pred[j])
+            elif kind == "correctness":
+                out[i, j] = np.mean(right[i] == right[j])
+            elif kind == "both_wrong":
+                mask = ~right[i] & ~right[j]
+                out[i, j] = np.mean(pred[i][mask] == pred[j][mask]) if mask.any() else np.nan
+            else:
+                raise ValueError(f"unknown agreement kind {kind!r}")
+    return 100.0 * out
+
+
+def modal(pred: np.ndarray, prob: np.ndarray) -> np.ndarray:
+    """Ensemble prediction: the modal top-1 class (App. C.3); ties broken by the mean probability."""
+    K = prob.shape[-1]
+    votes = np.zeros((pred.shape[1], K))
+    for p in pred:
+        votes[np.arange(len(p)), p] += 1
+    return np.argmax(votes + 0.5 * prob.mean(0), axis=1)  # mean prob < 1, so it only breaks ties
+
+
+def _heatmap(ax, m, names, title, fmt="{:.0f}", cmap="viridis", vmin=None, vmax=None):
+    im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax)
+    ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.set_title(title, fontsize=10)
+    if len(names) <= 12:
+        for (i, j), v in np.ndenumerate(m):
+            if np.isfinite(v):
+                ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=6.5,
+                        color="white" if v < np.nanmean(m) else "black")
+    return im
+
+
+@item("figC4", "Fig. C.4: agreement of predictions on examples both models get wrong, with dendrogram",
+      "figure", ("stores with logits",))
+def figC4(inputs: Inputs) -> Figure:
+    from scipy.cluster.hierarchy import dendrogram, linkage
+    from scipy.spatial.distance import squareform
+
+    M = Models(inputs)
+    a = agreement(M.pred, M.y, "both_wrong")
+    plt = _plt()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.4), gridspec_kw={"width_ratios": [1.15, 1]})
+    im = _heatmap(ax, a, M.tick_names(), "a: same prediction among examples both get wrong")
+    fig.colorbar(im, ax=ax, shrink=0.8, label="% agreement")
+    d = 100.0 - np.nan_to_num(a, nan=0.0)
+    np.fill_diagonal(d, 0.0)
+    dendrogram(linkage(squareform((d + d.T) / 2, checks=False), "average"), labels=M.tick_names(), ax=ax2,
+               orientation="right", leaf_font_size=7)
+    ax2.set_title("b: average-linkage dendrogram (100 − agreement)", fontsize=10)
+    ax2.set_xlabel("distance")
+    fig.tight_layout()
+    return Figure(fig, f"Networks evaluated on {M.dataset}/{M.split} (n = {M.n}); predictions are argmax logits. "
+                       f"{M.describe}.")
+
+
+@item("figC5", "Fig. C.5: three measures of prediction similarity", "figure", ("stores with logits",))
+def figC5(inputs: Inputs) -> Figure:
+    M = Models(inputs)
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.6))
+    titles = {"all": "same top-1 prediction (all examples)", "correctness": "both right or both wrong",
+              "both_wrong": "same prediction | both wrong"}
+    for ax, (kind, title) in zip(axes, titles.items()):
+        im = _heatmap(ax, agreement(M.pred, M.y, kind), M.tick_names(), title)
+        fig.colorbar(im, ax=ax, shrink=0.7, label="% of examples")
+    fig.tight_layout()
+    return Figure(fig, f"Pairwise similarity of single-network predictions on {M.dataset}/{M.split} "
+                       f"(n = {M.n}). {M.describe}.")
+
+
+@item("figC6", "Fig. C.6: agreement of ensemble predictions between objectives", "figure",
+      ("stores with logits, ≥ 2 seeds per objective",))
+def figC6(inputs: Inputs) -> Figure:
+    M = Models(inputs)
+    groups = M.by_label()
+    if max(len(v) for v in groups.values()) < 2:
+        raise Missing("ensembles need ≥ 2 networks (seeds) per objective")
+    labels = labels_in_order(groups)
+    ens = np.stack([modal(M.pred[groups[l]], M.prob[groups[l]]) for l in labels])
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 5.4))
+    im = _heatmap(ax, agreement(ens, M.y, "all"), [display(l) for l in labels],
+                  "Same ensemble prediction (% of examples)", fmt="{:.1f}")
+    fig.colorbar(im, ax=ax, shrink=0.8, label="% agreement")
+    fig.tight_layout()
+    sizes = ", ".join(f"{display(l)} {len(groups[l])}" for l in labels)
+    return Figure(fig, f"Ensemble = modal top-1 class of all networks of one objective (ties broken by mean "
+                       f"softmax probability); networks per ensemble: {sizes}. {M.dataset}/{M.split} (n = {M.n}).")
+
+
+@item("figC7", "Fig. C.7: accuracy of ensembles mixing two objectives", "figure", ("stores with logits",))
+def figC7(inputs: Inputs) -> Figure:
+    M = Models(inputs)
+    groups = M.by_label()
+    labels = labels_in_order(groups)
+    m = min(len(v) for v in groups.values())
+    acc = np.zeros((len(labels), len(labels)))
+    for i, a in enumerate(labels):
+        for j, b in enumerate(labels):
+            idx = groups[a][:m] if a == b else groups[a][: max(1, m // 2)] + groups[b][: max(1, m - m // 2)]
+            acc[i, j] = 100.0 * np.mean(modal(M.pred[idx], M.prob[idx]) == M.y)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.6, 5.6))
+    im = _heatmap(ax, acc, [display(l) for l in labels], "Ensemble top-1 accuracy (%)", fmt="{:.1f}", cmap="magma")
+    ax.set_xlabel("objective B")
+    ax.set_ylabel("objective A")
+    fig.colorbar(im, ax=ax, shrink=0.8, label="top-1 accuracy (%)")
+    fig.tight_layout()
+    return Figure(fig, f"Off-diagonal: ensembles of {max(1, m // 2)} network(s) of A and {max(1, m - m // 2)} of B; "
+                       f"diagonal: {m} network(s) of one objective; modal prediction, ties broken by mean "
+                       f"probability. {M.dataset}/{M.split} (n = {M.n}). {M.describe}.")
+
+
+def _penultimate(inputs: Inputs, store) -> np.ndarray:
+    layer = inputs.penultimate(store.layers)
+    return np.asarray(store.layer(layer).compute(), dtype=np.float64).reshape(store.n, -1)
+
+
+def angular_visual_hardness(X: np.ndarray, W: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """AVH (Chen et al. 2020): θ(x, w_y) / Σ_k θ(x, w_k), θ the angle between features and class weights."""
+    Xn = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
+    Wn = W / np.maximum(np.linalg.norm(W, axis=1, keepdims=True), 1e-12)
+    theta = np.arccos(np.clip(Xn @ Wn.T, -1.0, 1.0))
+    return theta[np.arange(len(y)), y] / theta.sum(1)
+
+
+def _kde(ax, values, **kw):
+    from scipy.stats import gaussian_kde
+
+    values = values[np.isfinite(values)]
+    if len(values) < 2 or np.ptp(values) == 0:
+        return
+    xs = np.linspace(values.min(), values.max(), 300)
+    ax.plot(xs, gaussian_kde(values)(xs), **kw)
+
+
+@item("figE1", "Fig. E.1: angular visual hardness", "figure", ("stores with logits, head and penultimate layer",))
+def figE1(inputs: Inputs) -> Figure:
+    M = Models(inputs, need_head=True)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.6, 4.2))
+    for label, idx in sorted(M.by_label().items(), key=lambda kv: labels_in_order(M.labels).index(kv[0])):
+        s = M.stores[idx[0]]
+        W, _ = s.head
+        if W.shape[0] <= int(M.y.max()):
+            raise Missing(f"head of {s.name} has fewer rows than the labels' classes")
+        avh = angular_visual_hardness(_penultimate(inputs, s), np.asarray(W, np.float64), M.y)
+        acc = 100 * np.mean(M.pred[idx] == M.y)
+        _kde(ax, avh, color=color(label), label=f"{display(label)} ({acc:.1f}%)")
+    ax.set_xlabel("Angular visual hardness")
+    ax.set_ylabel("Density")
+    legend_outside(ax, title="objective (top-1)")
+    return Figure(fig, f"Gaussian KDE (Scott bandwidth) of AVH over the {M.n} examples of {M.dataset}/{M.split}, "
+                       f"first seed of each objective; legend: mean top-1 over seeds. {M.describe}.")
+
+
+def cosine_distances(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """1 − cosine similarity over unordered pairs of distinct examples, split into same / different class."""
+    Xn = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
+    d = 1.0 - Xn @ Xn.T
+    iu = np.triu_indices(len(y), 1)
+    same = (y[:, None] == y[None, :])[iu]
+    return d[iu][same], d[iu][~same]
+
+
+@item("figE3", "Fig. E.3: distribution of cosine distances within and between classes", "figure",
+      ("stores with a penultimate layer",))
+def figE3(inputs: Inputs) -> Figure:
+    M = Models(inputs)
+    rng = np.random.default_rng(0)
+    n_sub = min(M.n, 1500)
+    sub = np.sort(rng.choice(M.n, n_sub, replace=False))
+    plt = _plt()
+    fig, axes = plt.subplots(2, 1, figsize=(6.8, 6.2), sharex=True)
+    for label, idx in sorted(M.by_label().items(), key=lambda kv: labels_in_order(M.labels).index(kv[0])):
+        X = _penultimate(inputs, M.stores[idx[0]])[sub]
+        within, between = cosine_distances(X, M.y[sub])
+        for ax in axes:
+            _kde(ax, within, color=color(label), ls="-", label=display(label))
+            _kde(ax, between, color=color(label), ls="--")
+    axes[1].set_yscale("log")
+    axes[1].set_xlabel("Cosine distance (penultimate layer)")
+    for ax in axes:
+        ax.set_ylabel("Density")
+    legend_outside(axes[0], title="solid: same class\ndashed: different")
+    fig.tight_layout()
+    return Figure(fig, f"Gaussian KDE over all pairs of {n_sub} examples (seeded subsample) of {M.dataset}/{M.split}; "
+                       f"first seed of each objective; bottom: log density. {M.describe}.")
+
+
+@item("figE2", "Fig. E.2: singular value spectra", "figure", ("spectra.npz",))
+def figE2(inputs: Inputs) -> Figure:
+    spectra = inputs.spectra
+    kinds = sorted({k for _, _, k in spectra})
+    layer = inputs.penultimate({l for _, l, _ in spectra})
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.3 * len(kinds) + 2, 3.8), squeeze=False)
+    for ax, kind in zip(axes.flat, kinds):
+        curves: dict[str, list[np.ndarray]] = {}
+        for (store, l, k), sv in spectra.items():
+            if k == kind and (l == layer or kind not in ("activations",)):
+                try:
+                    curves.setdefault(inputs.label_of(store), []).append(np.sort(sv)[::-1] / max(sv.max(), 1e-300))
+                except Missing:
+                    continue
+        for label in labels_in_order(curves):
+            n = min(len(c) for c in curves[label])
+            mean = np.mean([c[:n] for c in curves[label]], axis=0)
+            ax.plot(np.arange(1, n + 1), mean, color=color(label), label=display(label))
+        ax.set_yscale("log")
+        ax.set_xlabel("Index")
+        ax.set_ylabel("Singular value / largest")
+        ax.set_title(kind.replace("_", " "))
+    legend_outside(axes.flat[-1])
+    fig.tight_layout()
+    return Figure(fig, f"Singular values from spectra.npz (kinds: {', '.join(kinds)}; activations of layer {layer}), "
+                       f"normalised by the largest, averaged over seeds.")

@@ -1,0 +1,354 @@
+"""Transfer items: Fig. 1, Table 1, Fig. D.1, Fig. 5, Table 4 / Fig. 5b, Fig. 6, Table F.1, Fig. D.2."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from analyses.data import Inputs, Missing, describe_rows, display
+from analyses.items.common import (labels_in_order, legend_outside, mean_transfer, one_r2_per_run,
+                                   penultimate_r2, probe_rows, probe_settings)
+from analyses.registry import Figure, Table, item
+from analyses.style import color
+from analyses.summary import as_percent, bold_rule_text, seed_summary, spearman
+
+
+def _plt():
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _scatter_runs(ax, df: pd.DataFrame, x: str, y: str) -> None:
+    for label in labels_in_order(df["label"]):
+        sub = df[df["label"] == label]
+        ax.scatter(sub[x], sub[y], s=36, color=color(label), label=display(label),
+                   edgecolor="black", linewidth=0.4, zorder=3)
+
+
+@item("fig1", "Fig. 1: source accuracy vs. mean linear transfer accuracy", "figure",
+      ("training.csv", "probes.csv"))
+def fig1(inputs: Inputs) -> Figure:
+    src = inputs.source_accuracy()
+    lin = probe_rows(inputs, "linear")
+    df = src.merge(mean_transfer(lin), on=["label", "seed"])
+    if df.empty:
+        raise Missing("no (objective, seed) present in both training.csv and probes.csv")
+    df["top1"] = as_percent(df["top1"])
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    _scatter_runs(ax, df, "top1", "transfer")
+    ax.set_xlabel(f"Source top-1 accuracy (%), {src['split'].iloc[0]} split")
+    ax.set_ylabel(f"Mean linear transfer accuracy (%)\n over {lin['task'].nunique()} task(s)")
+    ax.set_title("Higher source accuracy vs. linear transfer")
+    legend_outside(ax)
+    cap = (f"Points are individual training runs ({len(df)}); transfer tasks: "
+           f"{', '.join(sorted(lin['task'].astype(str).unique()))}. {describe_rows(lin)}. "
+           f"{probe_settings(lin)}.")
+    return Figure(fig, cap)
+
+
+@item("figD1", "Fig. D.1: source vs. linear transfer accuracy, per task", "figure",
+      ("training.csv", "probes.csv"))
+def figD1(inputs: Inputs) -> Figure:
+    src = inputs.source_accuracy()
+    lin = probe_rows(inputs, "linear")
+    df = src.merge(lin[["label", "seed", "task", "accuracy"]], on=["label", "seed"])
+    if df.empty:
+        raise Missing("no (objective, seed) present in both training.csv and probes.csv")
+    df["top1"] = as_percent(df["top1"])
+    tasks = sorted(df["task"].astype(str).unique())
+    ncol = min(4, len(tasks))
+    nrow = -(-len(tasks) // ncol)
+    plt = _plt()
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol + 2.2, 2.9 * nrow), squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        _scatter_runs(ax, df[df["task"] == task], "top1", "accuracy")
+        ax.set_title(task)
+        ax.set_xlabel("Source top-1 (%)")
+        ax.set_ylabel("Linear transfer acc. (%)")
+    for ax in axes.flat[len(tasks):]:
+        ax.axis("off")
+    legend_outside(axes.flat[ncol - 1])
+    fig.tight_layout()
+    return Figure(fig, f"One panel per transfer task; points are runs. {describe_rows(lin)}. "
+                       f"{probe_settings(lin)}.")
+
+
+@item("table1", "Table 1: source accuracy and linear / kNN transfer accuracy", "table", ("probes.csv",))
+def table1(inputs: Inputs) -> Table:
+    probes = inputs.csv("probes")
+    blocks, notes = [], []
+    try:
+        src = inputs.source_accuracy()
+        src_long = pd.concat([
+            src.assign(column=f"Source {k[:3]}-{k[3:]}", value=as_percent(src[k])) for k in ("top1", "top5") if k in src])
+    except Missing as exc:
+        src_long, _ = None, notes.append(f"source accuracy omitted ({exc})")
+    try:
+        r2 = one_r2_per_run(penultimate_r2(inputs)).assign(column="R²")
+        r2_long = r2.rename(columns={"r2": "value"})
+    except Missing as exc:
+        r2_long, _ = None, notes.append(f"R² omitted ({exc})")
+    kinds = [p for p in ("linear", "knn") if (probes["probe"].astype(str) == p).any()]
+    if not kinds:
+        raise Missing("probes.csv has no linear or knn rows")
+    n_seeds = 0
+    for probe in kinds:
+        try:
+            rows = probe_rows(inputs, probe)
+        except Missing:
+            continue
+        n_seeds = max(n_seeds, int(rows.groupby("label")["seed"].nunique().min()))
+        tasks = sorted(rows["task"].astype(str).unique())
+        long = rows.rename(columns={"task": "column", "accuracy": "value"})[["label", "seed", "column", "value"]]
+        avg = mean_transfer(rows).rename(columns={"transfer": "value"}).assign(column="Avg.")
+        parts = [p for p in (src_long, r2_long) if p is not None] + [long, avg[["label", "seed", "column", "value"]]]
+        cols = ([c for c in ("Source top-1", "Source top-5") if src_long is not None and c in set(src_long["column"])]
+                + (["R²"] if r2_long is not None else []) + tasks + ["Avg."])
+        numeric, shown, bold = seed_summary(pd.concat(parts, ignore_index=True), cols, digits={"R²": 3}, unbolded={"R²"})
+        for frame in (numeric, shown, bold):
+            frame.insert(0, "probe", probe)
+        shown["label"] = shown["label"].map(display)
+        blocks.append((numeric, shown, bold))
+    numeric = pd.concat([b[0] for b in blocks], ignore_index=True).rename(columns={"label": "objective"})
+    shown = pd.concat([b[1] for b in blocks], ignore_index=True).rename(columns={"label": "Objective", "probe": "Probe"})
+    bold = pd.concat([b[2] for b in blocks], ignore_index=True)
+    bold.columns = shown.columns
+    bold[["Probe", "Objective"]] = False
+    cap = (f"Mean ± sd over seeds, accuracies in %. {bold_rule_text(n_seeds)} {describe_rows(probes)}. "
+           f"{probe_settings(probes)}." + (" " + "; ".join(notes) + "." if notes else ""))
+    return Table(numeric, shown.fillna("–"), cap, bold.fillna(False))
+
+
+@item("fig5", "Fig. 5a: class separation vs. mean linear transfer accuracy", "figure",
+      ("separation.csv", "probes.csv"))
+def fig5(inputs: Inputs) -> Figure:
+    sep = penultimate_r2(inputs)
+    r2 = one_r2_per_run(sep)
+    lin = probe_rows(inputs, "linear")
+    df = r2.merge(mean_transfer(lin), on=["label", "seed"])
+    if df["label"].nunique() < 3:
+        raise Missing("fewer than 3 objectives with both R² and linear transfer (Spearman needs ≥ 3)")
+    g = df.groupby("label").agg(r2=("r2", "mean"), r2_sd=("r2", "std"),
+                                t=("transfer", "mean"), t_sd=("transfer", "std"))
+    rho, p = spearman(g["r2"], g["t"])
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label in labels_in_order(g.index):
+        r = g.loc[label]
+        ax.errorbar(r["r2"], r["t"], xerr=r["r2_sd"] if np.isfinite(r["r2_sd"]) else None,
+                    yerr=r["t_sd"] if np.isfinite(r["t_sd"]) else None, fmt="o", ms=7, capsize=2,
+                    color=color(label), label=display(label), mec="black", mew=0.4)
+    ax.set_xlabel(f"Class separation R² ({sep['layer'].iloc[0]}, cosine)")
+    ax.set_ylabel("Mean linear transfer accuracy (%)")
+    ax.set_title(f"Spearman ρ = {rho:.2f}, p = {p:.3g} (n = {len(g)} objectives)")
+    legend_outside(ax)
+    cap = (f"One point per objective: mean over seeds (bars: sd). Spearman rank correlation across "
+           f"objectives ρ = {rho:.3f}, two-sided p = {p:.3g}. R² from {describe_rows(sep)}; transfer "
+           f"from {lin['task'].nunique()} task(s). {probe_settings(lin)}.")
+    return Figure(fig, cap)
+
+
+def _sweep(inputs: Inputs) -> tuple[str, pd.DataFrame]:
+    """The swept objective (cosine softmax preferred) and its runs, with a numeric ``value`` column."""
+    runs = inputs.runs
+    swept = runs.groupby("objective")["params"].nunique()
+    swept = swept[swept > 1]
+    if swept.empty:
+        raise Missing("no objective trained with ≥ 2 parameter settings (e.g. cosine softmax temperatures)")
+    objective = "cosine_softmax" if "cosine_softmax" in swept.index else swept.index[0]
+    sub = runs[runs["objective"] == objective].copy()
+
+    def first_number(text: str) -> float:
+        m = re.search(r"(?:tau|temperature)=([-+0-9.eE]+)", text) or re.search(r"=([-+0-9.eE]+)", text)
+        return float(m.group(1)) if m else np.nan
+
+    sub["value"] = sub["params"].map(first_number)
+    return objective, sub
+
+
+@item("table4", "Table 4: temperature sweep — source accuracy, R², linear transfer", "table",
+      ("stores (params)", "separation.csv", "probes.csv"))
+def table4(inputs: Inputs) -> Table:
+    objective, sweep = _sweep(inputs)
+    labels = sweep.drop_duplicates("label").sort_values("value")["label"].tolist()
+    parts = []
+    try:
+        src = inputs.source_accuracy()
+        parts.append(src.assign(column="Top-1", value=as_percent(src["top1"])))
+    except Missing:
+        pass
+    try:
+        parts.append(one_r2_per_run(penultimate_r2(inputs)).rename(columns={"r2": "value"}).assign(column="R²"))
+    except Missing:
+        pass
+    lin = probe_rows(inputs, "linear")
+    parts.append(lin.rename(columns={"task": "column", "accuracy": "value"}))
+    long = pd.concat([p[["label", "seed", "column", "value"]] for p in parts], ignore_index=True)
+    long = long[long["label"].isin(labels)]
+    if long.empty:
+        raise Missing(f"no results for the {objective} sweep")
+    cols = [c for c in ("Top-1", "R²") if (long["column"] == c).any()] + sorted(lin["task"].astype(str).unique())
+    numeric, shown, bold = seed_summary(long, cols, digits={"R²": 3}, bold=False,
+                                        row_order=lambda l: labels.index(l) if l in labels else 1e9)
+    param = sweep.set_index("label")["params"].to_dict()
+    shown["label"] = shown["label"].map(lambda l: param.get(l, l))
+    shown = shown.rename(columns={"label": "Setting"})
+    cap = (f"{display(objective)} trained at {len(labels)} settings; mean ± sd over seeds, accuracies in %. "
+           f"{describe_rows(lin[lin['label'].isin(labels)])}. {probe_settings(lin)}.")
+    return Table(numeric.rename(columns={"label": "setting"}), shown, cap)
+
+
+@item("fig5b", "Fig. 5b: temperature controls class separation and linear transfer", "figure",
+      ("stores (params)", "separation.csv", "probes.csv"))
+def fig5b(inputs: Inputs) -> Figure:
+    objective, sweep = _sweep(inputs)
+    r2 = one_r2_per_run(penultimate_r2(inputs))
+    lin = probe_rows(inputs, "linear")
+    df = r2.merge(mean_transfer(lin), on=["label", "seed"]).merge(
+        sweep.drop_duplicates("label")[["label", "value", "params"]], on="label")
+    if df["label"].nunique() < 2:
+        raise Missing(f"fewer than 2 {objective} settings with both R² and transfer results")
+    g = df.groupby(["label", "value", "params"]).agg(r2=("r2", "mean"), t=("transfer", "mean")).reset_index()
+    g = g.sort_values("value")
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    sc = ax.scatter(g["r2"], g["t"], c=g["value"], cmap="viridis", s=60, edgecolor="black", zorder=3)
+    ax.plot(g["r2"], g["t"], color="0.6", lw=1, zorder=2)
+    for _, r in g.iterrows():
+        ax.annotate(r["params"], (r["r2"], r["t"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    fig.colorbar(sc, ax=ax, label="temperature τ" if "tau" in "".join(g["params"]) else "parameter")
+    rho, p = spearman(g["r2"], g["t"]) if len(g) >= 3 else (np.nan, np.nan)
+    ax.set_xlabel("Class separation R² (penultimate, cosine)")
+    ax.set_ylabel("Mean linear transfer accuracy (%)")
+    ax.set_title(f"{display(objective)}: parameter sweep" + (f" (ρ = {rho:.2f}, p = {p:.2g})" if len(g) >= 3 else ""))
+    return Figure(fig, f"Each point is one setting (mean over seeds). {describe_rows(lin)}. {probe_settings(lin)}.")
+
+
+@item("fig6", "Fig. 6: relearning the source classes from fixed features vs. class separation", "figure",
+      ("separation.csv", "training.csv", "probes.csv (task source*/relearn*)"))
+def fig6(inputs: Inputs) -> Figure:
+    r2 = one_r2_per_run(penultimate_r2(inputs))
+    relearn = probe_rows(inputs, "linear", source=True)
+    orig = inputs.source_accuracy()
+    orig["top1"] = as_percent(orig["top1"])
+    a = r2.merge(orig, on=["label", "seed"]).groupby("label")[["r2", "top1"]].mean()
+    b = r2.merge(relearn, on=["label", "seed"]).groupby("label")[["r2", "accuracy"]].mean()
+    labels = labels_in_order(set(a.index) & set(b.index))
+    if not labels:
+        raise Missing("no objective with R², original-head accuracy and a relearned source-task probe")
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for label in labels:
+        x = a.loc[label, "r2"]
+        ax.plot([x, x], [a.loc[label, "top1"], b.loc[label, "accuracy"]], color="0.6", lw=1, zorder=1)
+        ax.annotate(display(label), (x, b.loc[label, "accuracy"]), textcoords="offset points",
+                    xytext=(4, 3), fontsize=7.5)
+    ax.scatter(a.loc[labels, "r2"], a.loc[labels, "top1"], color="#1f77b4", s=40, zorder=3,
+               label="original classifier")
+    ax.scatter(b.loc[labels, "r2"], b.loc[labels, "accuracy"], color="#ff7f0e", s=40, zorder=3,
+               label="relearned linear classifier")
+    ax.set_xlabel("Class separation R² (penultimate, cosine)")
+    ax.set_ylabel("Source-task accuracy (%)")
+    ax.legend(frameon=False)
+    cap = (f"Blue: accuracy of the network's own final layer (training.csv, {orig['split'].iloc[0]} split). "
+           f"Orange: L²-regularised logistic regression relearned on fixed penultimate features "
+           f"(probes.csv tasks {', '.join(sorted(relearn['task'].astype(str).unique()))}). "
+           f"Means over seeds. {describe_rows(relearn)}.")
+    return Figure(fig, cap)
+
+
+def assignment_accuracy(pred_fit: np.ndarray, y_fit: np.ndarray, pred_eval: np.ndarray, y_eval: np.ndarray,
+                        n_source: int, n_target: int, max_k: int = 64) -> tuple[float, int]:
+    """App. F: map source classes to target classes by a replicated assignment problem.
+
+    The matching matrix C[i, j] counts fit examples predicted as source class i with target label j;
+    target classes are replicated k times and ``linear_sum_assignment`` maximises matched counts; k grows
+    until k + 1 replications give no improvement. Returns (accuracy of the mapping on the eval
+    examples, k).
+    """
+    from scipy.optimize import linear_sum_assignment
+
+    C = np.zeros((n_source, n_target))
+    np.add.at(C, (pred_fit, y_fit), 1)
+    best, best_map, k = -1.0, None, 1
+    while k <= max_k:
+        rows, cols = linear_sum_assignment(-np.tile(C, (1, k)))
+        score = C[rows, cols % n_target].sum()
+        if score <= best:
+            k -= 1
+            break
+        mapping = np.full(n_source, -1)
+        mapping[rows] = cols % n_target
+        best, best_map = score, mapping
+        k += 1
+    mapped = best_map[pred_eval]
+    return float(np.mean(mapped == y_eval)), min(k, max_k)
+
+
+@item("tableF1", "Table F.1: class overlap between the source and transfer datasets", "table",
+      ("stores with logits on transfer datasets", "probes.csv"))
+def tableF1(inputs: Inputs) -> Table:
+    stores = inputs.require_stores("logits of the source classifier on each transfer dataset")
+    lin = probe_rows(inputs, "linear")
+    runs = inputs.runs.set_index("store")
+    rows = []
+    for task in sorted(lin["task"].astype(str).unique()):
+        cands = [s for s in stores.values() if runs.loc[s.name, "dataset"] == task and s.logits is not None]
+        if not cands:
+            continue
+        by_label = sorted(cands, key=lambda s: (runs.loc[s.name, "label"] != "softmax", s.name))
+        label = runs.loc[by_label[0].name, "label"]
+        same = [s for s in by_label if runs.loc[s.name, "label"] == label
+                and runs.loc[s.name, "seed"] == runs.loc[by_label[0].name, "seed"]]
+        fit = next((s for s in same if runs.loc[s.name, "split"] == "train"), same[0])
+        ev = next((s for s in same if runs.loc[s.name, "split"] == "test"), fit)
+        K = int(fit.logits.shape[1])
+        n_target = int(max(fit.labels.max(), ev.labels.max())) + 1
+        pf = np.asarray(fit.logits.argmax(axis=1).compute())
+        pe = np.asarray(ev.logits.argmax(axis=1).compute())
+        acc, k = assignment_accuracy(pf, fit.labels, pe, ev.labels, K, n_target)
+        t = lin[(lin["task"] == task) & (lin["label"] == label)]["accuracy"].mean()
+        rows.append(dict(dataset=task, classes=n_target, source_model=f"{label} seed {runs.loc[fit.name, 'seed']}",
+                         replications_k=k, assignment_accuracy=100 * acc, linear_transfer_accuracy=t,
+                         fit_split=runs.loc[fit.name, "split"], eval_split=runs.loc[ev.name, "split"]))
+    if not rows:
+        raise Missing("no store with logits on any probes.csv transfer task (dataset name = task name)")
+    numeric = pd.DataFrame(rows)
+    shown = numeric.copy()
+    for c in ("assignment_accuracy", "linear_transfer_accuracy"):
+        shown[c] = shown[c].map(lambda v: f"{v:.1f}")
+    cap = ("Assignment accuracy: each source class is mapped to a transfer class by "
+           "scipy.optimize.linear_sum_assignment on the matching matrix of the source classifier's top-1 "
+           "predictions on the fit split (target classes replicated k times, k increased until k+1 gives no "
+           "improvement), scored on the eval split. Semantic class overlap needs class names and is not "
+           "computed. Linear transfer accuracy (%) of the same objective from probes.csv.")
+    return Table(numeric, shown, cap)
+
+
+@item("figD2", "Fig. D.2: linear transfer accuracy over pretraining", "figure",
+      ("stores or probes.csv with epochs", "probes.csv"))
+def figD2(inputs: Inputs) -> Figure:
+    lin = probe_rows(inputs, "linear")
+    if "epoch" not in lin or lin.groupby(["label", "seed"])["epoch"].nunique().max() < 2:
+        raise Missing("probes.csv results for ≥ 2 checkpoints (epochs) of one run are needed")
+    tasks = sorted(lin["task"].astype(str).unique())
+    plt = _plt()
+    ncol = min(4, len(tasks))
+    nrow = -(-len(tasks) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.3 * ncol + 2.2, 2.9 * nrow), squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        sub = lin[lin["task"] == task]
+        for label in labels_in_order(sub["label"]):
+            g = sub[sub["label"] == label].groupby("epoch")["accuracy"].mean()
+            ax.plot(g.index, g.values, marker="o", ms=3, color=color(label), label=display(label))
+        ax.set_title(task)
+        ax.set_xlabel("Pretraining epoch")
+        ax.set_ylabel("Linear transfer acc. (%)")
+    for ax in axes.flat[len(tasks):]:
+        ax.axis("off")
+    legend_outside(axes.flat[ncol - 1])
+    fig.tight_layout()
+    return Figure(fig, f"Mean over seeds at each checkpoint. {describe_rows(lin)}. {probe_settings(lin)}.")

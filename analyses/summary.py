@@ -1,0 +1,86 @@
+"""Per-objective summaries over seeds and the significance rule of the paper's tables.
+
+Bold rule (Tables 1, 2, B.1, C.5): a cell is bold when its mean is the best of its column or is not
+significantly different from the best, by a two-sided Welch t-test over seeds at p < 0.05. With fewer
+than two seeds in either group no test is possible, and only the best mean is bold (stated in the
+caption by :func:`bold_rule_text`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from analyses.data import objective_key
+from analyses.style import fmt
+
+ALPHA = 0.05
+
+
+def as_percent(values: pd.Series) -> pd.Series:
+    """Accuracies as percentages: values all within [0, 1] are taken as fractions."""
+    v = pd.to_numeric(values, errors="coerce")
+    return v * 100.0 if v.dropna().between(0, 1).all() else v
+
+
+def not_worse_than_best(groups: dict[str, np.ndarray], higher_is_better: bool = True,
+                        alpha: float = ALPHA) -> dict[str, bool]:
+    """Which groups are the best or not significantly different from it (Welch t-test, p >= alpha)."""
+    means = {k: float(np.mean(v)) for k, v in groups.items() if len(v)}
+    if not means:
+        return {}
+    best = (max if higher_is_better else min)(means, key=means.get)
+    out = {}
+    for k, v in groups.items():
+        if k == best:
+            out[k] = True
+        elif len(v) < 2 or len(groups[best]) < 2:
+            out[k] = bool(np.isclose(means.get(k, np.nan), means[best]))
+        elif np.ptp(v) == 0 and np.ptp(groups[best]) == 0:
+            out[k] = bool(means[k] == means[best])
+        else:
+            out[k] = bool(stats.ttest_ind(v, groups[best], equal_var=False).pvalue >= alpha)
+    return out
+
+
+def bold_rule_text(n_seeds: int) -> str:
+    if n_seeds >= 2:
+        return (f"Bold: best, or not significantly different from the best (two-sided Welch t-test over "
+                f"seeds, p ≥ {ALPHA}).")
+    return "Bold: best mean only (one seed per objective, so no significance test is possible)."
+
+
+def seed_summary(long: pd.DataFrame, columns: list[str], *, digits: dict[str, int] | None = None,
+                 lower_is_better: set[str] = frozenset(), bold: bool = True, unbolded: set[str] = frozenset(),
+                 row_key: str = "label", row_order=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Summarise ``long`` (columns row_key, seed, column, value) as mean ± sd per row and column.
+
+    Returns (numeric, shown, bold): numeric has ``<col>``, ``<col> sd``, ``<col> n`` columns; shown
+    has one string per cell; bold marks cells by :func:`not_worse_than_best`.
+    """
+    digits = digits or {}
+    rows = sorted(long[row_key].unique(), key=row_order or objective_key)
+    numeric = pd.DataFrame({row_key: rows})
+    shown = pd.DataFrame({row_key: rows})
+    marks = pd.DataFrame({row_key: False}, index=range(len(rows)))
+    for col in columns:
+        sub = long[long["column"] == col]
+        groups = {r: sub.loc[sub[row_key] == r, "value"].dropna().to_numpy(float) for r in rows}
+        mean = [float(np.mean(g)) if len(g) else np.nan for g in groups.values()]
+        sd = [float(np.std(g, ddof=1)) if len(g) > 1 else np.nan for g in groups.values()]
+        numeric[col], numeric[f"{col} sd"] = mean, sd
+        numeric[f"{col} n"] = [len(g) for g in groups.values()]
+        shown[col] = [fmt(m, s, digits.get(col, 1)) for m, s in zip(mean, sd)]
+        if bold and col not in unbolded:
+            ok = not_worse_than_best({r: g for r, g in groups.items() if len(g)},
+                                     higher_is_better=col not in lower_is_better)
+            marks[col] = [ok.get(r, False) for r in rows]
+        else:
+            marks[col] = False
+    return numeric, shown, marks
+
+
+def spearman(x, y) -> tuple[float, float]:
+    """Spearman rank correlation and its two-sided p-value (scipy.stats.spearmanr, t-distribution p)."""
+    res = stats.spearmanr(np.asarray(x, float), np.asarray(y, float))
+    return float(res.statistic), float(res.pvalue)

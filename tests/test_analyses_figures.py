@@ -1,0 +1,174 @@
+"""`repsim figures` on small synthetic results files (written directly in the CONTRACTS.md formats)."""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from repsim.cli import main
+
+OBJS = ["softmax", "sigmoid", "cosine_softmax", "squared_error"]
+SEEDS = [0, 1]
+LAYERS = ["block1", "block2", "block3", "block4", "pool"]
+TASKS = ["taskA", "taskB"]
+
+
+def _store(o, s):
+    return f"{o}-s{s}-test"
+
+
+def write_results(root, *, rng=None, epochs=(1, 2, 3)):
+    """A results directory with every CSV, one CKA file and spectra; returns its path."""
+    rng = rng or np.random.default_rng(0)
+    res = root / "results"
+    res.mkdir()
+    rank = {o: i for i, o in enumerate(OBJS)}  # later objective: more separation, worse transfer
+    sep, spa, col, pro, tra = [], [], [], [], []
+    for o in OBJS:
+        for s in SEEDS:
+            st = _store(o, s)
+            for li, layer in enumerate(LAYERS):
+                depth = li / (len(LAYERS) - 1)
+                for d in ("cosine", "cosine_centered", "sqeuclidean"):
+                    r2 = 0.05 + 0.3 * depth + 0.15 * depth * rank[o] + rng.normal(0, 0.005)
+                    sep.append(dict(store=st, objective=o, seed=s, layer=layer, distance=d, r2=r2))
+                spa.append(dict(store=st, objective=o, seed=s, layer=layer,
+                                nonzero_fraction=0.9 - 0.3 * depth - 0.1 * depth * rank[o] + rng.normal(0, 0.01)))
+                col.append(dict(store=st, objective=o, seed=s, layer=layer, norm_cv_means=rng.uniform(0.1, 0.2),
+                                cos_std_means=rng.uniform(0.05, 0.1), equiangular_means=rng.uniform(0, 0.1),
+                                nc1=10.0 / (1 + rank[o]) + rng.normal(0, 0.1), self_duality=rng.uniform(0.3, 0.9)))
+            for probe in ("linear", "knn"):
+                for task in TASKS + ["source"]:
+                    acc = 0.9 - 0.05 * rank[o] + rng.normal(0, 0.004) if task != "source" else 0.8 + 0.03 * rank[o]
+                    pro.append(dict(store=st, objective=o, seed=s, task=task, probe=probe, metric="top1",
+                                    accuracy=acc, best_param=1e-3 if probe == "linear" else 5))
+            for e in epochs:
+                for split, base in (("train", 0.9), ("test", 0.8)):
+                    top1 = base - 0.1 / e + 0.01 * rank[o] + rng.normal(0, 0.003)
+                    tra.append(dict(run=f"{o}-s{s}", objective=o, seed=s, epoch=e, split=split,
+                                    top1=top1, top5=min(1.0, top1 + 0.1)))
+    for name, rows in (("separation", sep), ("sparsity", spa), ("collapse", col), ("probes", pro), ("training", tra)):
+        pd.DataFrame(rows).to_csv(res / f"{name}.csv", index=False)
+    # CKA: index over all (store, layer); same layer across nets ~1 early, lower late and across objectives
+    index = [(_store(o, s), l) for o in OBJS for s in SEEDS for l in LAYERS]
+    L = len(index)
+    v = np.zeros((L, L))
+    for i, (si, li) in enumerate(index):
+        for j, (sj, lj) in enumerate(index):
+            a, b = LAYERS.index(li), LAYERS.index(lj)
+            oi, oj = si.split("-")[0], sj.split("-")[0]
+            depth = max(a, b) / (len(LAYERS) - 1)
+            v[i, j] = 1.0 if i == j else np.exp(-abs(a - b)) * (0.98 - (0.4 * depth if oi != oj else 0.1 * depth))
+    v = (v + v.T) / 2
+    np.savez(res / "cka_all.npz", values=v, stores=np.array([s for s, _ in index]),
+             layers=np.array([l for _, l in index]),
+             meta=json.dumps(dict(batch_size=64, epochs=2, debiased=True, spatial="flatten", seed=0)))
+    spectra = {f"{_store(o, s)}/pool/{k}": np.sort(rng.gamma(2, 1, 16))[::-1] ** (1 + rank[o])
+               for o in OBJS for s in SEEDS for k in ("activations", "weights", "centroids")}
+    np.savez(res / "spectra.npz", **spectra)
+    return res
+
+
+EXPECTED_WITHOUT_STORES = {"fig1", "table1", "fig2a", "fig2b", "fig3", "table3", "fig4", "fig5", "fig6",
+                           "figC1", "figC2", "figC3", "figD1", "tableE1", "tableE2", "figE2"}
+
+
+def test_figures_from_results_only(tmp_path, capsys):
+    res = write_results(tmp_path)
+    out = tmp_path / "out"
+    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet"]) == 0
+    report = (out / "report.html").read_text()
+    from analyses.items import ORDER
+
+    for item in ORDER:
+        kind_files = (f"{item}.png", f"{item}.pdf") if item.startswith("fig") else (f"{item}.csv", f"{item}.md")
+        if item in EXPECTED_WITHOUT_STORES:
+            for f in kind_files:
+                assert (out / f).stat().st_size > 0, f
+                assert f"href='{f}'" in report, f
+        else:
+            assert not (out / kind_files[0]).exists(), item
+            assert re.search(rf"id='{item}' class='skipped'", report), item
+    # every figure on disk is embedded in the report
+    for png in out.glob("*.png"):
+        assert f"<img src='{png.name}'" in report
+    assert "class='failed'" not in report
+
+
+def test_table1_bold_rule_and_values(tmp_path):
+    res = write_results(tmp_path)
+    out = tmp_path / "out"
+    assert main(["figures", "--results", str(res), "--out", str(out), "--only", "table1", "--quiet"]) == 0
+    num = pd.read_csv(out / "table1.csv")
+    lin = num[num["probe"] == "linear"].set_index("objective")
+    # means recomputed from the CSV input, in %
+    pro = pd.read_csv(res / "probes.csv")
+    want = 100 * pro[(pro.probe == "linear") & (pro.task == "taskA") & (pro.objective == "sigmoid")].accuracy.mean()
+    assert lin.loc["sigmoid", "taskA"] == pytest.approx(want)
+    md = (out / "table1.md").read_text()
+    # softmax is best by construction (0.9 vs 0.85 with sd 0.004): its cell is bold, squared error's is not
+    soft = next(l for l in md.splitlines() if l.startswith("| linear | Softmax"))
+    sq = next(l for l in md.splitlines() if l.startswith("| linear | Squared error"))
+    header = next(l for l in md.splitlines() if l.startswith("| Probe")).split("|")
+    col = header.index(" taskA ")
+    assert soft.split("|")[col].strip().startswith("**")
+    assert not sq.split("|")[col].strip().startswith("**")
+    assert "**" not in soft.split("|")[header.index(" R² ")]  # R² is descriptive, never bold
+
+
+def test_fig5_spearman_in_caption(tmp_path):
+    res = write_results(tmp_path)
+    out = tmp_path / "out"
+    assert main(["figures", "--results", str(res), "--out", str(out), "--only", "fig5", "--quiet"]) == 0
+    report = (out / "report.html").read_text()
+    # R² rises and transfer falls with rank: perfect negative rank correlation over 4 objectives
+    assert "ρ = -1.000" in report
+
+
+def test_missing_inputs_are_skipped_with_a_note(tmp_path):
+    res = tmp_path / "empty"
+    res.mkdir()
+    out = tmp_path / "out"
+    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet"]) == 0
+    report = (out / "report.html").read_text()
+    assert "probes.csv not found in --results" in report
+    assert "no cka_*.npz in --results" in report
+    assert not list(out.glob("*.png"))
+
+
+def test_partial_inputs(tmp_path):
+    res = write_results(tmp_path)
+    (res / "training.csv").unlink()
+    out = tmp_path / "out"
+    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet"]) == 0
+    assert not (out / "fig1.png").exists() and (out / "table1.csv").exists()
+    md = (out / "table1.md").read_text()
+    assert "source accuracy omitted (training.csv not found" in md
+
+
+def test_assignment_accuracy_known_answer():
+    from analyses.items.transfer import assignment_accuracy
+
+    # source classes 0,1 -> target 0; 2 -> target 1; 3 -> target 2 (needs 2 copies of target 0)
+    pred = np.array([0, 0, 1, 1, 2, 2, 3, 3, 3])
+    y = np.array([0, 0, 0, 0, 1, 1, 2, 2, 0])
+    acc, k = assignment_accuracy(pred, y, pred, y, 4, 3)
+    assert acc == pytest.approx(8 / 9) and k == 2
+
+
+def test_agreement_and_modal():
+    from analyses.items.predictions import agreement, modal
+
+    y = np.array([0, 1, 2, 0])
+    pred = np.array([[0, 1, 1, 2], [0, 2, 1, 1]])
+    a = agreement(pred, y, "all")
+    assert a[0, 1] == pytest.approx(50.0) and a[0, 0] == 100.0
+    assert agreement(pred, y, "correctness")[0, 1] == pytest.approx(75.0)  # 0 both right; 1 differs; 2,3 both wrong
+    assert agreement(pred, y, "both_wrong")[0, 1] == pytest.approx(50.0)  # examples 2, 3: agree on 2 only
+    prob = np.zeros((2, 4, 3))
+    prob[0, :, 0] = 0.9
+    prob[1, :, 2] = 0.6
+    assert modal(pred, prob).tolist() == [0, 2, 1, 2]  # ties (examples 1, 3) go to the more probable class
