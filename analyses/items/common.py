@@ -1,10 +1,9 @@
 """Data shaping shared by several items (transfer accuracies, penultimate R², legends)."""
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-from analyses.data import SOURCE_TASK, Inputs, Missing, describe_rows, display, objective_key
+from analyses.data import SOURCE_TASK, Inputs, Missing, objective_key
 from analyses.summary import as_percent
 
 
@@ -72,6 +71,3 @@ def legend_outside(ax, **kw) -> None:
 def labels_in_order(labels) -> list[str]:
     return sorted(set(labels), key=objective_key)
 
-
-__all__ = ["probe_rows", "mean_transfer", "probe_settings", "penultimate_r2", "one_r2_per_run",
-           "legend_outside", "labels_in_order", "describe_rows", "display", "np"]
