@@ -43,10 +43,11 @@ def natural_key(name: str) -> tuple:
 
 
 def objective_key(label: str) -> tuple:
-    """Sort key for labels: paper order of the objective, then the label itself."""
+    """Sort key for labels: paper order of the objective, then its parameter values numerically."""
     objective = label.split(" (")[0]
     rank = OBJECTIVES.index(objective) if objective in OBJECTIVES else len(OBJECTIVES)
-    return (rank, label)
+    nums = [float(x) for x in re.findall(r"=([-+]?[0-9.]+(?:[eE][-+]?\d+)?)", label)]
+    return (rank, objective, nums, label)
 
 
 def display(label: str) -> str:
@@ -144,8 +145,13 @@ class Inputs:
             return None
         return pd.read_csv(path, keep_default_na=False, na_values=[""])
 
-    def csv(self, name: str) -> pd.DataFrame:
-        """A results CSV with ``label`` (and store metadata) joined on; raises Missing when absent."""
+    def csv(self, name: str, *, all_epochs: bool = False) -> pd.DataFrame:
+        """A results CSV with ``label`` (and store metadata) joined on; raises Missing when absent.
+
+        Rows carry the store's epoch (from its attrs, or an ``epoch`` column). Unless ``all_epochs``,
+        only each run's final checkpoint is kept, so that training-dynamics stores (App. D.2, E.4) do
+        not leak into the end-of-training figures. training.csv is returned whole.
+        """
         df = self._raw_csv(name)
         if df is None:
             raise Missing(f"{name}.csv not found in --results")
@@ -158,14 +164,16 @@ class Inputs:
             df["objective"] = df["objective"].fillna("").astype(str)
         if "store" in df:
             meta = self.runs[["store", "label", "epoch", "dataset", "split", "n"]]
-            df = df.drop(columns=[c for c in ("epoch",) if c in df and c in meta and df[c].isna().all()])
             df = df.merge(meta, on="store", how="left", suffixes=("", "_store"))
             if "epoch_store" in df:
-                df["epoch"] = df["epoch"].fillna(df.pop("epoch_store"))
+                df["epoch"] = pd.to_numeric(df["epoch"], errors="coerce").fillna(df.pop("epoch_store"))
             fallback = df["objective"] if "objective" in df else df["store"]
             df["label"] = df["label"].fillna(fallback)
         elif "objective" in df:
             df["label"] = df["objective"]
+        if not all_epochs and name != "training" and "epoch" in df and df["epoch"].notna().any():
+            last = df.groupby(["label", "seed"], dropna=False)["epoch"].transform("max")
+            df = df[df["epoch"].isna() | (df["epoch"] == last)]
         return df
 
     @cached_property

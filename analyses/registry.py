@@ -112,9 +112,10 @@ def render_all(inputs: Inputs, out: Path, *, only: set[str] | None = None,
 
     matplotlib.use("Agg")
     from analyses.items import ORDER  # importing registers the items
-    from analyses.style import apply_style
+    from analyses.style import apply_style, set_palette
 
     apply_style()
+    set_palette(inputs.runs["label"])
     out.mkdir(parents=True, exist_ok=True)
     outcomes = []
     for it in sorted(REGISTRY, key=lambda it: ORDER.index(it.id) if it.id in ORDER else len(ORDER)):

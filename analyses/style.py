@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from analyses.data import OBJECTIVES
+from analyses.data import OBJECTIVES, objective_key
 
 _TAB10 = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -19,12 +19,37 @@ def apply_style() -> None:
     })
 
 
-def color(label: str) -> str:
-    """Fixed colour of an objective (parameter variants share their objective's colour)."""
-    objective = label.split(" (")[0]
+_VARIANTS: dict[str, str] = {}
+
+
+def set_palette(labels) -> None:
+    """Give parameter variants of one objective (``"cosine_softmax (tau=0.05)"``, ...) distinct shades
+    of the objective's colour, darkest for the first in sorted order."""
+    from matplotlib.colors import to_rgb
+
+    _VARIANTS.clear()
+    by_objective: dict[str, list[str]] = {}
+    for label in sorted(set(labels), key=objective_key):
+        if " (" in label:
+            by_objective.setdefault(label.split(" (")[0], []).append(label)
+    for objective, variants in by_objective.items():
+        base = to_rgb(_base(objective))
+        for i, label in enumerate(variants):
+            t = (i / (len(variants) - 1) if len(variants) > 1 else 0.5) * 1.2 - 0.6  # -0.6 dark .. 0.6 light
+            mix = (0, 0, 0) if t < 0 else (1, 1, 1)
+            rgb = [c + abs(t) * (m - c) for c, m in zip(base, mix)]
+            _VARIANTS[label] = "#" + "".join(f"{round(255 * c):02x}" for c in rgb)
+
+
+def _base(objective: str) -> str:
     if objective in OBJECTIVES:
         return _TAB10[OBJECTIVES.index(objective)]
     return _TAB10[9 - (sum(map(ord, objective)) % 3)]
+
+
+def color(label: str) -> str:
+    """Fixed colour of an objective; parameter variants get shades of it (see :func:`set_palette`)."""
+    return _VARIANTS.get(label) or _base(label.split(" (")[0])
 
 
 def fmt(mean: float, sd: float | None = None, digits: int = 3) -> str:

@@ -143,7 +143,7 @@ def test_partial_inputs(tmp_path):
     res = write_results(tmp_path)
     (res / "training.csv").unlink()
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet"]) == 0
+    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet", "--only", "fig1", "table1"]) == 0
     assert not (out / "fig1.png").exists() and (out / "table1.csv").exists()
     md = (out / "table1.md").read_text()
     assert "source accuracy omitted (training.csv not found" in md

@@ -7,9 +7,9 @@ from analyses.data import SOURCE_TASK, Inputs, Missing, objective_key
 from analyses.summary import as_percent
 
 
-def probe_rows(inputs: Inputs, probe: str, *, source: bool = False) -> pd.DataFrame:
+def probe_rows(inputs: Inputs, probe: str, *, source: bool = False, all_epochs: bool = False) -> pd.DataFrame:
     """probes.csv rows of one probe kind: transfer tasks (default) or source-relearning tasks."""
-    df = inputs.csv("probes")
+    df = inputs.csv("probes", all_epochs=all_epochs)
     df = df[df["probe"].astype(str) == probe].copy()
     is_source = df["task"].astype(str).str.match(SOURCE_TASK)
     df = df[is_source] if source else df[~is_source]
@@ -43,9 +43,9 @@ def probe_settings(df: pd.DataFrame) -> str:
     return "; ".join(texts)
 
 
-def penultimate_r2(inputs: Inputs, distance: str = "cosine") -> pd.DataFrame:
+def penultimate_r2(inputs: Inputs, distance: str = "cosine", *, all_epochs: bool = False) -> pd.DataFrame:
     """R² (Eq. 11) of the penultimate layer per (label, seed, dataset split)."""
-    sep = inputs.csv("separation")
+    sep = inputs.csv("separation", all_epochs=all_epochs)
     sep = sep[sep["distance"].astype(str) == distance]
     if sep.empty:
         raise Missing(f"separation.csv has no rows with distance={distance}")
@@ -53,15 +53,27 @@ def penultimate_r2(inputs: Inputs, distance: str = "cosine") -> pd.DataFrame:
     return sep[sep["layer"].astype(str) == layer].copy()
 
 
+def one_split(df: pd.DataFrame, prefer: str = "train") -> pd.DataFrame:
+    """Rows of one (dataset, split) of the stores behind ``df``, so that seeds are never mixed with splits.
+
+    ``prefer="train"``: the training split when present (the paper measures class separation and
+    collapse on the training set), else the split with most rows; ``prefer="layers"``: the split with
+    the most distinct layers (per-layer plots), ties to the training split.
+    """
+    if "split" not in df or not df["split"].fillna("").ne("").any():
+        return df
+    keyed = df.assign(_d=df["dataset"].fillna(""), _s=df["split"].fillna(""))
+    g = keyed.groupby(["_d", "_s"])
+    score = pd.DataFrame({"layers": g["layer"].nunique() if "layer" in df else g.size(), "rows": g.size()})
+    score["train"] = [s == "train" for _, s in score.index]
+    order = ["train", "rows"] if prefer == "train" else ["layers", "train", "rows"]
+    d, s = score.sort_values(order, ascending=False).index[0]
+    return df[(keyed["_d"] == d) & (keyed["_s"] == s)]
+
+
 def one_r2_per_run(sep: pd.DataFrame) -> pd.DataFrame:
-    """Collapse to one R² per (label, seed): the most common (dataset, split) wins (training set first)."""
-    if "split" in sep and sep["split"].fillna("").ne("").any():
-        prefer = sep["split"].fillna("").map({"train": 0}).fillna(1)
-        key = (sep.assign(_p=prefer).groupby(["dataset", "split"], dropna=False)["_p"].first()
-               .sort_values(kind="stable"))
-        dataset, split = key.index[0]
-        sep = sep[(sep["dataset"] == dataset) & (sep["split"] == split)]
-    return sep.groupby(["label", "seed"], dropna=False)["r2"].mean().reset_index()
+    """One R² per (label, seed), from one dataset split (the training split when present)."""
+    return one_split(sep).groupby(["label", "seed"], dropna=False)["r2"].mean().reset_index()
 
 
 def legend_outside(ax, **kw) -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from analyses.data import Inputs, Missing, describe_rows, display, natural_key
-from analyses.items.common import labels_in_order, legend_outside, one_r2_per_run, penultimate_r2
+from analyses.items.common import labels_in_order, legend_outside, one_r2_per_run, one_split, penultimate_r2
 from analyses.registry import Figure, Table, item
 from analyses.style import color
 from analyses.summary import as_percent, seed_summary
@@ -164,7 +164,7 @@ def _per_layer_plot(inputs: Inputs, df: pd.DataFrame, value: str, ylabel: str, t
 
 @item("fig3", "Fig. 3: fraction of non-zero activations per block", "figure", ("sparsity.csv",))
 def fig3(inputs: Inputs) -> Figure:
-    df = inputs.csv("sparsity")
+    df = one_split(inputs.csv("sparsity"), prefer="layers").copy()
     df["pct"] = 100.0 * pd.to_numeric(df["nonzero_fraction"])
     fig, bounds = _per_layer_plot(inputs, df, "pct", "Non-zero activations (%)",
                                   "Sparsity of activations after each block")
@@ -179,9 +179,7 @@ def fig4(inputs: Inputs) -> Figure:
     df = df[df["distance"].astype(str) == "cosine"]
     if df.empty:
         raise Missing("separation.csv has no cosine-distance rows")
-    if "split" in df and df["split"].fillna("").ne("").any():
-        split = "train" if (df["split"] == "train").any() else df["split"].mode().iloc[0]
-        df = df[df["split"] == split]
+    df = one_split(df, prefer="layers")
     fig, bounds = _per_layer_plot(inputs, df, "r2", "Class separation R² (cosine)", "Class separation per layer")
     return Figure(fig, "R² = 1 − d̄_within / d̄_total (Eq. 11), convolutional layers flattened across space; "
                        f"mean over seeds (band: ± sd). {describe_rows(df)}.")
@@ -235,7 +233,7 @@ COLLAPSE_KEYS = {
 def tableE2(inputs: Inputs) -> Table:
     df = inputs.csv("collapse")
     layer = inputs.penultimate(df["layer"].astype(str))
-    df = df[df["layer"].astype(str) == layer]
+    df = one_split(df[df["layer"].astype(str) == layer])
     keys = [k for k in COLLAPSE_KEYS if k in df and pd.to_numeric(df[k], errors="coerce").notna().any()]
     if not keys:
         raise Missing("collapse.csv has none of the collapse keys")
@@ -252,7 +250,7 @@ def tableE2(inputs: Inputs) -> Table:
 @item("figE4", "Fig. E.4: class separation over training", "figure",
       ("separation.csv for ≥ 2 checkpoints (epochs)",))
 def figE4(inputs: Inputs) -> Figure:
-    sep = penultimate_r2(inputs)
+    sep = penultimate_r2(inputs, all_epochs=True)
     if "epoch" not in sep or sep.groupby(["label", "seed"])["epoch"].nunique().max() < 2:
         raise Missing("separation.csv results for ≥ 2 checkpoints (epochs) of one run are needed")
     splits = sorted(sep["split"].fillna("").unique()) if "split" in sep else [""]

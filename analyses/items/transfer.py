@@ -331,7 +331,7 @@ def tableF1(inputs: Inputs) -> Table:
 @item("figD2", "Fig. D.2: linear transfer accuracy over pretraining", "figure",
       ("stores or probes.csv with epochs", "probes.csv"))
 def figD2(inputs: Inputs) -> Figure:
-    lin = probe_rows(inputs, "linear")
+    lin = probe_rows(inputs, "linear", all_epochs=True)
     if "epoch" not in lin or lin.groupby(["label", "seed"])["epoch"].nunique().max() < 2:
         raise Missing("probes.csv results for ≥ 2 checkpoints (epochs) of one run are needed")
     tasks = sorted(lin["task"].astype(str).unique())

@@ -1,0 +1,316 @@
+"""The end-to-end demo pipeline behind `repsim demo` (train → extract → analyse → report) on sklearn digits.
+
+Layout of the output directory (each stage reuses what a previous run finished)::
+
+    OUT/runs/<objective>-s<seed>/   `repsim train` output; DONE marks a finished run (keyed on its command)
+    OUT/stores/<group>/<run>-<group>.zarr   `repsim extract` stores; reused when complete and newer than
+                                    the checkpoint
+    OUT/results/                    results files (CONTRACTS.md formats); each keyed in
+                                    results/fingerprints.json on the stores it was computed from
+    OUT/report/                     figures, tables, report.html (always rewritten; cheap)
+
+Torch work (train, extract) runs in subprocesses through the public command line, two at a time on
+a 2-core machine; the analyses run in this process through the torch-free ``repsim`` API, one store at a
+time, so memory stays bounded by one store's largest layer.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from analyses.data import OBJECTIVES
+
+# store group -> (dataset spec, split, --layers for extract, what it is for)
+GROUPS: dict[str, tuple[str, str, str | None, str]] = {
+    "src-test": ("digits-source", "test", None, "every block: CKA, R², sparsity, predictions (Figs. 2–4, C.4–C.7)"),
+    "src-train": ("digits-source", "train", "pool", "R², collapse, spectra on the training set (Table 3, E.1, E.2)"),
+    "src-holdout": ("digits-source", "holdout", "pool", "relearning the source classes (Fig. 6)"),
+    "tgt-train": ("digits-target", "train", "pool", "transfer probes: fit (Table 1)"),
+    "tgt-test": ("digits-target", "test", "pool", "transfer probes: score; class overlap (Table 1, F.1)"),
+}
+TRANSFER_TASK = "digits-target"
+RELEARN_TASK = "source-relearn"
+ANALYSIS_VERSION = "1"  # bump when the analysis settings below change, to invalidate old results
+
+
+class DemoError(RuntimeError):
+    """A stage cannot run; the message names the stage and, when it is missing, the upstream piece."""
+
+
+@dataclass
+class Task:
+    name: str
+    argv: list[str]
+    done: Callable[[], None] = lambda: None
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _pump(stream, prefix: str, tail: collections.deque) -> None:
+    for line in iter(stream.readline, ""):
+        line = line.rstrip("\r\n")
+        tail.append(line)
+        if line.strip():
+            print(f"  [{prefix}] {line.split(chr(13))[-1]}", flush=True)
+    stream.close()
+
+
+def _missing_piece(tail: list[str]) -> str | None:
+    for line in tail:
+        if "not implemented yet (issue" in line:
+            return line.strip()
+    return None
+
+
+def run_tasks(tasks: list[Task], jobs: int, stage: str) -> None:
+    """Run subprocesses ``jobs`` at a time, streaming their output with a prefix; fail on the first error."""
+    env = dict(os.environ)
+    if jobs > 1:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env.setdefault(var, "1")
+    pending, running = list(tasks), {}
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                t = pending.pop(0)
+                p = subprocess.Popen(t.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=env, bufsize=1)
+                th = threading.Thread(target=_pump, args=(p.stdout, t.name, t.tail), daemon=True)
+                th.start()
+                running[p] = (t, th)
+            time.sleep(0.1)
+            for p in [p for p in running if p.poll() is not None]:
+                t, th = running.pop(p)
+                th.join()
+                if p.returncode != 0:
+                    tail = list(t.tail)
+                    missing = _missing_piece(tail)
+                    if missing:
+                        raise DemoError(f"{stage}: an upstream piece has not landed: {missing}")
+                    raise DemoError(f"{stage}: {t.name} failed (exit {p.returncode}): {' '.join(t.argv)}\n"
+                                    + "\n".join(tail[-15:]))
+                t.done()
+    finally:
+        for p in running:  # only the processes started here
+            p.terminate()
+        for p in running:
+            p.wait()
+
+
+def require_command(command: str, piece: str) -> None:
+    """Fail clearly when a ``repsim`` subcommand is still the skeleton's stub (its piece has not landed)."""
+    import importlib
+
+    from repsim.cli import SUBCOMMANDS
+    from repsim.commands import no_arguments
+
+    module = importlib.import_module(SUBCOMMANDS[command])
+    if getattr(module, "configure", None) is no_arguments:
+        raise DemoError(f"`repsim {command}` is still a stub: {piece} has not landed")
+
+
+def _repsim(*args: str) -> list[str]:
+    return [sys.executable, "-m", "repsim", *args]
+
+
+@dataclass
+class Demo:
+    out: Path
+    objectives: tuple[str, ...] = OBJECTIVES
+    seeds: int = 2
+    epochs: int | None = None
+    jobs: int = 2
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def run_names(self) -> list[str]:
+        return [f"{o}-s{s}" for o in self.objectives for s in range(self.seeds)]
+
+    def run_dir(self, name: str) -> Path:
+        return self.out / "runs" / name
+
+    # ------------------------------------------------------------------ train
+    def train_argv(self, objective: str, seed: int) -> list[str]:
+        argv = _repsim("train", "--preset", f"digits-{objective}", "--seed", str(seed),
+                       "--out", str(self.run_dir(f"{objective}-s{seed}")), "--no-progress")
+        if self.epochs is not None:
+            argv += ["--set", f"epochs={self.epochs}"]
+        return argv
+
+    def stage_train(self) -> None:
+        require_command("train", "train (helper 'train', issue 5)")
+        tasks = []
+        for o in self.objectives:
+            for s in range(self.seeds):
+                name, argv = f"{o}-s{s}", self.train_argv(o, s)
+                d = self.run_dir(name)
+                key = json.dumps(argv[3:])
+                done = d / "DONE"
+                if done.is_file() and json.loads(done.read_text()).get("key") == key:
+                    continue
+                resume = (d / "checkpoint.pt").is_file() and (d / "demo-key.json").is_file() \
+                    and json.loads((d / "demo-key.json").read_text()).get("key") == key
+                if not resume and d.exists():
+                    shutil.rmtree(d)
+                d.mkdir(parents=True, exist_ok=True)
+                (d / "demo-key.json").write_text(json.dumps({"key": key}))
+
+                def mark(done=done, key=key):
+                    done.write_text(json.dumps({"key": key, "finished": time.time()}))
+
+                tasks.append(Task(f"train {name}", argv + (["--resume"] if resume else []), mark))
+        _say(f"[demo] train: {len(self.run_names) - len(tasks)} of {len(self.run_names)} networks already "
+             f"trained; training {len(tasks)} ({self.jobs} at a time)")
+        run_tasks(tasks, self.jobs, "train (helper 'train', issue 5)")
+
+    def checkpoint(self, name: str) -> Path:
+        d = self.run_dir(name)
+        for f in ("best.pt", "checkpoint.pt"):
+            if (d / f).is_file():
+                return d / f
+        raise DemoError(f"train: no checkpoint in {d} (expected best.pt or checkpoint.pt)")
+
+    # ---------------------------------------------------------------- extract
+    def store_path(self, group: str, name: str) -> Path:
+        return self.out / "stores" / group / f"{name}-{group}.zarr"
+
+    def _store_ok(self, path: Path, ckpt: Path) -> bool:
+        from repsim import open_store
+
+        try:
+            open_store(path)
+        except (ValueError, FileNotFoundError, OSError):
+            return False
+        return (path / "zarr.json").stat().st_mtime >= ckpt.stat().st_mtime
+
+    def stage_extract(self) -> None:
+        require_command("extract", "extract (helper 'extract', issue 6)")
+        try:
+            from repsim import open_store  # noqa: F401
+        except (ImportError, AttributeError) as exc:
+            raise DemoError(f"extract: repsim.open_store is missing (helper 'store', issue 2): {exc}") from exc
+        tasks, n_todo = [], 0
+        for group, (spec, split, layers, _) in GROUPS.items():
+            todo = []
+            for name in self.run_names:
+                path, ckpt = self.store_path(group, name), self.checkpoint(name)
+                if self._store_ok(path, ckpt):
+                    continue
+                if path.exists():
+                    shutil.rmtree(path)
+                todo.append(str(ckpt))
+            if not todo:
+                continue
+            n_todo += len(todo)
+            (self.out / "stores" / group).mkdir(parents=True, exist_ok=True)
+            argv = _repsim("extract", "--data", spec, "--split", split, "--out-dir", str(self.out / "stores" / group),
+                           "--name", "{parent}-" + group, "--no-progress", "--workers", "0")
+            if layers:
+                argv += ["--layers", layers]
+            for c in todo:
+                argv += ["--checkpoint", c]
+            tasks.append(Task(f"extract {group} ({len(todo)})", argv))
+        n_all = len(GROUPS) * len(self.run_names)
+        _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo}")
+        run_tasks(tasks, self.jobs, "extract (helper 'extract', issue 6)")
+
+    # ---------------------------------------------------------------- analyse
+    def stores(self, group: str) -> list:
+        from repsim import open_store
+
+        return [open_store(self.store_path(group, n)) for n in self.run_names]
+
+    def _fingerprint(self, groups: list[str], extra: str = "") -> str:
+        h = hashlib.sha256((ANALYSIS_VERSION + extra).encode())
+        for g in groups:
+            for s in self.stores(g):
+                h.update(f"{s.name}:{s.attrs.get('created')}".encode())
+        return h.hexdigest()[:16]
+
+    def stage_analyse(self) -> None:
+        from analyses import demo_analysis as A
+
+        res = self.out / "results"
+        res.mkdir(parents=True, exist_ok=True)
+        fp_path = res / "fingerprints.json"
+        fps = json.loads(fp_path.read_text()) if fp_path.is_file() else {}
+        steps = [
+            ("training.csv", [], lambda: A.training_csv(self, res / "training.csv")),
+            ("cka_demo.npz", ["src-test"], lambda: A.cka(self, res / "cka_demo.npz")),
+            ("separation.csv", ["src-test", "src-train"], lambda: A.layer_metrics(self, res)),
+            ("probes.csv", ["src-holdout", "src-test", "tgt-train", "tgt-test"], lambda: A.probes(self, res / "probes.csv")),
+            ("spectra.npz", ["src-train"], lambda: A.spectra(self, res / "spectra.npz")),
+        ]
+        for fname, groups, fn in steps:
+            extra = json.dumps([self.run_names, self.epochs]) if not groups else ""
+            fp = self._fingerprint(groups, extra) if groups else hashlib.sha256(
+                (extra + "".join(str((self.run_dir(n) / "DONE").stat().st_mtime) for n in self.run_names)).encode()
+            ).hexdigest()[:16]
+            if fps.get(fname) == fp and (res / fname).is_file():
+                _say(f"[demo] analyse: {fname} up to date")
+                continue
+            t0 = time.perf_counter()
+            _say(f"[demo] analyse: computing {fname} ...")
+            fn()
+            fps[fname] = fp
+            fp_path.write_text(json.dumps(fps, indent=1))
+            _say(f"[demo] analyse: {fname} done in {time.perf_counter() - t0:.1f} s")
+
+    # ----------------------------------------------------------------- report
+    def stage_report(self):
+        from analyses.cli import make_figures
+        from analyses.data import Inputs
+        from analyses.findings import evaluate, findings_html, findings_text
+
+        findings = evaluate(Inputs(self.out / "stores", self.out / "results"))
+        timing = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
+        pre = (f"<p class='caption'>{len(self.objectives)} objectives × {self.seeds} seed(s) = "
+               f"{len(self.run_names)} mini-ResNets pretrained on sklearn digits 0–4 (digits-source); "
+               f"transfer to digits 5–9 (digits-target). Stage times: {timing}.</p>")
+        outcomes, report = make_figures(self.out / "stores", self.out / "results", self.out / "report",
+                                        title="repsim demo: sklearn digits, 9 objectives",
+                                        intro_html=findings_html(findings, pre), progress=True)
+        (self.out / "report" / "findings.md").write_text(findings_text(findings) + "\n")
+        return findings, outcomes, report
+
+    # -------------------------------------------------------------------- all
+    def run(self) -> int:
+        t_all = time.perf_counter()
+        for stage in ("train", "extract", "analyse"):
+            t0 = time.perf_counter()
+            _say(f"[demo] === {stage} ===")
+            getattr(self, f"stage_{stage}")()
+            self.timings[stage] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        _say("[demo] === report ===")
+        findings, outcomes, report = self.stage_report()
+        self.timings["report"] = time.perf_counter() - t0
+        from analyses.findings import findings_text
+
+        _say("[demo] findings:\n" + findings_text(findings))
+        failed = [o for o in outcomes if o.status == "failed"]
+        _say(f"[demo] report: {report} ({sum(o.status == 'done' for o in outcomes)} items, "
+             f"{len(failed)} failed); total {time.perf_counter() - t_all:.0f} s ("
+             + ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items()) + ")")
+        return 1 if failed else 0
+
+
+def fresh(out: Path) -> None:
+    """Remove what the demo wrote under ``out`` (only its own subdirectories)."""
+    for sub in ("runs", "stores", "results", "report"):
+        if (out / sub).exists():
+            shutil.rmtree(out / sub)
+

@@ -1,0 +1,114 @@
+"""`repsim figures` with real Zarr stores (repsim.save_store) beside the synthetic results files:
+the store-only items (Figs. C.4–C.7, E.1, E.3, Table F.1), store metadata (temperature sweep, stage
+boundaries, epochs) and the complete report."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from repsim import open_store, save_store
+from repsim.cli import main
+from tests.test_analyses_figures import LAYERS, OBJS, SEEDS, TASKS, write_results
+
+N, K = 60, 3
+SHAPES = {"block1": (4, 4, 4), "block2": (4, 4, 4), "block3": (8, 2, 2), "block4": (8, 2, 2), "pool": (8,)}
+
+
+def write_stores(root, rng=None):
+    rng = rng or np.random.default_rng(1)
+    d = root / "stores"
+    d.mkdir()
+    y = np.arange(N) % K
+    for oi, o in enumerate(OBJS):
+        for s in SEEDS:
+            params = {"tau": [0.05, 0.1][s]} if o == "cosine_softmax" else {}
+            W = rng.normal(size=(K, 8))
+            pool = np.abs(W[y] * (1 + oi) + rng.normal(size=(N, 8)))  # class structure grows with oi
+            layers = {l: np.maximum(rng.normal(size=(N,) + SHAPES[l]), 0).astype(np.float32) for l in LAYERS[:-1]}
+            layers["pool"] = pool.astype(np.float32)
+            logits = pool @ W.T + rng.normal(scale=2.0, size=(N, K))
+            meta = {"model": {"arch": "mini_resnet", "objective": o, "seed": s, "params": params, "epoch": 3},
+                    "dataset": {"name": "digits-source", "split": "test"}}
+            save_store(d / f"{o}-s{s}-test.zarr", layers, y, logits=logits.astype(np.float32), meta=meta,
+                       head=(W.astype(np.float32), np.zeros(K, np.float32)))
+    # the softmax network on a transfer task (Table F.1): its 3 source classes map onto 2 target classes
+    for split in ("train", "test"):
+        yt = np.arange(40) % 2
+        logits = np.eye(K)[np.where(yt == 0, 0, 1 + (np.arange(40) % 4 == 1))] * 5
+        save_store(d / f"softmax-s0-taskA-{split}.zarr", {"pool": rng.normal(size=(40, 8)).astype(np.float32)}, yt,
+                   logits=logits.astype(np.float32),
+                   meta={"model": {"objective": "softmax", "seed": 0, "epoch": 3},
+                         "dataset": {"name": "taskA", "split": split}})
+    return d
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stores")
+    res, stores = write_results(root), write_stores(root)
+    out = root / "out"
+    rc = main(["figures", "--stores", str(stores), "--results", str(res), "--out", str(out), "--quiet"])
+    return rc, out, (out / "report.html").read_text()
+
+
+def test_every_store_item_renders(rendered):
+    rc, out, report = rendered
+    assert rc == 0, report
+    from analyses.items import ORDER
+
+    dynamics = {"figD2", "figE4"}  # need several checkpoints per run
+    for item in ORDER:
+        files = (f"{item}.png", f"{item}.pdf") if item.startswith("fig") else (f"{item}.csv", f"{item}.md")
+        if item in dynamics:
+            assert f"id='{item}' class='skipped'" in report
+            continue
+        for f in files:
+            assert (out / f).stat().st_size > 0, (item, report[report.find(f"id='{item}'"):][:400])
+            assert f"href='{f}'" in report
+    for png in out.glob("*.png"):
+        assert f"<img src='{png.name}'" in report
+
+
+def test_sweep_table_uses_store_params(rendered):
+    _, out, _ = rendered
+    t4 = pd.read_csv(out / "table4.csv")
+    assert list(t4["setting"]) == ["cosine_softmax (tau=0.05)", "cosine_softmax (tau=0.1)"]
+
+
+def test_stage_boundaries_from_store_shapes(rendered):
+    _, _, report = rendered
+    cap = report[report.find("id='fig3'"):][:3000]
+    assert "Dashed lines: stage boundaries" in cap
+
+
+def test_class_overlap_table(rendered):
+    _, out, _ = rendered
+    f1 = pd.read_csv(out / "tableF1.csv")
+    row = f1.set_index("dataset").loc["taskA"]
+    # source class 0 -> target 0, classes 1 and 2 -> target 1: perfect with 2 copies of target 1
+    assert row["assignment_accuracy"] == pytest.approx(100.0) and row["replications_k"] == 2
+    assert row["classes"] == 2
+
+
+def test_dynamics_items_and_final_epoch_only(tmp_path):
+    res = write_results(tmp_path)
+    for name, col in (("probes", "accuracy"), ("separation", "r2")):
+        df = pd.read_csv(res / f"{name}.csv").assign(epoch=3)
+        early = df.assign(epoch=1, **{col: df[col] * 0.5})
+        pd.concat([df, early]).to_csv(res / f"{name}.csv", index=False)
+    out = tmp_path / "out"
+    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet",
+                 "--only", "figD2", "figE4", "table1"]) == 0
+    assert (out / "figD2.png").exists() and (out / "figE4.png").exists()
+    num = pd.read_csv(out / "table1.csv")
+    pro = pd.read_csv(res / "probes.csv")
+    final = pro[(pro.epoch == 3) & (pro.probe == "linear") & (pro.task == "taskA") & (pro.objective == "softmax")]
+    assert num[num.probe == "linear"].set_index("objective").loc["softmax", "taskA"] == pytest.approx(
+        100 * final.accuracy.mean())
+
+
+def test_store_roundtrip_sanity(tmp_path):
+    d = write_stores(tmp_path)
+    s = open_store(d / "softmax-s0-test.zarr")
+    assert s.attrs["model"]["objective"] == "softmax" and s.logits is not None and s.head is not None
