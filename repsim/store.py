@@ -678,7 +678,8 @@ def save_store(
     if logits is not None:
         sources["\0logits"] = logits
     lazy = {k: v for k, v in sources.items() if _is_dask(v)}
-    lazy = {k: v.rechunk((rows,) + v.shape[1:]) for k, v in lazy.items()}
+    # one Delayed per chunk: computing it returns the block itself (no finalize/concatenate copy)
+    lazy = {k: v.rechunk((rows,) + v.shape[1:]).to_delayed().ravel() for k, v in lazy.items()}
 
     from tqdm.auto import tqdm
     import sys
@@ -687,7 +688,7 @@ def save_store(
     for i in tqdm(range(writer.n_chunks), desc=f"save {sname}", unit="chunk", disable=not show):
         start, stop = writer.rows(i)
         keys = list(lazy)
-        computed = dask.compute(*[lazy[k].blocks[i] for k in keys]) if keys else ()
+        computed = dask.compute(*[lazy[k][i] for k in keys]) if keys else ()
         block = {k: v[start:stop] for k, v in sources.items() if k not in lazy}
         block.update(zip(keys, computed))
         writer.write_chunk(
