@@ -50,6 +50,7 @@ __all__ = [
     "save_store",
     "open_store",
     "default_chunk_rows",
+    "store_name",
     "dimension_names",
 ]
 
@@ -62,7 +63,8 @@ class StoreError(ValueError):
 # helpers
 
 
-def _store_name(path: str) -> str:
+def store_name(path: str | os.PathLike) -> str:
+    """A store's display name: the basename of its path without ``.zarr``."""
     base = os.path.basename(os.path.normpath(str(path)))
     return base[:-5] if base.endswith(".zarr") else base
 
@@ -150,6 +152,9 @@ def _wrap_read_error(exc: BaseException, store: str, array: str, start: int, sto
     )
 
 
+_TOP_LEVEL = ("example_ids", "labels", "logits", "written")
+
+
 class _ChunkReader:
     """Array-like over one zarr array whose reads raise :class:`StoreError` naming the chunk.
 
@@ -186,7 +191,7 @@ class _ChunkReader:
         try:
             return self._zarr()[key]
         except Exception as exc:  # zarr / numcodecs / OS errors -> named StoreError
-            raise _wrap_read_error(exc, _store_name(self.path), self.array, start, stop, self.chunk_rows) from exc
+            raise _wrap_read_error(exc, store_name(self.path), self.array, start, stop, self.chunk_rows) from exc
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,7 +203,7 @@ class ActivationStore:
 
     def __init__(self, path: str | os.PathLike, group: Any):
         self.path = str(path)
-        self.name = _store_name(self.path)
+        self.name = store_name(self.path)
         self._group = group
         self.attrs: dict[str, Any] = dict(group.attrs)
         self.layers: list[str] = list(self.attrs.get("layers", []))
@@ -272,11 +277,32 @@ class ActivationStore:
             raise KeyError(f"layer {name!r} is not in store {self.name} ({self.path}); available layers: {', '.join(self.layers) or '(none)'}")
 
     def zarr_array(self, name: str):
-        """The raw ``zarr.Array`` of layer ``name`` (or of ``example_ids``/``labels``/``logits``/``written``)."""
-        if name in ("example_ids", "labels", "logits", "written") and name in self._group:
+        """The raw ``zarr.Array`` of layer ``name``; also ``example_ids``, ``labels``, ``logits``,
+        ``written`` (a layer of the same name wins; ``/logits`` always means the top-level array)
+        or a group path such as ``layers/pool``."""
+        if name.startswith("/") and name[1:] in _TOP_LEVEL and name[1:] in self._group:
+            return self._group[name[1:]]
+        if name in self.layers:
+            return self._group[f"layers/{name}"]
+        if name in _TOP_LEVEL and name in self._group:
+            return self._group[name]
+        if name.startswith("layers/") and name[len("layers/"):] in self.layers:
             return self._group[name]
         self._check_layer(name)
-        return self._group[f"layers/{name}"]
+        raise AssertionError  # pragma: no cover (_check_layer raised)
+
+    def read_chunk(self, name: str, i: int) -> np.ndarray:
+        """Chunk ``i`` (rows ``[i*chunk_rows, min(n, (i+1)*chunk_rows))``) of ``name`` (resolved as
+        in :meth:`zarr_array`) as a NumPy array; :class:`StoreError` names the store, the array and
+        the chunk when it cannot be read (checksum mismatch, truncated object)."""
+        arr = self.zarr_array(name)
+        if not 0 <= int(i) < self.n_chunks:
+            raise IndexError(f"store {self.name}: chunk {i} out of range (0..{self.n_chunks - 1})")
+        start, stop = int(i) * self.chunk_rows, min(self.n, (int(i) + 1) * self.chunk_rows)
+        try:
+            return arr[start:stop]
+        except Exception as exc:
+            raise _wrap_read_error(exc, self.name, arr.path, start, stop, self.chunk_rows) from exc
 
     def layer(self, name: str):
         """Layer ``name`` as a dask array ``(N, ...)`` chunked like the store (along examples only).
@@ -310,12 +336,12 @@ def _open_group(path: str, mode: str):
     try:
         return zarr.open_group(path, mode=mode, zarr_format=3)
     except Exception as exc:
-        raise StoreError(f"store {_store_name(path)} ({path}): not a Zarr v3 group: {type(exc).__name__}: {exc}") from exc
+        raise StoreError(f"store {store_name(path)} ({path}): not a Zarr v3 group: {type(exc).__name__}: {exc}") from exc
 
 
 def _validate(path: str, group: Any) -> None:
     """Schema checks shared by readers and the resuming writer; raises StoreError naming the store."""
-    name = _store_name(path)
+    name = store_name(path)
     attrs = dict(group.attrs)
     version = attrs.get("repsim_store_version")
     if version is None:
@@ -351,7 +377,7 @@ def open_store(path: str | os.PathLike, *, allow_incomplete: bool = False) -> Ac
     """
     path = str(path)
     if not os.path.exists(path) and "://" not in path:
-        raise StoreError(f"store {_store_name(path)}: {path} does not exist")
+        raise StoreError(f"store {store_name(path)}: {path} does not exist")
     group = _open_group(path, "r")
     _validate(path, group)
     store = ActivationStore(path, group)
@@ -377,10 +403,10 @@ def _prepare_path(path: str, overwrite: bool) -> None:
     if not os.path.exists(path):
         return
     if not overwrite:
-        raise StoreError(f"store {_store_name(path)}: {path} already exists (pass overwrite=True to replace it)")
+        raise StoreError(f"store {store_name(path)}: {path} already exists (pass overwrite=True to replace it)")
     is_zarr = os.path.isfile(os.path.join(path, "zarr.json"))
     if os.path.isdir(path) and not is_zarr and os.listdir(path):
-        raise StoreError(f"store {_store_name(path)}: refusing to overwrite {path}: it is a non-empty directory that is not a Zarr store")
+        raise StoreError(f"store {store_name(path)}: refusing to overwrite {path}: it is a non-empty directory that is not a Zarr store")
     if os.path.isdir(path):
         shutil.rmtree(path)
     else:
@@ -398,7 +424,7 @@ class StoreWriter:
 
     def __init__(self, path: str, group: Any):
         self.path = str(path)
-        self.name = _store_name(self.path)
+        self.name = store_name(self.path)
         self._group = group
         attrs = dict(group.attrs)
         self.layer_names: list[str] = list(attrs["layers"])
@@ -432,23 +458,23 @@ class StoreWriter:
         path = str(path)
         n = int(n)
         if n <= 0:
-            raise ValueError(f"store {_store_name(path)}: n must be positive, got {n}")
+            raise ValueError(f"store {store_name(path)}: n must be positive, got {n}")
         if not layers:
-            raise ValueError(f"store {_store_name(path)}: at least one layer is required")
+            raise ValueError(f"store {store_name(path)}: at least one layer is required")
         spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         for name, (tail, dtype) in layers.items():
             if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-                raise ValueError(f"store {_store_name(path)}: invalid layer name {name!r}")
+                raise ValueError(f"store {store_name(path)}: invalid layer name {name!r}")
             tail = tuple(int(s) for s in tail)
             if any(s <= 0 for s in tail):
-                raise ValueError(f"store {_store_name(path)}: layer {name!r} has invalid per-example shape {tail}")
-            spec[name] = (tail, _float_dtype(dtype, f"store {_store_name(path)}: layer {name!r}"))
+                raise ValueError(f"store {store_name(path)}: layer {name!r} has invalid per-example shape {tail}")
+            spec[name] = (tail, _float_dtype(dtype, f"store {store_name(path)}: layer {name!r}"))
         if chunk_rows is None:
             row_bytes = [int(np.prod(t, dtype=np.int64)) * d.itemsize for t, d in spec.values()]
             chunk_rows = default_chunk_rows(row_bytes, n)
         chunk_rows = int(chunk_rows)
         if chunk_rows <= 0:
-            raise ValueError(f"store {_store_name(path)}: chunk_rows must be positive, got {chunk_rows}")
+            raise ValueError(f"store {store_name(path)}: chunk_rows must be positive, got {chunk_rows}")
         chunk_rows = min(chunk_rows, n)
         n_chunks = -(-n // chunk_rows)
 
@@ -457,10 +483,10 @@ class StoreWriter:
         dataset = dict(meta.pop("dataset", None) or {})
         dataset.setdefault("n", n)
         if dataset["n"] != n:
-            raise ValueError(f"store {_store_name(path)}: meta dataset.n = {dataset['n']} but n = {n}")
+            raise ValueError(f"store {store_name(path)}: meta dataset.n = {dataset['n']} but n = {n}")
         reserved = {"repsim_store_version", "layers", "created", "complete", "repsim_version"} & set(meta)
         if reserved:
-            raise ValueError(f"store {_store_name(path)}: meta may not set reserved attributes {sorted(reserved)}")
+            raise ValueError(f"store {store_name(path)}: meta may not set reserved attributes {sorted(reserved)}")
 
         _prepare_path(path, overwrite)
         from repsim import __version__
@@ -472,7 +498,7 @@ class StoreWriter:
         if logits_dim is not None:
             k = int(logits_dim)
             if k <= 0:
-                raise ValueError(f"store {_store_name(path)}: logits_dim must be positive, got {logits_dim}")
+                raise ValueError(f"store {store_name(path)}: logits_dim must be positive, got {logits_dim}")
             group.create_array("logits", shape=(n, k), chunks=(chunk_rows, k), dtype="float32", fill_value=0.0, dimension_names=list(dimension_names(2, "logits")), **codecs)
         lg = group.create_group("layers")
         for name, (tail, dtype) in spec.items():
@@ -497,7 +523,7 @@ class StoreWriter:
         """Reopen an existing store to resume writing (its pending chunks) and finalize it."""
         path = str(path)
         if not os.path.exists(path) and "://" not in path:
-            raise StoreError(f"store {_store_name(path)}: {path} does not exist")
+            raise StoreError(f"store {store_name(path)}: {path} does not exist")
         group = _open_group(path, "r+")
         _validate(path, group)
         return cls(path, group)
@@ -639,7 +665,7 @@ def save_store(
     import dask
 
     path = str(path)
-    sname = _store_name(path)
+    sname = store_name(path)
     if not layers:
         raise ValueError(f"store {sname}: at least one layer is required")
     arrays: dict[str, Any] = {}

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import zarr
 
+from repsim.commands.check import check_stores
 from repsim.store import (
     StoreError,
     StoreWriter,
@@ -327,6 +328,8 @@ def test_sigkilled_writer_is_incomplete_and_resumable(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     with pytest.raises(StoreError, match="incomplete"):
         open_store(path)
+    report = check_stores([path], progress=False)
+    assert report.problems[0].startswith("store killed: incomplete: ") and len(report.problems) == 1
     w = StoreWriter.open(path)
     pending = w.pending()
     assert 0 < len(pending) < w.n_chunks
@@ -337,6 +340,7 @@ def test_sigkilled_writer_is_incomplete_and_resumable(tmp_path):
     s = w.finalize()
     np.testing.assert_array_equal(s.layer("f").compute(), x)
     np.testing.assert_array_equal(s.example_ids, np.arange(4000))
+    assert check_stores([path], progress=False).ok
 
 
 # ---------------------------------------------------------------------------------------------
