@@ -31,6 +31,7 @@ so xarray needs them opened one at a time, or the root group for ids, labels and
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import os
 import shutil
@@ -245,13 +246,17 @@ class ActivationStore:
     @property
     def example_ids(self) -> np.ndarray:
         if "example_ids" not in self._cache:
-            self._cache["example_ids"] = self._read_all("example_ids").astype(np.int64, copy=False)
+            ids = self._read_all("example_ids").astype(np.int64, copy=False)
+            ids.flags.writeable = False  # cached and shared: callers copy before modifying
+            self._cache["example_ids"] = ids
         return self._cache["example_ids"]
 
     @property
     def labels(self) -> np.ndarray:
         if "labels" not in self._cache:
-            self._cache["labels"] = self._read_all("labels").astype(np.int32, copy=False)
+            labels = self._read_all("labels").astype(np.int32, copy=False)
+            labels.flags.writeable = False
+            self._cache["labels"] = labels
         return self._cache["labels"]
 
     @property
@@ -488,6 +493,10 @@ class StoreWriter:
         if reserved:
             raise ValueError(f"store {store_name(path)}: meta may not set reserved attributes {sorted(reserved)}")
 
+        try:
+            json.dumps({"model": model, "dataset": dataset, **meta})
+        except TypeError as exc:
+            raise ValueError(f"store {store_name(path)}: meta must be JSON-serialisable: {exc}") from exc
         _prepare_path(path, overwrite)
         from repsim import __version__
 
@@ -600,6 +609,8 @@ class StoreWriter:
         b = np.asarray(b)
         if W.ndim != 2 or b.shape != (W.shape[0],):
             raise ValueError(f"store {self.name}: head must be W (K, M) and b (K,), got {W.shape} and {b.shape}")
+        if self._logits is not None and W.shape[0] != self._logits.shape[1]:
+            raise ValueError(f"store {self.name}: head has {W.shape[0]} classes but the logits have {self._logits.shape[1]}")
         W32 = _cast(W, np.dtype(np.float32), f"store {self.name}: head/weight")
         b32 = _cast(b, np.dtype(np.float32), f"store {self.name}: head/bias")
         codecs = _codecs()
@@ -662,8 +673,6 @@ def save_store(
     refused); a dtype applies to every layer (a dict maps layer -> dtype). ``example_ids`` defaults
     to ``arange(N)``. ``head=(W, b)`` stores the final layer. ``logits`` are stored as float32.
     """
-    import dask
-
     path = str(path)
     sname = store_name(path)
     if not layers:
@@ -675,6 +684,8 @@ def save_store(
         n = x.shape[0] if n is None else n
         arrays[name] = x
     assert n is not None
+    if isinstance(dtype, Mapping) and set(dtype) - set(arrays):
+        raise ValueError(f"store {sname}: dtype given for unknown layers {sorted(set(dtype) - set(arrays))}; layers: {list(arrays)}")
     spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
     for name, x in arrays.items():
         want = dtype.get(name) if isinstance(dtype, Mapping) else dtype
@@ -692,26 +703,49 @@ def save_store(
         logits = _rowwise(logits, f"store {sname}: logits", n)
         if logits.ndim != 2:
             raise ValueError(f"store {sname}: logits must be (N, K), got shape {logits.shape}")
-    if head is not None and (not isinstance(head, (tuple, list)) or len(head) != 2):
-        raise ValueError(f"store {sname}: head must be a tuple (W, b)")
+    if head is not None:
+        if not isinstance(head, (tuple, list)) or len(head) != 2:
+            raise ValueError(f"store {sname}: head must be a tuple (W, b)")
+        W, b = np.shape(head[0]), np.shape(head[1])
+        if len(W) != 2 or b != (W[0],):
+            raise ValueError(f"store {sname}: head must be W (K, M) and b (K,), got {W} and {b}")
+        if logits is not None and W[0] != logits.shape[1]:
+            raise ValueError(f"store {sname}: head has {W[0]} classes but the logits have {logits.shape[1]}")
+    if not _is_dask(example_ids) and np.unique(example_ids).size != n:
+        raise ValueError(f"store {sname}: example_ids are not unique ({n - np.unique(example_ids).size} duplicates)")
 
     writer = StoreWriter.create(
         path, n=n, layers=spec, chunk_rows=chunk_rows,
         logits_dim=None if logits is None else logits.shape[1], meta=meta, overwrite=overwrite,
     )
+    try:
+        _fill(writer, arrays, labels, example_ids, logits, head, progress)
+    except BaseException:
+        # save_store cannot be resumed: leave nothing half-written behind (a SIGKILL still leaves an
+        # incomplete store, which open_store refuses)
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return writer.finalize()
+
+
+def _fill(writer: StoreWriter, arrays: dict[str, Any], labels: Any, example_ids: Any, logits: Any,
+          head: tuple[Any, Any] | None, progress: bool | None) -> None:
+    """Write every chunk of ``save_store``'s inputs, computing dask chunks one at a time."""
+    import sys
+
+    import dask
+    from tqdm.auto import tqdm
+
     rows = writer.chunk_rows
-    sources = dict(arrays, **{"\0labels": labels, "\0ids": example_ids})
+    sources: dict[tuple[str, str], Any] = {("layer", name): x for name, x in arrays.items()}
+    sources[("labels", "")], sources[("ids", "")] = labels, example_ids
     if logits is not None:
-        sources["\0logits"] = logits
+        sources[("logits", "")] = logits
     lazy = {k: v for k, v in sources.items() if _is_dask(v)}
     # one Delayed per chunk: computing it returns the block itself (no finalize/concatenate copy)
     lazy = {k: v.rechunk((rows,) + v.shape[1:]).to_delayed().ravel() for k, v in lazy.items()}
-
-    from tqdm.auto import tqdm
-    import sys
-
     show = sys.stderr.isatty() if progress is None else bool(progress)
-    for i in tqdm(range(writer.n_chunks), desc=f"save {sname}", unit="chunk", disable=not show):
+    for i in tqdm(range(writer.n_chunks), desc=f"save {writer.name}", unit="chunk", disable=not show):
         start, stop = writer.rows(i)
         keys = list(lazy)
         computed = dask.compute(*[lazy[k][i] for k in keys]) if keys else ()
@@ -719,12 +753,11 @@ def save_store(
         block.update(zip(keys, computed))
         writer.write_chunk(
             i,
-            layers={name: block[name] for name in arrays},
-            labels=block["\0labels"],
-            example_ids=block["\0ids"],
-            logits=block.get("\0logits"),
+            layers={name: block[("layer", name)] for name in arrays},
+            labels=block[("labels", "")],
+            example_ids=block[("ids", "")],
+            logits=block.get(("logits", "")),
         )
         del block, computed
     if head is not None:
         writer.set_head(*head)
-    return writer.finalize()

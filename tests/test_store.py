@@ -198,8 +198,11 @@ def test_float16_overflow_refused_naming_layer(tmp_path):
     x[7, 1] = 70000.0  # beyond float16 max 65504 -> would become inf
     with pytest.raises(ValueError, match=r"layer 'blk'.*exceed the float16 range.*70000"):
         save_store(tmp_path / "a.zarr", {"blk": x}, np.zeros(20, int), dtype=np.float16)
-    with pytest.raises(StoreError, match="incomplete"):
-        open_store(tmp_path / "a.zarr")
+    assert not (tmp_path / "a.zarr").exists()  # a failed save_store leaves nothing behind
+    w = StoreWriter.create(tmp_path / "w.zarr", n=20, layers={"blk": ((3,), np.float16)}, chunk_rows=8)
+    with pytest.raises(ValueError, match=r"store w: layer 'blk' chunk 0 \(rows 0:8\).*float16 range"):
+        w.write_chunk(0, layers={"blk": x[:8]}, labels=np.zeros(8, int), example_ids=np.arange(8))
+    assert w.pending() == [0, 1, 2]  # nothing marked written
     with pytest.raises(ValueError, match=r"layer 'blk'.*exceed the float16 range"):
         save_store(tmp_path / "b.zarr", {"blk": da.from_array(x, chunks=5)}, np.zeros(20, int), dtype=np.float16)
     x[7, 1] = 65504.0  # the largest float16 is fine
@@ -238,6 +241,16 @@ def test_bad_inputs(tmp_path):
         w.write_chunk(0, layers={}, labels=np.zeros(4, int), example_ids=np.arange(4), logits=np.zeros((4, 3)))
     with pytest.raises(ValueError, match="pass logits="):
         w.write_chunk(0, layers={"a": np.zeros((4, 2))}, labels=np.zeros(4, int), example_ids=np.arange(4))
+    with pytest.raises(ValueError, match="not unique"):
+        save_store(tmp_path / "d.zarr", {"a": np.zeros((4, 2), np.float32)}, np.zeros(4, int), example_ids=[0, 1, 1, 2])
+    with pytest.raises(ValueError, match="head has 3 classes but the logits have 2"):
+        save_store(tmp_path / "d.zarr", {"a": np.zeros((4, 2), np.float32)}, np.zeros(4, int), logits=np.zeros((4, 2)),
+                   head=(np.zeros((3, 2)), np.zeros(3)))
+    with pytest.raises(ValueError, match="JSON"):
+        save_store(tmp_path / "d.zarr", {"a": np.zeros((4, 2), np.float32)}, np.zeros(4, int), meta={"when": object()})
+    with pytest.raises(ValueError, match="unknown layers"):
+        save_store(tmp_path / "d.zarr", {"a": np.zeros((4, 2), np.float32)}, np.zeros(4, int), dtype={"b": np.float16})
+    assert not (tmp_path / "d.zarr").exists()
     with pytest.raises(IndexError, match="chunk 3 out of range"):
         w.rows(3)
     assert w.pending() == [0, 1, 2]
