@@ -157,16 +157,21 @@ _TOP_LEVEL = ("example_ids", "labels", "logits", "written")
 
 
 class _ChunkReader:
-    """Array-like over one zarr array whose reads raise :class:`StoreError` naming the chunk.
+    """Array-like over one per-example zarr array whose reads raise :class:`StoreError` naming the
+    store, the array and the chunk: on a checksum mismatch or undecodable object, and (local stores)
+    on a chunk object that is missing from disk, which zarr would otherwise read as zeros.
 
     Used as the source of the dask arrays returned by :meth:`ActivationStore.layer`; picklable
     (the zarr array is reopened lazily), so it travels to ``dask.distributed`` workers.
     """
 
-    def __init__(self, path: str, array: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int):
+    def __init__(self, path: str, array: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int,
+                 written: np.ndarray | None = None):
         self.path, self.array = path, array
         self.shape, self.dtype, self.ndim = tuple(shape), np.dtype(dtype), len(shape)
         self.chunk_rows = chunk_rows
+        self.written = written  # chunks that must exist (None: all); unwritten ones read as fill
+        self._local = os.path.isdir(path)
         self._arr = None
 
     def __getstate__(self):
@@ -181,16 +186,33 @@ class _ChunkReader:
             self._arr = zarr.open_array(self.path, path=self.array, mode="r")
         return self._arr
 
+    def _check_present(self, arr, start: int, stop: int) -> None:
+        if not self._local or stop <= start:
+            return
+        for c in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
+            if self.written is not None and not self.written[c]:
+                continue
+            key = arr.metadata.encode_chunk_key((c,) + (0,) * (self.ndim - 1))
+            if not os.path.exists(os.path.join(self.path, self.array, key)):
+                a, b = c * self.chunk_rows, min(self.shape[0], (c + 1) * self.chunk_rows)
+                raise StoreError(
+                    f"store {store_name(self.path)}: {self.array}: chunk {c} (rows {a}:{b}) is missing "
+                    f"from disk ({key!r} not found: never written, or deleted)"
+                )
+
     def __getitem__(self, key):
         key = key if isinstance(key, tuple) else (key,)
         first = key[0] if key else slice(None)
         if isinstance(first, slice):
-            start, stop, _ = first.indices(self.shape[0])
+            start, stop, step = first.indices(self.shape[0])
+            start, stop = (start, stop) if step > 0 else (stop + 1, start + 1)
         else:
             start = int(np.min(first)) if np.size(first) else 0
             stop = int(np.max(first)) + 1 if np.size(first) else 0
+        arr = self._zarr()
+        self._check_present(arr, start, stop)
         try:
-            return self._zarr()[key]
+            return arr[key]
         except Exception as exc:  # zarr / numcodecs / OS errors -> named StoreError
             raise _wrap_read_error(exc, store_name(self.path), self.array, start, stop, self.chunk_rows) from exc
 
@@ -236,7 +258,15 @@ class ActivationStore:
         return self._read_all("written").astype(bool)
 
     # arrays ------------------------------------------------------------------------------------
+    def _reader(self, array: str) -> _ChunkReader:
+        arr = self._group[array]
+        if "written" not in self._cache:  # complete: every chunk must exist; else only written ones
+            self._cache["written"] = None if self.complete else self.written()
+        return _ChunkReader(self.path, array, arr.shape, arr.dtype, self.chunk_rows, self._cache["written"])
+
     def _read_all(self, name: str) -> np.ndarray:
+        if name in ("example_ids", "labels"):
+            return self._reader(name)[:]
         arr = self._group[name]
         try:
             return arr[...]
@@ -304,10 +334,7 @@ class ActivationStore:
         if not 0 <= int(i) < self.n_chunks:
             raise IndexError(f"store {self.name}: chunk {i} out of range (0..{self.n_chunks - 1})")
         start, stop = int(i) * self.chunk_rows, min(self.n, (int(i) + 1) * self.chunk_rows)
-        try:
-            return arr[start:stop]
-        except Exception as exc:
-            raise _wrap_read_error(exc, self.name, arr.path, start, stop, self.chunk_rows) from exc
+        return self._reader(arr.path)[start:stop]
 
     def layer(self, name: str):
         """Layer ``name`` as a dask array ``(N, ...)`` chunked like the store (along examples only).
@@ -323,7 +350,7 @@ class ActivationStore:
         from dask.base import tokenize
 
         arr = self._group[array]
-        reader = _ChunkReader(self.path, array, arr.shape, arr.dtype, self.chunk_rows)
+        reader = self._reader(array)
         token = tokenize(os.path.abspath(self.path), array, arr.shape, str(arr.dtype), self.chunk_rows, self.attrs.get("created"))
         return da.from_array(
             reader,
@@ -436,8 +463,11 @@ class StoreWriter:
         self.n: int = int(group["example_ids"].shape[0])
         self.chunk_rows: int = int(group["example_ids"].chunks[0])
         self.n_chunks: int = -(-self.n // self.chunk_rows)
-        self._layers = {name: group[f"layers/{name}"] for name in self.layer_names}
-        self._logits = group["logits"] if "logits" in group else None
+        # every chunk becomes an object, even an all-zero one, so a missing object means data loss
+        full = lambda key: group[key].with_config({"write_empty_chunks": True})  # noqa: E731
+        self._layers = {name: full(f"layers/{name}") for name in self.layer_names}
+        self._logits = full("logits") if "logits" in group else None
+        self._ids, self._labels, self._written = full("example_ids"), full("labels"), full("written")
 
     # construction --------------------------------------------------------------------------------
     @classmethod
@@ -540,7 +570,7 @@ class StoreWriter:
     # state --------------------------------------------------------------------------------------
     def written(self) -> np.ndarray:
         """Per-chunk flags: True where :meth:`write_chunk` completed."""
-        return np.asarray(self._group["written"][...], dtype=bool)
+        return np.asarray(self._written[...], dtype=bool)
 
     def pending(self) -> list[int]:
         """Indices of chunks not yet written, ascending."""
@@ -588,8 +618,8 @@ class StoreWriter:
             raise ValueError(f"store {self.name}: chunk {i}: example_ids {ids.shape} / labels {lab.shape}, expected ({m},)")
         if ids.dtype.kind not in "iu" or lab.dtype.kind not in "iub":
             raise ValueError(f"store {self.name}: chunk {i}: example_ids and labels must be integers (got {ids.dtype}, {lab.dtype})")
-        prepared.append((self._group["example_ids"], ids.astype(np.int64)))
-        prepared.append((self._group["labels"], lab.astype(np.int32)))
+        prepared.append((self._ids, ids.astype(np.int64)))
+        prepared.append((self._labels, lab.astype(np.int32)))
         if self._logits is not None:
             if logits is None:
                 raise ValueError(f"store {self.name}: chunk {i}: this store has logits; pass logits=")
@@ -601,7 +631,7 @@ class StoreWriter:
             raise ValueError(f"store {self.name}: chunk {i}: logits given but the store was created without logits_dim")
         for arr, data in prepared:
             arr[sel] = data
-        self._group["written"][i] = True
+        self._written[i] = True
 
     def set_head(self, W: Any, b: Any) -> None:
         """Store the final layer ``W (K, M)``, ``b (K,)`` as float32 under ``head/``."""
@@ -617,8 +647,8 @@ class StoreWriter:
         hg = self._group.require_group("head")
         w = hg.create_array("weight", shape=W.shape, chunks=W.shape, dtype="float32", fill_value=0.0, dimension_names=["class", "feature"], overwrite=True, **codecs)
         bb = hg.create_array("bias", shape=b.shape, chunks=b.shape, dtype="float32", fill_value=0.0, dimension_names=["class"], overwrite=True, **codecs)
-        w[...] = W32
-        bb[...] = b32
+        w.with_config({"write_empty_chunks": True})[...] = W32
+        bb.with_config({"write_empty_chunks": True})[...] = b32
 
     def finalize(self) -> ActivationStore:
         """Check that every chunk was written, then set ``complete = True`` (the last write)."""

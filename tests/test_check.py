@@ -54,7 +54,7 @@ def test_stored_size_and_compression_ratio(tmp_path):
     assert report.ok
     by = {a.layer: a for a in report.arrays}
     assert by["zeros"].nbytes == by["noise"].nbytes == n * 64 * 4
-    assert by["zeros"].ratio > 100  # all-zero chunks are not even stored
+    assert by["zeros"].ratio > 100  # all-zero chunks compress to a few bytes
     assert 0.9 < by["noise"].ratio < 1.3  # random mantissas barely compress
     assert by["noise"].stored >= n * 64 * 4 * 0.75
 
@@ -117,6 +117,14 @@ def test_corrupted_chunk_reported_with_layer_and_chunk(tmp_path, capsys):
     code, _, err = run_check(capsys, tmp_path / "A.zarr")
     assert code == 1
     assert any(line.startswith("store A: layers/pool: chunk 3 (rows 192:256) could not be read") for line in err), err
+
+
+def test_deleted_chunk_reported(tmp_path, capsys):
+    make_store(tmp_path / "A.zarr")
+    (tmp_path / "A.zarr" / "layers" / "conv" / "c" / "1" / "0" / "0" / "0").unlink()
+    code, _, err = run_check(capsys, tmp_path / "A.zarr")
+    assert code == 1
+    assert any(line.startswith("store A: layers/conv: chunk 1 (rows 64:128) is missing from disk") for line in err), err
 
 
 def test_not_a_store(tmp_path, capsys):

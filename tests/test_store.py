@@ -179,6 +179,25 @@ def test_flipped_byte_is_detected_naming_layer_and_chunk(tmp_path):
         open_store(tmp_path / "net.zarr").labels
 
 
+def test_deleted_chunk_is_detected_not_read_as_zeros(tmp_path):
+    x = np.random.default_rng(0).standard_normal((200, 8)).astype(np.float32)
+    x[64:128] = 0.0  # an all-zero chunk is still stored as an object (it is data, not "missing")
+    save_store(tmp_path / "net.zarr", {"f": x}, np.zeros(200, int), chunk_rows=64)
+    zero_chunk = tmp_path / "net.zarr" / "layers" / "f" / "c" / "1" / "0"
+    assert zero_chunk.exists()
+    s = open_store(tmp_path / "net.zarr")
+    np.testing.assert_array_equal(s.layer("f").compute(), x)
+    zero_chunk.unlink()
+    (tmp_path / "net.zarr" / "example_ids" / "c" / "3").unlink()
+    with pytest.raises(StoreError, match=r"store net: layers/f: chunk 1 \(rows 64:128\) is missing from disk"):
+        s.layer("f").compute()
+    with pytest.raises(StoreError, match=r"store net: example_ids: chunk 3 \(rows 192:200\) is missing"):
+        open_store(tmp_path / "net.zarr").example_ids
+    with pytest.raises(StoreError, match=r"layers/f: chunk 1"):
+        s.read_chunk("f", 1)
+    np.testing.assert_array_equal(s.read_chunk("f", 2), x[128:192])
+
+
 def test_layer_dask_array_pickles(tmp_path):
     d = make_data(n=50)
     s = save_store(tmp_path / "a.zarr", {"conv": d["conv"], "pool": d["pool"]}, d["labels"])
@@ -292,6 +311,9 @@ def test_incomplete_writer_and_resume_is_byte_identical(tmp_path):
         open_store(tmp_path / "run.zarr")
     partial = open_store(tmp_path / "run.zarr", allow_incomplete=True)
     assert not partial.complete and partial.written().tolist() == [True, True, False, True, False]
+    got = partial.layer("pool").compute()  # allowed explicitly: unwritten chunks read as fill (0)
+    np.testing.assert_array_equal(got[:128], d["pool"][:128])
+    assert not got[128:192].any() and not got[256:].any()
     with pytest.raises(StoreError, match=r"incomplete: 2 of 5 chunks not written \(chunks 2, 4\)"):
         w.finalize()
 
