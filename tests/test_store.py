@@ -416,3 +416,16 @@ def test_save_store_dask_peak_memory_is_about_one_chunk(tmp_path, in_rows):
     # measured ~2.85 chunks: the computed chunk (1) + zarr's encode buffers for incompressible data
     # (zstd output + crc32c copy, ~1.8); nothing grows with the number of chunks (13 here)
     assert r["peak"] < 3 * r["chunk"] + (2 << 20), (r["peak"] / r["chunk"], r)
+
+
+def test_distributed_cluster_reads_and_writes(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    d = make_data(n=200, seed=5)
+    src = save_store(tmp_path / "src.zarr", {"conv": d["conv"], "pool": d["pool"]}, d["labels"], chunk_rows=64)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            distributed.Client(cluster):
+        # readers are pickled to a worker process and reopen the store there
+        np.testing.assert_array_equal(src.layer("pool").compute(), d["pool"])
+        # save_store of a lazy expression over a store: chunks computed on the cluster, one at a time
+        out = save_store(tmp_path / "out.zarr", {"pool2": src.layer("pool") * 2}, src.labels, chunk_rows=50)
+    np.testing.assert_array_equal(out.layer("pool2").compute(), d["pool"] * 2)
