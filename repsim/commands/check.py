@@ -115,93 +115,109 @@ def _schema_problems(label: str, store: Any) -> list[str]:
 
 def check_stores(paths: Sequence[str], *, scan_values: bool = True, progress: bool | None = None) -> CheckReport:
     """Validate stores; returns the per-array table and the list of one-line problems."""
-    import numpy as np
-    from tqdm.auto import tqdm
-
     from repsim.store import StoreError, open_store, store_name
 
     report = CheckReport()
-    labels = _display_names([str(p) for p in paths])
     opened: list[tuple[str, Any]] = []
-    rows_ok: dict[str, Any] = {}
-    for label, path in zip(labels, paths):
+    for label, path in zip(_display_names([str(p) for p in paths]), paths):
         try:
-            store = open_store(path, allow_incomplete=True)
+            opened.append((label, open_store(path, allow_incomplete=True)))
         except StoreError as exc:
-            report.problems.append(str(exc).replace(f"store {store_name(path)}", f"store {label}", 1))
-            continue
-        opened.append((label, store))
-
+            report.problems.append(_relabel(exc, store_name(path), label))
     show = sys.stderr.isatty() if progress is None else bool(progress)
-    for label, store in opened:
-        report.problems.extend(_schema_problems(label, store))
-        try:
-            written = store.written()
-        except StoreError as exc:
-            report.problems.append(str(exc))
-            written = np.zeros(store.n_chunks, bool)
-        if not store.complete:
-            report.problems.append(
-                f"store {label}: incomplete: {int(written.sum())} of {written.size} chunks written and not "
-                f"finalized (interrupted writer? resume with StoreWriter.open)"
-            )
-        rows_ok[label] = np.repeat(written, store.chunk_rows)[: store.n]  # unwritten rows hold fill values
-        try:
-            ids = store.example_ids[rows_ok[label]]
-            if np.unique(ids).size != ids.size:
-                report.problems.append(f"store {label}: example_ids are not unique ({ids.size - np.unique(ids).size} duplicates)")
-        except StoreError as exc:
-            report.problems.append(str(exc))
-
-        # (table label, group path): every layer, then the top-level logits
-        arrays = [(layer, f"layers/{layer}") for layer in store.layers]
-        if store.has_logits:
-            arrays.append(("(logits)", "/logits"))
-        chunks = np.flatnonzero(written)
-        counts = {key: [0, 0] for _, key in arrays}
-        if scan_values and chunks.size:
-            bar = tqdm(total=int(chunks.size) * len(arrays), desc=f"check {label}", unit="chunk", disable=not show)
-            for i in chunks:  # chunk-major: one chunk of one array in memory at a time
-                for _, key in arrays:
-                    try:
-                        x = store.read_chunk(key, int(i))
-                    except StoreError as exc:
-                        report.problems.append(str(exc).replace(f"store {store.name}:", f"store {label}:", 1))
-                    else:
-                        counts[key][0] += int(np.count_nonzero(np.isnan(x)))
-                        counts[key][1] += int(np.count_nonzero(np.isinf(x)))
-                    bar.update(1)
-            bar.close()
-        for layer, key in arrays:
-            arr = store.zarr_array(key)
-            nan, inf = counts[key] if scan_values else (None, None)
-            report.arrays.append(ArrayReport(label, layer, tuple(arr.shape), str(arr.dtype), int(arr.nbytes), int(arr.nbytes_stored()), nan, inf))
-            if nan or inf:
-                report.problems.append(f"store {label}: layer {layer}: {nan} NaN and {inf} Inf values")
-
-    # alignment with the first store that opened
-    if opened:
-        ref_label, ref = opened[0]
-        for label, store in opened[1:]:
-            try:
-                a, b = ref.example_ids, store.example_ids
-            except StoreError:
-                continue  # already reported
-            if a.size != b.size:
-                report.problems.append(f"store {label}: {b.size} examples but store {ref_label} has {a.size}; example_ids differ")
-                continue
-            both = rows_ok[ref_label] & rows_ok[label]  # compare rows written in both stores
-            row = _first_mismatch(np.where(both, a, 0), np.where(both, b, 0))
-            if row >= 0:
-                report.problems.append(f"store {label}: example_ids differ from store {ref_label} (first mismatch at row {row})")
-                continue
-            try:
-                row = _first_mismatch(np.where(both, ref.labels, 0), np.where(both, store.labels, 0))
-            except StoreError:
-                continue
-            if row >= 0:
-                report.problems.append(f"store {label}: labels differ from store {ref_label} (first mismatch at row {row})")
+    rows_ok = {label: _check_one(label, store, report, scan_values=scan_values, show=show) for label, store in opened}
+    _check_alignment(opened, rows_ok, report)
     return report
+
+
+def _relabel(exc: Exception, name: str, label: str) -> str:
+    """An error message with the store's name replaced by its display label."""
+    return str(exc).replace(f"store {name}", f"store {label}", 1)
+
+
+def _check_one(label: str, store: Any, report: CheckReport, *, scan_values: bool, show: bool):
+    """Schema, completeness, unique ids and the streamed NaN/Inf scan of one store.
+
+    Returns the boolean mask of rows that were written (unwritten rows hold fill values)."""
+    import numpy as np
+    from tqdm.auto import tqdm
+
+    from repsim.store import StoreError
+
+    report.problems.extend(_schema_problems(label, store))
+    try:
+        written = store.written()
+    except StoreError as exc:
+        report.problems.append(_relabel(exc, store.name, label))
+        written = np.zeros(store.n_chunks, bool)
+    if not store.complete:
+        report.problems.append(
+            f"store {label}: incomplete: {int(written.sum())} of {written.size} chunks written and not "
+            f"finalized (interrupted writer? resume with StoreWriter.open)"
+        )
+    rows_ok = np.repeat(written, store.chunk_rows)[: store.n]
+    try:
+        ids = store.example_ids[rows_ok]
+        duplicates = ids.size - np.unique(ids).size
+        if duplicates:
+            report.problems.append(f"store {label}: example_ids are not unique ({duplicates} duplicates)")
+    except StoreError as exc:
+        report.problems.append(_relabel(exc, store.name, label))
+
+    # (table label, array): every layer, then the top-level logits
+    arrays = [(layer, f"layers/{layer}") for layer in store.layers]
+    if store.has_logits:
+        arrays.append(("(logits)", "/logits"))
+    counts = {key: [0, 0] for _, key in arrays}
+    chunks = np.flatnonzero(written) if scan_values else np.array([], int)
+    with tqdm(total=int(chunks.size) * len(arrays), desc=f"check {label}", unit="chunk", disable=not show) as bar:
+        for i in chunks:  # chunk-major: one chunk of one array in memory at a time
+            for _, key in arrays:
+                try:
+                    x = store.read_chunk(key, int(i))
+                except StoreError as exc:
+                    report.problems.append(_relabel(exc, store.name, label))
+                else:
+                    counts[key][0] += int(np.count_nonzero(np.isnan(x)))
+                    counts[key][1] += int(np.count_nonzero(np.isinf(x)))
+                bar.update(1)
+    for layer, key in arrays:
+        arr = store.zarr_array(key)
+        nan, inf = counts[key] if scan_values else (None, None)
+        report.arrays.append(ArrayReport(label, layer, tuple(arr.shape), str(arr.dtype), int(arr.nbytes), int(arr.nbytes_stored()), nan, inf))
+        if nan or inf:
+            report.problems.append(f"store {label}: layer {layer}: {nan} NaN and {inf} Inf values")
+    return rows_ok
+
+
+def _check_alignment(opened: Sequence[tuple[str, Any]], rows_ok: dict[str, Any], report: CheckReport) -> None:
+    """Every store must hold the first store's example_ids (and labels) row by row."""
+    import numpy as np
+
+    from repsim.store import StoreError
+
+    if not opened:
+        return
+    ref_label, ref = opened[0]
+    for label, store in opened[1:]:
+        try:
+            a, b = ref.example_ids, store.example_ids
+        except StoreError:
+            continue  # already reported
+        if a.size != b.size:
+            report.problems.append(f"store {label}: {b.size} examples but store {ref_label} has {a.size}; example_ids differ")
+            continue
+        both = rows_ok[ref_label] & rows_ok[label]  # compare rows written in both stores
+        row = _first_mismatch(np.where(both, a, 0), np.where(both, b, 0))
+        if row >= 0:
+            report.problems.append(f"store {label}: example_ids differ from store {ref_label} (first mismatch at row {row})")
+            continue
+        try:
+            row = _first_mismatch(np.where(both, ref.labels, 0), np.where(both, store.labels, 0))
+        except StoreError:
+            continue
+        if row >= 0:
+            report.problems.append(f"store {label}: labels differ from store {ref_label} (first mismatch at row {row})")
 
 
 def _size(nbytes: int) -> str:
