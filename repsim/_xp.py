@@ -21,6 +21,7 @@ __all__ = [
     "flatten_examples",
     "check_finite",
     "host_labels",
+    "unit_rows",
 ]
 
 
@@ -130,3 +131,12 @@ def host_labels(labels: Any, n: int, num_classes: int | None, what: str = "label
     if num_classes is not None and y.size and (y.min() < 0 or y.max() >= num_classes):
         raise ValueError(f"{what} must lie in [0, {num_classes}), got range [{y.min()}, {y.max()}]")
     return y
+
+
+def unit_rows(X: Any, xp: Any, what: str = "X") -> Any:
+    """Rows of X scaled to unit L2 norm; ``ValueError`` if a row is all zero (cosine undefined)."""
+    norms = xp.sqrt(xp.sum(X * X, axis=1))
+    zero = int(xp.sum(xp.astype(norms == 0, xp.int32)))
+    if zero:
+        raise ValueError(f"{what}: {zero} row(s) are all zero; cosine similarity is undefined")
+    return X / norms[:, None]
