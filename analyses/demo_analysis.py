@@ -21,7 +21,9 @@ def _api(name: str):
 
     owner = {"cka_matrix": "engine (issue 4)", "linear_probe": "probes (issue 7)", "knn_probe": "probes (issue 7)",
              "class_separation": "kernels (issue 3)", "nonzero_fraction": "kernels (issue 3)",
-             "collapse_metrics": "kernels (issue 3)", "open_store": "store (issue 2)"}
+             "collapse_metrics": "kernels (issue 3)", "open_store": "store (issue 2)",
+             "activation_spectrum": "kernels (issue 3)", "weight_spectrum": "kernels (issue 3)",
+             "centroid_spectrum": "kernels (issue 3)"}
     try:
         return getattr(repsim, name)
     except (ImportError, AttributeError) as exc:
@@ -132,16 +134,17 @@ def probes(demo: "Demo", path: Path) -> None:
 
 
 def spectra(demo: "Demo", path: Path) -> None:
-    """spectra.npz: singular values of the penultimate activations (training split, uncentred), of
-    the final-layer weights, and of the class centroids minus their mean (App. Fig. E.2)."""
+    """spectra.npz (App. Fig. E.2): singular values of the centred penultimate activations (training
+    split), of the final-layer weights, and of the class centroids minus their mean."""
+    activation_spectrum, weight_spectrum = _api("activation_spectrum"), _api("weight_spectrum")
+    centroid_spectrum = _api("centroid_spectrum")
     out = {}
     for store in demo.stores("src-train"):
-        X, y = _features(store, "pool").astype(np.float64), np.asarray(store.labels)
-        out[f"{store.name}/pool/activations"] = np.linalg.svd(X, compute_uv=False)
+        X, y = _features(store, "pool"), np.asarray(store.labels)
+        out[f"{store.name}/pool/activations"] = activation_spectrum(X)
         if store.head is not None:
-            out[f"{store.name}/pool/weights"] = np.linalg.svd(np.asarray(store.head[0], np.float64), compute_uv=False)
-        means = np.stack([X[y == c].mean(0) for c in np.unique(y)])
-        out[f"{store.name}/pool/centroids"] = np.linalg.svd(means - means.mean(0), compute_uv=False)
+            out[f"{store.name}/pool/weights"] = weight_spectrum(np.asarray(store.head[0], np.float64))
+        out[f"{store.name}/pool/centroids"] = centroid_spectrum(X, y)
     tmp = path.with_name(path.stem + ".tmp.npz")
     np.savez(tmp, **out)
     tmp.replace(path)

@@ -191,14 +191,6 @@ def _penultimate(inputs: Inputs, store) -> np.ndarray:
     return np.asarray(store.layer(layer).compute(), dtype=np.float64).reshape(store.n, -1)
 
 
-def angular_visual_hardness(X: np.ndarray, W: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """AVH (Chen et al. 2020): θ(x, w_y) / Σ_k θ(x, w_k), θ the angle between features and class weights."""
-    Xn = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
-    Wn = W / np.maximum(np.linalg.norm(W, axis=1, keepdims=True), 1e-12)
-    theta = np.arccos(np.clip(Xn @ Wn.T, -1.0, 1.0))
-    return theta[np.arange(len(y)), y] / theta.sum(1)
-
-
 def _kde(ax, values, **kw):
     from scipy.stats import gaussian_kde
 
@@ -211,6 +203,8 @@ def _kde(ax, values, **kw):
 
 @item("figE1", "Fig. E.1: angular visual hardness", "figure", ("stores with logits, head and penultimate layer",))
 def figE1(inputs: Inputs) -> Figure:
+    from repsim import angular_visual_hardness
+
     M = Models(inputs, need_head=True)
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.6, 4.2))
@@ -219,7 +213,7 @@ def figE1(inputs: Inputs) -> Figure:
         W, _ = s.head
         if W.shape[0] <= int(M.y.max()):
             raise Missing(f"head of {s.name} has fewer rows than the labels' classes")
-        avh = angular_visual_hardness(_penultimate(inputs, s), np.asarray(W, np.float64), M.y)
+        avh = angular_visual_hardness(_penultimate(inputs, s), M.y, np.asarray(W, np.float64))
         acc = 100 * np.mean(M.pred[idx] == M.y)
         _kde(ax, avh, color=color(label), label=f"{display(label)} ({acc:.1f}%)")
     ax.set_xlabel("Angular visual hardness")
@@ -229,27 +223,17 @@ def figE1(inputs: Inputs) -> Figure:
                        f"first seed of each objective; legend: mean top-1 over seeds. {M.describe}.")
 
 
-def cosine_distances(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """1 − cosine similarity over unordered pairs of distinct examples, split into same / different class."""
-    Xn = X / np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1e-12)
-    d = 1.0 - Xn @ Xn.T
-    iu = np.triu_indices(len(y), 1)
-    same = (y[:, None] == y[None, :])[iu]
-    return d[iu][same], d[iu][~same]
-
-
 @item("figE3", "Fig. E.3: distribution of cosine distances within and between classes", "figure",
       ("stores with a penultimate layer",))
 def figE3(inputs: Inputs) -> Figure:
+    from repsim import cosine_distance_samples
+
     M = Models(inputs)
-    rng = np.random.default_rng(0)
-    n_sub = min(M.n, 1500)
-    sub = np.sort(rng.choice(M.n, n_sub, replace=False))
+    n_pairs = 20_000
     plt = _plt()
     fig, axes = plt.subplots(2, 1, figsize=(6.8, 6.2), sharex=True)
     for label, idx in sorted(M.by_label().items(), key=lambda kv: labels_in_order(M.labels).index(kv[0])):
-        X = _penultimate(inputs, M.stores[idx[0]])[sub]
-        within, between = cosine_distances(X, M.y[sub])
+        within, between = cosine_distance_samples(_penultimate(inputs, M.stores[idx[0]]), M.y, n_pairs, seed=0)
         for ax in axes:
             _kde(ax, within, color=color(label), ls="-", label=display(label))
             _kde(ax, between, color=color(label), ls="--")
@@ -259,7 +243,8 @@ def figE3(inputs: Inputs) -> Figure:
         ax.set_ylabel("Density")
     legend_outside(axes[0], title="solid: same class\ndashed: different")
     fig.tight_layout()
-    return Figure(fig, f"Gaussian KDE over all pairs of {n_sub} examples (seeded subsample) of {M.dataset}/{M.split}; "
+    return Figure(fig, f"Gaussian KDE over {n_pairs} within-class and {n_pairs} between-class example pairs "
+                       f"(repsim.cosine_distance_samples, seed 0) of {M.dataset}/{M.split} (n = {M.n}); "
                        f"first seed of each objective; bottom: log density. {M.describe}.")
 
 
