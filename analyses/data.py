@@ -15,17 +15,8 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-# Paper order (Table 1) and display names of the nine objectives; anything else is appended.
-OBJECTIVES: tuple[str, ...] = (
-    "softmax", "label_smoothing", "sigmoid", "extra_l2", "dropout",
-    "logit_penalty", "logit_norm", "cosine_softmax", "squared_error",
-)
-DISPLAY: dict[str, str] = {
-    "softmax": "Softmax", "label_smoothing": "Label smoothing", "sigmoid": "Sigmoid",
-    "extra_l2": "More final layer L²", "dropout": "Dropout", "logit_penalty": "Logit penalty",
-    "logit_norm": "Logit normalization", "cosine_softmax": "Cosine softmax",
-    "squared_error": "Squared error", "init": "Initialization",
-}
+from analyses.objectives import DISPLAY, OBJECTIVES  # noqa: F401  (re-exported)
+
 # Evaluation splits, most preferred first, for "source accuracy" (ImageNet validation in the paper).
 EVAL_SPLITS: tuple[str, ...] = ("test", "val", "validation", "holdout")
 # probes.csv tasks that relearn the pretraining classes (Fig. 6), not transfer tasks.

@@ -18,7 +18,7 @@ HELP = "end-to-end demo on the scikit-learn digits set (train, extract, analyse,
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from analyses.data import OBJECTIVES
+    from analyses.objectives import OBJECTIVES
 
     parser.add_argument("--out", type=Path, default=Path("demo-out"), help="output directory (default demo-out)")
     parser.add_argument("--fresh", action="store_true", help="discard previous runs, stores, results and report")

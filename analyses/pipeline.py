@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from analyses.data import OBJECTIVES
+from analyses.objectives import OBJECTIVES
 
 # store group -> (dataset spec, split, --layers for extract, what it is for)
 GROUPS: dict[str, tuple[str, str, str | None, str]] = {
@@ -241,6 +241,17 @@ class Demo:
         return h.hexdigest()[:16]
 
     def stage_analyse(self) -> None:
+        """Results files, each recomputed only when the stores it reads changed. BLAS runs one thread
+        per library (numpy's and scipy's OpenBLAS): on a busy 2-core machine multi-threaded BLAS on
+        these small problems spins and ran the probes ~50x slower."""
+        import scipy.linalg  # noqa: F401  (load scipy's BLAS so that the limit below covers it)
+        import scipy.optimize  # noqa: F401
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1):
+            self._analyse()
+
+    def _analyse(self) -> None:
         from analyses import demo_analysis as A
 
         res = self.out / "results"
