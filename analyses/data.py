@@ -223,10 +223,11 @@ class Inputs:
         return rest[-1]
 
     def layer_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Per-example shape of each layer, from the first store (used for stage boundaries)."""
-        for store in self.stores.values():
-            return {name: tuple(store.layer(name).shape[1:]) for name in store.layers}
-        return {}
+        """Per-example shape of each layer, from the store with most layers (used for stage boundaries)."""
+        if not self.stores:
+            return {}
+        store = max(self.stores.values(), key=lambda s: len(s.layers))
+        return {name: tuple(store.layer(name).shape[1:]) for name in store.layers}
 
     def describe(self, stores: Iterable[str]) -> str:
         """Caption fragment naming the data, n and seeds behind a set of stores."""

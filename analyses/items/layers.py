@@ -133,7 +133,7 @@ def _stage_boundaries(inputs: Inputs, layers: list[str]) -> list[float]:
         return []
     return [i - 0.5 for i in range(1, len(layers))
             if layers[i] in shapes and layers[i - 1] in shapes and shapes[layers[i]] != shapes[layers[i - 1]]
-            and layers[i] != "logits"]
+            and not {layers[i], layers[i - 1]} & {"pool", "logits"}]
 
 
 def _per_layer_plot(inputs: Inputs, df: pd.DataFrame, value: str, ylabel: str, title: str):

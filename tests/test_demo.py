@@ -1,0 +1,40 @@
+"""`repsim demo` orchestration smoke test: 2 objectives × 1 seed × 1 epoch on real digits, real
+training and extraction subprocesses, real stores; then a rerun that reuses everything."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def _demo(out, *extra):
+    cmd = [sys.executable, "-m", "repsim", "demo", "--out", str(out), "--objectives", "softmax", "sigmoid",
+           "--seeds", "1", "--epochs", "1", *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_demo_smoke_and_rerun(tmp_path):
+    out = tmp_path / "demo"
+    first = _demo(out)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    for f in ("training.csv", "cka_demo.npz", "separation.csv", "sparsity.csv", "collapse.csv", "probes.csv",
+              "spectra.npz"):
+        assert (out / "results" / f).stat().st_size > 0, f
+    report = (out / "report" / "report.html").read_text()
+    assert "Does this run reproduce the paper's findings?" in report
+    findings = (out / "report" / "findings.md").read_text().splitlines()
+    assert len(findings) == 3 and all(": " in line for line in findings)
+    assert "[train softmax-s0] epoch 1/1" in first.stdout  # progress is streamed
+    stores = sorted(p.name for p in (out / "stores").glob("*/*.zarr"))
+    assert len(stores) == 2 * 5 and "softmax-s0-src-test.zarr" in stores
+    fps = json.loads((out / "results" / "fingerprints.json").read_text())
+
+    second = _demo(out)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "2 of 2 networks already trained" in second.stdout
+    assert "10 of 10 stores already complete" in second.stdout
+    assert second.stdout.count("up to date") == 5
+    assert json.loads((out / "results" / "fingerprints.json").read_text()) == fps
