@@ -76,6 +76,25 @@ def one_r2_per_run(sep: pd.DataFrame) -> pd.DataFrame:
     return one_split(sep).groupby(["label", "seed"], dropna=False)["r2"].mean().reset_index()
 
 
+def pyplot():
+    """matplotlib.pyplot, imported on first use (the registry selects the Agg backend before)."""
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def panel_grid(n: int, max_cols: int, panel: tuple[float, float], extra_width: float = 0.0):
+    """A figure with ``n`` panels in rows of at most ``max_cols``; returns (fig, the n axes, all axes)
+    with the unused axes hidden."""
+    ncol = min(max_cols, n)
+    nrow = -(-n // ncol)
+    fig, axes = pyplot().subplots(nrow, ncol, figsize=(panel[0] * ncol + extra_width, panel[1] * nrow),
+                                  squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    return fig, list(axes.flat[:n]), axes
+
+
 def legend_outside(ax, **kw) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, **kw)
 

@@ -7,16 +7,11 @@ import numpy as np
 import pandas as pd
 
 from analyses.data import Inputs, Missing, describe_rows, display, natural_key
-from analyses.items.common import labels_in_order, legend_outside, one_r2_per_run, one_split, penultimate_r2
+from analyses.items.common import (labels_in_order, legend_outside, one_r2_per_run, one_split, panel_grid,
+                                   penultimate_r2, pyplot)
 from analyses.registry import Figure, Table, item
 from analyses.style import color
 from analyses.summary import as_percent, seed_summary
-
-
-def _plt():
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _cka_groups(inputs: Inputs) -> tuple[object, dict[str, list[str]], list[str]]:
@@ -61,21 +56,17 @@ def fig2a(inputs: Inputs) -> Figure:
     unknown = len(cka.stores) - sum(len(v) for v in groups.values())
     if not panels:
         raise Missing("no softmax-vs-objective pair of stores with CKA values (softmax needs ≥ 2 seeds for its control)")
-    plt = _plt()
-    ncol = min(5, len(panels))
-    nrow = -(-len(panels) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(2.7 * ncol + 0.9, 2.8 * nrow), squeeze=False)
+    fig, used, axes = panel_grid(len(panels), 5, (2.7, 2.8), 0.9)
     ticks = np.arange(len(layers))
     step = max(1, len(layers) // 6)
-    for ax, (title, m, n) in zip(axes.flat, panels):
+    for k, (ax, (title, m, n)) in enumerate(zip(used, panels)):
         im = ax.imshow(m, vmin=0, vmax=1, cmap="magma", origin="lower")
         ax.set_title(f"{title}\n(mean of {n} pair{'s' if n > 1 else ''})", fontsize=9)
         ax.set_xticks(ticks[::step], [_short(l) for l in layers][::step], fontsize=8)
         ax.set_yticks(ticks[::step], [_short(l) for l in layers][::step], fontsize=8)
         ax.set_xlabel("Layer (objective net)", fontsize=8)
-        ax.set_ylabel("Layer (softmax net)", fontsize=8)
-    for ax in axes.flat[len(panels):]:
-        ax.axis("off")
+        if k % axes.shape[1] == 0:
+            ax.set_ylabel("Layer (softmax net)", fontsize=8)
     fig.tight_layout()
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="linear CKA")
     cap = (f"Rows: layers of softmax networks; columns: the same layers of a network trained with the "
@@ -95,10 +86,7 @@ def fig2b(inputs: Inputs) -> Figure:
         raise Missing("CKA stores of ≥ 2 objectives are needed")
     chosen = sorted(set(np.linspace(0, len(layers) - 1, min(6, len(layers))).round().astype(int)))
     chosen = [layers[i] for i in chosen]
-    plt = _plt()
-    ncol = min(3, len(chosen))
-    nrow = -(-len(chosen) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.9 * ncol + 0.8, 3.7 * nrow), squeeze=False)
+    fig, used, axes = panel_grid(len(chosen), 3, (3.9, 3.7), 0.8)
     vmin = 1.0
     mats = []
     for layer in chosen:
@@ -110,13 +98,11 @@ def fig2b(inputs: Inputs) -> Figure:
         mats.append(m)
         vmin = min(vmin, np.nanmin(m)) if np.isfinite(m).any() else vmin
     names = [display(l) for l in labels]
-    for ax, layer, m in zip(axes.flat, chosen, mats):
+    for ax, layer, m in zip(used, chosen, mats):
         im = ax.imshow(m, vmin=min(vmin, 0.9), vmax=1, cmap="viridis")
         ax.set_title(layer)
         ax.set_xticks(range(len(labels)), names, rotation=90, fontsize=7.5)
         ax.set_yticks(range(len(labels)), names, fontsize=7.5)
-    for ax in axes.flat[len(chosen):]:
-        ax.axis("off")
     fig.tight_layout()
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.7, label="linear CKA")
     cap = (f"Entry (i, j): CKA between the named layer of networks trained with objectives i and j, averaged "
@@ -140,7 +126,7 @@ def _per_layer_plot(inputs: Inputs, df: pd.DataFrame, value: str, ylabel: str, t
     layers = sorted(df["layer"].astype(str).unique(), key=natural_key)
     layers = [l for l in layers if l != "logits"] or layers
     pos = {l: i for i, l in enumerate(layers)}
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(6.0, 0.38 * len(layers) + 3), 4.2))
     for label in labels_in_order(df["label"]):
         g = df[(df["label"] == label) & df["layer"].isin(layers)].groupby("layer")[value]
@@ -254,7 +240,7 @@ def figE4(inputs: Inputs) -> Figure:
     if "epoch" not in sep or sep.groupby(["label", "seed"])["epoch"].nunique().max() < 2:
         raise Missing("separation.csv results for ≥ 2 checkpoints (epochs) of one run are needed")
     splits = sorted(sep["split"].fillna("").unique()) if "split" in sep else [""]
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(splits), figsize=(4.6 * len(splits) + 2, 3.8), squeeze=False)
     for ax, split in zip(axes.flat, splits):
         sub = sep[sep["split"].fillna("") == split] if "split" in sep else sep

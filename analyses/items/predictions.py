@@ -6,15 +6,9 @@ import numpy as np
 import pandas as pd
 
 from analyses.data import Inputs, Missing, display
-from analyses.items.common import labels_in_order, legend_outside
+from analyses.items.common import labels_in_order, legend_outside, pyplot
 from analyses.registry import Figure, item
 from analyses.style import color
-
-
-def _plt():
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 class Models:
@@ -113,7 +107,7 @@ def figC4(inputs: Inputs) -> Figure:
 
     M = Models(inputs)
     a = agreement(M.pred, M.y, "both_wrong")
-    plt = _plt()
+    plt = pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.4), gridspec_kw={"width_ratios": [1.15, 1]})
     im = _heatmap(ax, a, M.tick_names(), "a: same prediction among examples both get wrong")
     fig.colorbar(im, ax=ax, shrink=0.8, label="% agreement")
@@ -131,7 +125,7 @@ def figC4(inputs: Inputs) -> Figure:
 @item("figC5", "Fig. C.5: three measures of prediction similarity", "figure", ("stores with logits",))
 def figC5(inputs: Inputs) -> Figure:
     M = Models(inputs)
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.6))
     titles = {"all": "same top-1 prediction (all examples)", "correctness": "both right or both wrong",
               "both_wrong": "same prediction | both wrong"}
@@ -152,7 +146,7 @@ def figC6(inputs: Inputs) -> Figure:
         raise Missing("ensembles need ≥ 2 networks (seeds) per objective")
     labels = labels_in_order(groups)
     ens = np.stack([modal(M.pred[groups[l]], M.prob[groups[l]]) for l in labels])
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 5.4))
     im = _heatmap(ax, agreement(ens, M.y, "all"), [display(l) for l in labels],
                   "Same ensemble prediction (% of examples)", fmt="{:.1f}")
@@ -174,7 +168,7 @@ def figC7(inputs: Inputs) -> Figure:
         for j, b in enumerate(labels):
             idx = groups[a][:m] if a == b else groups[a][: max(1, m // 2)] + groups[b][: max(1, m - m // 2)]
             acc[i, j] = 100.0 * np.mean(modal(M.pred[idx], M.prob[idx]) == M.y)
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.6, 5.6))
     im = _heatmap(ax, acc, [display(l) for l in labels], "Ensemble top-1 accuracy (%)", fmt="{:.1f}", cmap="magma")
     ax.set_xlabel("objective B")
@@ -206,7 +200,7 @@ def figE1(inputs: Inputs) -> Figure:
     from repsim import angular_visual_hardness
 
     M = Models(inputs, need_head=True)
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.6, 4.2))
     for label, idx in sorted(M.by_label().items(), key=lambda kv: labels_in_order(M.labels).index(kv[0])):
         s = M.stores[idx[0]]
@@ -230,7 +224,7 @@ def figE3(inputs: Inputs) -> Figure:
 
     M = Models(inputs)
     n_pairs = 20_000
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(6.8, 6.2), sharex=True)
     for label, idx in sorted(M.by_label().items(), key=lambda kv: labels_in_order(M.labels).index(kv[0])):
         within, between = cosine_distance_samples(_penultimate(inputs, M.stores[idx[0]]), M.y, n_pairs, seed=0)
@@ -253,7 +247,7 @@ def figE2(inputs: Inputs) -> Figure:
     spectra = inputs.spectra
     kinds = sorted({k for _, _, k in spectra})
     layer = inputs.penultimate({l for _, l, _ in spectra})
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(kinds), figsize=(4.3 * len(kinds) + 2, 3.8), squeeze=False)
     for ax, kind in zip(axes.flat, kinds):
         curves: dict[str, list[np.ndarray]] = {}

@@ -7,17 +7,11 @@ import numpy as np
 import pandas as pd
 
 from analyses.data import Inputs, Missing, describe_rows, display
-from analyses.items.common import (labels_in_order, legend_outside, mean_transfer, one_r2_per_run,
-                                   penultimate_r2, probe_rows, probe_settings)
+from analyses.items.common import (labels_in_order, legend_outside, mean_transfer, one_r2_per_run, panel_grid,
+                                   penultimate_r2, probe_rows, probe_settings, pyplot)
 from analyses.registry import Figure, Table, item
 from analyses.style import color
 from analyses.summary import as_percent, bold_rule_text, seed_summary, spearman
-
-
-def _plt():
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _scatter_runs(ax, df: pd.DataFrame, x: str, y: str) -> None:
@@ -36,7 +30,7 @@ def fig1(inputs: Inputs) -> Figure:
     if df.empty:
         raise Missing("no (objective, seed) present in both training.csv and probes.csv")
     df["top1"] = as_percent(df["top1"])
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     _scatter_runs(ax, df, "top1", "transfer")
     ax.set_xlabel(f"Source top-1 accuracy (%), {src['split'].iloc[0]} split")
@@ -59,18 +53,13 @@ def figD1(inputs: Inputs) -> Figure:
         raise Missing("no (objective, seed) present in both training.csv and probes.csv")
     df["top1"] = as_percent(df["top1"])
     tasks = sorted(df["task"].astype(str).unique())
-    ncol = min(4, len(tasks))
-    nrow = -(-len(tasks) // ncol)
-    plt = _plt()
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.2 * ncol + 2.2, 2.9 * nrow), squeeze=False)
-    for ax, task in zip(axes.flat, tasks):
+    fig, used, axes = panel_grid(len(tasks), 4, (3.2, 2.9), 2.2)
+    for ax, task in zip(used, tasks):
         _scatter_runs(ax, df[df["task"] == task], "top1", "accuracy")
         ax.set_title(task)
         ax.set_xlabel("Source top-1 (%)")
         ax.set_ylabel("Linear transfer acc. (%)")
-    for ax in axes.flat[len(tasks):]:
-        ax.axis("off")
-    legend_outside(axes.flat[ncol - 1])
+    legend_outside(axes[0, -1])
     fig.tight_layout()
     return Figure(fig, f"One panel per transfer task; points are runs. {describe_rows(lin)}. "
                        f"{probe_settings(lin)}.")
@@ -134,7 +123,7 @@ def fig5(inputs: Inputs) -> Figure:
     g = df.groupby("label").agg(r2=("r2", "mean"), r2_sd=("r2", "std"),
                                 t=("transfer", "mean"), t_sd=("transfer", "std"))
     rho, p = spearman(g["r2"], g["t"])
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label in labels_in_order(g.index):
         r = g.loc[label]
@@ -213,7 +202,7 @@ def fig5b(inputs: Inputs) -> Figure:
         raise Missing(f"fewer than 2 {objective} settings with both R² and transfer results")
     g = df.groupby(["label", "value", "params"]).agg(r2=("r2", "mean"), t=("transfer", "mean")).reset_index()
     g = g.sort_values("value")
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 4.2))
     sc = ax.scatter(g["r2"], g["t"], c=g["value"], cmap="viridis", s=60, edgecolor="black", zorder=3)
     ax.plot(g["r2"], g["t"], color="0.6", lw=1, zorder=2)
@@ -239,7 +228,7 @@ def fig6(inputs: Inputs) -> Figure:
     labels = labels_in_order(set(a.index) & set(b.index))
     if not labels:
         raise Missing("no objective with R², original-head accuracy and a relearned source-task probe")
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label in labels:
         x = a.loc[label, "r2"]
@@ -335,11 +324,8 @@ def figD2(inputs: Inputs) -> Figure:
     if "epoch" not in lin or lin.groupby(["label", "seed"])["epoch"].nunique().max() < 2:
         raise Missing("probes.csv results for ≥ 2 checkpoints (epochs) of one run are needed")
     tasks = sorted(lin["task"].astype(str).unique())
-    plt = _plt()
-    ncol = min(4, len(tasks))
-    nrow = -(-len(tasks) // ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(3.3 * ncol + 2.2, 2.9 * nrow), squeeze=False)
-    for ax, task in zip(axes.flat, tasks):
+    fig, used, axes = panel_grid(len(tasks), 4, (3.3, 2.9), 2.2)
+    for ax, task in zip(used, tasks):
         sub = lin[lin["task"] == task]
         for label in labels_in_order(sub["label"]):
             g = sub[sub["label"] == label].groupby("epoch")["accuracy"].mean()
@@ -347,8 +333,6 @@ def figD2(inputs: Inputs) -> Figure:
         ax.set_title(task)
         ax.set_xlabel("Pretraining epoch")
         ax.set_ylabel("Linear transfer acc. (%)")
-    for ax in axes.flat[len(tasks):]:
-        ax.axis("off")
-    legend_outside(axes.flat[ncol - 1])
+    legend_outside(axes[0, -1])
     fig.tight_layout()
     return Figure(fig, f"Mean over seeds at each checkpoint. {describe_rows(lin)}. {probe_settings(lin)}.")
