@@ -27,10 +27,13 @@ DEFAULTS: dict[str, Any] = {
     "epochs": 90,
     "max_steps": 0,               # > 0: stop after this many optimizer steps (fine-tuning, A.3)
     "batch_size": 256,            # global batch over all processes
+    "threads": 0,                 # torch intra-op threads (0: torch's default)
     "deterministic": False,       # torch.use_deterministic_algorithms + no cudnn autotuning
     "amp": "auto",                # "auto" (bf16 on CUDA, off on CPU), "bf16", "fp16", "off"
     "channels_last": "auto",      # "auto" (on CUDA), true, false
     "compile": False,             # torch.compile the training module
+    "sync_bn": False,             # SyncBatchNorm across processes (CUDA only)
+    "freeze_bn": False,           # BN layers in eval mode while training (running statistics fixed)
     "eval_every": 1,              # evaluate holdout/test every k epochs (and at the last one)
     "eval_batch_size": 0,         # 0: same as the per-process training batch
     "save_best": True,            # keep best.pt by holdout top-1 (early stopping, App. A.1)
@@ -171,3 +174,13 @@ def load_config(preset: str | None = None, sets: Iterable[str] = ()) -> dict[str
     for s in sets:
         apply_set(cfg, s)
     return cfg
+
+
+def finetune_grid() -> list[dict[str, float]]:
+    """App. A.3 grid: 8 log-spaced learning rates in [10^-5.5, 10^-1] × (8 log-spaced weight decays in
+    [10^-6.5, 10^-3] and no decay); decays are λ values divided by the learning rate (wd_over_lr)."""
+    import numpy as np
+
+    lrs = np.logspace(-5.5, -1, 8)
+    wds = [0.0, *np.logspace(-6.5, -3, 8)]
+    return [{"optim.lr": float(lr), "optim.weight_decay": float(wd)} for lr in lrs for wd in wds]
