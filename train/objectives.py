@@ -63,6 +63,11 @@ _MAP = {"logit_norm", "cosine_softmax"}
 _REG = {"extra_l2", "dropout", "logit_penalty"}
 
 
+def _up(t: torch.Tensor) -> torch.Tensor:
+    """float16/bfloat16 (AMP) → float32 for the loss; float32/float64 unchanged."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
 class Head(nn.Module):
     """Final layer plus loss. ``head(x)`` → the logits used for prediction (the vector entering the
     loss, without dropout in eval mode); ``head.loss(x, t)`` → batch-mean loss (a scalar tensor)."""
@@ -144,12 +149,18 @@ class Head(nn.Module):
 
     # -- logits ---------------------------------------------------------------------------------
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        # the head runs in float32 (float64 if given) even under AMP: a bf16 cosine / τ = 0.05 would
+        # carry ~0.05 absolute logit error
+        with torch.autocast(x.device.type, enabled=False):
+            return self._logits_fp(_up(x))
+
+    def _logits_fp(self, x: torch.Tensor) -> torch.Tensor:
         if self.keep_prob < 1.0 and self.training:  # Eq. 3: x̃ = x ⊙ ξ / ρ
             x = F.dropout(x, p=1.0 - self.keep_prob, training=True)
         if self.logit_map == "cosine":  # Eq. 7: sim(W_k, x)/τ + b_k
-            w = F.normalize(self.weight.float(), dim=1)
-            return F.normalize(x.float(), dim=1) @ w.t() / self.tau + self.bias.float()
-        z = F.linear(x, self.weight, self.bias).float()
+            w = F.normalize(_up(self.weight), dim=1)
+            return F.normalize(_up(x), dim=1) @ w.t() / self.tau + _up(self.bias)
+        z = _up(F.linear(x, self.weight, self.bias))
         if self.logit_map == "logit_norm":  # Eq. 6: z / (τ ‖z‖)
             z = z / (self.tau * z.norm(dim=1, keepdim=True).clamp_min(1e-12))
         return z
@@ -179,7 +190,7 @@ class Head(nn.Module):
         if self.scale_by_tau:
             loss = loss * self.tau
         if self.lambda_final:  # Eq. 4, once per batch
-            loss = loss + self.lambda_final * (self.weight.float() ** 2).sum()
+            loss = loss + self.lambda_final * (_up(self.weight) ** 2).sum()
         return loss, z
 
     def loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
