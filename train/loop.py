@@ -150,6 +150,7 @@ def evaluate(net: nn.Module, dataset, *, batch_size: int, device: torch.device, 
     loader = DataLoader(dataset, batch_size=batch_size, sampler=_ShardSampler(len(dataset), rank, world),
                         num_workers=workers, pin_memory=device.type == "cuda")
     stats = torch.zeros(3, dtype=torch.float64, device=device)
+    n_local = 0
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         if channels_last:
@@ -157,7 +158,10 @@ def evaluate(net: nn.Module, dataset, *, batch_size: int, device: torch.device, 
         with autocast():
             logits = net(x)
         c1, c5 = _topk_correct(logits.float(), y, (1, 5))
-        stats += torch.stack([c1.double(), c5.double(), torch.tensor(float(len(y)), device=device, dtype=torch.float64)])
+        stats[0] += c1
+        stats[1] += c5
+        n_local += len(y)
+    stats[2] = n_local
     if world > 1:
         dist.all_reduce(stats)
     net.train(was)
@@ -387,16 +391,18 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
             step += 1
             if ema is not None:
                 ema.update(net, step - 1)
-            with torch.no_grad():
+            with torch.no_grad():  # stays on the device: no host sync per step
                 c1 = _topk_correct(logits.detach().float(), y, (1,))[0]
-                sums += torch.stack([loss.detach().double() * len(y), c1.double(),
-                                     torch.tensor(float(len(y)), device=device, dtype=torch.float64)])
+                sums[0] += loss.detach().double() * len(y)
+                sums[1] += c1
             seen += len(y)
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.3g}")
+                if step % 25 == 0:
+                    bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.3g}")
         if bar is not None:
             bar.close()
+        sums[2] = seen
         if world > 1:
             dist.all_reduce(sums)
         train_s = time.perf_counter() - t0
