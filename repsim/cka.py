@@ -24,12 +24,14 @@ Implementation of one batch (:func:`batch_hsic`):
    dwarfs their spread. With centred X every row of K sums to zero, so the row sums of K̃ are
    -diag(K) and U(K)_ij = K_ij + (K_ii + K_jj)/(n-2) - tr(K)/((n-1)(n-2)) for i ≠ j: U-centering
    needs only the Gram's diagonal, and any block of U(K) can be formed from the same block of K.
-2. form only the upper block-triangle of each Gram (rows [a, b) × columns [a, n)), U-centre it,
-   and gather its strict upper triangle (i < j) into a row; stack the rows of all layers into
-   A (L, m) and accumulate A Aᵀ (symmetric: weight 2 for the off-diagonal pairs). The example rows
-   are split into a few blocks of equal triangle size so that A stays below ``block_bytes`` and the
-   Grams' lower block-triangles are never computed.
-3. divide by n(n-3) (debiased) or add the diagonal term diag·diagᵀ and divide by (n-1)² (biased).
+2. only the strict upper triangle (i < j) of each Gram is formed: the example rows are cut into
+   blocks [a, b) of ``block_rows``; block [a, b) contributes the triangle of its diagonal block
+   X_a X_aᵀ (a SYRK in NumPy) and the whole rectangle X_a X_{b:}ᵀ to the right of it, so the Gram
+   FLOPs are those of one SYRK (n²p, half a GEMM) and the triangle needs no large gather. Each
+   piece is U-centred in place (two broadcast adds) and copied into layer l's row of A (L, m),
+   m = n(n-1)/2 (split into column groups when A would exceed ``block_bytes``).
+3. H = 2 A Aᵀ / (n(n-3)) (debiased; symmetric product, a SYRK in NumPy), or, biased,
+   H = (2 A Aᵀ + diag·diagᵀ) / (n-1)² from the raw Gram triangles and diagonals.
 
 Numerics (DESIGN.md): float64 on the CPU; on a GPU float32 Grams (unless the input is float64)
 with the per-batch L×L HSIC values accumulated in float64 on the host.
@@ -41,7 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, check_finite, flatten_examples, to_numpy
+from repsim._xp import array_namespace, asarray_like, check_finite, flatten_examples, to_numpy
 from repsim._xp import compute_dtype as _compute_dtype
 
 __all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA"]
@@ -145,48 +147,47 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
 _INDEX_CACHE: dict[tuple, Any] = {}
 
 
-def _row_blocks(n: int, n_blocks: int) -> list[tuple[int, int]]:
-    """Split rows 0..n-2 into ``n_blocks`` ranges holding about equal numbers of pairs i < j."""
-    counts = np.arange(n - 1, 0, -1, dtype=np.int64)  # row i holds n-1-i pairs
-    cum = np.concatenate([[0], np.cumsum(counts)])
-    total = int(cum[-1])
-    bounds = [0]
-    for k in range(1, n_blocks):
-        b = int(np.searchsorted(cum, total * k / n_blocks))
-        if bounds[-1] < b < n - 1:
-            bounds.append(b)
-    bounds.append(n - 1)
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def _triangle_index(xp: Any, ref: Any, n: int, a: int, b: int) -> Any:
-    """Flat indices, into the (b-a) × (n-a) block K[a:b, a:], of its entries with j > i."""
-    key = (xp.__name__, str(getattr(ref, "device", "")), n, a, b)
+def _upper_index(xp: Any, ref: Any, r: int) -> Any:
+    """Flat indices of the strict upper triangle (i < j) of an r × r matrix, row by row."""
+    key = (xp.__name__, str(getattr(ref, "device", "")), r)
     idx = _INDEX_CACHE.get(key)
     if idx is None:
-        w = n - a
-        t = np.arange(b - a)
-        rows = np.repeat(t, w - 1 - t)
-        starts = np.cumsum(np.concatenate([[0], w - 1 - t[:-1]]))
-        cols = np.arange(rows.size) - np.repeat(starts, w - 1 - t) + rows + 1
-        host = rows * w + cols
-        try:
-            idx = xp.asarray(host, dtype=xp.int64, device=getattr(ref, "device", None))
-        except TypeError:
-            idx = xp.asarray(host, dtype=xp.int64)
-        if len(_INDEX_CACHE) > 256:
+        i, j = np.triu_indices(r, 1)
+        idx = asarray_like(i * r + j, ref, xp, dtype=xp.int64)
+        if len(_INDEX_CACHE) > 64:
             _INDEX_CACHE.clear()
         _INDEX_CACHE[key] = idx
     return idx
 
 
+def _pair_groups(n: int, block_rows: int, cap: int) -> list[list[tuple[int, int, int]]]:
+    """Row blocks [a, b) with their pair counts, grouped so each group holds <= ``cap`` pairs.
+
+    Block [a, b) owns the pairs i < j with a <= i < b: the strict upper triangle of its diagonal
+    block K[a:b, a:b] and the whole rectangle K[a:b, b:].
+    """
+    bounds = list(range(0, n, block_rows)) + [n]
+    groups: list[list[tuple[int, int, int]]] = [[]]
+    size = 0
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        r = b - a
+        m = r * (r - 1) // 2 + r * (n - b)
+        if groups[-1] and size + m > cap:
+            groups.append([])
+            size = 0
+        groups[-1].append((a, b, m))
+        size += m
+    return groups
+
+
 def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
-               compute_dtype: Any = None, block_bytes: int = 1 << 27,
+               compute_dtype: Any = None, block_bytes: int = 1 << 28, block_rows: int = 128,
                names: Sequence[str] | None = None, _centred: bool = False) -> np.ndarray:
     """HSIC between every pair of ``layers`` (each (n, ...), the same n examples) for one batch.
 
     Returns an (L, L) float64 NumPy array of HSIC₁ (``debiased``) or HSIC₀ values; algorithm in
-    the module docstring. ``block_bytes`` bounds the stacked triangle buffer A (L × m_block).
+    the module docstring. ``block_bytes`` bounds the triangle buffer A (L × pairs of a group of
+    row blocks); ``block_rows`` is the height of a row block.
     """
     if len(layers) == 0:
         raise ValueError("batch_hsic needs at least one layer")
@@ -200,31 +201,43 @@ def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
         Xc = list(layers)
     else:
         Xc = [_prepare(X, xp, dt, n, names[i]) for i, X in enumerate(layers)]
-    D = xp.stack([xp.sum(x * x, axis=1) for x in Xc])  # (L, n) Gram diagonals
-    tr = xp.sum(D, axis=1)  # (L,)
     itemsize = 8 if dt == xp.float64 else 4
-    pairs = n * (n - 1) // 2
-    n_blocks = max(math.ceil(L * pairs * itemsize / block_bytes), min(4, n // 128), 1)
     T = xp.matrix_transpose
-    H = None
-    for a, b in _row_blocks(n, n_blocks):
-        idx = _triangle_index(xp, D, n, a, b)
-        rows = []
+    D = xp.stack([xp.sum(x * x, axis=1) for x in Xc])  # (L, n) Gram diagonals, in dt
+    if debiased:  # U(K)_ij = K_ij + u_i + v_j (i != j): u = diag/(n-2), v = u - tr/((n-1)(n-2))
+        U = D / (n - 2)
+        V = U - (xp.sum(D, axis=1) / ((n - 1) * (n - 2)))[:, None]
+    H = xp.zeros((L, L), dtype=xp.float64)
+    for group in _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * itemsize), 1)):
+        A = xp.empty((L, sum(m for _, _, m in group)), dtype=dt)
         for l_ in range(L):
-            G = Xc[l_][a:b, :] @ T(Xc[l_][a:, :])  # (b-a, n-a) block of the Gram
-            if debiased:
-                d = D[l_, :]
-                G = G + (d[a:b][:, None] + d[None, a:]) / (n - 2) - tr[l_] / ((n - 1) * (n - 2))
-            rows.append(xp.take(xp.reshape(G, (-1,)), idx))
-        A = xp.stack(rows)
-        P = xp.astype(A @ T(A), xp.float64)
-        H = P if H is None else H + P
-    H = 2 * H
+            X = Xc[l_]
+            off = 0
+            for a, b, _ in group:
+                Xa = X[a:b, :]
+                r = b - a
+                if r > 1:  # strict upper triangle of the diagonal block (X Xᵀ of one buffer: SYRK)
+                    G = Xa @ T(Xa)
+                    if debiased:
+                        G += U[l_, a:b][:, None]
+                        G += V[l_, a:b][None, :]
+                    k = r * (r - 1) // 2
+                    A[l_, off:off + k] = xp.take(xp.reshape(G, (-1,)), _upper_index(xp, X, r))
+                    off += k
+                if b < n:  # the rectangle right of it, contiguous
+                    G = Xa @ T(X[b:, :])
+                    if debiased:
+                        G += U[l_, a:b][:, None]
+                        G += V[l_, b:][None, :]
+                    k = r * (n - b)
+                    A[l_, off:off + k] = xp.reshape(G, (-1,))
+                    off += k
+        H = H + xp.astype(A @ T(A), xp.float64)  # A Aᵀ: a SYRK in NumPy
     if debiased:
-        H = H / (n * (n - 3))
+        H = 2 * H / (n * (n - 3))
     else:
         D64 = xp.astype(D, xp.float64)
-        H = (H + D64 @ T(D64)) / ((n - 1) ** 2)
+        H = (2 * H + D64 @ T(D64)) / ((n - 1) ** 2)
     out = np.array(to_numpy(H), dtype=np.float64)
     return (out + out.T) / 2  # exact symmetry (GEMM rounding may differ by an ulp)
 
@@ -262,7 +275,7 @@ class MinibatchCKA:
 
     def __init__(self, n_layers: int, debiased: bool = True, keep_batches: bool = True, *,
                  names: Sequence[str] | None = None, compute_dtype: str | None = None,
-                 block_bytes: int = 1 << 27) -> None:
+                 block_bytes: int = 1 << 28) -> None:
         if int(n_layers) < 1:
             raise ValueError(f"n_layers must be >= 1, got {n_layers}")
         self.n_layers = int(n_layers)

@@ -159,8 +159,10 @@ def test_batch_hsic_all_pairs_matches_song(xp, debiased):
     flat = [a.reshape(37, -1) for a in layers]
     h = song_hsic if debiased else biased_hsic
     ref = np.array([[h(a, b) for b in flat] for a in flat])
-    for block_bytes in (1 << 27, 2000):  # one block, and many row blocks
-        got = batch_hsic([xp.asarray(a) for a in layers], debiased=debiased, block_bytes=block_bytes)
+    # one row block; blocks of 5 rows in groups of one block; single-row blocks (rectangles only)
+    for block_bytes, block_rows in ((1 << 28, 128), (2000, 5), (1 << 28, 1), (1 << 28, 36)):
+        got = batch_hsic([xp.asarray(a) for a in layers], debiased=debiased, block_bytes=block_bytes,
+                         block_rows=block_rows)
         assert isinstance(got, np.ndarray) and got.dtype == np.float64
         np.testing.assert_allclose(got, ref, rtol=1e-8, atol=1e-12 * np.abs(ref).max())
 
