@@ -77,13 +77,21 @@ def ucenter(K: Any, *, xp: Any = None) -> Any:
 
 
 def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str) -> Any:
-    """Flatten, cast, validate and column-centre one layer's batch."""
+    """Flatten, cast, validate and column-centre one layer's batch (three passes over X).
+
+    NaN/inf anywhere in X makes its column mean non-finite, so the finiteness check runs on the
+    (p,) mean. X is constant to working precision when the centred rows' squared norms are all
+    within the rounding of the mean: Σ_i ‖x_i - x̄‖² <= (4 n eps)² · n · ‖x̄‖².
+    """
     X = flatten_examples(X, xp, dtype, what)
     if n is not None and X.shape[0] != n:
         raise ValueError(f"{what} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
-    check_finite(X, xp, what)
-    Xc = X - xp.mean(X, axis=0, keepdims=True)
-    if not bool(xp.any(Xc != 0)):
+    mean = xp.mean(X, axis=0, keepdims=True)
+    check_finite(mean, xp, what)
+    Xc = X - mean
+    spread = float(xp.sum(xp.vecdot(Xc, Xc)))
+    tol = (4 * X.shape[0] * float(xp.finfo(X.dtype).eps)) ** 2 * X.shape[0] * float(xp.sum(mean * mean))
+    if spread <= tol:
         raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
     return Xc
 
@@ -203,7 +211,7 @@ def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
         Xc = [_prepare(X, xp, dt, n, names[i]) for i, X in enumerate(layers)]
     itemsize = 8 if dt == xp.float64 else 4
     T = xp.matrix_transpose
-    D = xp.stack([xp.sum(x * x, axis=1) for x in Xc])  # (L, n) Gram diagonals, in dt
+    D = xp.stack([xp.vecdot(x, x) for x in Xc])  # (L, n) Gram diagonals, in dt
     if debiased:  # U(K)_ij = K_ij + u_i + v_j (i != j): u = diag/(n-2), v = u - tr/((n-1)(n-2))
         U = D / (n - 2)
         V = U - (xp.sum(D, axis=1) / ((n - 1) * (n - 2)))[:, None]
