@@ -279,6 +279,12 @@ class MinibatchCKA:
     batches combine to the one-shot result (to float64 rounding) in any merge order. The bootstrap
     first sorts the batch records into a canonical (lexicographic) order, so its intervals do not
     depend on the merge order either.
+
+    ``names`` (e.g. "store/layer") label layers in error messages; ``compute_dtype`` None picks
+    float64 on the CPU and float32 on a GPU (DESIGN.md "Numerics"); ``block_bytes`` bounds the
+    per-batch triangle buffer (L × pairs per group of row blocks; groups partition the rows, so
+    nothing is recomputed). Peak extra memory per update: the centred batch (L × n × p in the
+    compute dtype) plus ``block_bytes``.
     """
 
     def __init__(self, n_layers: int, debiased: bool = True, keep_batches: bool = True, *,
