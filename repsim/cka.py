@@ -43,7 +43,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, asarray_like, check_finite, flatten_examples, to_numpy
+from repsim._xp import (array_namespace, asarray_like, check_finite, flatten_examples, row_sq_norms,
+                        to_numpy)
 from repsim._xp import compute_dtype as _compute_dtype
 
 __all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA"]
@@ -89,7 +90,7 @@ def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str) -> Any:
     mean = xp.mean(X, axis=0, keepdims=True)
     check_finite(mean, xp, what)
     Xc = X - mean
-    spread = float(xp.sum(xp.vecdot(Xc, Xc)))
+    spread = float(xp.sum(row_sq_norms(Xc, xp)))
     tol = (4 * X.shape[0] * float(xp.finfo(X.dtype).eps)) ** 2 * X.shape[0] * float(xp.sum(mean * mean))
     if spread <= tol:
         raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
@@ -134,8 +135,8 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
     hxx = xp.sum((T(Xc) @ Xc) ** 2)
     hyy = xp.sum((T(Yc) @ Yc) ** 2)
     if debiased:
-        k = xp.sum(Xc * Xc, axis=1)
-        l_ = xp.sum(Yc * Yc, axis=1)
+        k = row_sq_norms(Xc, xp)
+        l_ = row_sq_norms(Yc, xp)
 
         def unbiased(t: Any, a: Any, b: Any) -> Any:
             return t - (n / (n - 2)) * xp.sum(a * b) + xp.sum(a) * xp.sum(b) / ((n - 1) * (n - 2))
@@ -211,7 +212,7 @@ def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
         Xc = [_prepare(X, xp, dt, n, names[i]) for i, X in enumerate(layers)]
     itemsize = 8 if dt == xp.float64 else 4
     T = xp.matrix_transpose
-    D = xp.stack([xp.vecdot(x, x) for x in Xc])  # (L, n) Gram diagonals, in dt
+    D = xp.stack([row_sq_norms(x, xp) for x in Xc])  # (L, n) Gram diagonals, in dt
     if debiased:  # U(K)_ij = K_ij + u_i + v_j (i != j): u = diag/(n-2), v = u - tr/((n-1)(n-2))
         U = D / (n - 2)
         V = U - (xp.sum(D, axis=1) / ((n - 1) * (n - 2)))[:, None]
