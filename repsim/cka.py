@@ -189,66 +189,96 @@ def _pair_groups(n: int, block_rows: int, cap: int) -> list[list[tuple[int, int,
     return groups
 
 
+def _write_triangle(A: Any, l_: int, Xc: Any, d: Any, group: list[tuple[int, int, int]],
+                    debiased: bool, xp: Any) -> None:
+    """Write layer l's (U-centred) Gram pairs i < j of the row blocks in ``group`` into row A[l]."""
+    n = Xc.shape[0]
+    T = xp.matrix_transpose
+    if debiased:  # U(K)_ij = K_ij + u_i + v_j (i != j): u = diag/(n-2), v = u - tr/((n-1)(n-2))
+        u = d / (n - 2)
+        v = u - xp.sum(d) / ((n - 1) * (n - 2))
+    off = 0
+    for a, b, _ in group:
+        Xa = Xc[a:b, :]
+        r = b - a
+        if r > 1:  # strict upper triangle of the diagonal block (X Xᵀ of one buffer: SYRK)
+            G = Xa @ T(Xa)
+            if debiased:
+                G += u[a:b][:, None]
+                G += v[a:b][None, :]
+            k = r * (r - 1) // 2
+            A[l_, off:off + k] = xp.take(xp.reshape(G, (-1,)), _upper_index(xp, Xc, r))
+            off += k
+        if b < n:  # the rectangle right of it, contiguous
+            G = Xa @ T(Xc[b:, :])
+            if debiased:
+                G += u[a:b][:, None]
+                G += v[b:][None, :]
+            k = r * (n - b)
+            A[l_, off:off + k] = xp.reshape(G, (-1,))
+            off += k
+
+
 def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
-               compute_dtype: Any = None, block_bytes: int = 1 << 28, block_rows: int = 128,
+               compute_dtype: Any = None, block_bytes: int = 1 << 30, block_rows: int = 128,
                names: Sequence[str] | None = None, _centred: bool = False) -> np.ndarray:
     """HSIC between every pair of ``layers`` (each (n, ...), the same n examples) for one batch.
 
     Returns an (L, L) float64 NumPy array of HSIC₁ (``debiased``) or HSIC₀ values; algorithm in
     the module docstring. ``block_bytes`` bounds the triangle buffer A (L × pairs of a group of
     row blocks); ``block_rows`` is the height of a row block.
+
+    ``layers`` is read item by item, in order: when A fits in ``block_bytes`` (one group) every
+    layer is read once and dropped after its row of A is written, so a lazy sequence (whose
+    ``__getitem__`` loads layer l's batch) keeps one layer's batch in memory at a time. With
+    several groups the centred layers are kept for the later groups.
     """
-    if len(layers) == 0:
-        raise ValueError("batch_hsic needs at least one layer")
-    xp = array_namespace(*layers, xp=xp)
+    return _batch_hsic(layers, debiased, xp, compute_dtype, block_bytes, block_rows, names, _centred)[0]
+
+
+def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: Any, block_bytes: int,
+                block_rows: int, names: Sequence[str] | None, centred: bool) -> tuple[np.ndarray, int]:
     L = len(layers)
+    if L == 0:
+        raise ValueError("batch_hsic needs at least one layer")
     names = list(names) if names is not None else [f"layer {i}" for i in range(L)]
-    n = layers[0].shape[0]
+
+    first = layers[0]
+    xp = array_namespace(first, xp=xp)
+    dt = _compute_dtype(xp, first, compute_dtype)
+    n = first.shape[0]
     _check_n(n, debiased, f"batch of {names[0]}")
-    dt = _compute_dtype(xp, layers[0], compute_dtype)
-    if _centred:
-        Xc = list(layers)
-    else:
-        Xc = [_prepare(X, xp, dt, n, names[i]) for i, X in enumerate(layers)]
     itemsize = 8 if dt == xp.float64 else 4
-    T = xp.matrix_transpose
-    D = xp.stack([row_sq_norms(x, xp) for x in Xc])  # (L, n) Gram diagonals, in dt
-    if debiased:  # U(K)_ij = K_ij + u_i + v_j (i != j): u = diag/(n-2), v = u - tr/((n-1)(n-2))
-        U = D / (n - 2)
-        V = U - (xp.sum(D, axis=1) / ((n - 1) * (n - 2)))[:, None]
-    H = xp.zeros((L, L), dtype=xp.float64)
-    for group in _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * itemsize), 1)):
+    groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * itemsize), 1))
+    kept: list[Any] | None = [None] * L if len(groups) > 1 else None
+    diags: list[Any] = []
+    H = None
+    for gi, group in enumerate(groups):
         A = xp.empty((L, sum(m for _, _, m in group)), dtype=dt)
         for l_ in range(L):
-            X = Xc[l_]
-            off = 0
-            for a, b, _ in group:
-                Xa = X[a:b, :]
-                r = b - a
-                if r > 1:  # strict upper triangle of the diagonal block (X Xᵀ of one buffer: SYRK)
-                    G = Xa @ T(Xa)
-                    if debiased:
-                        G += U[l_, a:b][:, None]
-                        G += V[l_, a:b][None, :]
-                    k = r * (r - 1) // 2
-                    A[l_, off:off + k] = xp.take(xp.reshape(G, (-1,)), _upper_index(xp, X, r))
-                    off += k
-                if b < n:  # the rectangle right of it, contiguous
-                    G = Xa @ T(X[b:, :])
-                    if debiased:
-                        G += U[l_, a:b][:, None]
-                        G += V[l_, b:][None, :]
-                    k = r * (n - b)
-                    A[l_, off:off + k] = xp.reshape(G, (-1,))
-                    off += k
-        H = H + xp.astype(A @ T(A), xp.float64)  # A Aᵀ: a SYRK in NumPy
+            if gi == 0:
+                X = first if l_ == 0 else layers[l_]
+                if array_namespace(X) is not xp:
+                    raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
+                Xc = X if centred else _prepare(X, xp, dt, n, names[l_])
+                diags.append(row_sq_norms(Xc, xp))
+                if kept is not None:
+                    kept[l_] = Xc
+            else:
+                Xc = kept[l_]
+            _write_triangle(A, l_, Xc, diags[l_], group, debiased, xp)
+            del Xc
+        first = None
+        P = xp.astype(A @ xp.matrix_transpose(A), xp.float64)  # A Aᵀ: a SYRK in NumPy
+        H = P if H is None else H + P
+        del A
     if debiased:
         H = 2 * H / (n * (n - 3))
     else:
-        D64 = xp.astype(D, xp.float64)
-        H = (2 * H + D64 @ T(D64)) / ((n - 1) ** 2)
+        D = xp.astype(xp.stack(diags), xp.float64)
+        H = (2 * H + D @ xp.matrix_transpose(D)) / ((n - 1) ** 2)
     out = np.array(to_numpy(H), dtype=np.float64)
-    return (out + out.T) / 2  # exact symmetry (GEMM rounding may differ by an ulp)
+    return (out + out.T) / 2, n  # exact symmetry (GEMM rounding may differ by an ulp)
 
 
 def hsic_to_cka(hsic: np.ndarray, names: Sequence[str] | None = None) -> np.ndarray:
@@ -272,7 +302,8 @@ class MinibatchCKA:
     """All-pairs minibatch CKA accumulator (protocol: update / merge / result / to_state / from_state).
 
     ``update([X_1, ..., X_L])`` adds one minibatch (each X_l (b, ...) on the same b examples; conv
-    maps are flattened). ``.hsic`` holds the float64 (L, L) sums of per-batch HSIC, ``.n_batches``
+    maps are flattened). The list may be any sequence read item by item (see :func:`batch_hsic`):
+    a lazy one lets a driver load one layer's batch at a time. ``.hsic`` holds the float64 (L, L) sums of per-batch HSIC, ``.n_batches``
     the number of batches. With ``keep_batches`` the per-batch upper triangles are kept so that
     ``result(ci=0.95)`` can give percentile-bootstrap intervals over batches.
 
@@ -283,14 +314,15 @@ class MinibatchCKA:
 
     ``names`` (e.g. "store/layer") label layers in error messages; ``compute_dtype`` None picks
     float64 on the CPU and float32 on a GPU (DESIGN.md "Numerics"); ``block_bytes`` bounds the
-    per-batch triangle buffer (L × pairs per group of row blocks; groups partition the rows, so
-    nothing is recomputed). Peak extra memory per update: the centred batch (L × n × p in the
-    compute dtype) plus ``block_bytes``.
+    per-batch triangle buffer A (L × n(n-1)/2 in the compute dtype, split into groups of row
+    blocks beyond it). Peak extra memory per update: A plus one centred layer when A fits in
+    ``block_bytes`` (default 1 GiB: e.g. up to 238 layers at n = 1500 in float32), else A's
+    group plus all centred layers of the batch.
     """
 
     def __init__(self, n_layers: int, debiased: bool = True, keep_batches: bool = True, *,
                  names: Sequence[str] | None = None, compute_dtype: str | None = None,
-                 block_bytes: int = 1 << 28) -> None:
+                 block_bytes: int = 1 << 30) -> None:
         if int(n_layers) < 1:
             raise ValueError(f"n_layers must be >= 1, got {n_layers}")
         self.n_layers = int(n_layers)
@@ -314,11 +346,11 @@ class MinibatchCKA:
         """Add one minibatch: a list of L arrays (b, ...) of activations on the same b examples."""
         if len(layers) != self.n_layers:
             raise ValueError(f"update got {len(layers)} layers, expected {self.n_layers}")
-        h = batch_hsic(layers, debiased=self.debiased, xp=xp, compute_dtype=self.compute_dtype,
-                       block_bytes=self.block_bytes, names=self._names())
+        h, n = _batch_hsic(layers, self.debiased, xp, self.compute_dtype, self.block_bytes, 128,
+                           self._names(), False)
         self.hsic += h
         self.n_batches += 1
-        self.n_examples += int(layers[0].shape[0])
+        self.n_examples += n
         if self.keep_batches:
             self._batches.append(h[self._iu])
         return self

@@ -190,6 +190,35 @@ def test_minibatch_cka_matches_definition(xp):
         linear_cka(*as_xp(xp, batches[1][0], batches[1][2])), rel=1e-10)
 
 
+class LazyLayers:
+    """A sequence that 'loads' a layer's batch on access and counts the loads."""
+
+    def __init__(self, layers):
+        self.layers, self.loads = layers, []
+
+    def __len__(self):
+        return len(self.layers)
+
+    def __getitem__(self, i):
+        self.loads.append(i)
+        return self.layers[i].copy()
+
+
+def test_layers_are_read_once_in_order():
+    rng = np.random.default_rng(11)
+    layers = planted(rng, 30, [4, 9, 2, 7], mean=1.0)
+    ref = batch_hsic(layers)
+    lazy = LazyLayers(layers)
+    acc = MinibatchCKA(4).update(lazy)
+    assert lazy.loads == [0, 1, 2, 3]  # one group: each layer read once, in order
+    np.testing.assert_allclose(acc.hsic, ref, rtol=1e-12)
+    lazy = LazyLayers(layers)
+    np.testing.assert_allclose(batch_hsic(lazy, block_bytes=400, block_rows=4), ref, rtol=1e-10)
+    assert lazy.loads == [0, 1, 2, 3]  # several groups: centred layers kept, still read once
+    with pytest.raises(TypeError, match="namespace"):
+        batch_hsic([layers[0], array_api_strict.asarray(layers[1])])
+
+
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_accumulators_any_split_any_merge_order(data):
