@@ -7,6 +7,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -15,6 +16,8 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from repsim.commands.check import check_stores
 from repsim.store import (
@@ -434,3 +437,25 @@ def test_distributed_cluster_reads_and_writes(tmp_path):
         # save_store of a lazy expression over a store: chunks computed on the cluster, one at a time
         out = save_store(tmp_path / "out.zarr", {"pool2": src.layer("pool") * 2}, src.labels, chunk_rows=50)
     np.testing.assert_array_equal(out.layer("pool2").compute(), d["pool"] * 2)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n=st.integers(1, 40),
+    chunk_rows=st.integers(1, 45),
+    tail=st.lists(st.integers(1, 3), min_size=0, max_size=3).map(tuple),
+    dtype=st.sampled_from([np.float16, np.float32, np.float64]),
+    lazy=st.booleans(),
+)
+def test_round_trip_any_shape_and_chunking(n, chunk_rows, tail, dtype, lazy):
+    rng = np.random.default_rng(n * 1000 + chunk_rows)
+    x = rng.standard_normal((n, *tail)).astype(dtype)
+    ids = rng.permutation(3 * n)[:n]
+    src = da.from_array(x, chunks=max(1, n // 3)) if lazy else x
+    with tempfile.TemporaryDirectory() as tmp:
+        s = save_store(os.path.join(tmp, "s.zarr"), {"l": src}, rng.integers(0, 3, n), example_ids=ids, chunk_rows=chunk_rows)
+        assert s.chunk_rows == min(chunk_rows, n) and s.n_chunks == -(-n // s.chunk_rows)
+        assert s.zarr_array("l").metadata.dimension_names[0] == "example"
+        np.testing.assert_array_equal(bits(s.layer("l").compute()), bits(x))
+        np.testing.assert_array_equal(bits(np.concatenate([s.read_chunk("l", i) for i in range(s.n_chunks)])), bits(x))
+        np.testing.assert_array_equal(s.example_ids, ids)
