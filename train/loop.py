@@ -319,6 +319,8 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
                         pin_memory=on_cuda, drop_last=True, persistent_workers=d["workers"] > 0)
     spe = len(loader)
     total = cfg["max_steps"] or cfg["epochs"] * spe
+    if total <= 0:
+        raise TrainError("nothing to train: set epochs > 0 or max_steps > 0")
     epochs = math.ceil(total / spe)
     s = cfg["schedule"]
     sched = dict(peak=peak, steps_per_epoch=spe, total_steps=total, name=s["name"],
