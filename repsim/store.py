@@ -15,11 +15,15 @@ Layout (DESIGN.md "Activation store"; CONTRACTS.md "Store")::
 
 Every per-example array is chunked along examples only, with the same ``chunk_rows``, so the
 writer of chunk ``i`` touches exactly one object per array and ranks writing disjoint chunks never
-race. Chunks are compressed with zstd and followed by a crc32c checksum codec, so a corrupted chunk
-fails loudly on read; every read through :class:`ActivationStore` names the store, the array and the
-chunk when it fails. ``complete`` is set last, after every ``written`` flag is true; an interrupted
-writer leaves ``complete = False`` and :func:`open_store` refuses the store until it is resumed
-(:meth:`StoreWriter.open`) and finalized.
+race. ``chunk_rows`` defaults to :func:`default_chunk_rows` (every layer chunk >= 1 MiB, the widest
+<= 128 MiB). Chunks are compressed with zstd and followed by a crc32c checksum codec, so a corrupted
+chunk fails loudly on read; every chunk is stored as an object even when it is all zeros, so a
+deleted chunk is an error too, never silently read as zeros. Every read through
+:class:`ActivationStore` names the store, the array and the chunk when it fails. ``complete`` is set
+last, after every ``written`` flag is true; an interrupted writer leaves ``complete = False`` and
+:func:`open_store` refuses the store until it is resumed (:meth:`StoreWriter.open`) and finalized,
+which gives the same bytes as an uninterrupted run. float16 layers refuse finite values beyond the
+float16 range (|x| > 65504) instead of storing inf.
 
 Plain ``zarr`` and ``xarray`` read a store without repsim, e.g. one layer::
 
@@ -387,8 +391,8 @@ def _validate(path: str, group: Any) -> None:
     for req in ("labels", "logits"):
         if req in group and (group[req].shape[0] != n or group[req].chunks[0] != rows):
             raise StoreError(f"store {name} ({path}): {req} has shape {group[req].shape} / chunks {group[req].chunks}, expected {n} rows in chunks of {rows}")
-    if group["written"].shape != (-(-n // rows),):
-        raise StoreError(f"store {name} ({path}): written has shape {group['written'].shape}, expected ({-(-n // rows)},)")
+    if group["written"].shape != (-(-n // rows),) or group["written"].chunks != (1,):
+        raise StoreError(f"store {name} ({path}): written has shape {group['written'].shape} / chunks {group['written'].chunks}, expected ({-(-n // rows)},) / (1,)")
     layers = attrs.get("layers")
     if not isinstance(layers, list):
         raise StoreError(f"store {name} ({path}): attribute 'layers' is missing or not a list")

@@ -127,6 +127,24 @@ def test_deleted_chunk_reported(tmp_path, capsys):
     assert any(line.startswith("store A: layers/conv: chunk 1 (rows 64:128) is missing from disk") for line in err), err
 
 
+def test_schema_problems(tmp_path, capsys):
+    import zarr
+
+    make_store(tmp_path / "ghost.zarr")
+    g = zarr.open_group(str(tmp_path / "ghost.zarr"), mode="r+")
+    g.attrs["layers"] = ["conv", "pool", "block9"]
+    make_store(tmp_path / "dims.zarr")
+    g = zarr.open_group(str(tmp_path / "dims.zarr"), mode="r+")
+    old = g["layers/pool"][...]
+    g["layers"].create_array("pool", shape=old.shape, chunks=(64, 16), dtype="float32", dimension_names=["n", "f"], overwrite=True)[...] = old
+    g.attrs["dataset"] = {"n": 299}
+    code, _, err = run_check(capsys, tmp_path / "ghost.zarr", tmp_path / "dims.zarr")
+    assert code == 1
+    assert err[0] == f"store ghost ({tmp_path / 'ghost.zarr'}): layer 'block9' is listed in attrs but has no array 'layers/block9'"
+    assert "store dims: layer pool: dimension names ('n', 'f'), expected ('example', 'feature')" in err
+    assert "store dims: attrs dataset.n = 299 but the store has 300 examples" in err
+
+
 def test_not_a_store(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     code, _, err = run_check(capsys, tmp_path / "missing.zarr", tmp_path / "empty")
