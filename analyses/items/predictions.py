@@ -24,8 +24,9 @@ class Models:
         groups: dict[tuple, list] = {}
         for s in cands:
             groups.setdefault(key(s), []).append(s)
-        # the split with most networks; ties: a test split first
-        (self.dataset, self.split), chosen = max(groups.items(), key=lambda kv: (len(kv[1]), kv[0][1] == "test"))
+        # the split with most networks; ties: the one with most layers (the main evaluation stores), then test
+        (self.dataset, self.split), chosen = max(
+            groups.items(), key=lambda kv: (len(kv[1]), len(kv[1][0].layers), kv[0][1] == "test", kv[0]))
         if len(chosen) < 2:
             raise Missing("fewer than 2 stores with logits on one dataset split")
         chosen.sort(key=lambda s: (labels_in_order(runs["label"]).index(runs.loc[s.name, "label"]),
