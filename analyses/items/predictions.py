@@ -87,8 +87,12 @@ def modal(pred: np.ndarray, prob: np.ndarray) -> np.ndarray:
     return np.argmax(votes + 0.5 * prob.mean(0), axis=1)  # mean prob < 1, so it only breaks ties
 
 
-def _heatmap(ax, m, names, title, fmt="{:.0f}", cmap="viridis", vmin=None, vmax=None):
-    im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax)
+def _heatmap(ax, m, names, title, fmt="{:.0f}", cmap="viridis", vmin=None, vmax=None, blank_diagonal=False):
+    """Annotated heatmap; ``blank_diagonal`` hides trivial self-similarity so the colours span the pairs."""
+    if blank_diagonal:
+        m = m.astype(float).copy()
+        np.fill_diagonal(m, np.nan)
+    im = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, vmin=vmin, vmax=vmax)
     ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_title(title, fontsize=10)
@@ -110,7 +114,7 @@ def figC4(inputs: Inputs) -> Figure:
     a = agreement(M.pred, M.y, "both_wrong")
     plt = pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.4), gridspec_kw={"width_ratios": [1.15, 1]})
-    im = _heatmap(ax, a, M.tick_names(), "a: same prediction among examples both get wrong")
+    im = _heatmap(ax, a, M.tick_names(), "a: same prediction among examples both get wrong", blank_diagonal=True)
     fig.colorbar(im, ax=ax, shrink=0.8, label="% agreement")
     d = 100.0 - np.nan_to_num(a, nan=0.0)
     np.fill_diagonal(d, 0.0)
@@ -119,7 +123,8 @@ def figC4(inputs: Inputs) -> Figure:
     ax2.set_title("b: average-linkage dendrogram (100 − agreement)", fontsize=10)
     ax2.set_xlabel("distance")
     fig.tight_layout()
-    return Figure(fig, f"Networks evaluated on {M.dataset}/{M.split} (n = {M.n}); predictions are argmax logits. "
+    return Figure(fig, f"Networks evaluated on {M.dataset}/{M.split} (n = {M.n}); predictions are argmax logits; "
+                       f"diagonal (a network with itself) left blank. "
                        f"{M.describe}.")
 
 
@@ -131,11 +136,11 @@ def figC5(inputs: Inputs) -> Figure:
     titles = {"all": "same top-1 prediction (all examples)", "correctness": "both right or both wrong",
               "both_wrong": "same prediction | both wrong"}
     for ax, (kind, title) in zip(axes, titles.items()):
-        im = _heatmap(ax, agreement(M.pred, M.y, kind), M.tick_names(), title)
+        im = _heatmap(ax, agreement(M.pred, M.y, kind), M.tick_names(), title, blank_diagonal=True)
         fig.colorbar(im, ax=ax, shrink=0.7, label="% of examples")
     fig.tight_layout()
     return Figure(fig, f"Pairwise similarity of single-network predictions on {M.dataset}/{M.split} "
-                       f"(n = {M.n}). {M.describe}.")
+                       f"(n = {M.n}); diagonal left blank. {M.describe}.")
 
 
 @item("figC6", "Fig. C.6: agreement of ensemble predictions between objectives", "figure",
@@ -150,12 +155,12 @@ def figC6(inputs: Inputs) -> Figure:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 5.4))
     im = _heatmap(ax, agreement(ens, M.y, "all"), [display(l) for l in labels],
-                  "Same ensemble prediction (% of examples)", fmt="{:.1f}")
+                  "Same ensemble prediction (% of examples)", fmt="{:.1f}", blank_diagonal=True)
     fig.colorbar(im, ax=ax, shrink=0.8, label="% agreement")
     fig.tight_layout()
     sizes = ", ".join(f"{display(l)} {len(groups[l])}" for l in labels)
     return Figure(fig, f"Ensemble = modal top-1 class of all networks of one objective (ties broken by mean "
-                       f"softmax probability); networks per ensemble: {sizes}. {M.dataset}/{M.split} (n = {M.n}).")
+                       f"softmax probability); networks per ensemble: {sizes}; diagonal left blank. {M.dataset}/{M.split} (n = {M.n}).")
 
 
 @item("figC7", "Fig. C.7: accuracy of ensembles mixing two objectives", "figure", ("stores with logits",))
