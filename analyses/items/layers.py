@@ -57,10 +57,11 @@ def fig2a(inputs: Inputs) -> Figure:
     if not panels:
         raise Missing("no softmax-vs-objective pair of stores with CKA values (softmax needs ≥ 2 seeds for its control)")
     fig, used, axes = panel_grid(len(panels), 5, (2.7, 2.8), 0.9)
+    vmin = min(0.9, np.floor(10 * min(float(np.nanmin(m)) for _, m, _ in panels)) / 10)  # shared colour scale
     ticks = np.arange(len(layers))
     step = max(1, len(layers) // 6)
     for k, (ax, (title, m, n)) in enumerate(zip(used, panels)):
-        im = ax.imshow(m, vmin=0, vmax=1, cmap="magma", origin="lower")
+        im = ax.imshow(m, vmin=vmin, vmax=1, cmap="magma", origin="lower")
         ax.set_title(f"{title}\n(mean of {n} pair{'s' if n > 1 else ''})", fontsize=9)
         ax.set_xticks(ticks[::step], [_short(l) for l in layers][::step], fontsize=8)
         ax.set_yticks(ticks[::step], [_short(l) for l in layers][::step], fontsize=8)
@@ -173,7 +174,7 @@ def fig4(inputs: Inputs) -> Figure:
 
 @item("table3", "Table 3: source accuracy and penultimate-layer class separation", "table", ("separation.csv",))
 def table3(inputs: Inputs) -> Table:
-    sep = penultimate_r2(inputs)
+    sep = one_split(penultimate_r2(inputs))
     parts = [one_r2_per_run(sep).rename(columns={"r2": "value"}).assign(column="R²")]
     note = ""
     try:
@@ -193,7 +194,7 @@ def table3(inputs: Inputs) -> Table:
 def tableE1(inputs: Inputs) -> Table:
     sep = inputs.csv("separation")
     layer = inputs.penultimate(sep["layer"].astype(str))
-    sep = sep[sep["layer"].astype(str) == layer]
+    sep = one_split(sep[sep["layer"].astype(str) == layer])
     names = {"cosine": "Cosine", "cosine_centered": "Cosine (mean-subtracted)", "sqeuclidean": "Euclidean"}
     present = [d for d in names if (sep["distance"] == d).any()]
     if len(present) < 2:

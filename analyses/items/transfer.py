@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from analyses.data import Inputs, Missing, describe_rows, display
-from analyses.items.common import (labels_in_order, legend_outside, mean_transfer, one_r2_per_run, panel_grid,
+from analyses.items.common import (labels_in_order, legend_outside, mean_transfer, one_r2_per_run, one_split, panel_grid,
                                    penultimate_r2, probe_rows, probe_settings, pyplot)
 from analyses.registry import Figure, Table, item
 from analyses.style import color
@@ -71,13 +71,18 @@ def table1(inputs: Inputs) -> Table:
     blocks, notes = [], []
     try:
         src = inputs.source_accuracy()
-        src_long = pd.concat([
-            src.assign(column=f"Source {k[:3]}-{k[3:]}", value=as_percent(src[k])) for k in ("top1", "top5") if k in src])
+        keys = [k for k in ("top1", "top5") if k in src and as_percent(src[k]).notna().any()]
+        if "top5" in keys and (as_percent(src["top5"]) >= 100).all():
+            keys.remove("top5")
+            notes.append("source top-5 omitted (100% for every network)")
+        src_long = pd.concat([src.assign(column=f"Source {k[:3]}-{k[3:]}", value=as_percent(src[k])) for k in keys])
+        notes.append(f"source accuracy on the {src['split'].iloc[0]} split (training.csv, final epoch)")
     except Missing as exc:
         src_long, _ = None, notes.append(f"source accuracy omitted ({exc})")
     try:
-        r2 = one_r2_per_run(penultimate_r2(inputs)).assign(column="R²")
-        r2_long = r2.rename(columns={"r2": "value"})
+        sep = one_split(penultimate_r2(inputs))
+        r2_long = one_r2_per_run(sep).assign(column="R²").rename(columns={"r2": "value"})
+        notes.append(f"R² (Eq. 11, cosine) of layer {sep['layer'].iloc[0]} on {describe_rows(sep).split('data: ')[-1]}")
     except Missing as exc:
         r2_long, _ = None, notes.append(f"R² omitted ({exc})")
     kinds = [p for p in ("linear", "knn") if (probes["probe"].astype(str) == p).any()]
@@ -92,10 +97,12 @@ def table1(inputs: Inputs) -> Table:
         n_seeds = max(n_seeds, int(rows.groupby("label")["seed"].nunique().min()))
         tasks = sorted(rows["task"].astype(str).unique())
         long = rows.rename(columns={"task": "column", "accuracy": "value"})[["label", "seed", "column", "value"]]
-        avg = mean_transfer(rows).rename(columns={"transfer": "value"}).assign(column="Avg.")
-        parts = [p for p in (src_long, r2_long) if p is not None] + [long, avg[["label", "seed", "column", "value"]]]
+        parts = [p for p in (src_long, r2_long) if p is not None] + [long]
+        if len(tasks) > 1:
+            parts.append(mean_transfer(rows).rename(columns={"transfer": "value"}).assign(column="Avg."))
         cols = ([c for c in ("Source top-1", "Source top-5") if src_long is not None and c in set(src_long["column"])]
-                + (["R²"] if r2_long is not None else []) + tasks + ["Avg."])
+                + (["R²"] if r2_long is not None else []) + tasks + (["Avg."] if len(tasks) > 1 else []))
+        parts = [p[["label", "seed", "column", "value"]] for p in parts]
         numeric, shown, bold = seed_summary(pd.concat(parts, ignore_index=True), cols, digits={"R²": 3}, unbolded={"R²"})
         for frame in (numeric, shown, bold):
             frame.insert(0, "probe", probe)
@@ -106,7 +113,7 @@ def table1(inputs: Inputs) -> Table:
     bold = pd.concat([b[2] for b in blocks], ignore_index=True)
     bold.columns = shown.columns
     bold[["Probe", "Objective"]] = False
-    cap = (f"Mean ± sd over seeds, accuracies in %. {bold_rule_text(n_seeds)} {describe_rows(probes)}. "
+    cap = (f"Mean ± sd over seeds, accuracies in %. {bold_rule_text(n_seeds)} Transfer: {describe_rows(probes)}. "
            f"{probe_settings(probes)}." + (" " + "; ".join(notes) + "." if notes else ""))
     return Table(numeric, shown.fillna("–"), cap, bold.fillna(False))
 
@@ -114,7 +121,7 @@ def table1(inputs: Inputs) -> Table:
 @item("fig5", "Fig. 5a: class separation vs. mean linear transfer accuracy", "figure",
       ("separation.csv", "probes.csv"))
 def fig5(inputs: Inputs) -> Figure:
-    sep = penultimate_r2(inputs)
+    sep = one_split(penultimate_r2(inputs))
     r2 = one_r2_per_run(sep)
     lin = probe_rows(inputs, "linear")
     df = r2.merge(mean_transfer(lin), on=["label", "seed"])
