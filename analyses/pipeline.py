@@ -288,9 +288,16 @@ class Demo:
 
         findings = evaluate(Inputs(self.out / "stores", self.out / "results"))
         timing = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
+        import html
+
+        epochs = f"{self.epochs} epochs (--epochs)" if self.epochs else "the presets' epochs"
+        stores = "".join(f"<li><code>{g}</code>: {spec} {split}, {'every layer' if layers is None else layers}"
+                         f" — {html.escape(why)}</li>" for g, (spec, split, layers, why) in GROUPS.items())
         pre = (f"<p class='caption'>{len(self.objectives)} objectives × {self.seeds} seed(s) = "
-               f"{len(self.run_names)} mini-ResNets pretrained on sklearn digits 0–4 (digits-source); "
-               f"transfer to digits 5–9 (digits-target). Stage times: {timing}.</p>")
+               f"{len(self.run_names)} mini-ResNets (train/presets/digits-&lt;objective&gt;.toml, {epochs}; "
+               f"the checkpoint with the best holdout accuracy is analysed) pretrained on sklearn digits 0–4 "
+               f"(digits-source); transfer task: digits 5–9 (digits-target). Stage times: {timing}. "
+               f"Stores per network:</p><ul class='caption'>{stores}</ul>")
         outcomes, report = make_figures(self.out / "stores", self.out / "results", self.out / "report",
                                         title="repsim demo: sklearn digits, 9 objectives",
                                         intro_html=findings_html(findings, pre), progress=True)
