@@ -31,7 +31,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from repsim.engine_io import BlockReader, Column, resolve_columns, transform
+from repsim.engine_io import BlockReader, Column, resolve_columns, to_device, transform
 from repsim.scheduler import array_module, device_name, get_client, run_tasks
 
 __all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "write_csv",
@@ -101,14 +101,14 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
                 per = accs.get(col.layer)
                 if not per:
                     continue
-                x_raw = xp.asarray(raw)
+                x_raw = to_device(raw, xp)
                 x_mat = None
                 for metric, acc in per.items():
                     if metric == "sparsity":
                         acc.update(x_raw)
                         continue
                     if x_mat is None:
-                        x_mat = xp.asarray(transform(raw, spec["spatial"]))
+                        x_mat = to_device(transform(raw, spec["spatial"]), xp)
                     if metric == "spectrum":
                         acc.update(x_mat)
                     else:

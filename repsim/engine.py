@@ -35,7 +35,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim.engine_io import BatchPlan, BlockReader, Column, block_rows_for, ids_digest, resolve_columns
+from repsim.engine_io import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, resolve_columns,
+                              to_device)
 from repsim.scheduler import array_module, device_name, get_client, run_tasks
 
 __all__ = ["CKAResult", "cka_matrix"]
@@ -201,12 +202,6 @@ class Checkpoint:
 # tasks
 
 
-def _compute_dtype(xp: Any) -> Any:
-    """float64 on CPU (and under array-api-strict); float32 on GPU, where MinibatchCKA accumulates
-    the L×L sums in float64 (DESIGN "Numerics")."""
-    return xp.float32 if device_name(xp) == "cuda" else xp.float64
-
-
 def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, reader: BlockReader | None = None,
                  progress: Any = None, xp: Any = None) -> dict[str, Any]:
     """One task: batches ``start:stop`` of ``epoch`` -> ``MinibatchCKA.to_state()``.
@@ -219,7 +214,6 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     plan = BatchPlan(**spec["plan"])
     columns = [Column(**c) for c in spec["columns"]]
     xp = array_module(spec["device"]) if xp is None else xp
-    dtype = _compute_dtype(xp)
     batches = plan.batches(epoch)[start:stop]
     own = reader is None
     if own:
@@ -229,7 +223,7 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     try:
         mode = "select" if plan.shuffle == "examples" else "block"
         for arrays in reader.iter_batches(batches, mode=mode):
-            acc.update([xp.asarray(a, dtype=dtype) for a in arrays])
+            acc.update([to_device(a, xp) for a in arrays])
             if progress is not None:
                 progress(1)
     finally:

@@ -283,14 +283,27 @@ class BatchPlan:
 
 def transform(x: np.ndarray, spatial: str) -> np.ndarray:
     """(rows, C[, H, W]) -> (rows, features): ``flatten`` keeps every value (paper §3.2), ``mean``
-    averages conv maps over space first (float32), ``raw`` returns the block as stored."""
+    averages conv maps over space first (in float64), ``raw`` returns the block as stored."""
     if spatial == "raw":
         return x
     if x.ndim > 2 and spatial == "mean":
-        return x.mean(axis=tuple(range(2, x.ndim)), dtype=np.float32)
+        return x.mean(axis=tuple(range(2, x.ndim)), dtype=np.float64)
     if spatial not in ("flatten", "mean"):
         raise ValueError(f"spatial must be 'flatten', 'mean' or 'raw', got {spatial!r}")
     return x.reshape(x.shape[0], -1)
+
+
+def to_device(x: np.ndarray, xp: Any) -> Any:
+    """Hand a host block to the kernels' namespace: NumPy as is (the kernels cast to float64),
+    CuPy by copying the *stored* bytes (e.g. float16) and casting on the GPU (float32 compute),
+    any other array-API namespace via float64 on the host (array-api-strict has no float16)."""
+    name = getattr(xp, "__name__", "")
+    if name == "numpy":
+        return x
+    if name == "cupy":
+        y = xp.asarray(x)
+        return y.astype(xp.float32, copy=False) if y.dtype.kind == "f" and y.dtype.itemsize < 4 else y
+    return xp.asarray(np.asarray(x, dtype=np.float64))
 
 
 class BlockReader:
