@@ -18,8 +18,10 @@ reads them from every store at once (one ``update`` sees all L columns), and sch
   the last finished segment and reproduces the uninterrupted result exactly (a checkpoint also stays
   valid when only ``epochs`` is raised).
 
-Memory: one batch of every column (``batch_size × Σ features``, float64 on CPU) plus the reader's
-blocks (one shuffle window + prefetch, in the stores' dtype); never proportional to n.
+Reading is column-major within a group of batches (see :func:`_cka_segment`): memory is
+``prefetch + 1`` reads of one column's group (a shuffle window, in the stores' dtype) plus, per
+batch of the group, b × min(p, b) numbers per column (a column with p ≥ 4b enters the accumulator
+as a b × b factor of its centred Gram, :func:`gram_factor`); never proportional to n.
 ``method="exact"`` (full-data linear CKA) lives in :mod:`repsim.engine_exact`.
 """
 from __future__ import annotations
@@ -202,9 +204,49 @@ class Checkpoint:
 # tasks
 
 
+REDUCE_FACTOR = 4  # columns wider than this many times the batch are reduced to a b × b Gram factor
+
+
+def _astype(x: Any, dtype: Any, xp: Any) -> Any:
+    fn = getattr(xp, "astype", None)  # array API (NumPy 2, array-api-strict); CuPy has the method
+    return fn(x, dtype) if fn is not None else x.astype(dtype)
+
+
+def gram_factor(x: Any, xp: Any) -> Any:
+    """A (b, b) float64 matrix F with (H F)(H F)ᵀ = (H X)(H X)ᵀ, H = I − 11ᵀ/b: the batch's centred
+    Gram, which is all that linear HSIC sees, in b² numbers instead of b·p.
+
+    K_c = X_c X_cᵀ is formed from the column-centred batch (float64 on CPU, float32 on GPU), then
+    F = chol(K_c + c 11ᵀ) with c = tr(K_c)/b: the rank-one term lifts the null direction 1 of K_c
+    (so the Cholesky exists) and is annihilated by the kernel's own centring.  When K_c is
+    singular beyond that (p < b, repeated rows), F = V √λ₊ from ``eigh`` instead.
+    """
+    gpu = device_name(xp) == "cuda"
+    X = _astype(xp.reshape(x, (x.shape[0], -1)), xp.float32 if gpu else xp.float64, xp)
+    X = X - xp.mean(X, axis=0, keepdims=True)
+    K = _astype(X @ X.T, xp.float64, xp)
+    b = K.shape[0]
+    c = float(xp.sum(X * X)) / b  # tr(K_c) / b
+    try:
+        F = xp.linalg.cholesky(K + c)
+        if bool(xp.all(xp.isfinite(F))):
+            return F
+    except Exception:  # LinAlgError (NumPy), or NaNs on CuPy: fall back to the eigendecomposition
+        pass
+    w, V = xp.linalg.eigh(K)
+    return V * xp.sqrt(xp.clip(w, 0.0, None))[None, :]
+
+
 def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, reader: BlockReader | None = None,
                  progress: Any = None, xp: Any = None) -> dict[str, Any]:
-    """One task: batches ``start:stop`` of ``epoch`` -> ``MinibatchCKA.to_state()``.
+    """One task: batch groups ``start:stop`` of ``epoch`` -> ``MinibatchCKA.to_state()``.
+
+    Column-major inside a group: each column's rows for all of the group's batches are read in one
+    go (its blocks once), and each batch keeps only what the kernel needs from that column — the
+    rows themselves, or for a column wider than ``REDUCE_FACTOR × b`` its b × b Gram factor
+    (:func:`gram_factor`).  Once every column is in, each batch is one ``MinibatchCKA.update``
+    over all L columns.  Peak memory: ``prefetch + 1`` (group, column) reads plus
+    Σ_columns b·min(p, 4b) per batch of the group.
 
     ``spec`` holds plain data only (column list, plan parameters, options) so the task can be
     shipped to a ``dask.distributed`` worker, which opens the stores itself.
@@ -213,19 +255,34 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
 
     plan = BatchPlan(**spec["plan"])
     columns = [Column(**c) for c in spec["columns"]]
+    L = len(columns)
     xp = array_module(spec["device"]) if xp is None else xp
-    batches = plan.batches(epoch)[start:stop]
+    groups = plan.groups(epoch)[start:stop]
     own = reader is None
     if own:
         reader = BlockReader(columns, plan.n, plan.block_rows, spatial=spec["spatial"], prefetch=spec["prefetch"],
                              threads=spec["threads"])
-    acc = MinibatchCKA(len(columns), debiased=spec["debiased"], keep_batches=True)
+    acc = MinibatchCKA(L, debiased=spec["debiased"], keep_batches=True, names=[f"{c.store}/{c.layer}" for c in columns])
+
+    def load(unit: tuple[int, int]) -> list[Any]:
+        g, c = unit
+        return reader.gather(c, groups[g])
+
     try:
-        mode = "select" if plan.shuffle == "examples" else "block"
-        for arrays in reader.iter_batches(batches, mode=mode):
-            acc.update([to_device(a, xp) for a in arrays])
-            if progress is not None:
-                progress(1)
+        parts: list[list[Any]] = []
+        for (g, c), arrays in reader.prefetched([(g, c) for g in range(len(groups)) for c in range(L)], load):
+            if c == 0:
+                parts = [[None] * L for _ in arrays]
+            for i, a in enumerate(arrays):
+                x = to_device(a, xp)
+                wide = int(np.prod(a.shape[1:])) >= REDUCE_FACTOR * a.shape[0]
+                parts[i][c] = gram_factor(x, xp) if wide else x
+            if c == L - 1:
+                for batch in parts:
+                    acc.update(batch)
+                if progress is not None:
+                    progress(len(parts))
+                parts = []
     finally:
         if own:
             reader.close()
@@ -319,8 +376,18 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     plan = BatchPlan(n=n, batch_size=int(batch_size), shuffle=_shuffle_scheme(shuffle), seed=int(seed),
                      block_rows=block_rows, window_rows=int(shuffle_window or 0))
     seg = max(1, int(checkpoint_every))
-    per_epoch = [(s, min(plan.n_batches, s + seg)) for s in range(0, plan.n_batches, seg)]
-    tasks = [(e, a, b) for e in range(int(epochs)) for a, b in per_epoch]
+    tasks: list[tuple[int, int, int, int]] = []  # (epoch, first group, end group, batches)
+    epoch_sizes = []
+    for e in range(int(epochs)):
+        sizes = [len(g.batches) for g in plan.groups(e)]
+        epoch_sizes.append(sizes)
+        start = count = 0
+        for g, k in enumerate(sizes):  # segments: whole groups, >= checkpoint_every batches each
+            count += k
+            if count >= seg or g == len(sizes) - 1:
+                tasks.append((e, start, g + 1, count))
+                start, count = g + 1, 0
+    first = plan.batches(0)
     spec = {
         "plan": asdict(plan), "columns": [asdict(c) for c in columns], "device": device_name(xp),
         "spatial": spatial, "debiased": bool(debiased), "prefetch": int(prefetch), "threads": int(threads),
@@ -328,8 +395,10 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     meta.update({
         "batch_size": int(batch_size), "epochs": int(epochs), "seed": int(seed), "shuffle": plan.shuffle,
         "shuffle_scheme": plan.describe(), "shuffle_window": plan.window if plan.shuffle == "window" else None,
-        "block_rows": block_rows, "batches_per_epoch": plan.n_batches, "last_batch_size": plan.sizes[-1],
-        "rows_dropped_per_epoch": plan.dropped, "segment_batches": seg,
+        "block_rows": block_rows, "batches_per_epoch": [sum(s) for s in epoch_sizes],
+        "batch_size_range": [int(min(r.size for r in first)), int(max(r.size for r in first))],
+        "rows_dropped_per_epoch": n - sum(r.size for r in first), "segment_batches": seg,
+        "reduce_rule": f"columns with p >= {REDUCE_FACTOR} x rows enter MinibatchCKA as a b x b Gram factor",
     })
 
     from repsim.cka import MinibatchCKA
@@ -348,10 +417,10 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
             print(f"repsim: resuming from {ckpt.path}: {done}/{len(tasks)} segments done", file=sys.stderr)
     acc = MinibatchCKA.from_state(state) if state is not None else None
 
-    total_batches = len(tasks) and sum(b - a for _, a, b in tasks)
-    bar = _progress_bar(total_batches, "cka", progress)
-    bar.update(sum(b - a for _, a, b in tasks[:done]))
-    remaining = tasks[done:]
+    bar = _progress_bar(sum(t[3] for t in tasks), "cka", progress)
+    bar.update(sum(t[3] for t in tasks[:done]))
+    remaining = [t[:3] for t in tasks[done:]]
+    counts = [t[3] for t in tasks[done:]]
     client = get_client()
     meta["scheduler"] = "threads" if client is None else f"distributed:{getattr(client.scheduler, 'address', '?')}"
     reader = None
@@ -364,7 +433,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
             if spec["device"] not in ("cpu", "cuda"):
                 raise ValueError("a distributed run needs device='cpu' or 'cuda' (not a namespace object)")
             results = run_tasks(_cka_segment, [(spec, e, a, b) for e, a, b in remaining],
-                                on_done=lambda i, _: bar.update(remaining[i][2] - remaining[i][1]))
+                                on_done=lambda i, _: bar.update(counts[i]))
         for _, seg_state in results:
             seg_acc = MinibatchCKA.from_state(seg_state)
             acc = seg_acc if acc is None else acc.merge(seg_acc)

@@ -5,35 +5,39 @@ Every multi-store computation goes through three steps, all in this module:
 1. :func:`resolve_columns` opens the stores, checks them *before any compute* (complete, same
    ``example_ids``, every requested layer present) and returns the list of *columns*: one
    ``(store, layer)`` pair per row/column of the result.
-2. :class:`BatchPlan` decides which example rows form each minibatch of each epoch.  It is a pure
-   function of ``(n, batch_size, shuffle, seed, epoch, block_rows, window)``, so a resumed run or a
-   remote worker rebuilds exactly the same batches from a handful of integers.
-3. :class:`BlockReader` reads the rows of every column for those batches straight from the Zarr
-   arrays, *block by block*, on a thread pool that runs ahead of the consumer (prefetch), so reading
-   and decompression overlap with compute.
+2. :class:`BatchPlan` decides which example rows form each minibatch of each epoch, as *groups*
+   of batches that read the same blocks.  It is a pure function of
+   ``(n, batch_size, shuffle, seed, epoch, block_rows, window)``, so a resumed run or a remote
+   worker rebuilds exactly the same batches from a handful of integers.
+3. :class:`BlockReader` reads one column of one group at a time straight from the Zarr arrays
+   (each block once), on a thread pool that runs ahead of the consumer (prefetch), so reading and
+   decompression overlap with compute.
 
-Shuffling schemes and their I/O cost (n rows, chunks of ``c`` rows, batch ``b``):
+A *block* is ``block_rows`` rows: the least common multiple of the stores' chunk sizes, so a
+block is whole chunks in every store.
+
+Shuffling schemes and their I/O cost (n rows, batch b, L columns):
 
 ``"none"`` (``shuffle=False``)
     Consecutive batches ``[0:b], [b:2b], ...``; a trailing partial batch of fewer than 4 rows is
-    dropped (HSIC₁ needs n ≥ 4).  Each chunk is read once per epoch.
+    dropped (HSIC₁ needs n ≥ 4).  Each batch is its own group, so a block that straddles two
+    batches is read by both: ≤ (1 + block_rows / b) reads of each store per epoch.
 
 ``"window"`` (``shuffle=True``, the default)
-    Rows are grouped into *blocks* of ``block_rows`` rows (the least common multiple of the stores'
-    chunk sizes, so a block is a whole number of chunks in every store).  Each epoch draws, from
-    ``numpy.random.default_rng([seed, epoch])``, a permutation of the blocks; consecutive permuted
-    blocks are grouped into *windows* of at least ``window_rows`` rows (default ``4 * batch_size``),
-    the rows inside each window are permuted, and the resulting sequence is cut into batches as
-    above.  Each chunk is read **once per epoch**; the reader holds at most about one window plus one
-    batch of rows (plus prefetch).  Batches are uniform samples of their window, not of the whole
-    dataset: when stores are written in class order (ImageFolder), each batch sees the classes of
-    ``window_rows / c`` chunks.  Raise ``shuffle_window`` (up to ``n``: a full uniform permutation
-    held in memory) or use ``"examples"`` when that matters.
+    Each epoch draws, from ``numpy.random.default_rng([seed, epoch])``, a permutation of the
+    blocks; consecutive permuted blocks form *windows* of about ``window_rows`` rows (default
+    ``4 * batch_size``, rounded to whole blocks); the rows of each window are permuted and cut into
+    ``round(rows / b)`` batches of near-equal size (within ``block_rows / 2`` of b per batch of the
+    window).  Batches never straddle windows, so every chunk is read **exactly once per epoch** and
+    the reader holds one window of one column at a time (plus prefetch).  Batches are uniform
+    samples of their window, not of the whole dataset: when stores are written in class order
+    (ImageFolder), a batch sees the classes of ``window_rows / block_rows`` blocks.  Raise
+    ``shuffle_window`` (up to n: a full uniform permutation) or use ``"examples"`` when that matters.
 
 ``"examples"``
-    A uniform permutation of all rows each epoch.  Every batch reads the chunks that hold any of its
-    rows, i.e. for ``b ≫ n / c`` essentially every chunk: about ``n / b`` reads of each store per
-    epoch (33× for ImageNet val with b = 1500).  Memory is one batch (plus prefetch).
+    A uniform permutation of all rows each epoch, cut into batches of exactly b.  Every batch reads
+    the chunks that hold any of its rows, i.e. for b ≫ n / chunk_rows essentially every chunk:
+    about ``n / b`` reads of each store per epoch (33× for ImageNet val with b = 1500).
 """
 from __future__ import annotations
 
@@ -204,8 +208,23 @@ def _rng(seed: int, epoch: int) -> np.random.Generator:
 
 
 @dataclass(frozen=True)
+class Group:
+    """Batches that are read together: ``blocks`` (sorted block ids whose rows cover every batch
+    of the group; ``None`` for the "examples" scheme, read by selection) and the batches' rows."""
+
+    blocks: np.ndarray | None
+    batches: list[np.ndarray]
+
+
+def _split(rows: np.ndarray, k: int) -> list[np.ndarray]:
+    """``rows`` cut into ``k`` consecutive parts whose sizes differ by at most one."""
+    bounds = np.linspace(0, rows.size, k + 1).round().astype(np.int64)
+    return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+@dataclass(frozen=True)
 class BatchPlan:
-    """Which rows form each batch of each epoch (see the module docstring for the schemes)."""
+    """Which rows form each batch of each epoch, grouped by the blocks they read (module docstring)."""
 
     n: int
     batch_size: int
@@ -224,49 +243,41 @@ class BatchPlan:
 
     @property
     def window(self) -> int:
-        return min(self.n, self.window_rows or 4 * self.batch_size)
+        """Rows per shuffle window (a whole number of blocks, about ``window_rows``)."""
+        rows = min(self.n, self.window_rows or 4 * self.batch_size)
+        return max(1, round(rows / self.block_rows)) * self.block_rows
 
-    @property
-    def sizes(self) -> list[int]:
-        """Batch sizes of one epoch (the same every epoch)."""
+    def _consecutive(self, order: np.ndarray) -> list[np.ndarray]:
         b = min(self.batch_size, self.n)
-        full, rem = divmod(self.n, b)
-        return [b] * full + ([rem] if rem >= MIN_BATCH else [])
+        out = [order[s:s + b] for s in range(0, self.n, b)]
+        return [np.sort(r) for r in out if r.size >= MIN_BATCH]
 
-    @property
-    def n_batches(self) -> int:
-        return len(self.sizes)
-
-    @property
-    def dropped(self) -> int:
-        return self.n - sum(self.sizes)
-
-    def order(self, epoch: int) -> np.ndarray:
-        """The row sequence of one epoch; batches are consecutive slices of it."""
+    def groups(self, epoch: int) -> list[Group]:
+        """The epoch's batches in order, as groups that share reads."""
         if self.shuffle == "none":
-            return np.arange(self.n, dtype=np.int64)
+            return [Group(np.unique(r // self.block_rows), [r]) for r in self._consecutive(np.arange(self.n))]
         rng = _rng(self.seed, epoch)
         if self.shuffle == "examples":
-            return rng.permutation(self.n).astype(np.int64)
+            return [Group(None, [r]) for r in self._consecutive(rng.permutation(self.n))]
         n_blocks = -(-self.n // self.block_rows)
-        blocks = rng.permutation(n_blocks)
-        per_window = max(1, -(-self.window // self.block_rows))
-        parts = []
+        order = rng.permutation(n_blocks)
+        per_window = self.window // self.block_rows
+        out = []
         for start in range(0, n_blocks, per_window):
+            blocks = np.sort(order[start:start + per_window])
             rows = np.concatenate([np.arange(k * self.block_rows, min(self.n, (k + 1) * self.block_rows))
-                                   for k in blocks[start:start + per_window]])
-            parts.append(rng.permutation(rows))
-        return np.concatenate(parts).astype(np.int64)
+                                   for k in blocks])
+            rows = rng.permutation(rows)
+            k = max(1, round(rows.size / self.batch_size))
+            batches = [np.sort(r) for r in _split(rows, k) if r.size >= MIN_BATCH]
+            if batches:
+                out.append(Group(blocks, batches))
+        return out
 
     def batches(self, epoch: int) -> list[np.ndarray]:
-        """Row indices of every batch of ``epoch``, each sorted ascending (the order of rows inside
-        a batch does not change any HSIC, and sorted rows make contiguous reads)."""
-        order = self.order(epoch)
-        out, start = [], 0
-        for size in self.sizes:
-            out.append(np.sort(order[start:start + size]))
-            start += size
-        return out
+        """Row indices of every batch of ``epoch`` in order, each sorted ascending (the order of
+        rows inside a batch changes no HSIC, and sorted rows read contiguously)."""
+        return [r for g in self.groups(epoch) for r in g.batches]
 
     def describe(self) -> str:
         if self.shuffle == "none":
@@ -274,7 +285,8 @@ class BatchPlan:
         if self.shuffle == "examples":
             return "examples: uniform permutation of rows per epoch, rng=default_rng([seed, epoch])"
         return (f"window: per epoch (rng=default_rng([seed, epoch])) permute blocks of {self.block_rows} rows, "
-                f"permute rows within windows of >= {self.window} rows; each chunk read once per epoch")
+                f"group them into windows of {self.window} rows, permute rows within each window and cut it into "
+                f"round(rows/batch_size) near-equal batches; each chunk read once per epoch")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -309,11 +321,9 @@ def to_device(x: np.ndarray, xp: Any) -> Any:
 class BlockReader:
     """Reads rows of many (store, layer) columns from their Zarr arrays with read-ahead.
 
-    ``iter_blocks`` yields whole blocks in a given order; ``iter_batches`` yields, for each batch of
-    row indices, one 2-D array per column, gathered from cached blocks (``block`` mode: each block is
-    read once and dropped after the last batch that needs it) or read by orthogonal selection
-    (``select`` mode, for the ``"examples"`` shuffle).  Reads run on ``threads`` threads and stay up
-    to ``prefetch`` batches (or blocks) ahead of the consumer.
+    ``iter_blocks`` yields whole blocks (every column) in a given order (drivers, exact CKA);
+    ``gather`` reads one column of one batch group; ``prefetched`` runs any such loads on
+    ``threads`` threads, up to ``prefetch`` loads ahead of the consumer.
     """
 
     def __init__(self, columns: Sequence[Column], n: int, block_rows: int, *, spatial: str = "flatten",
@@ -351,9 +361,6 @@ class BlockReader:
         a, b = k * self.block_rows, min(self.n, (k + 1) * self.block_rows)
         return [self._read(c, slice(a, b), f"rows {a}:{b}") for c in range(len(self.columns))]
 
-    def read_rows(self, rows: np.ndarray) -> list[np.ndarray]:
-        return [transform(self._read_sel(c, rows), self.spatial) for c in range(len(self.columns))]
-
     def _read_sel(self, c: int, rows: np.ndarray) -> np.ndarray:
         try:
             return np.asarray(self._arrays[c].get_orthogonal_selection((rows,)))
@@ -375,43 +382,27 @@ class BlockReader:
         """Yield ``(k, arrays)`` for each block ``k`` in order, reading ahead."""
         return self._ahead(list(blocks), self.read_block)
 
-    def iter_batches(self, batches: Sequence[np.ndarray], mode: str = "block") -> Iterator[list[np.ndarray]]:
-        """Yield, for each batch of (sorted) row indices, one ``(len(rows), features)`` array per column."""
-        if mode == "select":
-            for _, arrays in self._ahead(list(batches), self.read_rows):
-                yield arrays
-            return
-        need = [np.unique(rows // self.block_rows) for rows in batches]
-        last_use: dict[int, int] = {}
-        order: list[int] = []
-        for i, blocks in enumerate(need):
-            for k in blocks.tolist():
-                if k not in last_use:
-                    order.append(k)
-                last_use[k] = i
-        first_batch = {}
-        for i, blocks in enumerate(need):
-            for k in blocks.tolist():
-                first_batch.setdefault(k, i)
-        futures: dict[int, Future] = {}
-        cursor = 0  # next block in `order` to submit
-        for i, rows in enumerate(batches):
-            # submit every block needed up to `prefetch` batches ahead
-            while cursor < len(order) and first_batch[order[cursor]] <= i + self.prefetch:
-                futures[order[cursor]] = self._pool.submit(self.read_block, order[cursor])
-                cursor += 1
-            blocks = need[i]
-            data = {k: futures[k].result() for k in blocks.tolist()}
-            cuts = np.searchsorted(rows, (blocks + 1) * self.block_rows)
-            parts, start = [], 0
-            for k, stop in zip(blocks.tolist(), cuts.tolist()):
-                parts.append((k, rows[start:stop] - k * self.block_rows))
-                start = stop
-            out = []
-            for c in range(len(self.columns)):
-                pieces = [data[k][c][local] for k, local in parts]
-                out.append(pieces[0] if len(pieces) == 1 else np.concatenate(pieces))
-            yield out
-            for k in blocks.tolist():
-                if last_use[k] == i:
-                    del futures[k]
+    def read_span(self, c: int, blocks: np.ndarray) -> np.ndarray:
+        """Column ``c``'s rows of ``blocks`` (sorted), concatenated in block order."""
+        parts = [self._read(c, slice(k * self.block_rows, min(self.n, (k + 1) * self.block_rows)), f"block {k}")
+                 for k in blocks.tolist()]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def gather(self, c: int, group: "Group") -> list[np.ndarray]:
+        """Column ``c`` of every batch of ``group`` (each ``(rows, features)``), reading each of the
+        group's blocks once (or, for the "examples" scheme, each batch's rows by selection)."""
+        if group.blocks is None:
+            return [transform(self._read_sel(c, rows), self.spatial) for rows in group.batches]
+        span = self.read_span(c, group.blocks)
+        starts = np.minimum(group.blocks * self.block_rows, self.n)
+        sizes = np.minimum((group.blocks + 1) * self.block_rows, self.n) - starts
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        out = []
+        for rows in group.batches:
+            pos = np.searchsorted(group.blocks, rows // self.block_rows)
+            out.append(span[offsets[pos] + rows - starts[pos]])
+        return out
+
+    def prefetched(self, keys: Sequence[Any], load: Any) -> Iterator[tuple[Any, Any]]:
+        """Yield ``(key, load(key))`` in order while up to ``prefetch`` later loads run on the pool."""
+        return self._ahead(list(keys), load)

@@ -40,8 +40,8 @@ def stored_columns(stores):
 
 
 def test_plan_consecutive_batches_and_trailing_drop():
-    assert BatchPlan(n=23, batch_size=5, shuffle="none").sizes == [5, 5, 5, 5]  # trailing 3 < 4 dropped
-    assert BatchPlan(n=24, batch_size=5, shuffle="none").sizes == [5, 5, 5, 5, 4]
+    sizes = [[r.size for r in BatchPlan(n=n, batch_size=5, shuffle="none").batches(0)] for n in (23, 24)]
+    assert sizes == [[5, 5, 5, 5], [5, 5, 5, 5, 4]]  # a trailing batch of 3 < 4 rows is dropped, 4 kept
     plan = BatchPlan(n=24, batch_size=5, shuffle="none")
     for got, want in zip(plan.batches(0), consecutive_batches(24, 5)):
         np.testing.assert_array_equal(got, want)
@@ -53,9 +53,13 @@ def test_plan_consecutive_batches_and_trailing_drop():
 def test_plan_shuffle_is_a_seeded_permutation_per_epoch(scheme):
     plan = BatchPlan(n=230, batch_size=20, shuffle=scheme, seed=7, block_rows=16, window_rows=40)
     e0, e1 = plan.batches(0), plan.batches(1)
-    assert [b.size for b in e0] == plan.sizes
     rows = np.concatenate(e0)
-    assert np.unique(rows).size == rows.size == 230 - plan.dropped  # every row at most once per epoch
+    assert np.unique(rows).size == rows.size >= 230 - 3  # every row at most once per epoch
+    sizes = [b.size for b in e0]
+    assert min(sizes) >= 4 and max(sizes) <= (20 if scheme == "examples" else 20 + 16 // 2 + 1), sizes
+    if scheme == "window":  # batches never straddle windows: each group reads only its own blocks
+        for g in plan.groups(0):
+            assert set(np.unique(np.concatenate(g.batches) // 16)) <= set(g.blocks.tolist())
     assert not all(np.array_equal(x, y) for x, y in zip(e0, e1))  # a fresh permutation each epoch
     again = BatchPlan(n=230, batch_size=20, shuffle=scheme, seed=7, block_rows=16, window_rows=40)
     assert all(np.array_equal(x, y) for x, y in zip(e1, again.batches(1)))  # a function of (seed, epoch)
@@ -64,15 +68,16 @@ def test_plan_shuffle_is_a_seeded_permutation_per_epoch(scheme):
 
 
 class CountingReader(BlockReader):
-    """The real reader, counting how often each block is read."""
+    """The real reader, counting how often each (column, block) is read."""
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        self.reads: dict[int, int] = {}
+        self.reads: dict[tuple[int, int], int] = {}
 
-    def read_block(self, k):
-        self.reads[k] = self.reads.get(k, 0) + 1
-        return super().read_block(k)
+    def read_span(self, c, blocks):
+        for k in blocks.tolist():
+            self.reads[(c, k)] = self.reads.get((c, k), 0) + 1
+        return super().read_span(c, blocks)
 
 
 def test_window_shuffle_reads_each_block_once_per_epoch_and_gathers_the_right_rows(two_stores):
@@ -83,11 +88,11 @@ def test_window_shuffle_reads_each_block_once_per_epoch_and_gathers_the_right_ro
     plan = BatchPlan(n=N, batch_size=20, shuffle="window", seed=3, block_rows=g, window_rows=60)
     data = [x.reshape(N, -1) for x in stored_columns(stores)]
     with CountingReader(columns, N, g, prefetch=2) as reader:
-        batches = plan.batches(0)
-        for rows, arrays in zip(batches, reader.iter_batches(batches)):
-            for got, full in zip(arrays, data):
-                np.testing.assert_array_equal(got, full[rows])
-        assert reader.reads == {k: 1 for k in range(-(-N // g))}
+        for group in plan.groups(0):
+            for c, full in enumerate(data):
+                for rows, got in zip(group.batches, reader.gather(c, group)):
+                    np.testing.assert_array_equal(got, full[rows])
+        assert reader.reads == {(c, k): 1 for c in range(3) for k in range(-(-N // g))}
 
 
 # --------------------------------------------------------------------------------- minibatch equality
@@ -121,6 +126,7 @@ def test_shuffled_equals_in_memory_on_the_same_batches(two_stores, scheme):
     res = cka_matrix(stores, batch_size=30, epochs=2, seed=5, shuffle=scheme, shuffle_window=70, progress=False,
                      checkpoint_every=3)
     plan = BatchPlan(n=N, batch_size=30, shuffle=scheme, seed=5, block_rows=48, window_rows=70)
+    assert res.meta["n_batches"] == len(plan.batches(0)) + len(plan.batches(1))
     ref = minibatch_reference(stored_columns(stores), plan.batches(0) + plan.batches(1))
     np.testing.assert_allclose(res.values, ref, rtol=1e-10)
     assert res.meta["shuffle"] == scheme and res.meta["seed"] == 5
@@ -257,7 +263,7 @@ def test_result_save_load_roundtrip_and_bootstrap_ci(two_stores, tmp_path):
     meta = back.meta
     assert (meta["method"], meta["debiased"], meta["batch_size"], meta["epochs"], meta["seed"], meta["n"]) == \
         ("minibatch", True, 20, 2, 1, N)
-    assert "window" in meta["shuffle_scheme"]
+    assert "window" in meta["shuffle_scheme"] and meta["batch_size_range"][1] <= 20 + 24
     assert set(meta["stores"]) == {"a", "b"} and meta["stores"]["a"]["attrs"]["repsim_store_version"] == 1
     lo, hi = back.ci(0.9)
     assert lo.shape == hi.shape == (3, 3)
@@ -303,3 +309,16 @@ def test_cuda_without_cupy_is_a_clear_error(two_stores):
         pass
     with pytest.raises(ImportError, match="CuPy"):
         cka_matrix(two_stores[np.float64], device="cuda")
+
+
+def test_wide_columns_enter_as_gram_factors_without_changing_the_result(tmp_path):
+    """p >= 4b: the engine hands MinibatchCKA a b x b Gram factor instead of the b x p rows."""
+    rng = np.random.default_rng(6)
+    layers = correlated_layers(rng, 120, {"wide": (400,), "conv": (8, 5, 5), "narrow": (9,)})
+    store = make_store(tmp_path / "wide.zarr", {k: v.astype(np.float32) for k, v in layers.items()}, chunk_rows=10)
+    res = cka_matrix(store, batch_size=30, epochs=1, shuffle=False, progress=False)
+    cols = [stored(store, k) for k in layers]
+    np.testing.assert_allclose(res.values, minibatch_reference(cols, consecutive_batches(120, 30)), rtol=1e-9)
+    biased = cka_matrix(store, batch_size=30, epochs=1, shuffle=False, debiased=False, progress=False)
+    np.testing.assert_allclose(biased.values, minibatch_reference(cols, consecutive_batches(120, 30), debiased=False),
+                               rtol=1e-9)

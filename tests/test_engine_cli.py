@@ -33,7 +33,7 @@ def nets(tmp_path_factory):
     for name in ("net_a", "net_b"):
         layers = correlated_layers(rng, n, {"block": (16, 8, 8), "pool": (300,)})
         make_store(root / f"{name}.zarr", {k: v.astype(np.float32) for k, v in layers.items()},
-                   labels=np.arange(n) % 6, meta={"model": {"objective": name[-1], "seed": 1}},
+                   labels=np.arange(n) % 6, meta={"model": {"objective": name[-1], "seed": 1}}, chunk_rows=100,
                    head=(rng.normal(size=(6, 300)), np.zeros(6)))
     return root
 
@@ -47,8 +47,9 @@ def _done(ckpt: str) -> int:
 
 
 def test_cka_killed_mid_epoch_resumes_to_the_uninterrupted_result(nets, tmp_path):
-    args = [str(nets / "*.zarr"), "--batch-size", "400", "--epochs", "4", "--seed", "3", "--checkpoint-every", "1",
-            "--no-progress"]
+    # windows of 4 chunks = one batch: 6 window-batches per epoch, one checkpointed segment each
+    args = [str(nets / "*.zarr"), "--batch-size", "400", "--shuffle-window", "400", "--epochs", "4", "--seed", "3",
+            "--checkpoint-every", "1", "--no-progress"]
     cmd = [sys.executable, "-m", "repsim", "cka"]
     out = str(tmp_path / "cka_killed.npz")
     ckpt = str(tmp_path / "cka_killed.ckpt.npz")
