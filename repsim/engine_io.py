@@ -336,7 +336,7 @@ class BlockReader:
         self.spatial = spatial
         self.prefetch = max(0, int(prefetch))
         stores = {p: open_store(p) for p in dict.fromkeys(c.path for c in self.columns)}
-        self._arrays = [stores[c.path].zarr_array(c.layer) for c in self.columns]
+        self._stores = [stores[c.path] for c in self.columns]
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="repsim-read")
 
     def close(self) -> None:
@@ -349,25 +349,37 @@ class BlockReader:
         self.close()
 
     # one unit of I/O ----------------------------------------------------------------------------
-    def _read(self, c: int, key: Any, what: str) -> np.ndarray:
-        try:
-            return transform(np.asarray(self._arrays[c][key]), self.spatial)
-        except Exception as exc:  # zarr/codec/OS errors -> name the store, layer and rows
-            col = self.columns[c]
-            raise ValueError(f"cannot read {what} of layer {col.layer!r} in store {col.store!r} ({col.path}): "
-                             f"{type(exc).__name__}: {exc}") from exc
+    def _chunks(self, c: int, first: int, last: int) -> np.ndarray:
+        """Chunks ``first..last`` of column ``c`` through ``ActivationStore.read_chunk``, which
+        raises a ``StoreError`` naming store, layer and chunk for a missing or corrupt object."""
+        store, layer = self._stores[c], self.columns[c].layer
+        parts = [np.asarray(store.read_chunk(layer, k)) for k in range(first, last + 1)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _read(self, c: int, a: int, b: int) -> np.ndarray:
+        """Rows ``a:b`` of column ``c``, transformed."""
+        cr = self.columns[c].chunk_rows
+        first = a // cr
+        data = self._chunks(c, first, (b - 1) // cr)
+        return transform(data[a - first * cr:b - first * cr], self.spatial)
 
     def read_block(self, k: int) -> list[np.ndarray]:
         a, b = k * self.block_rows, min(self.n, (k + 1) * self.block_rows)
-        return [self._read(c, slice(a, b), f"rows {a}:{b}") for c in range(len(self.columns))]
+        return [self._read(c, a, b) for c in range(len(self.columns))]
 
     def _read_sel(self, c: int, rows: np.ndarray) -> np.ndarray:
-        try:
-            return np.asarray(self._arrays[c].get_orthogonal_selection((rows,)))
-        except Exception as exc:
-            col = self.columns[c]
-            raise ValueError(f"cannot read {rows.size} selected rows of layer {col.layer!r} in store "
-                             f"{col.store!r} ({col.path}): {type(exc).__name__}: {exc}") from exc
+        """Sorted ``rows`` of column ``c``: every chunk holding one of them is read once, one at a
+        time, and only the selected rows are kept."""
+        cr = self.columns[c].chunk_rows
+        which = rows // cr
+        out = None
+        for k in np.unique(which).tolist():
+            chunk = self._chunks(c, k, k)
+            if out is None:
+                out = np.empty((rows.size,) + chunk.shape[1:], dtype=chunk.dtype)
+            mask = which == k
+            out[mask] = chunk[rows[mask] - k * cr]
+        return out
 
     # streams ------------------------------------------------------------------------------------
     def _ahead(self, keys: Sequence[Any], load: Any) -> Iterator[tuple[Any, list[np.ndarray]]]:
@@ -384,8 +396,7 @@ class BlockReader:
 
     def read_span(self, c: int, blocks: np.ndarray) -> np.ndarray:
         """Column ``c``'s rows of ``blocks`` (sorted), concatenated in block order."""
-        parts = [self._read(c, slice(k * self.block_rows, min(self.n, (k + 1) * self.block_rows)), f"block {k}")
-                 for k in blocks.tolist()]
+        parts = [self._read(c, k * self.block_rows, min(self.n, (k + 1) * self.block_rows)) for k in blocks.tolist()]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def gather(self, c: int, group: "Group") -> list[np.ndarray]:
