@@ -223,7 +223,7 @@ def gram_factor(x: Any, xp: Any) -> Any:
     """
     gpu = device_name(xp) == "cuda"
     X = _astype(xp.reshape(x, (x.shape[0], -1)), xp.float32 if gpu else xp.float64, xp)
-    X = X - xp.mean(X, axis=0, keepdims=True)
+    X = X - xp.mean(X, axis=0, keepdims=True)  # (a fresh array: the stored block stays untouched)
     K = _astype(X @ X.T, xp.float64, xp)
     b = K.shape[0]
     c = float(xp.sum(X * X)) / b  # tr(K_c) / b
