@@ -21,72 +21,84 @@ import threading
 from typing import Any, Callable, Iterator, Sequence
 
 _state = threading.local()
-_global: dict[str, Any] = {"client": None}
-
-
-def set_scheduler(address: Any = None) -> Any:
-    """Use a ``dask.distributed`` cluster for the engine's tasks.
-
-    ``address``: ``None``/``"threads"``/``"local"`` (run in this process, the default), a scheduler
-    address such as ``"tcp://10.0.0.1:8786"``, or an existing ``distributed.Client``.
-    Returns the client in use (or ``None``).
-    """
-    if _is_local(address):
-        _global["client"] = None
-        return None
-    if isinstance(address, str):
-        try:
-            from distributed import Client
-        except ImportError as exc:  # pragma: no cover - distributed is a dependency
-            raise ImportError("--scheduler needs dask.distributed: pip install 'dask[distributed]'") from exc
-        client = Client(address)
-    else:
-        client = address
-    _global["client"] = client
-    return client
-
-
-def get_client() -> Any:
-    """The ``distributed.Client`` set by :func:`set_scheduler` (or by :func:`scheduler`), else ``None``."""
-    return getattr(_state, "client", None) or _global["client"]
+_LOCAL = object()  # "run here", set by scheduler(None) inside this thread
+_global: dict[str, Any] = {"client": None, "owned": None}
 
 
 def _is_local(address: Any) -> bool:
     return address is None or (isinstance(address, str) and address in ("threads", "local", ""))
 
 
+def _connect(address: str) -> tuple[Any, Any]:
+    """``(client, cluster or None)`` for a scheduler address or ``local:N``."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as exc:  # pragma: no cover - distributed is a dependency
+        raise ImportError("a scheduler address needs dask.distributed: pip install 'dask[distributed]'") from exc
+    if address.startswith("local:"):
+        cluster = LocalCluster(n_workers=int(address.split(":", 1)[1]), threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        return Client(cluster), cluster
+    return Client(address), None
+
+
+def _close(owned: Any) -> None:
+    if owned:
+        client, cluster = owned
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def set_scheduler(address: Any = None) -> Any:
+    """Run the engine's tasks on a ``dask.distributed`` cluster from now on (process-wide).
+
+    ``address``: ``None``/``"threads"`` (in this process, the default), a scheduler address such as
+    ``"tcp://10.0.0.1:8786"``, ``"local:N"`` (start a ``LocalCluster`` of N single-threaded worker
+    processes), or an existing ``distributed.Client``.  A client or cluster created here is closed
+    by the next ``set_scheduler`` call.  Returns the client in use (or ``None``).
+    """
+    _close(_global["owned"])
+    _global["owned"] = None
+    if _is_local(address):
+        _global["client"] = None
+    elif isinstance(address, str):
+        client, cluster = _connect(address)
+        _global["client"], _global["owned"] = client, (client, cluster)
+    else:
+        _global["client"] = address
+    return _global["client"]
+
+
+def get_client() -> Any:
+    """The client of the innermost :func:`scheduler` block of this thread, else the one set by
+    :func:`set_scheduler`; ``None`` means "run in this process"."""
+    value = getattr(_state, "client", None)
+    if value is None:
+        return _global["client"]
+    return None if value is _LOCAL else value
+
+
 @contextlib.contextmanager
 def scheduler(address: Any = None) -> Iterator[Any]:
-    """``with scheduler(ADDRESS) as client:`` runs the engine's tasks on that cluster inside the
-    block (this thread only).  ``ADDRESS``: ``None``/``"threads"`` (local), a scheduler address
-    (``tcp://host:8786``; the client made here is closed on exit), ``"local:N"`` (start a
-    ``LocalCluster`` of N single-threaded worker processes for the block), or a ``Client``."""
+    """``with scheduler(ADDRESS) as client:`` runs the engine's tasks there inside the block (this
+    thread only; it overrides :func:`set_scheduler`).  ``ADDRESS`` as for :func:`set_scheduler`;
+    a client or cluster made here is closed on exit.  ``scheduler(None)`` runs in this process."""
     previous = getattr(_state, "client", None)
-    cluster = client = None
-    owned = False
+    owned = None
     if _is_local(address):
-        client = None
+        client, value = None, _LOCAL
     elif isinstance(address, str):
-        from distributed import Client, LocalCluster
-
-        if address.startswith("local:"):
-            cluster = LocalCluster(n_workers=int(address.split(":", 1)[1]), threads_per_worker=1, processes=True,
-                                   dashboard_address=None)
-            client = Client(cluster)
-        else:
-            client = Client(address)
-        owned = True
+        client, cluster = _connect(address)
+        owned, value = (client, cluster), client
     else:
-        client = address
-    _state.client = client
+        client = value = address
+    _state.client = value
     try:
         yield client
     finally:
         _state.client = previous
-        if owned:
-            client.close()
-            if cluster is not None:
-                cluster.close()
+        _close(owned)
 
 
 def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callable[[int, Any], None] | None = None,

@@ -14,14 +14,16 @@ distributed = pytest.importorskip("distributed")
 
 @pytest.fixture(scope="module")
 def client():
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                       silence_logs=40)
-    c = distributed.Client(cluster)
+    """``set_scheduler("local:2")``: a LocalCluster of 2 single-threaded worker *processes* (the same
+    path as ``repsim cka --scheduler local:2``), closed by ``set_scheduler(None)``."""
+    c = set_scheduler("local:2")
     try:
+        assert len(c.scheduler_info()["workers"]) == 2
+        assert all(w["nthreads"] == 1 for w in c.scheduler_info()["workers"].values())
         yield c
     finally:
-        c.close()
-        cluster.close()
+        set_scheduler(None)
+    assert c.status == "closed"
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +38,12 @@ def stores(tmp_path_factory):
 
 def test_cka_on_local_cluster_equals_threaded(client, stores):
     kw = dict(batch_size=25, epochs=2, seed=4, progress=False, checkpoint_every=2)
-    local = cka_matrix(stores, **kw)
-    with scheduler(client):
-        assert get_client() is client
-        remote = cka_matrix(stores, **kw)
-    assert get_client() is None
+    assert get_client() is client
+    with scheduler("threads"):
+        assert get_client() is None
+        local = cka_matrix(stores, **kw)
+    assert get_client() is client
+    remote = cka_matrix(stores, **kw)  # on the cluster set by the fixture
     assert remote.meta["scheduler"].startswith("distributed:") and local.meta["scheduler"] == "threads"
     np.testing.assert_allclose(remote.values, local.values, rtol=1e-12, atol=0)
     # segments are merged in order, so even the per-batch records agree
@@ -51,12 +54,13 @@ def test_cka_on_local_cluster_equals_threaded(client, stores):
 
 def test_drivers_on_local_cluster_equal_threaded(client, stores):
     kw = dict(distances=("cosine", "cosine_centered"), sparsity=True, progress=False, blocks_per_task=3)
-    local = layer_metrics(stores, **kw)
-    set_scheduler(client)
-    try:
-        remote = layer_metrics(stores, **kw)
-    finally:
-        set_scheduler(None)
+    remote = layer_metrics(stores, **kw)
+    with scheduler(None):
+        local = layer_metrics(stores, **kw)
+        with scheduler(client):  # an explicit client object
+            again = layer_metrics(stores, ["f"], distances=("cosine",), progress=False)
+    assert again[("a", "f")]["separation"]["cosine"] == pytest.approx(local[("a", "f")]["separation"]["cosine"],
+                                                                      rel=1e-12)
     assert remote.keys() == local.keys()
     for key in local:
         for d, r2 in local[key]["separation"].items():
