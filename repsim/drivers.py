@@ -31,7 +31,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from repsim.engine_io import BlockReader, Column, resolve_columns, to_device, transform
+from repsim.engine_io import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
 from repsim.scheduler import array_module, device_name, get_client, run_tasks
 
 __all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "write_csv",
@@ -171,7 +171,6 @@ def layer_metrics(stores: Any, layers: Any = None, *, distances: Iterable[str] =
 def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, collapse: bool, spectra: bool,
          spatial: str = "flatten", device: Any = "cpu", progress: bool | None = None, blocks_per_task: int = 16,
          prefetch: int = 2, threads: int = 2) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
-    from repsim.engine import _progress_bar
 
     distances = tuple(distances)
     bad = [d for d in distances if d not in DISTANCES]
@@ -196,7 +195,7 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
                 _check_matrix_width(col, spatial, "spectra")
     out: dict[tuple[str, str], dict[str, Any]] = {}
     total = sum(-(-s.n // max(1, s.chunk_rows)) * (1 + ("cosine_centered" in distances)) for s in opened)
-    bar = _progress_bar(total, "scan", progress)
+    bar = progress_bar(total, "scan", progress, unit="block")
     try:
         for store, name, columns in zip(opened, names, per_store):
             labels = store.labels

@@ -37,8 +37,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim.engine_io import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, resolve_columns,
-                              to_device)
+from repsim.engine_io import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
+                              resolve_columns, to_device)
 from repsim.scheduler import array_module, device_name, get_client, run_tasks
 
 __all__ = ["CKAResult", "cka_matrix"]
@@ -312,13 +312,6 @@ def _provenance(stores: Sequence[Any], names: Sequence[str], columns: Sequence[C
     return out
 
 
-def _progress_bar(total: int, desc: str, progress: bool | None) -> Any:
-    from tqdm.auto import tqdm
-
-    disable = (not sys.stderr.isatty()) if progress is None else not progress
-    return tqdm(total=total, desc=desc, unit="batch", disable=disable, leave=False)
-
-
 def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: int = 10, seed: int = 0,
                shuffle: bool | str = True, spatial: str = "flatten", debiased: bool = True, *,
                method: str = "minibatch", shuffle_window: int | None = None, device: Any = "cpu",
@@ -329,16 +322,22 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
 
     ``stores``: paths, globs or ``ActivationStore``s (aligned on ``example_ids``; checked first).
     ``layers``: ``None`` (all), a list for every store, or ``{store: [layers]}``.
-    ``shuffle``: ``False``/"none" (consecutive batches), ``True``/"window" (chunk-granular, each
-    chunk read once per epoch; ``shuffle_window`` rows, default 4 × batch_size) or "examples"
-    (uniform, ≈ n / batch_size reads per epoch) — see :mod:`repsim.engine_io`.
+    ``shuffle``: ``False``/"none" (consecutive batches ``[0:b], [b:2b], ...``), ``True``/"window"
+    (default: blocks of whole chunks permuted per epoch, rows permuted within windows of about
+    ``shuffle_window`` rows — default 4 × batch_size — and cut into near-equal batches of about
+    ``batch_size``; each chunk read once per epoch) or "examples" (a uniform permutation; about
+    n / batch_size reads of each store per epoch).  Permutations come from
+    ``default_rng([seed, epoch])`` — see :mod:`repsim.engine_io`.
     ``spatial``: "flatten" (paper) or "mean" (pool conv maps first).
-    ``method``: "minibatch" (paper §3.2) or "exact" (full-data linear CKA, biased or debiased,
-    float64; :mod:`repsim.engine_exact`; ``batch_size``/``epochs``/``shuffle`` unused).
-    ``device``: "cpu" (NumPy) or "cuda" (CuPy) — or an array-API namespace.
+    ``method``: "minibatch" (paper §3.2) or "exact" (full-data linear CKA, biased or debiased, in
+    float64 NumPy in this process; :mod:`repsim.engine_exact`; ``batch_size``/``epochs``/
+    ``shuffle`` unused, ``memory_budget`` sizes its Gram panels).
+    ``device``: "cpu" (NumPy) or "cuda" (CuPy: blocks are copied to the GPU in the stored dtype and
+    the kernels run there, float32 Grams with float64 sums) — or an array-API namespace.
     ``checkpoint``: path of a resumable checkpoint, written atomically after each segment of
     ``checkpoint_every`` batches (the last one included, so a rerun returns at once; the CLI
-    deletes it once the output is written).
+    deletes it once the output is written).  ``prefetch``/``threads``: reads in flight / reader
+    threads.
     Tasks run here, or on the ``dask.distributed`` cluster set by :func:`repsim.set_scheduler`.
     """
     if spatial not in ("flatten", "mean"):
@@ -417,7 +416,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
             print(f"repsim: resuming from {ckpt.path}: {done}/{len(tasks)} segments done", file=sys.stderr)
     acc = MinibatchCKA.from_state(state) if state is not None else None
 
-    bar = _progress_bar(sum(t[3] for t in tasks), "cka", progress)
+    bar = progress_bar(sum(t[3] for t in tasks), "cka", progress)
     bar.update(sum(t[3] for t in tasks[:done]))
     remaining = [t[:3] for t in tasks[done:]]
     counts = [t[3] for t in tasks[done:]]

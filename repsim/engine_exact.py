@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim.engine_io import BlockReader, Column
+from repsim.engine_io import BlockReader, Column, progress_bar
 
 
 def choose_routes(widths: Sequence[int], n: int) -> dict[tuple[int, int], str]:
@@ -63,6 +63,12 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
     n_blocks = -(-n // block_rows)
     hsic = np.zeros((L, L))
     passes = 0
+    row_bytes = 8 * sum(widths[k] for k in gram_cols)
+    gram_bytes = 8 * n * n * len(gram_cols)
+    panel_blocks = max(1, int(max(memory_budget - gram_bytes, 0) // max(1, row_bytes * block_rows)))
+    panels = range(0, n_blocks, panel_blocks) if gram_cols else range(0)
+    bar = progress_bar((n_blocks if cross_cols else 0) + sum(n_blocks - p0 for p0 in panels), "exact cka", progress,
+                       unit="block")
 
     def as64(x: Any) -> np.ndarray:
         return np.asarray(x, dtype=np.float64)
@@ -85,6 +91,7 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
         ab = {pair: 0.0 for pair in cross_pairs}
         with BlockReader(sub, n, block_rows, spatial=spatial, prefetch=prefetch, threads=threads) as reader:
             for _, arrays in reader.iter_blocks(range(n_blocks)):
+                bar.update(1)
                 X = {k: as64(arrays[pos[k]]) - shift[k] for k in cross_cols}
                 sq = {k: np.einsum("ij,ij->i", X[k], X[k]) for k in cross_cols}
                 for k in cross_cols:
@@ -113,16 +120,14 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
     # ---- Gram route: panels of rows × all later blocks --------------------------------------------
     if gram_cols:
         sub = [columns[k] for k in gram_cols]
-        row_bytes = 8 * sum(widths[k] for k in gram_cols)
-        gram_bytes = 8 * n * n * len(gram_cols)
-        panel_blocks = max(1, int(max(memory_budget - gram_bytes, 0) // max(1, row_bytes * block_rows)))
         grams = [np.zeros((n, n)) for _ in gram_cols]
         with BlockReader(sub, n, block_rows, spatial=spatial, prefetch=prefetch, threads=threads) as reader:
-            for p0 in range(0, n_blocks, panel_blocks):
+            for p0 in panels:
                 panel_ids = list(range(p0, min(n_blocks, p0 + panel_blocks)))
                 a0 = p0 * block_rows
                 panel = None
                 for k, arrays in reader.iter_blocks(range(p0, n_blocks)):
+                    bar.update(1)
                     X = [as64(x) - shift[c] for x, c in zip(arrays, gram_cols)]
                     if k in panel_ids:  # collect the panel while streaming its own blocks
                         panel = X if panel is None else [np.concatenate([P, x]) for P, x in zip(panel, X)]
@@ -154,6 +159,7 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
             if r == "gram":
                 hsic[i, j] = hsic[j, i] = float(np.sum(centred[gpos[i]] * centred[gpos[j]])) * scale
 
+    bar.close()
     d = np.sqrt(np.clip(np.diag(hsic), 0.0, None))
     with np.errstate(invalid="ignore", divide="ignore"):
         values = hsic / np.outer(d, d)
@@ -163,6 +169,7 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
     info = {
         "exact_routes": {f"{i},{j}": r for (i, j), r in routes.items()},
         "exact_passes": passes,
+        "exact_gram_bytes": gram_bytes,
         "exact_route_rule": "cross-covariance iff p_i*p_j <= n*(p_i+p_j), else n×n Gram",
     }
     return values, info

@@ -293,6 +293,16 @@ class BatchPlan:
 # reading
 
 
+def progress_bar(total: int, desc: str, progress: bool | None, unit: str = "batch") -> Any:
+    """A tqdm bar on stderr; ``progress=None`` shows it only when stderr is a terminal."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    disable = (not sys.stderr.isatty()) if progress is None else not progress
+    return tqdm(total=total, desc=desc, unit=unit, disable=disable, leave=False)
+
+
 def transform(x: np.ndarray, spatial: str) -> np.ndarray:
     """(rows, C[, H, W]) -> (rows, features): ``flatten`` keeps every value (paper §3.2), ``mean``
     averages conv maps over space first (in float64), ``raw`` returns the block as stored."""
