@@ -322,3 +322,26 @@ def test_wide_columns_enter_as_gram_factors_without_changing_the_result(tmp_path
     biased = cka_matrix(store, batch_size=30, epochs=1, shuffle=False, debiased=False, progress=False)
     np.testing.assert_allclose(biased.values, minibatch_reference(cols, consecutive_batches(120, 30), debiased=False),
                                rtol=1e-9)
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _gpu_available(), reason="needs CuPy and a CUDA GPU")
+def test_cuda_device_matches_cpu(two_stores):
+    stores = two_stores[np.float16]
+    ref = cka_matrix(stores, batch_size=40, epochs=1, shuffle=False, progress=False)
+    got = cka_matrix(stores, batch_size=40, epochs=1, shuffle=False, progress=False, device="cuda")
+    np.testing.assert_allclose(got.values, ref.values, rtol=1e-4)  # float32 Grams on the GPU
+    res = layer_metrics([s.path for s in stores], distances=("cosine",), sparsity=True, progress=False,
+                        device="cuda")
+    cpu = layer_metrics([s.path for s in stores], distances=("cosine",), sparsity=True, progress=False)
+    for key in cpu:
+        assert res[key]["sparsity"] == cpu[key]["sparsity"]
+        assert res[key]["separation"]["cosine"] == pytest.approx(cpu[key]["separation"]["cosine"], rel=1e-4)
