@@ -1,7 +1,10 @@
 """Streaming drivers: per-layer metrics of activation stores in one pass over each store.
 
 For every store, the requested layers are read block by block (a block = whole chunks; reads run
-ahead on a thread pool) and every block feeds all accumulators of all layers at once:
+ahead on a thread pool) and every block feeds all accumulators of all layers at once — or, when
+their state would exceed ``memory_budget`` (class means are K × P floats per layer: 6.4 GB for a
+flattened ResNet-50 block1 with 1000 classes), all accumulators of each group of layers that fits,
+one pass per group:
 
 - class separation R² (paper Eq. 11, Fig. 4, Table 3; Table E.1 distances) — :class:`repsim.ClassSeparation`;
 - fraction of non-zero activations (Fig. 3) — :class:`repsim.Sparsity`;
@@ -156,21 +159,56 @@ def _check_matrix_width(col: Column, spatial: str, what: str) -> None:
 def layer_metrics(stores: Any, layers: Any = None, *, distances: Iterable[str] = (), sparsity: bool = False,
                   collapse: bool = False, spectra: bool = False, spatial: str = "flatten", device: Any = "cpu",
                   progress: bool | None = None, blocks_per_task: int = 16, prefetch: int = 2,
-                  threads: int = 2) -> dict[tuple[str, str], dict[str, Any]]:
+                  threads: int = 2, memory_budget: int = 4 << 30) -> dict[tuple[str, str], dict[str, Any]]:
     """Every requested metric for every (store, layer), one streaming pass per store (two for layers
     with ``cosine_centered``).  Returns ``{(store, layer): {...}}`` with keys
     ``"separation"`` ``{distance: R²}``, ``"sparsity"`` (fraction), ``"sparsity_per_channel"``,
     ``"collapse"`` (Table E.2 dict; weight keys when the store has a head whose shape matches the
     layer), ``"spectra"`` ``{"activations", "centroids"[, "weights"]: singular values}``.
-    Stores are validated first (complete, layers present); they need not share examples."""
+    Stores are validated first (complete, layers present); they need not share examples.
+    ``memory_budget`` bounds the accumulators' state (class means are K × P per layer and
+    distance): layers are packed into groups within it, one pass over the store per group
+    (:func:`state_bytes`, :func:`group_layers`)."""
     return _run(stores, layers, distances=distances, sparsity=sparsity, collapse=collapse, spectra=spectra,
                 spatial=spatial, device=device, progress=progress, blocks_per_task=blocks_per_task,
-                prefetch=prefetch, threads=threads)[0]
+                prefetch=prefetch, threads=threads, memory_budget=memory_budget)[0]
+
+
+def state_bytes(col: Column, req: Request, num_classes: int, spatial: str) -> int:
+    """Float64 bytes the accumulators of one layer hold (kernels' sufficient statistics): K·P per
+    separation distance (class means), K·P + P² for collapse (means, within-class scatter), P² for
+    the activation spectrum, C for sparsity (int64 counts per channel)."""
+    P = col.features_after(spatial)
+    n = len(req.distances) * num_classes * P
+    if req.collapse or req.spectra:
+        n += num_classes * P + P * P
+    if req.spectra:
+        n += P * P
+    if req.sparsity:
+        n += col.shape[0] if col.shape else 1
+    return 8 * n
+
+
+def group_layers(columns: Sequence[Column], sizes: Sequence[int], budget: int) -> list[list[Column]]:
+    """Consecutive layers packed into groups whose accumulator states total at most ``budget``
+    bytes (a layer larger than the budget forms its own group); one pass over the store per group."""
+    groups: list[list[Column]] = []
+    used = 0
+    for col, size in zip(columns, sizes):
+        if groups and used + size <= budget:
+            groups[-1].append(col)
+            used += size
+        else:
+            groups.append([col])
+            used = size
+    return groups
 
 
 def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, collapse: bool, spectra: bool,
          spatial: str = "flatten", device: Any = "cpu", progress: bool | None = None, blocks_per_task: int = 16,
-         prefetch: int = 2, threads: int = 2) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
+         prefetch: int = 2, threads: int = 2, memory_budget: int = 4 << 30
+         ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
+    from repsim.engine_io import open_stores, store_names
 
     distances = tuple(distances)
     bad = [d for d in distances if d not in DISTANCES]
@@ -179,48 +217,49 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
     if spatial not in ("flatten", "mean"):
         raise ValueError(f"spatial must be 'flatten' or 'mean', got {spatial!r}")
     req = Request(distances=distances, sparsity=bool(sparsity), collapse=bool(collapse), spectra=bool(spectra))
-    from repsim.engine_io import open_stores, store_names
-
     opened = open_stores(stores)
     names = store_names(opened)
-    per_store = []
+    plans = []  # per store: (store, name, num_classes, layer groups)
     for store, name in zip(opened, names):
-        _, columns, _ = resolve_columns([store], layers)
-        per_store.append([Column(**{**asdict(c), "store": name}) for c in columns])
-    for cols in per_store:
-        for col in cols:
+        _, columns, _ = resolve_columns([store], layers)  # validates: complete, layers present
+        columns = [Column(**{**asdict(c), "store": name}) for c in columns]
+        for col in columns:
             if req.collapse:
                 _check_matrix_width(col, spatial, "collapse")
             if req.spectra:
                 _check_matrix_width(col, spatial, "spectra")
+        labels = store.labels
+        if labels.size == 0:
+            raise ValueError(f"store {name!r} has no examples")
+        num_classes = int(labels.max()) + 1
+        sizes = [state_bytes(c, req, num_classes, spatial) for c in columns]
+        plans.append((store, name, num_classes, group_layers(columns, sizes, int(memory_budget))))
+    passes_per_group = 1 + ("cosine_centered" in distances)
+    total = sum(-(-s.n // max(1, s.chunk_rows)) * len(g) * passes_per_group for s, _, _, g in plans)
     out: dict[tuple[str, str], dict[str, Any]] = {}
-    total = sum(-(-s.n // max(1, s.chunk_rows)) * (1 + ("cosine_centered" in distances)) for s in opened)
     bar = progress_bar(total, "scan", progress, unit="block")
     try:
-        for store, name, columns in zip(opened, names, per_store):
-            labels = store.labels
-            if labels.size == 0:
-                raise ValueError(f"store {name!r} has no examples")
-            num_classes = int(labels.max()) + 1
+        for store, name, num_classes, groups in plans:
             block_rows = max(1, min(store.n, store.chunk_rows))
             kw = dict(spatial=spatial, device=device, blocks_per_task=max(1, int(blocks_per_task)),
                       prefetch=prefetch, threads=threads, bar=bar)
-            accs = {c.layer: _accumulators(req, c.layer, num_classes, f"{name}/{c.layer}") for c in columns}
-            merged = _scan_store(columns, store.n, block_rows, accs, **kw)
-            second = {layer: {"separation:cosine_centered": per["separation:cosine_centered"].next_pass()}
-                      for layer, per in merged.items() if "separation:cosine_centered" in per}
-            if second:
-                for layer, per in _scan_store(columns, store.n, block_rows, second, **kw).items():
-                    merged[layer].update(per)
             head = store.head if (req.collapse or req.spectra) else None
-            for col in columns:
-                out[(name, col.layer)] = _finish(merged[col.layer], req, head, store, name, col)
+            for columns in groups:
+                accs = {c.layer: _accumulators(req, c.layer, num_classes, f"{name}/{c.layer}") for c in columns}
+                merged = _scan_store(columns, store.n, block_rows, accs, **kw)
+                second = {layer: {"separation:cosine_centered": per["separation:cosine_centered"].next_pass()}
+                          for layer, per in merged.items() if "separation:cosine_centered" in per}
+                if second:
+                    for layer, per in _scan_store(columns, store.n, block_rows, second, **kw).items():
+                        merged[layer].update(per)
+                for col in columns:
+                    out[(name, col.layer)] = _finish(merged.pop(col.layer), req, head, col)
     finally:
         bar.close()
     return out, dict(zip(names, opened))
 
 
-def _finish(accs: dict[str, Any], req: Request, head: Any, store: Any, name: str, col: Column) -> dict[str, Any]:
+def _finish(accs: dict[str, Any], req: Request, head: Any, col: Column) -> dict[str, Any]:
     from repsim.spectra import weight_spectrum
 
     res: dict[str, Any] = {}

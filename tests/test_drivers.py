@@ -104,3 +104,22 @@ def test_array_namespace_device(net):
     assert got[("toy", "pool")]["separation"]["cosine"] == pytest.approx(ref[("toy", "pool")]["separation"]["cosine"],
                                                                           rel=1e-12)
     assert got[("toy", "pool")]["sparsity"] == ref[("toy", "pool")]["sparsity"]
+
+
+def test_layers_are_grouped_into_passes_by_state_size(net):
+    """A tight memory budget splits the layers into one pass each, with identical results."""
+    from repsim.drivers import Request, group_layers, state_bytes
+    from repsim.engine_io import resolve_columns
+
+    store, _, _ = net
+    _, cols, _ = resolve_columns([store.path])
+    req = Request(distances=("cosine",), sparsity=True)
+    sizes = [state_bytes(c, req, K, "flatten") for c in cols]
+    assert sizes == [8 * (K * 48 + 3), 8 * (K * 8 + 8)]  # K·P means + C channel counts
+    assert [len(g) for g in group_layers(cols, sizes, sum(sizes))] == [2]
+    assert [len(g) for g in group_layers(cols, sizes, max(sizes))] == [1, 1]
+    one = layer_metrics(store.path, distances=("cosine",), sparsity=True, progress=False)
+    split = layer_metrics(store.path, distances=("cosine",), sparsity=True, progress=False, memory_budget=1)
+    for key in one:
+        assert split[key]["separation"] == one[key]["separation"]
+        assert split[key]["sparsity"] == one[key]["sparsity"]
