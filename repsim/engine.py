@@ -406,7 +406,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     done, state = 0, None
     if checkpoint is not None:
         fingerprint = {k: meta[k] for k in ("debiased", "spatial", "n", "device", "example_ids_sha1")}
-        fingerprint.update(plan=asdict(plan), columns=[(c.path and os.path.abspath(c.path), c.layer) for c in columns],
+        fingerprint.update(plan=asdict(plan), columns=[(c.path, c.layer) for c in columns],
                            segment_batches=seg)
         ckpt = Checkpoint(checkpoint, fingerprint)
         done, state = ckpt.load()

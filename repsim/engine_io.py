@@ -184,7 +184,9 @@ def resolve_columns(stores: Any, layers: Any = None) -> tuple[list[Any], list[Co
     for nm, s, want in zip(names, opened, chosen):
         for layer in want:
             arr = s.zarr_array(layer)
-            columns.append(Column(store=nm, path=os.fspath(s.path), layer=layer, shape=tuple(int(d) for d in arr.shape[1:]),
+            path = os.fspath(s.path)
+            path = path if "://" in path else os.path.abspath(path)  # workers may run elsewhere
+            columns.append(Column(store=nm, path=path, layer=layer, shape=tuple(int(d) for d in arr.shape[1:]),
                                   dtype=str(arr.dtype), chunk_rows=int(arr.chunks[0])))
     return opened, columns, ref_ids
 
