@@ -86,3 +86,16 @@ def test_bad_specs():
         build_dataset("digits", "val")
     with pytest.raises(ValueError, match="needs --data ROOT"):
         build_dataset("cifar10", "train")
+
+
+def test_dataset_from_config_uses_the_run_settings():
+    from train.config import load_config
+    from train.data import dataset_from_config
+
+    cfg = load_config("digits-softmax")
+    ds = dataset_from_config(cfg, "test")
+    assert ds.name == "digits-source" and ds.transform_desc == "standardise"
+    tgt = dataset_from_config(cfg, "test", spec="digits-target")
+    np.testing.assert_array_equal(tgt.example_ids, build_dataset("digits-target", "test").example_ids)
+    syn = dataset_from_config(load_config(None, ["data.spec=\"synthetic\"", "data.image_size=12", "in_channels=1"]), "train")
+    assert syn[0][0].shape == (1, 12, 12)

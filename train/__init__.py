@@ -18,6 +18,7 @@ _EXPORTS: dict[str, str] = {
     "make_objective": "objectives",
     "OBJECTIVES": "objectives",
     "build_dataset": "data",
+    "dataset_from_config": "data",
     "load_config": "config",
     "list_presets": "config",
     "train_run": "loop",

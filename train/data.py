@@ -254,3 +254,18 @@ def build_dataset(spec: str, split: str, *, augment: Any = False, root: str | os
     size = image_size or 224
     resize = eval_resize if eval_resize is not None else round(size * 256 / 224)
     return _image_folder(path, split, augment, size, resize, holdout_size)
+
+
+def dataset_from_config(config: dict[str, Any], split: str, *, spec: str | None = None,
+                        augment: Any = False) -> SplitDataset:
+    """The dataset of a run config (``config["data"]``: root, image_size, eval_resize, holdout_size,
+    ...) — e.g. ``load_model(ckpt).config`` — for ``split``; ``spec`` replaces the run's dataset
+    (extract/ uses this to push another dataset through a trained network with the run's eval
+    transform)."""
+    d = config["data"]
+    hold = d.get("holdout_size", -1)
+    return build_dataset(spec or d["spec"], split, augment=augment, root=d.get("root") or None,
+                         image_size=d.get("image_size"), eval_resize=d.get("eval_resize") or None,
+                         holdout_size=None if hold is None or hold < 0 else hold,
+                         download=d.get("download", False), num_classes=d.get("synthetic_classes", 10),
+                         n=d.get("synthetic_n", 512), channels=int(config.get("in_channels", 3)))

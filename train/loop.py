@@ -31,7 +31,7 @@ from torch.utils.data.distributed import DistributedSampler
 
 from .checkpoint import (CheckpointError, load_checkpoint, load_state_strict, rng_state, save_checkpoint,
                          set_rng_state)
-from .data import build_dataset
+from .data import dataset_from_config
 from .models import Network, build_network
 
 _NORM = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
@@ -257,17 +257,14 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
     d = cfg["data"]
     if not d["spec"]:
         raise TrainError("no dataset: pass --data (a directory, 'digits', a torchvision name, 'synthetic')")
-    common = dict(root=d["root"] or None, image_size=d["image_size"], eval_resize=d["eval_resize"] or None,
-                  holdout_size=None if d["holdout_size"] < 0 else d["holdout_size"], download=d["download"],
-                  num_classes=d["synthetic_classes"], n=d["synthetic_n"], channels=cfg["in_channels"])
     aug = {"none": False, "digits": True}.get(d["augment"], d["augment"])
-    train_set = build_dataset(d["spec"], "train", augment=aug, **common)
+    train_set = dataset_from_config(cfg, "train", augment=aug)
     eval_sets = {}
     if d["eval_holdout"] and d["holdout_size"] != 0:
-        eval_sets["holdout"] = build_dataset(d["spec"], "holdout", **common)
+        eval_sets["holdout"] = dataset_from_config(cfg, "holdout")
     if d["eval_test"]:
         try:
-            eval_sets["test"] = build_dataset(d["spec"], "test", **common)
+            eval_sets["test"] = dataset_from_config(cfg, "test")
         except ValueError as e:
             say(f"no test split evaluated: {e}")
     if cfg["num_classes"] and cfg["num_classes"] != train_set.num_classes:
