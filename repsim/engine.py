@@ -27,11 +27,9 @@ as a b × b factor of its centred Gram, :func:`gram_factor`); never proportional
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
