@@ -57,6 +57,15 @@ def _params_text(params: Any) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
 
 
+def _attrs_row(name: str, attrs: dict, n: int | None) -> dict:
+    """One row of :attr:`Inputs.runs` from a store's attrs (DESIGN.md "Activation store")."""
+    model, dataset = attrs.get("model") or {}, attrs.get("dataset") or {}
+    return dict(store=name, objective=model.get("objective") or "", seed=model.get("seed"),
+                params=_params_text(model.get("params")), arch=model.get("arch") or "",
+                epoch=model.get("epoch"), dataset=dataset.get("name") or "",
+                split=dataset.get("split") or "", n=dataset.get("n", n))
+
+
 class Inputs:
     """Everything under ``--stores`` and ``--results``; each piece read at most once."""
 
@@ -94,16 +103,15 @@ class Inputs:
         the results CSVs. ``label`` is the objective, with its parameters appended when one objective
         appears with several parameter settings (e.g. a temperature sweep).
         """
-        rows = []
-        for name, store in self.stores.items():
-            model, dataset = store.attrs.get("model") or {}, store.attrs.get("dataset") or {}
-            rows.append(dict(
-                store=name, objective=model.get("objective") or "", seed=model.get("seed"),
-                params=_params_text(model.get("params")), arch=model.get("arch") or "",
-                epoch=model.get("epoch"), dataset=dataset.get("name") or "",
-                split=dataset.get("split") or "", n=dataset.get("n", store.n),
-            ))
+        rows = [_attrs_row(name, store.attrs, store.n) for name, store in self.stores.items()]
         known = {r["store"] for r in rows}
+        try:  # CKAResult.meta["stores"] records every store's attrs (engine provenance)
+            for name, prov in self.cka.provenance().items():
+                if name not in known:
+                    known.add(name)
+                    rows.append(_attrs_row(name, prov.get("attrs") or {}, None))
+        except Missing:
+            pass
         for name in ("separation", "sparsity", "collapse", "probes"):
             df = self._raw_csv(name)
             if df is None or "store" not in df:
@@ -290,11 +298,20 @@ class CKACollection:
             return values[np.ix_(ia, ib)]
         return None
 
+    def provenance(self) -> dict[str, dict]:
+        """meta["stores"] of every file: store name -> {path, attrs, layers} (engine provenance)."""
+        out: dict[str, dict] = {}
+        for _, _, meta, _ in self.parts:
+            stores = meta.get("stores")
+            if isinstance(stores, dict):
+                out.update({k: v for k, v in stores.items() if isinstance(v, dict)})
+        return out
+
     def meta_text(self) -> str:
         """Caption fragment with the estimator settings recorded in CKAResult.meta."""
-        keys = ("batch_size", "epochs", "debiased", "spatial", "shuffle", "seed", "n", "n_batches")
+        keys = ("method", "batch_size", "epochs", "debiased", "spatial", "shuffle", "seed", "n", "n_batches")
         texts = []
         for _, _, meta, name in self.parts:
             shown = ", ".join(f"{k}={meta[k]}" for k in keys if k in meta)
             texts.append(f"{name}: {shown or 'settings not recorded'}")
-        return "estimator: minibatch linear CKA; " + "; ".join(texts)
+        return "estimator: linear CKA (unbiased HSIC when debiased); " + "; ".join(texts)

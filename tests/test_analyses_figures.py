@@ -209,3 +209,21 @@ def test_findings_detect_a_contradiction(tmp_path):
     assert f["Better objectives transfer worse"].verdict == "not reproduced"
     # R² still rises for every objective, but no longer predicts worse transfer: one of two holds
     assert f["Class separation rises and predicts worse transfer"].verdict == "partial"
+
+
+def test_cka_objectives_from_engine_provenance(tmp_path):
+    """Without stores or CSVs, Fig. 2 takes each store's objective from CKAResult.meta["stores"]."""
+    src = write_results(tmp_path)
+    res = tmp_path / "only_cka"
+    res.mkdir()
+    with np.load(src / "cka_all.npz") as z:
+        stores = z["stores"]
+        meta = json.loads(str(z["meta"]))
+        meta["stores"] = {s: {"path": f"/x/{s}.zarr", "attrs": {"model": {"objective": s.split("-")[0],
+                                                                           "seed": int(s.split("-s")[1][0])}}}
+                          for s in dict.fromkeys(stores.tolist())}
+        np.savez(res / "cka_x.npz", values=z["values"], stores=stores, layers=z["layers"], meta=json.dumps(meta))
+    out = tmp_path / "out"
+    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet", "--only", "fig2a", "fig2b"]) == 0
+    assert (out / "fig2a.png").exists() and (out / "fig2b.png").exists()
+    assert "4 objectives, 8 stores, seeds 0, 1" in (out / "report.html").read_text()
