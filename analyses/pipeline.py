@@ -7,7 +7,8 @@ Layout of the output directory (each stage reuses what a previous run finished):
                                     the checkpoint
     OUT/results/                    results files (CONTRACTS.md formats); each keyed in
                                     results/fingerprints.json on the stores it was computed from
-    OUT/report/                     figures, tables, report.html (always rewritten; cheap)
+    OUT/report/                     figures, tables, report.html, findings.md; rewritten when the results
+                                    or the analyses code changed (report/.report-key)
 
 Torch work (train, extract) runs in subprocesses through the public command line, two at a time on
 a 2-core machine; the analyses run in this process through the torch-free ``repsim`` API, one store at a
@@ -296,13 +297,22 @@ class Demo:
         pre = (f"<p class='caption'>{len(self.objectives)} objectives × {self.seeds} seed(s) = "
                f"{len(self.run_names)} mini-ResNets (train/presets/digits-&lt;objective&gt;.toml, {epochs}; "
                f"the checkpoint with the best holdout accuracy is analysed) pretrained on sklearn digits 0–4 "
-               f"(digits-source); transfer task: digits 5–9 (digits-target). Stage times: {timing}. "
+               f"(digits-source); transfer task: digits 5–9 (digits-target). Stage times of the run that "
+               f"wrote this report: {timing}. "
                f"Stores per network:</p><ul class='caption'>{stores}</ul>")
         outcomes, report = make_figures(self.out / "stores", self.out / "results", self.out / "report",
                                         title="repsim demo: sklearn digits, 9 objectives",
                                         intro_html=findings_html(findings, pre), progress=True)
         (self.out / "report" / "findings.md").write_text(findings_text(findings) + "\n")
         return findings, outcomes, report
+
+    def report_key(self) -> str:
+        """What the report depends on: the results (their fingerprints), the analyses code, the run set."""
+        h = hashlib.sha256(json.dumps([self.run_names, self.epochs]).encode())
+        h.update((self.out / "results" / "fingerprints.json").read_bytes())
+        for f in sorted(Path(__file__).parent.rglob("*.py")):
+            h.update(f.read_bytes())
+        return h.hexdigest()[:16]
 
     # -------------------------------------------------------------------- all
     def run(self) -> int:
@@ -312,8 +322,14 @@ class Demo:
             _say(f"[demo] === {stage} ===")
             getattr(self, f"stage_{stage}")()
             self.timings[stage] = time.perf_counter() - t0
-        t0 = time.perf_counter()
         _say("[demo] === report ===")
+        rep = self.out / "report"
+        key, key_file = self.report_key(), rep / ".report-key"
+        if key_file.is_file() and key_file.read_text() == key and (rep / "findings.md").is_file():
+            _say(f"[demo] report: {rep / 'report.html'} up to date\n[demo] findings:\n"
+                 + (rep / "findings.md").read_text().rstrip())
+            return 0
+        t0 = time.perf_counter()
         findings, outcomes, report = self.stage_report()
         self.timings["report"] = time.perf_counter() - t0
         from analyses.findings import findings_text
@@ -323,7 +339,10 @@ class Demo:
         _say(f"[demo] report: {report} ({sum(o.status == 'done' for o in outcomes)} items, "
              f"{len(failed)} failed); total {time.perf_counter() - t_all:.0f} s ("
              + ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items()) + ")")
-        return 1 if failed else 0
+        if failed:
+            return 1
+        key_file.write_text(key)
+        return 0
 
 
 def fresh(out: Path) -> None:

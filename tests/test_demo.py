@@ -36,5 +36,29 @@ def test_demo_smoke_and_rerun(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "2 of 2 networks already trained" in second.stdout
     assert "10 of 10 stores already complete" in second.stdout
-    assert second.stdout.count("up to date") == 5
+    assert second.stdout.count("up to date") == 6  # five results files and the report
     assert json.loads((out / "results" / "fingerprints.json").read_text()) == fps
+
+
+def test_fresh_removes_only_the_demo_outputs(tmp_path):
+    from analyses.pipeline import fresh
+
+    for sub in ("runs/a", "stores/b", "results", "report", "mine"):
+        (tmp_path / sub).mkdir(parents=True)
+        (tmp_path / sub / "f").write_text("x")
+    fresh(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_missing_piece_is_named(monkeypatch, tmp_path):
+    """A stage whose upstream command is still a stub fails with the piece's name, not a traceback."""
+    import repsim.cli
+    from analyses.pipeline import Demo, DemoError
+
+    monkeypatch.setitem(repsim.cli.SUBCOMMANDS, "train", "repsim.commands.check")  # any real module...
+    import repsim.commands.check as check
+    from repsim.commands import no_arguments
+
+    monkeypatch.setattr(check, "configure", no_arguments)  # ...made to look like the skeleton's stub
+    with pytest.raises(DemoError, match="train .*has not landed"):
+        Demo(tmp_path).stage_train()
