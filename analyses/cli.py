@@ -25,16 +25,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def make_figures(stores: Path | None, results: Path | None, out: Path, *, only=None, progress: bool = True,
-                 title: str = "repsim figures", intro_html: str = ""):
+                 title: str = "repsim figures", intro_html: str = "", only_stores: set[str] | None = None):
     """Render every item the inputs support into ``out`` and write ``out/report.html``.
 
-    Returns (outcomes, report path).
+    ``only_stores``: names of the stores to use under ``stores`` (default: all). Returns (outcomes,
+    report path).
     """
     from analyses.data import Inputs
     from analyses.registry import render_all
     from analyses.report import write_report
 
-    inputs = Inputs(stores, results)
+    inputs = Inputs(stores, results, only_stores)
     outcomes = render_all(inputs, Path(out), only=set(only) if only else None, progress=progress)
     sources = f"Stores: {stores or '—'} ({len(inputs.stores)} complete). Results: {results or '—'}."
     return outcomes, write_report(outcomes, Path(out), title=title, intro_html=intro_html, sources=sources)

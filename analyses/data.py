@@ -69,9 +69,11 @@ def _attrs_row(name: str, attrs: dict, n: int | None) -> dict:
 class Inputs:
     """Everything under ``--stores`` and ``--results``; each piece read at most once."""
 
-    def __init__(self, stores_dir: str | Path | None, results_dir: str | Path | None):
+    def __init__(self, stores_dir: str | Path | None, results_dir: str | Path | None,
+                 only_stores: set[str] | None = None):
         self.stores_dir = Path(stores_dir) if stores_dir else None
         self.results_dir = Path(results_dir) if results_dir else None
+        self.only_stores = only_stores  # store names to use (None: every complete store found)
 
     # ----------------------------------------------------------------- stores
     @cached_property
@@ -83,6 +85,8 @@ class Inputs:
 
         found = {}
         for path in sorted(self.stores_dir.rglob("*.zarr")):
+            if self.only_stores is not None and path.name.removesuffix(".zarr") not in self.only_stores:
+                continue
             try:
                 store = open_store(path)
             except ValueError:

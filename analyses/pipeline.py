@@ -287,7 +287,8 @@ class Demo:
         from analyses.data import Inputs
         from analyses.findings import evaluate, findings_html, findings_text
 
-        findings = evaluate(Inputs(self.out / "stores", self.out / "results"))
+        names = {f"{n}-{g}" for n in self.run_names for g in GROUPS}  # not stores of earlier, larger runs
+        findings = evaluate(Inputs(self.out / "stores", self.out / "results", names))
         timing = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
         import html
 
@@ -302,7 +303,8 @@ class Demo:
                f"Stores per network:</p><ul class='caption'>{stores}</ul>")
         outcomes, report = make_figures(self.out / "stores", self.out / "results", self.out / "report",
                                         title="repsim demo: sklearn digits, 9 objectives",
-                                        intro_html=findings_html(findings, pre), progress=True)
+                                        intro_html=findings_html(findings, pre), progress=True,
+                                        only_stores=names)
         (self.out / "report" / "findings.md").write_text(findings_text(findings) + "\n")
         return findings, outcomes, report
 
