@@ -63,7 +63,8 @@ def _attrs_row(name: str, attrs: dict, n: int | None) -> dict:
     return dict(store=name, objective=model.get("objective") or "", seed=model.get("seed"),
                 params=_params_text(model.get("params")), arch=model.get("arch") or "",
                 epoch=model.get("epoch"), dataset=dataset.get("name") or "",
-                split=dataset.get("split") or "", n=dataset.get("n", n))
+                split=dataset.get("split") or "", n=dataset.get("n", n),
+                spatial=(attrs.get("extraction") or {}).get("spatial") or "")
 
 
 class Inputs:
@@ -125,9 +126,9 @@ class Inputs:
                     known.add(rec["store"])
                     rows.append(dict(store=rec["store"], objective=rec.get("objective", ""),
                                      seed=rec.get("seed"), params=rec.get("params", "") or "",
-                                     arch="", epoch=rec.get("epoch"), dataset="", split="", n=None))
+                                     arch="", epoch=rec.get("epoch"), dataset="", split="", n=None, spatial=""))
         runs = pd.DataFrame(rows, columns=["store", "objective", "seed", "params", "arch", "epoch",
-                                           "dataset", "split", "n"])
+                                           "dataset", "split", "n", "spatial"])
         runs["objective"] = runs["objective"].fillna("").astype(str)
         runs["params"] = runs["params"].fillna("").astype(str)
         runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce")
@@ -166,7 +167,7 @@ class Inputs:
         if "objective" in df:
             df["objective"] = df["objective"].fillna("").astype(str)
         if "store" in df:
-            meta = self.runs[["store", "label", "epoch", "dataset", "split", "n"]]
+            meta = self.runs[["store", "label", "epoch", "dataset", "split", "n", "spatial"]]
             df = df.merge(meta, on="store", how="left", suffixes=("", "_store"))
             if "epoch_store" in df:
                 df["epoch"] = pd.to_numeric(df["epoch"], errors="coerce").fillna(df.pop("epoch_store"))
@@ -267,6 +268,8 @@ def describe_rows(df: pd.DataFrame) -> str:
         if len(data):
             parts.append("data: " + "; ".join(
                 f"{d}/{s} (n={int(n) if pd.notna(n) else '?'})" for (d, s), n in data.items()))
+    if "spatial" in df and df["spatial"].fillna("").ne("").any():
+        parts.append("conv maps extracted with spatial=" + ", ".join(sorted(set(df["spatial"].dropna()) - {""})))
     return "; ".join(parts)
 
 
