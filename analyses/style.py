@@ -53,7 +53,7 @@ def color(label: str) -> str:
 
 
 def fmt(mean: float, sd: float | None = None, digits: int = 3) -> str:
-    """``mean ± sd`` (sd omitted when unavailable)."""
+    """``mean ± spread`` (the spread omitted when unavailable)."""
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "–"
     text = f"{mean:.{digits}f}"

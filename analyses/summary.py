@@ -58,9 +58,10 @@ def bold_rule_text(n_seeds: int) -> str:
 def seed_summary(long: pd.DataFrame, columns: list[str], *, digits: dict[str, int] | None = None,
                  lower_is_better: set[str] = frozenset(), bold: bool = True, unbolded: set[str] = frozenset(),
                  row_key: str = "label", row_order=None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Summarise ``long`` (columns row_key, seed, column, value) as mean ± sd per row and column.
+    """Summarise ``long`` (columns row_key, seed, column, value) as mean ± s.e. per row and column
+    (the paper's tables report the standard error of the mean over seeds, sd(ddof=1)/√n).
 
-    Returns (numeric, shown, bold): numeric has ``<col>``, ``<col> sd``, ``<col> n`` columns; shown
+    Returns (numeric, shown, bold): numeric has ``<col>``, ``<col> sd``, ``<col> se``, ``<col> n``; shown
     has one string per cell; bold marks cells by :func:`not_worse_than_best`.
     """
     digits = digits or {}
@@ -73,9 +74,10 @@ def seed_summary(long: pd.DataFrame, columns: list[str], *, digits: dict[str, in
         groups = {r: sub.loc[sub[row_key] == r, "value"].dropna().to_numpy(float) for r in rows}
         mean = [float(np.mean(g)) if len(g) else np.nan for g in groups.values()]
         sd = [float(np.std(g, ddof=1)) if len(g) > 1 else np.nan for g in groups.values()]
-        numeric[col], numeric[f"{col} sd"] = mean, sd
-        numeric[f"{col} n"] = [len(g) for g in groups.values()]
-        shown[col] = [fmt(m, s, digits.get(col, 1)) for m, s in zip(mean, sd)]
+        n = [len(g) for g in groups.values()]
+        se = [s / np.sqrt(k) if k > 1 else np.nan for s, k in zip(sd, n)]
+        numeric[col], numeric[f"{col} sd"], numeric[f"{col} se"], numeric[f"{col} n"] = mean, sd, se, n
+        shown[col] = [fmt(m, e, digits.get(col, 1)) for m, e in zip(mean, se)]
         if bold and col not in unbolded:
             ok = not_worse_than_best({r: g for r, g in groups.items() if len(g)},
                                      higher_is_better=col not in lower_is_better)

@@ -186,7 +186,7 @@ def table3(inputs: Inputs) -> Table:
     cols = [c for c in ("Source top-1", "R²") if (long["column"] == c).any()]
     numeric, shown, _ = seed_summary(long, cols, digits={"R²": 3}, bold=False)
     shown["label"] = shown["label"].map(display)
-    cap = (f"Mean ± sd over seeds; R² (Eq. 11, cosine) of layer {sep['layer'].iloc[0]}. {describe_rows(sep)}.{note}")
+    cap = (f"Mean ± s.e. over seeds; R² (Eq. 11, cosine) of layer {sep['layer'].iloc[0]}. {describe_rows(sep)}.{note}")
     return Table(numeric.rename(columns={"label": "objective"}), shown.rename(columns={"label": "Objective"}), cap)
 
 
@@ -203,7 +203,7 @@ def tableE1(inputs: Inputs) -> Table:
     numeric, shown, _ = seed_summary(long.rename(columns={"r2": "value"}), [names[d] for d in present],
                                      digits={names[d]: 4 for d in present}, bold=False)
     shown["label"] = shown["label"].map(display)
-    cap = (f"R² of layer {layer}, mean ± sd over seeds. Mean-subtracted cosine centres activations on the mean "
+    cap = (f"R² of layer {layer}, mean ± s.e. over seeds. Mean-subtracted cosine centres activations on the mean "
            f"over all examples; Euclidean uses squared Euclidean distance on raw embeddings. {describe_rows(sep)}.")
     return Table(numeric.rename(columns={"label": "objective"}), shown.rename(columns={"label": "Objective"}), cap)
 
@@ -229,7 +229,7 @@ def tableE2(inputs: Inputs) -> Table:
     numeric, shown, _ = seed_summary(long, keys, digits={k: 3 for k in keys}, bold=False)
     shown = shown.rename(columns=COLLAPSE_KEYS)
     shown["label"] = shown["label"].map(display)
-    cap = (f"Layer {layer}; mean ± sd over seeds. μ̃_c: class means minus the mean of class means; w_c: "
+    cap = (f"Layer {layer}; mean ± s.e. over seeds. μ̃_c: class means minus the mean of class means; w_c: "
            f"final-layer rows; population sd; pairs over c ≠ c′. {describe_rows(df)}.")
     return Table(numeric.rename(columns={"label": "objective"}), shown.rename(columns={"label": "Objective"}), cap)
 

@@ -113,7 +113,7 @@ def table1(inputs: Inputs) -> Table:
     bold = pd.concat([b[2] for b in blocks], ignore_index=True)
     bold.columns = shown.columns
     bold[["Probe", "Objective"]] = False
-    cap = (f"Mean ± sd over seeds, accuracies in %. {bold_rule_text(n_seeds)} Transfer: {describe_rows(probes)}. "
+    cap = (f"Mean ± s.e. over seeds, accuracies in %. {bold_rule_text(n_seeds)} Transfer: {describe_rows(probes)}. "
            f"{probe_settings(probes)}." + (" " + "; ".join(notes) + "." if notes else ""))
     return Table(numeric, shown.fillna("–"), cap, bold.fillna(False))
 
@@ -192,7 +192,7 @@ def table4(inputs: Inputs) -> Table:
     param = sweep.set_index("label")["params"].to_dict()
     shown["label"] = shown["label"].map(lambda l: param.get(l, l))
     shown = shown.rename(columns={"label": "Setting"})
-    cap = (f"{display(objective)} trained at {len(labels)} settings; mean ± sd over seeds, accuracies in %. "
+    cap = (f"{display(objective)} trained at {len(labels)} settings; mean ± s.e. over seeds, accuracies in %. "
            f"{describe_rows(lin[lin['label'].isin(labels)])}. {probe_settings(lin)}.")
     return Table(numeric.rename(columns={"label": "setting"}), shown, cap)
 
