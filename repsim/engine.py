@@ -371,6 +371,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
                                       memory_budget=memory_budget, prefetch=prefetch, threads=threads,
                                       progress=progress)
         meta.update(plan_info)
+        meta["device"] = "cpu"  # exact CKA always runs in float64 NumPy, whatever ``device`` asked for
         return CKAResult(values=values, index=[(c.store, c.layer) for c in columns], meta=meta)
 
     if int(epochs) < 1:
