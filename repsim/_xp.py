@@ -2,10 +2,11 @@
 
 Every kernel infers its array module from its inputs (``x.__array_namespace__()`` for NumPy >= 2
 and array-api-strict; CuPy arrays, which do not have that method, by type) or takes it as
-``xp=...``, and from then on uses
-only functions of the array API standard, so the same code runs on CPU (NumPy), GPU (CuPy) and under
-the strict reference namespace used in the tests. Host-side bookkeeping (labels, indices, the
-accumulators' float64 sums) is plain NumPy.
+``xp=...``, and from then on uses only functions of the array API standard, so the same code runs
+on CPU (NumPy), GPU (CuPy) and under the strict reference namespace used in the tests. CuPy <= 13
+lacks a few of those names in its main namespace; :func:`array_namespace` then hands out
+``array_api_compat.cupy`` if installed, else :class:`CupyCompat`. Host-side bookkeeping (labels,
+indices, the accumulators' float64 sums) is plain NumPy.
 """
 from __future__ import annotations
 
