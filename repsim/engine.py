@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from repsim._xp import is_gpu_namespace
 from repsim.engine_io import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
                               resolve_columns, to_device)
 from repsim.scheduler import array_module, device_name, get_client, run_tasks
@@ -222,7 +223,7 @@ def gram_factor(x: Any, xp: Any, what: str = "X") -> Any:
     values make tr(K_c) non-finite: ``ValueError`` naming ``what`` (the factorisations would fail
     with an anonymous LinAlgError or return NaN).
     """
-    gpu = device_name(xp) == "cuda"
+    gpu = is_gpu_namespace(xp)
     X = _astype(xp.reshape(x, (x.shape[0], -1)), xp.float32 if gpu else xp.float64, xp)
     X = X - xp.mean(X, axis=0, keepdims=True)  # (a fresh array: the stored block stays untouched)
     K = _astype(X @ X.T, xp.float64, xp)
