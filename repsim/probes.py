@@ -119,6 +119,10 @@ def _as_2d(X: Any, name: str) -> Any:
     return X
 
 
+def _take_rows(X: Any, idx: np.ndarray, xp: Any) -> Any:
+    return X[idx] if xp is np else xp.take(X, xp.asarray(idx), axis=0)
+
+
 def _check_xy(X: Any, y: Any, name: str) -> tuple[Any, np.ndarray]:
     X = _as_2d(X, name)
     y = np.asarray(to_numpy(y))
@@ -176,7 +180,7 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
     if val_idx.size == 0:
         raise ValueError("the validation split is empty (every class has a single example)")
     order = np.concatenate([tr_idx, val_idx])
-    Xo = X_train[xp.asarray(order), ...] if xp is not np else X_train[order]
+    Xo = _take_rows(X_train, order, xp)
     rp = _logreg.rotate(Xo, xp=xp)
     del Xo
     t_prep = time.perf_counter() - t0
@@ -426,7 +430,7 @@ def multilabel_probe(X_train: Any, Y_train: Any, X_test: Any, Y_test: Any,
     n_val = min(max(int(round(val_fraction * n)), 1), n - 1)
     order = np.concatenate([np.sort(perm[n_val:]), np.sort(perm[:n_val])])
     n_tr = n - n_val
-    Xo = X_train[xp.asarray(order), ...] if xp is not np else X_train[order]
+    Xo = _take_rows(X_train, order, xp)
     rp = _logreg.rotate(Xo, xp=xp)
     Yo = Y_train[order].astype(np.float64)
     obj = _logreg.LogisticObjective(rp, Yo[:n_tr], K, n=n_tr, loss="sigmoid")
