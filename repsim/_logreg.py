@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import minimize
 
-from repsim._arrays import array_namespace, to_numpy
+from repsim._xp import array_namespace, to_numpy
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._arrays import array_namespace, to_numpy
+from repsim._xp import array_namespace, to_numpy
 
 DEFAULT_LAMBDAS = np.logspace(-6, 5, 45)
 DEFAULT_KS = (1, 3, 5, 10, 20, 50, 100)
