@@ -141,7 +141,7 @@ def _check_xy(X: Any, y: Any, name: str) -> tuple[Any, np.ndarray]:
 def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
                  lambdas: Sequence[float] = DEFAULT_LAMBDAS, val_fraction: float = 0.2,
                  metric: str = "top1", seed: int = 0, *, direction: str = "down",
-                 warm_start: bool = True, extrapolate: bool = True, tol: float = 1e-4,
+                 warm_start: bool = True, extrapolate: bool = True, tol: float = 1e-3,
                  refit_tol: float = 1e-6,
                  max_iter: int = 1000, progress: bool = False) -> ProbeResult:
     """The paper's linear probe (App. A.2); see the module docstring.
@@ -407,7 +407,7 @@ class MultiLabelResult:
 
 def multilabel_probe(X_train: Any, Y_train: Any, X_test: Any, Y_test: Any,
                      lambdas: Sequence[float] = DEFAULT_LAMBDAS, val_fraction: float = 0.2,
-                     seed: int = 0, *, bins: int = 1000, tol: float = 1e-4, refit_tol: float = 1e-6,
+                     seed: int = 0, *, bins: int = 1000, tol: float = 1e-3, refit_tol: float = 1e-6,
                      max_iter: int = 1000) -> MultiLabelResult:
     """Table D.1: K independent L2-regularised binary logistic regressions on fixed features.
 
