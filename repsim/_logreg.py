@@ -86,15 +86,25 @@ def compute_dtype(X: Any, xp: Any) -> Any:
     return xp.float64 if X.dtype == xp.float64 else xp.float32
 
 
-def rotate(X: Any, *, xp: Any = None) -> RotatedProblem:
-    """Centre X (N, P) and rotate it onto an orthonormal basis of its centred row space (see module doc)."""
+def rotate(X: Any, *, xp: Any = None, overwrite: bool = False) -> RotatedProblem:
+    """Centre X (N, P) and rotate it onto an orthonormal basis of its centred row space (see module doc).
+
+    ``overwrite=True`` lets a NumPy X be centred in place (the caller's private copy), which keeps the
+    peak memory at two feature matrices (X and the rotated one).
+    """
     xp = xp or array_namespace(X)
     dt = compute_dtype(X, xp)
     X = xp.astype(X, dt) if X.dtype != dt else X
     n, p = X.shape
-    mean = to_numpy(xp.mean(xp.astype(X, xp.float64), axis=0))
-    mu = xp.asarray(mean, dtype=dt)
-    Xc = X - mu
+    # Any centre gives an exact reparameterisation, so its rounding does not matter; what matters is
+    # that the centre used to map the bias back is the one subtracted.
+    mu = xp.mean(X, axis=0)
+    mean = np.asarray(to_numpy(mu), dtype=np.float64)
+    if overwrite and xp is np and X.flags.writeable:
+        X -= mu
+        Xc = X
+    else:
+        Xc = X - mu
     if p <= n:
         G = to_numpy(xp.astype(xp.matmul(xp.permute_dims(Xc, (1, 0)), Xc), xp.float64))
         s, V = np.linalg.eigh((G + G.T) / 2)
@@ -112,7 +122,7 @@ def rotate(X: Any, *, xp: Any = None) -> RotatedProblem:
         V, _ = np.linalg.qr(to_numpy(xp.astype(Vt, xp.float64)))
     Xh = xp.matmul(Xc, xp.asarray(V, dtype=dt))
     del Xc
-    s_diag = to_numpy(xp.sum(xp.astype(Xh, xp.float64) ** 2, axis=0))
+    s_diag = np.asarray(to_numpy(xp.sum(Xh * Xh, axis=0)), dtype=np.float64)
     return RotatedProblem(Xh=Xh, V=V, mean=mean, s=s_diag, xp=xp, dtype=dt)
 
 

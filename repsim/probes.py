@@ -181,7 +181,7 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
         raise ValueError("the validation split is empty (every class has a single example)")
     order = np.concatenate([tr_idx, val_idx])
     Xo = _take_rows(X_train, order, xp)
-    rp = _logreg.rotate(Xo, xp=xp)
+    rp = _logreg.rotate(Xo, xp=xp, overwrite=True)
     del Xo
     t_prep = time.perf_counter() - t0
 
@@ -431,7 +431,8 @@ def multilabel_probe(X_train: Any, Y_train: Any, X_test: Any, Y_test: Any,
     order = np.concatenate([np.sort(perm[n_val:]), np.sort(perm[:n_val])])
     n_tr = n - n_val
     Xo = _take_rows(X_train, order, xp)
-    rp = _logreg.rotate(Xo, xp=xp)
+    rp = _logreg.rotate(Xo, xp=xp, overwrite=True)
+    del Xo
     Yo = Y_train[order].astype(np.float64)
     obj = _logreg.LogisticObjective(rp, Yo[:n_tr], K, n=n_tr, loss="sigmoid")
     grid = np.sort(np.asarray(lambdas, dtype=np.float64))
