@@ -233,7 +233,11 @@ class LogisticObjective:
         # stop small-λ problems on (nearly) separable data at once, where f and ∇f are tiny; one
         # relative to the starting value would make the result depend on the warm start. L-BFGS sees
         # f / f(θ0) so that its own ftol (a safety net, 1e-12) is relative as well.
-        f0, _ = self(theta0)
+        f0, g0 = self(theta0)
+        if np.max(np.abs(g0)) <= tol * f0:          # the (extrapolated) warm start already qualifies
+            Wd, b = self.unpack(theta0)
+            return Solution(Wd=Wd, b=b, n_iter=0, converged=True,
+                            message="CONVERGENCE: max |gradient| <= tol * f at the start")
         scale = 1.0 / max(f0, 1e-300)
 
         def scaled(theta):

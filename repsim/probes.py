@@ -142,7 +142,7 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
                  lambdas: Sequence[float] = DEFAULT_LAMBDAS, val_fraction: float = 0.2,
                  metric: str = "top1", seed: int = 0, *, direction: str = "down",
                  warm_start: bool = True, extrapolate: bool = True, tol: float = 1e-3,
-                 refit_tol: float = 1e-6,
+                 refit_tol: float = 1e-4,
                  max_iter: int = 1000, progress: bool = False) -> ProbeResult:
     """The paper's linear probe (App. A.2); see the module docstring.
 
@@ -151,9 +151,11 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
     ``"down"`` (default) starts cold at the largest λ, whose solution is near 0 and takes a handful of
     iterations, and reaches the ill-conditioned small-λ problems already close to their solutions;
     ``"up"`` is the paper's order (cold start on the hardest, nearly unregularised problem).
-    ``tol``: L-BFGS tolerance for the sweep; ``refit_tol``: for the final train+validation fit (a
-    looser sweep tolerance is enough to rank λ values; ``bench/probe.py`` checks that it picks the
-    same λ). Features are used as given (no standardisation); float64 inputs are solved in float64,
+    ``tol``: each λ's L-BFGS stops once the largest entry of the (preconditioned) gradient of the mean
+    objective is below ``tol`` times the objective; ``refit_tol``: the same for the final
+    train+validation fit. The sweep only has to rank λ values: at the default 1e-3 the validation
+    curve stays within 0.3 % of a tightly converged one on the benchmark (see bench/RESULTS.md).
+    Features are used as given (no standardisation); float64 inputs are solved in float64,
     others in float32 with float64 accumulation.
     """
     from repsim import _logreg
@@ -407,7 +409,7 @@ class MultiLabelResult:
 
 def multilabel_probe(X_train: Any, Y_train: Any, X_test: Any, Y_test: Any,
                      lambdas: Sequence[float] = DEFAULT_LAMBDAS, val_fraction: float = 0.2,
-                     seed: int = 0, *, bins: int = 1000, tol: float = 1e-3, refit_tol: float = 1e-6,
+                     seed: int = 0, *, bins: int = 1000, tol: float = 1e-3, refit_tol: float = 1e-4,
                      max_iter: int = 1000) -> MultiLabelResult:
     """Table D.1: K independent L2-regularised binary logistic regressions on fixed features.
 
