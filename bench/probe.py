@@ -96,6 +96,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-iter", type=int, default=1000, help="iteration cap per λ (both)")
     ap.add_argument("--sklearn-tol", type=float, default=1e-4)
     ap.add_argument("--skip", nargs="*", default=[], choices=["sklearn", "cold", "up", "down", "down_noextrap"])
+    ap.add_argument("--reference", action="store_true",
+                    help="also compute a tightly converged curve (tol 1e-7) and report each run's "
+                         "largest validation-accuracy deviation from it")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "probe.json"))
     ap.add_argument("--no-markdown", action="store_true")
     args = ap.parse_args(argv)
@@ -130,6 +133,13 @@ def main(argv=None) -> int:
         print(f"sklearn     : {s['seconds']:.1f} s  λ*={s['best_lambda']:.3g}  "
               f"test={s['test_accuracy']:.4f}  iters={s['iterations_total']} "
               f"not converged={s['fits_not_converged']}", flush=True)
+    if args.reference:
+        ref = run_repsim(Xtr, ytr, Xte, yte, lambdas, max_iter=20000, tol=1e-7, refit_tol=1e-7)
+        res["reference"] = ref
+        for name in [k for k in res if k.startswith("repsim_") or k == "sklearn"]:
+            dev = max(abs(res[name]["curve"][lam] - ref["curve"][lam]) for lam in ref["curve"])
+            res[name]["curve_max_dev_from_reference"] = dev
+            print(f"{name}: max |val acc − reference| = {dev:.4f}")
     ratios = {}
     if "repsim_down" in res and "sklearn" in res:
         ratios["sklearn_over_repsim"] = res["sklearn"]["seconds"] / res["repsim_down"]["seconds"]

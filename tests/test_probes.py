@@ -204,3 +204,14 @@ def test_multilabel_probe_per_class_lambda():
         col = r.val_auc[:, k]
         assert r.best_lambda[k] == lams[int(np.argmax(col))]
     assert np.all(r.auc > 0.6)
+
+
+def test_warm_started_sweep_needs_fewer_iterations_than_cold():
+    """Iteration counts, not time (the timing lives in bench/probe.py)."""
+    X, y = relu_features(600, 20, 6, seed=21, sep=0.5)
+    lams = np.logspace(-6, 5, 45)
+    kw = dict(lambdas=lams, tol=1e-4)
+    down = linear_probe(X, y, X[:50], y[:50], direction="down", **kw)
+    cold = linear_probe(X, y, X[:50], y[:50], warm_start=False, **kw)
+    assert down.info["iterations_total"] < cold.info["iterations_total"] / 2
+    assert down.best_lambda == cold.best_lambda
