@@ -150,7 +150,10 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
     convex, so the chosen λ and the curve do not depend on it (up to ``tol``); only the time does.
     ``"down"`` (default) starts cold at the largest λ, whose solution is near 0 and takes a handful of
     iterations, and reaches the ill-conditioned small-λ problems already close to their solutions;
-    ``"up"`` is the paper's order (cold start on the hardest, nearly unregularised problem).
+    ``"up"`` is the paper's order (cold start on the hardest, nearly unregularised problem, whose
+    under-converged solution then seeds the next ones). On bench/probe.py (10,000 × 512, 100 classes)
+    "up" took 4.6× and cold starts 16× the time of "down"; all three picked λ within one grid step.
+    ``extrapolate``: predictor step along the path for each warm start (see ``_logreg.sweep``).
     ``tol``: each λ's L-BFGS stops once the largest entry of the (preconditioned) gradient of the mean
     objective is below ``tol`` times the objective; ``refit_tol``: the same for the final
     train+validation fit. The sweep only has to rank λ values: at the default 1e-3 the validation
