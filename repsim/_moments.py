@@ -35,7 +35,7 @@ def batch_class_moments(X: Any, y: np.ndarray, num_classes: int, xp: Any, second
     onehot = asarray_like(onehot_h, X, xp, dtype=X.dtype)
     inv = asarray_like(1.0 / np.maximum(counts, 1), X, xp, dtype=X.dtype)
     means = (xp.matrix_transpose(onehot) @ X) * inv[:, None]  # (K, P)
-    R = X - onehot @ means  # residuals from the batch class means
+    R = X - xp.take(means, asarray_like(y, X, xp, dtype=xp.int64), axis=0)  # residuals from class means
     if second == "trace":
         sec = xp.matrix_transpose(onehot) @ xp.sum(R * R, axis=1)  # (K,)
     elif second == "matrix":

@@ -22,6 +22,7 @@ __all__ = [
     "check_finite",
     "host_labels",
     "unit_rows",
+    "row_sq_norms",
 ]
 
 
@@ -133,9 +134,15 @@ def host_labels(labels: Any, n: int, num_classes: int | None, what: str = "label
     return y
 
 
+def row_sq_norms(X: Any, xp: Any) -> Any:
+    """Squared L2 norm of every row of a 2-D array (``vecdot`` when the namespace has it: no temporary)."""
+    vecdot = getattr(xp, "vecdot", None)
+    return vecdot(X, X) if vecdot is not None else xp.sum(X * X, axis=1)
+
+
 def unit_rows(X: Any, xp: Any, what: str = "X") -> Any:
     """Rows of X scaled to unit L2 norm; ``ValueError`` if a row is all zero (cosine undefined)."""
-    norms = xp.sqrt(xp.sum(X * X, axis=1))
+    norms = xp.sqrt(row_sq_norms(X, xp))
     zero = int(xp.sum(xp.astype(norms == 0, xp.int32)))
     if zero:
         raise ValueError(f"{what}: {zero} row(s) are all zero; cosine similarity is undefined")

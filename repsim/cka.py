@@ -24,12 +24,14 @@ Implementation of one batch (:func:`batch_hsic`):
    dwarfs their spread. With centred X every row of K sums to zero, so the row sums of K̃ are
    -diag(K) and U(K)_ij = K_ij + (K_ii + K_jj)/(n-2) - tr(K)/((n-1)(n-2)) for i ≠ j: U-centering
    needs only the Gram's diagonal, and any block of U(K) can be formed from the same block of K.
-2. form only the upper block-triangle of each Gram (rows [a, b) × columns [a, n)), U-centre it,
-   and gather its strict upper triangle (i < j) into a row; stack the rows of all layers into
-   A (L, m) and accumulate A Aᵀ (symmetric: weight 2 for the off-diagonal pairs). The example rows
-   are split into a few blocks of equal triangle size so that A stays below ``block_bytes`` and the
-   Grams' lower block-triangles are never computed.
-3. divide by n(n-3) (debiased) or add the diagonal term diag·diagᵀ and divide by (n-1)² (biased).
+2. only the strict upper triangle (i < j) of each Gram is formed: the example rows are cut into
+   blocks [a, b) of ``block_rows``; block [a, b) contributes the triangle of its diagonal block
+   X_a X_aᵀ (a SYRK in NumPy) and the whole rectangle X_a X_{b:}ᵀ to the right of it, so the Gram
+   FLOPs are those of one SYRK (n²p, half a GEMM) and the triangle needs no large gather. Each
+   piece is U-centred in place (two broadcast adds) and copied into layer l's row of A (L, m),
+   m = n(n-1)/2 (split into column groups when A would exceed ``block_bytes``).
+3. H = 2 A Aᵀ / (n(n-3)) (debiased; symmetric product, a SYRK in NumPy), or, biased,
+   H = (2 A Aᵀ + diag·diagᵀ) / (n-1)² from the raw Gram triangles and diagonals.
 
 Numerics (DESIGN.md): float64 on the CPU; on a GPU float32 Grams (unless the input is float64)
 with the per-batch L×L HSIC values accumulated in float64 on the host.
@@ -41,7 +43,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, check_finite, flatten_examples, to_numpy
+from repsim._xp import (array_namespace, asarray_like, check_finite, flatten_examples, row_sq_norms,
+                        to_numpy)
 from repsim._xp import compute_dtype as _compute_dtype
 
 __all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA"]
@@ -75,13 +78,21 @@ def ucenter(K: Any, *, xp: Any = None) -> Any:
 
 
 def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str) -> Any:
-    """Flatten, cast, validate and column-centre one layer's batch."""
+    """Flatten, cast, validate and column-centre one layer's batch (three passes over X).
+
+    NaN/inf anywhere in X makes its column mean non-finite, so the finiteness check runs on the
+    (p,) mean. X is constant to working precision when the centred rows' squared norms are all
+    within the rounding of the mean: Σ_i ‖x_i - x̄‖² <= (4 n eps)² · n · ‖x̄‖².
+    """
     X = flatten_examples(X, xp, dtype, what)
     if n is not None and X.shape[0] != n:
         raise ValueError(f"{what} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
-    check_finite(X, xp, what)
-    Xc = X - xp.mean(X, axis=0, keepdims=True)
-    if not bool(xp.any(Xc != 0)):
+    mean = xp.mean(X, axis=0, keepdims=True)
+    check_finite(mean, xp, what)
+    Xc = X - mean
+    spread = float(xp.sum(row_sq_norms(Xc, xp)))
+    tol = (4 * X.shape[0] * float(xp.finfo(X.dtype).eps)) ** 2 * X.shape[0] * float(xp.sum(mean * mean))
+    if spread <= tol:
         raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
     return Xc
 
@@ -124,8 +135,8 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
     hxx = xp.sum((T(Xc) @ Xc) ** 2)
     hyy = xp.sum((T(Yc) @ Yc) ** 2)
     if debiased:
-        k = xp.sum(Xc * Xc, axis=1)
-        l_ = xp.sum(Yc * Yc, axis=1)
+        k = row_sq_norms(Xc, xp)
+        l_ = row_sq_norms(Yc, xp)
 
         def unbiased(t: Any, a: Any, b: Any) -> Any:
             return t - (n / (n - 2)) * xp.sum(a * b) + xp.sum(a) * xp.sum(b) / ((n - 1) * (n - 2))
@@ -145,88 +156,129 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
 _INDEX_CACHE: dict[tuple, Any] = {}
 
 
-def _row_blocks(n: int, n_blocks: int) -> list[tuple[int, int]]:
-    """Split rows 0..n-2 into ``n_blocks`` ranges holding about equal numbers of pairs i < j."""
-    counts = np.arange(n - 1, 0, -1, dtype=np.int64)  # row i holds n-1-i pairs
-    cum = np.concatenate([[0], np.cumsum(counts)])
-    total = int(cum[-1])
-    bounds = [0]
-    for k in range(1, n_blocks):
-        b = int(np.searchsorted(cum, total * k / n_blocks))
-        if bounds[-1] < b < n - 1:
-            bounds.append(b)
-    bounds.append(n - 1)
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def _triangle_index(xp: Any, ref: Any, n: int, a: int, b: int) -> Any:
-    """Flat indices, into the (b-a) × (n-a) block K[a:b, a:], of its entries with j > i."""
-    key = (xp.__name__, str(getattr(ref, "device", "")), n, a, b)
+def _upper_index(xp: Any, ref: Any, r: int) -> Any:
+    """Flat indices of the strict upper triangle (i < j) of an r × r matrix, row by row."""
+    key = (xp.__name__, str(getattr(ref, "device", "")), r)
     idx = _INDEX_CACHE.get(key)
     if idx is None:
-        w = n - a
-        t = np.arange(b - a)
-        rows = np.repeat(t, w - 1 - t)
-        starts = np.cumsum(np.concatenate([[0], w - 1 - t[:-1]]))
-        cols = np.arange(rows.size) - np.repeat(starts, w - 1 - t) + rows + 1
-        host = rows * w + cols
-        try:
-            idx = xp.asarray(host, dtype=xp.int64, device=getattr(ref, "device", None))
-        except TypeError:
-            idx = xp.asarray(host, dtype=xp.int64)
-        if len(_INDEX_CACHE) > 256:
+        i, j = np.triu_indices(r, 1)
+        idx = asarray_like(i * r + j, ref, xp, dtype=xp.int64)
+        if len(_INDEX_CACHE) > 64:
             _INDEX_CACHE.clear()
         _INDEX_CACHE[key] = idx
     return idx
 
 
+def _pair_groups(n: int, block_rows: int, cap: int) -> list[list[tuple[int, int, int]]]:
+    """Row blocks [a, b) with their pair counts, grouped so each group holds <= ``cap`` pairs.
+
+    Block [a, b) owns the pairs i < j with a <= i < b: the strict upper triangle of its diagonal
+    block K[a:b, a:b] and the whole rectangle K[a:b, b:].
+    """
+    bounds = list(range(0, n, block_rows)) + [n]
+    groups: list[list[tuple[int, int, int]]] = [[]]
+    size = 0
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        r = b - a
+        m = r * (r - 1) // 2 + r * (n - b)
+        if groups[-1] and size + m > cap:
+            groups.append([])
+            size = 0
+        groups[-1].append((a, b, m))
+        size += m
+    return groups
+
+
+def _write_triangle(A: Any, l_: int, Xc: Any, d: Any, group: list[tuple[int, int, int]],
+                    debiased: bool, xp: Any) -> None:
+    """Write layer l's (U-centred) Gram pairs i < j of the row blocks in ``group`` into row A[l]."""
+    n = Xc.shape[0]
+    T = xp.matrix_transpose
+    if debiased:  # U(K)_ij = K_ij + u_i + v_j (i != j): u = diag/(n-2), v = u - tr/((n-1)(n-2))
+        u = d / (n - 2)
+        v = u - xp.sum(d) / ((n - 1) * (n - 2))
+    off = 0
+    for a, b, _ in group:
+        Xa = Xc[a:b, :]
+        r = b - a
+        if r > 1:  # strict upper triangle of the diagonal block (X Xᵀ of one buffer: SYRK)
+            G = Xa @ T(Xa)
+            if debiased:
+                G += u[a:b][:, None]
+                G += v[a:b][None, :]
+            k = r * (r - 1) // 2
+            A[l_, off:off + k] = xp.take(xp.reshape(G, (-1,)), _upper_index(xp, Xc, r))
+            off += k
+        if b < n:  # the rectangle right of it, contiguous
+            G = Xa @ T(Xc[b:, :])
+            if debiased:
+                G += u[a:b][:, None]
+                G += v[b:][None, :]
+            k = r * (n - b)
+            A[l_, off:off + k] = xp.reshape(G, (-1,))
+            off += k
+
+
 def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
-               compute_dtype: Any = None, block_bytes: int = 1 << 27,
+               compute_dtype: Any = None, block_bytes: int = 1 << 30, block_rows: int = 128,
                names: Sequence[str] | None = None, _centred: bool = False) -> np.ndarray:
     """HSIC between every pair of ``layers`` (each (n, ...), the same n examples) for one batch.
 
     Returns an (L, L) float64 NumPy array of HSIC₁ (``debiased``) or HSIC₀ values; algorithm in
-    the module docstring. ``block_bytes`` bounds the stacked triangle buffer A (L × m_block).
+    the module docstring. ``block_bytes`` bounds the triangle buffer A (L × pairs of a group of
+    row blocks); ``block_rows`` is the height of a row block.
+
+    ``layers`` is read item by item, in order: when A fits in ``block_bytes`` (one group) every
+    layer is read once and dropped after its row of A is written, so a lazy sequence (whose
+    ``__getitem__`` loads layer l's batch) keeps one layer's batch in memory at a time. With
+    several groups the centred layers are kept for the later groups.
     """
-    if len(layers) == 0:
-        raise ValueError("batch_hsic needs at least one layer")
-    xp = array_namespace(*layers, xp=xp)
+    return _batch_hsic(layers, debiased, xp, compute_dtype, block_bytes, block_rows, names, _centred)[0]
+
+
+def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: Any, block_bytes: int,
+                block_rows: int, names: Sequence[str] | None, centred: bool) -> tuple[np.ndarray, int]:
     L = len(layers)
+    if L == 0:
+        raise ValueError("batch_hsic needs at least one layer")
     names = list(names) if names is not None else [f"layer {i}" for i in range(L)]
-    n = layers[0].shape[0]
+
+    first = layers[0]
+    xp = array_namespace(first, xp=xp)
+    dt = _compute_dtype(xp, first, compute_dtype)
+    n = first.shape[0]
     _check_n(n, debiased, f"batch of {names[0]}")
-    dt = _compute_dtype(xp, layers[0], compute_dtype)
-    if _centred:
-        Xc = list(layers)
-    else:
-        Xc = [_prepare(X, xp, dt, n, names[i]) for i, X in enumerate(layers)]
-    D = xp.stack([xp.sum(x * x, axis=1) for x in Xc])  # (L, n) Gram diagonals
-    tr = xp.sum(D, axis=1)  # (L,)
     itemsize = 8 if dt == xp.float64 else 4
-    pairs = n * (n - 1) // 2
-    n_blocks = max(math.ceil(L * pairs * itemsize / block_bytes), min(4, n // 128), 1)
-    T = xp.matrix_transpose
+    groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * itemsize), 1))
+    kept: list[Any] | None = [None] * L if len(groups) > 1 else None
+    diags: list[Any] = []
     H = None
-    for a, b in _row_blocks(n, n_blocks):
-        idx = _triangle_index(xp, D, n, a, b)
-        rows = []
+    for gi, group in enumerate(groups):
+        A = xp.empty((L, sum(m for _, _, m in group)), dtype=dt)
         for l_ in range(L):
-            G = Xc[l_][a:b, :] @ T(Xc[l_][a:, :])  # (b-a, n-a) block of the Gram
-            if debiased:
-                d = D[l_, :]
-                G = G + (d[a:b][:, None] + d[None, a:]) / (n - 2) - tr[l_] / ((n - 1) * (n - 2))
-            rows.append(xp.take(xp.reshape(G, (-1,)), idx))
-        A = xp.stack(rows)
-        P = xp.astype(A @ T(A), xp.float64)
+            if gi == 0:
+                X = first if l_ == 0 else layers[l_]
+                if array_namespace(X) is not xp:
+                    raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
+                Xc = X if centred else _prepare(X, xp, dt, n, names[l_])
+                diags.append(row_sq_norms(Xc, xp))
+                if kept is not None:
+                    kept[l_] = Xc
+            else:
+                Xc = kept[l_]
+            _write_triangle(A, l_, Xc, diags[l_], group, debiased, xp)
+            del Xc
+        first = None
+        P = xp.astype(A @ xp.matrix_transpose(A), xp.float64)  # A Aᵀ: a SYRK in NumPy
         H = P if H is None else H + P
-    H = 2 * H
+        del A
     if debiased:
-        H = H / (n * (n - 3))
+        H = 2 * H / (n * (n - 3))
     else:
-        D64 = xp.astype(D, xp.float64)
-        H = (H + D64 @ T(D64)) / ((n - 1) ** 2)
+        D = xp.astype(xp.stack(diags), xp.float64)
+        H = (2 * H + D @ xp.matrix_transpose(D)) / ((n - 1) ** 2)
     out = np.array(to_numpy(H), dtype=np.float64)
-    return (out + out.T) / 2  # exact symmetry (GEMM rounding may differ by an ulp)
+    return (out + out.T) / 2, n  # exact symmetry (GEMM rounding may differ by an ulp)
 
 
 def hsic_to_cka(hsic: np.ndarray, names: Sequence[str] | None = None) -> np.ndarray:
@@ -250,7 +302,8 @@ class MinibatchCKA:
     """All-pairs minibatch CKA accumulator (protocol: update / merge / result / to_state / from_state).
 
     ``update([X_1, ..., X_L])`` adds one minibatch (each X_l (b, ...) on the same b examples; conv
-    maps are flattened). ``.hsic`` holds the float64 (L, L) sums of per-batch HSIC, ``.n_batches``
+    maps are flattened). The list may be any sequence read item by item (see :func:`batch_hsic`):
+    a lazy one lets a driver load one layer's batch at a time. ``.hsic`` holds the float64 (L, L) sums of per-batch HSIC, ``.n_batches``
     the number of batches. With ``keep_batches`` the per-batch upper triangles are kept so that
     ``result(ci=0.95)`` can give percentile-bootstrap intervals over batches.
 
@@ -258,11 +311,18 @@ class MinibatchCKA:
     batches combine to the one-shot result (to float64 rounding) in any merge order. The bootstrap
     first sorts the batch records into a canonical (lexicographic) order, so its intervals do not
     depend on the merge order either.
+
+    ``names`` (e.g. "store/layer") label layers in error messages; ``compute_dtype`` None picks
+    float64 on the CPU and float32 on a GPU (DESIGN.md "Numerics"); ``block_bytes`` bounds the
+    per-batch triangle buffer A (L × n(n-1)/2 in the compute dtype, split into groups of row
+    blocks beyond it). Peak extra memory per update: A plus one centred layer when A fits in
+    ``block_bytes`` (default 1 GiB: e.g. up to 238 layers at n = 1500 in float32), else A's
+    group plus all centred layers of the batch.
     """
 
     def __init__(self, n_layers: int, debiased: bool = True, keep_batches: bool = True, *,
                  names: Sequence[str] | None = None, compute_dtype: str | None = None,
-                 block_bytes: int = 1 << 27) -> None:
+                 block_bytes: int = 1 << 30) -> None:
         if int(n_layers) < 1:
             raise ValueError(f"n_layers must be >= 1, got {n_layers}")
         self.n_layers = int(n_layers)
@@ -286,11 +346,11 @@ class MinibatchCKA:
         """Add one minibatch: a list of L arrays (b, ...) of activations on the same b examples."""
         if len(layers) != self.n_layers:
             raise ValueError(f"update got {len(layers)} layers, expected {self.n_layers}")
-        h = batch_hsic(layers, debiased=self.debiased, xp=xp, compute_dtype=self.compute_dtype,
-                       block_bytes=self.block_bytes, names=self._names())
+        h, n = _batch_hsic(layers, self.debiased, xp, self.compute_dtype, self.block_bytes, 128,
+                           self._names(), False)
         self.hsic += h
         self.n_batches += 1
-        self.n_examples += int(layers[0].shape[0])
+        self.n_examples += n
         if self.keep_batches:
             self._batches.append(h[self._iu])
         return self

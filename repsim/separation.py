@@ -121,7 +121,8 @@ class ClassSeparation:
         mu_bar = m.means.mean(axis=0)
         between = float(np.mean(np.sum((m.means - mu_bar) ** 2, axis=1)))
         total = within + between
-        if not total > 0:
+        scale = within + float(np.mean(np.sum(m.means**2, axis=1)))
+        if not total > 1e-12 * scale:
             raise ValueError(f"{self._what()}: all embeddings are identical (zero total distance); R² is undefined")
         return {"within": within, "between": between, "total": total, "r2": between / total}
 

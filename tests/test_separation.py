@@ -169,6 +169,10 @@ def test_errors():
         class_separation(Xz, y, "cosine")
     with pytest.raises(ValueError, match=r"\[0, 2\)"):
         ClassSeparation(2).update(X, y + 1)
+    for same in (np.full((20, 3), 0.1), np.tile(rng.normal(size=(1, 3)), (20, 1))):
+        for d in ("cosine", "sqeuclidean"):
+            with pytest.raises(ValueError, match="identical"):
+                class_separation(same, y, d)
     with pytest.raises(ValueError, match="next_pass"):
         ClassSeparation(2, "cosine_centered").update(X, y).result()
     with pytest.raises(ValueError, match="distance"):
