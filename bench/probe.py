@@ -176,6 +176,14 @@ def write_markdown(all_res: dict) -> None:
              "warm_start=True, tol=1e-4)` swept upward (the paper's order) with the same split, grid "
              "and iteration cap. Command: `OMP_NUM_THREADS=1 python bench/probe.py --n N --p P "
              "--classes K [--reference]`.", "",
+             "What makes repsim fast (all exact reparameterisations or warm starts; same optimum): "
+             "features centred (bias decoupled) and rotated once onto the eigenbasis of the centred "
+             "Gram matrix, diagonal preconditioning there (≈ whitening, λ-aware), λ swept downward "
+             "(cold start on the easiest problem), each warm start extrapolated along the "
+             "regularisation path from the two previous solutions, and a stopping rule relative to "
+             "the objective (max|∇| ≤ 1e-3·f for the sweep, 1e-4·f for the refit). Per-iteration cost "
+             "is the same two (N × P)·(P × K) products as scikit-learn's; the gain is in iterations.",
+             "",
              "| N × P, K | run | seconds | L-BFGS iterations | λ* | val acc at λ* | test acc "
              "| max \\|Δ val curve\\| vs tight reference |",
              "|---|---|---|---|---|---|---|---|"]
