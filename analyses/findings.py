@@ -2,7 +2,7 @@
 
 1. Better objectives transfer worse (Table 1, Fig. 1). Linear transfer accuracy per run, source top-1
    per run. (a) softmax transfers best: its mean linear transfer accuracy is the best or not
-   significantly different from the best (Table 1's bold rule: Welch t-test over seeds, p ≥ 0.05);
+   significantly different from the best (Table 1's bold rule: t-test over seeds, p ≥ 0.05);
    (b) better objectives transfer worse: at least one objective beats softmax's mean source accuracy,
    and every such objective has a lower mean transfer accuracy than softmax. REPRODUCED when (a) and
    (b); PARTIAL when one holds; else NOT REPRODUCED. Spearman ρ(source top-1, transfer) across
@@ -26,7 +26,9 @@ import numpy as np
 
 from analyses.data import Inputs, Missing, display
 from analyses.items.common import mean_transfer, one_r2_per_run, penultimate_r2, probe_rows
-from analyses.summary import as_percent, not_worse_than_best, spearman
+from repsim import spearman
+
+from analyses.summary import as_percent, bold_set
 
 EARLY_GAP_MAX = 0.02
 LATE_MINUS_EARLY_MIN = 0.05
@@ -51,7 +53,7 @@ def finding_transfer(inputs: Inputs) -> Finding:
     if "softmax" not in common or len(common) < 2:
         raise Missing("softmax and ≥ 1 other objective need both source and transfer accuracy")
     groups = {l: per_run.loc[per_run["label"] == l, "transfer"].to_numpy(float) for l in common}
-    softmax_best = not_worse_than_best(groups)["softmax"]
+    softmax_best = "softmax" in bold_set(groups)
     beat = [l for l in common if l != "softmax" and acc[l] > acc["softmax"]]
     worse = [l for l in beat if transfer[l] < transfer["softmax"]]
     better_worse = bool(beat) and len(worse) == len(beat)
@@ -61,7 +63,7 @@ def finding_transfer(inputs: Inputs) -> Finding:
     rho, p = spearman(acc[common], transfer[common]) if len(common) >= 3 else (float("nan"), float("nan"))
     ev = (f"Softmax: {acc['softmax']:.1f}% source top-1, {transfer['softmax']:.1f}% mean linear transfer; best "
           f"transfer {display(best)} ({transfer[best]:.1f}%); softmax "
-          f"{'is' if softmax_best else 'is not'} best or tied with the best (Welch t-test over seeds). "
+          f"{'is' if softmax_best else 'is not'} best or tied with the best (t-test over seeds). "
           f"{len(beat)} of {len(common) - 1} objectives beat softmax on source accuracy"
           + (f", {len(worse)} of them transfer worse ({', '.join(display(l) for l in beat)})" if beat else "")
           + f". Descriptive: Spearman ρ(source top-1, transfer) = {rho:.2f} (p = {p:.3g}, n = {len(common)}).")

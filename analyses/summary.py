@@ -1,9 +1,9 @@
 """Per-objective summaries over seeds and the significance rule of the paper's tables.
 
 Bold rule (Tables 1, 2, B.1, C.5): a cell is bold when its mean is the best of its column or is not
-significantly different from the best, by a two-sided Welch t-test over seeds at p < 0.05. With fewer
-than two seeds in either group no test is possible, and only the best mean is bold (stated in the
-caption by :func:`bold_rule_text`).
+significantly different from the best by a two-sided t-test over seeds at p < 0.05
+(:func:`repsim.not_significantly_worse`). With fewer than two seeds in either group no test is
+possible, and only the best mean is bold (stated in the caption by :func:`bold_rule_text`).
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import warnings
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from analyses.data import objective_key
 from analyses.style import fmt
@@ -25,33 +24,21 @@ def as_percent(values: pd.Series) -> pd.Series:
     return v * 100.0 if v.dropna().between(0, 1).all() else v
 
 
-def not_worse_than_best(groups: dict[str, np.ndarray], higher_is_better: bool = True,
-                        alpha: float = ALPHA) -> dict[str, bool]:
-    """Which groups are the best or not significantly different from it (Welch t-test, p >= alpha)."""
-    means = {k: float(np.mean(v)) for k, v in groups.items() if len(v)}
-    if not means:
-        return {}
-    best = (max if higher_is_better else min)(means, key=means.get)
-    out = {}
-    for k, v in groups.items():
-        if k == best:
-            out[k] = True
-        elif len(v) < 2 or len(groups[best]) < 2:
-            out[k] = bool(np.isclose(means.get(k, np.nan), means[best]))
-        elif np.ptp(v) == 0 and np.ptp(groups[best]) == 0:
-            out[k] = bool(means[k] == means[best])
-        else:
-            with warnings.catch_warnings():  # near-identical seeds: scipy warns about precision, p is still valid
-                warnings.simplefilter("ignore", RuntimeWarning)
-                p = stats.ttest_ind(v, groups[best], equal_var=False).pvalue
-            out[k] = bool(p >= alpha) if np.isfinite(p) else bool(np.isclose(means[k], means[best]))
-    return out
+def bold_set(groups: dict[str, np.ndarray], higher_is_better: bool = True, alpha: float = ALPHA) -> set[str]:
+    """The best group and every group not significantly different from it (:func:`repsim.not_significantly_worse`:
+    two-sided two-sample t-test over seeds, p ≥ alpha; one-value groups only when equal to the best)."""
+    from repsim import not_significantly_worse
+
+    groups = {k: v for k, v in groups.items() if len(v)}
+    with warnings.catch_warnings():  # near-identical seeds: scipy warns about precision; p is still usable
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return not_significantly_worse(groups, alpha=alpha, higher_is_better=higher_is_better) if groups else set()
 
 
 def bold_rule_text(n_seeds: int) -> str:
     if n_seeds >= 2:
-        return (f"Bold: best, or not significantly different from the best (two-sided Welch t-test over "
-                f"seeds, p ≥ {ALPHA}).")
+        return (f"Bold: best, or not significantly different from the best (two-sided t-test over seeds, "
+                f"p ≥ {ALPHA}).")
     return "Bold: best mean only (one seed per objective, so no significance test is possible)."
 
 
@@ -79,15 +66,8 @@ def seed_summary(long: pd.DataFrame, columns: list[str], *, digits: dict[str, in
         numeric[col], numeric[f"{col} sd"], numeric[f"{col} se"], numeric[f"{col} n"] = mean, sd, se, n
         shown[col] = [fmt(m, e, digits.get(col, 1)) for m, e in zip(mean, se)]
         if bold and col not in unbolded:
-            ok = not_worse_than_best({r: g for r, g in groups.items() if len(g)},
-                                     higher_is_better=col not in lower_is_better)
-            marks[col] = [ok.get(r, False) for r in rows]
+            ok = bold_set(groups, higher_is_better=col not in lower_is_better)
+            marks[col] = [r in ok for r in rows]
         else:
             marks[col] = False
     return numeric, shown, marks
-
-
-def spearman(x, y) -> tuple[float, float]:
-    """Spearman rank correlation and its two-sided p-value (scipy.stats.spearmanr, t-distribution p)."""
-    res = stats.spearmanr(np.asarray(x, float), np.asarray(y, float))
-    return float(res.statistic), float(res.pvalue)

@@ -11,7 +11,9 @@ from analyses.items.common import (labels_in_order, legend_outside, mean_transfe
                                    penultimate_r2, probe_rows, probe_settings, pyplot)
 from analyses.registry import Figure, Table, item
 from analyses.style import color
-from analyses.summary import as_percent, bold_rule_text, seed_summary, spearman
+from repsim import spearman
+
+from analyses.summary import as_percent, bold_rule_text, seed_summary
 
 
 def _scatter_runs(ax, df: pd.DataFrame, x: str, y: str) -> None:
