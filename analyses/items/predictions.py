@@ -59,27 +59,16 @@ class Models:
 
 
 def agreement(pred: np.ndarray, y: np.ndarray, kind: str) -> np.ndarray:
-    """Pairwise prediction similarity (%), App. C.3: "all" = same top-1 prediction on every example;
-    "correctness" = both right or both wrong; "both_wrong" = same prediction among examples both get wrong."""
-    m = len(pred)
-    out = np.full((m, m), np.nan)
-    right = pred == y
-    for i in range(m):
-        for j in range(m):
-            if kind == "all":
-                out[i, j] = np.mean(pred[i] == pred[j])
-            elif kind == "correctness":
-                out[i, j] = np.mean(right[i] == right[j])
-            elif kind == "both_wrong":
-                mask = ~right[i] & ~right[j]
-                out[i, j] = np.mean(pred[i][mask] == pred[j][mask]) if mask.any() else np.nan
-            else:
-                raise ValueError(f"unknown agreement kind {kind!r}")
-    return 100.0 * out
+    """Pairwise prediction similarity in % (App. C.3; :func:`repsim.agreement_matrices`)."""
+    from repsim import agreement_matrices
+
+    return 100.0 * agreement_matrices(pred, y)[kind]
 
 
 def modal(pred: np.ndarray, prob: np.ndarray) -> np.ndarray:
-    """Ensemble prediction: the modal top-1 class (App. C.3); ties broken by the mean probability."""
+    """Ensemble prediction: the modal top-1 class (App. C.3), ties broken by the members' mean softmax
+    probability. (:func:`repsim.modal_vote` breaks ties by class index, which biases the small
+    ensembles of a 2-seed run, where ties are common.)"""
     K = prob.shape[-1]
     votes = np.zeros((pred.shape[1], K))
     for p in pred:
@@ -107,8 +96,9 @@ def _heatmap(ax, m, names, title, fmt="{:.0f}", cmap="viridis", vmin=None, vmax=
 @item("figC4", "Fig. C.4: agreement of predictions on examples both models get wrong, with dendrogram",
       "figure", ("stores with logits",))
 def figC4(inputs: Inputs) -> Figure:
-    from scipy.cluster.hierarchy import dendrogram, linkage
-    from scipy.spatial.distance import squareform
+    from scipy.cluster.hierarchy import dendrogram
+
+    from repsim.predictions import prediction_linkage
 
     M = Models(inputs)
     a = agreement(M.pred, M.y, "both_wrong")
@@ -116,11 +106,10 @@ def figC4(inputs: Inputs) -> Figure:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.4), gridspec_kw={"width_ratios": [1.15, 1]})
     im = _heatmap(ax, a, M.tick_names(), "a: same prediction among examples both get wrong", blank_diagonal=True)
     fig.colorbar(im, ax=ax, shrink=0.8, label="% agreement")
-    d = 100.0 - np.nan_to_num(a, nan=0.0)
-    np.fill_diagonal(d, 0.0)
-    dendrogram(linkage(squareform((d + d.T) / 2, checks=False), "average"), labels=M.tick_names(), ax=ax2,
+    Z = prediction_linkage(np.nan_to_num(a / 100.0, nan=0.0))  # no common error: similarity 0
+    dendrogram(Z, labels=M.tick_names(), ax=ax2,
                orientation="right", leaf_font_size=7)
-    ax2.set_title("b: average-linkage dendrogram (100 − agreement)", fontsize=10)
+    ax2.set_title("b: average-linkage dendrogram (distance 1 − agreement)", fontsize=10)
     ax2.set_xlabel("distance")
     fig.tight_layout()
     return Figure(fig, f"Networks evaluated on {M.dataset}/{M.split} (n = {M.n}); predictions are argmax logits; "

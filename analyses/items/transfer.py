@@ -11,7 +11,7 @@ from analyses.items.common import (labels_in_order, legend_outside, mean_transfe
                                    penultimate_r2, probe_rows, probe_settings, pyplot)
 from analyses.registry import Figure, Table, item
 from analyses.style import color
-from repsim import spearman
+from repsim import assignment_accuracy, spearman
 
 from analyses.summary import as_percent, bold_rule_text, seed_summary
 
@@ -258,34 +258,6 @@ def fig6(inputs: Inputs) -> Figure:
     return Figure(fig, cap)
 
 
-def assignment_accuracy(pred_fit: np.ndarray, y_fit: np.ndarray, pred_eval: np.ndarray, y_eval: np.ndarray,
-                        n_source: int, n_target: int, max_k: int = 64) -> tuple[float, int]:
-    """App. F: map source classes to target classes by a replicated assignment problem.
-
-    The matching matrix C[i, j] counts fit examples predicted as source class i with target label j;
-    target classes are replicated k times and ``linear_sum_assignment`` maximises matched counts; k grows
-    until k + 1 replications give no improvement. Returns (accuracy of the mapping on the eval
-    examples, k).
-    """
-    from scipy.optimize import linear_sum_assignment
-
-    C = np.zeros((n_source, n_target))
-    np.add.at(C, (pred_fit, y_fit), 1)
-    best, best_map, k = -1.0, None, 1
-    while k <= max_k:
-        rows, cols = linear_sum_assignment(-np.tile(C, (1, k)))
-        score = C[rows, cols % n_target].sum()
-        if score <= best:
-            k -= 1
-            break
-        mapping = np.full(n_source, -1)
-        mapping[rows] = cols % n_target
-        best, best_map = score, mapping
-        k += 1
-    mapped = best_map[pred_eval]
-    return float(np.mean(mapped == y_eval)), min(k, max_k)
-
-
 @item("tableF1", "Table F.1: class overlap between the source and transfer datasets", "table",
       ("stores with logits on transfer datasets", "probes.csv"))
 def tableF1(inputs: Inputs) -> Table:
@@ -307,7 +279,9 @@ def tableF1(inputs: Inputs) -> Table:
         n_target = int(max(fit.labels.max(), ev.labels.max())) + 1
         pf = np.asarray(fit.logits.argmax(axis=1).compute())
         pe = np.asarray(ev.logits.argmax(axis=1).compute())
-        acc, k = assignment_accuracy(pf, fit.labels, pe, ev.labels, K, n_target)
+        r = assignment_accuracy(pf, np.asarray(fit.labels), K, n_target, eval_pred=pe,
+                                eval_target=np.asarray(ev.labels))
+        acc, k = r.accuracy, r.k
         t = lin[(lin["task"] == task) & (lin["label"] == label)]["accuracy"].mean()
         rows.append(dict(dataset=task, classes=n_target, source_model=f"{label} seed {runs.loc[fit.name, 'seed']}",
                          replications_k=k, assignment_accuracy=100 * acc, linear_transfer_accuracy=t,
