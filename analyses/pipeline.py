@@ -41,7 +41,7 @@ GROUPS: dict[str, tuple[str, str, str | None, str]] = {
 }
 TRANSFER_TASK = "digits-target"
 RELEARN_TASK = "source-relearn"
-ANALYSIS_VERSION = "1"  # bump when the analysis settings below change, to invalidate old results
+ANALYSIS_VERSION = "2"  # bump when the analysis settings below change, to invalidate old results
 
 
 class DemoError(RuntimeError):
@@ -264,7 +264,6 @@ class Demo:
             ("cka_demo.npz", ["src-test"], lambda: A.cka(self, res / "cka_demo.npz")),
             ("separation.csv", ["src-test", "src-train"], lambda: A.layer_metrics(self, res)),
             ("probes.csv", ["src-holdout", "src-test", "tgt-train", "tgt-test"], lambda: A.probes(self, res / "probes.csv")),
-            ("spectra.npz", ["src-train"], lambda: A.spectra(self, res / "spectra.npz")),
         ]
         for fname, groups, fn in steps:
             extra = json.dumps([self.run_names, self.epochs]) if not groups else ""

@@ -36,7 +36,7 @@ def test_demo_smoke_and_rerun(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "2 of 2 networks already trained" in second.stdout
     assert "10 of 10 stores already complete" in second.stdout
-    assert second.stdout.count("up to date") == 6  # five results files and the report
+    assert second.stdout.count("up to date") == 5  # four results steps and the report
     assert json.loads((out / "results" / "fingerprints.json").read_text()) == fps
 
 
