@@ -134,7 +134,7 @@ class Demo:
     seeds: int = 2
     epochs: int | None = None
     jobs: int = 2
-    timings: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds (OUT/timings.json)
 
     @property
     def run_names(self) -> list[str]:
@@ -151,7 +151,7 @@ class Demo:
             argv += ["--set", f"epochs={self.epochs}"]
         return argv
 
-    def stage_train(self) -> None:
+    def stage_train(self) -> bool:
         require_command("train", "train (helper 'train', issue 5)")
         tasks = []
         for o in self.objectives:
@@ -176,6 +176,7 @@ class Demo:
         _say(f"[demo] train: {len(self.run_names) - len(tasks)} of {len(self.run_names)} networks already "
              f"trained; training {len(tasks)} ({self.jobs} at a time)")
         run_tasks(tasks, self.jobs, "train (helper 'train', issue 5)")
+        return bool(tasks)
 
     def checkpoint(self, name: str) -> Path:
         d = self.run_dir(name)
@@ -197,7 +198,7 @@ class Demo:
             return False
         return (path / "zarr.json").stat().st_mtime >= ckpt.stat().st_mtime
 
-    def stage_extract(self) -> None:
+    def stage_extract(self) -> bool:
         require_command("extract", "extract (helper 'extract', issue 6)")
         try:
             from repsim import open_store  # noqa: F401
@@ -227,6 +228,7 @@ class Demo:
         n_all = len(GROUPS) * len(self.run_names)
         _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo}")
         run_tasks(tasks, self.jobs, "extract (helper 'extract', issue 6)")
+        return bool(tasks)
 
     # ---------------------------------------------------------------- analyse
     def stores(self, group: str) -> list:
@@ -241,7 +243,7 @@ class Demo:
                 h.update(f"{s.name}:{s.attrs.get('created')}".encode())
         return h.hexdigest()[:16]
 
-    def stage_analyse(self) -> None:
+    def stage_analyse(self) -> bool:
         """Results files, each recomputed only when the stores it reads changed. BLAS runs one thread
         per library (numpy's and scipy's OpenBLAS): on a busy 2-core machine multi-threaded BLAS on
         these small problems spins and ran the probes ~50x slower."""
@@ -250,15 +252,16 @@ class Demo:
         from threadpoolctl import threadpool_limits
 
         with threadpool_limits(limits=1):
-            self._analyse()
+            return self._analyse()
 
-    def _analyse(self) -> None:
+    def _analyse(self) -> bool:
         from analyses import demo_analysis as A
 
         res = self.out / "results"
         res.mkdir(parents=True, exist_ok=True)
         fp_path = res / "fingerprints.json"
         fps = json.loads(fp_path.read_text()) if fp_path.is_file() else {}
+        worked = False
         steps = [
             ("training.csv", [], lambda: A.training_csv(self, res / "training.csv")),
             ("cka_demo.npz", ["src-test"], lambda: A.cka(self, res / "cka_demo.npz")),
@@ -276,9 +279,11 @@ class Demo:
             t0 = time.perf_counter()
             _say(f"[demo] analyse: computing {fname} ...")
             fn()
+            worked = True
             fps[fname] = fp
             fp_path.write_text(json.dumps(fps, indent=1))
             _say(f"[demo] analyse: {fname} done in {time.perf_counter() - t0:.1f} s")
+        return worked
 
     # ----------------------------------------------------------------- report
     def stage_report(self):
@@ -297,8 +302,8 @@ class Demo:
         pre = (f"<p class='caption'>{len(self.objectives)} objectives × {self.seeds} seed(s) = "
                f"{len(self.run_names)} mini-ResNets (train/presets/digits-&lt;objective&gt;.toml, {epochs}; "
                f"the checkpoint with the best holdout accuracy is analysed) pretrained on sklearn digits 0–4 "
-               f"(digits-source); transfer task: digits 5–9 (digits-target). Stage times of the run that "
-               f"wrote this report: {timing}. "
+               f"(digits-source); transfer task: digits 5–9 (digits-target). Stage times (last run that did "
+               f"the stage's work): {timing}. "
                f"Stores per network:</p><ul class='caption'>{stores}</ul>")
         outcomes, report = make_figures(self.out / "stores", self.out / "results", self.out / "report",
                                         title="repsim demo: sklearn digits, 9 objectives",
@@ -318,11 +323,14 @@ class Demo:
     # -------------------------------------------------------------------- all
     def run(self) -> int:
         t_all = time.perf_counter()
+        timing_file = self.out / "timings.json"  # seconds of the last run in which each stage did work
+        self.timings = json.loads(timing_file.read_text()) if timing_file.is_file() else {}
         for stage in ("train", "extract", "analyse"):
             t0 = time.perf_counter()
             _say(f"[demo] === {stage} ===")
-            getattr(self, f"stage_{stage}")()
-            self.timings[stage] = time.perf_counter() - t0
+            if getattr(self, f"stage_{stage}")():
+                self.timings[stage] = time.perf_counter() - t0
+                timing_file.write_text(json.dumps(self.timings))
         _say("[demo] === report ===")
         rep = self.out / "report"
         key, key_file = self.report_key(), rep / ".report-key"
@@ -333,13 +341,14 @@ class Demo:
         t0 = time.perf_counter()
         findings, outcomes, report = self.stage_report()
         self.timings["report"] = time.perf_counter() - t0
+        timing_file.write_text(json.dumps(self.timings))
         from analyses.findings import findings_text
 
         _say("[demo] findings:\n" + findings_text(findings))
         failed = [o for o in outcomes if o.status == "failed"]
         _say(f"[demo] report: {report} ({sum(o.status == 'done' for o in outcomes)} items, "
-             f"{len(failed)} failed); total {time.perf_counter() - t_all:.0f} s ("
-             + ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items()) + ")")
+             f"{len(failed)} failed); this run {time.perf_counter() - t_all:.0f} s; stage times (last run that "
+             "did each stage's work): " + ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items()))
         if failed:
             return 1
         key_file.write_text(key)
@@ -351,4 +360,5 @@ def fresh(out: Path) -> None:
     for sub in ("runs", "stores", "results", "report"):
         if (out / sub).exists():
             shutil.rmtree(out / sub)
+    (out / "timings.json").unlink(missing_ok=True)
 

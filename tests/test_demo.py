@@ -46,6 +46,7 @@ def test_fresh_removes_only_the_demo_outputs(tmp_path):
     for sub in ("runs/a", "stores/b", "results", "report", "mine"):
         (tmp_path / sub).mkdir(parents=True)
         (tmp_path / sub / "f").write_text("x")
+    (tmp_path / "timings.json").write_text("{}")
     fresh(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
