@@ -149,14 +149,17 @@ def test_partial_inputs(tmp_path):
     assert "source accuracy omitted (training.csv not found" in md
 
 
-def test_modal_breaks_ties_by_probability():
+def test_modal_breaks_ties_by_confidence():
     from analyses.items.predictions import modal
 
-    pred = np.array([[0, 1, 1, 2], [0, 2, 1, 1]])
-    prob = np.zeros((2, 4, 3))
-    prob[0, :, 0] = 0.9
-    prob[1, :, 2] = 0.6
-    assert modal(pred, prob).tolist() == [0, 2, 1, 2]  # ties (examples 1, 3) go to the more probable class
+    pred = np.array([[0, 1, 1, 2], [0, 2, 1, 1], [0, 2, 0, 0]])
+    conf = np.array([[0.9] * 4, [0.6] * 4, [0.5] * 4])
+    # examples 1, 2: two votes beat one whatever the confidence; example 3: a three-way tie, network 0 is surest
+    assert modal(pred, conf, 3).tolist() == [0, 2, 1, 2]
+    two = modal(pred[:2], conf[:2], 3)  # 1 vs 1 ties: the more confident voter (network 0) wins
+    assert two.tolist() == [0, 1, 1, 2]
+    assert modal(pred[:2], conf[:2], 3, rows=1).tolist() == two.tolist()  # row chunking changes nothing
+
 
 
 def test_findings_on_synthetic_results(tmp_path):

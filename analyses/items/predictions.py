@@ -12,7 +12,8 @@ from analyses.style import color
 
 
 class Models:
-    """Networks evaluated on one (dataset, split): labels, predictions, probabilities, ordered by objective."""
+    """Networks evaluated on one (dataset, split), ordered by objective: labels ``y``, top-1 predictions
+    ``pred`` (M, N) and their softmax probabilities ``conf`` (M, N), read chunk by chunk."""
 
     def __init__(self, inputs: Inputs, *, need_head: bool = False):
         stores = inputs.require_stores("logits of every network on one dataset split")
@@ -40,11 +41,18 @@ class Models:
         self.labels = [runs.loc[s.name, "label"] for s in chosen]
         self.seeds = [runs.loc[s.name, "seed"] for s in chosen]
         self.y = np.asarray(chosen[0].labels)
-        logits = [np.asarray(s.logits.compute(), dtype=np.float64) for s in chosen]
-        self.pred = np.stack([z.argmax(1) for z in logits])
-        z = np.stack(logits)
-        z = np.exp(z - z.max(-1, keepdims=True))
-        self.prob = z / z.sum(-1, keepdims=True)
+        self.n_classes = int(chosen[0].logits.shape[1])
+        # top-1 prediction and its softmax probability per network, read chunk by chunk: (M, N) each
+        self.pred = np.empty((len(chosen), len(self.y)), dtype=np.int64)
+        self.conf = np.empty((len(chosen), len(self.y)), dtype=np.float32)
+        for m, s in enumerate(chosen):
+            start = 0
+            for block in s.logits.blocks:
+                z = np.asarray(block.compute(), dtype=np.float64)
+                stop = start + len(z)
+                self.pred[m, start:stop] = z.argmax(1)
+                self.conf[m, start:stop] = 1.0 / np.exp(z - z.max(1, keepdims=True)).sum(1)
+                start = stop
         self.n = len(self.y)
         self.describe = inputs.describe(self.names)
 
@@ -65,15 +73,21 @@ def agreement(pred: np.ndarray, y: np.ndarray, kind: str) -> np.ndarray:
     return 100.0 * agreement_matrices(pred, y)[kind]
 
 
-def modal(pred: np.ndarray, prob: np.ndarray) -> np.ndarray:
-    """Ensemble prediction: the modal top-1 class (App. C.3), ties broken by the members' mean softmax
-    probability. (:func:`repsim.modal_vote` breaks ties by class index, which biases the small
-    ensembles of a 2-seed run, where ties are common.)"""
-    K = prob.shape[-1]
-    votes = np.zeros((pred.shape[1], K))
-    for p in pred:
-        votes[np.arange(len(p)), p] += 1
-    return np.argmax(votes + 0.5 * prob.mean(0), axis=1)  # mean prob < 1, so it only breaks ties
+def modal(pred: np.ndarray, conf: np.ndarray, n_classes: int, rows: int = 8192) -> np.ndarray:
+    """Ensemble prediction (M, N) -> (N,): the modal top-1 class (App. C.3). Ties go to the class whose
+    voters are jointly more confident (sum of their top-1 softmax probabilities); that bonus is below
+    one vote, so it never overturns a count. (:func:`repsim.modal_vote` breaks ties by class index,
+    which biases the small ensembles of a 2-seed run, where ties are common.)"""
+    m, n = pred.shape
+    out = np.empty(n, dtype=np.int64)
+    for a in range(0, n, rows):  # bounded memory: (rows, classes) votes at a time
+        b = min(n, a + rows)
+        votes = np.zeros((b - a, n_classes))
+        idx = np.arange(b - a)
+        for p, c in zip(pred[:, a:b], conf[:, a:b]):
+            np.add.at(votes, (idx, p), 1.0 + c / (m + 1))
+        out[a:b] = votes.argmax(1)
+    return out
 
 
 def _heatmap(ax, m, names, title, fmt="{:.0f}", cmap="viridis", vmin=None, vmax=None, blank_diagonal=False):
@@ -140,7 +154,7 @@ def figC6(inputs: Inputs) -> Figure:
     if max(len(v) for v in groups.values()) < 2:
         raise Missing("ensembles need ≥ 2 networks (seeds) per objective")
     labels = labels_in_order(groups)
-    ens = np.stack([modal(M.pred[groups[l]], M.prob[groups[l]]) for l in labels])
+    ens = np.stack([modal(M.pred[groups[l]], M.conf[groups[l]], M.n_classes) for l in labels])
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 5.4))
     im = _heatmap(ax, agreement(ens, M.y, "all"), [display(l) for l in labels],
@@ -148,8 +162,8 @@ def figC6(inputs: Inputs) -> Figure:
     fig.colorbar(im, ax=ax, shrink=0.8, label="% agreement")
     fig.tight_layout()
     sizes = ", ".join(f"{display(l)} {len(groups[l])}" for l in labels)
-    return Figure(fig, f"Ensemble = modal top-1 class of all networks of one objective (ties broken by mean "
-                       f"softmax probability); networks per ensemble: {sizes}; diagonal left blank. {M.dataset}/{M.split} (n = {M.n}).")
+    return Figure(fig, f"Ensemble = modal top-1 class of all networks of one objective (ties to the class whose "
+                       f"voters' top-1 probabilities sum highest); networks per ensemble: {sizes}; diagonal left blank. {M.dataset}/{M.split} (n = {M.n}).")
 
 
 @item("figC7", "Fig. C.7: accuracy of ensembles mixing two objectives", "figure", ("stores with logits",))
@@ -162,7 +176,7 @@ def figC7(inputs: Inputs) -> Figure:
     for i, a in enumerate(labels):
         for j, b in enumerate(labels):
             idx = groups[a][:m] if a == b else groups[a][: max(1, m // 2)] + groups[b][: max(1, m - m // 2)]
-            acc[i, j] = 100.0 * np.mean(modal(M.pred[idx], M.prob[idx]) == M.y)
+            acc[i, j] = 100.0 * np.mean(modal(M.pred[idx], M.conf[idx], M.n_classes) == M.y)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.6, 5.6))
     im = _heatmap(ax, acc, [display(l) for l in labels], "Ensemble top-1 accuracy (%)", fmt="{:.1f}", cmap="magma")
@@ -171,13 +185,21 @@ def figC7(inputs: Inputs) -> Figure:
     fig.colorbar(im, ax=ax, shrink=0.8, label="top-1 accuracy (%)")
     fig.tight_layout()
     return Figure(fig, f"Off-diagonal: ensembles of {max(1, m // 2)} network(s) of A and {max(1, m - m // 2)} of B; "
-                       f"diagonal: {m} network(s) of one objective; modal prediction, ties broken by mean "
-                       f"probability. {M.dataset}/{M.split} (n = {M.n}). {M.describe}.")
+                       f"diagonal: {m} network(s) of one objective; modal prediction, ties to the class whose "
+                       f"voters' top-1 probabilities sum highest. {M.dataset}/{M.split} (n = {M.n}). {M.describe}.")
 
 
-def _penultimate(inputs: Inputs, store) -> np.ndarray:
-    layer = inputs.penultimate(store.layers)
-    return np.asarray(store.layer(layer).compute(), dtype=np.float64).reshape(store.n, -1)
+def _penultimate_blocks(inputs: Inputs, store):
+    """(row offset, float32 (rows, P) block) of the penultimate layer, one store chunk at a time."""
+    arr = store.layer(inputs.penultimate(store.layers))
+    start = 0
+    for block in arr.blocks:
+        X = np.asarray(block.compute(), dtype=np.float32).reshape(block.shape[0], -1)
+        yield start, X
+        start += X.shape[0]
+
+
+MAX_ROWS_E3 = 10_000  # Fig. E.3 samples pairs; a seeded subset of rows bounds memory on ImageNet-size stores
 
 
 def _kde(ax, values, **kw):
@@ -202,7 +224,9 @@ def figE1(inputs: Inputs) -> Figure:
         W, _ = s.head
         if W.shape[0] <= int(M.y.max()):
             raise Missing(f"head of {s.name} has fewer rows than the labels' classes")
-        avh = angular_visual_hardness(_penultimate(inputs, s), M.y, np.asarray(W, np.float64))
+        W = np.asarray(W, np.float64)
+        avh = np.concatenate([angular_visual_hardness(X, M.y[i:i + len(X)], W)
+                              for i, X in _penultimate_blocks(inputs, s)])  # per example: chunk by chunk
         acc = 100 * np.mean(M.pred[idx] == M.y)
         _kde(ax, avh, color=color(label), label=f"{display(label)} ({acc:.1f}%)")
     ax.set_xlabel("Angular visual hardness")
@@ -219,10 +243,13 @@ def figE3(inputs: Inputs) -> Figure:
 
     M = Models(inputs)
     n_pairs = 20_000
+    rows = np.sort(np.random.default_rng(0).choice(M.n, min(M.n, MAX_ROWS_E3), replace=False))
     plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(6.8, 6.2), sharex=True)
     for label, idx in sorted(M.by_label().items(), key=lambda kv: labels_in_order(M.labels).index(kv[0])):
-        within, between = cosine_distance_samples(_penultimate(inputs, M.stores[idx[0]]), M.y, n_pairs, seed=0)
+        X = np.concatenate([X[np.isin(np.arange(i, i + len(X)), rows)] for i, X in
+                            _penultimate_blocks(inputs, M.stores[idx[0]])])
+        within, between = cosine_distance_samples(X, M.y[rows], n_pairs, seed=0)
         for ax in axes:
             _kde(ax, within, color=color(label), ls="-", label=display(label))
             _kde(ax, between, color=color(label), ls="--")
@@ -233,7 +260,8 @@ def figE3(inputs: Inputs) -> Figure:
     legend_outside(axes[0], title="solid: same class\ndashed: different")
     fig.tight_layout()
     return Figure(fig, f"Gaussian KDE over {n_pairs} within-class and {n_pairs} between-class example pairs "
-                       f"(repsim.cosine_distance_samples, seed 0) of {M.dataset}/{M.split} (n = {M.n}); "
+                       f"(repsim.cosine_distance_samples, seed 0) among {len(rows)} examples (seeded subset when "
+                       f"n > {MAX_ROWS_E3}) of {M.dataset}/{M.split} (n = {M.n}); "
                        f"first seed of each objective; bottom: log density. {M.describe}.")
 
 
