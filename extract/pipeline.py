@@ -1,0 +1,460 @@
+"""Run a model over a dataset once and write its activation store (DESIGN.md "Activation store").
+
+Pipeline, per rank::
+
+    DataLoader (workers, pinned memory, fixed order)  ->  forward under inference_mode (+ AMP on GPU)
+        hooks copy each layer's reduced, cast output into a host chunk buffer (non-blocking on GPU)
+    a full chunk  ->  background thread: wait for its copies, check range, compress + write it,
+                      mark written[i]                    (a bounded pool of buffers bounds memory)
+
+Determinism and resume: batches never straddle chunks and start at fixed offsets inside a chunk
+(``chunk*rows + j*batch_size``), so a chunk's bytes do not depend on which other chunks are
+pending, on how many ranks share the work, or on whether the run was interrupted. A rerun of the
+same command opens the incomplete store, checks that the settings match and computes only the
+chunks whose ``written`` flag is false; ``complete`` is set last by ``StoreWriter.finalize``.
+
+Sharding (``torchrun --nproc_per_node=N -m extract ...``, or any initialised ``torch.distributed``
+group): rank 0 creates or opens the store and lists the pending chunks, broadcasts them, then every
+rank computes ``pending[rank::N]`` into the same store (disjoint chunks, and ``written`` has one
+object per chunk, so no two ranks touch the same file); after a barrier rank 0 writes the head and
+finalises.
+"""
+from __future__ import annotations
+
+import math
+import os
+import queue
+import shutil
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .capture import FLOAT16_OVERFLOW, Capture, Spatial
+from .layers import layer_modules, select_layers
+from .sources import example_ids, head_weights, load_dataset, load_model
+
+DTYPES = {"float16": torch.float16, "float32": torch.float32}
+AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+CHUNK_TARGET_BYTES = 64 << 20  # uncompressed activations per chunk, all layers together
+MAX_CHUNK_ROWS = 4096
+
+
+class ExtractError(ValueError):
+    """A refused or failed extraction (bad settings, overflow, no disk room, mismatched resume)."""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _dist() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def init_distributed_from_env(device: str | None) -> bool:
+    """Initialise torch.distributed when launched by torchrun (WORLD_SIZE > 1). True if we did."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.distributed.is_initialized():
+        return False
+    use_cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
+    torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
+    return True
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None or str(device) == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return dev
+
+
+def _resolve_amp(amp: str | None, device: torch.device) -> torch.dtype | None:
+    amp = "auto" if amp is None else str(amp)
+    if amp == "auto":
+        return torch.float16 if device.type == "cuda" else None
+    if amp in ("off", "none", "float32"):
+        return None
+    if amp not in AMP_DTYPES:
+        raise ExtractError(f"extract: --amp must be auto, off, float16 or bfloat16, got {amp!r}")
+    return AMP_DTYPES[amp]
+
+
+def default_chunk_rows(row_bytes: int, batch_size: int, n: int) -> int:
+    """~64 MiB of activations per chunk, at least one batch, a multiple of the batch size."""
+    rows = max(1, min(MAX_CHUNK_ROWS, CHUNK_TARGET_BYTES // max(row_bytes, 1)))
+    rows = max(batch_size, rows - rows % batch_size)
+    return max(1, min(rows, n))
+
+
+def _human(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError
+
+
+def _free_bytes(path: Path) -> int:
+    p = path.resolve()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def _msg(text: str, rank: int = 0) -> None:
+    if rank == 0:
+        print(f"extract: {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class _Buffers:
+    layers: dict[str, torch.Tensor]
+    labels: np.ndarray
+    amax: torch.Tensor  # (L,) host float32, pinned on CUDA
+    event: Any = None
+    chunk: int = -1
+
+
+@dataclass
+class Plan:
+    """What one extraction will do (shapes from one probe forward pass)."""
+
+    layers: dict[str, tuple[tuple[int, ...], str]]  # store layer -> (tail shape, dtype)
+    logits_dim: int
+    n: int
+    chunk_rows: int
+    row_bytes: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_chunks(self) -> int:
+        return math.ceil(self.n / self.chunk_rows)
+
+    @property
+    def estimated_bytes(self) -> int:
+        return self.n * self.row_bytes
+
+
+# ----------------------------------------------------------------------------- main entry
+
+
+def extract_store(
+    model: nn.Module | str | os.PathLike,
+    data,
+    out: str | os.PathLike,
+    *,
+    split: str | None = None,
+    layers: str | list[str] | None = None,
+    spatial: str = "flatten",
+    dtype: str = "float16",
+    batch_size: int = 128,
+    workers: int | None = None,
+    device: str | torch.device | None = None,
+    amp: str | None = "auto",
+    chunk_rows: int | None = None,
+    write_threads: int | None = None,
+    overwrite: bool = False,
+    check_space: bool = True,
+    progress: bool | None = None,
+    data_root: str | None = None,
+    meta: dict[str, Any] | None = None,
+):
+    """Extract ``model``'s layers over ``data`` into the Zarr store ``out``; returns the opened store.
+
+    ``model``: a ``train`` checkpoint path, ``"torchvision:<name>[:weights]"`` or an ``nn.Module``.
+    ``data``: a ``train.data.build_dataset`` spec (with ``split``) or a ``Dataset`` yielding
+    ``(image, label)``. ``layers``: names or fnmatch patterns of ``layer_modules(model)`` (default
+    all). ``spatial``: ``flatten`` (keep ``(C, H, W)``), ``mean`` or ``pool<k>``. ``dtype``: store
+    dtype of the layers (``float16`` default, ``float32``); logits are always float32. ``amp``:
+    ``auto`` (float16 autocast on CUDA, off on CPU), ``off``, ``float16``, ``bfloat16``.
+    Resumes an incomplete store written with the same settings; a complete one is returned as is
+    (``overwrite=True`` recomputes). Under ``torch.distributed`` the chunks are shared across ranks.
+    """
+    from repsim.store import StoreWriter, open_store
+
+    if batch_size < 1:
+        raise ExtractError(f"extract: --batch-size must be >= 1, got {batch_size}")
+    if dtype not in DTYPES:
+        raise ExtractError(f"extract: --dtype must be float16 or float32, got {dtype!r}")
+    spatial_ = Spatial.parse(spatial)
+    rank, world = _dist()
+    dev = _resolve_device(device)
+    amp_dtype = _resolve_amp(amp, dev)
+    store_dtype = DTYPES[dtype]
+
+    net, mmeta = load_model(model)
+    dataset, dmeta = load_dataset(data, split, data_root)
+    n = len(dataset)
+    if n < 1:
+        raise ExtractError("extract: the dataset is empty")
+    dmeta["n"] = n
+    net = net.to(dev).eval()
+    registry = layer_modules(net)
+    chosen = select_layers(registry, layers)
+    hooked = {**chosen, "logits": registry["logits"]}
+
+    plan = _plan(net, dataset, hooked, spatial_, dtype, dev, amp_dtype, batch_size, chunk_rows, n)
+    plan.settings = {
+        "layers": list(chosen), "spatial": str(spatial_), "dtype": dtype,
+        "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
+        "batch_size": batch_size, "chunk_rows": plan.chunk_rows, "device_type": dev.type,
+    }
+    full_meta = {
+        **(meta or {}),
+        "model": {**mmeta, **(meta or {}).get("model", {})},
+        "dataset": {**dmeta, **(meta or {}).get("dataset", {})},
+        "extraction": {
+            **plan.settings, "module_names": hooked, "world_size": world,
+            "torch": torch.__version__, "cudnn_benchmark": False,
+        },
+    }
+    out = Path(out)
+
+    # rank 0 prepares the store; the others learn the pending chunks (or the error) from it
+    status: list[Any] = [None, None]
+    if rank == 0:
+        try:
+            status = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store)
+        except Exception as exc:  # noqa: BLE001 - forwarded to the other ranks, then re-raised
+            status = ["error", f"{type(exc).__name__}: {exc}"]
+            if world == 1:
+                raise
+    if world > 1:
+        torch.distributed.broadcast_object_list(status, src=0)
+    kind, payload = status
+    if kind == "error":
+        if rank == 0:
+            raise ExtractError(payload)
+        raise ExtractError(f"rank 0 failed: {payload}")
+    if kind == "complete":
+        return open_store(str(out))
+    pending: list[int] = payload
+    mine = pending[rank::world]
+
+    writer = StoreWriter.open(str(out))
+    ids = example_ids(dataset, n)
+    t0 = time.perf_counter()
+    _run(net, dataset, writer, mine, plan, hooked, chosen, spatial_, store_dtype, dev, amp_dtype,
+         batch_size, workers, write_threads, ids, progress, rank)
+    if world > 1:
+        torch.distributed.barrier()
+    if rank == 0:
+        head = head_weights(net, registry["logits"])
+        if head is not None:
+            writer.set_head(*head)
+        store = writer.finalize()
+        dt = time.perf_counter() - t0
+        _msg(f"wrote {out} ({len(pending)} chunks, {n} examples) in {dt:.1f} s")
+    if world > 1:
+        torch.distributed.barrier()
+    return store if rank == 0 else open_store(str(out))
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def _plan(net, dataset, hooked, spatial, dtype, dev, amp_dtype, batch_size, chunk_rows, n) -> Plan:
+    """Shapes of every layer from one forward pass on the first example."""
+    x0 = dataset[0][0]
+    if not isinstance(x0, torch.Tensor):
+        raise ExtractError(f"extract: the dataset must yield (tensor, label), got {type(x0).__name__}")
+    with Capture(net, hooked, spatial, torch.float32) as cap, torch.inference_mode(), _autocast(dev, amp_dtype):
+        cap.begin_batch()
+        net(x0.unsqueeze(0).to(dev))
+        cap.end_batch()
+    itemsize = 2 if dtype == "float16" else 4
+    layers = {name: (tuple(cap.probe[name].shape[1:]), dtype) for name in hooked if name != "logits"}
+    logits_shape = tuple(cap.probe["logits"].shape[1:])
+    if len(logits_shape) != 1:
+        raise ExtractError(f"extract: logits must be (N, K), got (N, {logits_shape})")
+    row = sum(math.prod(tail) * itemsize for tail, _ in layers.values()) + 4 * logits_shape[0] + 8 + 4
+    if chunk_rows is not None and chunk_rows < 1:
+        raise ExtractError(f"extract: --chunk-rows must be >= 1, got {chunk_rows}")
+    rows = chunk_rows or default_chunk_rows(row, batch_size, n)
+    return Plan(layers=layers, logits_dim=logits_shape[0], n=n, chunk_rows=min(rows, n), row_bytes=row)
+
+
+def _compatible(attrs: dict, meta: dict) -> list[str]:
+    """Settings of an existing store that differ from this run's (empty: safe to resume)."""
+    diffs = []
+    old, new = attrs.get("extraction", {}), meta["extraction"]
+    for key in ("layers", "spatial", "dtype", "amp", "batch_size", "chunk_rows", "device_type"):
+        if old.get(key) != new.get(key):
+            diffs.append(f"{key}: store {old.get(key)!r} vs now {new.get(key)!r}")
+    for group, keys in (("model", ("arch", "checkpoint_sha256")), ("dataset", ("name", "split", "n", "transform"))):
+        for key in keys:
+            a, b = attrs.get(group, {}).get(key), meta[group].get(key)
+            if a != b:
+                diffs.append(f"{group}.{key}: store {a!r} vs now {b!r}")
+    return diffs
+
+
+def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bool, StoreWriter, open_store) -> list:
+    """Create, resume or skip the store; print the size estimate; refuse when the disk is short."""
+    pending = list(range(plan.n_chunks))
+    if out.exists() and not overwrite:
+        store = open_store(str(out), allow_incomplete=True)
+        diffs = _compatible(store.attrs, meta)
+        if diffs:
+            raise ExtractError(
+                f"extract: {out} exists with other settings ({'; '.join(diffs)}); "
+                "pass --overwrite to replace it or choose another --out"
+            )
+        if store.complete:
+            _msg(f"{out} is already complete; nothing to do (--overwrite recomputes it)")
+            return ["complete", None]
+        pending = StoreWriter.open(str(out)).pending()
+        _msg(f"resuming {out}: {plan.n_chunks - len(pending)} of {plan.n_chunks} chunks already written")
+    need = plan.row_bytes * sum(min(plan.n, (c + 1) * plan.chunk_rows) - c * plan.chunk_rows for c in pending)
+    free = _free_bytes(out.parent if not out.exists() else out)
+    _msg(
+        f"estimated store size {_human(plan.estimated_bytes)} uncompressed (upper bound; compressed size "
+        f"unknown until written): {plan.n} examples x {_human(plan.row_bytes)}, {len(plan.layers)} layers, "
+        f"{plan.n_chunks} chunks of {plan.chunk_rows}; {_human(free)} free"
+    )
+    if check_space and need > free:
+        raise ExtractError(
+            f"extract: not enough disk space for {out}: it needs up to {_human(need)} (uncompressed) and "
+            f"only {_human(free)} is free; reduce it with --spatial mean|pool<k>, --layers or --dtype "
+            "float16, or pass --no-space-check to rely on compression"
+        )
+    if not out.exists() or overwrite:
+        StoreWriter.create(
+            str(out), n=plan.n, layers=plan.layers, chunk_rows=plan.chunk_rows,
+            logits_dim=plan.logits_dim, meta=meta, overwrite=overwrite,
+        )
+    return ["pending", pending]
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def _autocast(dev: torch.device, amp_dtype: torch.dtype | None):
+    if amp_dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type=dev.type, dtype=amp_dtype)
+
+
+def _batches(chunks: list[int], rows: int, batch_size: int, n: int) -> list[tuple[int, int, int]]:
+    """(chunk, lo, hi) batches in order: never across a chunk edge, at fixed offsets within one."""
+    plan = []
+    for c in chunks:
+        start, stop = c * rows, min(n, (c + 1) * rows)
+        plan.extend((c, lo, min(lo + batch_size, stop)) for lo in range(start, stop, batch_size))
+    return plan
+
+
+def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtype, dev, amp_dtype,
+         batch_size, workers, write_threads, ids, progress, rank) -> None:
+    from torch.utils.data import DataLoader
+
+    if not chunks:
+        return
+    cuda = dev.type == "cuda"
+    cpus = os.cpu_count() or 1
+    workers = min(4, max(0, cpus - 1)) if workers is None else workers
+    write_threads = max(1, min(4, cpus)) if write_threads is None else max(1, write_threads)
+    rows, n = plan.chunk_rows, plan.n
+    batches = _batches(chunks, rows, batch_size, n)
+    loader = DataLoader(
+        dataset, batch_sampler=[list(range(lo, hi)) for _, lo, hi in batches], num_workers=workers,
+        pin_memory=cuda, persistent_workers=False,
+    )
+
+    def new_buffers() -> _Buffers:
+        layers = {
+            name: torch.empty((rows, *plan.layers[name][0]), dtype=store_dtype, pin_memory=cuda)
+            for name in hooked if name != "logits"
+        }
+        layers["logits"] = torch.empty((rows, plan.logits_dim), dtype=torch.float32, pin_memory=cuda)
+        return _Buffers(layers, np.empty(rows, np.int32), torch.empty(len(hooked), pin_memory=cuda))
+
+    free: queue.Queue[_Buffers] = queue.Queue()
+    for _ in range(write_threads + 1):  # one being filled, one per writer thread: bounded memory
+        free.put(new_buffers())
+    names = list(hooked)
+    f16_limit = FLOAT16_OVERFLOW if store_dtype == torch.float16 else math.inf
+
+    def write(buf: _Buffers) -> None:
+        try:
+            if buf.event is not None:
+                buf.event.synchronize()
+            c = buf.chunk
+            lo, hi = c * rows, min(n, (c + 1) * rows)
+            for name, m in zip(names, buf.amax.tolist()):
+                limit = math.inf if name == "logits" else f16_limit
+                if not math.isfinite(m):
+                    raise ExtractError(
+                        f"extract: layer {name!r} has non-finite values (NaN/inf) in examples {lo}..{hi - 1}"
+                        + ("; AMP float16 may overflow inside the network, try --amp off" if amp_dtype == torch.float16 else "")
+                    )
+                if m >= limit:
+                    raise ExtractError(
+                        f"extract: layer {name!r} overflows float16 (max |value| {m:.6g} > 65504) in examples "
+                        f"{lo}..{hi - 1}; refusing to store inf. Rerun with --dtype float32"
+                    )
+            writer.write_chunk(
+                c, layers={k: buf.layers[k][: hi - lo].numpy() for k in chosen if k != "logits"},
+                labels=buf.labels[: hi - lo], example_ids=ids[lo:hi],
+                logits=buf.layers["logits"][: hi - lo].numpy(),
+            )
+        finally:
+            free.put(buf)
+
+    futures: list[Future] = []
+
+    def check_done() -> None:
+        while futures and futures[0].done():
+            futures.pop(0).result()
+
+    from tqdm.auto import tqdm
+
+    show = (sys.stderr.isatty() if progress is None else progress) and rank == 0
+    bar = tqdm(total=len(chunks), unit="chunk", desc="extract", disable=not show)
+    pool = ThreadPoolExecutor(max_workers=write_threads, thread_name_prefix="extract-write")
+    try:
+        with Capture(net, hooked, spatial, store_dtype) as cap, torch.inference_mode(), _autocast(dev, amp_dtype):
+            buf: _Buffers | None = None
+
+            def flush() -> None:
+                amax = cap.take_amax()
+                buf.amax.copy_(torch.stack([amax[k] for k in names]), non_blocking=cuda)
+                if cuda:
+                    buf.event = torch.cuda.Event()
+                    buf.event.record()
+                futures.append(pool.submit(write, buf))
+                bar.update(1)
+
+            for (c, lo, hi), (x, y) in zip(batches, loader):
+                if buf is None or buf.chunk != c:
+                    if buf is not None:
+                        flush()
+                    check_done()
+                    buf = free.get()
+                    buf.chunk, buf.event = c, None
+                off = lo - c * rows
+                if len(y) != hi - lo:
+                    raise ExtractError(f"extract: loader returned {len(y)} rows for batch {lo}..{hi - 1}")
+                buf.labels[off: off + hi - lo] = np.asarray(y, dtype=np.int32)
+                cap.target = (buf.layers, off, off + hi - lo)
+                cap.begin_batch()
+                net(x.to(dev, non_blocking=cuda))
+                cap.end_batch()
+            flush()
+        for f in futures:
+            f.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()
