@@ -43,8 +43,7 @@ from .sources import example_ids, head_weights, load_dataset, load_model
 
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-CHUNK_TARGET_BYTES = 64 << 20  # uncompressed activations per chunk, all layers together
-MAX_CHUNK_ROWS = 4096
+INFLIGHT_BYTES = 2 << 30  # host memory for chunk buffers (filled + queued for writing), soft cap
 
 
 class ExtractError(ValueError):
@@ -89,13 +88,6 @@ def _resolve_amp(amp: str | None, device: torch.device) -> torch.dtype | None:
     if amp not in AMP_DTYPES:
         raise ExtractError(f"extract: --amp must be auto, off, float16 or bfloat16, got {amp!r}")
     return AMP_DTYPES[amp]
-
-
-def default_chunk_rows(row_bytes: int, batch_size: int, n: int) -> int:
-    """~64 MiB of activations per chunk, at least one batch, a multiple of the batch size."""
-    rows = max(1, min(MAX_CHUNK_ROWS, CHUNK_TARGET_BYTES // max(row_bytes, 1)))
-    rows = max(batch_size, rows - rows % batch_size)
-    return max(1, min(rows, n))
 
 
 def _human(nbytes: float) -> str:
@@ -205,7 +197,7 @@ def extract_store(
     chosen = select_layers(registry, layers)
     hooked = {**chosen, "logits": registry["logits"]}
 
-    plan = _plan(net, dataset, hooked, spatial_, dtype, dev, amp_dtype, batch_size, chunk_rows, n)
+    plan = _plan(net, dataset, chosen, hooked, spatial_, dtype, dev, amp_dtype, batch_size, chunk_rows, n)
     plan.settings = {
         "layers": list(chosen), "spatial": str(spatial_), "dtype": dtype,
         "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
@@ -265,8 +257,14 @@ def extract_store(
 # ----------------------------------------------------------------------------- planning
 
 
-def _plan(net, dataset, hooked, spatial, dtype, dev, amp_dtype, batch_size, chunk_rows, n) -> Plan:
-    """Shapes of every layer from one forward pass on the first example."""
+def _plan(net, dataset, chosen, hooked, spatial, dtype, dev, amp_dtype, batch_size, chunk_rows, n) -> Plan:
+    """Shapes of every layer from one forward pass on the first example.
+
+    ``logits`` are stored float32 at the root (always) and, when selected, also as the float32
+    layer ``layers/logits`` so that layer-wise analyses (CKA across all layers) can name it.
+    """
+    from repsim.store import default_chunk_rows as store_chunk_rows
+
     x0 = dataset[0][0]
     if not isinstance(x0, torch.Tensor):
         raise ExtractError(f"extract: the dataset must yield (tensor, label), got {type(x0).__name__}")
@@ -274,16 +272,24 @@ def _plan(net, dataset, hooked, spatial, dtype, dev, amp_dtype, batch_size, chun
         cap.begin_batch()
         net(x0.unsqueeze(0).to(dev))
         cap.end_batch()
-    itemsize = 2 if dtype == "float16" else 4
-    layers = {name: (tuple(cap.probe[name].shape[1:]), dtype) for name in hooked if name != "logits"}
     logits_shape = tuple(cap.probe["logits"].shape[1:])
     if len(logits_shape) != 1:
         raise ExtractError(f"extract: logits must be (N, K), got (N, {logits_shape})")
-    row = sum(math.prod(tail) * itemsize for tail, _ in layers.values()) + 4 * logits_shape[0] + 8 + 4
+    layers = {
+        name: (tuple(cap.probe[name].shape[1:]), "float32" if name == "logits" else dtype)
+        for name in chosen
+    }
+    itemsize = {"float16": 2, "float32": 4}
+    layer_bytes = [math.prod(tail) * itemsize[dt] for tail, dt in layers.values()]
+    row = sum(layer_bytes) + 4 * logits_shape[0] + 8 + 4
     if chunk_rows is not None and chunk_rows < 1:
         raise ExtractError(f"extract: --chunk-rows must be >= 1, got {chunk_rows}")
-    rows = chunk_rows or default_chunk_rows(row, batch_size, n)
-    return Plan(layers=layers, logits_dim=logits_shape[0], n=n, chunk_rows=min(rows, n), row_bytes=row)
+    if chunk_rows is None:
+        # the store's rule (>= 1 MiB for the smallest layer chunk, <= 128 MiB for the widest),
+        # rounded to whole batches so that every batch of a chunk is full but the last chunk's
+        chunk_rows = store_chunk_rows(layer_bytes + [4 * logits_shape[0]], n)
+        chunk_rows = max(batch_size, chunk_rows - chunk_rows % batch_size)
+    return Plan(layers=layers, logits_dim=logits_shape[0], n=n, chunk_rows=min(chunk_rows, n), row_bytes=row)
 
 
 def _compatible(attrs: dict, meta: dict) -> list[str]:
@@ -303,7 +309,7 @@ def _compatible(attrs: dict, meta: dict) -> list[str]:
 
 def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bool, StoreWriter, open_store) -> list:
     """Create, resume or skip the store; print the size estimate; refuse when the disk is short."""
-    pending = list(range(plan.n_chunks))
+    pending: range | list[int] = range(plan.n_chunks)
     if out.exists() and not overwrite:
         store = open_store(str(out), allow_incomplete=True)
         diffs = _compatible(store.attrs, meta)
@@ -317,7 +323,8 @@ def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bo
             return ["complete", None]
         pending = StoreWriter.open(str(out)).pending()
         _msg(f"resuming {out}: {plan.n_chunks - len(pending)} of {plan.n_chunks} chunks already written")
-    need = plan.row_bytes * sum(min(plan.n, (c + 1) * plan.chunk_rows) - c * plan.chunk_rows for c in pending)
+    rows = plan.n if isinstance(pending, range) else sum(min(plan.n, (c + 1) * plan.chunk_rows) - c * plan.chunk_rows for c in pending)
+    need = plan.row_bytes * rows
     free = _free_bytes(out.parent if not out.exists() else out)
     _msg(
         f"estimated store size {_human(plan.estimated_bytes)} uncompressed (upper bound; compressed size "
@@ -335,7 +342,7 @@ def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bo
             str(out), n=plan.n, layers=plan.layers, chunk_rows=plan.chunk_rows,
             logits_dim=plan.logits_dim, meta=meta, overwrite=overwrite,
         )
-    return ["pending", pending]
+    return ["pending", list(pending)]
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -375,14 +382,18 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
 
     def new_buffers() -> _Buffers:
         layers = {
-            name: torch.empty((rows, *plan.layers[name][0]), dtype=store_dtype, pin_memory=cuda)
+            name: torch.empty((rows, *plan.layers[name][0]), dtype=DTYPES[plan.layers[name][1]], pin_memory=cuda)
             for name in hooked if name != "logits"
         }
         layers["logits"] = torch.empty((rows, plan.logits_dim), dtype=torch.float32, pin_memory=cuda)
         return _Buffers(layers, np.empty(rows, np.int32), torch.empty(len(hooked), pin_memory=cuda))
 
+    # buffer sets: one being filled plus one per writer thread, fewer when chunks are huge; a
+    # forward pass waits for a free set, so host memory stays bounded whatever the dataset size
+    n_sets = max(2, min(write_threads + 1, INFLIGHT_BYTES // max(1, rows * plan.row_bytes)))
+    write_threads = min(write_threads, n_sets - 1)
     free: queue.Queue[_Buffers] = queue.Queue()
-    for _ in range(write_threads + 1):  # one being filled, one per writer thread: bounded memory
+    for _ in range(n_sets):
         free.put(new_buffers())
     names = list(hooked)
     f16_limit = FLOAT16_OVERFLOW if store_dtype == torch.float16 else math.inf
@@ -406,7 +417,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
                         f"{lo}..{hi - 1}; refusing to store inf. Rerun with --dtype float32"
                     )
             writer.write_chunk(
-                c, layers={k: buf.layers[k][: hi - lo].numpy() for k in chosen if k != "logits"},
+                c, layers={k: buf.layers[k][: hi - lo].numpy() for k in chosen},
                 labels=buf.labels[: hi - lo], example_ids=ids[lo:hi],
                 logits=buf.layers["logits"][: hi - lo].numpy(),
             )
