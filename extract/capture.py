@@ -114,8 +114,12 @@ class Capture:
                 return
             buffers, lo, hi = self.target
             dest = buffers[name][lo:hi]
-            self.amax[name].append(y.abs().amax().float())
-            dest.copy_(y if y.dtype == dest.dtype else y.to(dest.dtype), non_blocking=dest.is_pinned())
+            lo_hi = torch.aminmax(y)  # one pass, NaN propagates; max |y| = max(-min, max)
+            self.amax[name].append(torch.maximum(-lo_hi.min, lo_hi.max).float())
+            if dest.device == y.device:
+                dest.copy_(y)  # CPU: the cast happens inside the copy, no temporary
+            else:  # GPU: cast on the device (half the transfer), then a non-blocking copy to pinned host
+                dest.copy_(y.to(dest.dtype), non_blocking=dest.is_pinned())
 
         return hook
 

@@ -43,6 +43,7 @@ from .sources import example_ids, head_weights, load_dataset, load_model
 
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+MIN_CHUNKS = 8  # default chunking keeps at least this many chunks (pipelining, sharding, resume)
 INFLIGHT_BYTES = 2 << 30  # host memory for chunk buffers (filled + queued for writing), soft cap
 
 
@@ -286,8 +287,10 @@ def _plan(net, dataset, chosen, hooked, spatial, dtype, dev, amp_dtype, batch_si
         raise ExtractError(f"extract: --chunk-rows must be >= 1, got {chunk_rows}")
     if chunk_rows is None:
         # the store's rule (>= 1 MiB for the smallest layer chunk, <= 128 MiB for the widest),
-        # rounded to whole batches so that every batch of a chunk is full but the last chunk's
-        chunk_rows = store_chunk_rows(layer_bytes + [4 * logits_shape[0]], n)
+        # rounded to whole batches so that every batch of a chunk is full but the last chunk's;
+        chunk_rows = store_chunk_rows(layer_bytes, n)
+        # ... and at least MIN_CHUNKS chunks when the data allows, so that writing overlaps computing
+        chunk_rows = min(chunk_rows, math.ceil(n / MIN_CHUNKS))
         chunk_rows = max(batch_size, chunk_rows - chunk_rows % batch_size)
     return Plan(layers=layers, logits_dim=logits_shape[0], n=n, chunk_rows=min(chunk_rows, n), row_bytes=row)
 
