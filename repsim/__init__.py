@@ -27,6 +27,13 @@ _EXPORTS: dict[str, str] = {
     "Sparsity": "sparsity",
     "collapse_metrics": "collapse",
     "CollapseStats": "collapse",
+    "batch_hsic": "cka",
+    "activation_spectrum": "spectra",
+    "ActivationSpectrum": "spectra",
+    "weight_spectrum": "spectra",
+    "centroid_spectrum": "spectra",
+    "angular_visual_hardness": "spectra",
+    "cosine_distance_samples": "spectra",
     # stores
     "save_store": "store",
     "open_store": "store",

@@ -1,0 +1,481 @@
+"""Linear CKA: one-shot (Eq. 10) and the all-pairs minibatch estimator (DESIGN.md).
+
+Linear CKA (Kornblith et al. 2019; paper Eq. 10) of representations X (n, p1) and Y (n, p2) is
+
+    CKA(X, Y) = HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)),    K = X Xᵀ,  L = Y Yᵀ.
+
+*Biased* CKA uses HSIC₀(K, L) = tr(K H L H) / (n-1)² (H the centring matrix); with column-centred
+features this is ⟨K, L⟩ / (n-1)² = ‖Xcᵀ Yc‖²_F / (n-1)², which is Eq. 10.
+*Debiased* CKA uses the unbiased estimator of Song et al. (2012),
+
+    HSIC₁(K, L) = [tr(K̃ L̃) + 1ᵀK̃1 · 1ᵀL̃1 / ((n-1)(n-2)) - 2/(n-2) · 1ᵀK̃ L̃1] / (n(n-3)),
+
+K̃, L̃ the Grams with zeroed diagonals, which equals ⟨U(K), U(L)⟩ / (n(n-3)) with U the
+U-centering of :func:`ucenter`. HSIC₁ is bilinear in (K, L), so for L layers one product of
+U-centred, flattened Grams gives all L×L values at once (Nguyen, Raghu & Kornblith 2021, minibatch
+CKA; paper §3.2):
+
+    CKA_mb(i, j) = Σ_b HSIC₁(K_ib, K_jb) / sqrt(Σ_b HSIC₁(K_ib, K_ib) · Σ_b HSIC₁(K_jb, K_jb)).
+
+Implementation of one batch (:func:`batch_hsic`):
+
+1. centre each layer's features in the batch (column means). HSIC₀ and HSIC₁ are invariant to
+   it, and it removes the float32 cancellation that breaks peers on post-ReLU layers whose mean
+   dwarfs their spread. With centred X every row of K sums to zero, so the row sums of K̃ are
+   -diag(K) and U(K)_ij = K_ij + (K_ii + K_jj)/(n-2) - tr(K)/((n-1)(n-2)) for i ≠ j: U-centering
+   needs only the Gram's diagonal, and any block of U(K) can be formed from the same block of K.
+2. only the strict upper triangle (i < j) of each Gram is formed: the example rows are cut into
+   blocks [a, b) of ``block_rows``; block [a, b) contributes the triangle of its diagonal block
+   X_a X_aᵀ (a SYRK in NumPy) and the whole rectangle X_a X_{b:}ᵀ to the right of it, so the Gram
+   FLOPs are those of one SYRK (n²p, half a GEMM) and the triangle needs no large gather. Each
+   piece is U-centred in place (two broadcast adds) and copied into layer l's row of A (L, m),
+   m = n(n-1)/2 (split into column groups when A would exceed ``block_bytes``).
+3. H = 2 A Aᵀ / (n(n-3)) (debiased; symmetric product, a SYRK in NumPy), or, biased,
+   H = (2 A Aᵀ + diag·diagᵀ) / (n-1)² from the raw Gram triangles and diagonals.
+
+Numerics (DESIGN.md): float64 on the CPU; on a GPU float32 Grams (unless the input is float64)
+with the per-batch L×L HSIC values accumulated in float64 on the host.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from repsim._xp import (array_namespace, asarray_like, check_finite, flatten_examples, row_sq_norms,
+                        to_numpy)
+from repsim._xp import compute_dtype as _compute_dtype
+
+__all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA"]
+
+_STATE_VERSION = 1
+
+
+# ----------------------------------------------------------------------------------------------
+# one-shot kernels
+# ----------------------------------------------------------------------------------------------
+def ucenter(K: Any, *, xp: Any = None) -> Any:
+    """U-centering of a symmetric Gram matrix K (n × n, n >= 4), Song et al. (2012), Eq. 5.
+
+    U(K)_ij = K_ij - r_i/(n-2) - r_j/(n-2) + S/((n-1)(n-2)) for i ≠ j and U(K)_ii = 0, where
+    r_i = Σ_{l≠i} K_il and S = Σ_{k≠l} K_kl. Then HSIC₁(K, L) = ⟨U(K), U(L)⟩ / (n(n-3)).
+    """
+    xp = array_namespace(K, xp=xp)
+    if K.ndim != 2 or K.shape[0] != K.shape[1]:
+        raise ValueError(f"ucenter needs a square matrix, got shape {K.shape}")
+    n = K.shape[0]
+    if n < 4:
+        raise ValueError(f"U-centering needs n >= 4 examples, got n = {n}")
+    if not xp.isdtype(K.dtype, "real floating"):
+        K = xp.astype(K, xp.float64)
+    off = 1 - xp.eye(n, dtype=K.dtype)
+    K0 = K * off
+    r = xp.sum(K0, axis=1)
+    s = xp.sum(r)
+    U = K0 - (r[:, None] + r[None, :]) / (n - 2) + s / ((n - 1) * (n - 2))
+    return U * off
+
+
+def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str) -> Any:
+    """Flatten, cast, validate and column-centre one layer's batch (three passes over X).
+
+    NaN/inf anywhere in X makes its column mean non-finite, so the finiteness check runs on the
+    (p,) mean. X is constant to working precision when the centred rows' squared norms are all
+    within the rounding of the mean: Σ_i ‖x_i - x̄‖² <= (4 n eps)² · n · ‖x̄‖².
+    """
+    X = flatten_examples(X, xp, dtype, what)
+    if n is not None and X.shape[0] != n:
+        raise ValueError(f"{what} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
+    mean = xp.mean(X, axis=0, keepdims=True)
+    check_finite(mean, xp, what)
+    Xc = X - mean
+    spread = float(xp.sum(row_sq_norms(Xc, xp)))
+    tol = (4 * X.shape[0] * float(xp.finfo(X.dtype).eps)) ** 2 * X.shape[0] * float(xp.sum(mean * mean))
+    if spread <= tol:
+        raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
+    return Xc
+
+
+def _check_n(n: int, debiased: bool, what: str = "batch") -> None:
+    need = 4 if debiased else 2
+    if n < need:
+        raise ValueError(
+            f"{what} has n = {n} examples; {'debiased (unbiased HSIC)' if debiased else 'biased'} "
+            f"CKA needs n >= {need}"
+        )
+
+
+def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
+               compute_dtype: Any = None) -> float:
+    """Linear CKA of X (n, p1) and Y (n, p2) (paper Eq. 10); inputs with more axes are flattened.
+
+    ``debiased=False``: Eq. 10, ‖Ycᵀ Xc‖²_F / (‖Xcᵀ Xc‖_F ‖Ycᵀ Yc‖_F) with column-centred
+    features. ``debiased=True``: the same ratio with Song et al.'s unbiased HSIC₁ (module
+    docstring). The cheaper of the feature-space form (cost ~ n(p1 p2 + p1² + p2²)) and the Gram
+    form (cost ~ n²(p1 + p2)) is used; the debiased feature-space form
+    n(n-3)·HSIC₁ = ‖Ycᵀ Xc‖² - (n/(n-2)) Σ_i ‖x_i‖²‖y_i‖² + tr K · tr L / ((n-1)(n-2))
+    (rows of centred data) is used only in float64, where its cancellation is harmless.
+    """
+    xp = array_namespace(X, Y, xp=xp)
+    dt = _compute_dtype(xp, X, compute_dtype)
+    n = X.shape[0]
+    _check_n(n, debiased, "X")
+    Xc = _prepare(X, xp, dt, None, "X")
+    Yc = _prepare(Y, xp, dt, n, "Y")
+    p1, p2 = Xc.shape[1], Yc.shape[1]
+    feature_cost = p1 * p2 + p1 * p1 + p2 * p2
+    gram_cost = n * (p1 + p2) + 3 * n
+    use_features = feature_cost <= gram_cost and (not debiased or dt == xp.float64)
+    if not use_features:
+        h = batch_hsic([Xc, Yc], debiased=debiased, xp=xp, compute_dtype=dt, _centred=True)
+        return float(hsic_to_cka(h, names=["X", "Y"])[0, 1])
+    T = xp.matrix_transpose
+    hxy = xp.sum((T(Xc) @ Yc) ** 2)
+    hxx = xp.sum((T(Xc) @ Xc) ** 2)
+    hyy = xp.sum((T(Yc) @ Yc) ** 2)
+    if debiased:
+        k = row_sq_norms(Xc, xp)
+        l_ = row_sq_norms(Yc, xp)
+
+        def unbiased(t: Any, a: Any, b: Any) -> Any:
+            return t - (n / (n - 2)) * xp.sum(a * b) + xp.sum(a) * xp.sum(b) / ((n - 1) * (n - 2))
+
+        hxy, hxx, hyy = unbiased(hxy, k, l_), unbiased(hxx, k, k), unbiased(hyy, l_, l_)
+    hxx_f, hyy_f, hxy_f = float(hxx), float(hyy), float(hxy)
+    if hxx_f <= 0 or hyy_f <= 0:
+        raise ValueError(
+            f"self-HSIC is not positive (X: {hxx_f:.3g}, Y: {hyy_f:.3g}); CKA is undefined"
+        )
+    return hxy_f / math.sqrt(hxx_f * hyy_f)
+
+
+# ----------------------------------------------------------------------------------------------
+# all pairs of one batch
+# ----------------------------------------------------------------------------------------------
+_INDEX_CACHE: dict[tuple, Any] = {}
+
+
+def _upper_index(xp: Any, ref: Any, r: int) -> Any:
+    """Flat indices of the strict upper triangle (i < j) of an r × r matrix, row by row."""
+    key = (xp.__name__, str(getattr(ref, "device", "")), r)
+    idx = _INDEX_CACHE.get(key)
+    if idx is None:
+        i, j = np.triu_indices(r, 1)
+        idx = asarray_like(i * r + j, ref, xp, dtype=xp.int64)
+        if len(_INDEX_CACHE) > 64:
+            _INDEX_CACHE.clear()
+        _INDEX_CACHE[key] = idx
+    return idx
+
+
+def _pair_groups(n: int, block_rows: int, cap: int) -> list[list[tuple[int, int, int]]]:
+    """Row blocks [a, b) with their pair counts, grouped so each group holds <= ``cap`` pairs.
+
+    Block [a, b) owns the pairs i < j with a <= i < b: the strict upper triangle of its diagonal
+    block K[a:b, a:b] and the whole rectangle K[a:b, b:].
+    """
+    bounds = list(range(0, n, block_rows)) + [n]
+    groups: list[list[tuple[int, int, int]]] = [[]]
+    size = 0
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        r = b - a
+        m = r * (r - 1) // 2 + r * (n - b)
+        if groups[-1] and size + m > cap:
+            groups.append([])
+            size = 0
+        groups[-1].append((a, b, m))
+        size += m
+    return groups
+
+
+def _write_triangle(A: Any, l_: int, Xc: Any, d: Any, group: list[tuple[int, int, int]],
+                    debiased: bool, xp: Any) -> None:
+    """Write layer l's (U-centred) Gram pairs i < j of the row blocks in ``group`` into row A[l]."""
+    n = Xc.shape[0]
+    T = xp.matrix_transpose
+    if debiased:  # U(K)_ij = K_ij + u_i + v_j (i != j): u = diag/(n-2), v = u - tr/((n-1)(n-2))
+        u = d / (n - 2)
+        v = u - xp.sum(d) / ((n - 1) * (n - 2))
+    off = 0
+    for a, b, _ in group:
+        Xa = Xc[a:b, :]
+        r = b - a
+        if r > 1:  # strict upper triangle of the diagonal block (X Xᵀ of one buffer: SYRK)
+            G = Xa @ T(Xa)
+            if debiased:
+                G += u[a:b][:, None]
+                G += v[a:b][None, :]
+            k = r * (r - 1) // 2
+            A[l_, off:off + k] = xp.take(xp.reshape(G, (-1,)), _upper_index(xp, Xc, r))
+            off += k
+        if b < n:  # the rectangle right of it, contiguous
+            G = Xa @ T(Xc[b:, :])
+            if debiased:
+                G += u[a:b][:, None]
+                G += v[b:][None, :]
+            k = r * (n - b)
+            A[l_, off:off + k] = xp.reshape(G, (-1,))
+            off += k
+
+
+def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
+               compute_dtype: Any = None, block_bytes: int = 1 << 30, block_rows: int = 128,
+               names: Sequence[str] | None = None, _centred: bool = False) -> np.ndarray:
+    """HSIC between every pair of ``layers`` (each (n, ...), the same n examples) for one batch.
+
+    Returns an (L, L) float64 NumPy array of HSIC₁ (``debiased``) or HSIC₀ values; algorithm in
+    the module docstring. ``block_bytes`` bounds the triangle buffer A (L × pairs of a group of
+    row blocks); ``block_rows`` is the height of a row block.
+
+    ``layers`` is read item by item, in order: when A fits in ``block_bytes`` (one group) every
+    layer is read once and dropped after its row of A is written, so a lazy sequence (whose
+    ``__getitem__`` loads layer l's batch) keeps one layer's batch in memory at a time. With
+    several groups the centred layers are kept for the later groups.
+    """
+    return _batch_hsic(layers, debiased, xp, compute_dtype, block_bytes, block_rows, names, _centred)[0]
+
+
+def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: Any, block_bytes: int,
+                block_rows: int, names: Sequence[str] | None, centred: bool) -> tuple[np.ndarray, int]:
+    L = len(layers)
+    if L == 0:
+        raise ValueError("batch_hsic needs at least one layer")
+    names = list(names) if names is not None else [f"layer {i}" for i in range(L)]
+
+    first = layers[0]
+    xp = array_namespace(first, xp=xp)
+    dt = _compute_dtype(xp, first, compute_dtype)
+    n = first.shape[0]
+    _check_n(n, debiased, f"batch of {names[0]}")
+    itemsize = 8 if dt == xp.float64 else 4
+    groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * itemsize), 1))
+    kept: list[Any] | None = [None] * L if len(groups) > 1 else None
+    diags: list[Any] = []
+    H = None
+    for gi, group in enumerate(groups):
+        A = xp.empty((L, sum(m for _, _, m in group)), dtype=dt)
+        for l_ in range(L):
+            if gi == 0:
+                X = first if l_ == 0 else layers[l_]
+                if array_namespace(X) is not xp:
+                    raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
+                Xc = X if centred else _prepare(X, xp, dt, n, names[l_])
+                diags.append(row_sq_norms(Xc, xp))
+                if kept is not None:
+                    kept[l_] = Xc
+            else:
+                Xc = kept[l_]
+            _write_triangle(A, l_, Xc, diags[l_], group, debiased, xp)
+            del Xc
+        first = None
+        P = xp.astype(A @ xp.matrix_transpose(A), xp.float64)  # A Aᵀ: a SYRK in NumPy
+        H = P if H is None else H + P
+        del A
+    if debiased:
+        H = 2 * H / (n * (n - 3))
+    else:
+        D = xp.astype(xp.stack(diags), xp.float64)
+        H = (2 * H + D @ xp.matrix_transpose(D)) / ((n - 1) ** 2)
+    out = np.array(to_numpy(H), dtype=np.float64)
+    return (out + out.T) / 2, n  # exact symmetry (GEMM rounding may differ by an ulp)
+
+
+def hsic_to_cka(hsic: np.ndarray, names: Sequence[str] | None = None) -> np.ndarray:
+    """CKA matrix hsic_ij / sqrt(hsic_ii hsic_jj); ValueError when a self-HSIC is not positive."""
+    d = np.diag(hsic)
+    bad = np.flatnonzero(~(d > 0))
+    if bad.size:
+        label = [names[i] if names is not None else f"layer {i}" for i in bad[:5]]
+        raise ValueError(
+            f"self-HSIC is not positive for {', '.join(label)}"
+            f"{' ...' if bad.size > 5 else ''} (constant features or too few examples): CKA is undefined"
+        )
+    s = np.sqrt(d)
+    return hsic / np.outer(s, s)
+
+
+# ----------------------------------------------------------------------------------------------
+# streaming accumulator
+# ----------------------------------------------------------------------------------------------
+class MinibatchCKA:
+    """All-pairs minibatch CKA accumulator (protocol: update / merge / result / to_state / from_state).
+
+    ``update([X_1, ..., X_L])`` adds one minibatch (each X_l (b, ...) on the same b examples; conv
+    maps are flattened). The list may be any sequence read item by item (see :func:`batch_hsic`):
+    a lazy one lets a driver load one layer's batch at a time. ``.hsic`` holds the float64 (L, L) sums of per-batch HSIC, ``.n_batches``
+    the number of batches. With ``keep_batches`` the per-batch upper triangles are kept so that
+    ``result(ci=0.95)`` can give percentile-bootstrap intervals over batches.
+
+    ``merge`` adds sums and concatenates batch records, so accumulators built on any split of the
+    batches combine to the one-shot result (to float64 rounding) in any merge order. The bootstrap
+    first sorts the batch records into a canonical (lexicographic) order, so its intervals do not
+    depend on the merge order either.
+
+    ``names`` (e.g. "store/layer") label layers in error messages; ``compute_dtype`` None picks
+    float64 on the CPU and float32 on a GPU (DESIGN.md "Numerics"); ``block_bytes`` bounds the
+    per-batch triangle buffer A (L × n(n-1)/2 in the compute dtype, split into groups of row
+    blocks beyond it). Peak extra memory per update: A plus one centred layer when A fits in
+    ``block_bytes`` (default 1 GiB: e.g. up to 238 layers at n = 1500 in float32), else A's
+    group plus all centred layers of the batch.
+    """
+
+    def __init__(self, n_layers: int, debiased: bool = True, keep_batches: bool = True, *,
+                 names: Sequence[str] | None = None, compute_dtype: str | None = None,
+                 block_bytes: int = 1 << 30) -> None:
+        if int(n_layers) < 1:
+            raise ValueError(f"n_layers must be >= 1, got {n_layers}")
+        self.n_layers = int(n_layers)
+        self.debiased = bool(debiased)
+        self.keep_batches = bool(keep_batches)
+        if names is not None and len(names) != self.n_layers:
+            raise ValueError(f"names has {len(names)} entries for {self.n_layers} layers")
+        self.names = [str(s) for s in names] if names is not None else None
+        if compute_dtype not in (None, "float32", "float64"):
+            raise ValueError(f"compute_dtype must be None, 'float32' or 'float64', got {compute_dtype!r}")
+        self.compute_dtype = compute_dtype
+        self.block_bytes = int(block_bytes)
+        self.hsic = np.zeros((self.n_layers, self.n_layers), dtype=np.float64)
+        self.n_batches = 0
+        self.n_examples = 0
+        self._batches: list[np.ndarray] = []
+        self._iu = np.triu_indices(self.n_layers)
+
+    # -- protocol ------------------------------------------------------------------------------
+    def update(self, layers: Sequence[Any], *, xp: Any = None) -> "MinibatchCKA":
+        """Add one minibatch: a list of L arrays (b, ...) of activations on the same b examples."""
+        if len(layers) != self.n_layers:
+            raise ValueError(f"update got {len(layers)} layers, expected {self.n_layers}")
+        h, n = _batch_hsic(layers, self.debiased, xp, self.compute_dtype, self.block_bytes, 128,
+                           self._names(), False)
+        self.hsic += h
+        self.n_batches += 1
+        self.n_examples += n
+        if self.keep_batches:
+            self._batches.append(h[self._iu])
+        return self
+
+    def merge(self, other: "MinibatchCKA") -> "MinibatchCKA":
+        """Add ``other``'s batches into this accumulator (in place) and return self."""
+        if not isinstance(other, MinibatchCKA):
+            raise TypeError(f"cannot merge {type(other).__name__} into MinibatchCKA")
+        if (other.n_layers, other.debiased) != (self.n_layers, self.debiased):
+            raise ValueError(
+                f"cannot merge MinibatchCKA(n_layers={other.n_layers}, debiased={other.debiased}) into "
+                f"MinibatchCKA(n_layers={self.n_layers}, debiased={self.debiased})"
+            )
+        self.hsic += other.hsic
+        self.n_batches += other.n_batches
+        self.n_examples += other.n_examples
+        if self.keep_batches:
+            if not other.keep_batches and other.n_batches:
+                raise ValueError("cannot merge an accumulator without per-batch records into one that keeps them")
+            self._batches.extend(other._batches)
+        return self
+
+    def result(self, ci: float | None = None, *, n_boot: int = 1000, seed: int = 0,
+               ) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(L, L) CKA values; with ``ci`` (e.g. 0.95) also (lower, upper) bootstrap bounds.
+
+        Percentile bootstrap over batches: ``n_boot`` resamples of the B batch records with
+        replacement (``numpy.random.default_rng(seed)``, records in canonical order), each giving a
+        CKA matrix from its HSIC sums; bounds are the (1-ci)/2 and (1+ci)/2 quantiles (linear
+        interpolation). Resamples whose self-HSIC sum is not positive are dropped for that entry.
+        """
+        if self.n_batches == 0:
+            raise ValueError("MinibatchCKA.result() called before any update")
+        values = hsic_to_cka(self.hsic, self._names())
+        if ci is None:
+            return values
+        if not 0 < ci < 1:
+            raise ValueError(f"ci must lie in (0, 1), got {ci}")
+        if not self.keep_batches:
+            raise ValueError("confidence intervals need keep_batches=True")
+        lower, upper = self._bootstrap(ci, n_boot, seed)
+        return values, lower, upper
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain NumPy arrays and scalars; ``from_state(to_state())`` is an exact round trip."""
+        L = self.n_layers
+        batches = (np.stack(self._batches) if self._batches
+                   else np.zeros((0, L * (L + 1) // 2), dtype=np.float64))
+        return {
+            "kind": "MinibatchCKA",
+            "version": _STATE_VERSION,
+            "n_layers": L,
+            "debiased": self.debiased,
+            "keep_batches": self.keep_batches,
+            "names": np.array(self.names if self.names is not None else [], dtype=np.str_),
+            "has_names": self.names is not None,
+            "compute_dtype": self.compute_dtype or "",
+            "block_bytes": self.block_bytes,
+            "hsic": self.hsic.copy(),
+            "n_batches": self.n_batches,
+            "n_examples": self.n_examples,
+            "batches": batches,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "MinibatchCKA":
+        if str(state.get("kind")) != "MinibatchCKA":
+            raise ValueError(f"not a MinibatchCKA state (kind={state.get('kind')!r})")
+        names = [str(s) for s in np.asarray(state["names"]).tolist()] if bool(state["has_names"]) else None
+        acc = cls(int(state["n_layers"]), debiased=bool(state["debiased"]),
+                  keep_batches=bool(state["keep_batches"]), names=names,
+                  compute_dtype=str(state["compute_dtype"]) or None,
+                  block_bytes=int(state["block_bytes"]))
+        acc.hsic = np.array(state["hsic"], dtype=np.float64)
+        acc.n_batches = int(state["n_batches"])
+        acc.n_examples = int(state["n_examples"])
+        acc._batches = [np.array(r, dtype=np.float64) for r in np.asarray(state["batches"])]
+        return acc
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _names(self) -> list[str]:
+        return self.names if self.names is not None else [f"layer {i}" for i in range(self.n_layers)]
+
+    def batch_hsic(self) -> np.ndarray:
+        """Per-batch HSIC records, (B, L, L) float64, in canonical order."""
+        L = self.n_layers
+        rec = self._canonical()
+        out = np.zeros((rec.shape[0], L, L))
+        out[:, self._iu[0], self._iu[1]] = rec
+        out[:, self._iu[1], self._iu[0]] = rec
+        return out
+
+    def _canonical(self) -> np.ndarray:
+        if not self._batches:
+            return np.zeros((0, self.n_layers * (self.n_layers + 1) // 2))
+        rec = np.stack(self._batches)
+        order = np.lexsort(rec.T[::-1])
+        return rec[order]
+
+    def _bootstrap(self, ci: float, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        L = self.n_layers
+        rec = self._canonical()  # (B, T)
+        B = rec.shape[0]
+        rng = np.random.default_rng(seed)
+        draws = rng.integers(0, B, size=(n_boot, B))
+        counts = np.zeros((n_boot, B))
+        np.add.at(counts, (np.repeat(np.arange(n_boot), B), draws.ravel()), 1.0)
+        iu0, iu1 = self._iu
+        diag_cols = np.flatnonzero(iu0 == iu1)  # column of (i, i) in the triangle order
+        diag = counts @ rec[:, diag_cols]  # (n_boot, L)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            root = np.sqrt(np.where(diag > 0, diag, np.nan))
+        q = [100 * (1 - ci) / 2, 100 * (1 + ci) / 2]
+        lo_t = np.empty(rec.shape[1])
+        hi_t = np.empty(rec.shape[1])
+        step = max(1, (1 << 24) // max(n_boot, 1))
+        for s in range(0, rec.shape[1], step):
+            cols = slice(s, s + step)
+            sums = counts @ rec[:, cols]
+            cka = sums / (root[:, iu0[cols]] * root[:, iu1[cols]])
+            lo_t[cols], hi_t[cols] = np.nanpercentile(cka, q, axis=0)
+        lower = np.zeros((L, L))
+        upper = np.zeros((L, L))
+        lower[iu0, iu1] = lo_t
+        lower[iu1, iu0] = lo_t
+        upper[iu0, iu1] = hi_t
+        upper[iu1, iu0] = hi_t
+        return lower, upper

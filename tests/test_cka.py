@@ -1,0 +1,315 @@
+"""Linear CKA and the all-pairs minibatch estimator against brute-force references.
+
+References are written straight from the papers: Eq. 10 with the centring matrix H, and Song et
+al. (2012)'s unbiased HSIC formula on uncentred Grams with zeroed diagonals.
+"""
+from __future__ import annotations
+
+import array_api_strict
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from repsim.cka import MinibatchCKA, batch_hsic, linear_cka, ucenter
+
+NAMESPACES = [pytest.param(np, id="numpy"), pytest.param(array_api_strict, id="strict")]
+
+
+def song_hsic(X: np.ndarray, Y: np.ndarray) -> float:
+    """Song et al. 2012, Eq. 5: unbiased HSIC from Grams with zero diagonal (no centring)."""
+    return song_hsic_gram(X @ X.T, Y @ Y.T)
+
+
+def song_hsic_gram(K: np.ndarray, L: np.ndarray) -> float:
+    n = K.shape[0]
+    K = K.copy()
+    L = L.copy()
+    np.fill_diagonal(K, 0)
+    np.fill_diagonal(L, 0)
+    one = np.ones(n, dtype=K.dtype)
+    return (np.trace(K @ L) + (one @ K @ one) * (one @ L @ one) / K.dtype.type((n - 1) * (n - 2))
+            - K.dtype.type(2 / (n - 2)) * (one @ K @ L @ one)) / K.dtype.type(n * (n - 3))
+
+
+def biased_hsic(X: np.ndarray, Y: np.ndarray) -> float:
+    """tr(K H L H) / (n-1)^2 with H = I - 11ᵀ/n (Gretton et al. 2005)."""
+    n = X.shape[0]
+    H = np.eye(n) - np.ones((n, n)) / n
+    return float(np.trace(X @ X.T @ H @ Y @ Y.T @ H) / (n - 1) ** 2)
+
+
+def ref_cka(X: np.ndarray, Y: np.ndarray, debiased: bool) -> float:
+    h = song_hsic if debiased else biased_hsic
+    return h(X, Y) / np.sqrt(h(X, X) * h(Y, Y))
+
+
+def planted(rng: np.random.Generator, n: int, ps: list[int], mean: float = 0.0) -> list[np.ndarray]:
+    """Layers sharing a low-dimensional latent, plus noise and an offset (planted structure)."""
+    z = rng.normal(size=(n, 3))
+    return [z @ rng.normal(size=(3, p)) + 0.7 * rng.normal(size=(n, p)) + mean for p in ps]
+
+
+def as_xp(xp, *arrays):
+    out = [xp.asarray(a) for a in arrays]
+    return out if len(out) > 1 else out[0]
+
+
+def rel(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b)) / np.maximum(np.abs(b), 1e-300)))
+
+
+# --- one-shot ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("xp", NAMESPACES)
+@pytest.mark.parametrize("debiased", [False, True])
+@pytest.mark.parametrize("shape", [(40, 3, 5), (30, 70, 90), (25, 4, 2, 3)])  # feature / Gram / 4-D
+def test_linear_cka_matches_reference(xp, debiased, shape):
+    rng = np.random.default_rng(1)
+    n, p1, *rest = shape
+    X = rng.normal(size=(n, p1)) + 2.0
+    Y = X[:, :1] * rng.normal(size=(1, rest[0])) + rng.normal(size=(n, rest[0]))
+    if len(rest) > 1:  # conv-like (n, C, H, W) input is flattened
+        Y4 = rng.normal(size=(n, *rest)) + X[:, :1, None, None]
+        ref = ref_cka(X, Y4.reshape(n, -1), debiased)
+        got = linear_cka(*as_xp(xp, X, Y4), debiased=debiased)
+    else:
+        ref = ref_cka(X, Y, debiased)
+        got = linear_cka(*as_xp(xp, X, Y), debiased=debiased)
+    assert isinstance(got, float)
+    assert got == pytest.approx(ref, rel=1e-9)
+
+
+@pytest.mark.parametrize("xp", NAMESPACES)
+def test_ucenter_matches_definition(xp):
+    rng = np.random.default_rng(2)
+    X, Y = planted(rng, 12, [5, 7], mean=1.0)
+    K = X @ X.T
+    n = K.shape[0]
+    U = np.zeros_like(K)  # straight from the definition, loops and all
+    S = sum(K[k, l] for k in range(n) for l in range(n) if k != l)
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                ri = sum(K[i, l] for l in range(n) if l != i)
+                rj = sum(K[k, j] for k in range(n) if k != j)
+                U[i, j] = K[i, j] - ri / (n - 2) - rj / (n - 2) + S / ((n - 1) * (n - 2))
+    got = np.asarray(ucenter(xp.asarray(K)))
+    np.testing.assert_allclose(got, U, rtol=1e-10, atol=1e-10 * np.abs(K).max())
+    Ug = np.asarray(ucenter(xp.asarray(Y @ Y.T)))
+    assert float(np.sum(got * Ug)) / (n * (n - 3)) == pytest.approx(song_hsic(X, Y), rel=1e-9)
+    with pytest.raises(ValueError, match="n >= 4"):
+        ucenter(xp.asarray(K[:3, :3]))
+
+
+@pytest.mark.parametrize("xp", NAMESPACES)
+@pytest.mark.parametrize("debiased", [False, True])
+def test_invariances(xp, debiased):
+    rng = np.random.default_rng(3)
+    X, Y = planted(rng, 30, [8, 12], mean=0.5)
+    base = linear_cka(*as_xp(xp, X, Y), debiased=debiased)
+    Q, _ = np.linalg.qr(rng.normal(size=(8, 8)))
+    perm = rng.permutation(30)
+    assert linear_cka(*as_xp(xp, X @ Q, Y), debiased=debiased) == pytest.approx(base, rel=1e-10)
+    assert linear_cka(*as_xp(xp, 7.5 * X, 0.01 * Y), debiased=debiased) == pytest.approx(base, rel=1e-10)
+    assert linear_cka(*as_xp(xp, X[perm], Y[perm]), debiased=debiased) == pytest.approx(base, rel=1e-10)
+    assert linear_cka(*as_xp(xp, X + 100.0, Y), debiased=debiased) == pytest.approx(base, rel=1e-8)
+
+
+@pytest.mark.parametrize("xp", NAMESPACES)
+def test_known_answers(xp):
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(60, 20))
+    for deb in (False, True):
+        assert linear_cka(*as_xp(xp, X, X), debiased=deb) == pytest.approx(1.0, abs=1e-12)
+    # independent data: debiased CKA ~ 0 while biased CKA is inflated by the finite sample
+    A, B = rng.normal(size=(400, 60)), rng.normal(size=(400, 60))
+    assert abs(linear_cka(*as_xp(xp, A, B), debiased=True)) < 0.02
+    assert linear_cka(*as_xp(xp, A, B), debiased=False) > 0.1
+
+
+@pytest.mark.parametrize("xp", NAMESPACES)
+def test_bad_input_errors(xp):
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(10, 4))
+    with pytest.raises(ValueError, match="n >= 4"):
+        linear_cka(*as_xp(xp, X[:3], X[:3]), debiased=True)
+    Xn = X.copy()
+    Xn[2, 1] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        linear_cka(*as_xp(xp, Xn, X))
+    for const in (np.ones((10, 3)), np.full((10, 3), 0.1), np.full((10, 2, 2), 1e8 / 3)):
+        with pytest.raises(ValueError, match="constant"):
+            linear_cka(*as_xp(xp, X, const))
+    with pytest.raises(ValueError, match="examples"):
+        linear_cka(*as_xp(xp, X, X[:8]))
+    acc = MinibatchCKA(2, names=["storeA/block1", "storeA/block2"])
+    with pytest.raises(ValueError, match="storeA/block2.*constant"):
+        acc.update(as_xp(xp, X, np.full((10, 2), 3.0)))
+    with pytest.raises(ValueError, match="n >= 4"):
+        acc.update(as_xp(xp, X[:3], X[:3]))
+    with pytest.raises(ValueError, match="expected 2"):
+        acc.update(as_xp(xp, X, X, X))
+    with pytest.raises(ValueError, match="before any update"):
+        acc.result()
+
+
+# --- minibatch, all pairs ------------------------------------------------------------------------
+@pytest.mark.parametrize("xp", NAMESPACES)
+@pytest.mark.parametrize("debiased", [False, True])
+def test_batch_hsic_all_pairs_matches_song(xp, debiased):
+    rng = np.random.default_rng(6)
+    layers = planted(rng, 37, [3, 16, 50, 9], mean=3.0)
+    layers.append(rng.normal(size=(37, 2, 3, 3)))  # conv-like
+    flat = [a.reshape(37, -1) for a in layers]
+    h = song_hsic if debiased else biased_hsic
+    ref = np.array([[h(a, b) for b in flat] for a in flat])
+    # one row block; blocks of 5 rows in groups of one block; single-row blocks (rectangles only)
+    for block_bytes, block_rows in ((1 << 28, 128), (2000, 5), (1 << 28, 1), (1 << 28, 36)):
+        got = batch_hsic([xp.asarray(a) for a in layers], debiased=debiased, block_bytes=block_bytes,
+                         block_rows=block_rows)
+        assert isinstance(got, np.ndarray) and got.dtype == np.float64
+        np.testing.assert_allclose(got, ref, rtol=1e-8, atol=1e-12 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("xp", NAMESPACES)
+def test_minibatch_cka_matches_definition(xp):
+    rng = np.random.default_rng(7)
+    batches = [planted(rng, n, [6, 10, 4], mean=1.0) for n in (20, 31, 12)]
+    acc = MinibatchCKA(3)
+    for b in batches:
+        acc.update([xp.asarray(a) for a in b])
+    sums = np.zeros((3, 3))
+    for b in batches:
+        sums += np.array([[song_hsic(x, y) for y in b] for x in b])
+    ref = sums / np.sqrt(np.outer(np.diag(sums), np.diag(sums)))
+    np.testing.assert_allclose(acc.result(), ref, rtol=1e-9)
+    assert acc.n_batches == 3 and acc.n_examples == 63
+    np.testing.assert_allclose(acc.hsic, sums, rtol=1e-9)
+    # one batch: minibatch CKA is linear_cka
+    one = MinibatchCKA(3, debiased=False).update([xp.asarray(a) for a in batches[1]])
+    assert one.result()[0, 2] == pytest.approx(
+        linear_cka(*as_xp(xp, batches[1][0], batches[1][2])), rel=1e-10)
+
+
+class LazyLayers:
+    """A sequence that 'loads' a layer's batch on access and counts the loads."""
+
+    def __init__(self, layers):
+        self.layers, self.loads = layers, []
+
+    def __len__(self):
+        return len(self.layers)
+
+    def __getitem__(self, i):
+        self.loads.append(i)
+        return self.layers[i].copy()
+
+
+def test_layers_are_read_once_in_order():
+    rng = np.random.default_rng(11)
+    layers = planted(rng, 30, [4, 9, 2, 7], mean=1.0)
+    ref = batch_hsic(layers)
+    lazy = LazyLayers(layers)
+    acc = MinibatchCKA(4).update(lazy)
+    assert lazy.loads == [0, 1, 2, 3]  # one group: each layer read once, in order
+    np.testing.assert_allclose(acc.hsic, ref, rtol=1e-12)
+    lazy = LazyLayers(layers)
+    np.testing.assert_allclose(batch_hsic(lazy, block_bytes=400, block_rows=4), ref, rtol=1e-10)
+    assert lazy.loads == [0, 1, 2, 3]  # several groups: centred layers kept, still read once
+    with pytest.raises(TypeError, match="namespace"):
+        batch_hsic([layers[0], array_api_strict.asarray(layers[1])])
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_accumulators_any_split_any_merge_order(data):
+    seed = data.draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    n_batches = data.draw(st.integers(1, 6))
+    sizes = data.draw(st.lists(st.integers(4, 12), min_size=n_batches, max_size=n_batches))
+    batches = [planted(rng, n, [3, 5], mean=2.0) for n in sizes]
+    one_shot = MinibatchCKA(2)
+    for b in batches:
+        one_shot.update(b)
+    n_parts = data.draw(st.integers(1, n_batches))
+    owner = data.draw(st.lists(st.integers(0, n_parts - 1), min_size=n_batches, max_size=n_batches))
+    parts = [MinibatchCKA(2) for _ in range(n_parts)]
+    for b, o in zip(batches, owner):
+        parts[o].update(b)
+    parts = [MinibatchCKA.from_state(p.to_state()) for p in parts]  # ship across "workers"
+    order = data.draw(st.permutations(range(n_parts)))
+    merged = parts[order[0]]
+    for i in order[1:]:
+        merged.merge(parts[i])
+    np.testing.assert_allclose(merged.hsic, one_shot.hsic, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(merged.result(), one_shot.result(), rtol=1e-12)
+    v1, lo1, hi1 = merged.result(ci=0.9, n_boot=50)
+    v2, lo2, hi2 = one_shot.result(ci=0.9, n_boot=50)
+    np.testing.assert_allclose(lo1, lo2, rtol=1e-12)
+    np.testing.assert_allclose(hi1, hi2, rtol=1e-12)
+
+
+def test_state_round_trip_is_exact(tmp_path):
+    rng = np.random.default_rng(8)
+    acc = MinibatchCKA(3, names=["a/b1", "a/b2", "b/b1"])
+    for n in (9, 14):
+        acc.update(planted(rng, n, [4, 4, 6]))
+    state = acc.to_state()
+    for v in state.values():
+        assert isinstance(v, (np.ndarray, int, float, bool, str))
+    np.savez(tmp_path / "s.npz", **state)  # survives a plain npz checkpoint
+    loaded = dict(np.load(tmp_path / "s.npz"))
+    back = MinibatchCKA.from_state(loaded)
+    s2 = back.to_state()
+    assert state.keys() == s2.keys()
+    for k in state:
+        np.testing.assert_array_equal(np.asarray(state[k]), np.asarray(s2[k]))
+    np.testing.assert_array_equal(back.result(), acc.result())
+    with pytest.raises(ValueError, match="cannot merge"):
+        back.merge(MinibatchCKA(2))
+
+
+def test_bootstrap_ci_matches_explicit_resampling():
+    rng = np.random.default_rng(9)
+    acc = MinibatchCKA(3)
+    for _ in range(8):
+        acc.update(planted(rng, 16, [5, 5, 5], mean=1.0))
+    values, lower, upper = acc.result(ci=0.8, n_boot=200, seed=3)
+    per = acc.batch_hsic()  # canonical order, (B, L, L)
+    draws = np.random.default_rng(3).integers(0, per.shape[0], size=(200, per.shape[0]))
+    boots = []
+    for d in draws:
+        s = per[d].sum(axis=0)
+        boots.append(s / np.sqrt(np.outer(np.diag(s), np.diag(s))))
+    boots = np.array(boots)
+    np.testing.assert_allclose(lower, np.percentile(boots, 10, axis=0), rtol=1e-10)
+    np.testing.assert_allclose(upper, np.percentile(boots, 90, axis=0), rtol=1e-10)
+    assert np.all(lower <= upper) and np.all(np.diag(lower) == pytest.approx(1.0))
+    assert np.all((lower <= values + 1e-12) | (upper >= values - 1e-12))
+    with pytest.raises(ValueError, match="keep_batches"):
+        MinibatchCKA(3, keep_batches=False).update(planted(rng, 8, [2, 2, 2])).result(ci=0.9)
+
+
+def test_float32_post_relu_matches_float64():
+    """Post-ReLU features with mean ~3, 200,000 features, n = 64: float32 within 1e-3 of float64."""
+    rng = np.random.default_rng(10)
+    n, p = 64, 200_000
+    z = rng.standard_normal((n, 4), dtype=np.float32)  # a weak shared latent: CKA ~ 0.36
+
+    def relu_layer():
+        w = rng.standard_normal((4, p), dtype=np.float32)
+        return np.maximum(rng.standard_normal((n, p), dtype=np.float32) + 3.0 + 0.03 * (z @ w), 0)
+
+    X, Y = relu_layer(), relu_layer()
+    assert 2.5 < float(X.mean()) < 3.5
+    # float64 reference: Song's formula on float64 Grams of the same data
+    K64, L64 = (X.astype(np.float64) @ X.T.astype(np.float64)), (Y.astype(np.float64) @ Y.T.astype(np.float64))
+    ref = song_hsic_gram(K64, L64) / np.sqrt(song_hsic_gram(K64, K64) * song_hsic_gram(L64, L64))
+    assert 0.2 < ref < 0.6
+    got32 = MinibatchCKA(2, compute_dtype="float32").update([X, Y]).result()[0, 1]
+    assert abs(got32 - ref) <= 1e-3 * abs(ref)
+
+    # the data really is hard: Song's formula on uncentred float32 Grams is off by more than 3x
+    K32, L32 = X @ X.T, Y @ Y.T
+    with np.errstate(all="ignore"):
+        naive = song_hsic_gram(K32, L32) / np.sqrt(song_hsic_gram(K32, K32) * song_hsic_gram(L32, L32))
+    assert not abs(naive - ref) <= 2 * abs(ref)
