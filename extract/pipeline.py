@@ -184,6 +184,8 @@ def extract_store(
     spatial_ = Spatial.parse(spatial)
     rank, world = _dist()
     dev = _resolve_device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
     amp_dtype = _resolve_amp(amp, dev)
     store_dtype = DTYPES[dtype]
 
@@ -269,10 +271,7 @@ def _plan(net, dataset, chosen, hooked, spatial, dtype, dev, amp_dtype, batch_si
     x0 = dataset[0][0]
     if not isinstance(x0, torch.Tensor):
         raise ExtractError(f"extract: the dataset must yield (tensor, label), got {type(x0).__name__}")
-    with Capture(net, hooked, spatial, torch.float32) as cap, torch.inference_mode(), _autocast(dev, amp_dtype):
-        cap.begin_batch()
-        net(x0.unsqueeze(0).to(dev))
-        cap.end_batch()
+    cap = _probe(net, x0.unsqueeze(0), hooked, spatial, dev, amp_dtype)
     logits_shape = tuple(cap.probe["logits"].shape[1:])
     if len(logits_shape) != 1:
         raise ExtractError(f"extract: logits must be (N, K), got (N, {logits_shape})")
@@ -295,6 +294,25 @@ def _plan(net, dataset, chosen, hooked, spatial, dtype, dev, amp_dtype, batch_si
     return Plan(layers=layers, logits_dim=logits_shape[0], n=n, chunk_rows=min(chunk_rows, n), row_bytes=row)
 
 
+def _probe(net, x, hooked, spatial, dev, amp_dtype) -> Capture:
+    """Layer outputs for one example: shape inference on the meta device (no compute, no oneDNN
+    kernels built for a batch of one), or a real forward when some op has no meta kernel."""
+    try:
+        meta = {k: torch.empty_like(v, device="meta") for k, v in (*net.named_parameters(), *net.named_buffers())}
+        with Capture(net, hooked, spatial, torch.float32) as cap, torch.inference_mode():
+            cap.begin_batch()
+            torch.func.functional_call(net, meta, (x.to("meta"),))
+            cap.end_batch()
+        return cap
+    except Exception:  # noqa: BLE001 - fall back to computing it
+        pass
+    with Capture(net, hooked, spatial, torch.float32) as cap, torch.inference_mode(), _autocast(dev, amp_dtype):
+        cap.begin_batch()
+        net(x.to(dev))
+        cap.end_batch()
+    return cap
+
+
 def _compatible(attrs: dict, meta: dict) -> list[str]:
     """Settings of an existing store that differ from this run's (empty: safe to resume)."""
     diffs = []
@@ -302,7 +320,8 @@ def _compatible(attrs: dict, meta: dict) -> list[str]:
     for key in ("layers", "spatial", "dtype", "amp", "batch_size", "chunk_rows", "device_type"):
         if old.get(key) != new.get(key):
             diffs.append(f"{key}: store {old.get(key)!r} vs now {new.get(key)!r}")
-    for group, keys in (("model", ("arch", "checkpoint_sha256")), ("dataset", ("name", "split", "n", "transform"))):
+    for group, keys in (("model", ("arch", "checkpoint_sha256", "weights_sha256")),
+                        ("dataset", ("name", "split", "n", "transform"))):
         for key in keys:
             a, b = attrs.get(group, {}).get(key), meta[group].get(key)
             if a != b:

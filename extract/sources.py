@@ -32,8 +32,19 @@ def _clean(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
+def weights_sha256(model: nn.Module) -> str:
+    """sha256 over the state dict (names, dtypes, shapes, raw bytes): the identity of an in-memory
+    model, so that a resumed store never mixes two models' rows."""
+    h = hashlib.sha256()
+    for name, t in model.state_dict().items():
+        t = t.detach().cpu().contiguous().reshape(-1)
+        h.update(f"{name}|{t.dtype}|{t.numel()}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def model_meta(model: nn.Module) -> dict[str, Any]:
-    """Provenance of an in-memory model: arch, objective, params, seed from a ``train`` Network."""
+    """Provenance of a model: arch, objective, params, seed (from a ``train`` Network)."""
     config = dict(getattr(model, "config", None) or {})
     return _clean({
         "arch": getattr(model, "arch", None) or config.get("arch") or type(model).__name__,
@@ -46,7 +57,7 @@ def model_meta(model: nn.Module) -> dict[str, Any]:
 def load_model(source: str | os.PathLike | nn.Module) -> tuple[nn.Module, dict[str, Any]]:
     """(model in eval mode, attrs["model"]) for a checkpoint path, a torchvision spec or a module."""
     if isinstance(source, nn.Module):
-        return source.eval(), model_meta(source)
+        return source.eval(), {**model_meta(source), "weights_sha256": weights_sha256(source)}
     spec = str(source)
     if spec.startswith(TORCHVISION_PREFIX):
         import torchvision
@@ -56,7 +67,8 @@ def load_model(source: str | os.PathLike | nn.Module) -> tuple[nn.Module, dict[s
             model = torchvision.models.get_model(name, weights=weights or None)
         except ValueError as exc:
             raise ValueError(f"extract: unknown torchvision model {spec!r}: {exc}") from None
-        return model.eval(), _clean({"arch": name, "params": {"weights": weights or None}})
+        meta = {"arch": name, "params": {"weights": weights or None}, "weights_sha256": weights_sha256(model)}
+        return model.eval(), _clean(meta)
     path = Path(spec)
     if not path.is_file():
         raise ValueError(f"extract: checkpoint {spec!r} does not exist")
@@ -64,7 +76,7 @@ def load_model(source: str | os.PathLike | nn.Module) -> tuple[nn.Module, dict[s
 
     model = train_load_model(path)
     meta = model_meta(model)
-    ckpt = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # metadata only; cheap
     config = dict(ckpt.get("config") or {}) if isinstance(ckpt, dict) else {}
     meta.setdefault("arch", config.get("arch"))
     meta.setdefault("objective", config.get("objective"))
