@@ -212,27 +212,28 @@ def extract_store(
         "dataset": {**dmeta, **(meta or {}).get("dataset", {})},
         "extraction": {
             **plan.settings, "module_names": hooked, "world_size": world,
-            "torch": torch.__version__, "cudnn_benchmark": False,
+            "torch": torch.__version__, "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
         },
     }
     out = Path(out)
 
     # rank 0 prepares the store; the others learn the pending chunks (or the error) from it
     status: list[Any] = [None, None]
+    error: Exception | None = None
     if rank == 0:
         try:
             status = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store)
         except Exception as exc:  # noqa: BLE001 - forwarded to the other ranks, then re-raised
-            status = ["error", f"{type(exc).__name__}: {exc}"]
             if world == 1:
                 raise
+            status, error = ["error", f"{type(exc).__name__}: {exc}"], exc
     if world > 1:
         torch.distributed.broadcast_object_list(status, src=0)
     kind, payload = status
+    if error is not None:
+        raise error
     if kind == "error":
-        if rank == 0:
-            raise ExtractError(payload)
-        raise ExtractError(f"rank 0 failed: {payload}")
+        raise ExtractError(f"extract: rank 0 could not prepare {out}: {payload}")
     if kind == "complete":
         return open_store(str(out))
     pending: list[int] = payload
