@@ -178,7 +178,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cpu-n", type=int, default=128, help="synthetic images for the CPU ResNet-50 runs")
+    p.add_argument("--cpu-n", type=int, default=256, help="synthetic images for the CPU ResNet-50 runs")
     p.add_argument("--gpu-n", type=int, default=20000)
     p.add_argument("--gpu-batch", type=int, default=256)
     p.add_argument("--gpu-spatial", default="mean")
