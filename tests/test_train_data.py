@@ -1,0 +1,101 @@
+"""Datasets: digits splits (deterministic, disjoint, stratified), source/target classes, ImageFolder
+with a deterministic holdout, synthetic, and clear errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from train.data import SPLITS, build_dataset, load_digits_arrays
+
+
+def test_digits_arrays_equal_sklearn():
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits_arrays()
+    d = load_digits()
+    np.testing.assert_array_equal(x, d.images)
+    np.testing.assert_array_equal(y, d.target)
+
+
+def test_digits_splits_partition_and_are_deterministic():
+    ids = {s: build_dataset("digits", s).example_ids for s in SPLITS}
+    allids = np.concatenate(list(ids.values()))
+    assert len(allids) == 1797 and len(np.unique(allids)) == 1797
+    for s in SPLITS:
+        assert np.all(np.diff(ids[s]) > 0)  # increasing original index: a fixed order
+        np.testing.assert_array_equal(ids[s], build_dataset("digits", s).example_ids)
+    test = build_dataset("digits", "test")
+    counts = np.bincount(test.targets)
+    assert counts.min() >= 43 and counts.max() <= 46  # 25 % of each class
+
+
+def test_digits_source_and_target():
+    _, labels = load_digits_arrays()
+    src, tgt = build_dataset("digits-source", "train"), build_dataset("digits-target", "test")
+    assert src.num_classes == tgt.num_classes == 5 and tgt.classes == ["5", "6", "7", "8", "9"]
+    assert set(labels[src.example_ids]) == {0, 1, 2, 3, 4}
+    np.testing.assert_array_equal(labels[tgt.example_ids], tgt.targets + 5)
+    full = build_dataset("digits", "train")
+    assert set(src.example_ids) <= set(full.example_ids)
+    x, y = src[0]
+    assert x.shape == (1, 8, 8) and x.dtype == torch.float32 and isinstance(y, int)
+
+
+def test_digits_augmentation_shifts_train_only():
+    torch.manual_seed(0)
+    aug = build_dataset("digits", "train", augment=True)
+    plain = build_dataset("digits", "train")
+    diffs = [not torch.equal(aug[i][0], plain[i][0]) for i in range(40)]
+    assert any(diffs)
+    assert "shift" in aug.transform_desc and "shift" not in build_dataset("digits", "test", augment=True).transform_desc
+
+
+def test_synthetic_is_deterministic():
+    a = build_dataset("synthetic", "train", image_size=16, num_classes=4, n=10)
+    b = build_dataset("synthetic", "train", image_size=16, num_classes=4, n=10)
+    assert torch.equal(a[3][0], b[3][0]) and a[3][0].shape == (3, 16, 16) and a.num_classes == 4
+    assert not torch.equal(a[3][0], build_dataset("synthetic", "test", image_size=16, n=10)[3][0])
+
+
+def test_image_folder_holdout(tmp_path):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 6), ("val", 2)):
+        for c in ("cat", "dog"):
+            d = tmp_path / split / c
+            d.mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(d / f"{i}.png")
+    kw = dict(image_size=16, holdout_size=3)
+    tr = build_dataset(str(tmp_path), "train", augment=True, **kw)
+    ho = build_dataset(str(tmp_path), "holdout", **kw)
+    te = build_dataset(str(tmp_path), "test", **kw)
+    assert (len(tr), len(ho), len(te)) == (9, 3, 4) and tr.classes == ["cat", "dog"]
+    assert not set(tr.example_ids) & set(ho.example_ids)
+    np.testing.assert_array_equal(ho.example_ids, build_dataset(str(tmp_path), "holdout", **kw).example_ids)
+    assert tr[0][0].shape == (3, 16, 16) and te[0][0].shape == (3, 16, 16)
+    assert "RandomResizedCrop(16, scale=(0.1, 1)" in tr.transform_desc and "CenterCrop(16)" in te.transform_desc
+
+
+def test_bad_specs():
+    with pytest.raises(ValueError, match="does not exist"):
+        build_dataset("/no/such/dir", "train")
+    with pytest.raises(ValueError, match="unknown split"):
+        build_dataset("digits", "val")
+    with pytest.raises(ValueError, match="needs --data ROOT"):
+        build_dataset("cifar10", "train")
+
+
+def test_dataset_from_config_uses_the_run_settings():
+    from train.config import load_config
+    from train.data import dataset_from_config
+
+    cfg = load_config("digits-softmax")
+    ds = dataset_from_config(cfg, "test")
+    assert ds.name == "digits-source" and ds.transform_desc == "standardise"
+    tgt = dataset_from_config(cfg, "test", spec="digits-target")
+    np.testing.assert_array_equal(tgt.example_ids, build_dataset("digits-target", "test").example_ids)
+    syn = dataset_from_config(load_config(None, ["data.spec=\"synthetic\"", "data.image_size=12", "in_channels=1"]), "train")
+    assert syn[0][0].shape == (1, 12, 12)

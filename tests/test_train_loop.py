@@ -1,0 +1,202 @@
+"""The training loop: LR schedule and EMA formulas, exact resume, DDP (2 gloo processes) equals one
+process, load_model, metrics files, and one-line CLI errors."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from repsim.cli import main
+from train import load_model
+from train.checkpoint import load_checkpoint
+from train.config import load_config
+from train.loop import EMA, lr_at, train_run
+from train.models import Network
+
+ROOT = Path(__file__).resolve().parents[1]
+# a small, fast variant of the demo preset: 4 blocks of width 4, 2 epochs
+SMALL = ["arch=\"mini_resnet14\"", "arch_params.width=4", "epochs=2", "batch_size=32", "optim.ref_batch=32",
+         "schedule.warmup_epochs=1", "deterministic=true"]
+
+
+def _cfg(preset="digits-softmax", extra=()):
+    return load_config(preset, SMALL + list(extra))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    metrics = train_run(_cfg("digits-sigmoid"), out, progress=False, log=lambda s: None)
+    return out, metrics
+
+
+def test_lr_schedule_warmup_then_exponential_and_cosine():
+    kw = dict(peak=1.6, steps_per_epoch=10, total_steps=1000, warmup_epochs=10, decay=0.975)
+    assert lr_at(0, name="exponential", **kw) == pytest.approx(1.6 / 100)
+    assert lr_at(99, name="exponential", **kw) == pytest.approx(1.6)
+    assert lr_at(100, name="exponential", **kw) == pytest.approx(1.6)
+    assert lr_at(110, name="exponential", **kw) == pytest.approx(1.6 * 0.975)      # ×0.975 per epoch
+    assert lr_at(150, name="exponential", **kw) == pytest.approx(1.6 * 0.975**5)
+    cos = dict(kw, warmup_epochs=0)
+    assert lr_at(0, name="cosine", **cos) == pytest.approx(1.6)
+    assert lr_at(500, name="cosine", **cos) == pytest.approx(0.8)
+    assert lr_at(1000, name="cosine", **cos) == pytest.approx(0.0, abs=1e-12)
+    # linear scaling with batch size is applied by the loop: peak = lr · batch / ref_batch
+    cfg = load_config("resnet50-imagenet-softmax", ["batch_size=1024"])
+    assert cfg["optim"]["lr"] * cfg["batch_size"] / cfg["optim"]["ref_batch"] == pytest.approx(0.4)
+
+
+def test_ema_formula_with_tf_warmup():
+    m = torch.nn.BatchNorm1d(3)
+    ema = EMA(m, decay=0.9, warmup=True)
+    ref_w = m.weight.detach().clone()
+    ref_rm = m.running_mean.clone()
+    for t in range(30):
+        with torch.no_grad():
+            m.weight.add_(1.0)
+            m.running_mean.add_(2.0)
+        m.num_batches_tracked += 1
+        ema.update(m, t)
+        d = min(0.9, (1 + t) / (10 + t))
+        ref_w = d * ref_w + (1 - d) * m.weight.detach()
+        ref_rm = d * ref_rm + (1 - d) * m.running_mean
+    assert torch.allclose(ema.module.weight, ref_w) and torch.allclose(ema.module.running_mean, ref_rm)
+    assert ema.module.num_batches_tracked == 30 and not ema.module.training
+
+
+def test_run_writes_checkpoint_metrics_and_load_model(trained):
+    out, metrics = trained
+    assert [m["epoch"] for m in metrics] == [1, 2]
+    for key in ("train_loss", "train_top1", "holdout_top1", "holdout_top5", "test_top1", "test_top5", "lr"):
+        assert key in metrics[-1] and math.isfinite(metrics[-1][key])
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
+    assert (out / "metrics.csv").read_text().splitlines()[0].startswith("epoch,step,lr,train_loss")
+    ck = load_checkpoint(out / "checkpoint.pt")
+    assert {"config", "model", "ema", "optimizer", "scheduler", "scaler", "rng", "epoch", "metrics"} <= set(ck)
+    assert ck["epoch"] == 2 and ck["config"]["num_classes"] == 5 and ck["config"]["arch"] == "mini_resnet14"
+    assert ck["config"]["dataset"]["spec"] == "digits-source" and ck["config"]["objective"] == "sigmoid"
+    net = load_model(out / "checkpoint.pt")
+    assert isinstance(net, Network) and not net.training and net.objective == "sigmoid"
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, ck["ema"][k])  # EMA weights
+    x = torch.randn(4, 1, 8, 8)
+    assert torch.allclose(net(x), net.head(net.backbone(x))) and net(x).shape == (4, 5)
+    assert list(net.backbone.layer1) and isinstance(net.backbone.fc, torch.nn.Identity)
+    assert (out / "best.pt").exists() and not list(out.glob(".*.tmp"))
+
+
+def test_resume_after_kill_gives_identical_weights(tmp_path, trained):
+    """Uninterrupted 2 epochs == 1 epoch, 'killed', then --resume for epoch 2 (bitwise, deterministic)."""
+    full, _ = trained
+    cfg = _cfg("digits-sigmoid")
+    part = tmp_path / "part"
+    train_run(cfg, part, progress=False, stop_after_epoch=1, log=lambda s: None)
+    assert load_checkpoint(part / "checkpoint.pt")["epoch"] == 1
+    train_run(cfg, part, resume=True, progress=False, log=lambda s: None)
+    a, b = load_checkpoint(full / "checkpoint.pt"), load_checkpoint(part / "checkpoint.pt")
+    assert b["epoch"] == 2
+    for key in ("model", "ema"):
+        for k in a[key]:
+            assert torch.equal(a[key][k], b[key][k]), (key, k)
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(sa["momentum_buffer"], sb["momentum_buffer"])
+    strip = lambda ms: [{k: v for k, v in m.items() if k not in ("train_seconds", "images_per_second")} for m in ms]
+    assert strip(a["metrics"]) == strip(b["metrics"])
+
+
+def test_dropout_and_augmentation_resume_exactly(tmp_path):
+    cfg = _cfg("digits-dropout", ["epochs=2"])
+    train_run(cfg, tmp_path / "a", progress=False, log=lambda s: None)
+    train_run(cfg, tmp_path / "b", progress=False, stop_after_epoch=1, log=lambda s: None)
+    train_run(cfg, tmp_path / "b", resume=True, progress=False, log=lambda s: None)
+    a, b = (load_checkpoint(tmp_path / d / "checkpoint.pt")["model"] for d in "ab")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ddp_two_gloo_processes_match_one_process(tmp_path):
+    """Global batch 32: 2 processes × 16 (torchrun, gloo) vs 1 × 32. BatchNorm is frozen
+    (``freeze_bn``): with per-process BN statistics, 2 × 16 is ghost-batch BN, a different function
+    from BN over 32 (SyncBatchNorm does not run on CPU), so equality is only expected with BN fixed.
+    Everything else — sampler sharding, gradient all-reduce, EMA, LR schedule — is exercised.
+    Tolerance: float32 summation order differs; measured max |Δw|/(1+max|w|) = 1.2e-7 after 36 steps
+    (without freeze_bn it is 0.9), asserted < 1e-5."""
+    sets = SMALL + ["freeze_bn=true", "data.augment=\"none\"", "eval_every=1"]
+    ref = tmp_path / "one"
+    train_run(load_config("digits-softmax", sets), ref, progress=False, log=lambda s: None)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "train",
+           "--preset", "digits-softmax", "--out", str(tmp_path / "two"), "--no-progress"]
+    for s in sets:
+        cmd += ["--set", s]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = load_checkpoint(ref / "checkpoint.pt"), load_checkpoint(tmp_path / "two" / "checkpoint.pt")
+    assert a["scheduler"]["step"] == b["scheduler"]["step"] == 2 * (576 // 32)
+    assert len(b["rng"]) == 2
+    for key in ("model", "ema"):
+        for k, v in a[key].items():
+            if v.dtype.is_floating_point:
+                torch.testing.assert_close(b[key][k], v, rtol=1e-5, atol=1e-5, msg=f"{key}/{k}")
+    for split in ("train_loss", "test_top1", "holdout_top1"):
+        assert b["metrics"][-1][split] == pytest.approx(a["metrics"][-1][split], rel=1e-3, abs=0.5)
+
+
+def _cli(capsys, *argv):
+    rc = main(["train", *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    return rc, err
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--preset", "digits-softmaxx"], "unknown preset 'digits-softmaxx'"),
+    (["--preset", "digits-softmax", "--objective", "softmaxx"], "unknown objective 'softmaxx'"),
+    (["--preset", "digits-softmax", "--set", "optim.lrr=1"], "unknown config key 'optim.lrr'"),
+    (["--preset", "digits-softmax", "--set", "objective_params.tauu=1"], "unknown hyperparameter(s) tauu"),
+    (["--preset", "resnet50-imagenet-softmax", "--data", "/no/such/imagenet"], "does not exist"),
+])
+def test_cli_bad_input_one_line_error(capsys, tmp_path, argv, match):
+    rc, err = _cli(capsys, *argv, "--out", str(tmp_path / "o"), "--no-progress")
+    assert rc != 0 and len(err) == 1 and match in err[0] and err[0].startswith("repsim train: error:"), err
+
+
+def test_cli_checkpoint_from_another_architecture(capsys, tmp_path, trained):
+    ckpt = str(trained[0] / "checkpoint.pt")
+    base = ["--preset", "finetune-digits", "--no-progress", "--set", "max_steps=2"]
+    rc, err = _cli(capsys, *base, "--init-from", ckpt, "--out", str(tmp_path / "a"), "--set", "arch=\"mini_resnet26\"")
+    assert rc != 0 and len(err) == 1 and "holds a mini_resnet14" in err[0], err
+    rc, err = _cli(capsys, *base, "--init-from", ckpt, "--out", str(tmp_path / "b"), "--set", "arch_params.width=8",
+                   "--set", "arch=\"mini_resnet14\"")
+    assert rc != 0 and len(err) == 1 and "mini_resnet14" in err[0], err
+    # --resume into a run directory of another architecture / objective
+    rc, err = _cli(capsys, "--preset", "digits-softmax", "--out", str(trained[0]), "--resume", "--no-progress")
+    assert rc != 0 and len(err) == 1 and "from another run: arch 'mini_resnet14' there, 'mini_resnet' here" in err[0], err
+    # an existing run without --resume
+    rc, err = _cli(capsys, "--preset", "digits-sigmoid", "--out", str(trained[0]), *sum([["--set", s] for s in SMALL], []))
+    assert rc != 0 and len(err) == 1 and "--resume" in err[0]
+    bad = tmp_path / "junk.pt"
+    bad.write_bytes(b"not a checkpoint")
+    rc, err = _cli(capsys, *base, "--init-from", str(bad), "--out", str(tmp_path / "c"))
+    assert rc != 0 and len(err) == 1 and "not a readable repsim checkpoint" in err[0]
+
+
+def test_cli_fine_tunes_from_a_checkpoint(capsys, tmp_path, trained):
+    ckpt = trained[0] / "checkpoint.pt"
+    out = tmp_path / "ft"
+    rc, _ = _cli(capsys, "--preset", "finetune-digits", "--init-from", str(ckpt), "--out", str(out), "--no-progress",
+                 "--set", "max_steps=5", "--set", "arch=\"mini_resnet14\"", "--set", "arch_params.width=4")
+    assert rc == 0
+    ck = load_checkpoint(out / "checkpoint.pt")
+    src = load_checkpoint(ckpt)["ema"]
+    assert ck["scheduler"]["step"] == 5 and ck["config"]["dataset"]["spec"] == "digits-target"
+    assert ck["config"]["finetune"]["source"]["objective"] == "sigmoid"
+    # the backbone moved away from its initialisation (training happened) but started from the source
+    init = {k: v for k, v in ck["model"].items() if k.startswith("backbone.") and k.endswith("conv1.weight")}
+    assert all(not torch.equal(v, src[k]) for k, v in init.items())
+    assert all(torch.allclose(v, src[k], atol=0.5) for k, v in init.items())

@@ -1,0 +1,103 @@
+"""Checkpoints: one ``torch.save`` dict per file, written atomically (temp file + ``os.replace``).
+
+Keys (CONTRACTS.md "Train"): ``config`` (arch, arch_params, in_channels, objective, objective_params,
+num_classes, dataset, seed, preset, ...), ``model`` and ``ema`` (state_dicts of
+:class:`train.models.Network`), ``optimizer``, ``scheduler`` ({"step": optimizer steps taken}),
+``scaler`` (GradScaler state, {} when unused), ``rng`` (one dict per process: torch, cuda, numpy,
+python states), ``epoch`` (last completed, 1-based), ``metrics`` (list of per-epoch dicts),
+``format`` (=1). Only tensors and Python primitives are stored, so ``torch.load(weights_only=True)``
+reads it.
+"""
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .models import Network, build_network
+
+FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """An unreadable checkpoint or one that does not match the requested run."""
+
+
+def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write ``state`` to ``path`` atomically: a crash leaves either the old or the new file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"format": FORMAT, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure is "not a checkpoint"
+        raise CheckpointError(f"{path} is not a readable repsim checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(ckpt, dict) or "config" not in ckpt or "model" not in ckpt:
+        raise CheckpointError(f"{path} is not a repsim training checkpoint (no config/model keys)")
+    return ckpt
+
+
+def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+    """``load_state_dict(strict=True)`` with a one-line error naming the first mismatches."""
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        first = " ".join(str(e).split())[:300]
+        raise CheckpointError(f"{what} does not fit this architecture: {first}") from None
+
+
+def load_model(checkpoint: str | os.PathLike, *, ema: bool = True, map_location: Any = "cpu") -> Network:
+    """The :class:`~train.models.Network` of ``checkpoint`` in eval mode, with the EMA weights (the
+    ones the paper evaluates, App. A.1) unless ``ema=False`` or the run kept no EMA."""
+    ckpt = load_checkpoint(checkpoint, map_location)
+    net = build_network(ckpt["config"])
+    state = ckpt.get("ema") if ema and ckpt.get("ema") else ckpt["model"]
+    load_state_strict(net, state, f"checkpoint {checkpoint}")
+    return net.eval()
+
+
+# -- RNG state ---------------------------------------------------------------------------------------
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states, as tensors/primitives (weights_only-loadable)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    py = random.getstate()
+    out = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "python": {"version": py[0], "state": torch.tensor(py[1], dtype=torch.int64), "gauss": py[2]},
+    }
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"].cpu())
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(int(v) for v in p["state"].tolist()), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())

@@ -1,0 +1,191 @@
+"""Run configuration: defaults, TOML presets (``train/presets/*.toml``) and ``--set key=value``.
+
+A preset is a TOML file whose tables mirror :data:`DEFAULTS`; ``inherit = "other-preset"`` loads
+another preset first (files whose name starts with ``_`` are bases, not listed as presets). Keys not
+in :data:`DEFAULTS` are errors, except under ``objective_params`` and ``arch_params`` (checked when the
+network is built). ``--set`` takes dotted keys and TOML literals: ``--set optim.lr=0.2``,
+``--set objective_params.tau=0.05``, ``--set arch_params.layers=[1,1,1,1]``, ``--set data.spec=digits``.
+"""
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+PRESET_DIR = Path(__file__).with_name("presets")
+
+DEFAULTS: dict[str, Any] = {
+    "preset": "",
+    "seed": 0,
+    "arch": "resnet50",
+    "arch_params": {},            # e.g. width, layers (mini_resnet), depth/widen (wrn)
+    "in_channels": 3,
+    "objective": "softmax",
+    "objective_params": {},       # hyperparameters of train.objectives.make_objective
+    "num_classes": 0,             # 0: taken from the training set
+    "epochs": 90,
+    "max_steps": 0,               # > 0: stop after this many optimizer steps (fine-tuning, A.3)
+    "batch_size": 256,            # global batch over all processes
+    "threads": 0,                 # torch intra-op threads (0: torch's default)
+    "deterministic": False,       # torch.use_deterministic_algorithms + no cudnn autotuning
+    "amp": "auto",                # "auto" (bf16 on CUDA, off on CPU), "bf16", "fp16", "off"
+    "channels_last": "auto",      # "auto" (on CUDA), true, false
+    "compile": False,             # torch.compile the training module
+    "sync_bn": False,             # SyncBatchNorm across processes (CUDA only)
+    "freeze_bn": False,           # BN layers in eval mode while training (running statistics fixed)
+    "eval_every": 1,              # evaluate holdout/test every k epochs (and at the last one)
+    "eval_batch_size": 0,         # 0: same as the per-process training batch
+    "save_best": True,            # keep best.pt by holdout top-1 (early stopping, App. A.1)
+    "data": {
+        "spec": "",               # dataset spec of train.data.build_dataset (--data overrides)
+        "root": "",
+        "image_size": 224,
+        "eval_resize": 256,
+        "augment": "imagenet",    # imagenet | cifar | digits | none
+        "holdout_size": -1,       # -1: dataset default (ImageNet 50,046; torchvision sets 5,000)
+        "eval_holdout": True,
+        "eval_test": True,
+        "workers": 8,
+        "download": False,
+        "synthetic_n": 512,       # synthetic spec only
+        "synthetic_classes": 10,
+    },
+    "optim": {
+        "lr": 1.6,                # peak learning rate at batch ref_batch; scaled linearly with batch
+        "ref_batch": 4096,
+        "momentum": 0.9,
+        "nesterov": True,
+        "weight_decay": 8e-5,
+        "wd_norm": False,         # also decay normalisation-layer parameters (WRN on CIFAR-100: true)
+        "wd_over_lr": False,      # weight_decay is λ with decay coefficient λ/η (ICLR A.1, A.3)
+    },
+    "schedule": {
+        "name": "exponential",    # exponential (A.1: warmup then ×decay per epoch) | cosine (A.3, CIFAR)
+        "warmup_epochs": 10.0,
+        "decay": 0.975,
+    },
+    "ema": {
+        "enabled": True,
+        "decay": 0.9999,
+        "warmup": True,           # TF ExponentialMovingAverage num_updates: min(decay, (1+t)/(10+t))
+    },
+    "finetune": {
+        "init_from": "",          # checkpoint whose (EMA) backbone initialises this run (A.3)
+        "freeze_backbone": False,
+    },
+}
+
+_FREE = ("objective_params", "arch_params")
+
+
+class ConfigError(ValueError):
+    """A bad preset name, key or value."""
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.toml") if not p.stem.startswith("_"))
+
+
+def _read_preset(name: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    path = PRESET_DIR / f"{name}.toml"
+    if Path(name).suffix == ".toml" and Path(name).is_file():
+        path = Path(name)
+    if not path.is_file():
+        close = [p for p in list_presets() if name.split("-")[0] in p][:5]
+        hint = f" (e.g. {', '.join(close)})" if close else ""
+        raise ConfigError(f"unknown preset {name!r}{hint}; see `repsim train --list-presets`")
+    if name in seen:
+        raise ConfigError(f"preset inheritance cycle: {' -> '.join(seen + (name,))}")
+    with open(path, "rb") as f:
+        try:
+            data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"preset {path}: {e}") from None
+    parent = data.pop("inherit", None)
+    if parent:
+        base = _read_preset(parent, seen + (name,))
+        _merge(base, data, str(path))
+        return base
+    return data
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any], where: str, schema: dict[str, Any] | None = None) -> None:
+    schema = DEFAULTS if schema is None else schema
+    for k, v in new.items():
+        if k not in schema:
+            raise ConfigError(f"unknown config key {k!r} in {where}; known: {', '.join(sorted(schema))}")
+        if isinstance(schema[k], dict) and k not in _FREE and schema is DEFAULTS:
+            if not isinstance(v, dict):
+                raise ConfigError(f"config key {k!r} in {where} must be a table")
+            into.setdefault(k, {})
+            _merge(into[k], v, where, schema[k])
+        elif k in _FREE and schema is DEFAULTS:
+            into.setdefault(k, {}).update(v)
+        else:
+            into[k] = v
+
+
+def parse_value(text: str) -> Any:
+    """A TOML literal (number, bool, string in quotes, array) or else the bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_set(cfg: dict[str, Any], assignment: str) -> None:
+    """Apply one ``key=value`` override (dotted key) in place; unknown keys raise ConfigError."""
+    if "=" not in assignment:
+        raise ConfigError(f"--set expects key=value, got {assignment!r}")
+    key, text = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    node, schema = cfg, DEFAULTS
+    for i, p in enumerate(parts[:-1]):
+        if p not in schema or not isinstance(schema[p], dict):
+            raise ConfigError(f"unknown config key {key!r}")
+        node = node.setdefault(p, {})
+        schema = schema[p] if p not in _FREE else {}
+        if p in _FREE:
+            if i != len(parts) - 2:
+                raise ConfigError(f"unknown config key {key!r}")
+            node[parts[-1]] = parse_value(text)
+            return
+    last = parts[-1]
+    if last not in schema or isinstance(schema[last], dict) and last not in _FREE:
+        raise ConfigError(f"unknown config key {key!r}")
+    value = parse_value(text)
+    default = schema[last]
+    if isinstance(default, bool) and not isinstance(value, bool):
+        raise ConfigError(f"config key {key!r} expects true/false, got {text!r}")
+    if isinstance(default, (int, float)) and not isinstance(default, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"config key {key!r} expects a number, got {text!r}")
+        value = float(value) if isinstance(default, float) else value
+    node[last] = value
+
+
+def load_config(preset: str | None = None, sets: Iterable[str] = ()) -> dict[str, Any]:
+    """DEFAULTS ← preset (with inheritance) ← ``--set`` overrides."""
+    cfg = copy.deepcopy(DEFAULTS)
+    if preset:
+        _merge(cfg, _read_preset(preset), f"preset {preset!r}")
+        cfg["preset"] = preset
+    for s in sets:
+        apply_set(cfg, s)
+    return cfg
+
+
+def finetune_grid() -> list[dict[str, float]]:
+    """App. A.3 grid: 8 log-spaced learning rates in [10^-5.5, 10^-1] × (8 log-spaced weight decays in
+    [10^-6.5, 10^-3] and no decay); decays are λ values divided by the learning rate (wd_over_lr)."""
+    import numpy as np
+
+    lrs = np.logspace(-5.5, -1, 8)
+    wds = [0.0, *np.logspace(-6.5, -3, 8)]
+    return [{"optim.lr": float(lr), "optim.weight_decay": float(wd)} for lr in lrs for wd in wds]

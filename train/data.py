@@ -1,0 +1,271 @@
+"""Datasets: ``build_dataset(spec, split, *, augment=False, root=None, ...)``.
+
+Specs
+  ``digits``          scikit-learn's 8×8 handwritten digits (1,797 images, 10 classes; no network)
+  ``digits-source``   digits 0–4 (pretraining task of the demo), labels 0–4
+  ``digits-target``   digits 5–9 (transfer task of the demo), labels 5–9 mapped to 0–4
+  a directory         ImageFolder tree; ``DIR/train`` + ``DIR/val`` (ImageNet layout) or a flat tree
+  ``synthetic``       deterministic random images, for benchmarks
+  a torchvision name  ``cifar10``, ``cifar100``, ``mnist``, ``fashionmnist``, ``svhn`` (``root``
+                      required; downloaded only with ``download=True``)
+
+Splits ``train``, ``holdout``, ``test``. The holdout is a deterministic subset of the training set
+(a fixed-seed permutation, independent of the run seed): ``holdout_size`` images (ImageNet, App. A.1:
+50,046), and ``train`` is the rest. Digits: per class, a fixed permutation (seed 0) puts 25 % of each
+class in ``test``, 10 % in ``holdout``, the rest in ``train``; rows are in increasing original index.
+
+Every dataset yields ``(image tensor, int label)`` and has ``.targets`` (np.int64), ``.example_ids``
+(np.int64, stable ids: index into the underlying dataset), ``.num_classes``, ``.classes``, ``.name``,
+``.split`` and ``.transform_desc``.
+"""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+SPLITS = ("train", "holdout", "test")
+IMAGENET_HOLDOUT = 50_046
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+TORCHVISION_DATASETS = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST",
+                        "fashionmnist": "FashionMNIST", "svhn": "SVHN"}
+_SPLIT_SEED = 0  # fixed: holdout/test membership never depends on the run seed
+
+
+class SplitDataset(Dataset):
+    """A view of ``base`` restricted to ``indices`` with a per-item ``transform`` and label map."""
+
+    def __init__(self, base: Any, indices: np.ndarray, targets: np.ndarray, *, classes: Sequence[str],
+                 name: str, split: str, transform: Callable | None, transform_desc: str,
+                 loader: Callable[[Any, int], Any]):
+        self.base, self.indices = base, np.asarray(indices, dtype=np.int64)
+        self.targets = np.asarray(targets, dtype=np.int64)
+        self.example_ids = self.indices
+        self.classes, self.num_classes = list(classes), len(classes)
+        self.name, self.split, self.transform, self.transform_desc = name, split, transform, transform_desc
+        self._loader = loader
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int):
+        x = self._loader(self.base, int(self.indices[i]))
+        if self.transform is not None:
+            x = self.transform(x)
+        return x, int(self.targets[i])
+
+
+def _holdout_split(n: int, holdout: int, split: str) -> np.ndarray:
+    """Indices (sorted) of ``split`` when ``holdout`` of ``n`` items are held out deterministically."""
+    if not 0 <= holdout < n:
+        raise ValueError(f"holdout size {holdout} must be in [0, {n})")
+    perm = np.random.default_rng(_SPLIT_SEED).permutation(n)
+    if split == "holdout":
+        return np.sort(perm[:holdout])
+    return np.sort(perm[holdout:])
+
+
+# -- digits ---------------------------------------------------------------------------------------
+def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """(1797, 8, 8) float32 in [0, 16] and (1797,) int64 labels: scikit-learn's digits data.
+
+    Reads the CSV that ships with scikit-learn directly (saves ~1 s of ``import sklearn.datasets``
+    per training process); falls back to ``sklearn.datasets.load_digits``.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    path = Path(spec.origin).parent / "datasets" / "data" / "digits.csv.gz" if spec and spec.origin else None
+    if path is not None and path.exists():
+        with gzip.open(path, "rt") as f:
+            data = np.loadtxt(f, delimiter=",", dtype=np.float32)
+        return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits  # pragma: no cover
+
+    d = load_digits()  # pragma: no cover
+    return d.images.astype(np.float32), d.target.astype(np.int64)  # pragma: no cover
+
+
+def digits_split_indices(labels: np.ndarray, split: str) -> np.ndarray:
+    """Per class: fixed permutation; first 25 % test, next 10 % holdout, rest train (sorted)."""
+    rng = np.random.default_rng(_SPLIT_SEED)
+    out = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        n_test, n_hold = int(round(0.25 * len(idx))), int(round(0.10 * len(idx)))
+        part = {"test": idx[:n_test], "holdout": idx[n_test:n_test + n_hold], "train": idx[n_test + n_hold:]}
+        out.append(part[split])
+    return np.sort(np.concatenate(out))
+
+
+class _Shift:
+    """Random translation by up to ``pad`` pixels (zero fill) — the digits augmentation."""
+
+    def __init__(self, pad: int = 1):
+        self.pad = pad
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.pad
+        dy, dx = torch.randint(0, 2 * p + 1, (2,)).tolist()
+        h, w = x.shape[-2:]
+        return torch.nn.functional.pad(x, (p, p, p, p))[..., dy:dy + h, dx:dx + w]
+
+
+def _digits(spec: str, split: str, augment: bool) -> SplitDataset:
+    images, labels = load_digits_arrays()
+    # standardise with the fixed constants of the whole set (mean 4.88, std 6.02 of pixel values)
+    x = torch.from_numpy((images - 4.884) / 6.017).unsqueeze(1)
+    idx = digits_split_indices(labels, split)
+    keep = {"digits": range(10), "digits-source": range(5), "digits-target": range(5, 10)}[spec]
+    idx = idx[np.isin(labels[idx], list(keep))]
+    offset = keep[0]
+    return SplitDataset(x, idx, labels[idx] - offset, classes=[str(c) for c in keep], name=spec,
+                        split=split, transform=_Shift(1) if augment else None,
+                        transform_desc="standardise; random shift ±1 px" if augment else "standardise",
+                        loader=lambda base, i: base[i])
+
+
+# -- synthetic -------------------------------------------------------------------------------------
+class _SyntheticBase:
+    def __init__(self, n: int, size: int, channels: int, seed: int):
+        self.n, self.size, self.channels, self.seed = n, size, channels, seed
+
+    def image(self, i: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
+        return torch.randn(self.channels, self.size, self.size, generator=g)
+
+
+def _synthetic(split: str, image_size: int, num_classes: int, n: int, channels: int) -> SplitDataset:
+    seed = SPLITS.index(split) + 1
+    base = _SyntheticBase(n, image_size, channels, seed)
+    idx = np.arange(n)
+    return SplitDataset(base, idx, idx % num_classes, classes=[str(c) for c in range(num_classes)],
+                        name="synthetic", split=split, transform=None,
+                        transform_desc=f"N(0,1) {channels}x{image_size}x{image_size}",
+                        loader=lambda b, i: b.image(i))
+
+
+# -- images ----------------------------------------------------------------------------------------
+def image_transforms(augment: str | bool, image_size: int, eval_resize: int | None,
+                     mean=IMAGENET_MEAN, std=IMAGENET_STD) -> tuple[Callable, str]:
+    """App. A.1: RandomResizedCrop(size, 0.1–1, 3/4–4/3) + flip for training; resize to
+    ``eval_resize`` (256 for 224) on the short side + centre crop for evaluation. ``augment='cifar'``:
+    pad-4 random crop + flip (ICLR App. A.1 standard CIFAR augmentation)."""
+    from torchvision import transforms as T
+
+    norm = [T.ToTensor(), T.Normalize(mean, std)]
+    if augment in (True, "imagenet"):
+        t = [T.RandomResizedCrop(image_size, scale=(0.1, 1.0), ratio=(3 / 4, 4 / 3)), T.RandomHorizontalFlip()]
+        desc = f"RandomResizedCrop({image_size}, scale=(0.1, 1), ratio=(3/4, 4/3)) + flip"
+    elif augment == "cifar":
+        t = [T.RandomCrop(image_size, padding=4), T.RandomHorizontalFlip()]
+        desc = f"RandomCrop({image_size}, pad 4) + flip"
+    elif eval_resize:
+        t = [T.Resize(eval_resize), T.CenterCrop(image_size)]
+        desc = f"Resize({eval_resize}) + CenterCrop({image_size})"
+    else:
+        t, desc = [], "none"
+    return T.Compose(t + norm), desc + "; normalise"
+
+
+def _pil_loader(base: Any, i: int):
+    return base[i][0]
+
+
+def _image_folder(path: Path, split: str, augment: Any, image_size: int, eval_resize: int | None,
+                  holdout_size: int | None) -> SplitDataset:
+    from torchvision.datasets import ImageFolder
+
+    train_dir = path / "train" if (path / "train").is_dir() else path
+    if split == "test":
+        test_dir = next((path / d for d in ("val", "test") if (path / d).is_dir()), None)
+        if test_dir is None:
+            raise ValueError(f"{path} has no val/ or test/ folder for the test split")
+        base, idx = ImageFolder(str(test_dir)), None
+    else:
+        base = ImageFolder(str(train_dir))
+        n = len(base)
+        hold = holdout_size if holdout_size is not None else (IMAGENET_HOLDOUT if len(base.classes) == 1000 else 0)
+        if split == "holdout" and hold == 0:
+            raise ValueError("holdout split requested but holdout_size is 0")
+        idx = _holdout_split(n, hold, split)
+    if idx is None:
+        idx = np.arange(len(base))
+    targets = np.asarray(base.targets, dtype=np.int64)[idx]
+    tf, desc = image_transforms(augment if split == "train" else False, image_size, eval_resize)
+    return SplitDataset(base, idx, targets, classes=base.classes, name=path.name, split=split,
+                        transform=tf, transform_desc=desc, loader=_pil_loader)
+
+
+def _torchvision(name: str, split: str, root: str | None, download: bool, augment: Any, image_size: int,
+                 holdout_size: int | None) -> SplitDataset:
+    import torchvision.datasets as tvd
+
+    if not root:
+        raise ValueError(f"dataset {name!r} needs --data ROOT (a folder to find or download it in)")
+    cls = getattr(tvd, TORCHVISION_DATASETS[name])
+    kwargs = {"split": "test" if split == "test" else "train"} if name == "svhn" else {"train": split != "test"}
+    try:
+        base = cls(root, download=download, **kwargs)
+    except RuntimeError as e:
+        raise ValueError(f"{name} not found under {root} ({e}); pass --set data.download=true to fetch it") from None
+    raw_targets = np.asarray(getattr(base, "targets", getattr(base, "labels", None)), dtype=np.int64)
+    classes = list(getattr(base, "classes", [str(c) for c in range(int(raw_targets.max()) + 1)]))
+    if split == "test":
+        idx = np.arange(len(base))
+    else:
+        idx = _holdout_split(len(base), 5000 if holdout_size is None else holdout_size, split)
+    gray = name in ("mnist", "fashionmnist")
+    mean, std = ((0.5,), (0.5,)) if gray else ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    aug = ("cifar" if augment is True else augment) if split == "train" else False
+    tf, desc = image_transforms(aug, image_size, None, mean, std)
+    return SplitDataset(base, idx, raw_targets[idx], classes=classes, name=name, split=split,
+                        transform=tf, transform_desc=desc, loader=_pil_loader)
+
+
+def build_dataset(spec: str, split: str, *, augment: Any = False, root: str | os.PathLike | None = None,
+                  image_size: int | None = None, eval_resize: int | None = None,
+                  holdout_size: int | None = None, download: bool = False,
+                  num_classes: int = 10, n: int = 512, channels: int = 3) -> SplitDataset:
+    """Dataset ``spec`` (see module docstring), split ``train``/``holdout``/``test``.
+
+    ``augment``: False, True (the dataset's standard training augmentation), ``"imagenet"`` or
+    ``"cifar"``; applied to the train split only. ``root``: the directory for ImageFolder/torchvision
+    specs (a spec that is itself a directory needs none). ``num_classes``, ``n``, ``channels`` apply to
+    ``synthetic`` only.
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    spec = str(spec)
+    if spec in ("digits", "digits-source", "digits-target"):
+        return _digits(spec, split, bool(augment) and split == "train")
+    if spec == "synthetic":
+        return _synthetic(split, image_size or 32, num_classes, n, channels)
+    if spec.lower() in TORCHVISION_DATASETS:
+        return _torchvision(spec.lower(), split, str(root) if root else None, download, augment,
+                            image_size or 32, holdout_size)
+    path = Path(root) / spec if root and not Path(spec).is_absolute() and (Path(root) / spec).is_dir() else Path(spec)
+    if not path.is_dir():
+        raise ValueError(f"data directory {str(path)!r} does not exist (and {spec!r} is not a known dataset name)")
+    size = image_size or 224
+    resize = eval_resize if eval_resize is not None else round(size * 256 / 224)
+    return _image_folder(path, split, augment, size, resize, holdout_size)
+
+
+def dataset_from_config(config: dict[str, Any], split: str, *, spec: str | None = None,
+                        augment: Any = False) -> SplitDataset:
+    """The dataset of a run config (``config["data"]``: root, image_size, eval_resize, holdout_size,
+    ...) — e.g. ``load_model(ckpt).config`` — for ``split``; ``spec`` replaces the run's dataset
+    (extract/ uses this to push another dataset through a trained network with the run's eval
+    transform)."""
+    d = config["data"]
+    hold = d.get("holdout_size", -1)
+    return build_dataset(spec or d["spec"], split, augment=augment, root=d.get("root") or None,
+                         image_size=d.get("image_size"), eval_resize=d.get("eval_resize") or None,
+                         holdout_size=None if hold is None or hold < 0 else hold,
+                         download=d.get("download", False), num_classes=d.get("synthetic_classes", 10),
+                         n=d.get("synthetic_n", 512), channels=int(config.get("in_channels", 3)))

@@ -1,0 +1,441 @@
+"""The training loop (App. A.1 recipe), single process or DDP under ``torchrun``.
+
+``train_run(config, out)`` trains ``config`` (see :mod:`train.config`) and writes to ``out``:
+``checkpoint.pt`` (every epoch, atomic), ``best.pt`` (best holdout top-1, when ``save_best``),
+``metrics.jsonl`` / ``metrics.csv`` (one row per epoch) and ``config.json`` (the resolved config).
+
+Distributed: launched by ``torchrun`` (``WORLD_SIZE`` > 1) the process group is initialised from
+``env://`` with NCCL on CUDA and gloo on CPU; ``batch_size`` is the global batch, split evenly over
+processes; the DistributedSampler permutation depends on (seed, epoch) only, so the union of the
+per-rank batches at a step is the single-process batch. BatchNorm statistics are per process
+(as on the paper's TPU cores) unless ``sync_bn`` (CUDA only) or ``freeze_bn``.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Sampler
+from torch.utils.data.distributed import DistributedSampler
+
+from .checkpoint import (CheckpointError, load_checkpoint, load_state_strict, rng_state, save_checkpoint,
+                         set_rng_state)
+from .data import dataset_from_config
+from .models import Network, build_network
+
+_NORM = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
+# keys that define a run: resuming with different values is an error
+IDENTITY_KEYS = ("arch", "arch_params", "in_channels", "objective", "objective_params", "num_classes",
+                 "batch_size", "seed")
+
+
+class TrainError(ValueError):
+    """Bad run configuration or output directory."""
+
+
+# -- schedule and EMA -----------------------------------------------------------------------------------
+def lr_at(step: int, *, peak: float, steps_per_epoch: int, total_steps: int, name: str,
+          warmup_epochs: float, decay: float) -> float:
+    """Learning rate before optimizer step ``step`` (0-based).
+
+    Linear warmup over ``warmup_epochs`` to ``peak`` (step t gets peak·(t+1)/W), then
+    ``exponential``: peak·decay^((t−W)/steps_per_epoch) (×0.975 per epoch, App. A.1, applied
+    continuously) or ``cosine``: peak·½(1 + cos(π (t−W)/(T−W))) (A.3 and CIFAR, no restarts).
+    """
+    warm = int(round(warmup_epochs * steps_per_epoch))
+    if step < warm:
+        return peak * (step + 1) / warm
+    if name == "exponential":
+        return peak * decay ** ((step - warm) / steps_per_epoch)
+    if name == "cosine":
+        span = max(1, total_steps - warm)
+        return peak * 0.5 * (1.0 + math.cos(math.pi * min(step - warm, span) / span))
+    raise TrainError(f"unknown schedule {name!r} (exponential or cosine)")
+
+
+class EMA:
+    """Exponential moving average of parameters and floating buffers (BN statistics):
+    θ̄ ← d θ̄ + (1 − d) θ with d = min(decay, (1 + t)/(10 + t)) when ``warmup`` (TensorFlow's
+    ExponentialMovingAverage with num_updates, as in Szegedy et al.), else d = decay."""
+
+    def __init__(self, model: nn.Module, decay: float, warmup: bool = True):
+        self.module = copy.deepcopy(model).eval()
+        for p in self.module.parameters():
+            p.requires_grad_(False)
+        self.decay, self.warmup = float(decay), bool(warmup)
+
+    @torch.no_grad()
+    def update(self, model: nn.Module, step: int) -> None:
+        d = min(self.decay, (1.0 + step) / (10.0 + step)) if self.warmup else self.decay
+        src = list(model.parameters()) + list(model.buffers())
+        dst = list(self.module.parameters()) + list(self.module.buffers())
+        fl = [(e, s) for e, s in zip(dst, src) if e.dtype.is_floating_point]
+        if fl:
+            torch._foreach_lerp_([e for e, _ in fl], [s.detach() for _, s in fl], 1.0 - d)
+        for e, s in zip(dst, src):
+            if not e.dtype.is_floating_point:
+                e.copy_(s)
+
+
+class _ShardSampler(Sampler[int]):
+    """Rank r of w evaluates indices r, r+w, r+2w, … (no padding, so every example counts once)."""
+
+    def __init__(self, n: int, rank: int, world: int):
+        self.idx = list(range(rank, n, world))
+
+    def __iter__(self):
+        return iter(self.idx)
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+
+class _TrainStep(nn.Module):
+    """What DDP wraps: features → objective head → (batch-mean loss, logits)."""
+
+    def __init__(self, net: Network):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        return self.net.head.loss_and_logits(self.net.backbone(x), y)
+
+
+# -- helpers -------------------------------------------------------------------------------------------
+def dist_info() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment (0, 1, 0 without it)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def param_groups(net: nn.Module, weight_decay: float, wd_norm: bool) -> list[dict[str, Any]]:
+    """Weight decay on every parameter except those of normalisation layers (App. A.1), unless
+    ``wd_norm`` (ICLR A.1: the CIFAR-100 WRN decays BN parameters too)."""
+    norm_ids = {id(p) for m in net.modules() if isinstance(m, _NORM) for p in m.parameters(recurse=False)}
+    decay, no_decay = [], []
+    for p in net.parameters():
+        if p.requires_grad:
+            (no_decay if id(p) in norm_ids and not wd_norm else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+def _topk_correct(logits: torch.Tensor, y: torch.Tensor, ks: tuple[int, ...]) -> list[torch.Tensor]:
+    kmax = min(max(ks), logits.shape[1])
+    top = logits.topk(kmax, dim=1).indices
+    hit = top == y[:, None]
+    return [hit[:, :min(k, kmax)].any(1).sum() for k in ks]
+
+
+@torch.no_grad()
+def evaluate(net: nn.Module, dataset, *, batch_size: int, device: torch.device, rank: int, world: int,
+             autocast: Callable[[], Any], channels_last: bool, workers: int = 0) -> dict[str, float]:
+    """Top-1 / top-5 accuracy (%) of ``net`` on ``dataset``, sharded over processes."""
+    was = net.training
+    net.eval()
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=_ShardSampler(len(dataset), rank, world),
+                        num_workers=workers, pin_memory=device.type == "cuda")
+    stats = torch.zeros(3, dtype=torch.float64, device=device)
+    n_local = 0
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with autocast():
+            logits = net(x)
+        c1, c5 = _topk_correct(logits.float(), y, (1, 5))
+        stats[0] += c1
+        stats[1] += c5
+        n_local += len(y)
+    stats[2] = n_local
+    if world > 1:
+        dist.all_reduce(stats)
+    net.train(was)
+    n = max(stats[2].item(), 1.0)
+    return {"top1": 100.0 * stats[0].item() / n, "top5": 100.0 * stats[1].item() / n}
+
+
+def _write_metrics(out: Path, metrics: list[dict[str, Any]]) -> None:
+    tmp = out / ".metrics.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    os.replace(tmp, out / "metrics.jsonl")
+    keys: list[str] = []
+    for m in metrics:
+        keys += [k for k in m if k not in keys]
+    tmp = out / ".metrics.csv.tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(metrics)
+    os.replace(tmp, out / "metrics.csv")
+
+
+def _identity(cfg: dict[str, Any]) -> dict[str, Any]:
+    return {k: cfg.get(k) for k in IDENTITY_KEYS} | {"data.spec": cfg.get("data", {}).get("spec")}
+
+
+def _check_same_run(saved: dict[str, Any], cfg: dict[str, Any], path: Path) -> None:
+    a, b = _identity(saved), _identity(cfg)
+    diff = [k for k in a if a[k] != b[k] and not (k == "num_classes" and not b[k])]
+    if diff:
+        k = diff[0]
+        raise CheckpointError(f"checkpoint {path} is from another run: {k} {a[k]!r} there, {b[k]!r} here"
+                              + (f" (+{len(diff) - 1} more differences)" if len(diff) > 1 else ""))
+
+
+def _init_from(net: Network, path: str) -> dict[str, Any]:
+    """Fine-tuning (A.3): load the (EMA) backbone of another run's checkpoint; the head stays new."""
+    ckpt = load_checkpoint(path)
+    src = ckpt["config"]
+    if src.get("arch") != net.arch or src.get("arch_params", {}) != net.config.get("arch_params", {}) \
+            or int(src.get("in_channels", 3)) != int(net.config.get("in_channels", 3)):
+        raise CheckpointError(f"checkpoint {path} holds a {src.get('arch')} {src.get('arch_params', {})} network; "
+                              f"this run builds {net.arch} {net.config.get('arch_params', {})}")
+    state = ckpt.get("ema") or ckpt["model"]
+    backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+    load_state_strict(net.backbone, backbone, f"checkpoint {path}")
+    return {"checkpoint": str(path), "epoch": ckpt.get("epoch"), "objective": src.get("objective")}
+
+
+# -- the run -------------------------------------------------------------------------------------------
+def train_run(config: dict[str, Any], out: str | os.PathLike, *, resume: bool = False, progress: bool = True,
+              stop_after_epoch: int | None = None, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Train ``config`` into ``out``; returns the per-epoch metrics. See the module docstring."""
+    cfg = copy.deepcopy(config)
+    out = Path(out)
+    rank, world, local_rank = dist_info()
+    own_pg = False
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend=backend, init_method="env://")
+        own_pg = True
+    say = (log or (lambda s: print(s, file=sys.stderr, flush=True))) if rank == 0 else (lambda s: None)
+    try:
+        return _run(cfg, out, rank, world, local_rank, resume, progress, stop_after_epoch, say)
+    finally:
+        if own_pg:
+            dist.destroy_process_group()
+
+
+def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, progress: bool,
+         stop_after_epoch: int | None, say: Callable[[str], None]) -> list[dict[str, Any]]:
+    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    if cfg["threads"]:
+        torch.set_num_threads(int(cfg["threads"]))
+    if cfg["deterministic"]:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    elif device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    ckpt_path = out / "checkpoint.pt"
+    if ckpt_path.exists() and not resume:
+        raise TrainError(f"{out} already holds a checkpoint; pass --resume to continue it or choose another --out")
+    if cfg["batch_size"] % world:
+        raise TrainError(f"batch_size {cfg['batch_size']} is not divisible by the {world} processes")
+    per_rank = cfg["batch_size"] // world
+
+    # data ------------------------------------------------------------------------------------------
+    d = cfg["data"]
+    if not d["spec"]:
+        raise TrainError("no dataset: pass --data (a directory, 'digits', a torchvision name, 'synthetic')")
+    aug = {"none": False, "digits": True}.get(d["augment"], d["augment"])
+    train_set = dataset_from_config(cfg, "train", augment=aug)
+    eval_sets = {}
+    if d["eval_holdout"] and d["holdout_size"] != 0:
+        eval_sets["holdout"] = dataset_from_config(cfg, "holdout")
+    if d["eval_test"]:
+        try:
+            eval_sets["test"] = dataset_from_config(cfg, "test")
+        except ValueError as e:
+            say(f"no test split evaluated: {e}")
+    if cfg["num_classes"] and cfg["num_classes"] != train_set.num_classes:
+        raise TrainError(f"num_classes {cfg['num_classes']} but {d['spec']} has {train_set.num_classes} classes")
+    cfg["num_classes"] = train_set.num_classes
+    cfg["dataset"] = {"spec": d["spec"], "name": train_set.name, "n_train": len(train_set),
+                      "classes": list(train_set.classes), "transform": train_set.transform_desc}
+    if len(train_set) < cfg["batch_size"]:
+        raise TrainError(f"training set of {len(train_set)} examples is smaller than batch_size {cfg['batch_size']}")
+
+    # model, optimizer -------------------------------------------------------------------------------
+    torch.manual_seed(cfg["seed"])
+    net = build_network(cfg).to(device)
+    ft = cfg["finetune"]
+    if ft["init_from"] and not (resume and ckpt_path.exists()):
+        cfg["finetune"]["source"] = _init_from(net, ft["init_from"])
+    if ft["freeze_backbone"]:
+        net.backbone.requires_grad_(False)
+    on_cuda = device.type == "cuda"
+    channels_last = on_cuda if cfg["channels_last"] == "auto" else bool(cfg["channels_last"])
+    if channels_last:
+        net = net.to(memory_format=torch.channels_last)
+    if cfg.get("sync_bn") and world > 1 and on_cuda:
+        net.backbone = nn.SyncBatchNorm.convert_sync_batchnorm(net.backbone)
+    amp = cfg["amp"]
+    amp_dtype = {"auto": torch.bfloat16 if on_cuda else None, "bf16": torch.bfloat16, "fp16": torch.float16,
+                 "off": None}.get(amp, "bad")
+    if amp_dtype == "bad":
+        raise TrainError(f"amp must be auto, bf16, fp16 or off, not {amp!r}")
+    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if amp_dtype else nullcontext
+    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+
+    o = cfg["optim"]
+    peak = o["lr"] * cfg["batch_size"] / o["ref_batch"]
+    wd = o["weight_decay"] / o["lr"] if o["wd_over_lr"] else o["weight_decay"]
+    opt = torch.optim.SGD(param_groups(net, wd, o["wd_norm"]), lr=peak, momentum=o["momentum"],
+                          nesterov=o["nesterov"] and o["momentum"] > 0)
+    ema = EMA(net, cfg["ema"]["decay"], cfg["ema"]["warmup"]) if cfg["ema"]["enabled"] else None
+
+    step_module: nn.Module = _TrainStep(net)
+    if world > 1:
+        step_module = nn.parallel.DistributedDataParallel(step_module, device_ids=[local_rank] if on_cuda else None)
+    if cfg["compile"]:
+        step_module = torch.compile(step_module)
+
+    sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg["seed"],
+                                 drop_last=True)
+    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, num_workers=d["workers"],
+                        pin_memory=on_cuda, drop_last=True, persistent_workers=d["workers"] > 0)
+    spe = len(loader)
+    total = cfg["max_steps"] or cfg["epochs"] * spe
+    if total <= 0:
+        raise TrainError("nothing to train: set epochs > 0 or max_steps > 0")
+    epochs = math.ceil(total / spe)
+    s = cfg["schedule"]
+    sched = dict(peak=peak, steps_per_epoch=spe, total_steps=total, name=s["name"],
+                 warmup_epochs=s["warmup_epochs"], decay=s["decay"])
+    lr_at(0, **sched)  # validates the schedule name
+
+    # resume ----------------------------------------------------------------------------------------
+    start_epoch, step, metrics = 0, 0, []
+    best = -1.0
+    if resume and ckpt_path.exists():
+        ck = load_checkpoint(ckpt_path)
+        _check_same_run(ck["config"], cfg, ckpt_path)
+        load_state_strict(net, ck["model"], f"checkpoint {ckpt_path}")
+        if ema is not None and ck.get("ema"):
+            load_state_strict(ema.module, ck["ema"], f"checkpoint {ckpt_path} (EMA)")
+        opt.load_state_dict(ck["optimizer"])
+        if ck.get("scaler"):
+            scaler.load_state_dict(ck["scaler"])
+        start_epoch, step, metrics = int(ck["epoch"]), int(ck["scheduler"]["step"]), list(ck["metrics"])
+        best = max((m.get("holdout_top1", -1.0) for m in metrics), default=-1.0)
+        rngs = ck["rng"]
+        set_rng_state(rngs[rank % len(rngs)])
+        if "source" in ck["config"].get("finetune", {}):
+            cfg["finetune"]["source"] = ck["config"]["finetune"]["source"]
+        say(f"resuming {out} after epoch {start_epoch} (step {step})")
+    elif resume:
+        say(f"--resume: no checkpoint in {out}; starting from scratch")
+    else:
+        torch.manual_seed(cfg["seed"] * 1000 + rank + 1)  # data augmentation / dropout streams per rank
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str) + "\n")
+
+    # epochs ----------------------------------------------------------------------------------------
+    use_bar = progress and rank == 0 and sys.stderr.isatty()
+    eval_bs = cfg["eval_batch_size"] or per_rank
+    eval_net = ema.module if ema is not None else net
+    for epoch in range(start_epoch, epochs):
+        if step >= total:
+            break
+        t0 = time.perf_counter()
+        sampler.set_epoch(epoch)
+        step_module.train()
+        if cfg.get("freeze_bn"):
+            for m in net.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=device)
+        bar = None
+        if use_bar:
+            from tqdm import tqdm
+
+            bar = tqdm(total=min(spe, total - step), desc=f"epoch {epoch + 1}/{epochs}", leave=False, unit="step")
+        seen = 0
+        for x, y in loader:
+            if step >= total:
+                break
+            lr = lr_at(step, **sched)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            if channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with autocast():
+                loss, logits = step_module(x, y)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            step += 1
+            if ema is not None:
+                ema.update(net, step - 1)
+            with torch.no_grad():  # stays on the device: no host sync per step
+                c1 = _topk_correct(logits.detach().float(), y, (1,))[0]
+                sums[0] += loss.detach().double() * len(y)
+                sums[1] += c1
+            seen += len(y)
+            if bar is not None:
+                bar.update(1)
+                if step % 25 == 0:
+                    bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.3g}")
+        if bar is not None:
+            bar.close()
+        sums[2] = seen
+        if world > 1:
+            dist.all_reduce(sums)
+        train_s = time.perf_counter() - t0
+        rec: dict[str, Any] = {"epoch": epoch + 1, "step": step, "lr": lr_at(max(step - 1, 0), **sched),
+                               "train_loss": sums[0].item() / max(sums[2].item(), 1),
+                               "train_top1": 100.0 * sums[1].item() / max(sums[2].item(), 1)}
+        last = epoch + 1 == epochs or step >= total or epoch + 1 == stop_after_epoch
+        if (epoch + 1) % cfg["eval_every"] == 0 or last:
+            for split, ds in eval_sets.items():
+                r = evaluate(eval_net, ds, batch_size=eval_bs, device=device, rank=rank, world=world,
+                             autocast=autocast, channels_last=channels_last, workers=d["workers"])
+                rec[f"{split}_top1"], rec[f"{split}_top5"] = r["top1"], r["top5"]
+        rec["train_seconds"] = train_s
+        rec["images_per_second"] = seen * world / train_s if train_s > 0 else 0.0
+        metrics.append(rec)
+        rngs = [rng_state()]
+        if world > 1:
+            rngs = [None] * world
+            dist.all_gather_object(rngs, rng_state())
+        if rank == 0:
+            state = {"config": cfg, "model": net.state_dict(), "ema": ema.module.state_dict() if ema else {},
+                     "optimizer": opt.state_dict(), "scheduler": {"step": step, **sched},
+                     "scaler": scaler.state_dict() if scaler.is_enabled() else {}, "rng": rngs,
+                     "epoch": epoch + 1, "metrics": metrics}
+            save_checkpoint(state, ckpt_path)
+            h = rec.get("holdout_top1")
+            if cfg["save_best"] and h is not None and h > best:
+                best = h
+                save_checkpoint(state, out / "best.pt")
+            _write_metrics(out, metrics)
+            say(" ".join([f"epoch {epoch + 1}/{epochs}", f"loss {rec['train_loss']:.4f}",
+                          f"train {rec['train_top1']:.1f}%"]
+                         + [f"{k.split('_')[0]} {rec[k]:.1f}%" for k in ("holdout_top1", "test_top1") if k in rec]
+                         + [f"({train_s:.1f} s, {rec['images_per_second']:.0f} img/s)"]))
+        if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch:
+            break
+    return metrics
