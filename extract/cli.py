@@ -4,6 +4,9 @@ One store::
 
     repsim extract --checkpoint CKPT --data NAME_OR_PATH --split SPLIT --out STORE.zarr [options]
 
+``--data`` defaults to the run's own dataset; any spec is built with the run's evaluation transform
+(``train.data.dataset_from_config``), so e.g. a digits-source network sees digits-target the same way.
+
 Several checkpoints (repeat ``--checkpoint``, or give a quoted glob) into one directory, one store
 each, named by ``--name`` (default ``{stem}``: the checkpoint file name without its suffix;
 ``{parent}`` is its directory's name)::
@@ -27,8 +30,9 @@ HELP = "extract per-block activations into a Zarr store"
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", action="append", required=True, metavar="CKPT",
                         help="train checkpoint (repeatable; globs expanded), or torchvision:<name>[:weights]")
-    parser.add_argument("--data", required=True, metavar="NAME_OR_PATH",
-                        help="dataset spec (digits, an ImageFolder path, a torchvision dataset name, ...)")
+    parser.add_argument("--data", default=None, metavar="NAME_OR_PATH",
+                        help="dataset spec (digits, an ImageFolder path, a torchvision dataset name, ...), "
+                        "built with the run's evaluation transform; default: the run's own dataset")
     parser.add_argument("--split", default="test", help="dataset split (train, holdout, test; default test)")
     parser.add_argument("--data-root", default=None, help="where dataset files live (for named datasets)")
     dest = parser.add_mutually_exclusive_group(required=True)
@@ -93,7 +97,6 @@ def store_paths(checkpoints: list[str], out_dir: str, template: str) -> list[Pat
 
 def run(args) -> int:
     from .pipeline import ExtractError, extract_store, init_distributed_from_env
-    from .sources import load_dataset
 
     import torch
 
@@ -111,10 +114,9 @@ def run(args) -> int:
         return 2
     started = init_distributed_from_env(args.device)
     try:
-        dataset, _ = load_dataset(args.data, args.split, args.data_root)
         for ckpt, out in zip(checkpoints, outs):
             extract_store(
-                ckpt, dataset, out, split=args.split, layers=args.layers, spatial=args.spatial,
+                ckpt, args.data, out, split=args.split, data_root=args.data_root, layers=args.layers, spatial=args.spatial,
                 dtype=args.dtype, batch_size=args.batch_size, workers=args.workers, device=args.device,
                 amp=args.amp, chunk_rows=args.chunk_rows, write_threads=args.write_threads,
                 overwrite=args.overwrite, check_space=not args.no_space_check, progress=args.progress,

@@ -167,8 +167,9 @@ def extract_store(
     """Extract ``model``'s layers over ``data`` into the Zarr store ``out``; returns the opened store.
 
     ``model``: a ``train`` checkpoint path, ``"torchvision:<name>[:weights]"`` or an ``nn.Module``.
-    ``data``: a ``train.data.build_dataset`` spec (with ``split``) or a ``Dataset`` yielding
-    ``(image, label)``. ``layers``: names or fnmatch patterns of ``layer_modules(model)`` (default
+    ``data``: a ``train.data.build_dataset`` spec (with ``split``; built with the run's evaluation
+    transform when the model carries its run config; None = the run's own dataset) or a ``Dataset``
+    yielding ``(image, label)``. ``layers``: names or fnmatch patterns of ``layer_modules(model)`` (default
     all). ``spatial``: ``flatten`` (keep ``(C, H, W)``), ``mean`` or ``pool<k>``. ``dtype``: store
     dtype of the layers (``float16`` default, ``float32``); logits are always float32. ``amp``:
     ``auto`` (float16 autocast on CUDA, off on CPU), ``off``, ``float16``, ``bfloat16``.
@@ -190,7 +191,7 @@ def extract_store(
     store_dtype = DTYPES[dtype]
 
     net, mmeta = load_model(model)
-    dataset, dmeta = load_dataset(data, split, data_root)
+    dataset, dmeta = load_dataset(data, split, data_root, net)
     n = len(dataset)
     if n < 1:
         raise ExtractError("extract: the dataset is empty")

@@ -9,6 +9,7 @@ evaluation transforms, fixed order) or a ``torch.utils.data.Dataset`` passed fro
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -94,21 +95,49 @@ def load_model(source: str | os.PathLike | nn.Module) -> tuple[nn.Module, dict[s
     return model.eval(), _clean(meta)
 
 
-def load_dataset(source, split: str | None, root: str | None = None):
-    """(dataset, attrs["dataset"] without n) for a spec + split, or a Dataset object."""
-    if isinstance(source, (str, os.PathLike)):
+_DATASETS: dict[str, Any] = {}  # the last few datasets built, so a batch of checkpoints shares one
+
+
+def load_dataset(source, split: str | None, root: str | None = None, model: nn.Module | None = None):
+    """(dataset, attrs["dataset"] without n) for a spec (or None) + split, or a Dataset object.
+
+    A spec is built with ``augment=False`` (deterministic evaluation transform, fixed order). When
+    ``model`` carries its run config (``train`` Network), the dataset is built the way the run built
+    its evaluation sets (``train.data.dataset_from_config``: image size, resize, holdout, root), and
+    ``source=None`` means the run's own dataset.
+    """
+    if source is None or isinstance(source, (str, os.PathLike)):
         if not split:
             raise ValueError("extract: --split is required with a dataset name or path")
-        from train.data import build_dataset
+        config = dict(getattr(model, "config", None) or {})
+        if config.get("data"):
+            config["data"] = {**config["data"], **({"root": str(root)} if root else {})}
+            key = json.dumps(["config", source and str(source), split, config["data"], config.get("in_channels")],
+                             sort_keys=True, default=str)
+        elif source is None:
+            raise ValueError("extract: --data is required (the model carries no run config naming its dataset)")
+        else:
+            key = json.dumps(["spec", str(source), split, root and str(root)])
+        dataset = _DATASETS.get(key)
+        if dataset is None:
+            if config.get("data"):
+                from train.data import dataset_from_config
 
-        dataset = build_dataset(str(source), split, augment=False, root=root)
+                dataset = dataset_from_config(config, split, spec=str(source) if source else None)
+            else:
+                from train.data import build_dataset
+
+                dataset = build_dataset(str(source), split, augment=False, root=root)
+            while len(_DATASETS) >= 2:
+                _DATASETS.pop(next(iter(_DATASETS)))
+            _DATASETS[key] = dataset
     else:
         dataset = source
     transform = getattr(dataset, "transform_desc", None)
     if transform is None and getattr(dataset, "transform", None) is not None:
         transform = repr(dataset.transform)
     return dataset, _clean({
-        "name": getattr(dataset, "name", None) or (str(source) if isinstance(source, (str, os.PathLike)) else type(dataset).__name__),
+        "name": getattr(dataset, "name", None) or (str(source) if source is not None else type(dataset).__name__),
         "split": split or getattr(dataset, "split", None),
         "transform": transform,
         "num_classes": getattr(dataset, "num_classes", None),

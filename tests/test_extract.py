@@ -23,6 +23,7 @@ from extract import ExtractError, extract_store, layer_modules  # noqa: E402
 from repsim.cli import main as repsim_main  # noqa: E402
 from repsim.store import open_store  # noqa: E402
 from train.checkpoint import load_model, save_checkpoint  # noqa: E402
+from train.config import load_config  # noqa: E402
 from train.data import build_dataset  # noqa: E402
 from train.models import build_network  # noqa: E402
 
@@ -31,11 +32,12 @@ FAST = dict(workers=0, progress=False, device="cpu")
 
 
 def _config(seed: int) -> dict:
-    return {
-        "arch": "mini_resnet", "arch_params": {"width": 4, "layers": [3, 4, 6, 3]}, "in_channels": 1,
-        "objective": "label_smoothing", "objective_params": {"alpha": 0.1}, "num_classes": 10,
-        "seed": seed, "dataset": "digits", "preset": "test",
-    }
+    """The digits preset's run config (mini ResNet, 16 bottlenecks), narrower, on all ten digits."""
+    cfg = load_config("digits-label_smoothing")
+    cfg["data"]["spec"] = "digits"
+    cfg.update(seed=seed, num_classes=10, objective_params={"alpha": 0.1})
+    cfg["arch_params"] = {"width": 4, "layers": [3, 4, 6, 3]}
+    return cfg
 
 
 def _make_checkpoint(path: Path, seed: int) -> Path:
@@ -162,9 +164,9 @@ def test_spatial_reduction_and_layer_subset(ckpts, digits, tmp_path):
 
 
 def test_two_networks_stores_align_batch_cli(ckpts, tmp_path):
-    rc = repsim_main([
+    rc = repsim_main([  # no --data: the runs' own dataset (digits), with their evaluation transform
         "extract", "--checkpoint", str(ckpts[0]), "--checkpoint", str(ckpts[1]), "--name", "{parent}",
-        "--data", "digits", "--split", "test", "--out-dir", str(tmp_path / "stores"),
+        "--split", "test", "--out-dir", str(tmp_path / "stores"),
         "--layers", "block16,pool", "--spatial", "mean", "--workers", "0", "--device", "cpu",
     ])
     assert rc == 0
@@ -172,6 +174,7 @@ def test_two_networks_stores_align_batch_cli(ckpts, tmp_path):
     np.testing.assert_array_equal(a.example_ids, b.example_ids)
     np.testing.assert_array_equal(a.labels, b.labels)
     assert a.layers == b.layers == ["block16", "pool"] and a.n == b.n
+    assert a.dataset["name"] == "digits" and a.dataset["split"] == "test"
     assert (a.model["seed"], b.model["seed"]) == (0, 1)
     assert a.model["checkpoint_sha256"] != b.model["checkpoint_sha256"]
     assert not np.array_equal(a.layer("pool").compute(), b.layer("pool").compute())
