@@ -72,35 +72,47 @@ def store_compression(path: Path) -> dict[str, dict[str, float]]:
 
 def measure(label: str, model, dataset, *, batch_size: int, workers: int, device: str, repeats: int,
             tmp: Path, **kw) -> dict:
+    """forward, extract, forward, extract, ..., forward: each extraction is compared with the mean
+    of the forward runs just before and after it (a shared machine's load drifts), and the median
+    of these paired ratios is reported next to the ratio of the best times."""
     model = model.to(device).eval()
     forward_only(model, dataset, batch_size, workers, device)  # warm-up (allocator, oneDNN kernels)
     fwds, ext, fwd_cpu, ext_cpu = [], [], [], []
-    for r in range(repeats):  # interleaved, so that a burst of load elsewhere hits both alike
-        wall, cpu = forward_only(model, dataset, batch_size, workers, device)
-        fwds.append(wall)
-        fwd_cpu.append(cpu)
+    wall, cpu = forward_only(model, dataset, batch_size, workers, device)
+    fwds.append(wall)
+    fwd_cpu.append(cpu)
+    for r in range(repeats):
         out = tmp / f"{label}-{r}.zarr"
         t0, c0 = time.perf_counter(), time.process_time()
         store = extract_store(model, dataset, out, batch_size=batch_size, workers=workers, device=device,
-                              progress=False, overwrite=True, **kw)
+                              progress=False, **kw)
         ext.append(time.perf_counter() - t0)
         ext_cpu.append(time.process_time() - c0)
+        wall, cpu = forward_only(model, dataset, batch_size, workers, device)
+        fwds.append(wall)
+        fwd_cpu.append(cpu)
+        if r < repeats - 1:
+            shutil.rmtree(out)  # outside the timed region
+    paired = [e / ((fwds[i] + fwds[i + 1]) / 2) for i, e in enumerate(ext)]
+    paired_cpu = [e / ((fwd_cpu[i] + fwd_cpu[i + 1]) / 2) for i, e in enumerate(ext_cpu)]
     fwd = min(fwds)
     comp = store_compression(out)
     n = len(dataset)
     res = {
         "label": label, "n": n, "batch_size": batch_size, "workers": workers, "device": device,
         "layers": store.layers, "spatial": kw.get("spatial", "flatten"), "dtype": kw.get("dtype", "float16"),
-        "chunk_rows": store.chunk_rows, "forward_s": fwd, "extract_s": min(ext), "ratio": min(ext) / fwd,
-        "forward_runs_s": fwds, "extract_runs_s": ext, "forward_cpu_s": min(fwd_cpu), "extract_cpu_s": min(ext_cpu),
-        "cpu_ratio": min(ext_cpu) / min(fwd_cpu),
+        "chunk_rows": store.chunk_rows, "forward_s": fwd, "extract_s": min(ext),
+        "ratio": float(np.median(paired)), "ratio_of_best": min(ext) / fwd,
+        "cpu_ratio": float(np.median(paired_cpu)), "paired_ratios": paired,
+        "forward_runs_s": fwds, "extract_runs_s": ext, "forward_cpu_s": fwd_cpu, "extract_cpu_s": ext_cpu,
         "extract_img_per_s": n / min(ext), "forward_img_per_s": n / fwd,
         "store_uncompressed_mb": sum(c["uncompressed_mb"] for c in comp.values()),
         "store_stored_mb": sum(c["stored_mb"] for c in comp.values()),
         "compression": comp,
     }
-    print(f"{label}: n={n} batch={batch_size} forward {fwd:.2f} s, extract {min(ext):.2f} s, "
-          f"ratio {res['ratio']:.2f} (CPU time ratio {res['cpu_ratio']:.2f}); store {res['store_uncompressed_mb']:.1f} MiB -> {res['store_stored_mb']:.1f} MiB",
+    print(f"{label}: n={n} batch={batch_size} forward {fwd:.2f} s, extract {min(ext):.2f} s (best); "
+          f"paired ratio {res['ratio']:.2f} (runs {', '.join(f'{x:.2f}' for x in paired)}), CPU-time ratio "
+          f"{res['cpu_ratio']:.2f}; store {res['store_uncompressed_mb']:.1f} MiB -> {res['store_stored_mb']:.1f} MiB",
           flush=True)
     for name, c in comp.items():
         print(f"    {name:>8}: {c['uncompressed_mb']:8.2f} MiB  x{c['ratio']:.2f}")
@@ -154,13 +166,17 @@ def write_results(results: list[dict], cmd: str) -> None:
         json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     lines = ["## extract_throughput", "",
              f"`{cmd}` — {meta['date']}, {meta['cpus']} CPUs ({meta['torch_threads']} torch threads), "
-             f"torch {meta['torch']}, load average {meta['load_average'][0]:.1f} at the end (shared machine). Extraction = `extract_store` end to end; forward = the same loader "
-             "batches through the model with nothing captured. Best of the repeats; goal ratio <= 1.2.", "",
-             "| configuration | n | batch | forward s | extract s | ratio (wall) | ratio (CPU time) | img/s | store MiB (raw -> zstd) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"torch {meta['torch']}, load average {meta['load_average'][0]:.1f} at the end (a machine shared "
+             "with other jobs: timings drift by up to 2x between runs). Extraction = `extract_store` end to end "
+             "(probe, store creation, hooks, range check, compression, writing, head, finalisation); forward = "
+             "the same loader batches through the model with nothing captured. Runs alternate forward, extract, "
+             "forward, ...; ratio = median over extractions of extract / mean(forward before, forward after). "
+             "Goal: ratio <= 1.2.", "",
+             "| configuration | n | batch | best forward s | best extract s | ratio (wall, paired median) | ratio of best times | ratio (process CPU time) | img/s | store MiB (raw -> zstd) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['label']} ({r['device']}) | {r['n']} | {r['batch_size']} | {r['forward_s']:.2f} | "
-                     f"{r['extract_s']:.2f} | **{r['ratio']:.2f}** | {r['cpu_ratio']:.2f} | {r['extract_img_per_s']:.0f} | "
+                     f"{r['extract_s']:.2f} | **{r['ratio']:.2f}** | {r['ratio_of_best']:.2f} | {r['cpu_ratio']:.2f} | {r['extract_img_per_s']:.0f} | "
                      f"{r['store_uncompressed_mb']:.1f} -> {r['store_stored_mb']:.1f} |")
     lines += ["", "Compression ratio per layer (uncompressed / stored, float16 + zstd level 3):", ""]
     for r in results:
