@@ -44,6 +44,7 @@ _EXPORTS: dict[str, str] = {
     "cka_matrix": "engine",
     "CKAResult": "engine",
     "set_scheduler": "scheduler",
+    "layer_metrics": "drivers",
     # probes
     "linear_probe": "probes",
     "knn_probe": "probes",

@@ -1,10 +1,57 @@
-"""`repsim cka`: minibatch CKA between every (store, layer) pair (issue 4; not implemented yet)."""
+"""`repsim cka`: CKA between every (store, layer) pair, streamed from stores (paper §3.2, Fig. 2)."""
 from __future__ import annotations
 
-from repsim.commands import no_arguments as configure, not_implemented
+import argparse
+import os
+import sys
+
+from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg, report_errors
 
 HELP = "minibatch CKA between every (store, layer) pair"
 
 
-def run(args) -> int:
-    return not_implemented("cka", 4)
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_store_arguments(parser, out_help="result file (.npz, CKAResult.save; e.g. cka_resnet50.npz)")
+    parser.add_argument("--method", choices=("minibatch", "exact"), default="minibatch",
+                        help="minibatch (paper: unbiased HSIC over batches) or exact (full-data, float64)")
+    parser.add_argument("--batch-size", type=int, default=1500, help="minibatch size (default 1500, paper)")
+    parser.add_argument("--epochs", type=int, default=10, help="passes over the data (default 10, paper)")
+    parser.add_argument("--seed", type=int, default=0, help="shuffling seed (default 0)")
+    parser.add_argument("--shuffle", choices=("window", "examples", "none"), default="window",
+                        help="window: permute chunk blocks and rows within windows, each chunk read once per "
+                             "epoch (default); examples: uniform permutation, ~n/batch reads per epoch; "
+                             "none: consecutive batches")
+    parser.add_argument("--no-shuffle", dest="shuffle", action="store_const", const="none",
+                        help="same as --shuffle none")
+    parser.add_argument("--shuffle-window", type=int, default=None, metavar="ROWS",
+                        help="rows per shuffle window (default 4 x batch size)")
+    parser.add_argument("--biased", action="store_true", help="biased HSIC (default: debiased, as in the paper)")
+    parser.add_argument("--checkpoint", default=None, metavar="FILE",
+                        help="checkpoint for resuming (default: OUT.ckpt.npz next to the output)")
+    parser.add_argument("--checkpoint-every", type=int, default=8, metavar="BATCHES",
+                        help="batches per checkpointed segment (default 8)")
+
+
+def run(args: argparse.Namespace) -> int:
+    return report_errors('cka', _run, args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from repsim.engine import cka_matrix
+    from repsim.scheduler import scheduler
+
+    out = args.out if args.out.endswith(".npz") else args.out + ".npz"
+    ckpt = args.checkpoint or (out[:-4] + ".ckpt.npz")
+    with scheduler(args.scheduler):
+        result = cka_matrix(args.stores, layers=layers_arg(args.layers), batch_size=args.batch_size,
+                            epochs=args.epochs, seed=args.seed, shuffle=args.shuffle, spatial=args.spatial,
+                            debiased=not args.biased, method=args.method, shuffle_window=args.shuffle_window,
+                            device=args.device, checkpoint=ckpt if args.method == "minibatch" else None,
+                            checkpoint_every=args.checkpoint_every, progress=progress_arg(args),
+                            threads=args.threads)
+    path = result.save(out)
+    if os.path.exists(ckpt):
+        os.remove(ckpt)
+    print(f"repsim cka: {len(result.index)}x{len(result.index)} CKA over {len(result.stores)} store(s), "
+          f"n={result.meta['n']} -> {path}", file=sys.stderr)
+    return 0

@@ -1,10 +1,32 @@
-"""`repsim separation`: class separation R^2 per layer (issue 4; not implemented yet)."""
+"""`repsim separation`: class separation R² by layer (paper Eq. 11, Fig. 4, Table 3, Table E.1)."""
 from __future__ import annotations
 
-from repsim.commands import no_arguments as configure, not_implemented
+import argparse
+import sys
 
-HELP = "class separation R^2 per layer"
+from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg, report_errors
+
+HELP = "class separation R^2 by layer, streamed from stores (separation.csv)"
 
 
-def run(args) -> int:
-    return not_implemented("separation", 4)
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_store_arguments(parser, out_help="CSV: store, objective, seed, layer, distance, r2")
+    parser.add_argument("--distance", default="cosine", metavar="D1,D2",
+                        help="cosine (paper), cosine_centered, sqeuclidean (Table E.1), comma-separated, or all")
+
+
+def run(args: argparse.Namespace) -> int:
+    return report_errors('separation', _run, args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from repsim.drivers import DISTANCES, separation_rows, write_csv
+    from repsim.scheduler import scheduler
+
+    distances = DISTANCES if args.distance == "all" else tuple(d.strip() for d in args.distance.split(","))
+    with scheduler(args.scheduler):
+        rows = separation_rows(args.stores, layers_arg(args.layers), distances=distances, spatial=args.spatial,
+                               device=args.device, progress=progress_arg(args), threads=args.threads)
+    path = write_csv(rows, args.out)
+    print(f"repsim separation: {len(rows)} rows -> {path}", file=sys.stderr)
+    return 0

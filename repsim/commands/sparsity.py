@@ -1,10 +1,29 @@
-"""`repsim sparsity`: fraction of non-zero activations per layer (issue 4; not implemented yet)."""
+"""`repsim sparsity`: fraction of non-zero activations by layer (paper Fig. 3)."""
 from __future__ import annotations
 
-from repsim.commands import no_arguments as configure, not_implemented
+import argparse
+import sys
 
-HELP = "fraction of non-zero activations per layer"
+from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg, report_errors
+
+HELP = "fraction of non-zero activations by layer, streamed from stores (sparsity.csv)"
 
 
-def run(args) -> int:
-    return not_implemented("sparsity", 4)
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_store_arguments(parser, out_help="CSV: store, objective, seed, layer, nonzero_fraction")
+
+
+def run(args: argparse.Namespace) -> int:
+    return report_errors('sparsity', _run, args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from repsim.drivers import sparsity_rows, write_csv
+    from repsim.scheduler import scheduler
+
+    with scheduler(args.scheduler):
+        rows = sparsity_rows(args.stores, layers_arg(args.layers), device=args.device, progress=progress_arg(args),
+                             threads=args.threads)
+    path = write_csv(rows, args.out)
+    print(f"repsim sparsity: {len(rows)} rows -> {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,44 @@
+"""Options shared by the streaming subcommands (cka, separation, sparsity, collapse)."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_store_arguments(parser: argparse.ArgumentParser, *, out_help: str, layers_default: str | None = None) -> None:
+    parser.add_argument("stores", nargs="+", metavar="STORE_OR_GLOB",
+                        help="activation stores (Zarr directories) or quoted globs such as 'runs/*.zarr'")
+    parser.add_argument("--out", required=True, metavar="FILE", help=out_help)
+    parser.add_argument("--layers", default=layers_default, metavar="L1,L2",
+                        help="comma-separated layer names (default: %s)" % (layers_default or "every layer of every store"))
+    parser.add_argument("--spatial", choices=("flatten", "mean"), default="flatten",
+                        help="conv maps: flatten across space (paper, default) or average over space")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: NumPy (default); cuda: CuPy on the GPU (needs repsim[gpu])")
+    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                        help="dask.distributed scheduler address (tcp://host:8786), or local:N for a local "
+                             "cluster of N worker processes; default: this process")
+    parser.add_argument("--threads", type=int, default=2, help="reader threads (prefetch), default 2")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def layers_arg(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    return names or None
+
+
+def progress_arg(args: argparse.Namespace) -> bool | None:
+    return False if args.no_progress else None
+
+
+def report_errors(command: str, fn, args: argparse.Namespace) -> int:
+    """Run ``fn(args)``; bad input (ValueError, e.g. misaligned stores) and a missing optional
+    dependency (ImportError, e.g. CuPy) become one ``repsim COMMAND: error: ...`` line and exit 2."""
+    import sys
+
+    try:
+        return fn(args)
+    except (ValueError, ImportError, KeyError) as exc:
+        print(f"repsim {command}: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,345 @@
+"""Streaming drivers: per-layer metrics of activation stores in one pass over each store.
+
+For every store, the requested layers are read block by block (a block = whole chunks; reads run
+ahead on a thread pool) and every block feeds all accumulators of all layers at once — or, when
+their state would exceed ``memory_budget`` (class means are K × P floats per layer: 6.4 GB for a
+flattened ResNet-50 block1 with 1000 classes), all accumulators of each group of layers that fits,
+one pass per group:
+
+- class separation R² (paper Eq. 11, Fig. 4, Table 3; Table E.1 distances) — :class:`repsim.ClassSeparation`;
+- fraction of non-zero activations (Fig. 3) — :class:`repsim.Sparsity`;
+- neural-collapse statistics (Table E.2) on the penultimate layer with the store's final-layer
+  weights ``store.head`` — :class:`repsim.CollapseStats`;
+- singular-value spectra (Fig. E.2) of the centred activations, of the centred class centroids and
+  of the final-layer weights — :class:`repsim.spectra.ActivationSpectrum`, ``CollapseStats``.
+
+``distance="cosine_centered"`` needs the mean over *all* examples before any cosine can be taken
+(it is not a function of per-class sums), so those layers get a second pass: pass 1 collects the
+global mean together with every other statistic, pass 2 re-reads only those layers.  Everything
+else is exactly one read of each store.
+
+Work is cut into tasks of ``blocks_per_task`` blocks; each returns its accumulators'
+``to_state()``, merged in block order, locally or on the ``dask.distributed`` cluster set by
+:func:`repsim.set_scheduler` (see :mod:`repsim.scheduler`).  Conv layers are flattened across space
+(Fig. 4 caption: "we compute cosine distances by flattening"); ``spatial="mean"`` pools them first.
+Sparsity always counts every activation (channels × positions).
+"""
+from __future__ import annotations
+
+import csv
+import os
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from repsim.engine_io import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
+from repsim.scheduler import array_module, device_name, get_client, run_tasks
+
+__all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "write_csv",
+           "DISTANCES"]
+
+DISTANCES = ("cosine", "cosine_centered", "sqeuclidean")
+MAX_MATRIX_FEATURES = 16384  # collapse/spectra keep a P × P scatter: refuse P beyond this (8 × 2 GiB)
+
+
+@dataclass(frozen=True)
+class Request:
+    """Which statistics to stream for every requested layer."""
+
+    distances: tuple[str, ...] = ()
+    sparsity: bool = False
+    collapse: bool = False
+    spectra: bool = False
+
+
+def _accumulators(req: Request, layer: str, num_classes: int, what: str) -> dict[str, Any]:
+    """Fresh accumulators for one layer, keyed ``"<metric>"``."""
+    from repsim.collapse import CollapseStats
+    from repsim.separation import ClassSeparation
+    from repsim.sparsity import Sparsity
+
+    accs: dict[str, Any] = {}
+    for d in req.distances:
+        accs[f"separation:{d}"] = ClassSeparation(num_classes, d, name=what)
+    if req.sparsity:
+        accs["sparsity"] = Sparsity(name=what)
+    if req.collapse or req.spectra:
+        accs["collapse"] = CollapseStats(num_classes, name=what)
+    if req.spectra:
+        from repsim.spectra import ActivationSpectrum
+
+        accs["spectrum"] = ActivationSpectrum(name=what)
+    return accs
+
+
+def _from_state(state: dict[str, Any]) -> Any:
+    from repsim.collapse import CollapseStats
+    from repsim.separation import ClassSeparation
+    from repsim.sparsity import Sparsity
+    from repsim.spectra import ActivationSpectrum
+
+    kinds = {"ClassSeparation": ClassSeparation, "Sparsity": Sparsity, "CollapseStats": CollapseStats,
+             "ActivationSpectrum": ActivationSpectrum}
+    return kinds[str(state["kind"])].from_state(state)
+
+
+def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, Any]]], start: int, stop: int, *,
+               xp: Any = None, progress: Any = None) -> dict[str, dict[str, dict[str, Any]]]:
+    """One task: blocks ``start:stop`` of one store into copies of ``templates``
+    (``{layer: {metric: empty accumulator state}}``); returns the filled states."""
+    from repsim.store import open_store
+
+    columns = [Column(**c) for c in spec["columns"]]
+    xp = array_module(spec["device"]) if xp is None else xp
+    labels = open_store(columns[0].path).labels
+    accs = {layer: {m: _from_state(s) for m, s in per.items()} for layer, per in templates.items()}
+    block_rows = spec["block_rows"]
+    with BlockReader(columns, spec["n"], block_rows, spatial="raw", prefetch=spec["prefetch"],
+                     threads=spec["threads"]) as reader:
+        for k, arrays in reader.iter_blocks(range(start, stop)):
+            y = labels[k * block_rows:k * block_rows + arrays[0].shape[0]]
+            for col, raw in zip(columns, arrays):
+                per = accs.get(col.layer)
+                if not per:
+                    continue
+                x_raw = to_device(raw, xp)
+                x_mat = None
+                for metric, acc in per.items():
+                    if metric == "sparsity":
+                        acc.update(x_raw)
+                        continue
+                    if x_mat is None:
+                        x_mat = to_device(transform(raw, spec["spatial"]), xp)
+                    if metric == "spectrum":
+                        acc.update(x_mat)
+                    else:
+                        acc.update(x_mat, y)
+            if progress is not None:
+                progress(1)
+    return {layer: {m: a.to_state() for m, a in per.items()} for layer, per in accs.items()}
+
+
+def _scan_store(columns: list[Column], n: int, block_rows: int, accs: dict[str, dict[str, Any]], *, spatial: str,
+                device: Any, blocks_per_task: int, prefetch: int, threads: int, bar: Any) -> dict[str, dict[str, Any]]:
+    """Stream one store's blocks through ``accs`` (one layer -> metric -> accumulator), merging tasks in order."""
+    if not accs:
+        return accs
+    xp = array_module(device)
+    spec = {"columns": [asdict(c) for c in columns if c.layer in accs], "device": device_name(xp), "n": n,
+            "block_rows": block_rows, "spatial": spatial, "prefetch": prefetch, "threads": threads}
+    templates = {layer: {m: a.to_state() for m, a in per.items()} for layer, per in accs.items()}
+    n_blocks = -(-n // block_rows)
+    ranges = [(a, min(n_blocks, a + blocks_per_task)) for a in range(0, n_blocks, blocks_per_task)]
+    if get_client() is None:
+        results = run_tasks(lambda a, b: _scan_task(spec, templates, a, b, xp=xp, progress=bar.update), ranges)
+    else:
+        if spec["device"] not in ("cpu", "cuda"):
+            raise ValueError("a distributed run needs device='cpu' or 'cuda' (not a namespace object)")
+        results = run_tasks(_scan_task, [(spec, templates, a, b) for a, b in ranges],
+                            on_done=lambda i, _: bar.update(ranges[i][1] - ranges[i][0]))
+    merged: dict[str, dict[str, Any]] = {}
+    for _, states in results:
+        for layer, per in states.items():
+            for metric, state in per.items():
+                part = _from_state(state)
+                slot = merged.setdefault(layer, {})
+                slot[metric] = part if metric not in slot else slot[metric].merge(part)
+    return merged
+
+
+def _check_matrix_width(col: Column, spatial: str, what: str) -> None:
+    p = col.features_after(spatial)
+    if p > MAX_MATRIX_FEATURES:
+        raise ValueError(f"{what} of {col.store}/{col.layer} keeps a {p}×{p} scatter matrix (> {MAX_MATRIX_FEATURES} "
+                         f"features); use spatial='mean' or a narrower layer (e.g. 'pool')")
+
+
+def layer_metrics(stores: Any, layers: Any = None, *, distances: Iterable[str] = (), sparsity: bool = False,
+                  collapse: bool = False, spectra: bool = False, spatial: str = "flatten", device: Any = "cpu",
+                  progress: bool | None = None, blocks_per_task: int = 16, prefetch: int = 2,
+                  threads: int = 2, memory_budget: int = 4 << 30) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every requested metric for every (store, layer), one streaming pass per store (two for layers
+    with ``cosine_centered``).  Returns ``{(store, layer): {...}}`` with keys
+    ``"separation"`` ``{distance: R²}``, ``"sparsity"`` (fraction), ``"sparsity_per_channel"``,
+    ``"collapse"`` (Table E.2 dict; weight keys when the store has a head whose shape matches the
+    layer), ``"spectra"`` ``{"activations", "centroids"[, "weights"]: singular values}``.
+    Stores are validated first (complete, layers present); they need not share examples.
+    ``memory_budget`` bounds the accumulators' state (class means are K × P per layer and
+    distance): layers are packed into groups within it, one pass over the store per group
+    (:func:`state_bytes`, :func:`group_layers`)."""
+    return _run(stores, layers, distances=distances, sparsity=sparsity, collapse=collapse, spectra=spectra,
+                spatial=spatial, device=device, progress=progress, blocks_per_task=blocks_per_task,
+                prefetch=prefetch, threads=threads, memory_budget=memory_budget)[0]
+
+
+def state_bytes(col: Column, req: Request, num_classes: int, spatial: str) -> int:
+    """Float64 bytes the accumulators of one layer hold (kernels' sufficient statistics): K·P per
+    separation distance (class means), K·P + P² for collapse (means, within-class scatter), P² for
+    the activation spectrum, C for sparsity (int64 counts per channel)."""
+    P = col.features_after(spatial)
+    n = len(req.distances) * num_classes * P
+    if req.collapse or req.spectra:
+        n += num_classes * P + P * P
+    if req.spectra:
+        n += P * P
+    if req.sparsity:
+        n += col.shape[0] if col.shape else 1
+    return 8 * n
+
+
+def group_layers(columns: Sequence[Column], sizes: Sequence[int], budget: int) -> list[list[Column]]:
+    """Consecutive layers packed into groups whose accumulator states total at most ``budget``
+    bytes (a layer larger than the budget forms its own group); one pass over the store per group."""
+    groups: list[list[Column]] = []
+    used = 0
+    for col, size in zip(columns, sizes):
+        if groups and used + size <= budget:
+            groups[-1].append(col)
+            used += size
+        else:
+            groups.append([col])
+            used = size
+    return groups
+
+
+def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, collapse: bool, spectra: bool,
+         spatial: str = "flatten", device: Any = "cpu", progress: bool | None = None, blocks_per_task: int = 16,
+         prefetch: int = 2, threads: int = 2, memory_budget: int = 4 << 30
+         ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
+    from repsim.engine_io import open_stores, store_names
+
+    distances = tuple(distances)
+    bad = [d for d in distances if d not in DISTANCES]
+    if bad:
+        raise ValueError(f"unknown distance(s) {bad}; choose from {DISTANCES}")
+    if spatial not in ("flatten", "mean"):
+        raise ValueError(f"spatial must be 'flatten' or 'mean', got {spatial!r}")
+    req = Request(distances=distances, sparsity=bool(sparsity), collapse=bool(collapse), spectra=bool(spectra))
+    opened = open_stores(stores)
+    names = store_names(opened)
+    plans = []  # per store: (store, name, num_classes, layer groups)
+    for store, name in zip(opened, names):
+        _, columns, _ = resolve_columns([store], layers)  # validates: complete, layers present
+        columns = [Column(**{**asdict(c), "store": name}) for c in columns]
+        for col in columns:
+            if req.collapse:
+                _check_matrix_width(col, spatial, "collapse")
+            if req.spectra:
+                _check_matrix_width(col, spatial, "spectra")
+        labels = store.labels
+        if labels.size == 0:
+            raise ValueError(f"store {name!r} has no examples")
+        num_classes = int(labels.max()) + 1
+        sizes = [state_bytes(c, req, num_classes, spatial) for c in columns]
+        plans.append((store, name, num_classes, group_layers(columns, sizes, int(memory_budget))))
+    passes_per_group = 1 + ("cosine_centered" in distances)
+    total = sum(-(-s.n // max(1, s.chunk_rows)) * len(g) * passes_per_group for s, _, _, g in plans)
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    bar = progress_bar(total, "scan", progress, unit="block")
+    try:
+        for store, name, num_classes, groups in plans:
+            block_rows = max(1, min(store.n, store.chunk_rows))
+            kw = dict(spatial=spatial, device=device, blocks_per_task=max(1, int(blocks_per_task)),
+                      prefetch=prefetch, threads=threads, bar=bar)
+            head = store.head if (req.collapse or req.spectra) else None
+            for columns in groups:
+                accs = {c.layer: _accumulators(req, c.layer, num_classes, f"{name}/{c.layer}") for c in columns}
+                merged = _scan_store(columns, store.n, block_rows, accs, **kw)
+                second = {layer: {"separation:cosine_centered": per["separation:cosine_centered"].next_pass()}
+                          for layer, per in merged.items() if "separation:cosine_centered" in per}
+                if second:
+                    for layer, per in _scan_store(columns, store.n, block_rows, second, **kw).items():
+                        merged[layer].update(per)
+                for col in columns:
+                    out[(name, col.layer)] = _finish(merged.pop(col.layer), req, head, col)
+    finally:
+        bar.close()
+    return out, dict(zip(names, opened))
+
+
+def _finish(accs: dict[str, Any], req: Request, head: Any, col: Column) -> dict[str, Any]:
+    from repsim.spectra import weight_spectrum
+
+    res: dict[str, Any] = {}
+    if req.distances:
+        res["separation"] = {d: float(accs[f"separation:{d}"].result()) for d in req.distances}
+    if req.sparsity:
+        res["sparsity"] = float(accs["sparsity"].result())
+        res["sparsity_per_channel"] = np.asarray(accs["sparsity"].result_per_channel())
+    W = None
+    if head is not None and "collapse" in accs:
+        P = accs["collapse"].class_means().shape[1]
+        if tuple(head[0].shape) == (accs["collapse"].num_classes, P):
+            W = head[0]
+    if req.collapse:
+        res["collapse"] = accs["collapse"].result(W=W)
+    if req.spectra:
+        spec = {"activations": accs["spectrum"].result(),
+                "centroids": np.linalg.svd(accs["collapse"].centered_means(), compute_uv=False)}
+        if W is not None:
+            spec["weights"] = weight_spectrum(np.asarray(W, dtype=np.float64))
+        res["spectra"] = spec
+    return res
+
+
+# --------------------------------------------------------------------------------------------------
+# tables (CONTRACTS "Results files")
+
+
+def _model_columns(store: Any) -> dict[str, Any]:
+    model = getattr(store, "model", None) or store.attrs.get("model") or {}
+    seed = model.get("seed", "")
+    return {"objective": model.get("objective", "") or "", "seed": "" if seed is None else seed}
+
+
+def separation_rows(stores: Any, layers: Any = None, distances: Iterable[str] = ("cosine",), **kw: Any) -> list[dict]:
+    """Rows ``store, objective, seed, layer, distance, r2`` (separation.csv)."""
+    res, lookup = _run(stores, layers, distances=distances, sparsity=False, collapse=False, spectra=False, **kw)
+    return [{"store": s, **_model_columns(lookup[s]), "layer": layer, "distance": d, "r2": r2}
+            for (s, layer), m in res.items() for d, r2 in m["separation"].items()]
+
+
+def sparsity_rows(stores: Any, layers: Any = None, **kw: Any) -> list[dict]:
+    """Rows ``store, objective, seed, layer, nonzero_fraction`` (sparsity.csv)."""
+    res, lookup = _run(stores, layers, distances=(), sparsity=True, collapse=False, spectra=False, **kw)
+    return [{"store": s, **_model_columns(lookup[s]), "layer": layer, "nonzero_fraction": m["sparsity"]}
+            for (s, layer), m in res.items()]
+
+
+def collapse_rows(stores: Any, layers: Any = ("pool",), *, spectra: bool = False, **kw: Any
+                  ) -> tuple[list[dict], dict[str, np.ndarray]]:
+    """Rows ``store, objective, seed, layer, <collapse keys>`` (collapse.csv) and, with ``spectra``,
+    the ``{"<store>/<layer>/<kind>": singular values}`` dict of spectra.npz."""
+    res, lookup = _run(stores, layers, distances=(), sparsity=False, collapse=True, spectra=spectra, **kw)
+    rows = [{"store": s, **_model_columns(lookup[s]), "layer": layer, **m["collapse"]} for (s, layer), m in res.items()]
+    arrays = {f"{s}/{layer}/{kind}": sv for (s, layer), m in res.items() for kind, sv in m.get("spectra", {}).items()}
+    return rows, arrays
+
+
+def spectra_arrays(stores: Any, layers: Any = ("pool",), **kw: Any) -> dict[str, np.ndarray]:
+    """``{"<store>/<layer>/<kind>": singular values}`` (spectra.npz), kinds activations, centroids, weights."""
+    res = layer_metrics(stores, layers, spectra=True, **kw)
+    return {f"{s}/{layer}/{kind}": sv for (s, layer), m in res.items() for kind, sv in m["spectra"].items()}
+
+
+def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> str:
+    """Write rows (header = union of keys in first-seen order) atomically; ``-`` writes to stdout."""
+    header: list[str] = []
+    for row in rows:
+        header.extend(k for k in row if k not in header)
+    if os.fspath(path) == "-":
+        writer = csv.DictWriter(sys.stdout, fieldnames=header, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        return "-"
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,449 @@
+"""Out-of-core CKA between every (store, layer) pair: :func:`cka_matrix` and :class:`CKAResult`.
+
+Minibatch CKA (paper §3.2; Nguyen, Raghu & Kornblith 2021), for columns i, j over batches B:
+
+    CKA(i, j) = Σ_B HSIC₁(K_iB, K_jB) / sqrt(Σ_B HSIC₁(K_iB, K_iB) · Σ_B HSIC₁(K_jB, K_jB)),
+
+accumulated by :class:`repsim.MinibatchCKA`; this module only decides which rows form each batch,
+reads them from every store at once (one ``update`` sees all L columns), and schedules the work:
+
+- Each epoch is cut into *segments* of ``checkpoint_every`` consecutive batches.  A segment is an
+  independent task (:func:`_cka_segment`): it rebuilds the epoch's batch plan from
+  ``(seed, epoch)``, reads its rows with a prefetching :class:`~repsim.engine_io.BlockReader`, feeds
+  a fresh ``MinibatchCKA`` and returns ``to_state()``.
+- Segment states are merged **in segment order** (epoch-major), whether segments ran here or on a
+  ``dask.distributed`` cluster, so both give the same floating-point result.
+- With a checkpoint path, the merged state and the number of finished segments are written
+  atomically (temp file + ``os.replace``) after every segment; rerunning the same call resumes after
+  the last finished segment and reproduces the uninterrupted result exactly (a checkpoint also stays
+  valid when only ``epochs`` is raised).
+
+Reading is column-major within a group of batches (see :func:`_cka_segment`): memory is
+``prefetch + 1`` reads of one column's group (a shuffle window, in the stores' dtype) plus, per
+batch of the group, b × min(p, b) numbers per column (a column with p ≥ 4b enters the accumulator
+as a b × b factor of its centred Gram, :func:`gram_factor`); never proportional to n.
+``method="exact"`` (full-data linear CKA) lives in :mod:`repsim.engine_exact`.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from repsim.engine_io import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
+                              resolve_columns, to_device)
+from repsim.scheduler import array_module, device_name, get_client, run_tasks
+
+__all__ = ["CKAResult", "cka_matrix"]
+
+_STATE_PREFIX = "state__"
+
+
+# --------------------------------------------------------------------------------------------------
+# result
+
+
+@dataclass
+class CKAResult:
+    """CKA between every pair of columns.
+
+    ``values`` (L, L) float64; ``index`` [(store, layer)] labels rows and columns; ``meta`` the
+    estimator settings (method, debiased, batch_size, epochs, seed, shuffle scheme, n, spatial,
+    device) and ``meta["stores"]``, the provenance of every store (path, attrs, example-id digest);
+    ``state`` the ``MinibatchCKA.to_state()`` dict with the per-batch HSIC statistics used for
+    bootstrap confidence intervals (``None`` for ``method="exact"``).
+    """
+
+    values: np.ndarray
+    index: list[tuple[str, str]]
+    meta: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] | None = None
+
+    @property
+    def stores(self) -> list[str]:
+        """Store names in index order, each once."""
+        return list(dict.fromkeys(s for s, _ in self.index))
+
+    def layers(self, store: str | None = None) -> list[str]:
+        """Layer names of ``store`` (default: the first store) in index order."""
+        store = self.stores[0] if store is None else store
+        return [layer for s, layer in self.index if s == store]
+
+    def position(self, store: str, layer: str) -> int:
+        try:
+            return self.index.index((store, layer))
+        except ValueError:
+            raise KeyError(f"({store!r}, {layer!r}) is not in this result; stores: {self.stores}") from None
+
+    def get(self, store_a: str, layer_a: str, store_b: str, layer_b: str) -> float:
+        return float(self.values[self.position(store_a, layer_a), self.position(store_b, layer_b)])
+
+    def block(self, store_a: str, store_b: str | None = None) -> np.ndarray:
+        """The (layers of a) × (layers of b) sub-matrix: one panel of paper Fig. 2a."""
+        store_b = store_a if store_b is None else store_b
+        rows = [i for i, (s, _) in enumerate(self.index) if s == store_a]
+        cols = [i for i, (s, _) in enumerate(self.index) if s == store_b]
+        if not rows or not cols:
+            raise KeyError(f"unknown store {store_a if not rows else store_b!r}; stores: {self.stores}")
+        return self.values[np.ix_(rows, cols)]
+
+    def ci(self, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+        """Bootstrap confidence interval (lower, upper), each (L, L), from the per-batch statistics."""
+        if self.state is None:
+            raise ValueError("this result has no per-batch statistics (method='exact' or saved without them)")
+        from repsim.cka import MinibatchCKA
+
+        out = MinibatchCKA.from_state(self.state).result(ci=level)
+        if isinstance(out, tuple) and len(out) == 3:
+            return out[1], out[2]
+        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple):
+            return out[1]
+        raise TypeError(f"unexpected MinibatchCKA.result(ci=...) return value: {type(out)}")
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Write ``.npz`` (CONTRACTS "Results files"): ``values``, ``stores``, ``layers``, ``meta``
+        (JSON string) and ``state__<key>`` for every per-batch statistic.  Atomic."""
+        arrays: dict[str, Any] = {
+            "values": np.asarray(self.values, dtype=np.float64),
+            "stores": np.array([s for s, _ in self.index], dtype=str),
+            "layers": np.array([layer for _, layer in self.index], dtype=str),
+            "meta": np.array(json.dumps(self.meta, sort_keys=True, default=_json_default)),
+        }
+        for key, value in (self.state or {}).items():
+            arrays[_STATE_PREFIX + key] = np.asarray(value)
+        return _atomic_savez(path, arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CKAResult":
+        with np.load(os.fspath(path), allow_pickle=False) as z:
+            state = {k[len(_STATE_PREFIX):]: _unwrap(z[k]) for k in z.files if k.startswith(_STATE_PREFIX)}
+            return cls(values=np.array(z["values"]), index=list(zip(z["stores"].tolist(), z["layers"].tolist())),
+                       meta=json.loads(str(z["meta"])), state=state or None)
+
+    def __repr__(self) -> str:
+        m = self.meta
+        return (f"CKAResult({len(self.index)}×{len(self.index)}, stores={len(self.stores)}, "
+                f"method={m.get('method')}, debiased={m.get('debiased')}, n={m.get('n')})")
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return str(obj)
+
+
+def _unwrap(value: np.ndarray) -> Any:
+    """0-d arrays back to Python scalars (state dicts hold ints, bools, floats and arrays)."""
+    return value.item() if value.ndim == 0 else np.array(value)
+
+
+def _atomic_savez(path: str | os.PathLike, arrays: dict[str, Any]) -> str:
+    path = os.fspath(path)
+    if not path.endswith(".npz"):
+        path += ".npz"
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+class Checkpoint:
+    """Accumulator state + number of finished segments, keyed by a fingerprint of the computation."""
+
+    def __init__(self, path: str | os.PathLike, fingerprint: dict[str, Any]) -> None:
+        self.path = os.fspath(path)
+        if not self.path.endswith(".npz"):
+            self.path += ".npz"
+        self.fingerprint = json.dumps(fingerprint, sort_keys=True, default=_json_default)
+
+    def load(self) -> tuple[int, dict[str, Any] | None]:
+        """``(segments done, state)``; ``(0, None)`` when absent or made by a different computation."""
+        if not os.path.exists(self.path):
+            return 0, None
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                if str(z["fingerprint"]) != self.fingerprint:
+                    print(f"repsim: checkpoint {self.path} belongs to a different computation; starting over",
+                          file=sys.stderr)
+                    return 0, None
+                state = {k[len(_STATE_PREFIX):]: _unwrap(z[k]) for k in z.files if k.startswith(_STATE_PREFIX)}
+                return int(z["done"]), state
+        except (OSError, ValueError, KeyError) as exc:  # truncated/corrupt: cannot happen with os.replace, but be safe
+            print(f"repsim: ignoring unreadable checkpoint {self.path}: {exc}", file=sys.stderr)
+            return 0, None
+
+    def save(self, done: int, state: dict[str, Any]) -> None:
+        arrays = {"fingerprint": np.array(self.fingerprint), "done": np.array(done)}
+        arrays.update({_STATE_PREFIX + k: np.asarray(v) for k, v in state.items()})
+        _atomic_savez(self.path, arrays)
+
+    def remove(self) -> None:
+        if os.path.exists(self.path):
+            os.remove(self.path)
+
+
+# --------------------------------------------------------------------------------------------------
+# tasks
+
+
+REDUCE_FACTOR = 4  # columns wider than this many times the batch are reduced to a b × b Gram factor
+
+
+def _astype(x: Any, dtype: Any, xp: Any) -> Any:
+    fn = getattr(xp, "astype", None)  # array API (NumPy 2, array-api-strict); CuPy has the method
+    return fn(x, dtype) if fn is not None else x.astype(dtype)
+
+
+def gram_factor(x: Any, xp: Any) -> Any:
+    """A (b, b) float64 matrix F with (H F)(H F)ᵀ = (H X)(H X)ᵀ, H = I − 11ᵀ/b: the batch's centred
+    Gram, which is all that linear HSIC sees, in b² numbers instead of b·p.
+
+    K_c = X_c X_cᵀ is formed from the column-centred batch (float64 on CPU, float32 on GPU), then
+    F = chol(K_c + c 11ᵀ) with c = tr(K_c)/b: the rank-one term lifts the null direction 1 of K_c
+    (so the Cholesky exists) and is annihilated by the kernel's own centring.  When K_c is
+    singular beyond that (p < b, repeated rows), F = V √λ₊ from ``eigh`` instead.
+    """
+    gpu = device_name(xp) == "cuda"
+    X = _astype(xp.reshape(x, (x.shape[0], -1)), xp.float32 if gpu else xp.float64, xp)
+    X = X - xp.mean(X, axis=0, keepdims=True)  # (a fresh array: the stored block stays untouched)
+    K = _astype(X @ X.T, xp.float64, xp)
+    b = K.shape[0]
+    c = float(xp.sum(X * X)) / b  # tr(K_c) / b
+    try:
+        F = xp.linalg.cholesky(K + c)
+        if bool(xp.all(xp.isfinite(F))):
+            return F
+    except Exception:  # LinAlgError (NumPy), or NaNs on CuPy: fall back to the eigendecomposition
+        pass
+    w, V = xp.linalg.eigh(K)
+    return V * xp.sqrt(xp.clip(w, 0.0, None))[None, :]
+
+
+def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, reader: BlockReader | None = None,
+                 progress: Any = None, xp: Any = None) -> dict[str, Any]:
+    """One task: batch groups ``start:stop`` of ``epoch`` -> ``MinibatchCKA.to_state()``.
+
+    Column-major inside a group: each column's rows for all of the group's batches are read in one
+    go (its blocks once), and each batch keeps only what the kernel needs from that column — the
+    rows themselves, or for a column wider than ``REDUCE_FACTOR × b`` its b × b Gram factor
+    (:func:`gram_factor`).  Once every column is in, each batch is one ``MinibatchCKA.update``
+    over all L columns.  Peak memory: ``prefetch + 1`` (group, column) reads plus
+    Σ_columns b·min(p, 4b) per batch of the group.
+
+    ``spec`` holds plain data only (column list, plan parameters, options) so the task can be
+    shipped to a ``dask.distributed`` worker, which opens the stores itself.
+    """
+    from repsim.cka import MinibatchCKA
+
+    plan = BatchPlan(**spec["plan"])
+    columns = [Column(**c) for c in spec["columns"]]
+    L = len(columns)
+    xp = array_module(spec["device"]) if xp is None else xp
+    groups = plan.groups(epoch)[start:stop]
+    own = reader is None
+    if own:
+        reader = BlockReader(columns, plan.n, plan.block_rows, spatial=spec["spatial"], prefetch=spec["prefetch"],
+                             threads=spec["threads"])
+    acc = MinibatchCKA(L, debiased=spec["debiased"], keep_batches=True, names=[f"{c.store}/{c.layer}" for c in columns])
+
+    def load(unit: tuple[int, int]) -> list[Any]:
+        g, c = unit
+        return reader.gather(c, groups[g])
+
+    try:
+        parts: list[list[Any]] = []
+        for (g, c), arrays in reader.prefetched([(g, c) for g in range(len(groups)) for c in range(L)], load):
+            if c == 0:
+                parts = [[None] * L for _ in arrays]
+            for i, a in enumerate(arrays):
+                x = to_device(a, xp)
+                wide = int(np.prod(a.shape[1:])) >= REDUCE_FACTOR * a.shape[0]
+                parts[i][c] = gram_factor(x, xp) if wide else x
+            if c == L - 1:
+                for batch in parts:
+                    acc.update(batch)
+                if progress is not None:
+                    progress(len(parts))
+                parts = []
+    finally:
+        if own:
+            reader.close()
+    return acc.to_state()
+
+
+# --------------------------------------------------------------------------------------------------
+# public entry point
+
+
+def _shuffle_scheme(shuffle: bool | str) -> str:
+    if shuffle is True:
+        return "window"
+    if shuffle is False or shuffle is None:
+        return "none"
+    return str(shuffle)
+
+
+def _provenance(stores: Sequence[Any], names: Sequence[str], columns: Sequence[Column]) -> dict[str, Any]:
+    out = {}
+    for s, name in zip(stores, names):
+        out[name] = {
+            "path": os.path.abspath(os.fspath(s.path)),
+            "attrs": json.loads(json.dumps(dict(s.attrs), default=_json_default)),
+            "layers": [c.layer for c in columns if c.store == name],
+        }
+    return out
+
+
+def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: int = 10, seed: int = 0,
+               shuffle: bool | str = True, spatial: str = "flatten", debiased: bool = True, *,
+               method: str = "minibatch", shuffle_window: int | None = None, device: Any = "cpu",
+               checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
+               progress: bool | None = None, prefetch: int = 2, threads: int = 2,
+               memory_budget: int = 512 * 2**20) -> CKAResult:
+    """CKA between every (store, layer) column and every other, streamed from activation stores.
+
+    ``stores``: paths, globs or ``ActivationStore``s (aligned on ``example_ids``; checked first).
+    ``layers``: ``None`` (all), a list for every store, or ``{store: [layers]}``.
+    ``shuffle``: ``False``/"none" (consecutive batches ``[0:b], [b:2b], ...``), ``True``/"window"
+    (default: blocks of whole chunks permuted per epoch, rows permuted within windows of about
+    ``shuffle_window`` rows — default 4 × batch_size — and cut into near-equal batches of about
+    ``batch_size``; each chunk read once per epoch) or "examples" (a uniform permutation; about
+    n / batch_size reads of each store per epoch).  Permutations come from
+    ``default_rng([seed, epoch])`` — see :mod:`repsim.engine_io`.
+    ``spatial``: "flatten" (paper) or "mean" (pool conv maps first).
+    ``method``: "minibatch" (paper §3.2) or "exact" (full-data linear CKA, biased or debiased, in
+    float64 NumPy in this process; :mod:`repsim.engine_exact`; ``batch_size``/``epochs``/
+    ``shuffle`` unused, ``memory_budget`` sizes its Gram panels).
+    ``device``: "cpu" (NumPy) or "cuda" (CuPy: blocks are copied to the GPU in the stored dtype and
+    the kernels run there, float32 Grams with float64 sums) — or an array-API namespace.
+    ``checkpoint``: path of a resumable checkpoint, written atomically after each segment of
+    ``checkpoint_every`` batches (the last one included, so a rerun returns at once; the CLI
+    deletes it once the output is written).  ``prefetch``/``threads``: reads in flight / reader
+    threads.
+    Tasks run here, or on the ``dask.distributed`` cluster set by :func:`repsim.set_scheduler`.
+    """
+    if spatial not in ("flatten", "mean"):
+        raise ValueError(f"spatial must be 'flatten' or 'mean', got {spatial!r}")
+    if method not in ("minibatch", "exact"):
+        raise ValueError(f"method must be 'minibatch' or 'exact', got {method!r}")
+    opened, columns, example_ids = resolve_columns(stores, layers)
+    names = list(dict.fromkeys(c.store for c in columns))
+    xp = array_module(device)
+    n = int(example_ids.shape[0])
+    block_rows = block_rows_for(columns, n)
+    meta: dict[str, Any] = {
+        "method": method, "debiased": bool(debiased), "spatial": spatial, "n": n,
+        "device": device_name(xp), "example_ids_sha1": ids_digest(example_ids),
+        "stores": _provenance(opened, [s for s in names], columns),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    try:
+        from repsim import __version__
+
+        meta["repsim_version"] = __version__
+    except ImportError:  # pragma: no cover
+        pass
+    if method == "exact":
+        from repsim.engine_exact import exact_cka
+
+        values, plan_info = exact_cka(columns, n, block_rows, debiased=debiased, spatial=spatial, xp=xp,
+                                      memory_budget=memory_budget, prefetch=prefetch, threads=threads,
+                                      progress=progress)
+        meta.update(plan_info)
+        return CKAResult(values=values, index=[(c.store, c.layer) for c in columns], meta=meta)
+
+    if int(epochs) < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    plan = BatchPlan(n=n, batch_size=int(batch_size), shuffle=_shuffle_scheme(shuffle), seed=int(seed),
+                     block_rows=block_rows, window_rows=int(shuffle_window or 0))
+    seg = max(1, int(checkpoint_every))
+    tasks: list[tuple[int, int, int, int]] = []  # (epoch, first group, end group, batches)
+    epoch_sizes = []
+    for e in range(int(epochs)):
+        sizes = [len(g.batches) for g in plan.groups(e)]
+        epoch_sizes.append(sizes)
+        start = count = 0
+        for g, k in enumerate(sizes):  # segments: whole groups, >= checkpoint_every batches each
+            count += k
+            if count >= seg or g == len(sizes) - 1:
+                tasks.append((e, start, g + 1, count))
+                start, count = g + 1, 0
+    first = plan.batches(0)
+    spec = {
+        "plan": asdict(plan), "columns": [asdict(c) for c in columns], "device": device_name(xp),
+        "spatial": spatial, "debiased": bool(debiased), "prefetch": int(prefetch), "threads": int(threads),
+    }
+    meta.update({
+        "batch_size": int(batch_size), "epochs": int(epochs), "seed": int(seed), "shuffle": plan.shuffle,
+        "shuffle_scheme": plan.describe(), "shuffle_window": plan.window if plan.shuffle == "window" else None,
+        "block_rows": block_rows, "batches_per_epoch": [sum(s) for s in epoch_sizes],
+        "batch_size_range": [int(min(r.size for r in first)), int(max(r.size for r in first))],
+        "rows_dropped_per_epoch": n - sum(r.size for r in first), "segment_batches": seg,
+        "reduce_rule": f"columns with p >= {REDUCE_FACTOR} x rows enter MinibatchCKA as a b x b Gram factor",
+    })
+
+    from repsim.cka import MinibatchCKA
+
+    ckpt = None
+    done, state = 0, None
+    if checkpoint is not None:
+        fingerprint = {k: meta[k] for k in ("debiased", "spatial", "n", "device", "example_ids_sha1")}
+        fingerprint.update(plan=asdict(plan), columns=[(c.path, c.layer) for c in columns],
+                           segment_batches=seg)
+        ckpt = Checkpoint(checkpoint, fingerprint)
+        done, state = ckpt.load()
+        if done > len(tasks):  # made by a run with more epochs: cannot be cut back
+            done, state = 0, None
+        if done:
+            print(f"repsim: resuming from {ckpt.path}: {done}/{len(tasks)} segments done", file=sys.stderr)
+    acc = MinibatchCKA.from_state(state) if state is not None else None
+
+    bar = progress_bar(sum(t[3] for t in tasks), "cka", progress)
+    bar.update(sum(t[3] for t in tasks[:done]))
+    remaining = [t[:3] for t in tasks[done:]]
+    counts = [t[3] for t in tasks[done:]]
+    client = get_client()
+    meta["scheduler"] = "threads" if client is None else f"distributed:{getattr(client.scheduler, 'address', '?')}"
+    reader = None
+    try:
+        if client is None:
+            reader = BlockReader(columns, n, block_rows, spatial=spatial, prefetch=prefetch, threads=threads)
+            results = run_tasks(lambda e, a, b: _cka_segment(spec, e, a, b, reader=reader, progress=bar.update, xp=xp),
+                                remaining)
+        else:
+            if spec["device"] not in ("cpu", "cuda"):
+                raise ValueError("a distributed run needs device='cpu' or 'cuda' (not a namespace object)")
+            results = run_tasks(_cka_segment, [(spec, e, a, b) for e, a, b in remaining],
+                                on_done=lambda i, _: bar.update(counts[i]))
+        for _, seg_state in results:
+            seg_acc = MinibatchCKA.from_state(seg_state)
+            acc = seg_acc if acc is None else acc.merge(seg_acc)
+            done += 1
+            if ckpt is not None:
+                ckpt.save(done, acc.to_state())
+    finally:
+        bar.close()
+        if reader is not None:
+            reader.close()
+    if acc is None:
+        raise RuntimeError("no batches were computed")  # unreachable: plans have >= 1 batch
+    meta["n_batches"] = int(acc.n_batches)
+    result = CKAResult(values=np.asarray(acc.result(), dtype=np.float64),
+                       index=[(c.store, c.layer) for c in columns], meta=meta, state=acc.to_state())
+    return result

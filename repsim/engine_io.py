@@ -1,0 +1,431 @@
+"""Out-of-core I/O for the engine: store validation, batch plans, and a prefetching block reader.
+
+Every multi-store computation goes through three steps, all in this module:
+
+1. :func:`resolve_columns` opens the stores, checks them *before any compute* (complete, same
+   ``example_ids``, every requested layer present) and returns the list of *columns*: one
+   ``(store, layer)`` pair per row/column of the result.
+2. :class:`BatchPlan` decides which example rows form each minibatch of each epoch, as *groups*
+   of batches that read the same blocks.  It is a pure function of
+   ``(n, batch_size, shuffle, seed, epoch, block_rows, window)``, so a resumed run or a remote
+   worker rebuilds exactly the same batches from a handful of integers.
+3. :class:`BlockReader` reads one column of one group at a time straight from the Zarr arrays
+   (each block once), on a thread pool that runs ahead of the consumer (prefetch), so reading and
+   decompression overlap with compute.
+
+A *block* is ``block_rows`` rows: the least common multiple of the stores' chunk sizes, so a
+block is whole chunks in every store.
+
+Shuffling schemes and their I/O cost (n rows, batch b, L columns):
+
+``"none"`` (``shuffle=False``)
+    Consecutive batches ``[0:b], [b:2b], ...``; a trailing partial batch of fewer than 4 rows is
+    dropped (HSIC₁ needs n ≥ 4).  Each batch is its own group, so a block that straddles two
+    batches is read by both: ≤ (1 + block_rows / b) reads of each store per epoch.
+
+``"window"`` (``shuffle=True``, the default)
+    Each epoch draws, from ``numpy.random.default_rng([seed, epoch])``, a permutation of the
+    blocks; consecutive permuted blocks form *windows* of about ``window_rows`` rows (default
+    ``4 * batch_size``, rounded to whole blocks); the rows of each window are permuted and cut into
+    ``round(rows / b)`` batches of near-equal size (within ``block_rows / 2`` of b per batch of the
+    window).  Batches never straddle windows, so every chunk is read **exactly once per epoch** and
+    the reader holds one window of one column at a time (plus prefetch).  Batches are uniform
+    samples of their window, not of the whole dataset: when stores are written in class order
+    (ImageFolder), a batch sees the classes of ``window_rows / block_rows`` blocks.  Raise
+    ``shuffle_window`` (up to n: a full uniform permutation) or use ``"examples"`` when that matters.
+
+``"examples"``
+    A uniform permutation of all rows each epoch, cut into batches of exactly b.  Every batch reads
+    the chunks that hold any of its rows, i.e. for b ≫ n / chunk_rows essentially every chunk:
+    about ``n / b`` reads of each store per epoch (33× for ImageNet val with b = 1500).
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import math
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+MIN_BATCH = 4  # HSIC_1 (U-centering) needs at least 4 examples
+SHUFFLE_SCHEMES = ("none", "window", "examples")
+
+
+# --------------------------------------------------------------------------------------------------
+# stores and columns
+
+
+@dataclass(frozen=True)
+class Column:
+    """One (store, layer) row/column of a result; ``shape`` is the per-example tail shape."""
+
+    store: str  # display name of the store (its basename, or its path when names collide)
+    path: str
+    layer: str
+    shape: tuple[int, ...]
+    dtype: str
+    chunk_rows: int
+
+    @property
+    def features(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+
+    def features_after(self, spatial: str) -> int:
+        """Width of the 2-D matrix this column becomes under ``spatial`` ("flatten" | "mean")."""
+        if spatial == "mean" and len(self.shape) > 1:
+            return int(self.shape[0])
+        return self.features
+
+
+def expand_store_paths(patterns: Iterable[str]) -> list[str]:
+    """Expand shell globs (``runs/*.zarr``) in order; a literal path is kept even if it is missing
+    (so that opening it produces the store's own error message)."""
+    out: list[str] = []
+    for pattern in patterns:
+        pattern = os.fspath(pattern)
+        if any(ch in pattern for ch in "*?["):
+            matches = sorted(glob.glob(pattern))
+            if not matches:
+                raise ValueError(f"no store matches {pattern!r}")
+            out.extend(matches)
+        else:
+            out.append(pattern)
+    return out
+
+
+def open_stores(stores: Any) -> list[Any]:
+    """Open paths/globs/ActivationStores (one or a sequence); incomplete stores are opened anyway so
+    that :func:`resolve_columns` can name *all* problems at once."""
+    from repsim.store import ActivationStore, open_store
+
+    if isinstance(stores, (str, os.PathLike, ActivationStore)):
+        stores = [stores]
+    opened = []
+    for item in stores:
+        if isinstance(item, ActivationStore):
+            opened.append(item)
+        else:
+            for path in expand_store_paths([os.fspath(item)]):
+                opened.append(open_store(path, allow_incomplete=True))
+    if not opened:
+        raise ValueError("no stores given")
+    return opened
+
+
+def store_names(stores: Sequence[Any]) -> list[str]:
+    """Display names: the store's basename, or its path where two stores share a basename."""
+    names = [s.name for s in stores]
+    dup = {n for n in names if names.count(n) > 1}
+    return [s.path if s.name in dup else s.name for s in stores]
+
+
+def _layers_for(store: Any, layers: Any) -> list[str]:
+    if layers is None:
+        return list(store.layers)
+    if isinstance(layers, str):
+        return [layers]
+    if isinstance(layers, dict):
+        chosen = layers.get(store.name, layers.get(store.path))
+        if chosen is None:
+            raise ValueError(f"layers: no entry for store {store.name!r}; keys: {sorted(layers)}")
+        return [chosen] if isinstance(chosen, str) else list(chosen)
+    return list(layers)
+
+
+def ids_digest(example_ids: np.ndarray) -> str:
+    return hashlib.sha1(np.ascontiguousarray(example_ids, dtype=np.int64).tobytes()).hexdigest()
+
+
+def resolve_columns(stores: Any, layers: Any = None) -> tuple[list[Any], list[Column], np.ndarray]:
+    """Open and validate stores; return ``(stores, columns, example_ids)``.
+
+    ``layers``: ``None`` (every layer of every store), a list applied to every store, or a dict
+    ``{store name: [layers]}``.  Raises one ``ValueError`` naming every offending store for:
+    incomplete stores, missing layers, different ``n`` or ``example_ids`` (compared with the
+    first store).  Nothing is computed before these checks pass.
+    """
+    opened = open_stores(stores)
+    names = store_names(opened)
+    problems: list[str] = []
+    incomplete = [nm for nm, s in zip(names, opened) if not s.complete]
+    if incomplete:
+        problems.append(f"incomplete store(s) (extraction did not finish): {', '.join(incomplete)}")
+    missing = []
+    chosen: list[list[str]] = []
+    for nm, s in zip(names, opened):
+        want = _layers_for(s, layers)
+        if not want:
+            problems.append(f"store {nm!r}: empty layer list")
+        lost = [layer for layer in want if layer not in s.layers]
+        if lost:
+            missing.append(f"{nm!r} lacks {lost} (has {list(s.layers)})")
+        chosen.append(want)
+    if missing:
+        problems.append("missing layer(s): " + "; ".join(missing))
+    ref_ids = opened[0].example_ids
+    misaligned = []
+    for nm, s in zip(names[1:], opened[1:]):
+        ids = s.example_ids
+        if ids.shape != ref_ids.shape:
+            misaligned.append(f"{nm!r} has n={ids.shape[0]} vs n={ref_ids.shape[0]} in {names[0]!r}")
+        elif not np.array_equal(ids, ref_ids):
+            first = int(np.flatnonzero(ids != ref_ids)[0])
+            misaligned.append(f"{nm!r} differs from {names[0]!r} first at row {first} "
+                              f"(id {int(ids[first])} vs {int(ref_ids[first])})")
+    if misaligned:
+        problems.append("misaligned example_ids: " + "; ".join(misaligned))
+    if problems:
+        raise ValueError("cannot combine these stores: " + " | ".join(problems))
+    columns = []
+    for nm, s, want in zip(names, opened, chosen):
+        for layer in want:
+            arr = s.zarr_array(layer)
+            path = os.fspath(s.path)
+            path = path if "://" in path else os.path.abspath(path)  # workers may run elsewhere
+            columns.append(Column(store=nm, path=path, layer=layer, shape=tuple(int(d) for d in arr.shape[1:]),
+                                  dtype=str(arr.dtype), chunk_rows=int(arr.chunks[0])))
+    return opened, columns, ref_ids
+
+
+def block_rows_for(columns: Sequence[Column], n: int) -> int:
+    """Read granularity: lcm of the columns' chunk sizes (a block is whole chunks in every store),
+    or the largest chunk size when the lcm would exceed 8× it (then a chunk straddling two blocks is
+    decompressed twice: ≤ 2× read amplification)."""
+    sizes = sorted({c.chunk_rows for c in columns})
+    lcm = math.lcm(*sizes)
+    rows = lcm if lcm <= 8 * sizes[-1] else sizes[-1]
+    return max(1, min(rows, n))
+
+
+# --------------------------------------------------------------------------------------------------
+# batch plans
+
+
+def _rng(seed: int, epoch: int) -> np.random.Generator:
+    return np.random.default_rng([int(seed), int(epoch)])
+
+
+@dataclass(frozen=True)
+class Group:
+    """Batches that are read together: ``blocks`` (sorted block ids whose rows cover every batch
+    of the group; ``None`` for the "examples" scheme, read by selection) and the batches' rows."""
+
+    blocks: np.ndarray | None
+    batches: list[np.ndarray]
+
+
+def _split(rows: np.ndarray, k: int) -> list[np.ndarray]:
+    """``rows`` cut into ``k`` consecutive parts whose sizes differ by at most one."""
+    bounds = np.linspace(0, rows.size, k + 1).round().astype(np.int64)
+    return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Which rows form each batch of each epoch, grouped by the blocks they read (module docstring)."""
+
+    n: int
+    batch_size: int
+    shuffle: str = "window"
+    seed: int = 0
+    block_rows: int = 1
+    window_rows: int = 0  # 0: 4 * batch_size
+
+    def __post_init__(self) -> None:
+        if self.shuffle not in SHUFFLE_SCHEMES:
+            raise ValueError(f"shuffle must be one of {SHUFFLE_SCHEMES}, got {self.shuffle!r}")
+        if self.batch_size < MIN_BATCH:
+            raise ValueError(f"batch_size must be >= {MIN_BATCH}, got {self.batch_size}")
+        if self.n < MIN_BATCH:
+            raise ValueError(f"need at least {MIN_BATCH} examples, stores have {self.n}")
+
+    @property
+    def window(self) -> int:
+        """Rows per shuffle window (a whole number of blocks, about ``window_rows``)."""
+        rows = min(self.n, self.window_rows or 4 * self.batch_size)
+        return max(1, round(rows / self.block_rows)) * self.block_rows
+
+    def _consecutive(self, order: np.ndarray) -> list[np.ndarray]:
+        b = min(self.batch_size, self.n)
+        out = [order[s:s + b] for s in range(0, self.n, b)]
+        return [np.sort(r) for r in out if r.size >= MIN_BATCH]
+
+    def groups(self, epoch: int) -> list[Group]:
+        """The epoch's batches in order, as groups that share reads."""
+        if self.shuffle == "none":
+            return [Group(np.unique(r // self.block_rows), [r]) for r in self._consecutive(np.arange(self.n))]
+        rng = _rng(self.seed, epoch)
+        if self.shuffle == "examples":
+            return [Group(None, [r]) for r in self._consecutive(rng.permutation(self.n))]
+        n_blocks = -(-self.n // self.block_rows)
+        order = rng.permutation(n_blocks)
+        per_window = self.window // self.block_rows
+        out = []
+        for start in range(0, n_blocks, per_window):
+            blocks = np.sort(order[start:start + per_window])
+            rows = np.concatenate([np.arange(k * self.block_rows, min(self.n, (k + 1) * self.block_rows))
+                                   for k in blocks])
+            rows = rng.permutation(rows)
+            k = max(1, round(rows.size / self.batch_size))
+            batches = [np.sort(r) for r in _split(rows, k) if r.size >= MIN_BATCH]
+            if batches:
+                out.append(Group(blocks, batches))
+        return out
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """Row indices of every batch of ``epoch`` in order, each sorted ascending (the order of
+        rows inside a batch changes no HSIC, and sorted rows read contiguously)."""
+        return [r for g in self.groups(epoch) for r in g.batches]
+
+    def describe(self) -> str:
+        if self.shuffle == "none":
+            return "none: consecutive rows [0:b], [b:2b], ...; trailing batch < 4 rows dropped"
+        if self.shuffle == "examples":
+            return "examples: uniform permutation of rows per epoch, rng=default_rng([seed, epoch])"
+        return (f"window: per epoch (rng=default_rng([seed, epoch])) permute blocks of {self.block_rows} rows, "
+                f"group them into windows of {self.window} rows, permute rows within each window and cut it into "
+                f"round(rows/batch_size) near-equal batches; each chunk read once per epoch")
+
+
+# --------------------------------------------------------------------------------------------------
+# reading
+
+
+def progress_bar(total: int, desc: str, progress: bool | None, unit: str = "batch") -> Any:
+    """A tqdm bar on stderr; ``progress=None`` shows it only when stderr is a terminal."""
+    import sys
+
+    from tqdm.auto import tqdm
+
+    disable = (not sys.stderr.isatty()) if progress is None else not progress
+    return tqdm(total=total, desc=desc, unit=unit, disable=disable, leave=False)
+
+
+def transform(x: np.ndarray, spatial: str) -> np.ndarray:
+    """(rows, C[, H, W]) -> (rows, features): ``flatten`` keeps every value (paper §3.2), ``mean``
+    averages conv maps over space first (in float64), ``raw`` returns the block as stored."""
+    if spatial == "raw":
+        return x
+    if x.ndim > 2 and spatial == "mean":
+        return x.mean(axis=tuple(range(2, x.ndim)), dtype=np.float64)
+    if spatial not in ("flatten", "mean"):
+        raise ValueError(f"spatial must be 'flatten', 'mean' or 'raw', got {spatial!r}")
+    return x.reshape(x.shape[0], -1)
+
+
+def to_device(x: np.ndarray, xp: Any) -> Any:
+    """Hand a host block to the kernels' namespace: NumPy as is (the kernels cast to float64),
+    CuPy by copying the *stored* bytes (e.g. float16) and casting on the GPU (float32 compute),
+    any other array-API namespace via float64 on the host (array-api-strict has no float16)."""
+    name = getattr(xp, "__name__", "")
+    if name == "numpy":
+        return x
+    if name == "cupy":
+        y = xp.asarray(x)
+        return y.astype(xp.float32, copy=False) if y.dtype.kind == "f" and y.dtype.itemsize < 4 else y
+    return xp.asarray(np.asarray(x, dtype=np.float64))
+
+
+class BlockReader:
+    """Reads rows of many (store, layer) columns from their Zarr arrays with read-ahead.
+
+    ``iter_blocks`` yields whole blocks (every column) in a given order (drivers, exact CKA);
+    ``gather`` reads one column of one batch group; ``prefetched`` runs any such loads on
+    ``threads`` threads, up to ``prefetch`` loads ahead of the consumer.
+    """
+
+    def __init__(self, columns: Sequence[Column], n: int, block_rows: int, *, spatial: str = "flatten",
+                 prefetch: int = 2, threads: int = 2) -> None:
+        from repsim.store import open_store
+
+        self.columns = list(columns)
+        self.n = int(n)
+        self.block_rows = int(block_rows)
+        self.spatial = spatial
+        self.prefetch = max(0, int(prefetch))
+        stores = {p: open_store(p) for p in dict.fromkeys(c.path for c in self.columns)}
+        self._stores = [stores[c.path] for c in self.columns]
+        self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="repsim-read")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "BlockReader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # one unit of I/O ----------------------------------------------------------------------------
+    def _chunks(self, c: int, first: int, last: int) -> np.ndarray:
+        """Chunks ``first..last`` of column ``c`` through ``ActivationStore.read_chunk``, which
+        raises a ``StoreError`` naming store, layer and chunk for a missing or corrupt object."""
+        store, layer = self._stores[c], self.columns[c].layer
+        parts = [np.asarray(store.read_chunk(layer, k)) for k in range(first, last + 1)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _read(self, c: int, a: int, b: int) -> np.ndarray:
+        """Rows ``a:b`` of column ``c``, transformed."""
+        cr = self.columns[c].chunk_rows
+        first = a // cr
+        data = self._chunks(c, first, (b - 1) // cr)
+        return transform(data[a - first * cr:b - first * cr], self.spatial)
+
+    def read_block(self, k: int) -> list[np.ndarray]:
+        a, b = k * self.block_rows, min(self.n, (k + 1) * self.block_rows)
+        return [self._read(c, a, b) for c in range(len(self.columns))]
+
+    def _read_sel(self, c: int, rows: np.ndarray) -> np.ndarray:
+        """Sorted ``rows`` of column ``c``: every chunk holding one of them is read once, one at a
+        time, and only the selected rows are kept."""
+        cr = self.columns[c].chunk_rows
+        which = rows // cr
+        out = None
+        for k in np.unique(which).tolist():
+            chunk = self._chunks(c, k, k)
+            if out is None:
+                out = np.empty((rows.size,) + chunk.shape[1:], dtype=chunk.dtype)
+            mask = which == k
+            out[mask] = chunk[rows[mask] - k * cr]
+        return out
+
+    # streams ------------------------------------------------------------------------------------
+    def _ahead(self, keys: Sequence[Any], load: Any) -> Iterator[tuple[Any, list[np.ndarray]]]:
+        pending: dict[int, Future] = {}
+        for i, key in enumerate(keys):
+            for j in range(i, min(len(keys), i + self.prefetch + 1)):
+                if j not in pending:
+                    pending[j] = self._pool.submit(load, keys[j])
+            yield key, pending.pop(i).result()
+
+    def iter_blocks(self, blocks: Sequence[int]) -> Iterator[tuple[int, list[np.ndarray]]]:
+        """Yield ``(k, arrays)`` for each block ``k`` in order, reading ahead."""
+        return self._ahead(list(blocks), self.read_block)
+
+    def read_span(self, c: int, blocks: np.ndarray) -> np.ndarray:
+        """Column ``c``'s rows of ``blocks`` (sorted), concatenated in block order."""
+        parts = [self._read(c, k * self.block_rows, min(self.n, (k + 1) * self.block_rows)) for k in blocks.tolist()]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def gather(self, c: int, group: "Group") -> list[np.ndarray]:
+        """Column ``c`` of every batch of ``group`` (each ``(rows, features)``), reading each of the
+        group's blocks once (or, for the "examples" scheme, each batch's rows by selection)."""
+        if group.blocks is None:
+            return [transform(self._read_sel(c, rows), self.spatial) for rows in group.batches]
+        span = self.read_span(c, group.blocks)
+        starts = np.minimum(group.blocks * self.block_rows, self.n)
+        sizes = np.minimum((group.blocks + 1) * self.block_rows, self.n) - starts
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        out = []
+        for rows in group.batches:
+            pos = np.searchsorted(group.blocks, rows // self.block_rows)
+            out.append(span[offsets[pos] + rows - starts[pos]])
+        return out
+
+    def prefetched(self, keys: Sequence[Any], load: Any) -> Iterator[tuple[Any, Any]]:
+        """Yield ``(key, load(key))`` in order while up to ``prefetch`` later loads run on the pool."""
+        return self._ahead(list(keys), load)

@@ -1,0 +1,177 @@
+"""Where the engine's tasks run: in this process (default) or on a ``dask.distributed`` cluster.
+
+The engine cuts every computation into independent *tasks* (a range of minibatches of one epoch,
+or a range of example blocks of one store); each task opens the stores itself, builds a fresh
+accumulator and returns its ``to_state()`` dict.  The caller merges the states **in task order**,
+so the result does not depend on where or in which order tasks ran:
+
+- default (``set_scheduler(None)`` / ``"threads"``): tasks run one after the other in this process;
+  inside a task, reads run on a thread pool ahead of compute (the engine's threaded mode);
+- ``set_scheduler("tcp://host:8786")`` or ``set_scheduler(client)``: tasks are submitted to that
+  ``dask.distributed`` cluster (e.g. ``dask_cuda.LocalCUDACluster`` / ``dask cuda worker`` for GPUs),
+  at most ``2 × workers`` at a time so that memory stays bounded, and merged as they return.
+
+``repsim cka --scheduler ADDRESS`` and ``--device cuda`` map onto :func:`scheduler` and
+:func:`array_module`.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterator, Sequence
+
+_state = threading.local()
+_LOCAL = object()  # "run here", set by scheduler(None) inside this thread
+_global: dict[str, Any] = {"client": None, "owned": None}
+
+
+def _is_local(address: Any) -> bool:
+    return address is None or (isinstance(address, str) and address in ("threads", "local", ""))
+
+
+def _connect(address: str) -> tuple[Any, Any]:
+    """``(client, cluster or None)`` for a scheduler address or ``local:N``."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as exc:  # pragma: no cover - distributed is a dependency
+        raise ImportError("a scheduler address needs dask.distributed: pip install 'dask[distributed]'") from exc
+    if address.startswith("local:"):
+        cluster = LocalCluster(n_workers=int(address.split(":", 1)[1]), threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        return Client(cluster), cluster
+    return Client(address), None
+
+
+def _close(owned: Any) -> None:
+    if owned:
+        client, cluster = owned
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def set_scheduler(address: Any = None) -> Any:
+    """Run the engine's tasks on a ``dask.distributed`` cluster from now on (process-wide).
+
+    ``address``: ``None``/``"threads"`` (in this process, the default), a scheduler address such as
+    ``"tcp://10.0.0.1:8786"``, ``"local:N"`` (start a ``LocalCluster`` of N single-threaded worker
+    processes), or an existing ``distributed.Client``.  A client or cluster created here is closed
+    by the next ``set_scheduler`` call.  Returns the client in use (or ``None``).
+    """
+    _close(_global["owned"])
+    _global["owned"] = None
+    if _is_local(address):
+        _global["client"] = None
+    elif isinstance(address, str):
+        client, cluster = _connect(address)
+        _global["client"], _global["owned"] = client, (client, cluster)
+    else:
+        _global["client"] = address
+    return _global["client"]
+
+
+def get_client() -> Any:
+    """The client of the innermost :func:`scheduler` block of this thread, else the one set by
+    :func:`set_scheduler`; ``None`` means "run in this process"."""
+    value = getattr(_state, "client", None)
+    if value is None:
+        return _global["client"]
+    return None if value is _LOCAL else value
+
+
+@contextlib.contextmanager
+def scheduler(address: Any = None) -> Iterator[Any]:
+    """``with scheduler(ADDRESS) as client:`` runs the engine's tasks there inside the block (this
+    thread only; it overrides :func:`set_scheduler`).  ``ADDRESS`` as for :func:`set_scheduler`;
+    a client or cluster made here is closed on exit.  ``scheduler(None)`` runs in this process."""
+    previous = getattr(_state, "client", None)
+    owned = None
+    if _is_local(address):
+        client, value = None, _LOCAL
+    elif isinstance(address, str):
+        client, cluster = _connect(address)
+        owned, value = (client, cluster), client
+    else:
+        client = value = address
+    _state.client = value
+    try:
+        yield client
+    finally:
+        _state.client = previous
+        _close(owned)
+
+
+def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callable[[int, Any], None] | None = None,
+              max_in_flight: int | None = None) -> Iterator[tuple[int, Any]]:
+    """Run ``fn(*args[i])`` for every i and yield ``(i, result)`` **in index order**.
+
+    Locally the calls run one after the other in this thread.  On a distributed client at most
+    ``max_in_flight`` (default ``2 × workers``) tasks are outstanding; results that arrive early wait
+    until their predecessors are in.  ``on_done(i, result)`` is called as each task finishes
+    (progress bars).
+    """
+    client = get_client()
+    if client is None:
+        for i, a in enumerate(args):
+            result = fn(*a)
+            if on_done:
+                on_done(i, result)
+            yield i, result
+        return
+    from distributed import as_completed
+
+    n_workers = max(1, len(client.scheduler_info().get("workers", {})))
+    limit = max_in_flight or 2 * n_workers
+    import uuid
+
+    tag = uuid.uuid4().hex
+    futures = {}
+    done: dict[int, Any] = {}
+    submitted = 0
+    next_out = 0
+    ac = as_completed()
+
+    def submit() -> None:
+        nonlocal submitted
+        while submitted < len(args) and submitted - next_out < limit:
+            fut = client.submit(fn, *args[submitted], pure=False, key=f"repsim-{getattr(fn, '__name__', 'task')}-{tag}-{submitted}")
+            futures[fut.key] = submitted
+            ac.add(fut)
+            submitted += 1
+
+    submit()
+    for fut in ac:
+        i = futures.pop(fut.key)
+        result = fut.result()
+        fut.release()
+        if on_done:
+            on_done(i, result)
+        done[i] = result
+        while next_out in done:
+            yield next_out, done.pop(next_out)
+            next_out += 1
+        submit()
+
+
+def array_module(device: Any = "cpu") -> Any:
+    """The array namespace for ``device``: ``"cpu"``/``None`` -> NumPy, ``"cuda"``/``"gpu"`` -> CuPy
+    (clear ImportError when CuPy is missing), or an array-API namespace module passed as is
+    (e.g. ``array_api_strict``, which the tests use to check that the engine is namespace-agnostic)."""
+    if device is None or device == "cpu":
+        import numpy
+
+        return numpy
+    if isinstance(device, str):
+        if device in ("cuda", "gpu"):
+            try:
+                import cupy
+            except ImportError as exc:
+                raise ImportError("device='cuda' needs CuPy: pip install 'repsim[gpu]' (cupy-cuda12x)") from exc
+            return cupy
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    return device
+
+
+def device_name(xp: Any) -> str:
+    name = getattr(xp, "__name__", str(xp))
+    return {"numpy": "cpu", "cupy": "cuda"}.get(name, name)

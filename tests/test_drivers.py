@@ -1,0 +1,125 @@
+"""Streaming drivers (R², sparsity, collapse, spectra by layer) vs the in-memory kernels."""
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+import repsim
+from repsim.drivers import (DISTANCES, collapse_rows, layer_metrics, separation_rows, sparsity_rows, spectra_arrays,
+                            write_csv)
+from repsim.spectra import activation_spectrum, centroid_spectrum, weight_spectrum
+from test_engine_helpers import make_store, stored
+
+N, K = 157, 5
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory):
+    """A store with a post-ReLU conv block (sparse), a penultimate layer and a final-layer head."""
+    root = tmp_path_factory.mktemp("drivers")
+    rng = np.random.default_rng(0)
+    y = np.concatenate([np.arange(K), rng.integers(0, K, N - K)])  # every class present
+    means = rng.normal(size=(K, 8)) * 1.5
+    pool = (means[y] + rng.normal(size=(N, 8)) + 4.0).astype(np.float32)  # large mean: centring matters
+    conv = np.maximum(rng.normal(size=(N, 3, 4, 4)) + 0.4 * y[:, None, None, None] - 0.8, 0).astype(np.float16)
+    W = rng.normal(size=(K, 8)).astype(np.float32)
+    meta = {"model": {"arch": "toy", "objective": "softmax", "seed": 3}}
+    store = make_store(root / "toy.zarr", {"block1": conv, "pool": pool}, labels=y, chunk_rows=20,
+                       head=(W, np.zeros(K, np.float32)), meta=meta)
+    return store, y, W
+
+
+def test_separation_all_distances_match_in_memory_kernel(net):
+    store, y, _ = net
+    res = layer_metrics(store.path, distances=DISTANCES, progress=False, blocks_per_task=2)
+    for layer in ("block1", "pool"):
+        X = stored(store, layer).astype(np.float64)
+        for d in DISTANCES:
+            want = repsim.class_separation(X.reshape(N, -1), y, distance=d)
+            assert res[("toy", layer)]["separation"][d] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    # cosine_centered really centres (differs from cosine on the large-mean pool layer)
+    assert abs(res[("toy", "pool")]["separation"]["cosine_centered"]
+               - res[("toy", "pool")]["separation"]["cosine"]) > 1e-3
+
+
+def test_separation_spatial_mean(net):
+    store, y, _ = net
+    res = layer_metrics(store.path, ["block1"], distances=("cosine",), spatial="mean", progress=False)
+    X = stored(store, "block1").astype(np.float64).mean(axis=(2, 3))
+    assert res[("toy", "block1")]["separation"]["cosine"] == pytest.approx(repsim.class_separation(X, y), rel=1e-9)
+
+
+def test_sparsity_matches_kernel_exactly(net):
+    store, _, _ = net
+    res = layer_metrics(store.path, sparsity=True, progress=False, blocks_per_task=3)
+    X = stored(store, "block1")
+    assert res[("toy", "block1")]["sparsity"] == repsim.nonzero_fraction(X)  # integer counts: exact
+    np.testing.assert_array_equal(res[("toy", "block1")]["sparsity_per_channel"],
+                                  repsim.nonzero_fraction_per_channel(X))
+    assert 0.05 < res[("toy", "block1")]["sparsity"] < 0.95
+
+
+def test_collapse_on_pool_uses_stored_head_and_spectra(net):
+    store, y, W = net
+    rows, spectra = collapse_rows(store.path, spectra=True, progress=False)
+    H = stored(store, "pool").astype(np.float64)
+    want = repsim.collapse_metrics(H, y, W.astype(np.float64))
+    assert "self_duality" in want and len(rows) == 1
+    row = rows[0]
+    assert (row["store"], row["objective"], row["seed"], row["layer"]) == ("toy", "softmax", 3, "pool")
+    for key, value in want.items():
+        assert row[key] == pytest.approx(value, rel=1e-8, abs=1e-12), key
+    np.testing.assert_allclose(spectra["toy/pool/activations"], activation_spectrum(H), rtol=1e-8, atol=1e-9)
+    np.testing.assert_allclose(spectra["toy/pool/centroids"], centroid_spectrum(H, y), rtol=1e-9, atol=1e-12)  # rank C-1
+    np.testing.assert_allclose(spectra["toy/pool/weights"], weight_spectrum(W.astype(np.float64)), rtol=1e-6)
+    assert spectra_arrays(store.path, progress=False).keys() == spectra.keys()
+
+
+def test_collapse_refuses_huge_scatter_matrices(tmp_path):
+    x = np.zeros((8, 130, 130), np.float16)
+    store = make_store(tmp_path / "wide.zarr", {"conv": x})
+    with pytest.raises(ValueError, match="spatial='mean'"):
+        layer_metrics(store.path, collapse=True, progress=False)
+
+
+def test_tables_have_contract_columns(net, tmp_path):
+    store, _, _ = net
+    sep = separation_rows([store.path], distances=("cosine", "sqeuclidean"), progress=False)
+    spa = sparsity_rows([store.path], progress=False)
+    assert list(sep[0]) == ["store", "objective", "seed", "layer", "distance", "r2"] and len(sep) == 4
+    assert list(spa[0]) == ["store", "objective", "seed", "layer", "nonzero_fraction"] and len(spa) == 2
+    path = write_csv(sep, tmp_path / "separation.csv")
+    with open(path) as fh:
+        back = list(csv.DictReader(fh))
+    assert back[0]["objective"] == "softmax" and float(back[0]["r2"]) == pytest.approx(sep[0]["r2"])
+
+
+def test_array_namespace_device(net):
+    xps = pytest.importorskip("array_api_strict")
+    store, _, _ = net
+    ref = layer_metrics(store.path, ["pool"], distances=("cosine",), sparsity=True, progress=False)
+    got = layer_metrics(store.path, ["pool"], distances=("cosine",), sparsity=True, progress=False, device=xps)
+    assert got[("toy", "pool")]["separation"]["cosine"] == pytest.approx(ref[("toy", "pool")]["separation"]["cosine"],
+                                                                          rel=1e-12)
+    assert got[("toy", "pool")]["sparsity"] == ref[("toy", "pool")]["sparsity"]
+
+
+def test_layers_are_grouped_into_passes_by_state_size(net):
+    """A tight memory budget splits the layers into one pass each, with identical results."""
+    from repsim.drivers import Request, group_layers, state_bytes
+    from repsim.engine_io import resolve_columns
+
+    store, _, _ = net
+    _, cols, _ = resolve_columns([store.path])
+    req = Request(distances=("cosine",), sparsity=True)
+    sizes = [state_bytes(c, req, K, "flatten") for c in cols]
+    assert sizes == [8 * (K * 48 + 3), 8 * (K * 8 + 8)]  # K·P means + C channel counts
+    assert [len(g) for g in group_layers(cols, sizes, sum(sizes))] == [2]
+    assert [len(g) for g in group_layers(cols, sizes, max(sizes))] == [1, 1]
+    one = layer_metrics(store.path, distances=("cosine",), sparsity=True, progress=False)
+    split = layer_metrics(store.path, distances=("cosine",), sparsity=True, progress=False, memory_budget=1)
+    for key in one:
+        assert split[key]["separation"] == one[key]["separation"]
+        assert split[key]["sparsity"] == one[key]["sparsity"]

@@ -1,0 +1,347 @@
+"""cka_matrix over real Zarr stores vs in-memory references (issue 4 acceptance, single process)."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import repsim
+from repsim.drivers import layer_metrics
+from repsim.engine import CKAResult, cka_matrix
+from repsim.engine_exact import choose_routes
+from repsim.engine_io import BatchPlan, BlockReader, block_rows_for, resolve_columns
+from test_engine_helpers import (consecutive_batches, correlated_layers, make_store, minibatch_reference,
+                                 stored)
+
+N = 203  # not a multiple of the batch size or of any chunk size
+
+
+@pytest.fixture(scope="module")
+def two_stores(tmp_path_factory):
+    """Store a: a conv layer (4-D) and a dense layer; store b: one dense layer; different chunk sizes."""
+    def build(dtype):
+        root = tmp_path_factory.mktemp(f"stores_{np.dtype(dtype).name}")
+        rng = np.random.default_rng(0)
+        la = correlated_layers(rng, N, {"conv": (3, 4, 4), "fc": (17,)})
+        lb = correlated_layers(rng, N, {"pool": (9,)})
+        a = make_store(root / "a.zarr", {k: v.astype(dtype) for k, v in la.items()}, chunk_rows=16)
+        b = make_store(root / "b.zarr", {k: v.astype(dtype) for k, v in lb.items()}, chunk_rows=24)
+        return [a, b]
+    return {np.float64: build(np.float64), np.float16: build(np.float16)}
+
+
+def stored_columns(stores):
+    return [stored(s, layer) for s in stores for layer in s.layers]
+
+
+# ---------------------------------------------------------------------------------------------- plans
+
+
+def test_plan_consecutive_batches_and_trailing_drop():
+    sizes = [[r.size for r in BatchPlan(n=n, batch_size=5, shuffle="none").batches(0)] for n in (23, 24)]
+    assert sizes == [[5, 5, 5, 5], [5, 5, 5, 5, 4]]  # a trailing batch of 3 < 4 rows is dropped, 4 kept
+    plan = BatchPlan(n=24, batch_size=5, shuffle="none")
+    for got, want in zip(plan.batches(0), consecutive_batches(24, 5)):
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError, match="batch_size"):
+        BatchPlan(n=24, batch_size=3)
+
+
+@pytest.mark.parametrize("scheme", ["window", "examples"])
+def test_plan_shuffle_is_a_seeded_permutation_per_epoch(scheme):
+    plan = BatchPlan(n=230, batch_size=20, shuffle=scheme, seed=7, block_rows=16, window_rows=40)
+    e0, e1 = plan.batches(0), plan.batches(1)
+    rows = np.concatenate(e0)
+    assert np.unique(rows).size == rows.size >= 230 - 3  # every row at most once per epoch
+    sizes = [b.size for b in e0]
+    assert min(sizes) >= 4 and max(sizes) <= (20 if scheme == "examples" else 20 + 16 // 2 + 1), sizes
+    if scheme == "window":  # batches never straddle windows: each group reads only its own blocks
+        for g in plan.groups(0):
+            assert set(np.unique(np.concatenate(g.batches) // 16)) <= set(g.blocks.tolist())
+    assert not all(np.array_equal(x, y) for x, y in zip(e0, e1))  # a fresh permutation each epoch
+    again = BatchPlan(n=230, batch_size=20, shuffle=scheme, seed=7, block_rows=16, window_rows=40)
+    assert all(np.array_equal(x, y) for x, y in zip(e1, again.batches(1)))  # a function of (seed, epoch)
+    other = BatchPlan(n=230, batch_size=20, shuffle=scheme, seed=8, block_rows=16, window_rows=40)
+    assert not all(np.array_equal(x, y) for x, y in zip(e1, other.batches(1)))
+
+
+class CountingReader(BlockReader):
+    """The real reader, counting how often each (column, block) is read."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.reads: dict[tuple[int, int], int] = {}
+
+    def read_span(self, c, blocks):
+        for k in blocks.tolist():
+            self.reads[(c, k)] = self.reads.get((c, k), 0) + 1
+        return super().read_span(c, blocks)
+
+
+def test_window_shuffle_reads_each_block_once_per_epoch_and_gathers_the_right_rows(two_stores):
+    stores = two_stores[np.float64]
+    _, columns, ids = resolve_columns(stores)
+    g = block_rows_for(columns, N)
+    assert g == 48  # lcm(16, 24): every block is whole chunks in both stores
+    plan = BatchPlan(n=N, batch_size=20, shuffle="window", seed=3, block_rows=g, window_rows=60)
+    data = [x.reshape(N, -1) for x in stored_columns(stores)]
+    with CountingReader(columns, N, g, prefetch=2) as reader:
+        for group in plan.groups(0):
+            for c, full in enumerate(data):
+                for rows, got in zip(group.batches, reader.gather(c, group)):
+                    np.testing.assert_array_equal(got, full[rows])
+        assert reader.reads == {(c, k): 1 for c in range(3) for k in range(-(-N // g))}
+
+
+# --------------------------------------------------------------------------------- minibatch equality
+
+
+@pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-6), (np.float16, 1e-4)])
+def test_unshuffled_equals_in_memory_minibatch_cka(two_stores, dtype, rtol):
+    stores = two_stores[dtype]
+    res = cka_matrix(stores, batch_size=40, epochs=2, shuffle=False, progress=False, checkpoint_every=2)
+    ref = minibatch_reference(stored_columns(stores), consecutive_batches(N, 40) * 2)
+    assert res.index == [("a", "conv"), ("a", "fc"), ("b", "pool")]
+    np.testing.assert_allclose(res.values, ref, rtol=rtol, atol=0)
+    # 203 = 5 * 40 + 3: the trailing 3 rows are dropped in each epoch
+    assert res.meta["n_batches"] == 10 and res.meta["rows_dropped_per_epoch"] == 3
+
+
+def test_partial_trailing_batch_of_four_or_more_is_kept(two_stores):
+    stores = two_stores[np.float64]
+    res = cka_matrix(stores, batch_size=50, epochs=1, shuffle=False, progress=False)  # 4*50 + 3 -> 4 batches
+    ref = minibatch_reference(stored_columns(stores), consecutive_batches(N, 50))
+    np.testing.assert_allclose(res.values, ref, rtol=1e-10)
+    res = cka_matrix(stores, batch_size=33, epochs=1, shuffle=False, progress=False)  # 6*33 + 5 -> 7 batches
+    ref = minibatch_reference(stored_columns(stores), consecutive_batches(N, 33))
+    assert res.meta["n_batches"] == 7
+    np.testing.assert_allclose(res.values, ref, rtol=1e-10)
+
+
+@pytest.mark.parametrize("scheme", ["window", "examples"])
+def test_shuffled_equals_in_memory_on_the_same_batches(two_stores, scheme):
+    stores = two_stores[np.float64]
+    res = cka_matrix(stores, batch_size=30, epochs=2, seed=5, shuffle=scheme, shuffle_window=70, progress=False,
+                     checkpoint_every=3)
+    plan = BatchPlan(n=N, batch_size=30, shuffle=scheme, seed=5, block_rows=48, window_rows=70)
+    assert res.meta["n_batches"] == len(plan.batches(0)) + len(plan.batches(1))
+    ref = minibatch_reference(stored_columns(stores), plan.batches(0) + plan.batches(1))
+    np.testing.assert_allclose(res.values, ref, rtol=1e-10)
+    assert res.meta["shuffle"] == scheme and res.meta["seed"] == 5
+
+
+def test_batch_size_n_equals_debiased_linear_cka(two_stores):
+    stores = two_stores[np.float64]
+    res = cka_matrix(stores, batch_size=N, epochs=1, shuffle=False, progress=False)
+    cols = stored_columns(stores)
+    ref = np.array([[repsim.linear_cka(x, y, debiased=True) for y in cols] for x in cols])
+    np.testing.assert_allclose(res.values, ref, rtol=1e-10)
+
+
+def test_spatial_mean_pools_conv_maps_first(two_stores):
+    stores = two_stores[np.float64]
+    res = cka_matrix(stores, batch_size=50, epochs=1, shuffle=False, spatial="mean", progress=False)
+    cols = stored_columns(stores)
+    cols[0] = cols[0].mean(axis=(2, 3))
+    np.testing.assert_allclose(res.values, minibatch_reference(cols, consecutive_batches(N, 50)), rtol=1e-6)
+    flat = cka_matrix(stores, batch_size=50, epochs=1, shuffle=False, progress=False)
+    assert not np.allclose(res.values[0], flat.values[0])
+
+
+def test_layers_selection_per_store(two_stores):
+    stores = two_stores[np.float64]
+    res = cka_matrix(stores, layers={"a": ["fc"], "b": ["pool"]}, batch_size=50, epochs=1, shuffle=False,
+                     progress=False)
+    assert res.index == [("a", "fc"), ("b", "pool")]
+    full = cka_matrix(stores, batch_size=50, epochs=1, shuffle=False, progress=False)
+    assert res.get("a", "fc", "b", "pool") == pytest.approx(full.get("a", "fc", "b", "pool"), rel=1e-10)
+
+
+# ----------------------------------------------------------------------------------------------- exact
+
+
+@pytest.mark.parametrize("debiased", [False, True])
+def test_exact_equals_linear_cka_on_all_data_with_both_routes(tmp_path, debiased):
+    rng = np.random.default_rng(1)
+    n = 61
+    layers = correlated_layers(rng, n, {"wide": (150,), "conv": (4, 5, 5), "narrow": (7,)})
+    store = make_store(tmp_path / "w.zarr", layers, chunk_rows=8)
+    cols = [stored(store, k) for k in layers]
+    ref = np.array([[repsim.linear_cka(x, y, debiased=debiased) for y in cols] for x in cols])
+    for budget in (1 << 30, 60_000):  # one Gram panel, or many panels (several passes)
+        res = cka_matrix(store, method="exact", debiased=debiased, memory_budget=budget, progress=False)
+        np.testing.assert_allclose(res.values, ref, rtol=1e-9)
+        assert set(res.meta["exact_routes"].values()) == {"cross", "gram"}
+    assert res.meta["exact_passes"] > 2 and res.state is None
+
+
+def test_exact_route_rule():
+    routes = choose_routes([10, 1000, 500], n=100)
+    assert routes[(0, 0)] == "cross" and routes[(1, 1)] == "gram"  # self pair: cross iff p <= n
+    assert routes[(0, 1)] == "cross"  # 10*1000 <= 100*1010: one narrow layer makes XᵀY cheap
+    assert routes[(1, 2)] == "gram"  # 1000*500 > 100*1500
+
+
+# ------------------------------------------------------------------------------------------ validation
+
+
+def _copy(src, dst):
+    shutil.copytree(src.path, dst)
+    return repsim.open_store(dst)
+
+
+def _corrupt_layer_data(store_path, layer):
+    """Remove every chunk object of a layer: any read of it would fail."""
+    root = os.path.join(store_path, "layers", layer, "c")
+    shutil.rmtree(root)
+
+
+def test_misaligned_example_ids_raise_before_compute(tmp_path):
+    rng = np.random.default_rng(2)
+    layers = correlated_layers(rng, 40, {"x": (5,)})
+    a = make_store(tmp_path / "net_a.zarr", layers)
+    b = make_store(tmp_path / "net_b.zarr", layers, example_ids=np.arange(40)[::-1].copy())
+    c = make_store(tmp_path / "net_c.zarr", {"x": layers["x"][:39]})
+    _corrupt_layer_data(a.path, "x")  # validation must fail before any layer data is read
+    with pytest.raises(ValueError, match="misaligned example_ids") as exc:
+        cka_matrix([a.path, b.path, c.path], batch_size=10, progress=False)
+    assert "net_b" in str(exc.value) and "net_c" in str(exc.value)
+
+
+def test_missing_layer_raises_naming_store(tmp_path):
+    rng = np.random.default_rng(3)
+    layers = correlated_layers(rng, 40, {"x": (5,), "y": (4,)})
+    a = make_store(tmp_path / "net_a.zarr", layers)
+    b = make_store(tmp_path / "net_b.zarr", {"x": layers["x"]})
+    _corrupt_layer_data(a.path, "x")
+    with pytest.raises(ValueError, match="missing layer") as exc:
+        cka_matrix([a, b], layers=["x", "y"], batch_size=10, progress=False)
+    assert "net_b" in str(exc.value) and "'y'" in str(exc.value)
+
+
+def test_incomplete_store_raises_naming_store(tmp_path):
+    from repsim.store import StoreWriter
+
+    rng = np.random.default_rng(4)
+    layers = correlated_layers(rng, 40, {"x": (5,)})
+    a = make_store(tmp_path / "net_a.zarr", layers, chunk_rows=10)
+    w = StoreWriter.create(tmp_path / "net_half.zarr", n=40, layers={"x": ((5,), "float32")}, chunk_rows=10)
+    w.write_chunk(0, layers={"x": layers["x"][:10].astype(np.float32)}, labels=np.zeros(10, int),
+                  example_ids=np.arange(10))
+    with pytest.raises(ValueError, match="incomplete") as exc:
+        cka_matrix([a.path, str(tmp_path / "net_half.zarr")], batch_size=10, progress=False)
+    assert "net_half" in str(exc.value)
+    with pytest.raises(ValueError, match="incomplete"):
+        layer_metrics(str(tmp_path / "net_half.zarr"), sparsity=True, progress=False)
+
+
+def test_bad_arguments(two_stores):
+    stores = two_stores[np.float64]
+    with pytest.raises(ValueError, match="spatial"):
+        cka_matrix(stores, spatial="max")
+    with pytest.raises(ValueError, match="shuffle"):
+        cka_matrix(stores, shuffle="chunks", progress=False)
+    with pytest.raises(ValueError, match="no store matches"):
+        cka_matrix(["/nonexistent/*.zarr"])
+
+
+# ------------------------------------------------------------------------------------ result, resume
+
+
+def test_result_save_load_roundtrip_and_bootstrap_ci(two_stores, tmp_path):
+    stores = two_stores[np.float64]
+    res = cka_matrix(stores, batch_size=20, epochs=2, seed=1, progress=False)
+    path = res.save(tmp_path / "cka_test.npz")
+    with np.load(path) as z:  # the CONTRACTS layout, readable without repsim
+        assert {"values", "stores", "layers", "meta"} <= set(z.files)
+        assert z["stores"].tolist() == ["a", "a", "b"] and z["layers"].tolist() == ["conv", "fc", "pool"]
+    back = CKAResult.load(path)
+    np.testing.assert_array_equal(back.values, res.values)
+    assert back.index == res.index and back.meta == res.meta
+    meta = back.meta
+    assert (meta["method"], meta["debiased"], meta["batch_size"], meta["epochs"], meta["seed"], meta["n"]) == \
+        ("minibatch", True, 20, 2, 1, N)
+    assert "window" in meta["shuffle_scheme"] and meta["batch_size_range"][1] <= 20 + 24
+    assert set(meta["stores"]) == {"a", "b"} and meta["stores"]["a"]["attrs"]["repsim_store_version"] == 1
+    lo, hi = back.ci(0.9)
+    assert lo.shape == hi.shape == (3, 3)
+    assert np.all(lo <= res.values + 1e-12) and np.all(res.values <= hi + 1e-12) and np.any(hi - lo > 1e-4)
+    np.testing.assert_allclose(res.block("a", "b"), res.values[:2, 2:])
+    assert res.layers("b") == ["pool"] and res.stores == ["a", "b"]
+
+
+def test_checkpoint_resume_is_exact_and_extends_epochs(two_stores, tmp_path, capsys):
+    stores = two_stores[np.float64]
+    kw = dict(batch_size=20, seed=2, progress=False, checkpoint_every=3)
+    fresh = cka_matrix(stores, epochs=3, **kw)
+    ckpt = tmp_path / "run.ckpt.npz"
+    cka_matrix(stores, epochs=1, checkpoint=ckpt, **kw)  # "interrupted" after epoch 1
+    assert ckpt.exists()
+    resumed = cka_matrix(stores, epochs=3, checkpoint=ckpt, **kw)
+    assert "resuming" in capsys.readouterr().err
+    np.testing.assert_array_equal(resumed.values, fresh.values)  # bit-identical
+    np.testing.assert_array_equal(resumed.state["batches"], fresh.state["batches"])
+    # a checkpoint of a different computation is ignored, not trusted
+    other = cka_matrix(stores, epochs=3, checkpoint=ckpt, **{**kw, "seed": 9})
+    assert "different computation" in capsys.readouterr().err
+    assert not np.array_equal(other.values, fresh.values)
+
+
+# -------------------------------------------------------------------------------------------- devices
+
+
+def test_array_namespace_device_matches_numpy(two_stores):
+    xps = pytest.importorskip("array_api_strict")
+    stores = two_stores[np.float64]
+    ref = cka_matrix(stores, batch_size=40, epochs=1, shuffle=False, progress=False)
+    got = cka_matrix(stores, batch_size=40, epochs=1, shuffle=False, progress=False, device=xps)
+    np.testing.assert_allclose(got.values, ref.values, rtol=1e-12)
+    assert got.meta["device"] == "array_api_strict"
+
+
+def test_cuda_without_cupy_is_a_clear_error(two_stores):
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("cupy is installed")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match="CuPy"):
+        cka_matrix(two_stores[np.float64], device="cuda")
+
+
+def test_wide_columns_enter_as_gram_factors_without_changing_the_result(tmp_path):
+    """p >= 4b: the engine hands MinibatchCKA a b x b Gram factor instead of the b x p rows."""
+    rng = np.random.default_rng(6)
+    layers = correlated_layers(rng, 120, {"wide": (400,), "conv": (8, 5, 5), "narrow": (9,)})
+    store = make_store(tmp_path / "wide.zarr", {k: v.astype(np.float32) for k, v in layers.items()}, chunk_rows=10)
+    res = cka_matrix(store, batch_size=30, epochs=1, shuffle=False, progress=False)
+    cols = [stored(store, k) for k in layers]
+    np.testing.assert_allclose(res.values, minibatch_reference(cols, consecutive_batches(120, 30)), rtol=1e-9)
+    biased = cka_matrix(store, batch_size=30, epochs=1, shuffle=False, debiased=False, progress=False)
+    np.testing.assert_allclose(biased.values, minibatch_reference(cols, consecutive_batches(120, 30), debiased=False),
+                               rtol=1e-9)
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _gpu_available(), reason="needs CuPy and a CUDA GPU")
+def test_cuda_device_matches_cpu(two_stores):
+    stores = two_stores[np.float16]
+    ref = cka_matrix(stores, batch_size=40, epochs=1, shuffle=False, progress=False)
+    got = cka_matrix(stores, batch_size=40, epochs=1, shuffle=False, progress=False, device="cuda")
+    np.testing.assert_allclose(got.values, ref.values, rtol=1e-4)  # float32 Grams on the GPU
+    res = layer_metrics([s.path for s in stores], distances=("cosine",), sparsity=True, progress=False,
+                        device="cuda")
+    cpu = layer_metrics([s.path for s in stores], distances=("cosine",), sparsity=True, progress=False)
+    for key in cpu:
+        assert res[key]["sparsity"] == cpu[key]["sparsity"]
+        assert res[key]["separation"]["cosine"] == pytest.approx(cpu[key]["separation"]["cosine"], rel=1e-4)

@@ -1,0 +1,108 @@
+"""`repsim cka|separation|sparsity|collapse` end to end, including SIGKILL + resume of `repsim cka`."""
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from repsim.cli import main
+from repsim.engine import CKAResult
+from test_engine_helpers import correlated_layers, make_store
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+@pytest.fixture(scope="module")
+def nets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    rng = np.random.default_rng(0)
+    n = 2400
+    for name in ("net_a", "net_b"):
+        layers = correlated_layers(rng, n, {"block": (16, 8, 8), "pool": (300,)})
+        make_store(root / f"{name}.zarr", {k: v.astype(np.float32) for k, v in layers.items()},
+                   labels=np.arange(n) % 6, meta={"model": {"objective": name[-1], "seed": 1}}, chunk_rows=100,
+                   head=(rng.normal(size=(6, 300)), np.zeros(6)))
+    return root
+
+
+def _done(ckpt: str) -> int:
+    try:
+        with np.load(ckpt) as z:
+            return int(z["done"])
+    except (OSError, ValueError, KeyError, EOFError):
+        return -1
+
+
+def test_cka_killed_mid_epoch_resumes_to_the_uninterrupted_result(nets, tmp_path):
+    # windows of 4 chunks = one batch: 6 window-batches per epoch, one checkpointed segment each
+    args = [str(nets / "*.zarr"), "--batch-size", "400", "--shuffle-window", "400", "--epochs", "4", "--seed", "3",
+            "--checkpoint-every", "1", "--no-progress"]
+    cmd = [sys.executable, "-m", "repsim", "cka"]
+    out = str(tmp_path / "cka_killed.npz")
+    ckpt = str(tmp_path / "cka_killed.ckpt.npz")
+    proc = subprocess.Popen(cmd + args + ["--out", out], env=_env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while _done(ckpt) < 7:  # 6 batches per epoch: segment 7 finished = one batch into epoch 2
+        assert proc.poll() is None, f"run ended before it could be killed: {proc.stderr.read()}"
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL and not os.path.exists(out)
+    killed_at = _done(ckpt)
+    assert 0 < killed_at < 24 and killed_at % 6 != 0, killed_at  # mid-epoch
+
+    rerun = subprocess.run(cmd + args + ["--out", out], env=_env(), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert f"resuming from {ckpt}: {killed_at}/24 segments done" in rerun.stderr
+    assert not os.path.exists(ckpt)  # removed once the output is written
+
+    whole = str(tmp_path / "cka_whole.npz")
+    ref = subprocess.run(cmd + args + ["--out", whole], env=_env(), capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr
+    got, want = CKAResult.load(out), CKAResult.load(whole)
+    np.testing.assert_array_equal(got.values, want.values)
+    np.testing.assert_array_equal(got.state["batches"], want.state["batches"])
+    assert got.index == [("net_a", "block"), ("net_a", "pool"), ("net_b", "block"), ("net_b", "pool")]
+    assert got.meta["epochs"] == 4 and got.meta["n_batches"] == 24
+
+
+def test_cka_cli_exact_and_errors(nets, tmp_path, capsys):
+    out = tmp_path / "cka_exact.npz"
+    assert main(["cka", str(nets / "net_a.zarr"), str(nets / "net_b.zarr"), "--layers", "pool", "--method", "exact",
+                 "--out", str(out), "--no-progress"]) == 0
+    res = CKAResult.load(out)
+    assert res.meta["method"] == "exact" and res.values.shape == (2, 2)
+    assert main(["cka", str(nets / "net_a.zarr"), "--layers", "nope", "--out", str(tmp_path / "x.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "net_a" in err and "nope" in err and "Traceback" not in err
+
+
+def test_table_commands_write_contract_csvs(nets, tmp_path):
+    stores = [str(nets / "*.zarr")]
+    sep, spa, col, spec = (tmp_path / f for f in ("separation.csv", "sparsity.csv", "collapse.csv", "spectra.npz"))
+    assert main(["separation", *stores, "--distance", "cosine,sqeuclidean", "--spatial", "mean", "--out", str(sep),
+                 "--no-progress"]) == 0
+    assert main(["sparsity", *stores, "--out", str(spa), "--no-progress"]) == 0
+    assert main(["collapse", *stores, "--out", str(col), "--spectra", str(spec), "--no-progress"]) == 0
+    rows = {p.name: list(csv.DictReader(open(p))) for p in (sep, spa, col)}
+    assert list(rows["separation.csv"][0]) == ["store", "objective", "seed", "layer", "distance", "r2"]
+    assert len(rows["separation.csv"]) == 2 * 2 * 2
+    assert list(rows["sparsity.csv"][0]) == ["store", "objective", "seed", "layer", "nonzero_fraction"]
+    assert {r["objective"] for r in rows["sparsity.csv"]} == {"a", "b"}
+    assert rows["collapse.csv"][0]["layer"] == "pool" and "self_duality" in rows["collapse.csv"][0]
+    with np.load(spec) as z:
+        assert set(z.files) == {f"net_{s}/pool/{k}" for s in "ab" for k in ("activations", "centroids", "weights")}

@@ -1,0 +1,68 @@
+"""The same computations on a real dask.distributed LocalCluster (2 worker processes) as in-process."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from repsim.drivers import layer_metrics
+from repsim.engine import cka_matrix
+from repsim.scheduler import get_client, scheduler, set_scheduler
+from test_engine_helpers import correlated_layers, make_store
+
+distributed = pytest.importorskip("distributed")
+
+
+@pytest.fixture(scope="module")
+def client():
+    """``set_scheduler("local:2")``: a LocalCluster of 2 single-threaded worker *processes* (the same
+    path as ``repsim cka --scheduler local:2``), closed by ``set_scheduler(None)``."""
+    c = set_scheduler("local:2")
+    try:
+        assert len(c.scheduler_info()["workers"]) == 2
+        assert all(w["nthreads"] == 1 for w in c.scheduler_info()["workers"].values())
+        yield c
+    finally:
+        set_scheduler(None)
+    assert c.status == "closed"
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    rng = np.random.default_rng(0)
+    a = make_store(root / "a.zarr", correlated_layers(rng, 180, {"c": (2, 3, 3), "f": (11,)}), chunk_rows=15)
+    b = make_store(root / "b.zarr", correlated_layers(rng, 180, {"f": (6,)}), labels=np.arange(180) % 4,
+                   chunk_rows=20)
+    return [a.path, b.path]
+
+
+def test_cka_on_local_cluster_equals_threaded(client, stores):
+    kw = dict(batch_size=25, epochs=2, seed=4, progress=False, checkpoint_every=2)
+    assert get_client() is client
+    with scheduler("threads"):
+        assert get_client() is None
+        local = cka_matrix(stores, **kw)
+    assert get_client() is client
+    remote = cka_matrix(stores, **kw)  # on the cluster set by the fixture
+    assert remote.meta["scheduler"].startswith("distributed:") and local.meta["scheduler"] == "threads"
+    np.testing.assert_allclose(remote.values, local.values, rtol=1e-12, atol=0)
+    # segments are merged in order, so even the per-batch records agree
+    np.testing.assert_allclose(remote.state["batches"], local.state["batches"], rtol=1e-12)
+    assert remote.meta["n_batches"] == local.meta["n_batches"] == sum(local.meta["batches_per_epoch"])
+    assert len(local.meta["batches_per_epoch"]) == 2
+
+
+def test_drivers_on_local_cluster_equal_threaded(client, stores):
+    kw = dict(distances=("cosine", "cosine_centered"), sparsity=True, progress=False, blocks_per_task=3)
+    remote = layer_metrics(stores, **kw)
+    with scheduler(None):
+        local = layer_metrics(stores, **kw)
+        with scheduler(client):  # an explicit client object
+            again = layer_metrics(stores, ["f"], distances=("cosine",), progress=False)
+    assert again[("a", "f")]["separation"]["cosine"] == pytest.approx(local[("a", "f")]["separation"]["cosine"],
+                                                                      rel=1e-12)
+    assert remote.keys() == local.keys()
+    for key in local:
+        for d, r2 in local[key]["separation"].items():
+            assert remote[key]["separation"][d] == pytest.approx(r2, rel=1e-12)
+        assert remote[key]["sparsity"] == local[key]["sparsity"]

@@ -1,0 +1,46 @@
+"""Shared builders for the engine/driver tests (real Zarr stores on disk, no mocks)."""
+from __future__ import annotations
+
+import numpy as np
+
+import repsim
+
+
+def correlated_layers(rng: np.random.Generator, n: int, shapes: dict[str, tuple[int, ...]], offset: float = 3.0
+                      ) -> dict[str, np.ndarray]:
+    """Layers that share a latent factor (so CKA values are far from 0 and 1) with large means
+    (post-ReLU-like), the case where uncentred float32 Grams cancel badly."""
+    z = rng.normal(size=(n, 6))
+    out = {}
+    for name, shape in shapes.items():
+        p = int(np.prod(shape))
+        x = z @ rng.normal(size=(6, p)) + 0.7 * rng.normal(size=(n, p))
+        out[name] = np.maximum(x + offset, 0.0).reshape((n,) + shape)
+    return out
+
+
+def make_store(path, layers: dict[str, np.ndarray], labels=None, *, dtype=None, chunk_rows=None, example_ids=None,
+               head=None, meta=None):
+    n = next(iter(layers.values())).shape[0]
+    labels = np.arange(n) % 3 if labels is None else labels
+    return repsim.save_store(str(path), layers=layers, labels=labels, example_ids=example_ids, dtype=dtype,
+                             chunk_rows=chunk_rows, head=head, meta=meta)
+
+
+def stored(store, layer: str) -> np.ndarray:
+    """The layer exactly as stored (e.g. float16), read back in memory."""
+    return np.asarray(store.zarr_array(layer)[...])
+
+
+def minibatch_reference(arrays: list[np.ndarray], batches: list[np.ndarray], debiased: bool = True) -> np.ndarray:
+    """In-memory MinibatchCKA over the given row batches, arrays as given."""
+    acc = repsim.MinibatchCKA(len(arrays), debiased=debiased)
+    for rows in batches:
+        acc.update([a[rows] for a in arrays])
+    return acc.result()
+
+
+def consecutive_batches(n: int, b: int) -> list[np.ndarray]:
+    """[0:b], [b:2b], ...; a trailing batch of fewer than 4 rows is dropped (DESIGN)."""
+    out = [np.arange(s, min(n, s + b)) for s in range(0, n, b)]
+    return [r for r in out if r.size >= 4]
