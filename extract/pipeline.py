@@ -297,17 +297,8 @@ def _plan(net, dataset, chosen, hooked, spatial, dtype, dev, amp_dtype, batch_si
 
 
 def _probe(net, x, hooked, spatial, dev, amp_dtype) -> Capture:
-    """Layer outputs for one example: shape inference on the meta device (no compute, no oneDNN
-    kernels built for a batch of one), or a real forward when some op has no meta kernel."""
-    try:
-        meta = {k: torch.empty_like(v, device="meta") for k, v in (*net.named_parameters(), *net.named_buffers())}
-        with Capture(net, hooked, spatial, torch.float32) as cap, torch.inference_mode():
-            cap.begin_batch()
-            torch.func.functional_call(net, meta, (x.to("meta"),))
-            cap.end_batch()
-        return cap
-    except Exception:  # noqa: BLE001 - fall back to computing it
-        pass
+    """Layer outputs for one example (a real forward pass: meta-device shape inference would import
+    torch's compiler stack, ~2 s, and not every head runs on the meta device)."""
     with Capture(net, hooked, spatial, torch.float32) as cap, torch.inference_mode(), _autocast(dev, amp_dtype):
         cap.begin_batch()
         net(x.to(dev))
