@@ -49,7 +49,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--chunk-rows", type=int, default=None, help="examples per store chunk (default: automatic)")
     parser.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (default min(4, cpus-1))")
-    parser.add_argument("--write-threads", type=int, default=None, help="background compression/writing threads")
+    parser.add_argument("--write-threads", type=int, default=None, help="compression/writing threads (0: write each chunk inline; default: up to 4, overlapping "
+                        "the forward passes on GPU or spare CPU cores, else in bursts between them)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--amp", default="auto", choices=("auto", "off", "float16", "bfloat16"),
                         help="autocast dtype for the forward pass (auto: float16 on CUDA, off on CPU)")

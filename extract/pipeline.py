@@ -4,8 +4,14 @@ Pipeline, per rank::
 
     DataLoader (workers, pinned memory, fixed order)  ->  forward under inference_mode (+ AMP on GPU)
         hooks copy each layer's reduced, cast output into a host chunk buffer (non-blocking on GPU)
-    a full chunk  ->  background thread: wait for its copies, check range, compress + write it,
+    a full chunk  ->  writer thread: wait for its copies, check range, compress + write it,
                       mark written[i]                    (a bounded pool of buffers bounds memory)
+
+On GPU (or with CPU cores that torch's intra-op pool leaves free) the writer threads overlap the
+forward passes. On a CPU whose cores the forward pass already uses, overlapping would stall every
+OpenMP barrier of the forward pass behind a busy writer thread, so chunks are written in bursts
+instead: the forward pass fills every buffer set, all are compressed at once on all cores, then
+computing resumes (bench/extract_throughput.py measures both).
 
 Determinism and resume: batches never straddle chunks and start at fixed offsets inside a chunk
 (``chunk*rows + j*batch_size``), so a chunk's bytes do not depend on which other chunks are
@@ -158,6 +164,7 @@ def extract_store(
     amp: str | None = "auto",
     chunk_rows: int | None = None,
     write_threads: int | None = None,
+    overlap: bool | None = None,
     overwrite: bool = False,
     check_space: bool = True,
     progress: bool | None = None,
@@ -173,6 +180,8 @@ def extract_store(
     all). ``spatial``: ``flatten`` (keep ``(C, H, W)``), ``mean`` or ``pool<k>``. ``dtype``: store
     dtype of the layers (``float16`` default, ``float32``); logits are always float32. ``amp``:
     ``auto`` (float16 autocast on CUDA, off on CPU), ``off``, ``float16``, ``bfloat16``.
+    ``write_threads``/``overlap``: compression/writing threads and whether they run during the
+    forward passes (None: automatic, see the module docstring); 0 threads writes inline.
     Resumes an incomplete store written with the same settings; a complete one is returned as is
     (``overwrite=True`` recomputes). Under ``torch.distributed`` the chunks are shared across ranks.
     """
@@ -244,7 +253,7 @@ def extract_store(
     ids = example_ids(dataset, n)
     t0 = time.perf_counter()
     _run(net, dataset, writer, mine, plan, hooked, chosen, spatial_, store_dtype, dev, amp_dtype,
-         batch_size, workers, write_threads, ids, progress, rank)
+         batch_size, workers, write_threads, overlap, ids, progress, rank)
     if world > 1:
         torch.distributed.barrier()
     if rank == 0:
@@ -379,7 +388,7 @@ def _batches(chunks: list[int], rows: int, batch_size: int, n: int) -> list[tupl
 
 
 def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtype, dev, amp_dtype,
-         batch_size, workers, write_threads, ids, progress, rank) -> None:
+         batch_size, workers, write_threads, overlap, ids, progress, rank) -> None:
     from torch.utils.data import DataLoader
 
     if not chunks:
@@ -387,7 +396,14 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
     cuda = dev.type == "cuda"
     cpus = os.cpu_count() or 1
     workers = min(4, max(0, cpus - 1)) if workers is None else workers
-    write_threads = max(1, min(4, cpus)) if write_threads is None else max(1, write_threads)
+    # overlap: chunks are compressed/written while later batches compute (GPU, or spare CPU cores);
+    # burst (CPU without spare cores): the forward pass fills every buffer set, then all of them are
+    # written at once on all cores, then computing resumes, so the two never fight for cores
+    if overlap is None:
+        overlap = cuda or cpus > torch.get_num_threads()
+    if write_threads is None:
+        write_threads = max(1, min(4, cpus if cuda or not overlap else cpus - torch.get_num_threads()))
+    write_threads = max(0, write_threads)
     rows, n = plan.chunk_rows, plan.n
     batches = _batches(chunks, rows, batch_size, n)
     loader = DataLoader(
@@ -405,8 +421,14 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
 
     # buffer sets: one being filled plus one per writer thread, fewer when chunks are huge; a
     # forward pass waits for a free set, so host memory stays bounded whatever the dataset size
-    n_sets = max(2, min(write_threads + 1, INFLIGHT_BYTES // max(1, rows * plan.row_bytes)))
-    write_threads = min(write_threads, n_sets - 1)
+    budget = max(1, INFLIGHT_BYTES // max(1, rows * plan.row_bytes))
+    if write_threads == 0:  # inline: each chunk written as soon as it is full
+        n_sets = 1
+    elif overlap:
+        n_sets = max(2, min(write_threads + 1, budget))
+        write_threads = n_sets - 1 if n_sets - 1 < write_threads else write_threads
+    else:
+        n_sets = max(1, min(write_threads, budget))
     free: queue.Queue[_Buffers] = queue.Queue()
     for _ in range(n_sets):
         free.put(new_buffers())
@@ -440,6 +462,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
             free.put(buf)
 
     futures: list[Future] = []
+    held: list[_Buffers] = []  # burst mode: full buffer sets waiting for the next burst
 
     def check_done() -> None:
         while futures and futures[0].done():
@@ -449,7 +472,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
 
     show = (sys.stderr.isatty() if progress is None else progress) and rank == 0
     bar = tqdm(total=len(chunks), unit="chunk", desc="extract", disable=not show)
-    pool = ThreadPoolExecutor(max_workers=write_threads, thread_name_prefix="extract-write")
+    pool = ThreadPoolExecutor(max_workers=write_threads, thread_name_prefix="extract-write") if write_threads else None
     try:
         with Capture(net, hooked, spatial, store_dtype) as cap, torch.inference_mode(), _autocast(dev, amp_dtype):
             buf: _Buffers | None = None
@@ -460,8 +483,21 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
                 if cuda:
                     buf.event = torch.cuda.Event()
                     buf.event.record()
-                futures.append(pool.submit(write, buf))
+                if pool is None:
+                    write(buf)
+                elif overlap:
+                    futures.append(pool.submit(write, buf))
+                else:
+                    held.append(buf)
+                    if len(held) == n_sets:
+                        drain()
                 bar.update(1)
+
+            def drain() -> None:
+                futures.extend(pool.submit(write, b) for b in held)
+                held.clear()
+                while futures:
+                    futures.pop(0).result()
 
             for (c, lo, hi), (x, y) in zip(batches, loader):
                 if buf is None or buf.chunk != c:
@@ -479,8 +515,11 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
                 net(x.to(dev, non_blocking=cuda))
                 cap.end_batch()
             flush()
+            if held:
+                drain()
         for f in futures:
             f.result()
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         bar.close()

@@ -163,6 +163,19 @@ def test_spatial_reduction_and_layer_subset(ckpts, digits, tmp_path):
     np.testing.assert_array_equal(pooled.logits.compute(), ref["logits"])  # logits are always stored
 
 
+def test_write_modes_give_identical_bytes(ckpts, digits, tmp_path):
+    """Inline, overlapped and burst writing produce the same store (only the scheduling differs)."""
+    common = dict(split="test", layers="block1,block9,pool", batch_size=32, chunk_rows=64, **FAST)
+    stores = {
+        "inline": extract_store(ckpts[0], digits, tmp_path / "inline.zarr", write_threads=0, **common),
+        "overlap": extract_store(ckpts[0], digits, tmp_path / "overlap.zarr", write_threads=2, overlap=True, **common),
+        "burst": extract_store(ckpts[0], digits, tmp_path / "burst.zarr", write_threads=3, overlap=False, **common),
+    }
+    ref = _arrays(stores["inline"].path)
+    for mode in ("overlap", "burst"):
+        assert _arrays(stores[mode].path) == ref, mode
+
+
 def test_two_networks_stores_align_batch_cli(ckpts, tmp_path):
     rc = repsim_main([  # no --data: the runs' own dataset (digits), with their evaluation transform
         "extract", "--checkpoint", str(ckpts[0]), "--checkpoint", str(ckpts[1]), "--name", "{parent}",
