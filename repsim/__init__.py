@@ -49,6 +49,17 @@ _EXPORTS: dict[str, str] = {
     "linear_probe": "probes",
     "knn_probe": "probes",
     "ProbeResult": "probes",
+    "multilabel_probe": "probes",
+    "binned_auc": "probes",
+    "relearn_head": "transfer",
+    "assignment_accuracy": "transfer",
+    "agreement_matrices": "predictions",
+    "modal_vote": "predictions",
+    "calibration_report": "calibration",
+    "fit_temperature": "calibration",
+    "mean_se": "stats",
+    "not_significantly_worse": "stats",
+    "spearman": "stats",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

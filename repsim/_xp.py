@@ -1,13 +1,17 @@
 """Array-namespace helpers shared by the kernels (standard array API only).
 
-Every kernel infers its array module from its inputs (``x.__array_namespace__()``: NumPy >= 2,
-CuPy >= 13 and array-api-strict all provide it) or takes it as ``xp=...``, and from then on uses
-only functions of the array API standard, so the same code runs on CPU (NumPy), GPU (CuPy) and under
-the strict reference namespace used in the tests. Host-side bookkeeping (labels, indices, the
-accumulators' float64 sums) is plain NumPy.
+Every kernel infers its array module from its inputs (``x.__array_namespace__()`` for NumPy >= 2
+and array-api-strict; CuPy arrays, which do not have that method, by type) or takes it as
+``xp=...``, and from then on uses only functions of the array API standard, so the same code runs
+on CPU (NumPy), GPU (CuPy) and under the strict reference namespace used in the tests. CuPy <= 13
+lacks a few of those names in its main namespace; :func:`array_namespace` then hands out
+``array_api_compat.cupy`` if installed, else :class:`CupyCompat`. Host-side bookkeeping (labels,
+indices, the accumulators' float64 sums) is plain NumPy.
 """
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 import numpy as np
@@ -17,6 +21,7 @@ __all__ = [
     "to_numpy",
     "asarray_like",
     "is_gpu_namespace",
+    "is_cupy_namespace",
     "compute_dtype",
     "flatten_examples",
     "check_finite",
@@ -26,21 +31,102 @@ __all__ = [
 ]
 
 
+# Names the kernels call that CuPy's main namespace lacked before it mirrored NumPy 2 (CuPy <= 13;
+# its ndarray has no ``__array_namespace__`` either, so CuPy arrays are recognised by type).
+_CUPY_GAPS = ("astype", "isdtype", "matrix_transpose", "acos")
+_NAMESPACE_CACHE: dict[int, Any] = {}
+
+
+def is_cupy_namespace(xp: Any) -> bool:
+    """True for the namespaces :func:`array_namespace` gives CuPy arrays: ``cupy`` itself,
+    ``array_api_compat.cupy`` and repsim's own filler ``repsim._xp.cupy``."""
+    return getattr(xp, "__name__", None) in ("cupy", "array_api_compat.cupy", "repsim._xp.cupy")
+
+
+def _cupy_array_module(a: Any) -> Any:
+    """The ``cupy`` module if ``a`` is a CuPy array (or subclass), else None. Never imports CuPy:
+    a CuPy array can only exist once ``cupy`` is in ``sys.modules``."""
+    cp = sys.modules.get("cupy")
+    nd = getattr(cp, "ndarray", None)
+    return cp if isinstance(nd, type) and isinstance(a, nd) else None
+
+
+def _cupy_namespace(cp: Any) -> Any:
+    """The one namespace used for CuPy arrays (and for ``xp=cupy``): CuPy itself when it has every
+    name the kernels use (CuPy >= 14 mirrors NumPy 2), else ``array_api_compat.cupy`` when that is
+    installed, else CuPy with those few names filled in (:class:`CupyCompat`)."""
+    ns = _NAMESPACE_CACHE.get(id(cp))
+    if ns is None:
+        if all(hasattr(cp, n) for n in _CUPY_GAPS):
+            ns = cp
+        else:
+            try:
+                import array_api_compat.cupy as ns  # type: ignore[import-not-found,no-redef]
+            except ImportError:
+                ns = CupyCompat(cp)
+        _NAMESPACE_CACHE[id(cp)] = ns
+    return ns
+
+
+class CupyCompat(types.ModuleType):
+    """CuPy's namespace plus the array-API names the kernels use and CuPy <= 13 lacks
+    (``astype``, ``isdtype``, ``matrix_transpose``, ``acos``); everything else is forwarded. It
+    only relies on NumPy-style methods, so the tests check it wrapped around NumPy."""
+
+    def __init__(self, cp: Any) -> None:
+        super().__init__("repsim._xp.cupy")
+        self._cp = cp
+        if not hasattr(cp, "acos"):
+            self.acos = cp.arccos
+        if not hasattr(cp, "bool"):
+            self.bool = cp.bool_
+
+    def __getattr__(self, name: str) -> Any:  # only called for names not set on the instance
+        return getattr(self._cp, name)
+
+    @staticmethod
+    def astype(x: Any, dtype: Any, /, *, copy: bool = True) -> Any:
+        return x.astype(dtype, copy=copy)
+
+    @staticmethod
+    def matrix_transpose(x: Any, /) -> Any:
+        return x.swapaxes(-1, -2)
+
+    @staticmethod
+    def isdtype(dtype: Any, kind: Any) -> bool:
+        return bool(np.isdtype(np.dtype(dtype), kind))  # CuPy dtypes are NumPy dtypes
+
+
+def _namespace_of(a: Any) -> Any:
+    cp = _cupy_array_module(a)
+    if cp is not None:
+        return _cupy_namespace(cp)
+    get = getattr(a, "__array_namespace__", None)
+    return get() if get is not None else np
+
+
+def _normalize(xp: Any) -> Any:
+    """A namespace passed by the caller: the bare ``cupy`` module gets the same treatment as its arrays."""
+    if getattr(xp, "__name__", None) == "cupy" and sys.modules.get("cupy") is xp:
+        return _cupy_namespace(xp)
+    return xp
+
+
 def array_namespace(*arrays: Any, xp: Any = None) -> Any:
     """The array API namespace shared by ``arrays`` (``xp`` wins when given).
 
-    Plain Python sequences and NumPy < 2 arrays fall back to NumPy. Mixing namespaces raises
-    ``TypeError`` (e.g. a CuPy array with a NumPy array), because silently copying between devices
-    hides real cost.
+    ``x.__array_namespace__()`` where the array has it (NumPy >= 2, array-api-strict); CuPy arrays
+    are recognised by type (see :func:`_cupy_namespace`). Plain Python sequences and scalars fall
+    back to NumPy. Mixing namespaces raises ``TypeError`` (e.g. a CuPy array with a NumPy array),
+    because silently copying between devices hides real cost.
     """
     if xp is not None:
-        return xp
+        return _normalize(xp)
     found = None
     for a in arrays:
         if a is None:
             continue
-        get = getattr(a, "__array_namespace__", None)
-        ns = get() if get is not None else np
+        ns = _namespace_of(a)
         if found is None:
             found = ns
         elif ns is not found:
@@ -75,7 +161,7 @@ def asarray_like(a: Any, ref: Any, xp: Any, dtype: Any = None) -> Any:
 
 def is_gpu_namespace(xp: Any, x: Any = None) -> bool:
     """True for namespaces/arrays that live on an accelerator (CuPy, or a non-CPU device)."""
-    if xp.__name__.split(".")[0] in ("cupy", "cupyx"):
+    if is_cupy_namespace(xp):
         return True
     dev = getattr(x, "device", None)
     if dev is None or isinstance(dev, str) and dev == "cpu":

@@ -244,7 +244,8 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     names = list(names) if names is not None else [f"layer {i}" for i in range(L)]
 
     first = layers[0]
-    xp = array_namespace(first, xp=xp)
+    first_ns = array_namespace(first)
+    xp = first_ns if xp is None else array_namespace(xp=xp)
     dt = _compute_dtype(xp, first, compute_dtype)
     n = first.shape[0]
     _check_n(n, debiased, f"batch of {names[0]}")
@@ -258,7 +259,7 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
         for l_ in range(L):
             if gi == 0:
                 X = first if l_ == 0 else layers[l_]
-                if array_namespace(X) is not xp:
+                if l_ and array_namespace(X) is not first_ns:
                     raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
                 Xc = X if centred else _prepare(X, xp, dt, n, names[l_])
                 diags.append(row_sq_norms(Xc, xp))

@@ -19,11 +19,16 @@ unordered pairs. The ``*_weights`` keys and ``self_duality`` are present only wh
 Sufficient statistics (mergeable, float64): per-class counts and means and the pooled within-class
 scatter S_W = N Σ_W (P × P), combined with Chan et al.'s update (:mod:`repsim._moments`).
 
-Pseudo-inverse: Σ_B⁺ is formed from the SVD M = U diag(s) Vᵀ, Σ_B⁺ = V diag(C / s²) Vᵀ over the
-singular values s_k > rtol · max(s), so Tr(Σ_W Σ_B⁺) = Σ_k (C / s_k²) v_kᵀ Σ_W v_k. The default
-``rtol = max(C, P) · eps(float64)`` is the array-API/NumPy ``matrix_rank`` tolerance applied to M
-(not to Σ_B, whose singular values are squared and would need the square of that tolerance). M
-has rank ≤ C - 1 because its rows sum to zero; this tolerance drops that null direction.
+Pseudo-inverse: M has rank ≤ C - 1 because its rows sum to zero. That null direction is removed
+exactly, not by a tolerance: M is written in an orthonormal basis of the sum-zero subspace of R^C
+(``_sum_zero_rows``: R with RᵀR = MᵀM, C - 1 rows). Its rounding-level singular value would
+otherwise survive any tolerance relative to max(s) once the global mean is large against the class
+spread, and blow nc1 up by ~1/eps². Then Σ_B⁺ is formed from the SVD R = U diag(s) Vᵀ,
+Σ_B⁺ = V diag(C / s²) Vᵀ over the singular values s_k > rtol · ‖μ‖₂ (spectral norm of the
+uncentred class means, ≥ max(s): the scale of the rounding in M = μ - mean(μ)), so
+Tr(Σ_W Σ_B⁺) = Σ_k (C / s_k²) v_kᵀ Σ_W v_k. The default ``rtol = max(C, P) · eps(float64)`` is
+the NumPy ``matrix_rank`` rule applied to M (not to Σ_B, whose singular values are squared); it
+only matters for genuinely degenerate class means (e.g. collinear ones).
 """
 from __future__ import annotations
 
@@ -47,6 +52,25 @@ def _pairwise_cos(V: np.ndarray, what: str) -> np.ndarray:
     U = V / norms[:, None]
     iu = np.triu_indices(V.shape[0], k=1)
     return (U @ U.T)[iu]
+
+
+def _sum_zero_rows(M: np.ndarray) -> np.ndarray:
+    """(C-1, P) matrix R with RᵀR = MᵀM for M whose rows sum to zero, without M's null direction.
+
+    R is M in an orthonormal basis of {v ∈ R^C : Σ v = 0} (a Householder reflection H taking
+    1/√C to e₁; R = (H M)[1:]). In exact arithmetic 1ᵀM = 0, so nothing is lost; in floating point
+    the rounding of M = μ - mean(μ) leaves 1ᵀM ≈ eps·‖μ‖ rather than 0, and that spurious singular
+    value would enter Σ_B⁺ as 1/(eps‖μ‖)² whenever the global mean dwarfs the class spread
+    (post-ReLU features): dropping the direction exactly makes nc1 independent of that offset.
+    """
+    C = M.shape[0]
+    v = np.full(C, 1.0 / np.sqrt(C))
+    v[0] -= 1.0
+    nv = np.linalg.norm(v)
+    if nv == 0.0:  # C == 1
+        return M[:0]
+    v /= nv
+    return (M - 2.0 * np.outer(v, v @ M))[1:]
 
 
 def _norm_cv(V: np.ndarray) -> float:
@@ -122,10 +146,11 @@ class CollapseStats:
 
     def nc1(self, *, rtol: float | None = None) -> float:
         """Tr(Σ_W Σ_B⁺) / C with the rank tolerance of the module docstring."""
-        M = self.centered_means()
-        C, P = M.shape
-        _, s, Vt = np.linalg.svd(M, full_matrices=False)
-        tol = (max(C, P) * np.finfo(np.float64).eps if rtol is None else float(rtol)) * s[0]
+        mu = self.class_means()
+        C, P = mu.shape
+        _, s, Vt = np.linalg.svd(_sum_zero_rows(mu - mu.mean(axis=0)), full_matrices=False)
+        scale = float(np.linalg.norm(mu, 2))  # >= s[0]; the rounding of mu - mean(mu) is relative to it
+        tol = (max(C, P) * np.finfo(np.float64).eps if rtol is None else float(rtol)) * scale
         keep = s > tol
         if not np.any(keep):
             raise ValueError(f"{self._what()}: all class means coincide; Σ_B is zero and nc1 is undefined")

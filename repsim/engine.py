@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -35,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from repsim._xp import is_gpu_namespace
 from repsim.engine_io import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
                               resolve_columns, to_device)
 from repsim.scheduler import array_module, device_name, get_client, run_tasks
@@ -210,21 +212,25 @@ def _astype(x: Any, dtype: Any, xp: Any) -> Any:
     return fn(x, dtype) if fn is not None else x.astype(dtype)
 
 
-def gram_factor(x: Any, xp: Any) -> Any:
+def gram_factor(x: Any, xp: Any, what: str = "X") -> Any:
     """A (b, b) float64 matrix F with (H F)(H F)ᵀ = (H X)(H X)ᵀ, H = I − 11ᵀ/b: the batch's centred
     Gram, which is all that linear HSIC sees, in b² numbers instead of b·p.
 
     K_c = X_c X_cᵀ is formed from the column-centred batch (float64 on CPU, float32 on GPU), then
     F = chol(K_c + c 11ᵀ) with c = tr(K_c)/b: the rank-one term lifts the null direction 1 of K_c
     (so the Cholesky exists) and is annihilated by the kernel's own centring.  When K_c is
-    singular beyond that (p < b, repeated rows), F = V √λ₊ from ``eigh`` instead.
+    singular beyond that (p < b, repeated rows), F = V √λ₊ from ``eigh`` instead.  NaN or infinite
+    values make tr(K_c) non-finite: ``ValueError`` naming ``what`` (the factorisations would fail
+    with an anonymous LinAlgError or return NaN).
     """
-    gpu = device_name(xp) == "cuda"
+    gpu = is_gpu_namespace(xp)
     X = _astype(xp.reshape(x, (x.shape[0], -1)), xp.float32 if gpu else xp.float64, xp)
     X = X - xp.mean(X, axis=0, keepdims=True)  # (a fresh array: the stored block stays untouched)
     K = _astype(X @ X.T, xp.float64, xp)
     b = K.shape[0]
     c = float(xp.sum(X * X)) / b  # tr(K_c) / b
+    if not math.isfinite(c):
+        raise ValueError(f"{what} contains NaN or infinite values")
     try:
         F = xp.linalg.cholesky(K + c)
         if bool(xp.all(xp.isfinite(F))):
@@ -274,7 +280,7 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
             for i, a in enumerate(arrays):
                 x = to_device(a, xp)
                 wide = int(np.prod(a.shape[1:])) >= REDUCE_FACTOR * a.shape[0]
-                parts[i][c] = gram_factor(x, xp) if wide else x
+                parts[i][c] = gram_factor(x, xp, f"{columns[c].store}/{columns[c].layer}") if wide else x
             if c == L - 1:
                 for batch in parts:
                     acc.update(batch)
@@ -366,6 +372,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
                                       memory_budget=memory_budget, prefetch=prefetch, threads=threads,
                                       progress=progress)
         meta.update(plan_info)
+        meta["device"] = "cpu"  # exact CKA always runs in float64 NumPy, whatever ``device`` asked for
         return CKAResult(values=values, index=[(c.store, c.layer) for c in columns], meta=meta)
 
     if int(epochs) < 1:

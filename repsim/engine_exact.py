@@ -160,6 +160,9 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
                 hsic[i, j] = hsic[j, i] = float(np.sum(centred[gpos[i]] * centred[gpos[j]])) * scale
 
     bar.close()
+    bad = [f"{columns[k].store}/{columns[k].layer}" for k in range(L) if not np.isfinite(hsic[k, k])]
+    if bad:  # NaN/inf anywhere in a column makes its self-HSIC non-finite
+        raise ValueError(f"NaN or infinite values (or float64 overflow) in {bad}: CKA is undefined")
     d = np.sqrt(np.clip(np.diag(hsic), 0.0, None))
     with np.errstate(invalid="ignore", divide="ignore"):
         values = hsic / np.outer(d, d)

@@ -51,6 +51,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from repsim._xp import is_cupy_namespace
+
 MIN_BATCH = 4  # HSIC_1 (U-centering) needs at least 4 examples
 SHUFFLE_SCHEMES = ("none", "window", "examples")
 
@@ -324,7 +326,7 @@ def to_device(x: np.ndarray, xp: Any) -> Any:
     name = getattr(xp, "__name__", "")
     if name == "numpy":
         return x
-    if name == "cupy":
+    if is_cupy_namespace(xp):  # cupy, array_api_compat.cupy, repsim._xp.cupy
         y = xp.asarray(x)
         return y.astype(xp.float32, copy=False) if y.dtype.kind == "f" and y.dtype.itemsize < 4 else y
     return xp.asarray(np.asarray(x, dtype=np.float64))

@@ -5,6 +5,8 @@ al. (2012)'s unbiased HSIC formula on uncentred Grams with zeroed diagonals.
 """
 from __future__ import annotations
 
+import itertools
+
 import array_api_strict
 import numpy as np
 import pytest
@@ -76,6 +78,30 @@ def test_linear_cka_matches_reference(xp, debiased, shape):
         got = linear_cka(*as_xp(xp, X, Y), debiased=debiased)
     assert isinstance(got, float)
     assert got == pytest.approx(ref, rel=1e-9)
+
+
+def ustat_hsic(K: np.ndarray, L: np.ndarray) -> float:
+    """HSIC as a U-statistic over ordered 4-tuples of distinct examples (Song et al. 2012, Thm. 2):
+    (1/(n)_4) Σ_{(i,j,q,r) distinct} [K_ij L_ij + K_ij L_qr - 2 K_ij L_iq]. Shares nothing with the
+    closed forms (Song's Eq. 5, U-centering) that the implementation and song_hsic use."""
+    idx = np.array(list(itertools.permutations(range(K.shape[0]), 4)))
+    i, j, q, r = idx.T
+    return float(np.mean(K[i, j] * L[i, j] + K[i, j] * L[q, r] - 2 * K[i, j] * L[i, q]))
+
+
+@pytest.mark.parametrize("xp", NAMESPACES)
+def test_unbiased_hsic_is_the_u_statistic(xp):
+    rng = np.random.default_rng(12)
+    n = 8
+    layers = planted(rng, n, [3, 5, 40], mean=2.0)  # 40 > n: linear_cka takes the Gram route for it
+    grams = [a @ a.T for a in layers]
+    ref = np.array([[ustat_hsic(K, L) for L in grams] for K in grams])
+    assert song_hsic_gram(grams[0], grams[1]) == pytest.approx(ref[0, 1], rel=1e-10)  # the test's own formula
+    got = batch_hsic([xp.asarray(a) for a in layers], debiased=True)
+    np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12 * np.abs(ref).max())
+    for a, b in ((0, 1), (0, 2), (1, 2)):
+        cka = ref[a, b] / np.sqrt(ref[a, a] * ref[b, b])
+        assert linear_cka(*as_xp(xp, layers[a], layers[b]), debiased=True) == pytest.approx(cka, rel=1e-9)
 
 
 @pytest.mark.parametrize("xp", NAMESPACES)

@@ -108,6 +108,22 @@ def test_invariances():
             assert got[k] == pytest.approx(base[k], rel=1e-8), k
 
 
+@pytest.mark.parametrize("offset", [1e2, 1e4, 1e6])
+def test_large_global_mean_does_not_leak_into_nc1(offset):
+    """Post-ReLU-like features: a global mean far above the class spread. M = μ - mean(μ) then
+    has a rounding-level singular value along 1; it must not enter Σ_B⁺ (it used to: ~1e26)."""
+    rng = np.random.default_rng(4)
+    C, P, n = 10, 64, 600
+    y = np.arange(n) % C
+    H = rng.normal(size=(C, P))[y] + 3.0 * rng.normal(size=(n, P))
+    base = collapse_metrics(H, y)
+    ref = brute(H, y, rng.normal(size=(C, P)))["nc1"]  # pinv of Σ_B, on the offset-free data
+    assert base["nc1"] == pytest.approx(ref, rel=1e-8)
+    shifted = collapse_metrics(H + offset, y)
+    for k in shifted:
+        assert shifted[k] == pytest.approx(base[k], rel=1e-6), k
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.data())
 def test_any_split_any_merge_order(d):

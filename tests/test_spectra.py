@@ -88,3 +88,23 @@ def test_cosine_distance_samples(xp):
     assert all(np.any(np.isclose(D[diff], v, rtol=0, atol=1e-12)) for v in a[1])
     with pytest.raises(ValueError, match="2 classes"):
         cosine_distance_samples(xp.asarray(Z), np.zeros(50, dtype=int))
+
+
+def test_cosine_distance_samples_are_uniform_over_pairs():
+    """Balanced classes: each unordered within (between) pair is drawn equally often (docstring)."""
+    rng = np.random.default_rng(4)
+    Z = rng.normal(size=(9, 5))  # generic: every pair has its own distance
+    y = np.repeat(np.arange(3), 3)
+    zn = Z / np.linalg.norm(Z, axis=1, keepdims=True)
+    D = 1 - zn @ zn.T
+    iu = np.triu_indices(9, 1)
+    d_pairs, same = D[iu], (y[iu[0]] == y[iu[1]])
+    n_draw = 36_000
+    within, between = cosine_distance_samples(Z, y, n_draw, seed=2)
+    for sample, mask in ((within, same), (between, ~same)):
+        ref = d_pairs[mask]
+        which = np.abs(sample[:, None] - ref[None, :]).argmin(axis=1)
+        assert np.abs(sample - ref[which]).max() < 1e-12  # every draw is one of these pairs
+        counts = np.bincount(which, minlength=ref.size)
+        expected = n_draw / ref.size  # 9 within pairs, 27 between pairs
+        assert np.all(np.abs(counts - expected) < 5 * np.sqrt(expected)), counts

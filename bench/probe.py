@@ -1,0 +1,235 @@
+"""Benchmark: the 45-λ linear-probe sweep (App. A.2) of repsim vs scikit-learn running the same sweep.
+
+Same data, same stratified validation split, same λ grid (45 log-spaced values in [1e-6, 1e5], i.e.
+``C = 1/(2λ)``), both warm-started along the sweep, then the refit on train+validation at the chosen λ
+and test accuracy. scikit-learn: ``LogisticRegression(C=1/(2λ), warm_start=True, max_iter=M, tol=T)``
+swept upward (the paper's order; sklearn defaults tol=1e-4, max_iter here = repsim's cap). repsim is
+timed three ways: warm start sweeping down (default), warm start sweeping up (paper's order), cold.
+
+Features: synthetic "penultimate-layer-like" activations: a class-structured latent with a decaying
+spectrum mapped through a random matrix and a ReLU, float32, ~50-80 % accuracy. Sizes configurable:
+``--n --p --classes``; the paper-scale run is ``--n 50000 --p 2048 --classes 100``.
+
+    OMP_NUM_THREADS=1 python bench/probe.py --n 10000 --p 512 --classes 100
+
+Writes bench/results/probe.json and the ``## probe`` section of bench/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def make_features(n: int, p: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    latent = min(p, 256)
+    y = rng.integers(0, k, size=n)
+    means = rng.normal(size=(k, latent)) * 0.15
+    z = means[y] + rng.normal(size=(n, latent)) * np.linspace(1.5, 0.2, latent)
+    A = rng.normal(size=(latent, p)) / np.sqrt(latent)
+    X = np.maximum(z @ A + 0.3, 0.0).astype(np.float32)
+    return X, y
+
+
+def run_sklearn(Xtr, ytr, Xte, yte, tr_idx, val_idx, lambdas, tol, max_iter):
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import LogisticRegression
+
+    from repsim.probes import accuracy
+
+    t0 = time.perf_counter()
+    clf = LogisticRegression(warm_start=True, tol=tol, max_iter=max_iter)
+    curve, iters, not_conv = {}, {}, 0
+    best, best_coef = None, None
+    for lam in np.sort(lambdas):
+        clf.set_params(C=1.0 / (2.0 * lam))
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always", ConvergenceWarning)
+            clf.fit(Xtr[tr_idx], ytr[tr_idx])
+            not_conv += sum(issubclass(x.category, ConvergenceWarning) for x in w)
+        curve[float(lam)] = accuracy(ytr[val_idx], clf.predict(Xtr[val_idx]))
+        iters[float(lam)] = int(clf.n_iter_[0])
+        if best is None or curve[float(lam)] > curve[best]:
+            best, best_coef = float(lam), (clf.coef_.copy(), clf.intercept_.copy())
+    t_sweep = time.perf_counter() - t0
+    clf.set_params(C=1.0 / (2.0 * best))
+    clf.coef_, clf.intercept_ = best_coef
+    clf.fit(Xtr, ytr)
+    total = time.perf_counter() - t0
+    return {"seconds": total, "seconds_sweep": t_sweep, "best_lambda": best,
+            "val_acc_at_best": curve[best], "test_accuracy": accuracy(yte, clf.predict(Xte)),
+            "iterations_total": int(sum(iters.values())), "fits_not_converged": int(not_conv),
+            "curve": curve}
+
+
+def run_repsim(Xtr, ytr, Xte, yte, lambdas, **kw):
+    from repsim.probes import linear_probe
+
+    t0 = time.perf_counter()
+    r = linear_probe(Xtr, ytr, Xte, yte, lambdas=lambdas, **kw)
+    total = time.perf_counter() - t0
+    return {"seconds": total, "seconds_sweep": r.info["seconds_sweep"],
+            "seconds_prepare": r.info["seconds_prepare"], "seconds_refit": r.info["seconds_refit"],
+            "best_lambda": r.best_lambda, "val_acc_at_best": r.curve[r.best_lambda],
+            "test_accuracy": r.accuracy, "iterations_total": r.info["iterations_total"],
+            "evaluations": r.info["evaluations_sweep"] + r.info["evaluations_refit"],
+            "refit_iterations": r.info["refit_iterations"], "curve": r.curve}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--n", type=int, default=10000, help="training examples (test set: n/5)")
+    ap.add_argument("--p", type=int, default=512, help="feature dimension")
+    ap.add_argument("--classes", type=int, default=100)
+    ap.add_argument("--lambdas", type=int, default=45)
+    ap.add_argument("--max-iter", type=int, default=1000, help="iteration cap per λ (both)")
+    ap.add_argument("--sklearn-tol", type=float, default=1e-4)
+    ap.add_argument("--skip", nargs="*", default=[], choices=["sklearn", "cold", "up", "down", "down_noextrap"])
+    ap.add_argument("--reference", action="store_true",
+                    help="also compute a tightly converged curve (tol 1e-7) and report each run's "
+                         "largest validation-accuracy deviation from it")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "probe.json"))
+    ap.add_argument("--no-markdown", action="store_true")
+    ap.add_argument("--markdown-only", action="store_true",
+                    help="only rewrite the RESULTS.md section from the JSON in --out")
+    args = ap.parse_args(argv)
+    if args.markdown_only:
+        write_markdown(json.loads(Path(args.out).read_text()))
+        return 0
+
+    from repsim.probes import stratified_split
+
+    lambdas = np.logspace(-6, 5, args.lambdas)
+    X, y = make_features(args.n + args.n // 5, args.p, args.classes)
+    Xtr, ytr, Xte, yte = X[: args.n], y[: args.n], X[args.n:], y[args.n:]
+    tr_idx, val_idx = stratified_split(np.unique(ytr, return_inverse=True)[1], 0.2, 0)
+    res: dict = {"config": {"n": args.n, "p": args.p, "classes": args.classes,
+                            "lambdas": args.lambdas, "max_iter": args.max_iter,
+                            "sklearn_tol": args.sklearn_tol, "dtype": "float32",
+                            "threads": os.environ.get("OMP_NUM_THREADS", "unset"),
+                            "machine": platform.processor() or platform.machine(),
+                            "cpus": os.cpu_count()}}
+    runs = {"down": dict(direction="down"), "up": dict(direction="up"),
+            "cold": dict(direction="down", warm_start=False),
+            "down_noextrap": dict(direction="down", extrapolate=False)}
+    for name, kw in runs.items():
+        if name in args.skip:
+            continue
+        res[f"repsim_{name}"] = run_repsim(Xtr, ytr, Xte, yte, lambdas, max_iter=args.max_iter, **kw)
+        print(f"repsim {name:5s}: {res[f'repsim_{name}']['seconds']:.1f} s  "
+              f"λ*={res[f'repsim_{name}']['best_lambda']:.3g}  "
+              f"test={res[f'repsim_{name}']['test_accuracy']:.4f}  "
+              f"iters={res[f'repsim_{name}']['iterations_total']}", flush=True)
+    if "sklearn" not in args.skip:
+        res["sklearn"] = run_sklearn(Xtr, ytr, Xte, yte, tr_idx, val_idx, lambdas,
+                                     args.sklearn_tol, args.max_iter)
+        s = res["sklearn"]
+        print(f"sklearn     : {s['seconds']:.1f} s  λ*={s['best_lambda']:.3g}  "
+              f"test={s['test_accuracy']:.4f}  iters={s['iterations_total']} "
+              f"not converged={s['fits_not_converged']}", flush=True)
+    if args.reference:
+        ref = run_repsim(Xtr, ytr, Xte, yte, lambdas, max_iter=20000, tol=1e-7, refit_tol=1e-7)
+        res["reference"] = ref
+        for name in [k for k in res if k.startswith("repsim_") or k == "sklearn"]:
+            dev = max(abs(res[name]["curve"][lam] - ref["curve"][lam]) for lam in ref["curve"])
+            res[name]["curve_max_dev_from_reference"] = dev
+            print(f"{name}: max |val acc − reference| = {dev:.4f}")
+    ratios = {}
+    if "repsim_down" in res and "sklearn" in res:
+        ratios["sklearn_over_repsim"] = res["sklearn"]["seconds"] / res["repsim_down"]["seconds"]
+    if "repsim_down" in res and "repsim_cold" in res:
+        ratios["cold_over_warm_down"] = res["repsim_cold"]["seconds_sweep"] / res["repsim_down"]["seconds_sweep"]
+    if "repsim_up" in res and "repsim_cold" in res:
+        ratios["cold_over_warm_up"] = res["repsim_cold"]["seconds_sweep"] / res["repsim_up"]["seconds_sweep"]
+    if "repsim_down" in res and "repsim_up" in res:
+        ratios["up_over_down"] = res["repsim_up"]["seconds_sweep"] / res["repsim_down"]["seconds_sweep"]
+    res["ratios"] = ratios
+    print("ratios:", json.dumps({k: round(v, 2) for k, v in ratios.items()}))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    prev = json.loads(out.read_text()) if out.exists() else {}
+    key = f"n{args.n}_p{args.p}_k{args.classes}" + ("_reference" if args.reference else "")
+    prev[key] = res
+    out.write_text(json.dumps(prev, indent=1))
+    if not args.no_markdown:
+        write_markdown(prev)
+    return 0
+
+
+def write_markdown(all_res: dict) -> None:
+    lines = ["## probe", "",
+             "45-λ linear-probe sweep + refit (App. A.2) on synthetic ReLU features (float32), CPU, one "
+             "BLAS thread, on the shared 2-core box (load average 8-10 from other jobs, so absolute "
+             "times are inflated and noisy; ratios come from one run). Times are the whole protocol "
+             "(split, preparation, sweep, refit, test). sklearn = `LogisticRegression(C=1/(2λ), "
+             "warm_start=True, tol=1e-4)` swept upward (the paper's order) with the same split, grid "
+             "and iteration cap. Command: `OMP_NUM_THREADS=1 python bench/probe.py --n N --p P "
+             "--classes K [--reference]`.", "",
+             "What makes repsim fast (all exact reparameterisations or warm starts; same optimum): "
+             "features centred (bias decoupled) and rotated once onto the eigenbasis of the centred "
+             "Gram matrix, diagonal preconditioning there (≈ whitening, λ-aware), λ swept downward "
+             "(cold start on the easiest problem), each warm start extrapolated along the "
+             "regularisation path from the two previous solutions, and a stopping rule relative to "
+             "the objective (max|∇| ≤ 1e-3·f for the sweep, 1e-4·f for the refit). Per-iteration cost "
+             "is the same two (N × P)·(P × K) products as scikit-learn's; the gain is in iterations.",
+             "",
+             "| N × P, K | run | seconds | L-BFGS iterations | λ* | val acc at λ* | test acc "
+             "| max \\|Δ val curve\\| vs tight reference |",
+             "|---|---|---|---|---|---|---|---|"]
+    names = {"repsim_down": "repsim, warm, λ downward (default)", "repsim_up": "repsim, warm, λ upward",
+             "repsim_cold": "repsim, cold starts", "repsim_down_noextrap": "repsim, warm down, no extrapolation",
+             "sklearn": "scikit-learn, warm, upward"}
+    for key, r in all_res.items():
+        c = r["config"]
+        for name, label in names.items():
+            if name not in r:
+                continue
+            d = r[name]
+            dev = d.get("curve_max_dev_from_reference")
+            lines.append(f"| {c['n']} × {c['p']}, {c['classes']} | {label} | {d['seconds']:.1f} | "
+                         f"{d['iterations_total']} | {d['best_lambda']:.3g} | {d['val_acc_at_best']:.4f} | "
+                         f"{d['test_accuracy']:.4f} | {'–' if dev is None else f'{dev:.4f}'} |")
+        rt = r.get("ratios", {})
+        if rt:
+            lines.append(f"| {c['n']} × {c['p']}, {c['classes']} | **ratios** | "
+                         + ", ".join(f"{k} {v:.2f}" for k, v in rt.items()) + " | | | | | |")
+    lines.append("")
+    for key, r in all_res.items():
+        rt = r.get("ratios", {}).get("sklearn_over_repsim")
+        if rt is None:
+            continue
+        c, a, b = r["config"], r["repsim_down"], r["sklearn"]
+        lines.append(f"- {c['n']} × {c['p']}, {c['classes']} classes{' (with reference)' if 'reference' in r else ''}: "
+                     f"scikit-learn ÷ repsim = {rt:.2f} (goal ≥ 3: {'met' if rt >= 3 else 'NOT met'}); "
+                     f"test accuracy {a['test_accuracy']:.4f} vs {b['test_accuracy']:.4f}.")
+    lines.append("- Iteration counts explain the ratios: per iteration both do the same two products "
+                 "(repsim float32, as is scikit-learn on float32 input). At 50,000 × 2,048 repsim needed "
+                 "223 sweep iterations (more than at the smaller sizes, where 64-68 sufficed) against "
+                 "scikit-learn's 516, whose upward sweep also stalls on its under-converged small-λ start "
+                 "(its validation curve is off by up to 3.5 points from the converged one; repsim's by "
+                 "≤ 0.25 points for λ in [1e-2, 1e2], 1.2 at λ ≈ 5e3).")
+    lines.append("")
+    md = ROOT / "bench" / "RESULTS.md"
+    text = md.read_text() if md.exists() else "# Benchmark results\n"
+    start = text.find("## probe\n")
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        text = text[:start] + "\n".join(lines) + (text[end + 1:] if end >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(lines)
+    md.write_text(text)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""Statistics behind the paper's tables.
+
+- :func:`mean_se`: per-seed mean ± standard error, ``s.e. = std(ddof=1) / sqrt(n)``.
+- :func:`ttest`: two-sample Student t-test (pooled variance, two-sided; ``equal_var=False`` for Welch).
+- :func:`not_significantly_worse`: the names whose mean is the best, or not significantly different
+  from the best at ``alpha`` (Table 1/B.1/D.1 bold-facing: "values not significantly different than the
+  best are bold-faced (p < 0.05, t-test)").
+- :func:`spearman`: Spearman's ρ with its two-sided p-value (Fig. 5a: ρ = −0.93, p = 0.002).
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+from scipy import stats as _st
+
+
+def mean_se(values: Sequence[float] | np.ndarray, axis: int = 0) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """(mean, standard error of the mean) along ``axis``; s.e. is NaN for a single value."""
+    v = np.asarray(values, dtype=np.float64)
+    n = v.shape[axis]
+    if n == 0:
+        raise ValueError("mean_se of an empty sample")
+    m = v.mean(axis=axis)
+    se = v.std(axis=axis, ddof=1) / np.sqrt(n) if n > 1 else np.full_like(m, np.nan)
+    return (float(m), float(se)) if np.ndim(m) == 0 else (m, se)
+
+
+def ttest(a: Sequence[float], b: Sequence[float], equal_var: bool = True) -> tuple[float, float]:
+    """(t, two-sided p) of the two-sample t-test of a vs b."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.size < 2 or b.size < 2:
+        raise ValueError(f"a t-test needs at least 2 values per group, got {a.size} and {b.size}")
+    r = _st.ttest_ind(a, b, equal_var=equal_var)
+    return float(r.statistic), float(r.pvalue)
+
+
+def not_significantly_worse(groups: Mapping[str, Sequence[float]], alpha: float = 0.05,
+                            higher_is_better: bool = True, equal_var: bool = True) -> set[str]:
+    """Names to bold-face: the group with the best mean and every group whose t-test against it has
+    p ≥ ``alpha``. Groups of one value cannot be tested: they are included only if they are the best
+    (or equal to it). Identical constant groups count as tied (p = 1)."""
+    if not groups:
+        return set()
+    means = {k: float(np.mean(v)) for k, v in groups.items()}
+    best = (max if higher_is_better else min)(means, key=means.get)
+    out = {best}
+    for k, v in groups.items():
+        if k == best:
+            continue
+        a, b = np.asarray(v, float), np.asarray(groups[best], float)
+        if means[k] == means[best]:
+            out.add(k)
+        elif a.size >= 2 and b.size >= 2:
+            if np.all(a == a[0]) and np.all(b == b[0]):
+                continue                       # zero variance, different means: significant
+            if ttest(a, b, equal_var)[1] >= alpha:
+                out.add(k)
+    return out
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """(ρ, two-sided p) of Spearman's rank correlation (scipy's t-distribution p-value)."""
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1 or x.size < 3:
+        raise ValueError(f"spearman needs two 1-D samples of equal length ≥ 3, got {x.shape}, {y.shape}")
+    r = _st.spearmanr(x, y)
+    return float(r.statistic), float(r.pvalue)
+
+
+__all__ = ["mean_se", "ttest", "not_significantly_worse", "spearman"]

@@ -1,0 +1,50 @@
+"""Bad data in stores (DESIGN "Numerics"): NaN/inf, constant layers and empty classes give a
+ValueError naming the store and layer, on every engine path (minibatch CKA with narrow columns and
+with wide columns reduced to Gram factors, exact CKA on both routes, the streaming drivers)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import repsim
+from test_engine_helpers import correlated_layers, make_store
+
+N = 60
+
+
+@pytest.fixture(scope="module")
+def layers():
+    # wide: p = 300 >= 4 b (Gram factor in minibatch CKA, Gram route in exact CKA); narrow: p = 5
+    return correlated_layers(np.random.default_rng(0), N, {"wide": (300,), "narrow": (5,)})
+
+
+@pytest.mark.parametrize("bad", ["wide", "narrow"])
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_nonfinite_values_name_store_and_layer(tmp_path, layers, bad, value):
+    data = {k: v.astype(np.float32) for k, v in layers.items()}
+    data[bad][37, 3] = value
+    store = make_store(tmp_path / "broken.zarr", data, chunk_rows=10)
+    with pytest.raises(ValueError, match=f"broken/{bad}.*NaN or infinite"):
+        repsim.cka_matrix(store, batch_size=20, epochs=1, shuffle=False, progress=False)
+    with np.errstate(all="ignore"), pytest.raises(ValueError, match=f"NaN or infinite.*broken/{bad}"):
+        repsim.cka_matrix(store, method="exact", progress=False)
+    with pytest.raises(ValueError, match=f"broken/{bad}.*NaN or infinite"):
+        repsim.layer_metrics(store.path, [bad], distances=("cosine",), sparsity=True, progress=False)
+
+
+@pytest.mark.parametrize("method", ["minibatch", "exact"])
+def test_constant_layer_names_store_and_layer(tmp_path, layers, method):
+    data = {k: v.astype(np.float32) for k, v in layers.items()}
+    data["wide"][:] = 2.5
+    store = make_store(tmp_path / "flat.zarr", data, chunk_rows=10)
+    with pytest.raises(ValueError, match="flat/wide.*constant|constant.*flat/wide"):
+        repsim.cka_matrix(store, batch_size=20, epochs=1, shuffle=False, method=method, progress=False)
+
+
+def test_empty_class_names_store_and_layer(tmp_path, layers):
+    labels = np.arange(N) % 3
+    labels[labels == 1] = 2  # class 1 never occurs, classes 0 and 2 do
+    store = make_store(tmp_path / "gap.zarr", {"narrow": layers["narrow"]}, labels=labels, chunk_rows=10)
+    for kw in (dict(distances=("cosine",)), dict(collapse=True), dict(spectra=True)):
+        with pytest.raises(ValueError, match="gap/narrow.*class 1"):
+            repsim.layer_metrics(store.path, ["narrow"], progress=False, **kw)

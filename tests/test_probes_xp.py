@@ -1,0 +1,43 @@
+"""The probes' array-module paths (CuPy on GPU) run unchanged under array-api-strict."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from repsim.probes import fit_logistic, knn_probe, linear_probe
+
+xps = pytest.importorskip("array_api_strict")
+
+
+def data(n, p, k, seed):
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % k
+    X = np.maximum(rng.normal(size=(k, p))[y] + rng.normal(size=(n, p)) + 0.5, 0)
+    return X, y
+
+
+def test_linear_probe_strict_equals_numpy():
+    X, y = data(120, 6, 3, 0)
+    Xt, yt = data(60, 6, 3, 1)
+    lams = np.logspace(-2, 2, 5)
+    a = linear_probe(X, y, Xt, yt, lambdas=lams, tol=1e-9, refit_tol=1e-10)
+    b = linear_probe(xps.asarray(X), y, xps.asarray(Xt), yt, lambdas=lams, tol=1e-9, refit_tol=1e-10)
+    assert a.curve == b.curve and a.best_lambda == b.best_lambda
+    np.testing.assert_array_equal(a.predictions, b.predictions)
+    np.testing.assert_allclose(a.coef_, b.coef_, rtol=1e-6, atol=1e-8)
+
+
+def test_fit_logistic_strict_p_greater_than_n():
+    X, y = data(20, 30, 2, 2)
+    ca, ba, _ = fit_logistic(X, y, 0.5, tol=1e-10)
+    cb, bb, _ = fit_logistic(xps.asarray(X), y, 0.5, tol=1e-10)
+    np.testing.assert_allclose(ca, cb, rtol=1e-6, atol=1e-9)
+
+
+def test_knn_strict_equals_numpy():
+    X, y = data(50, 5, 3, 3)
+    Xt, yt = data(20, 5, 3, 4)
+    a = knn_probe(X, y, Xt, yt, ks=(1, 3, 5))
+    b = knn_probe(xps.asarray(X), y, xps.asarray(Xt), yt, ks=(1, 3, 5), chunk_bytes=2000)
+    assert a.curve == b.curve
+    np.testing.assert_array_equal(a.predictions, b.predictions)
