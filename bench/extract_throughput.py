@@ -57,12 +57,12 @@ def forward_only(model, dataset, batch_size: int, workers: int, device: str) -> 
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def store_compression(path: Path) -> dict[str, dict[str, float]]:
+def store_compression(path: Path, layers: list[str]) -> dict[str, dict[str, float]]:
     import zarr
 
     g = zarr.open_group(str(path), mode="r")
     out = {}
-    for name in g["layers"].array_keys():
+    for name in layers:
         arr = g[f"layers/{name}"]
         stored = sum(p.stat().st_size for p in (path / "layers" / name).rglob("*") if p.is_file() and p.name != "zarr.json")
         raw = arr.nbytes
@@ -96,7 +96,7 @@ def measure(label: str, model, dataset, *, batch_size: int, workers: int, device
     paired = [e / ((fwds[i] + fwds[i + 1]) / 2) for i, e in enumerate(ext)]
     paired_cpu = [e / ((fwd_cpu[i] + fwd_cpu[i + 1]) / 2) for i, e in enumerate(ext_cpu)]
     fwd = min(fwds)
-    comp = store_compression(out)
+    comp = store_compression(out, store.layers)
     n = len(dataset)
     res = {
         "label": label, "n": n, "batch_size": batch_size, "workers": workers, "device": device,
@@ -194,7 +194,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cpu-n", type=int, default=256, help="synthetic images for the CPU ResNet-50 runs")
+    p.add_argument("--cpu-n", type=int, default=1024, help="synthetic images for the CPU ResNet-50 runs")
     p.add_argument("--gpu-n", type=int, default=20000)
     p.add_argument("--gpu-batch", type=int, default=256)
     p.add_argument("--gpu-spatial", default="mean")
