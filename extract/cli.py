@@ -47,6 +47,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float16", choices=("float16", "float32"),
                         help="layer dtype (logits are always float32); default float16")
     parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--order", default="shuffled", choices=("shuffled", "dataset"),
+                        help="row order: a fixed seeded permutation of the dataset (default; example_ids "
+                        "keep dataset indices, and consecutive chunks are unbiased samples for "
+                        "minibatch CKA) or dataset order")
+    parser.add_argument("--order-seed", type=int, default=0, help="seed of the row permutation (default 0)")
     parser.add_argument("--chunk-rows", type=int, default=None, help="examples per store chunk (default: automatic)")
     parser.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (default min(4, cpus-1))")
     parser.add_argument("--write-threads", type=int, default=None, help="compression/writing threads (0: write each chunk inline; default: up to 4, overlapping "
@@ -121,6 +126,7 @@ def run(args) -> int:
                 dtype=args.dtype, batch_size=args.batch_size, workers=args.workers, device=args.device,
                 amp=args.amp, chunk_rows=args.chunk_rows, write_threads=args.write_threads,
                 overwrite=args.overwrite, check_space=not args.no_space_check, progress=args.progress,
+                order=args.order, order_seed=args.order_seed,
             )
     except (ExtractError, ValueError) as exc:
         print(exc if str(exc).startswith("extract") else f"extract: {exc}", file=sys.stderr)

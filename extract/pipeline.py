@@ -170,6 +170,8 @@ def extract_store(
     progress: bool | None = None,
     data_root: str | None = None,
     meta: dict[str, Any] | None = None,
+    order: str = "shuffled",
+    order_seed: int = 0,
 ):
     """Extract ``model``'s layers over ``data`` into the Zarr store ``out``; returns the opened store.
 
@@ -182,6 +184,12 @@ def extract_store(
     ``auto`` (float16 autocast on CUDA, off on CPU), ``off``, ``float16``, ``bfloat16``.
     ``write_threads``/``overlap``: compression/writing threads and whether they run during the
     forward passes (None: automatic, see the module docstring); 0 threads writes inline.
+    ``order``: ``shuffled`` (default) writes rows in the fixed pseudo-random permutation
+    ``default_rng(order_seed).permutation(n)`` of the dataset (``example_ids`` record each row's
+    dataset index); ``dataset`` keeps dataset order. Every store of one dataset written with the same
+    order and seed aligns row by row. Shuffled rows make every run of consecutive chunks an unbiased
+    sample of the dataset, which the streaming CKA engine's chunk-window shuffling relies on: ImageNet's
+    folder order is sorted by class, and windows of class-sorted rows would bias minibatch CKA.
     Resumes an incomplete store written with the same settings; a complete one is returned as is
     (``overwrite=True`` recomputes). Under ``torch.distributed`` the chunks are shared across ranks.
     """
@@ -205,6 +213,9 @@ def extract_store(
     if n < 1:
         raise ExtractError("extract: the dataset is empty")
     dmeta["n"] = n
+    if order not in ("shuffled", "dataset"):
+        raise ExtractError(f"extract: --order must be 'shuffled' or 'dataset', got {order!r}")
+    dmeta["order"] = f"shuffled(seed={order_seed})" if order == "shuffled" else "dataset"
     net = net.to(dev).eval()
     registry = layer_modules(net)
     chosen = select_layers(registry, layers)
@@ -215,6 +226,7 @@ def extract_store(
         "layers": list(chosen), "spatial": str(spatial_), "dtype": dtype,
         "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
         "batch_size": batch_size, "chunk_rows": plan.chunk_rows, "device_type": dev.type,
+        "order": dmeta["order"],
     }
     full_meta = {
         **(meta or {}),
@@ -250,6 +262,7 @@ def extract_store(
     mine = pending[rank::world]
 
     writer = StoreWriter.open(str(out))
+    dataset = reorder_rows(dataset, n, order, order_seed)
     ids = example_ids(dataset, n)
     t0 = time.perf_counter()
     _run(net, dataset, writer, mine, plan, hooked, chosen, spatial_, store_dtype, dev, amp_dtype,
@@ -266,6 +279,27 @@ def extract_store(
     if world > 1:
         torch.distributed.barrier()
     return store if rank == 0 else open_store(str(out))
+
+
+class _Reordered(torch.utils.data.Dataset):
+    """``dataset`` read in the row order ``perm``; ``example_ids`` follow the rows."""
+
+    def __init__(self, dataset, perm: np.ndarray, ids: np.ndarray):
+        self.dataset, self.perm, self.example_ids = dataset, perm, ids
+
+    def __len__(self) -> int:
+        return len(self.perm)
+
+    def __getitem__(self, i: int):
+        return self.dataset[int(self.perm[i])]
+
+
+def reorder_rows(dataset, n: int, order: str, seed: int):
+    """The dataset in store row order: itself (``dataset``) or a seeded permutation (``shuffled``)."""
+    if order == "dataset":
+        return dataset
+    perm = np.random.default_rng(seed).permutation(n)
+    return _Reordered(dataset, perm, example_ids(dataset, n)[perm])
 
 
 # ----------------------------------------------------------------------------- planning

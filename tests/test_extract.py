@@ -105,16 +105,17 @@ def _chunk_files(path) -> dict[str, bytes]:
 
 def test_schema_and_values_equal_direct_forward(ckpts, digits, tmp_path):
     model = load_model(ckpts[0])
-    ref = _reference(model, digits, 32)
+    n = len(digits)
+    perm = np.random.default_rng(0).permutation(n)  # default row order: fixed seeded permutation
+    ref = _reference(model, torch.utils.data.Subset(digits, perm), 32)
     s32 = extract_store(ckpts[0], "digits", tmp_path / "f32.zarr", split="test", dtype="float32",
                         batch_size=32, chunk_rows=64, **FAST)
     s16 = extract_store(ckpts[0], digits, tmp_path / "f16.zarr", split="test", batch_size=32, chunk_rows=64, **FAST)
-    n = len(digits)
     for store, dt in ((s32, np.float32), (s16, np.float16)):
         assert store.complete and store.n == n and store.chunk_rows == 64
         assert store.layers == BLOCKS + ["pool", "logits"]
-        np.testing.assert_array_equal(store.example_ids, digits.example_ids)
-        np.testing.assert_array_equal(store.labels, digits.targets)
+        np.testing.assert_array_equal(store.example_ids, np.asarray(digits.example_ids)[perm])
+        np.testing.assert_array_equal(store.labels, np.asarray(digits.targets)[perm])
         assert store.labels.dtype == np.int32 and store.example_ids.dtype == np.int64
         for name in store.layers:
             arr = store.zarr_array(name)
@@ -141,16 +142,29 @@ def test_schema_and_values_equal_direct_forward(ckpts, digits, tmp_path):
 
     assert m["checkpoint_sha256"] == hashlib.sha256(ckpts[0].read_bytes()).hexdigest()
     assert attrs["dataset"] == {"name": "digits", "split": "test", "n": n, "transform": "standardise",
-                                "num_classes": 10}
+                                "num_classes": 10, "order": "shuffled(seed=0)"}
     ex = attrs["extraction"]
     assert (ex["dtype"], ex["spatial"], ex["amp"], ex["batch_size"]) == ("float16", "flatten", "off", 32)
     assert ex["module_names"]["block16"] == "backbone.layer4.2" and ex["module_names"]["pool"] == "backbone"
 
 
+def test_dataset_order_keeps_rows_in_dataset_order(ckpts, digits, tmp_path):
+    model = load_model(ckpts[0])
+    ref = _reference(model, digits, 32)
+    store = extract_store(ckpts[0], digits, tmp_path / "ordered.zarr", split="test", dtype="float32",
+                          batch_size=32, chunk_rows=64, layers="pool", order="dataset", **FAST)
+    np.testing.assert_array_equal(store.example_ids, digits.example_ids)
+    np.testing.assert_array_equal(store.labels, digits.targets)
+    np.testing.assert_array_equal(store.layer("pool").compute(), ref["pool"])
+    assert store.attrs["dataset"]["order"] == "dataset"
+    with pytest.raises(ValueError, match="--order"):
+        extract_store(ckpts[0], digits, tmp_path / "bad.zarr", split="test", order="random", **FAST)
+
+
 def test_spatial_reduction_and_layer_subset(ckpts, digits, tmp_path):
     model = load_model(ckpts[0])
     ref = _reference(model, digits, 50)
-    common = dict(split="test", dtype="float32", batch_size=50, chunk_rows=100, **FAST)
+    common = dict(split="test", dtype="float32", batch_size=50, chunk_rows=100, order="dataset", **FAST)
     mean = extract_store(ckpts[0], digits, tmp_path / "mean.zarr", layers="block1,block1?,pool", spatial="mean", **common)
     assert mean.layers == ["block1"] + [f"block1{i}" for i in range(7)] + ["pool"]
     np.testing.assert_allclose(mean.layer("block1").compute(), ref["block1"].mean(axis=(2, 3)), rtol=1e-6, atol=1e-6)
