@@ -1,10 +1,137 @@
-"""`repsim extract`: extract per-block activations into a Zarr store (issue 6; not implemented yet)."""
+"""`repsim extract`: run checkpoints over a dataset once and write their activation stores.
+
+One store::
+
+    repsim extract --checkpoint CKPT --data NAME_OR_PATH --split SPLIT --out STORE.zarr [options]
+
+``--data`` defaults to the run's own dataset; any spec is built with the run's evaluation transform
+(``train.data.dataset_from_config``), so e.g. a digits-source network sees digits-target the same way.
+
+Several checkpoints (repeat ``--checkpoint``, or give a quoted glob) into one directory, one store
+each, named by ``--name`` (default ``{stem}``: the checkpoint file name without its suffix;
+``{parent}`` is its directory's name)::
+
+    repsim extract --checkpoint 'runs/*/last.pt' --name '{parent}' --data digits --split test --out-dir stores/
+
+Sharded over processes (GPUs): ``torchrun --nproc_per_node=N -m extract --checkpoint ...``.
+A rerun of the same command resumes an interrupted store; a complete store is left as it is.
+"""
 from __future__ import annotations
 
-from repsim.commands import no_arguments as configure, not_implemented
+import argparse
+import glob
+import os
+import sys
+from pathlib import Path
 
 HELP = "extract per-block activations into a Zarr store"
 
 
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", action="append", required=True, metavar="CKPT",
+                        help="train checkpoint (repeatable; globs expanded), or torchvision:<name>[:weights]")
+    parser.add_argument("--data", default=None, metavar="NAME_OR_PATH",
+                        help="dataset spec (digits, an ImageFolder path, a torchvision dataset name, ...), "
+                        "built with the run's evaluation transform; default: the run's own dataset")
+    parser.add_argument("--split", default="test", help="dataset split (train, holdout, test; default test)")
+    parser.add_argument("--data-root", default=None, help="where dataset files live (for named datasets)")
+    dest = parser.add_mutually_exclusive_group(required=True)
+    dest.add_argument("--out", metavar="STORE", help="store path (one checkpoint)")
+    dest.add_argument("--out-dir", metavar="DIR", help="directory of stores, one per checkpoint")
+    parser.add_argument("--name", default="{stem}",
+                        help="store name template with --out-dir: {stem}, {parent} (default {stem})")
+    parser.add_argument("--layers", default=None,
+                        help="comma-separated layer names or globs (default: all, e.g. block1..block16,pool,logits)")
+    parser.add_argument("--spatial", default="flatten",
+                        help="conv maps: flatten (keep C,H,W), mean (global average) or pool<k> (k x k average)")
+    parser.add_argument("--dtype", default="float16", choices=("float16", "float32"),
+                        help="layer dtype (logits are always float32); default float16")
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--order", default="shuffled", choices=("shuffled", "dataset"),
+                        help="row order: a fixed seeded permutation of the dataset (default; example_ids "
+                        "keep dataset indices, and consecutive chunks are unbiased samples for "
+                        "minibatch CKA) or dataset order")
+    parser.add_argument("--order-seed", type=int, default=0, help="seed of the row permutation (default 0)")
+    parser.add_argument("--chunk-rows", type=int, default=None, help="examples per store chunk (default: automatic)")
+    parser.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (default min(4, cpus-1))")
+    parser.add_argument("--write-threads", type=int, default=None, help="compression/writing threads (0: write each chunk inline; default: up to 4, overlapping "
+                        "the forward passes on GPU or spare CPU cores, else in bursts between them)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    parser.add_argument("--amp", default="auto", choices=("auto", "off", "float16", "bfloat16"),
+                        help="autocast dtype for the forward pass (auto: float16 on CUDA, off on CPU)")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing stores instead of resuming")
+    parser.add_argument("--no-space-check", action="store_true",
+                        help="do not refuse when the uncompressed size estimate exceeds the free disk space")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar (default: when stderr is a terminal)")
+
+
+def expand_checkpoints(patterns: list[str]) -> list[str]:
+    """Checkpoint paths in the order given; glob patterns expand sorted; a pattern matching nothing is an error."""
+    out: list[str] = []
+    for pattern in patterns:
+        if pattern.startswith("torchvision:") or os.path.exists(pattern) or not glob.has_magic(pattern):
+            out.append(pattern)
+            continue
+        hits = sorted(glob.glob(pattern))
+        if not hits:
+            raise ValueError(f"extract: --checkpoint {pattern!r} matches no file")
+        out.extend(hits)
+    return out
+
+
+def store_paths(checkpoints: list[str], out_dir: str, template: str) -> list[Path]:
+    """``out_dir/<template>.zarr`` per checkpoint; refuses two checkpoints mapping to one store."""
+    paths: list[Path] = []
+    seen: dict[Path, str] = {}
+    for ckpt in checkpoints:
+        p = Path(ckpt.replace(":", "_")) if ckpt.startswith("torchvision:") else Path(ckpt)
+        try:
+            name = template.format(stem=p.stem, parent=p.resolve().parent.name)
+        except (KeyError, IndexError) as exc:
+            raise ValueError(f"extract: --name {template!r}: unknown field {exc}; use {{stem}} and {{parent}}") from None
+        path = Path(out_dir) / (name if name.endswith(".zarr") else name + ".zarr")
+        if path in seen:
+            raise ValueError(
+                f"extract: checkpoints {seen[path]!r} and {ckpt!r} both map to store {path}; "
+                "choose a --name template that tells them apart, e.g. '{parent}-{stem}'"
+            )
+        seen[path] = ckpt
+        paths.append(path)
+    return paths
+
+
 def run(args) -> int:
-    return not_implemented("extract", 6)
+    from .pipeline import ExtractError, extract_store, init_distributed_from_env
+
+    import torch
+
+    try:
+        checkpoints = expand_checkpoints(args.checkpoint)
+        if args.out is not None:
+            if len(checkpoints) != 1:
+                raise ValueError(f"extract: {len(checkpoints)} checkpoints need --out-dir, not --out")
+            outs = [Path(args.out)]
+        else:
+            outs = store_paths(checkpoints, args.out_dir, args.name)
+            Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    started = init_distributed_from_env(args.device)
+    try:
+        for ckpt, out in zip(checkpoints, outs):
+            extract_store(
+                ckpt, args.data, out, split=args.split, data_root=args.data_root, layers=args.layers, spatial=args.spatial,
+                dtype=args.dtype, batch_size=args.batch_size, workers=args.workers, device=args.device,
+                amp=args.amp, chunk_rows=args.chunk_rows, write_threads=args.write_threads,
+                overwrite=args.overwrite, check_space=not args.no_space_check, progress=args.progress,
+                order=args.order, order_seed=args.order_seed,
+            )
+    except (ExtractError, ValueError) as exc:
+        print(exc if str(exc).startswith("extract") else f"extract: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if started:
+            torch.distributed.destroy_process_group()
+    return 0

@@ -1,0 +1,559 @@
+"""Run a model over a dataset once and write its activation store (DESIGN.md "Activation store").
+
+Pipeline, per rank::
+
+    DataLoader (workers, pinned memory, fixed order)  ->  forward under inference_mode (+ AMP on GPU)
+        hooks copy each layer's reduced, cast output into a host chunk buffer (non-blocking on GPU)
+    a full chunk  ->  writer thread: wait for its copies, check range, compress + write it,
+                      mark written[i]                    (a bounded pool of buffers bounds memory)
+
+On GPU (or with CPU cores that torch's intra-op pool leaves free) the writer threads overlap the
+forward passes. On a CPU whose cores the forward pass already uses, overlapping would stall every
+OpenMP barrier of the forward pass behind a busy writer thread, so chunks are written in bursts
+instead: the forward pass fills every buffer set, all are compressed at once on all cores, then
+computing resumes (bench/extract_throughput.py measures both).
+
+Determinism and resume: batches never straddle chunks and start at fixed offsets inside a chunk
+(``chunk*rows + j*batch_size``), so a chunk's bytes do not depend on which other chunks are
+pending, on how many ranks share the work, or on whether the run was interrupted. A rerun of the
+same command opens the incomplete store, checks that the settings match and computes only the
+chunks whose ``written`` flag is false; ``complete`` is set last by ``StoreWriter.finalize``.
+
+Sharding (``torchrun --nproc_per_node=N -m extract ...``, or any initialised ``torch.distributed``
+group): rank 0 creates or opens the store and lists the pending chunks, broadcasts them, then every
+rank computes ``pending[rank::N]`` into the same store (disjoint chunks, and ``written`` has one
+object per chunk, so no two ranks touch the same file); after a barrier rank 0 writes the head and
+finalises.
+"""
+from __future__ import annotations
+
+import math
+import os
+import queue
+import shutil
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from .capture import FLOAT16_OVERFLOW, Capture, Spatial
+from .layers import layer_modules, select_layers
+from .sources import example_ids, head_weights, load_dataset, load_model
+
+DTYPES = {"float16": torch.float16, "float32": torch.float32}
+AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+MIN_CHUNKS = 8  # default chunking keeps at least this many chunks (pipelining, sharding, resume)
+INFLIGHT_BYTES = 2 << 30  # host memory for chunk buffers (filled + queued for writing), soft cap
+
+
+class ExtractError(ValueError):
+    """A refused or failed extraction (bad settings, overflow, no disk room, mismatched resume)."""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _dist() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def init_distributed_from_env(device: str | None) -> bool:
+    """Initialise torch.distributed when launched by torchrun (WORLD_SIZE > 1). True if we did."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.distributed.is_initialized():
+        return False
+    use_cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
+    torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
+    return True
+
+
+def _resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None or str(device) == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return dev
+
+
+def _resolve_amp(amp: str | None, device: torch.device) -> torch.dtype | None:
+    amp = "auto" if amp is None else str(amp)
+    if amp == "auto":
+        return torch.float16 if device.type == "cuda" else None
+    if amp in ("off", "none", "float32"):
+        return None
+    if amp not in AMP_DTYPES:
+        raise ExtractError(f"extract: --amp must be auto, off, float16 or bfloat16, got {amp!r}")
+    return AMP_DTYPES[amp]
+
+
+def _human(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError
+
+
+def _free_bytes(path: Path) -> int:
+    p = path.resolve()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def _msg(text: str, rank: int = 0) -> None:
+    if rank == 0:
+        print(f"extract: {text}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class _Buffers:
+    layers: dict[str, torch.Tensor]
+    labels: np.ndarray
+    amax: torch.Tensor  # (L,) host float32, pinned on CUDA
+    event: Any = None
+    chunk: int = -1
+
+
+@dataclass
+class Plan:
+    """What one extraction will do (shapes from one probe forward pass)."""
+
+    layers: dict[str, tuple[tuple[int, ...], str]]  # store layer -> (tail shape, dtype)
+    logits_dim: int
+    n: int
+    chunk_rows: int
+    row_bytes: int
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_chunks(self) -> int:
+        return math.ceil(self.n / self.chunk_rows)
+
+    @property
+    def estimated_bytes(self) -> int:
+        return self.n * self.row_bytes
+
+
+# ----------------------------------------------------------------------------- main entry
+
+
+def extract_store(
+    model: nn.Module | str | os.PathLike,
+    data,
+    out: str | os.PathLike,
+    *,
+    split: str | None = None,
+    layers: str | list[str] | None = None,
+    spatial: str = "flatten",
+    dtype: str = "float16",
+    batch_size: int = 128,
+    workers: int | None = None,
+    device: str | torch.device | None = None,
+    amp: str | None = "auto",
+    chunk_rows: int | None = None,
+    write_threads: int | None = None,
+    overlap: bool | None = None,
+    overwrite: bool = False,
+    check_space: bool = True,
+    progress: bool | None = None,
+    data_root: str | None = None,
+    meta: dict[str, Any] | None = None,
+    order: str = "shuffled",
+    order_seed: int = 0,
+):
+    """Extract ``model``'s layers over ``data`` into the Zarr store ``out``; returns the opened store.
+
+    ``model``: a ``train`` checkpoint path, ``"torchvision:<name>[:weights]"`` or an ``nn.Module``.
+    ``data``: a ``train.data.build_dataset`` spec (with ``split``; built with the run's evaluation
+    transform when the model carries its run config; None = the run's own dataset) or a ``Dataset``
+    yielding ``(image, label)``. ``layers``: names or fnmatch patterns of ``layer_modules(model)`` (default
+    all). ``spatial``: ``flatten`` (keep ``(C, H, W)``), ``mean`` or ``pool<k>``. ``dtype``: store
+    dtype of the layers (``float16`` default, ``float32``); logits are always float32. ``amp``:
+    ``auto`` (float16 autocast on CUDA, off on CPU), ``off``, ``float16``, ``bfloat16``.
+    ``write_threads``/``overlap``: compression/writing threads and whether they run during the
+    forward passes (None: automatic, see the module docstring); 0 threads writes inline.
+    ``order``: ``shuffled`` (default) writes rows in the fixed pseudo-random permutation
+    ``default_rng(order_seed).permutation(n)`` of the dataset (``example_ids`` record each row's
+    dataset index); ``dataset`` keeps dataset order. Every store of one dataset written with the same
+    order and seed aligns row by row. Shuffled rows make every run of consecutive chunks an unbiased
+    sample of the dataset, which the streaming CKA engine's chunk-window shuffling relies on: ImageNet's
+    folder order is sorted by class, and windows of class-sorted rows would bias minibatch CKA.
+    Resumes an incomplete store written with the same settings; a complete one is returned as is
+    (``overwrite=True`` recomputes). Under ``torch.distributed`` the chunks are shared across ranks.
+    """
+    from repsim.store import StoreWriter, open_store
+
+    if batch_size < 1:
+        raise ExtractError(f"extract: --batch-size must be >= 1, got {batch_size}")
+    if dtype not in DTYPES:
+        raise ExtractError(f"extract: --dtype must be float16 or float32, got {dtype!r}")
+    spatial_ = Spatial.parse(spatial)
+    rank, world = _dist()
+    dev = _resolve_device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    amp_dtype = _resolve_amp(amp, dev)
+    store_dtype = DTYPES[dtype]
+
+    net, mmeta = load_model(model)
+    dataset, dmeta = load_dataset(data, split, data_root, net)
+    n = len(dataset)
+    if n < 1:
+        raise ExtractError("extract: the dataset is empty")
+    dmeta["n"] = n
+    if order not in ("shuffled", "dataset"):
+        raise ExtractError(f"extract: --order must be 'shuffled' or 'dataset', got {order!r}")
+    dmeta["order"] = f"shuffled(seed={order_seed})" if order == "shuffled" else "dataset"
+    net = net.to(dev).eval()
+    registry = layer_modules(net)
+    chosen = select_layers(registry, layers)
+    hooked = {**chosen, "logits": registry["logits"]}
+
+    plan = _plan(net, dataset, chosen, hooked, spatial_, dtype, dev, amp_dtype, batch_size, chunk_rows, n)
+    plan.settings = {
+        "layers": list(chosen), "spatial": str(spatial_), "dtype": dtype,
+        "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
+        "batch_size": batch_size, "chunk_rows": plan.chunk_rows, "device_type": dev.type,
+        "order": dmeta["order"],
+    }
+    full_meta = {
+        **(meta or {}),
+        "model": {**mmeta, **(meta or {}).get("model", {})},
+        "dataset": {**dmeta, **(meta or {}).get("dataset", {})},
+        "extraction": {
+            **plan.settings, "module_names": hooked, "world_size": world,
+            "torch": torch.__version__, "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+        },
+    }
+    out = Path(out)
+
+    # rank 0 prepares the store; the others learn the pending chunks (or the error) from it
+    status: list[Any] = [None, None]
+    error: Exception | None = None
+    if rank == 0:
+        try:
+            status = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store)
+        except Exception as exc:  # noqa: BLE001 - forwarded to the other ranks, then re-raised
+            if world == 1:
+                raise
+            status, error = ["error", f"{type(exc).__name__}: {exc}"], exc
+    if world > 1:
+        torch.distributed.broadcast_object_list(status, src=0)
+    kind, payload = status
+    if error is not None:
+        raise error
+    if kind == "error":
+        raise ExtractError(f"extract: rank 0 could not prepare {out}: {payload}")
+    if kind == "complete":
+        return open_store(str(out))
+    pending: list[int] = payload
+    mine = pending[rank::world]
+
+    writer = StoreWriter.open(str(out))
+    dataset = reorder_rows(dataset, n, order, order_seed)
+    ids = example_ids(dataset, n)
+    t0 = time.perf_counter()
+    _run(net, dataset, writer, mine, plan, hooked, chosen, spatial_, store_dtype, dev, amp_dtype,
+         batch_size, workers, write_threads, overlap, ids, progress, rank)
+    if world > 1:
+        torch.distributed.barrier()
+    if rank == 0:
+        head = head_weights(net, registry["logits"])
+        if head is not None:
+            writer.set_head(*head)
+        store = writer.finalize()
+        dt = time.perf_counter() - t0
+        _msg(f"wrote {out} ({len(pending)} chunks, {n} examples) in {dt:.1f} s")
+    if world > 1:
+        torch.distributed.barrier()
+    return store if rank == 0 else open_store(str(out))
+
+
+class _Reordered(torch.utils.data.Dataset):
+    """``dataset`` read in the row order ``perm``; ``example_ids`` follow the rows."""
+
+    def __init__(self, dataset, perm: np.ndarray, ids: np.ndarray):
+        self.dataset, self.perm, self.example_ids = dataset, perm, ids
+
+    def __len__(self) -> int:
+        return len(self.perm)
+
+    def __getitem__(self, i: int):
+        return self.dataset[int(self.perm[i])]
+
+
+def reorder_rows(dataset, n: int, order: str, seed: int):
+    """The dataset in store row order: itself (``dataset``) or a seeded permutation (``shuffled``)."""
+    if order == "dataset":
+        return dataset
+    perm = np.random.default_rng(seed).permutation(n)
+    return _Reordered(dataset, perm, example_ids(dataset, n)[perm])
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def _plan(net, dataset, chosen, hooked, spatial, dtype, dev, amp_dtype, batch_size, chunk_rows, n) -> Plan:
+    """Shapes of every layer from one forward pass on the first example.
+
+    ``logits`` are stored float32 at the root (always) and, when selected, also as the float32
+    layer ``layers/logits`` so that layer-wise analyses (CKA across all layers) can name it.
+    """
+    from repsim.store import default_chunk_rows as store_chunk_rows
+
+    x0 = dataset[0][0]
+    if not isinstance(x0, torch.Tensor):
+        raise ExtractError(f"extract: the dataset must yield (tensor, label), got {type(x0).__name__}")
+    cap = _probe(net, x0.unsqueeze(0), hooked, spatial, dev, amp_dtype)
+    logits_shape = tuple(cap.probe["logits"].shape[1:])
+    if len(logits_shape) != 1:
+        raise ExtractError(f"extract: logits must be (N, K), got (N, {logits_shape})")
+    layers = {
+        name: (tuple(cap.probe[name].shape[1:]), "float32" if name == "logits" else dtype)
+        for name in chosen
+    }
+    itemsize = {"float16": 2, "float32": 4}
+    layer_bytes = [math.prod(tail) * itemsize[dt] for tail, dt in layers.values()]
+    row = sum(layer_bytes) + 4 * logits_shape[0] + 8 + 4
+    if chunk_rows is not None and chunk_rows < 1:
+        raise ExtractError(f"extract: --chunk-rows must be >= 1, got {chunk_rows}")
+    if chunk_rows is None:
+        # the store's rule (>= 1 MiB for the smallest layer chunk, <= 128 MiB for the widest),
+        # rounded to whole batches so that every batch of a chunk is full but the last chunk's;
+        chunk_rows = store_chunk_rows(layer_bytes, n)
+        # ... and at least MIN_CHUNKS chunks when the data allows, so that writing overlaps computing
+        chunk_rows = min(chunk_rows, math.ceil(n / MIN_CHUNKS))
+        chunk_rows = max(batch_size, chunk_rows - chunk_rows % batch_size)
+    return Plan(layers=layers, logits_dim=logits_shape[0], n=n, chunk_rows=min(chunk_rows, n), row_bytes=row)
+
+
+def _probe(net, x, hooked, spatial, dev, amp_dtype) -> Capture:
+    """Layer outputs for one example (a real forward pass: meta-device shape inference would import
+    torch's compiler stack, ~2 s, and not every head runs on the meta device)."""
+    with Capture(net, hooked, spatial, torch.float32) as cap, torch.inference_mode(), _autocast(dev, amp_dtype):
+        cap.begin_batch()
+        net(x.to(dev))
+        cap.end_batch()
+    return cap
+
+
+def _compatible(attrs: dict, meta: dict) -> list[str]:
+    """Settings of an existing store that differ from this run's (empty: safe to resume)."""
+    diffs = []
+    old, new = attrs.get("extraction", {}), meta["extraction"]
+    for key in ("layers", "spatial", "dtype", "amp", "batch_size", "chunk_rows", "device_type"):
+        if old.get(key) != new.get(key):
+            diffs.append(f"{key}: store {old.get(key)!r} vs now {new.get(key)!r}")
+    for group, keys in (("model", ("arch", "checkpoint_sha256", "weights_sha256")),
+                        ("dataset", ("name", "split", "n", "transform"))):
+        for key in keys:
+            a, b = attrs.get(group, {}).get(key), meta[group].get(key)
+            if a != b:
+                diffs.append(f"{group}.{key}: store {a!r} vs now {b!r}")
+    return diffs
+
+
+def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bool, StoreWriter, open_store) -> list:
+    """Create, resume or skip the store; print the size estimate; refuse when the disk is short."""
+    pending: range | list[int] = range(plan.n_chunks)
+    if out.exists() and not overwrite:
+        store = open_store(str(out), allow_incomplete=True)
+        diffs = _compatible(store.attrs, meta)
+        if diffs:
+            raise ExtractError(
+                f"extract: {out} exists with other settings ({'; '.join(diffs)}); "
+                "pass --overwrite to replace it or choose another --out"
+            )
+        if store.complete:
+            _msg(f"{out} is already complete; nothing to do (--overwrite recomputes it)")
+            return ["complete", None]
+        pending = StoreWriter.open(str(out)).pending()
+        _msg(f"resuming {out}: {plan.n_chunks - len(pending)} of {plan.n_chunks} chunks already written")
+    rows = plan.n if isinstance(pending, range) else sum(min(plan.n, (c + 1) * plan.chunk_rows) - c * plan.chunk_rows for c in pending)
+    need = plan.row_bytes * rows
+    free = _free_bytes(out.parent if not out.exists() else out)
+    _msg(
+        f"estimated store size {_human(plan.estimated_bytes)} uncompressed (upper bound; compressed size "
+        f"unknown until written): {plan.n} examples x {_human(plan.row_bytes)}, {len(plan.layers)} layers, "
+        f"{plan.n_chunks} chunks of {plan.chunk_rows}; {_human(free)} free"
+    )
+    if check_space and need > free:
+        raise ExtractError(
+            f"extract: not enough disk space for {out}: it needs up to {_human(need)} (uncompressed) and "
+            f"only {_human(free)} is free; reduce it with --spatial mean|pool<k>, --layers or --dtype "
+            "float16, or pass --no-space-check to rely on compression"
+        )
+    if not out.exists() or overwrite:
+        StoreWriter.create(
+            str(out), n=plan.n, layers=plan.layers, chunk_rows=plan.chunk_rows,
+            logits_dim=plan.logits_dim, meta=meta, overwrite=overwrite,
+        )
+    return ["pending", list(pending)]
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def _autocast(dev: torch.device, amp_dtype: torch.dtype | None):
+    if amp_dtype is None:
+        return nullcontext()
+    return torch.autocast(device_type=dev.type, dtype=amp_dtype)
+
+
+def _batches(chunks: list[int], rows: int, batch_size: int, n: int) -> list[tuple[int, int, int]]:
+    """(chunk, lo, hi) batches in order: never across a chunk edge, at fixed offsets within one."""
+    plan = []
+    for c in chunks:
+        start, stop = c * rows, min(n, (c + 1) * rows)
+        plan.extend((c, lo, min(lo + batch_size, stop)) for lo in range(start, stop, batch_size))
+    return plan
+
+
+def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtype, dev, amp_dtype,
+         batch_size, workers, write_threads, overlap, ids, progress, rank) -> None:
+    from torch.utils.data import DataLoader
+
+    if not chunks:
+        return
+    cuda = dev.type == "cuda"
+    cpus = os.cpu_count() or 1
+    workers = min(4, max(0, cpus - 1)) if workers is None else workers
+    # overlap: chunks are compressed/written while later batches compute (GPU, or spare CPU cores);
+    # burst (CPU without spare cores): the forward pass fills every buffer set, then all of them are
+    # written at once on all cores, then computing resumes, so the two never fight for cores
+    if overlap is None:
+        overlap = cuda or cpus > torch.get_num_threads()
+    if write_threads is None:
+        write_threads = max(1, min(4, cpus if cuda or not overlap else cpus - torch.get_num_threads()))
+    write_threads = max(0, write_threads)
+    rows, n = plan.chunk_rows, plan.n
+    batches = _batches(chunks, rows, batch_size, n)
+    loader = DataLoader(
+        dataset, batch_sampler=[list(range(lo, hi)) for _, lo, hi in batches], num_workers=workers,
+        pin_memory=cuda, persistent_workers=False,
+    )
+
+    def new_buffers() -> _Buffers:
+        layers = {
+            name: torch.empty((rows, *plan.layers[name][0]), dtype=DTYPES[plan.layers[name][1]], pin_memory=cuda)
+            for name in hooked if name != "logits"
+        }
+        layers["logits"] = torch.empty((rows, plan.logits_dim), dtype=torch.float32, pin_memory=cuda)
+        return _Buffers(layers, np.empty(rows, np.int32), torch.empty(len(hooked), pin_memory=cuda))
+
+    # buffer sets: one being filled plus one per writer thread, fewer when chunks are huge; a
+    # forward pass waits for a free set, so host memory stays bounded whatever the dataset size
+    budget = max(1, INFLIGHT_BYTES // max(1, rows * plan.row_bytes))
+    if write_threads == 0:  # inline: each chunk written as soon as it is full
+        n_sets = 1
+    elif overlap:
+        n_sets = max(2, min(write_threads + 1, budget))
+        write_threads = n_sets - 1 if n_sets - 1 < write_threads else write_threads
+    else:
+        n_sets = max(1, min(write_threads, budget))
+    free: queue.Queue[_Buffers] = queue.Queue()
+    for _ in range(n_sets):
+        free.put(new_buffers())
+    names = list(hooked)
+    f16_limit = FLOAT16_OVERFLOW if store_dtype == torch.float16 else math.inf
+
+    def write(buf: _Buffers) -> None:
+        try:
+            if buf.event is not None:
+                buf.event.synchronize()
+            c = buf.chunk
+            lo, hi = c * rows, min(n, (c + 1) * rows)
+            for name, m in zip(names, buf.amax.tolist()):
+                limit = math.inf if name == "logits" else f16_limit
+                if not math.isfinite(m):
+                    raise ExtractError(
+                        f"extract: layer {name!r} has non-finite values (NaN/inf) in examples {lo}..{hi - 1}"
+                        + ("; AMP float16 may overflow inside the network, try --amp off" if amp_dtype == torch.float16 else "")
+                    )
+                if m >= limit:
+                    raise ExtractError(
+                        f"extract: layer {name!r} overflows float16 (max |value| {m:.6g} > 65504) in examples "
+                        f"{lo}..{hi - 1}; refusing to store inf. Rerun with --dtype float32"
+                    )
+            writer.write_chunk(
+                c, layers={k: buf.layers[k][: hi - lo].numpy() for k in chosen},
+                labels=buf.labels[: hi - lo], example_ids=ids[lo:hi],
+                logits=buf.layers["logits"][: hi - lo].numpy(),
+            )
+        finally:
+            free.put(buf)
+
+    futures: list[Future] = []
+    held: list[_Buffers] = []  # burst mode: full buffer sets waiting for the next burst
+
+    def check_done() -> None:
+        while futures and futures[0].done():
+            futures.pop(0).result()
+
+    from tqdm.auto import tqdm
+
+    show = (sys.stderr.isatty() if progress is None else progress) and rank == 0
+    bar = tqdm(total=len(chunks), unit="chunk", desc="extract", disable=not show)
+    pool = ThreadPoolExecutor(max_workers=write_threads, thread_name_prefix="extract-write") if write_threads else None
+    try:
+        with Capture(net, hooked, spatial, store_dtype) as cap, torch.inference_mode(), _autocast(dev, amp_dtype):
+            buf: _Buffers | None = None
+
+            def flush() -> None:
+                amax = cap.take_amax()
+                buf.amax.copy_(torch.stack([amax[k] for k in names]), non_blocking=cuda)
+                if cuda:
+                    buf.event = torch.cuda.Event()
+                    buf.event.record()
+                if pool is None:
+                    write(buf)
+                elif overlap:
+                    futures.append(pool.submit(write, buf))
+                else:
+                    held.append(buf)
+                    if len(held) == n_sets:
+                        drain()
+                bar.update(1)
+
+            def drain() -> None:
+                futures.extend(pool.submit(write, b) for b in held)
+                held.clear()
+                while futures:
+                    futures.pop(0).result()
+
+            for (c, lo, hi), (x, y) in zip(batches, loader):
+                if buf is None or buf.chunk != c:
+                    if buf is not None:
+                        flush()
+                    check_done()
+                    buf = free.get()
+                    buf.chunk, buf.event = c, None
+                off = lo - c * rows
+                if len(y) != hi - lo:
+                    raise ExtractError(f"extract: loader returned {len(y)} rows for batch {lo}..{hi - 1}")
+                buf.labels[off: off + hi - lo] = np.asarray(y, dtype=np.int32)
+                cap.target = (buf.layers, off, off + hi - lo)
+                cap.begin_batch()
+                net(x.to(dev, non_blocking=cuda))
+                cap.end_batch()
+            flush()
+            if held:
+                drain()
+        for f in futures:
+            f.result()
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        bar.close()

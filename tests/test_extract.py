@@ -1,0 +1,319 @@
+"""extract/ end to end on the digits set with the small ResNet of train/ (issue 6 acceptance).
+
+Real checkpoints (train.checkpoint format), real Zarr stores on disk, real subprocesses for the
+SIGKILL/resume and torchrun/gloo tests.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+zarr = pytest.importorskip("zarr")
+pytest.importorskip("train.models")
+
+from extract import ExtractError, extract_store, layer_modules  # noqa: E402
+from repsim.cli import main as repsim_main  # noqa: E402
+from repsim.store import open_store  # noqa: E402
+from train.checkpoint import load_model, save_checkpoint  # noqa: E402
+from train.config import load_config  # noqa: E402
+from train.data import build_dataset  # noqa: E402
+from train.models import build_network  # noqa: E402
+
+BLOCKS = [f"block{i}" for i in range(1, 17)]
+FAST = dict(workers=0, progress=False, device="cpu")
+
+
+def _config(seed: int) -> dict:
+    """The digits preset's run config (mini ResNet, 16 bottlenecks), narrower, on all ten digits."""
+    cfg = load_config("digits-label_smoothing")
+    cfg["data"]["spec"] = "digits"
+    cfg.update(seed=seed, num_classes=10, objective_params={"alpha": 0.1})
+    cfg["arch_params"] = {"width": 4, "layers": [3, 4, 6, 3]}
+    return cfg
+
+
+def _make_checkpoint(path: Path, seed: int) -> Path:
+    """A small ResNet (16 bottlenecks) with non-trivial BN statistics, saved as train/ saves it."""
+    torch.manual_seed(seed)
+    net = build_network(_config(seed))
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 2.0)
+    state = net.state_dict()
+    save_checkpoint({"config": _config(seed), "model": state, "ema": state, "epoch": 7 + seed}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory) -> list[Path]:
+    d = tmp_path_factory.mktemp("ckpt")
+    return [_make_checkpoint(d / f"seed{s}" / "last.pt", s) for s in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return build_dataset("digits", "test")
+
+
+def _reference(model, dataset, batch_size: int) -> dict[str, np.ndarray]:
+    """Direct forward passes with plain hooks, batches [0:b], [b:2b], ...: every registry layer."""
+    modules = dict(model.named_modules())
+    got: dict[str, list] = {name: [] for name in layer_modules(model)}
+    handles = [
+        modules[qual].register_forward_hook(lambda m, i, o, name=name: got[name].append(o.detach().clone()))
+        for name, qual in layer_modules(model).items()
+    ]
+    x = torch.stack([dataset[i][0] for i in range(len(dataset))])
+    with torch.inference_mode():
+        for lo in range(0, len(x), batch_size):
+            model(x[lo: lo + batch_size])
+    for h in handles:
+        h.remove()
+    return {name: torch.cat(v).numpy() for name, v in got.items()}
+
+
+def _arrays(path) -> dict[str, bytes]:
+    """Every array of a store as raw bytes (the byte-identity the resume and sharding tests need)."""
+    g = zarr.open_group(str(path), mode="r")
+    out = {}
+    for name in ("example_ids", "labels", "logits", "written", "head/weight", "head/bias"):
+        out[name] = np.asarray(g[name][...]).tobytes()
+    for name in g["layers"].array_keys():
+        out[f"layers/{name}"] = np.asarray(g[f"layers/{name}"][...]).tobytes()
+    return out
+
+
+def _chunk_files(path) -> dict[str, bytes]:
+    root = Path(path)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("c/*")) if p.is_file()}
+
+
+# ----------------------------------------------------------------------------------- schema, values
+
+
+def test_schema_and_values_equal_direct_forward(ckpts, digits, tmp_path):
+    model = load_model(ckpts[0])
+    n = len(digits)
+    perm = np.random.default_rng(0).permutation(n)  # default row order: fixed seeded permutation
+    ref = _reference(model, torch.utils.data.Subset(digits, perm), 32)
+    s32 = extract_store(ckpts[0], "digits", tmp_path / "f32.zarr", split="test", dtype="float32",
+                        batch_size=32, chunk_rows=64, **FAST)
+    s16 = extract_store(ckpts[0], digits, tmp_path / "f16.zarr", split="test", batch_size=32, chunk_rows=64, **FAST)
+    for store, dt in ((s32, np.float32), (s16, np.float16)):
+        assert store.complete and store.n == n and store.chunk_rows == 64
+        assert store.layers == BLOCKS + ["pool", "logits"]
+        np.testing.assert_array_equal(store.example_ids, np.asarray(digits.example_ids)[perm])
+        np.testing.assert_array_equal(store.labels, np.asarray(digits.targets)[perm])
+        assert store.labels.dtype == np.int32 and store.example_ids.dtype == np.int64
+        for name in store.layers:
+            arr = store.zarr_array(name)
+            assert arr.chunks[0] == 64 and arr.chunks[1:] == arr.shape[1:], name  # chunked along N only
+            assert arr.shape == ref[name].shape, name
+            want_dt = np.float32 if name == "logits" else dt
+            assert arr.dtype == want_dt, name
+            got = store.layer(name).compute()
+            # float32: bit-exact; float16: exactly the float32 values rounded to nearest float16
+            np.testing.assert_array_equal(got, ref[name].astype(want_dt), err_msg=name)
+        assert store.zarr_array("block1").metadata.dimension_names == ("example", "channel", "y", "x")
+        np.testing.assert_array_equal(store.logits.compute(), ref["logits"])
+        assert store.zarr_array("logits").dtype == np.float32
+        W, b = store.head
+        np.testing.assert_array_equal(W, model.head.weight.detach().numpy())
+        np.testing.assert_array_equal(b, model.head.bias.detach().numpy())
+        assert zarr.open_group(store.path)["written"][...].all()
+    attrs = s16.attrs
+    assert attrs["repsim_store_version"] == 1 and attrs["complete"] is True and attrs["repsim_version"]
+    m = attrs["model"]
+    assert (m["arch"], m["objective"], m["params"], m["seed"], m["epoch"]) == (
+        "mini_resnet", "label_smoothing", {"alpha": 0.1}, 0, 7)
+    import hashlib
+
+    assert m["checkpoint_sha256"] == hashlib.sha256(ckpts[0].read_bytes()).hexdigest()
+    assert attrs["dataset"] == {"name": "digits", "split": "test", "n": n, "transform": "standardise",
+                                "num_classes": 10, "order": "shuffled(seed=0)"}
+    ex = attrs["extraction"]
+    assert (ex["dtype"], ex["spatial"], ex["amp"], ex["batch_size"]) == ("float16", "flatten", "off", 32)
+    assert ex["module_names"]["block16"] == "backbone.layer4.2" and ex["module_names"]["pool"] == "backbone"
+
+
+def test_dataset_order_keeps_rows_in_dataset_order(ckpts, digits, tmp_path):
+    model = load_model(ckpts[0])
+    ref = _reference(model, digits, 32)
+    store = extract_store(ckpts[0], digits, tmp_path / "ordered.zarr", split="test", dtype="float32",
+                          batch_size=32, chunk_rows=64, layers="pool", order="dataset", **FAST)
+    np.testing.assert_array_equal(store.example_ids, digits.example_ids)
+    np.testing.assert_array_equal(store.labels, digits.targets)
+    np.testing.assert_array_equal(store.layer("pool").compute(), ref["pool"])
+    assert store.attrs["dataset"]["order"] == "dataset"
+    with pytest.raises(ValueError, match="--order"):
+        extract_store(ckpts[0], digits, tmp_path / "bad.zarr", split="test", order="random", **FAST)
+
+
+def test_spatial_reduction_and_layer_subset(ckpts, digits, tmp_path):
+    model = load_model(ckpts[0])
+    ref = _reference(model, digits, 50)
+    common = dict(split="test", dtype="float32", batch_size=50, chunk_rows=100, order="dataset", **FAST)
+    mean = extract_store(ckpts[0], digits, tmp_path / "mean.zarr", layers="block1,block1?,pool", spatial="mean", **common)
+    assert mean.layers == ["block1"] + [f"block1{i}" for i in range(7)] + ["pool"]
+    np.testing.assert_allclose(mean.layer("block1").compute(), ref["block1"].mean(axis=(2, 3)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(mean.layer("block16").compute(), ref["pool"], rtol=1e-6, atol=1e-6)
+    pooled = extract_store(ckpts[0], digits, tmp_path / "pool.zarr", layers=["block2"], spatial="pool2", **common)
+    got = pooled.layer("block2").compute()
+    r = ref["block2"]  # (N, C, 8, 8) -> 2x2 cells of 4x4
+    assert got.shape == (len(digits), r.shape[1], 2, 2)
+    np.testing.assert_allclose(got, r.reshape(*r.shape[:2], 2, 4, 2, 4).mean(axis=(3, 5)), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(pooled.logits.compute(), ref["logits"])  # logits are always stored
+
+
+def test_write_modes_give_identical_bytes(ckpts, digits, tmp_path):
+    """Inline, overlapped and burst writing produce the same store (only the scheduling differs)."""
+    common = dict(split="test", layers="block1,block9,pool", batch_size=32, chunk_rows=64, **FAST)
+    stores = {
+        "inline": extract_store(ckpts[0], digits, tmp_path / "inline.zarr", write_threads=0, **common),
+        "overlap": extract_store(ckpts[0], digits, tmp_path / "overlap.zarr", write_threads=2, overlap=True, **common),
+        "burst": extract_store(ckpts[0], digits, tmp_path / "burst.zarr", write_threads=3, overlap=False, **common),
+    }
+    ref = _arrays(stores["inline"].path)
+    for mode in ("overlap", "burst"):
+        assert _arrays(stores[mode].path) == ref, mode
+
+
+def test_two_networks_stores_align_batch_cli(ckpts, tmp_path):
+    rc = repsim_main([  # no --data: the runs' own dataset (digits), with their evaluation transform
+        "extract", "--checkpoint", str(ckpts[0]), "--checkpoint", str(ckpts[1]), "--name", "{parent}",
+        "--split", "test", "--out-dir", str(tmp_path / "stores"),
+        "--layers", "block16,pool", "--spatial", "mean", "--workers", "0", "--device", "cpu",
+    ])
+    assert rc == 0
+    a, b = open_store(tmp_path / "stores" / "seed0.zarr"), open_store(tmp_path / "stores" / "seed1.zarr")
+    np.testing.assert_array_equal(a.example_ids, b.example_ids)
+    np.testing.assert_array_equal(a.labels, b.labels)
+    assert a.layers == b.layers == ["block16", "pool"] and a.n == b.n
+    assert a.dataset["name"] == "digits" and a.dataset["split"] == "test"
+    assert (a.model["seed"], b.model["seed"]) == (0, 1)
+    assert a.model["checkpoint_sha256"] != b.model["checkpoint_sha256"]
+    assert not np.array_equal(a.layer("pool").compute(), b.layer("pool").compute())
+    # two checkpoints named alike need a template that tells them apart
+    rc = repsim_main(["extract", "--checkpoint", str(ckpts[0]), "--checkpoint", str(ckpts[1]), "--data", "digits",
+                      "--out-dir", str(tmp_path / "x")])
+    assert rc == 2
+
+
+# ----------------------------------------------------------------------------------- resume
+
+
+def _cli(ckpt, out, *extra) -> list[str]:
+    return ["--checkpoint", str(ckpt), "--data", "digits", "--split", "test", "--out", str(out),
+            "--chunk-rows", "32", "--batch-size", "16", "--workers", "0", "--device", "cpu",
+            "--write-threads", "1", *extra]
+
+
+def test_sigkill_then_rerun_is_byte_identical(ckpts, tmp_path, capsys):
+    whole, killed = tmp_path / "whole.zarr", tmp_path / "killed.zarr"
+    proc = subprocess.Popen([sys.executable, "-m", "extract", *_cli(ckpts[0], killed)],
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            done = int(np.count_nonzero(zarr.open_array(str(killed / "written"), mode="r")[...]))
+        except Exception:  # noqa: BLE001 - the store is not created yet
+            done = 0
+        if done >= 2:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"finished before the kill: {proc.stderr.read()}"
+    flags = zarr.open_array(str(killed / "written"), mode="r")[...]
+    assert 0 < flags.sum() < flags.size, "the kill must land mid-run"
+    with pytest.raises(ValueError, match="incomplete"):
+        open_store(killed)
+
+    # the same command again (in this process, same thread count) resumes; a fresh run for reference
+    assert repsim_main(["extract", *_cli(ckpts[0], killed)]) == 0
+    assert f"resuming {killed}: {flags.sum()} of {flags.size} chunks already written" in capsys.readouterr().err
+    assert repsim_main(["extract", *_cli(ckpts[0], whole)]) == 0
+    assert open_store(killed).complete
+    a, b = _arrays(whole), _arrays(killed)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], name
+    assert _chunk_files(whole) == _chunk_files(killed)  # even the compressed chunk objects
+
+    # rerunning a complete store does nothing; other settings are refused, not mixed in
+    capsys.readouterr()
+    assert repsim_main(["extract", *_cli(ckpts[0], whole)]) == 0
+    assert "already complete" in capsys.readouterr().err
+    assert repsim_main(["extract", *_cli(ckpts[0], killed, "--dtype", "float32")]) == 1
+    err = capsys.readouterr().err
+    assert "other settings" in err and "dtype: store 'float16' vs now 'float32'" in err
+
+
+# ----------------------------------------------------------------------------------- refusals
+
+
+def test_float16_overflow_is_refused_naming_the_layer(ckpts, digits, tmp_path):
+    model = load_model(ckpts[0])
+    with torch.no_grad():
+        model.backbone.layer2[1].bn3.weight.mul_(1e6)  # block5 = layer2.1 now exceeds float16 range
+    out = tmp_path / "overflow.zarr"
+    with pytest.raises(ExtractError, match=r"layer 'block5' overflows float16.*--dtype float32"):
+        extract_store(model, digits, out, split="test", batch_size=64, chunk_rows=64, **FAST)
+    assert not open_store(out, allow_incomplete=True).complete
+    assert not zarr.open_group(str(out))["written"][...].any()
+    s32 = extract_store(model, digits, tmp_path / "ok32.zarr", split="test", dtype="float32", batch_size=64, **FAST)
+    big = s32.layer("block5").compute()
+    assert np.isfinite(big).all() and np.abs(big).max() > 65504
+
+
+def test_refuses_when_the_disk_lacks_room(ckpts, digits, tmp_path, capsys):
+    class Huge(torch.utils.data.Dataset):  # 10^12 examples: the estimate exceeds any disk
+        name = "digits-huge"
+
+        def __len__(self):
+            return 10**12
+
+        def __getitem__(self, i):
+            return digits[i % len(digits)]
+
+    out = tmp_path / "huge.zarr"
+    with pytest.raises(ExtractError, match="not enough disk space"):
+        extract_store(ckpts[0], Huge(), out, split="test", layers="pool", **FAST)
+    assert not out.exists()
+    assert "uncompressed (upper bound" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------- sharding
+
+
+def test_torchrun_two_process_gloo_equals_single_process(ckpts, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    args = ["--checkpoint", str(ckpts[1]), "--data", "digits", "--split", "test", "--chunk-rows", "32",
+            "--batch-size", "16", "--workers", "0", "--device", "cpu"]
+    sharded = tmp_path / "sharded.zarr"
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "extract",
+         *args, "--out", str(sharded)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    single = extract_store(ckpts[1], "digits", tmp_path / "single.zarr", split="test", chunk_rows=32,
+                           batch_size=16, **FAST)
+    s = open_store(sharded)
+    assert s.complete and s.attrs["extraction"]["world_size"] == 2
+    a, b = _arrays(single.path), _arrays(sharded)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], name
