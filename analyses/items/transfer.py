@@ -90,12 +90,13 @@ def table1(inputs: Inputs) -> Table:
     kinds = [p for p in ("linear", "knn") if (probes["probe"].astype(str) == p).any()]
     if not kinds:
         raise Missing("probes.csv has no linear or knn rows")
-    n_seeds = 0
+    n_seeds, used = 0, []
     for probe in kinds:
         try:
             rows = probe_rows(inputs, probe)
         except Missing:
             continue
+        used.append(rows)
         n_seeds = max(n_seeds, int(rows.groupby("label")["seed"].nunique().min()))
         tasks = sorted(rows["task"].astype(str).unique())
         long = rows.rename(columns={"task": "column", "accuracy": "value"})[["label", "seed", "column", "value"]]
@@ -115,8 +116,8 @@ def table1(inputs: Inputs) -> Table:
     bold = pd.concat([b[2] for b in blocks], ignore_index=True)
     bold.columns = shown.columns
     bold[["Probe", "Objective"]] = False
-    cap = (f"Mean ± s.e. over seeds, accuracies in %. {bold_rule_text(n_seeds)} Transfer: {describe_rows(probes)}. "
-           f"{probe_settings(probes)}." + (" " + "; ".join(notes) + "." if notes else ""))
+    cap = (f"Mean ± s.e. over seeds, accuracies in %. {bold_rule_text(n_seeds)} Transfer (stores named in probes.csv): "
+           f"{describe_rows(pd.concat(used))}. {probe_settings(pd.concat(used))}." + (" " + "; ".join(notes) + "." if notes else ""))
     return Table(numeric, shown.fillna("–"), cap, bold.fillna(False))
 
 
