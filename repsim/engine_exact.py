@@ -148,16 +148,25 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
         if debiased:
             from repsim.cka import ucenter
 
-            centred = [np.asarray(ucenter(K), dtype=np.float64) for K in grams]
+            def centre(K: np.ndarray) -> np.ndarray:
+                return np.asarray(ucenter(K), dtype=np.float64)
+
             scale = 1.0 / (n * (n - 3))
         else:
-            centred = [_center_gram(K) for K in grams]
-            scale = 1.0
+            centre, scale = _center_gram, 1.0
+        # every Gram-route HSIC from one product of the flattened centred Grams (G × n²) — the
+        # same "one product for all pairs" as MinibatchCKA; each Gram is freed once flattened
+        flat = np.empty((len(gram_cols), n * n))
+        for g in range(len(gram_cols)):
+            flat[g] = centre(grams[g]).reshape(-1)
+            grams[g] = None
         del grams
+        gram_hsic = (flat @ flat.T) * scale
+        del flat
         gpos = {k: g for g, k in enumerate(gram_cols)}
         for (i, j), r in routes.items():
             if r == "gram":
-                hsic[i, j] = hsic[j, i] = float(np.sum(centred[gpos[i]] * centred[gpos[j]])) * scale
+                hsic[i, j] = hsic[j, i] = float(gram_hsic[gpos[i], gpos[j]])
 
     bar.close()
     bad = [f"{columns[k].store}/{columns[k].layer}" for k in range(L) if not np.isfinite(hsic[k, k])]
