@@ -65,17 +65,35 @@ def prediction_linkage(similarity: np.ndarray, method: str = "average") -> np.nd
     return linkage(squareform(np.clip(D, 0, None), checks=False), method=method)
 
 
-def modal_vote(predictions: np.ndarray, num_classes: int | None = None) -> np.ndarray:
-    """Most common prediction per example (M, N) → (N,); ties → smallest class index."""
+def modal_vote(predictions: np.ndarray, num_classes: int | None = None,
+               confidence: np.ndarray | None = None, rows: int = 8192) -> np.ndarray:
+    """Most common prediction per example (M, N) → (N,) (App. C.3 ensembles).
+
+    Ties go to the smallest class index, or, given ``confidence`` (M, N) in [0, 1] (e.g. each
+    network's top-1 probability), to the class whose voters are jointly more confident: each vote
+    weighs ``1 + c / (M + 1)``, a bonus below one vote in total, so it never overturns a count. Small
+    ensembles (2 seeds) tie often, and the index rule would bias them towards low classes. Votes are
+    counted ``rows`` examples at a time (bounded memory).
+    """
     P = _check_preds(predictions)
     if P.size and P.min() < 0:
         raise ValueError("predictions must be non-negative class indices")
+    M, N = P.shape
     K = int(num_classes if num_classes is not None else P.max() + 1)
-    counts = np.zeros((P.shape[1], K), dtype=np.int32)
-    cols = np.arange(P.shape[1])
-    for row in P:
-        counts[cols, row] += 1
-    return np.argmax(counts, axis=1)      # argmax returns the first (smallest) maximal class
+    if confidence is not None:
+        confidence = np.asarray(confidence, dtype=np.float64)
+        if confidence.shape != P.shape:
+            raise ValueError(f"confidence has shape {confidence.shape}, predictions {P.shape}")
+    out = np.empty(N, dtype=np.int64)
+    for a in range(0, N, rows):
+        b = min(N, a + rows)
+        votes = np.zeros((b - a, K))
+        cols = np.arange(b - a)
+        for m in range(M):
+            weight = 1.0 if confidence is None else 1.0 + confidence[m, a:b] / (M + 1)
+            np.add.at(votes, (cols, P[m, a:b]), weight)
+        out[a:b] = np.argmax(votes, axis=1)  # argmax returns the first (smallest) maximal class
+    return out
 
 
 def group_ensembles(predictions: np.ndarray, groups: Sequence[str], num_classes: int | None = None

@@ -28,6 +28,18 @@ def test_both_wrong_nan_when_never_both_wrong():
     assert np.isnan(A["both_wrong"][0, 1])
 
 
+def test_modal_vote_confidence_breaks_ties_only():
+    P = np.array([[0, 2, 1], [1, 2, 0]])
+    conf = np.array([[0.6, 0.9, 0.99], [0.7, 0.1, 0.98]])
+    # example 0: 0 vs 1 tied, class 1's voter is surer; example 1: unanimous; example 2: 1 (0.99) beats 0
+    np.testing.assert_array_equal(modal_vote(P, 3, confidence=conf), [1, 2, 1])
+    P3 = np.array([[0], [0], [1]])
+    np.testing.assert_array_equal(modal_vote(P3, 2, confidence=np.array([[0.0], [0.0], [1.0]])), [0])  # count wins
+    np.testing.assert_array_equal(modal_vote(P, 3, confidence=conf, rows=1), modal_vote(P, 3, confidence=conf))
+    with pytest.raises(ValueError, match="confidence"):
+        modal_vote(P, 3, confidence=conf[:1])
+
+
 def test_modal_vote_and_ties():
     P = np.array([[0, 1, 2, 3], [0, 2, 2, 1], [1, 2, 0, 3], [1, 1, 0, 1]])
     np.testing.assert_array_equal(modal_vote(P), [0, 1, 0, 1])   # ties -> smallest class

@@ -74,20 +74,11 @@ def agreement(pred: np.ndarray, y: np.ndarray, kind: str) -> np.ndarray:
 
 
 def modal(pred: np.ndarray, conf: np.ndarray, n_classes: int, rows: int = 8192) -> np.ndarray:
-    """Ensemble prediction (M, N) -> (N,): the modal top-1 class (App. C.3). Ties go to the class whose
-    voters are jointly more confident (sum of their top-1 softmax probabilities); that bonus is below
-    one vote, so it never overturns a count. (:func:`repsim.modal_vote` breaks ties by class index,
-    which biases the small ensembles of a 2-seed run, where ties are common.)"""
-    m, n = pred.shape
-    out = np.empty(n, dtype=np.int64)
-    for a in range(0, n, rows):  # bounded memory: (rows, classes) votes at a time
-        b = min(n, a + rows)
-        votes = np.zeros((b - a, n_classes))
-        idx = np.arange(b - a)
-        for p, c in zip(pred[:, a:b], conf[:, a:b]):
-            np.add.at(votes, (idx, p), 1.0 + c / (m + 1))
-        out[a:b] = votes.argmax(1)
-    return out
+    """Ensemble prediction (M, N) -> (N,): the modal top-1 class (App. C.3); ties go to the class whose
+    voters' top-1 probabilities sum highest (:func:`repsim.modal_vote` with ``confidence``)."""
+    from repsim import modal_vote
+
+    return modal_vote(pred, n_classes, confidence=conf, rows=rows)
 
 
 def _heatmap(ax, m, names, title, fmt="{:.0f}", cmap="viridis", vmin=None, vmax=None, blank_diagonal=False):
