@@ -30,9 +30,12 @@ Shuffling schemes and their I/O cost (n rows, batch b, L columns):
     ``round(rows / b)`` batches of near-equal size (within ``block_rows / 2`` of b per batch of the
     window).  Batches never straddle windows, so every chunk is read **exactly once per epoch** and
     the reader holds one window of one column at a time (plus prefetch).  Batches are uniform
-    samples of their window, not of the whole dataset: when stores are written in class order
-    (ImageFolder), a batch sees the classes of ``window_rows / block_rows`` blocks.  Raise
-    ``shuffle_window`` (up to n: a full uniform permutation) or use ``"examples"`` when that matters.
+    samples of their window, not of the whole dataset.  ``repsim extract`` writes rows in a fixed
+    seeded permutation of the dataset by default (``--order shuffled``), so a window of blocks is
+    itself a uniform sample and window batches are as good as uniform ones.  For stores written in
+    class order (``--order dataset`` on ImageFolder data, or your own ``save_store``), a batch sees
+    only the classes of ``window_rows / block_rows`` blocks: raise ``shuffle_window`` (up to n: a
+    full uniform permutation) or use ``"examples"`` then.
 
 ``"examples"``
     A uniform permutation of all rows each epoch, cut into batches of exactly b.  Every batch reads
