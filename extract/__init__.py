@@ -9,8 +9,7 @@ Public names (imported lazily, so ``import extract`` does not import torch):
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from repsim._lazy import lazy_exports
 
 _EXPORTS = {
     "extract_store": "pipeline",
@@ -23,10 +22,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'extract' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -7,8 +7,7 @@ Public names (imported lazily so that ``repsim --help`` never imports torch):
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from repsim._lazy import lazy_exports
 
 _EXPORTS: dict[str, str] = {
     "load_model": "checkpoint",
@@ -26,10 +25,4 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'train' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())
