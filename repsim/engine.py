@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from repsim._xp import astype as fast_astype
 from repsim._xp import is_gpu_namespace
 from repsim.engine_io import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
                               resolve_columns, to_device)
@@ -212,23 +213,33 @@ def _astype(x: Any, dtype: Any, xp: Any) -> Any:
     return fn(x, dtype) if fn is not None else x.astype(dtype)
 
 
-def gram_factor(x: Any, xp: Any, what: str = "X") -> Any:
+def _diagonal(K: Any, xp: Any) -> Any:
+    fn = getattr(getattr(xp, "linalg", None), "diagonal", None)  # array API; CuPy has xp.diagonal
+    return fn(K) if fn is not None else xp.diagonal(K)
+
+
+def gram_factor(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Any:
     """A (b, b) float64 matrix F with (H F)(H F)ᵀ = (H X)(H X)ᵀ, H = I − 11ᵀ/b: the batch's centred
     Gram, which is all that linear HSIC sees, in b² numbers instead of b·p.
 
-    K_c = X_c X_cᵀ is formed from the column-centred batch (float64 on CPU, float32 on GPU), then
-    F = chol(K_c + c 11ᵀ) with c = tr(K_c)/b: the rank-one term lifts the null direction 1 of K_c
-    (so the Cholesky exists) and is annihilated by the kernel's own centring.  When K_c is
+    K_c = X_c X_cᵀ is formed from the column-centred batch in ``dtype`` (default: float64 on the CPU,
+    float32 on a GPU; the engine passes :func:`gram_dtype` of the column), then
+    F = chol(K_c + c 11ᵀ) in float64 with c = tr(K_c)/b: the rank-one term lifts the null direction 1
+    of K_c (so the Cholesky exists) and is annihilated by the kernel's own centring.  When K_c is
     singular beyond that (p < b, repeated rows), F = V √λ₊ from ``eigh`` instead.  NaN or infinite
     values make tr(K_c) non-finite: ``ValueError`` naming ``what`` (the factorisations would fail
     with an anonymous LinAlgError or return NaN).
     """
-    gpu = is_gpu_namespace(xp)
-    X = _astype(xp.reshape(x, (x.shape[0], -1)), xp.float32 if gpu else xp.float64, xp)
-    X = X - xp.mean(X, axis=0, keepdims=True)  # (a fresh array: the stored block stays untouched)
+    if dtype is None:
+        dtype = xp.float32 if is_gpu_namespace(xp) else xp.float64
+    X = xp.reshape(x, (x.shape[0], -1))
+    X = fast_astype(X, dtype, xp) if X.dtype != dtype else X - 0  # a fresh array: centred in place
+    with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN input: reported below, by name
+        X -= xp.mean(X, axis=0, keepdims=True)
     K = _astype(X @ X.T, xp.float64, xp)
+    del X
     b = K.shape[0]
-    c = float(xp.sum(X * X)) / b  # tr(K_c) / b
+    c = float(xp.sum(_diagonal(K, xp))) / b  # tr(K_c) / b
     if not math.isfinite(c):
         raise ValueError(f"{what} contains NaN or infinite values")
     try:
@@ -239,6 +250,26 @@ def gram_factor(x: Any, xp: Any, what: str = "X") -> Any:
         pass
     w, V = xp.linalg.eigh(K)
     return V * xp.sqrt(xp.clip(w, 0.0, None))[None, :]
+
+
+def gram_dtype(stored: str, xp: Any, requested: str | None = None) -> Any:
+    """Precision of a wide column's batch Gram (DESIGN.md "Numerics", refined).
+
+    ``requested`` ("float32" | "float64") wins.  Otherwise float32 for columns stored in float16
+    (every product of two float16 values is exact in float32; only the sums round, ~√p·2⁻²⁴
+    relative, far below the 2⁻¹¹ of the stored values, and float32 GEMMs run at twice the rate
+    and half the memory traffic of float64), and on a GPU for every column not stored in float64;
+    float64 for float32/float64 columns on the CPU.  The b × b Grams are then factored and summed in
+    float64 either way.
+    """
+    if requested is not None:
+        if requested not in ("float32", "float64"):
+            raise ValueError(f"compute_dtype must be None, 'float32' or 'float64', got {requested!r}")
+        return getattr(xp, requested)
+    size = np.dtype(stored).itemsize
+    if size <= 2 or (is_gpu_namespace(xp) and size < 8):
+        return xp.float32
+    return xp.float64
 
 
 def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, reader: BlockReader | None = None,
@@ -272,15 +303,32 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
         g, c = unit
         return reader.gather(c, groups[g])
 
+    dtypes = [gram_dtype(c.dtype, xp, spec.get("compute_dtype")) for c in columns]
+    names = [f"{c.store}/{c.layer}" for c in columns]
+
+    def reduce(x: Any, c: int) -> Any:
+        """What the accumulator keeps of column c's batch: its b × b Gram factor when the column is
+        wide (p >= REDUCE_FACTOR × b), else the rows themselves."""
+        wide = int(np.prod(x.shape[1:])) >= REDUCE_FACTOR * x.shape[0]
+        return gram_factor(x, xp, names[c], dtypes[c]) if wide else x
+
+    host = getattr(xp, "__name__", "") == "numpy"
+
+    def load(unit: tuple[int, int]) -> list[Any]:
+        g, c = unit
+        arrays = reader.gather(c, groups[g])
+        # NumPy: reduce on the reader thread as well, so that decoding, casting and the Gram GEMMs
+        # of different columns run in parallel (each releases the GIL); other namespaces (GPU)
+        # reduce on the consumer thread, which owns the device.
+        return [reduce(a, c) for a in arrays] if host else arrays
+
     try:
         parts: list[list[Any]] = []
         for (g, c), arrays in reader.prefetched([(g, c) for g in range(len(groups)) for c in range(L)], load):
             if c == 0:
                 parts = [[None] * L for _ in arrays]
             for i, a in enumerate(arrays):
-                x = to_device(a, xp)
-                wide = int(np.prod(a.shape[1:])) >= REDUCE_FACTOR * a.shape[0]
-                parts[i][c] = gram_factor(x, xp, f"{columns[c].store}/{columns[c].layer}") if wide else x
+                parts[i][c] = a if host else reduce(to_device(a, xp), c)
             if c == L - 1:
                 for batch in parts:
                     acc.update(batch)
@@ -321,7 +369,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
                method: str = "minibatch", shuffle_window: int | None = None, device: Any = "cpu",
                checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
                progress: bool | None = None, prefetch: int = 2, threads: int = 2,
-               memory_budget: int = 512 * 2**20) -> CKAResult:
+               memory_budget: int = 512 * 2**20, compute_dtype: str | None = None) -> CKAResult:
     """CKA between every (store, layer) column and every other, streamed from activation stores.
 
     ``stores``: paths, globs or ``ActivationStore``s (aligned on ``example_ids``; checked first).
@@ -341,13 +389,19 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     ``checkpoint``: path of a resumable checkpoint, written atomically after each segment of
     ``checkpoint_every`` batches (the last one included, so a rerun returns at once; the CLI
     deletes it once the output is written).  ``prefetch``/``threads``: reads in flight / reader
-    threads.
+    threads (on the CPU the reader threads also cast and reduce wide columns to Gram factors, so
+    ``threads`` is the compute parallelism as well).
+    ``compute_dtype``: precision of the wide columns' batch Grams; ``None`` (default) picks float32
+    for float16 columns (and on a GPU for all but float64 ones), float64 otherwise — see
+    :func:`gram_dtype`; per-batch HSIC values are always summed in float64.
     Tasks run here, or on the ``dask.distributed`` cluster set by :func:`repsim.set_scheduler`.
     """
     if spatial not in ("flatten", "mean"):
         raise ValueError(f"spatial must be 'flatten' or 'mean', got {spatial!r}")
     if method not in ("minibatch", "exact"):
         raise ValueError(f"method must be 'minibatch' or 'exact', got {method!r}")
+    if compute_dtype not in (None, "float32", "float64"):
+        raise ValueError(f"compute_dtype must be None, 'float32' or 'float64', got {compute_dtype!r}")
     opened, columns, example_ids = resolve_columns(stores, layers)
     names = list(dict.fromkeys(c.store for c in columns))
     xp = array_module(device)
@@ -395,6 +449,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     spec = {
         "plan": asdict(plan), "columns": [asdict(c) for c in columns], "device": device_name(xp),
         "spatial": spatial, "debiased": bool(debiased), "prefetch": int(prefetch), "threads": int(threads),
+        "compute_dtype": compute_dtype,
     }
     meta.update({
         "batch_size": int(batch_size), "epochs": int(epochs), "seed": int(seed), "shuffle": plan.shuffle,
@@ -403,6 +458,8 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
         "batch_size_range": [int(min(r.size for r in first)), int(max(r.size for r in first))],
         "rows_dropped_per_epoch": n - sum(r.size for r in first), "segment_batches": seg,
         "reduce_rule": f"columns with p >= {REDUCE_FACTOR} x rows enter MinibatchCKA as a b x b Gram factor",
+        "gram_dtypes": {c.dtype: "float32" if gram_dtype(c.dtype, xp, compute_dtype) == xp.float32 else "float64"
+                        for c in columns},
     })
 
     from repsim.cka import MinibatchCKA
@@ -412,7 +469,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     if checkpoint is not None:
         fingerprint = {k: meta[k] for k in ("debiased", "spatial", "n", "device", "example_ids_sha1")}
         fingerprint.update(plan=asdict(plan), columns=[(c.path, c.layer) for c in columns],
-                           segment_batches=seg)
+                           segment_batches=seg, compute_dtype=compute_dtype)
         ckpt = Checkpoint(checkpoint, fingerprint)
         done, state = ckpt.load()
         if done > len(tasks):  # made by a run with more epochs: cannot be cut back

@@ -177,11 +177,41 @@ class _ChunkReader:
         self.written = written  # chunks that must exist (None: all); unwritten ones read as fill
         self._local = os.path.isdir(path)
         self._arr = None
+        self._fast: Any = False  # False: not looked up yet; None: no fast path for this array
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_arr"] = None
+        state["_fast"] = False
         return state
+
+    def _fast_chunks(self, arr):
+        if self._fast is False:
+            from repsim._chunkio import fast_chunks
+
+            self._fast = fast_chunks(self.path, self.array, arr) if self._local else None
+        return self._fast
+
+    def _read_fast(self, arr, key: tuple, start: int, stop: int):
+        """Rows ``start:stop`` (inside one chunk, other axes whole) straight from the chunk object;
+        ``None`` when the fast path does not apply (see :mod:`repsim._chunkio`)."""
+        fast = self._fast_chunks(arr)
+        if fast is None or stop <= start:
+            return None
+        if any(not (isinstance(k, slice) and k == slice(None)) and
+               not (isinstance(k, slice) and k.indices(n) == (0, n, 1)) for k, n in zip(key[1:], self.shape[1:])):
+            return None
+        c = start // self.chunk_rows
+        if (stop - 1) // self.chunk_rows != c:
+            return None
+        try:
+            data = fast.read((c,) + (0,) * (self.ndim - 1))
+        except ValueError as exc:
+            raise _wrap_read_error(exc, store_name(self.path), self.array, start, stop, self.chunk_rows) from exc
+        if data is None:
+            return None  # no object: zarr gives the fill value (or _check_present raised already)
+        off = c * self.chunk_rows
+        return data[start - off:stop - off]
 
     def _zarr(self):
         if self._arr is None:
@@ -215,6 +245,10 @@ class _ChunkReader:
             stop = int(np.max(first)) + 1 if np.size(first) else 0
         arr = self._zarr()
         self._check_present(arr, start, stop)
+        if isinstance(first, slice) and first.indices(self.shape[0])[2] == 1 and len(key) <= self.ndim:
+            out = self._read_fast(arr, key, start, stop)
+            if out is not None:
+                return out
         try:
             return arr[key]
         except Exception as exc:  # zarr / numcodecs / OS errors -> named StoreError
@@ -472,6 +506,12 @@ class StoreWriter:
         self._layers = {name: full(f"layers/{name}") for name in self.layer_names}
         self._logits = full("logits") if "logits" in group else None
         self._ids, self._labels, self._written = full("example_ids"), full("labels"), full("written")
+        # data chunks bypass zarr's codec pipeline on local disks (repsim._chunkio; byte-identical)
+        from repsim._chunkio import fast_chunks
+
+        self._fast = {id(a): fast_chunks(self.path, a.path, a)
+                      for a in [*self._layers.values(), self._ids, self._labels]
+                      + ([self._logits] if self._logits is not None else [])}
 
     # construction --------------------------------------------------------------------------------
     @classmethod
@@ -634,7 +674,11 @@ class StoreWriter:
         elif logits is not None:
             raise ValueError(f"store {self.name}: chunk {i}: logits given but the store was created without logits_dim")
         for arr, data in prepared:
-            arr[sel] = data
+            fast = self._fast.get(id(arr))
+            if fast is not None:
+                fast.write(data, (i,) + (0,) * (data.ndim - 1))
+            else:
+                arr[sel] = data
         self._written[i] = True
 
     def set_head(self, W: Any, b: Any) -> None:
@@ -660,6 +704,10 @@ class StoreWriter:
         if pending:
             shown = ", ".join(map(str, pending[:10])) + (", ..." if len(pending) > 10 else "")
             raise StoreError(f"store {self.name} ({self.path}) is incomplete: {len(pending)} of {self.n_chunks} chunks not written (chunks {shown})")
+        if os.path.isdir(self.path):  # temporary chunk files of a writer killed mid-write
+            from repsim._chunkio import remove_stale_parts
+
+            remove_stale_parts(self.path)
         self._group.attrs["complete"] = True
         return open_store(self.path)
 

@@ -1,0 +1,170 @@
+"""Direct chunk I/O for local stores in repsim's own encoding (bytes → zstd → crc32c).
+
+Zarr's generic codec pipeline spends, per chunk, about as much CPU on buffer wrapping and copies
+(``np.append`` for the checksum, a decode into a fresh buffer, a copy into the selection) as zstd
+itself takes: 71 ms to read a 33.6 MB float16 chunk through ``zarr.Array`` against 45 ms for the
+same file read, checksummed and decompressed straight into its output array (2-core CI box).
+Extraction writes and every analysis pass are bound by exactly that on a CPU, so repsim reads and
+writes whole chunks of its *own* arrays directly, byte-compatible with zarr:
+
+* the chunk object is ``zstd(raw little-endian bytes of the full chunk) + crc32c`` (4 bytes,
+  little endian) — what zarr writes for ``codecs = [bytes(little), zstd(level, checksum=false),
+  crc32c]``, the encoding :func:`repsim.store.save_store` uses; edge chunks hold the full chunk
+  shape, padded with the fill value, as in zarr;
+* the key comes from the array's own ``chunk_key_encoding``; the file is written to a temporary
+  name in the array's folder and renamed into place, so a crash never leaves a torn chunk behind
+  (``StoreWriter.finalize``, which runs once every writer is done, deletes the leftovers of a
+  killed one: :func:`remove_stale_parts`).
+
+:class:`FastChunks` is built only for arrays on a local file system whose metadata match that
+encoding exactly (:func:`fast_chunks`); anything else (another codec, a remote store, a big-endian
+host) returns ``None`` and the caller goes through zarr.  Tests check both directions against
+zarr byte for byte.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+
+__all__ = ["FastChunks", "fast_chunks", "remove_stale_parts"]
+
+TMP_PREFIX = ".repsim-tmp-"
+
+
+def remove_stale_parts(root: str) -> int:
+    """Delete temporary chunk files that a killed writer left under ``root``; returns how many."""
+    removed = 0
+    for folder, _, files in os.walk(root):
+        for f in files:
+            if f.startswith(TMP_PREFIX) and f.endswith(".part"):
+                try:
+                    os.unlink(os.path.join(folder, f))
+                    removed += 1
+                except OSError:
+                    pass
+    return removed
+
+
+def _codec_spec(arr: Any) -> int | None:
+    """zstd level when ``arr``'s codecs are exactly bytes(little) → zstd(no checksum) → crc32c."""
+    meta = arr.metadata
+    if getattr(meta, "zarr_format", None) != 3 or sys.byteorder != "little":
+        return None
+    codecs = [c.to_dict() for c in meta.codecs]
+    names = [c.get("name") for c in codecs]
+    if names != ["bytes", "zstd", "crc32c"]:
+        return None
+    endian = (codecs[0].get("configuration") or {}).get("endian", "little")
+    zconf = codecs[1].get("configuration") or {}
+    if endian not in ("little", None) or zconf.get("checksum", False):
+        return None
+    if getattr(meta, "storage_transformers", ()):
+        return None
+    return int(zconf.get("level", 0))
+
+
+class FastChunks:
+    """Whole-chunk reads and writes of one local zarr v3 array in repsim's encoding."""
+
+    def __init__(self, root: str, array_path: str, arr: Any, level: int):
+        from numcodecs import Zstd
+
+        self.dir = os.path.join(root, *array_path.split("/"))
+        self.shape = tuple(int(s) for s in arr.shape)
+        self.chunks = tuple(int(c) for c in arr.metadata.chunk_grid.chunk_shape)
+        self.dtype = np.dtype(arr.dtype)
+        self.fill = arr.metadata.fill_value
+        self._key = arr.metadata.encode_chunk_key
+        self._zstd = Zstd(level=level)
+        self._nbytes = int(np.prod(self.chunks)) * self.dtype.itemsize
+
+    def _check_grid(self, index: tuple[int, ...]) -> None:
+        if len(index) != len(self.shape) or any(i < 0 or i * c >= max(s, 1) for i, c, s in
+                                                zip(index, self.chunks, self.shape)):
+            raise IndexError(f"chunk {index} is outside the grid of an array of shape {self.shape}")
+
+    def path(self, index: tuple[int, ...]) -> str:
+        return os.path.join(self.dir, *self._key(tuple(index)).split("/"))
+
+    def extent(self, index: tuple[int, ...]) -> tuple[slice, ...]:
+        """The part of the full chunk ``index`` that lies inside the array."""
+        return tuple(slice(0, min(c, s - i * c)) for i, c, s in zip(index, self.chunks, self.shape))
+
+    def read(self, index: tuple[int, ...]) -> np.ndarray | None:
+        """Chunk ``index`` cut to the array's extent; ``None`` when its object does not exist.
+
+        Raises ``ValueError`` on a checksum mismatch or an object that does not decode to the
+        chunk's size (the caller names store, array and chunk).
+        """
+        import google_crc32c
+
+        self._check_grid(index)
+        try:
+            with open(self.path(index), "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            return None
+        if len(raw) < 4:
+            raise ValueError(f"chunk object of {len(raw)} bytes is truncated")
+        body = np.frombuffer(raw, dtype=np.uint8)[:-4]
+        if np.uint32(google_crc32c.value(body)).tobytes() != raw[-4:]:
+            raise ValueError("Stored and computed checksum do not match (crc32c)")
+        out = np.empty(self.chunks, dtype=self.dtype)
+        try:
+            self._zstd.decode(body, out=out)
+        except Exception as exc:  # wrong size or corrupt frame
+            raise ValueError(f"chunk object does not decode to {self._nbytes} bytes: {exc}") from exc
+        ext = self.extent(index)
+        return out if all(e.stop == c for e, c in zip(ext, self.chunks)) else out[ext]
+
+    def encode(self, data: np.ndarray, index: tuple[int, ...]) -> bytes:
+        """The chunk object for ``data`` (the chunk's in-array extent, already in the array's dtype)."""
+        import google_crc32c
+
+        ext = self.extent(index)
+        want = tuple(e.stop for e in ext)
+        if data.shape != want or data.dtype != self.dtype:
+            raise ValueError(f"chunk {index}: got {data.shape} {data.dtype}, expected {want} {self.dtype}")
+        if want != self.chunks:  # edge chunk: zarr stores the full chunk shape, padded with fill
+            full = np.full(self.chunks, self.fill, dtype=self.dtype)
+            full[ext] = data
+            data = full
+        body = self._zstd.encode(np.ascontiguousarray(data))
+        return bytes(body) + np.uint32(google_crc32c.value(body)).tobytes()
+
+    def write(self, data: np.ndarray, index: tuple[int, ...]) -> None:
+        """Encode and write chunk ``index`` atomically (temporary file + rename)."""
+        self._check_grid(index)
+        blob = self.encode(data, index)
+        path = self.path(index)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # the temporary file sits in the array's folder, outside its chunk tree ``c/``
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=TMP_PREFIX, suffix=".part")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(blob)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+
+def fast_chunks(root: str, array_path: str, arr: Any) -> FastChunks | None:
+    """A :class:`FastChunks` for ``arr`` (at ``root/array_path`` on a local disk), or ``None`` when
+    its encoding or storage is not the one this fast path implements."""
+    if not os.path.isdir(os.path.join(root, *array_path.split("/"))):
+        return None
+    try:
+        level = _codec_spec(arr)
+    except Exception:  # unexpected metadata layout: let zarr handle it
+        return None
+    if level is None:
+        return None
+    return FastChunks(root, array_path, arr, level)
