@@ -180,7 +180,7 @@ def extrapolate(measured: dict) -> dict:
     read_epoch = n * bytes_per_example
     batches = n // b  # window shuffle: ~n/b batches per epoch
     gram = 2.0 * b * n * nets * sum(p)  # Σ_batches 2 b² p  =  2 b n p per column
-    factor = batches * cols * (b ** 3 / 3 + 2 * b ** 3)  # Cholesky + the kernel's Gram of the b×b factor
+    factor = batches * cols * 2.0 * b * b  # U-centring and triangle copy of each column's b×b centred Gram
     hsic = batches * 2.0 * cols ** 2 * b * (b - 1) / 2  # one L×L product of U-centred upper triangles
     flops_epoch = gram + factor + hsic
     a = {
@@ -210,7 +210,7 @@ def extrapolate(measured: dict) -> dict:
         "read_TB_total": epochs * read_epoch / 1e12,
         "flops_per_epoch": flops_epoch,
         "flops_total": epochs * flops_epoch,
-        "flops_share": {"grams": gram / flops_epoch, "gram_factors": factor / flops_epoch, "hsic": hsic / flops_epoch},
+        "flops_share": {"grams": gram / flops_epoch, "gram_centring": factor / flops_epoch, "hsic": hsic / flops_epoch},
         "one_h100_compute_s_per_epoch": t_compute,
         "decode_s_per_epoch_one_node": t_decode,
         "pcie_s_per_epoch": t_pcie,
@@ -218,7 +218,7 @@ def extrapolate(measured: dict) -> dict:
         "memory": {
             "largest_column_read_GB": window_rows * max(p) * 2 / 1e9,
             "host_reads_in_flight_GB": 3 * window_rows * max(p) * 2 / 1e9,  # prefetch 2 + current
-            "gpu_factors_GB": cols * b * b * 8 / 1e9,  # one b×b float64 factor per column per batch
+            "gpu_grams_GB": cols * b * b * 8 / 1e9,  # one b×b float64 centred Gram per column per batch
         },
         "assumptions": a,
     }
@@ -269,14 +269,14 @@ def write_results(res: dict) -> None:
         f"- Read volume: {x['read_TB_per_epoch']:.2f} TB per epoch ({x['bytes_per_example_all_nets'] / 1e6:.0f} MB "
         f"per image over all 18 networks), {x['read_TB_total']:.0f} TB for 10 epochs (each chunk once per epoch).",
         f"- FLOPs: {x['flops_per_epoch']:.2e} per epoch, {x['flops_total']:.2e} total "
-        f"(Grams {100 * x['flops_share']['grams']:.1f} %, b×b Gram factors {100 * x['flops_share']['gram_factors']:.1f} %, "
+        f"(Grams {100 * x['flops_share']['grams']:.1f} %, b×b Gram centring {100 * x['flops_share']['gram_centring']:.1f} %, "
         f"L×L HSIC products {100 * x['flops_share']['hsic']:.2f} %).",
         f"- One H100 (FP32 Grams at {x['assumptions']['h100_fp32_tflops_sustained']:.0f} TFLOP/s sustained): "
         f"{x['one_h100_compute_s_per_epoch']:.0f} s of compute per epoch; PCIe copy {x['pcie_s_per_epoch']:.0f} s; "
         f"zstd decode on {x['assumptions']['cores_per_node']} cores at the measured "
         f"{x['assumptions']['zstd_decode_GBps_per_core']:.2f} GB/s/core: {x['decode_s_per_epoch_one_node']:.0f} s. "
         f"Memory: one column's batch read {x['memory']['largest_column_read_GB']:.1f} GB "
-        f"(×3 in flight with prefetch), {x['memory']['gpu_factors_GB']:.1f} GB of b×b float64 factors on the GPU "
+        f"(×3 in flight with prefetch), {x['memory']['gpu_grams_GB']:.1f} GB of b×b float64 centred Grams on the GPU "
         "(window shuffle with shuffle_window = batch size).",
         "",
         "| nodes (1 H100 each) | s per epoch | 10 epochs (h) | bound by |",

@@ -47,7 +47,7 @@ from repsim._xp import (array_namespace, asarray_like, check_finite, flatten_exa
                         to_numpy)
 from repsim._xp import compute_dtype as _compute_dtype
 
-__all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA"]
+__all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA", "CentredGram"]
 
 _STATE_VERSION = 1
 
@@ -95,6 +95,24 @@ def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str) -> Any:
     if spread <= tol:
         raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
     return Xc
+
+
+def _diagonal(K: Any, xp: Any) -> Any:
+    fn = getattr(getattr(xp, "linalg", None), "diagonal", None)  # array API; CuPy has xp.diagonal
+    return fn(K) if fn is not None else xp.diagonal(K)
+
+
+def _prepare_gram(G: "CentredGram", xp: Any, dtype: Any, n: int | None, what: str) -> "CentredGram":
+    """Cast and validate a :class:`CentredGram` (the counterpart of :func:`_prepare`)."""
+    if n is not None and G.shape[0] != n:
+        raise ValueError(f"{what} has {G.shape[0]} examples, expected {n} (all layers must share examples)")
+    K = G.K if G.K.dtype == dtype else xp.astype(G.K, dtype)
+    tr = float(xp.sum(_diagonal(K, xp)))
+    if not math.isfinite(tr):
+        raise ValueError(f"{what} contains NaN or infinite values")
+    if tr <= 0:
+        raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
+    return CentredGram(K)
 
 
 def _check_n(n: int, debiased: bool, what: str = "batch") -> None:
@@ -153,6 +171,40 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
 # ----------------------------------------------------------------------------------------------
 # all pairs of one batch
 # ----------------------------------------------------------------------------------------------
+class CentredGram:
+    """A batch's centred Gram matrix ``K_c = X_c X_cᵀ`` (b × b), given in place of its rows X.
+
+    Linear HSIC (biased or debiased) sees a layer only through ``K_c``, so a driver that has formed
+    it already (the out-of-core engine does, for layers with p ≫ b) hands it to :func:`batch_hsic` /
+    :meth:`MinibatchCKA.update` in this wrapper instead of the b × p features: the result is the
+    same (to rounding) as for X, and no b × b × p product is repeated.  ``K`` must be symmetric with
+    rows summing to zero (column-centred features); it is not re-centred.
+    """
+
+    __slots__ = ("K",)
+
+    def __init__(self, K: Any):
+        if K.ndim != 2 or K.shape[0] != K.shape[1]:
+            raise ValueError(f"CentredGram needs a square matrix, got shape {K.shape}")
+        self.K = K
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.K.shape)
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+
+def _gram_block(Xc: Any, a: int, b: int, c: int, e: int, xp: Any) -> Any:
+    """A fresh (writable) copy of block [a:b, c:e] of layer's centred Gram: from the rows Xc, or
+    sliced from a :class:`CentredGram`."""
+    if isinstance(Xc, CentredGram):
+        return xp.astype(Xc.K[a:b, c:e], Xc.K.dtype, copy=True)
+    return Xc[a:b, :] @ xp.matrix_transpose(Xc[c:e, :])
+
+
 _INDEX_CACHE: dict[tuple, Any] = {}
 
 
@@ -193,16 +245,14 @@ def _write_triangle(A: Any, l_: int, Xc: Any, d: Any, group: list[tuple[int, int
                     debiased: bool, xp: Any) -> None:
     """Write layer l's (U-centred) Gram pairs i < j of the row blocks in ``group`` into row A[l]."""
     n = Xc.shape[0]
-    T = xp.matrix_transpose
     if debiased:  # U(K)_ij = K_ij + u_i + v_j (i != j): u = diag/(n-2), v = u - tr/((n-1)(n-2))
         u = d / (n - 2)
         v = u - xp.sum(d) / ((n - 1) * (n - 2))
     off = 0
     for a, b, _ in group:
-        Xa = Xc[a:b, :]
         r = b - a
         if r > 1:  # strict upper triangle of the diagonal block (X Xᵀ of one buffer: SYRK)
-            G = Xa @ T(Xa)
+            G = _gram_block(Xc, a, b, a, b, xp)
             if debiased:
                 G += u[a:b][:, None]
                 G += v[a:b][None, :]
@@ -210,7 +260,7 @@ def _write_triangle(A: Any, l_: int, Xc: Any, d: Any, group: list[tuple[int, int
             A[l_, off:off + k] = xp.take(xp.reshape(G, (-1,)), _upper_index(xp, Xc, r))
             off += k
         if b < n:  # the rectangle right of it, contiguous
-            G = Xa @ T(Xc[b:, :])
+            G = _gram_block(Xc, a, b, b, n, xp)
             if debiased:
                 G += u[a:b][:, None]
                 G += v[b:][None, :]
@@ -244,7 +294,7 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     names = list(names) if names is not None else [f"layer {i}" for i in range(L)]
 
     first = layers[0]
-    first_ns = array_namespace(first)
+    first_ns = array_namespace(first.K if isinstance(first, CentredGram) else first)
     xp = first_ns if xp is None else array_namespace(xp=xp)
     dt = _compute_dtype(xp, first, compute_dtype)
     n = first.shape[0]
@@ -259,10 +309,15 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
         for l_ in range(L):
             if gi == 0:
                 X = first if l_ == 0 else layers[l_]
-                if l_ and array_namespace(X) is not first_ns:
+                gram = isinstance(X, CentredGram)
+                if l_ and array_namespace(X.K if gram else X) is not first_ns:
                     raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
-                Xc = X if centred else _prepare(X, xp, dt, n, names[l_])
-                diags.append(row_sq_norms(Xc, xp))
+                if gram:
+                    Xc = _prepare_gram(X, xp, dt, n, names[l_])
+                    diags.append(_diagonal(Xc.K, xp))
+                else:
+                    Xc = X if centred else _prepare(X, xp, dt, n, names[l_])
+                    diags.append(row_sq_norms(Xc, xp))
                 if kept is not None:
                     kept[l_] = Xc
             else:

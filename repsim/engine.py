@@ -21,7 +21,7 @@ reads them from every store at once (one ``update`` sees all L columns), and sch
 Reading is column-major within a group of batches (see :func:`_cka_segment`): memory is
 ``prefetch + 1`` reads of one column's group (a shuffle window, in the stores' dtype) plus, per
 batch of the group, b × min(p, b) numbers per column (a column with p ≥ 4b enters the accumulator
-as a b × b factor of its centred Gram, :func:`gram_factor`); never proportional to n.
+as its b × b centred Gram, :func:`centred_gram`); never proportional to n.
 ``method="exact"`` (full-data linear CKA) lives in :mod:`repsim.engine_exact`.
 """
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from repsim.cka import CentredGram
 from repsim._xp import astype as fast_astype
 from repsim._xp import is_gpu_namespace
 from repsim.engine_io import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
@@ -208,48 +209,44 @@ class Checkpoint:
 REDUCE_FACTOR = 4  # columns wider than this many times the batch are reduced to a b × b Gram factor
 
 
-def _astype(x: Any, dtype: Any, xp: Any) -> Any:
-    fn = getattr(xp, "astype", None)  # array API (NumPy 2, array-api-strict); CuPy has the method
-    return fn(x, dtype) if fn is not None else x.astype(dtype)
-
-
 def _diagonal(K: Any, xp: Any) -> Any:
     fn = getattr(getattr(xp, "linalg", None), "diagonal", None)  # array API; CuPy has xp.diagonal
     return fn(K) if fn is not None else xp.diagonal(K)
 
 
-def gram_factor(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Any:
-    """A (b, b) float64 matrix F with (H F)(H F)ᵀ = (H X)(H X)ᵀ, H = I − 11ᵀ/b: the batch's centred
-    Gram, which is all that linear HSIC sees, in b² numbers instead of b·p.
+def _astype(x: Any, dtype: Any, xp: Any) -> Any:
+    fn = getattr(xp, "astype", None)  # array API (NumPy 2, array-api-strict); CuPy has the method
+    return fn(x, dtype) if fn is not None else x.astype(dtype)
 
-    K_c = X_c X_cᵀ is formed from the column-centred batch in ``dtype`` (default: float64 on the CPU,
-    float32 on a GPU; the engine passes :func:`gram_dtype` of the column), then
-    F = chol(K_c + c 11ᵀ) in float64 with c = tr(K_c)/b: the rank-one term lifts the null direction 1
-    of K_c (so the Cholesky exists) and is annihilated by the kernel's own centring.  When K_c is
-    singular beyond that (p < b, repeated rows), F = V √λ₊ from ``eigh`` instead.  NaN or infinite
-    values make tr(K_c) non-finite: ``ValueError`` naming ``what`` (the factorisations would fail
-    with an anonymous LinAlgError or return NaN).
+
+def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> CentredGram:
+    """The batch's centred Gram ``K_c = X_c X_cᵀ`` (b × b, float64), which is all that linear HSIC
+    sees of a layer: b² numbers instead of b·p, handed to ``MinibatchCKA.update`` as a
+    :class:`~repsim.cka.CentredGram`.
+
+    X_c (the batch, column-centred) and the product are formed in ``dtype`` (default: float64 on
+    the CPU, float32 on a GPU; the engine passes :func:`gram_dtype` of the column); K_c is kept in
+    float64.  NaN or infinite values make tr(K_c) non-finite: ``ValueError`` naming ``what``; so
+    does a layer that is constant over the batch (tr(K_c) within the rounding of the mean, the
+    rule of ``repsim.cka``'s feature path).
     """
     if dtype is None:
         dtype = xp.float32 if is_gpu_namespace(xp) else xp.float64
     X = xp.reshape(x, (x.shape[0], -1))
     X = fast_astype(X, dtype, xp) if X.dtype != dtype else X - 0  # a fresh array: centred in place
+    mean = xp.mean(X, axis=0, keepdims=True)
     with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN input: reported below, by name
-        X -= xp.mean(X, axis=0, keepdims=True)
-    K = _astype(X @ X.T, xp.float64, xp)
+        X -= mean
+    K = _astype(X @ xp.matrix_transpose(X), xp.float64, xp)
     del X
     b = K.shape[0]
-    c = float(xp.sum(_diagonal(K, xp))) / b  # tr(K_c) / b
-    if not math.isfinite(c):
+    tr = float(xp.sum(_diagonal(K, xp)))
+    if not math.isfinite(tr):
         raise ValueError(f"{what} contains NaN or infinite values")
-    try:
-        F = xp.linalg.cholesky(K + c)
-        if bool(xp.all(xp.isfinite(F))):
-            return F
-    except Exception:  # LinAlgError (NumPy), or NaNs on CuPy: fall back to the eigendecomposition
-        pass
-    w, V = xp.linalg.eigh(K)
-    return V * xp.sqrt(xp.clip(w, 0.0, None))[None, :]
+    tol = (4 * b * float(xp.finfo(dtype).eps)) ** 2 * b * float(xp.sum(mean * mean))
+    if tr <= tol:
+        raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
+    return CentredGram(K)
 
 
 def gram_dtype(stored: str, xp: Any, requested: str | None = None) -> Any:
@@ -259,7 +256,7 @@ def gram_dtype(stored: str, xp: Any, requested: str | None = None) -> Any:
     (every product of two float16 values is exact in float32; only the sums round, ~√p·2⁻²⁴
     relative, far below the 2⁻¹¹ of the stored values, and float32 GEMMs run at twice the rate
     and half the memory traffic of float64), and on a GPU for every column not stored in float64;
-    float64 for float32/float64 columns on the CPU.  The b × b Grams are then factored and summed in
+    float64 for float32/float64 columns on the CPU.  The b × b Grams are then kept and summed in
     float64 either way.
     """
     if requested is not None:
@@ -279,7 +276,7 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     Column-major inside a group: each column's rows for all of the group's batches are read in one
     go (its blocks once), and each batch keeps only what the kernel needs from that column — the
     rows themselves, or for a column wider than ``REDUCE_FACTOR × b`` its b × b Gram factor
-    (:func:`gram_factor`).  Once every column is in, each batch is one ``MinibatchCKA.update``
+    (:func:`centred_gram`).  Once every column is in, each batch is one ``MinibatchCKA.update``
     over all L columns.  Peak memory: ``prefetch + 1`` (group, column) reads plus
     Σ_columns b·min(p, 4b) per batch of the group.
 
@@ -307,10 +304,10 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     names = [f"{c.store}/{c.layer}" for c in columns]
 
     def reduce(x: Any, c: int) -> Any:
-        """What the accumulator keeps of column c's batch: its b × b Gram factor when the column is
+        """What the accumulator keeps of column c's batch: its b × b centred Gram when the column is
         wide (p >= REDUCE_FACTOR × b), else the rows themselves."""
         wide = int(np.prod(x.shape[1:])) >= REDUCE_FACTOR * x.shape[0]
-        return gram_factor(x, xp, names[c], dtypes[c]) if wide else x
+        return centred_gram(x, xp, names[c], dtypes[c]) if wide else x
 
     host = getattr(xp, "__name__", "") == "numpy"
 
@@ -389,7 +386,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     ``checkpoint``: path of a resumable checkpoint, written atomically after each segment of
     ``checkpoint_every`` batches (the last one included, so a rerun returns at once; the CLI
     deletes it once the output is written).  ``prefetch``/``threads``: reads in flight / reader
-    threads (on the CPU the reader threads also cast and reduce wide columns to Gram factors, so
+    threads (on the CPU the reader threads also cast and reduce wide columns to centred Grams, so
     ``threads`` is the compute parallelism as well).
     ``compute_dtype``: precision of the wide columns' batch Grams; ``None`` (default) picks float32
     for float16 columns (and on a GPU for all but float64 ones), float64 otherwise — see
@@ -457,7 +454,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
         "block_rows": block_rows, "batches_per_epoch": [sum(s) for s in epoch_sizes],
         "batch_size_range": [int(min(r.size for r in first)), int(max(r.size for r in first))],
         "rows_dropped_per_epoch": n - sum(r.size for r in first), "segment_batches": seg,
-        "reduce_rule": f"columns with p >= {REDUCE_FACTOR} x rows enter MinibatchCKA as a b x b Gram factor",
+        "reduce_rule": f"columns with p >= {REDUCE_FACTOR} x rows enter MinibatchCKA as their b x b centred Gram",
         "gram_dtypes": {c.dtype: "float32" if gram_dtype(c.dtype, xp, compute_dtype) == xp.float32 else "float64"
                         for c in columns},
     })

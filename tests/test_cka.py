@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from repsim.cka import MinibatchCKA, batch_hsic, linear_cka, ucenter
+from repsim.cka import CentredGram, MinibatchCKA, batch_hsic, linear_cka, ucenter
 
 NAMESPACES = [pytest.param(np, id="numpy"), pytest.param(array_api_strict, id="strict")]
 
@@ -194,6 +194,33 @@ def test_batch_hsic_all_pairs_matches_song(xp, debiased):
                          block_rows=block_rows)
         assert isinstance(got, np.ndarray) and got.dtype == np.float64
         np.testing.assert_allclose(got, ref, rtol=1e-8, atol=1e-12 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("xp", NAMESPACES)
+@pytest.mark.parametrize("debiased", [True, False])
+def test_centred_grams_stand_in_for_their_features(xp, debiased):
+    """A layer given as its centred Gram X_c X_cᵀ gives the same HSIC row as its rows X."""
+    rng = np.random.default_rng(16)
+    layers = planted(rng, 29, [4, 40, 7], mean=2.0)
+    flat = [a.reshape(29, -1) for a in layers]
+    h = song_hsic if debiased else biased_hsic
+    ref = np.array([[h(a, b) for b in flat] for a in flat])
+    grams = [CentredGram(xp.asarray((a - a.mean(0)) @ (a - a.mean(0)).T)) for a in flat]
+    for mixed in ([grams[0], xp.asarray(flat[1]), grams[2]], grams):
+        for block_bytes, block_rows in ((1 << 28, 128), (900, 4)):
+            got = batch_hsic(mixed, debiased=debiased, block_bytes=block_bytes, block_rows=block_rows)
+            np.testing.assert_allclose(got, ref, rtol=1e-8, atol=1e-12 * np.abs(ref).max())
+    acc = MinibatchCKA(3, debiased=debiased).update(grams)
+    np.testing.assert_allclose(acc.result(), MinibatchCKA(3, debiased=debiased).update(
+        [xp.asarray(a) for a in flat]).result(), rtol=1e-10)
+    bad = np.array(grams[0].K if xp is np else np.asarray(grams[0].K), copy=True)
+    bad[0, 0] = np.nan
+    with pytest.raises(ValueError, match="layer 0 contains NaN"):
+        batch_hsic([CentredGram(xp.asarray(bad)), xp.asarray(flat[1])])
+    with pytest.raises(ValueError, match="square"):
+        CentredGram(xp.asarray(flat[1]))
+    with pytest.raises(ValueError, match="examples"):
+        batch_hsic([xp.asarray(flat[1]), CentredGram(xp.asarray(np.eye(5)))])
 
 
 @pytest.mark.parametrize("xp", NAMESPACES)

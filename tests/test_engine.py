@@ -311,8 +311,8 @@ def test_cuda_without_cupy_is_a_clear_error(two_stores):
         cka_matrix(two_stores[np.float64], device="cuda")
 
 
-def test_wide_columns_enter_as_gram_factors_without_changing_the_result(tmp_path):
-    """p >= 4b: the engine hands MinibatchCKA a b x b Gram factor instead of the b x p rows."""
+def test_wide_columns_enter_as_centred_grams_without_changing_the_result(tmp_path):
+    """p >= 4b: the engine hands MinibatchCKA the b x b centred Gram instead of the b x p rows."""
     rng = np.random.default_rng(6)
     layers = correlated_layers(rng, 120, {"wide": (400,), "conv": (8, 5, 5), "narrow": (9,)})
     store = make_store(tmp_path / "wide.zarr", {k: v.astype(np.float32) for k, v in layers.items()}, chunk_rows=10)
@@ -322,6 +322,24 @@ def test_wide_columns_enter_as_gram_factors_without_changing_the_result(tmp_path
     biased = cka_matrix(store, batch_size=30, epochs=1, shuffle=False, debiased=False, progress=False)
     np.testing.assert_allclose(biased.values, minibatch_reference(cols, consecutive_batches(120, 30), debiased=False),
                                rtol=1e-9)
+
+
+def test_float16_columns_use_float32_grams_unless_asked(tmp_path):
+    """float16 stores: batch Grams in float32 by default (within 1e-5 of float64), exactly the
+    float64 reference with compute_dtype="float64"; a bad compute_dtype fails before any compute."""
+    rng = np.random.default_rng(8)
+    layers = correlated_layers(rng, 96, {"wide": (12, 6, 6), "mid": (40,), "narrow": (5,)})
+    store = make_store(tmp_path / "h.zarr", {k: v.astype(np.float16) for k, v in layers.items()}, chunk_rows=16)
+    cols = [stored(store, k) for k in layers]
+    ref = minibatch_reference(cols, consecutive_batches(96, 24))
+    default = cka_matrix(store, batch_size=24, epochs=1, shuffle=False, progress=False)
+    assert default.meta["gram_dtypes"] == {"float16": "float32"}
+    np.testing.assert_allclose(default.values, ref, rtol=1e-5)
+    exact = cka_matrix(store, batch_size=24, epochs=1, shuffle=False, progress=False, compute_dtype="float64")
+    np.testing.assert_allclose(exact.values, ref, rtol=1e-10)
+    assert not np.array_equal(default.values, exact.values)  # the float32 path really ran
+    with pytest.raises(ValueError, match="compute_dtype"):
+        cka_matrix(store, batch_size=24, epochs=1, progress=False, compute_dtype="float16")
 
 
 def _gpu_available() -> bool:
