@@ -430,13 +430,23 @@ class MinibatchCKA:
         return self
 
     def result(self, ci: float | None = None, *, n_boot: int = 1000, seed: int = 0,
+               draws: int | None = None,
                ) -> np.ndarray | tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(L, L) CKA values; with ``ci`` (e.g. 0.95) also (lower, upper) bootstrap bounds.
 
-        Percentile bootstrap over batches: ``n_boot`` resamples of the B batch records with
-        replacement (``numpy.random.default_rng(seed)``, records in canonical order), each giving a
-        CKA matrix from its HSIC sums; bounds are the (1-ci)/2 and (1+ci)/2 quantiles (linear
-        interpolation). Resamples whose self-HSIC sum is not positive are dropped for that entry.
+        Percentile bootstrap over batches: ``n_boot`` resamples of ``draws`` batch records (default
+        all B) drawn with replacement (``numpy.random.default_rng(seed)``, records in canonical
+        order), each giving a CKA matrix from its HSIC sums; bounds are the (1-ci)/2 and (1+ci)/2
+        quantiles (linear interpolation). Resamples whose self-HSIC sum is not positive are dropped
+        for that entry.
+
+        Batches must be independent samples for this to be a confidence interval. Batches of one
+        pass over a data set are (disjoint examples); batches of E passes over the *same* n
+        examples are not: more epochs average out how the examples are grouped into batches, but
+        not which n examples were drawn. Resampling all E·B' records would shrink the interval by
+        about √E for no new data, so give ``draws`` = batches per epoch (B'): an m-out-of-n
+        bootstrap whose resamples have the size, and so the spread, of a single pass.
+        ``CKAResult.ci`` does this.
         """
         if self.n_batches == 0:
             raise ValueError("MinibatchCKA.result() called before any update")
@@ -447,7 +457,9 @@ class MinibatchCKA:
             raise ValueError(f"ci must lie in (0, 1), got {ci}")
         if not self.keep_batches:
             raise ValueError("confidence intervals need keep_batches=True")
-        lower, upper = self._bootstrap(ci, n_boot, seed)
+        if draws is not None and not 1 <= int(draws) <= self.n_batches:
+            raise ValueError(f"draws must be in [1, {self.n_batches}], got {draws}")
+        lower, upper = self._bootstrap(ci, n_boot, seed, None if draws is None else int(draws))
         return values, lower, upper
 
     def to_state(self) -> dict[str, Any]:
@@ -506,14 +518,15 @@ class MinibatchCKA:
         order = np.lexsort(rec.T[::-1])
         return rec[order]
 
-    def _bootstrap(self, ci: float, n_boot: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    def _bootstrap(self, ci: float, n_boot: int, seed: int, m: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         L = self.n_layers
         rec = self._canonical()  # (B, T)
         B = rec.shape[0]
+        m = B if m is None else m
         rng = np.random.default_rng(seed)
-        draws = rng.integers(0, B, size=(n_boot, B))
+        draws = rng.integers(0, B, size=(n_boot, m))
         counts = np.zeros((n_boot, B))
-        np.add.at(counts, (np.repeat(np.arange(n_boot), B), draws.ravel()), 1.0)
+        np.add.at(counts, (np.repeat(np.arange(n_boot), m), draws.ravel()), 1.0)
         iu0, iu1 = self._iu
         diag_cols = np.flatnonzero(iu0 == iu1)  # column of (i, i) in the triangle order
         diag = counts @ rec[:, diag_cols]  # (n_boot, L)

@@ -96,13 +96,21 @@ class CKAResult:
             raise KeyError(f"unknown store {store_a if not rows else store_b!r}; stores: {self.stores}")
         return self.values[np.ix_(rows, cols)]
 
-    def ci(self, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-        """Bootstrap confidence interval (lower, upper), each (L, L), from the per-batch statistics."""
+    def ci(self, level: float = 0.95, *, n_boot: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Bootstrap confidence interval (lower, upper), each (L, L), from the per-batch statistics.
+
+        Resamples have the size of one epoch (``meta["batches_per_epoch"][0]`` batches, drawn
+        from the records of all epochs): every epoch re-reads the same n examples, so E epochs do
+        not make the estimate E times more certain about the data; see ``MinibatchCKA.result``.
+        """
         if self.state is None:
             raise ValueError("this result has no per-batch statistics (method='exact' or saved without them)")
         from repsim.cka import MinibatchCKA
 
-        out = MinibatchCKA.from_state(self.state).result(ci=level)
+        acc = MinibatchCKA.from_state(self.state)
+        per_epoch = self.meta.get("batches_per_epoch")
+        draws = min(int(per_epoch[0]), acc.n_batches) if per_epoch else None
+        out = acc.result(ci=level, n_boot=n_boot, seed=seed, draws=draws)
         if isinstance(out, tuple) and len(out) == 3:
             return out[1], out[2]
         if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple):

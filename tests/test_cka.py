@@ -326,18 +326,21 @@ def test_bootstrap_ci_matches_explicit_resampling():
     acc = MinibatchCKA(3)
     for _ in range(8):
         acc.update(planted(rng, 16, [5, 5, 5], mean=1.0))
-    values, lower, upper = acc.result(ci=0.8, n_boot=200, seed=3)
     per = acc.batch_hsic()  # canonical order, (B, L, L)
-    draws = np.random.default_rng(3).integers(0, per.shape[0], size=(200, per.shape[0]))
-    boots = []
-    for d in draws:
-        s = per[d].sum(axis=0)
-        boots.append(s / np.sqrt(np.outer(np.diag(s), np.diag(s))))
-    boots = np.array(boots)
-    np.testing.assert_allclose(lower, np.percentile(boots, 10, axis=0), rtol=1e-10)
-    np.testing.assert_allclose(upper, np.percentile(boots, 90, axis=0), rtol=1e-10)
-    assert np.all(lower <= upper) and np.all(np.diag(lower) == pytest.approx(1.0))
-    assert np.all((lower <= values + 1e-12) | (upper >= values - 1e-12))
+    for m in (None, 3):  # all B records per resample, or an m-out-of-n bootstrap
+        values, lower, upper = acc.result(ci=0.8, n_boot=200, seed=3, draws=m)
+        draws = np.random.default_rng(3).integers(0, per.shape[0], size=(200, m or per.shape[0]))
+        boots = []
+        for d in draws:
+            s = per[d].sum(axis=0)
+            boots.append(s / np.sqrt(np.outer(np.diag(s), np.diag(s))))
+        boots = np.array(boots)
+        np.testing.assert_allclose(lower, np.percentile(boots, 10, axis=0), rtol=1e-10)
+        np.testing.assert_allclose(upper, np.percentile(boots, 90, axis=0), rtol=1e-10)
+        assert np.all(lower <= upper) and np.all(np.diag(lower) == pytest.approx(1.0))
+        assert np.all((lower <= values + 1e-12) | (upper >= values - 1e-12))
+    with pytest.raises(ValueError, match="draws"):
+        acc.result(ci=0.8, draws=9)
     with pytest.raises(ValueError, match="keep_batches"):
         MinibatchCKA(3, keep_batches=False).update(planted(rng, 8, [2, 2, 2])).result(ci=0.9)
 

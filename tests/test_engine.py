@@ -268,6 +268,15 @@ def test_result_save_load_roundtrip_and_bootstrap_ci(two_stores, tmp_path):
     lo, hi = back.ci(0.9)
     assert lo.shape == hi.shape == (3, 3)
     assert np.all(lo <= res.values + 1e-12) and np.all(res.values <= hi + 1e-12) and np.any(hi - lo > 1e-4)
+    # 2 epochs re-read the same examples: resamples have one epoch's batches, not all records
+    acc = repsim.MinibatchCKA.from_state(back.state)
+    per_epoch = meta["batches_per_epoch"][0]
+    assert acc.n_batches == sum(meta["batches_per_epoch"]) > per_epoch
+    _, lo1, hi1 = acc.result(ci=0.9, draws=per_epoch)
+    np.testing.assert_array_equal((lo, hi), (lo1, hi1))
+    _, lo_all, hi_all = acc.result(ci=0.9)
+    off = ~np.eye(3, dtype=bool)
+    assert np.all((hi - lo)[off] >= (hi_all - lo_all)[off] - 1e-12)
     np.testing.assert_allclose(res.block("a", "b"), res.values[:2, 2:])
     assert res.layers("b") == ["pool"] and res.stores == ["a", "b"]
 
