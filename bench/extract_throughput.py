@@ -70,11 +70,16 @@ def store_compression(path: Path, layers: list[str]) -> dict[str, dict[str, floa
     return out
 
 
+ONLY: list[str] = []  # --only: substrings of the labels to run (default all)
+
+
 def measure(label: str, model, dataset, *, batch_size: int, workers: int, device: str, repeats: int,
-            tmp: Path, **kw) -> dict:
+            tmp: Path, **kw) -> dict | None:
     """forward, extract, forward, extract, ..., forward: each extraction is compared with the mean
     of the forward runs just before and after it (a shared machine's load drifts), and the median
     of these paired ratios is reported next to the ratio of the best times."""
+    if ONLY and not any(o in label for o in ONLY):
+        return None
     model = model.to(device).eval()
     forward_only(model, dataset, batch_size, workers, device)  # warm-up (allocator, oneDNN kernels)
     fwds, ext, fwd_cpu, ext_cpu = [], [], [], []
@@ -101,6 +106,7 @@ def measure(label: str, model, dataset, *, batch_size: int, workers: int, device
     res = {
         "label": label, "n": n, "batch_size": batch_size, "workers": workers, "device": device,
         "layers": store.layers, "spatial": kw.get("spatial", "flatten"), "dtype": kw.get("dtype", "float16"),
+        "compression_codec": kw.get("compression", "zstd"),
         "chunk_rows": store.chunk_rows, "forward_s": fwd, "extract_s": min(ext),
         "ratio": float(np.median(paired)), "ratio_of_best": min(ext) / fwd,
         "cpu_ratio": float(np.median(paired_cpu)), "paired_ratios": paired,
@@ -139,8 +145,10 @@ def cpu_configs(args, tmp: Path) -> list[dict]:
     for spatial in ("flatten", "pool2", "mean"):
         results.append(measure(f"resnet50 64px synthetic, 16 blocks+pool+logits, {spatial}", r50, synth,
                                spatial=spatial, **common))
+    results.append(measure("resnet50 64px synthetic, 16 blocks+pool+logits, flatten, --compression none", r50,
+                           synth, spatial="flatten", compression="none", **common))
     results.append(measure("resnet50 64px synthetic, pool+logits", r50, synth, layers="pool,logits", **common))
-    return results
+    return [r for r in results if r is not None]
 
 
 def gpu_configs(args, tmp: Path) -> list[dict]:
@@ -172,13 +180,14 @@ def write_results(results: list[dict], cmd: str) -> None:
              "the same loader batches through the model with nothing captured. Runs alternate forward, extract, "
              "forward, ...; ratio = median over extractions of extract / mean(forward before, forward after). "
              "Goal: ratio <= 1.2.", "",
-             "| configuration | n | batch | best forward s | best extract s | ratio (wall, paired median) | ratio of best times | ratio (process CPU time) | img/s | store MiB (raw -> zstd) |",
+             "| configuration | n | batch | best forward s | best extract s | ratio (wall, paired median) | ratio of best times | ratio (process CPU time) | img/s | store MiB (raw -> stored) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['label']} ({r['device']}) | {r['n']} | {r['batch_size']} | {r['forward_s']:.2f} | "
                      f"{r['extract_s']:.2f} | **{r['ratio']:.2f}** | {r['ratio_of_best']:.2f} | {r['cpu_ratio']:.2f} | {r['extract_img_per_s']:.0f} | "
                      f"{r['store_uncompressed_mb']:.1f} -> {r['store_stored_mb']:.1f} |")
-    lines += ["", "Compression ratio per layer (uncompressed / stored, float16 + zstd level 3):", ""]
+    lines += ["", "Compression ratio per layer (uncompressed / stored, float16 + zstd level 1 unless the row says "
+              "`--compression none`):", ""]
     for r in results:
         comp = ", ".join(f"{k} x{v['ratio']:.2f}" for k, v in r["compression"].items())
         lines.append(f"- {r['label']}: {comp}")
@@ -199,11 +208,20 @@ def main() -> int:
     p.add_argument("--gpu-batch", type=int, default=256)
     p.add_argument("--gpu-spatial", default="mean")
     p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--only", nargs="*", default=[], metavar="TEXT",
+                   help="run only configurations whose label contains one of these (e.g. flatten)")
+    p.add_argument("--no-markdown", action="store_true", help="write the JSON only, leave RESULTS.md alone")
     args = p.parse_args()
+    ONLY[:] = args.only
     cmd = "python bench/extract_throughput.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="extract-bench-") as tmp:
         results = cpu_configs(args, Path(tmp)) if args.device == "cpu" else gpu_configs(args, Path(tmp))
-    write_results(results, cmd.strip())
+        results = [r for r in results if r is not None]
+    if not args.no_markdown:
+        write_results(results, cmd.strip())
+    else:
+        print(json.dumps([{k: r[k] for k in ("label", "ratio", "ratio_of_best", "cpu_ratio", "forward_s", "extract_s")}
+                          for r in results], indent=1))
     return 0
 
 

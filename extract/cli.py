@@ -46,6 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="conv maps: flatten (keep C,H,W), mean (global average) or pool<k> (k x k average)")
     parser.add_argument("--dtype", default="float16", choices=("float16", "float32"),
                         help="layer dtype (logits are always float32); default float16")
+    parser.add_argument("--compression", default="zstd", choices=("zstd", "none"),
+                        help="layer chunk compression: zstd (level 1, default) or none (no CPU spent on "
+                             "compression, 1.5-2x the disk space; every chunk keeps its crc32c)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--order", default="shuffled", choices=("shuffled", "dataset"),
                         help="row order: a fixed seeded permutation of the dataset (default; example_ids "
@@ -126,7 +129,7 @@ def run(args) -> int:
                 dtype=args.dtype, batch_size=args.batch_size, workers=args.workers, device=args.device,
                 amp=args.amp, chunk_rows=args.chunk_rows, write_threads=args.write_threads,
                 overwrite=args.overwrite, check_space=not args.no_space_check, progress=args.progress,
-                order=args.order, order_seed=args.order_seed,
+                order=args.order, order_seed=args.order_seed, compression=args.compression,
             )
     except (ExtractError, ValueError) as exc:
         print(exc if str(exc).startswith("extract") else f"extract: {exc}", file=sys.stderr)

@@ -172,6 +172,7 @@ def extract_store(
     meta: dict[str, Any] | None = None,
     order: str = "shuffled",
     order_seed: int = 0,
+    compression: str = "zstd",
 ):
     """Extract ``model``'s layers over ``data`` into the Zarr store ``out``; returns the opened store.
 
@@ -184,6 +185,9 @@ def extract_store(
     ``auto`` (float16 autocast on CUDA, off on CPU), ``off``, ``float16``, ``bfloat16``.
     ``write_threads``/``overlap``: compression/writing threads and whether they run during the
     forward passes (None: automatic, see the module docstring); 0 threads writes inline.
+    ``compression``: ``zstd`` (default, level 1) or ``none`` for the layer arrays: uncompressed
+    chunks take no CPU to write (or read), at 1.5-2x the disk space of post-ReLU float16 — the
+    choice for full conv maps on a machine with few cores and a fast disk (bench/RESULTS.md).
     ``order``: ``shuffled`` (default) writes rows in the fixed pseudo-random permutation
     ``default_rng(order_seed).permutation(n)`` of the dataset (``example_ids`` record each row's
     dataset index); ``dataset`` keeps dataset order. Every store of one dataset written with the same
@@ -197,6 +201,8 @@ def extract_store(
 
     if batch_size < 1:
         raise ExtractError(f"extract: --batch-size must be >= 1, got {batch_size}")
+    if compression not in ("zstd", "none"):
+        raise ExtractError(f"extract: --compression must be zstd or none, got {compression!r}")
     if dtype not in DTYPES:
         raise ExtractError(f"extract: --dtype must be float16 or float32, got {dtype!r}")
     spatial_ = Spatial.parse(spatial)
@@ -235,6 +241,7 @@ def extract_store(
         "extraction": {
             **plan.settings, "module_names": hooked, "world_size": world,
             "torch": torch.__version__, "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "compression": compression,
         },
     }
     out = Path(out)
@@ -353,8 +360,8 @@ def _compatible(attrs: dict, meta: dict) -> list[str]:
     """Settings of an existing store that differ from this run's (empty: safe to resume)."""
     diffs = []
     old, new = attrs.get("extraction", {}), meta["extraction"]
-    for key in ("layers", "spatial", "dtype", "amp", "batch_size", "chunk_rows", "device_type"):
-        if old.get(key) != new.get(key):
+    for key in ("layers", "spatial", "dtype", "amp", "batch_size", "chunk_rows", "device_type", "compression"):
+        if old.get(key, "zstd" if key == "compression" else None) != new.get(key):
             diffs.append(f"{key}: store {old.get(key)!r} vs now {new.get(key)!r}")
     for group, keys in (("model", ("arch", "checkpoint_sha256", "weights_sha256")),
                         ("dataset", ("name", "split", "n", "transform"))):
@@ -399,6 +406,7 @@ def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bo
         StoreWriter.create(
             str(out), n=plan.n, layers=plan.layers, chunk_rows=plan.chunk_rows,
             logits_dim=plan.logits_dim, meta=meta, overwrite=overwrite,
+            compression=meta["extraction"].get("compression", "zstd"),
         )
     return ["pending", list(pending)]
 

@@ -9,8 +9,9 @@ writes whole chunks of its *own* arrays directly, byte-compatible with zarr:
 
 * the chunk object is ``zstd(raw little-endian bytes of the full chunk) + crc32c`` (4 bytes,
   little endian) — what zarr writes for ``codecs = [bytes(little), zstd(level, checksum=false),
-  crc32c]``, the encoding :func:`repsim.store.save_store` uses; edge chunks hold the full chunk
-  shape, padded with the fill value, as in zarr;
+  crc32c]``, the encoding :func:`repsim.store.save_store` uses — or, for stores created with
+  ``compression="none"``, the raw bytes + crc32c (``[bytes(little), crc32c]``); edge chunks hold
+  the full chunk shape, padded with the fill value, as in zarr;
 * the key comes from the array's own ``chunk_key_encoding``; the file is written to a temporary
   name in the array's folder and renamed into place, so a crash never leaves a torn chunk behind
   (``StoreWriter.finalize``, which runs once every writer is done, deletes the leftovers of a
@@ -49,20 +50,26 @@ def remove_stale_parts(root: str) -> int:
     return removed
 
 
-def _codec_spec(arr: Any) -> int | None:
-    """zstd level when ``arr``'s codecs are exactly bytes(little) → zstd(no checksum) → crc32c."""
+RAW = "raw"
+
+
+def _codec_spec(arr: Any) -> int | str | None:
+    """zstd level when ``arr``'s codecs are exactly bytes(little) → zstd(no checksum) → crc32c,
+    :data:`RAW` for bytes(little) → crc32c, else ``None``."""
     meta = arr.metadata
     if getattr(meta, "zarr_format", None) != 3 or sys.byteorder != "little":
         return None
     codecs = [c.to_dict() for c in meta.codecs]
     names = [c.get("name") for c in codecs]
-    if names != ["bytes", "zstd", "crc32c"]:
+    if names not in (["bytes", "zstd", "crc32c"], ["bytes", "crc32c"]):
         return None
     endian = (codecs[0].get("configuration") or {}).get("endian", "little")
-    zconf = codecs[1].get("configuration") or {}
-    if endian not in ("little", None) or zconf.get("checksum", False):
+    if endian not in ("little", None) or getattr(meta, "storage_transformers", ()):
         return None
-    if getattr(meta, "storage_transformers", ()):
+    if names[1] == "crc32c":
+        return RAW
+    zconf = codecs[1].get("configuration") or {}
+    if zconf.get("checksum", False):
         return None
     return int(zconf.get("level", 0))
 
@@ -70,7 +77,7 @@ def _codec_spec(arr: Any) -> int | None:
 class FastChunks:
     """Whole-chunk reads and writes of one local zarr v3 array in repsim's encoding."""
 
-    def __init__(self, root: str, array_path: str, arr: Any, level: int):
+    def __init__(self, root: str, array_path: str, arr: Any, level: int | str):
         from numcodecs import Zstd
 
         self.dir = os.path.join(root, *array_path.split("/"))
@@ -79,7 +86,7 @@ class FastChunks:
         self.dtype = np.dtype(arr.dtype)
         self.fill = arr.metadata.fill_value
         self._key = arr.metadata.encode_chunk_key
-        self._zstd = Zstd(level=level)
+        self._zstd = None if level == RAW else Zstd(level=level)
         self._nbytes = int(np.prod(self.chunks)) * self.dtype.itemsize
 
     def _check_grid(self, index: tuple[int, ...]) -> None:
@@ -105,19 +112,28 @@ class FastChunks:
         self._check_grid(index)
         try:
             with open(self.path(index), "rb") as fh:
-                raw = fh.read()
+                if self._zstd is None:  # raw: read straight into the (writable) output buffer
+                    buf = np.empty(self._nbytes + 4, dtype=np.uint8)
+                    got = fh.readinto(buf)
+                    if got != buf.size or fh.read(1):
+                        raise ValueError(f"chunk object is not {buf.size} bytes long (raw chunk + crc32c)")
+                else:
+                    buf = np.frombuffer(fh.read(), dtype=np.uint8)
         except FileNotFoundError:
             return None
-        if len(raw) < 4:
-            raise ValueError(f"chunk object of {len(raw)} bytes is truncated")
-        body = np.frombuffer(raw, dtype=np.uint8)[:-4]
-        if np.uint32(google_crc32c.value(body)).tobytes() != raw[-4:]:
+        if buf.size < 4:
+            raise ValueError(f"chunk object of {buf.size} bytes is truncated")
+        body = buf[:-4]
+        if np.uint32(google_crc32c.value(body)).tobytes() != buf[-4:].tobytes():
             raise ValueError("Stored and computed checksum do not match (crc32c)")
-        out = np.empty(self.chunks, dtype=self.dtype)
-        try:
-            self._zstd.decode(body, out=out)
-        except Exception as exc:  # wrong size or corrupt frame
-            raise ValueError(f"chunk object does not decode to {self._nbytes} bytes: {exc}") from exc
+        if self._zstd is None:
+            out = body.view(self.dtype).reshape(self.chunks)
+        else:
+            out = np.empty(self.chunks, dtype=self.dtype)
+            try:
+                self._zstd.decode(body, out=out)
+            except Exception as exc:  # wrong size or corrupt frame
+                raise ValueError(f"chunk object does not decode to {self._nbytes} bytes: {exc}") from exc
         ext = self.extent(index)
         return out if all(e.stop == c for e, c in zip(ext, self.chunks)) else out[ext]
 
@@ -133,7 +149,8 @@ class FastChunks:
             full = np.full(self.chunks, self.fill, dtype=self.dtype)
             full[ext] = data
             data = full
-        body = self._zstd.encode(np.ascontiguousarray(data))
+        data = np.ascontiguousarray(data)
+        body = data.view(np.uint8).reshape(-1) if self._zstd is None else self._zstd.encode(data)
         return bytes(body) + np.uint32(google_crc32c.value(body)).tobytes()
 
     def write(self, data: np.ndarray, index: tuple[int, ...]) -> None:

@@ -27,15 +27,16 @@ def _objects(root: str) -> dict[str, bytes]:
     return out
 
 
+@pytest.mark.parametrize("compression", ["zstd", "none"])
 @pytest.mark.parametrize("n,chunk_rows", [(50, 16), (48, 16), (7, 16)])
-def test_writer_objects_equal_zarr_objects_and_reads_round_trip(tmp_path, n, chunk_rows):
+def test_writer_objects_equal_zarr_objects_and_reads_round_trip(tmp_path, n, chunk_rows, compression):
     """StoreWriter's direct writes produce the very bytes zarr writes (edge chunks padded with the
     fill value), and direct reads return what zarr reads."""
     rng = np.random.default_rng(0)
     data = _arrays(rng, n)
     ids, labels = np.arange(n, dtype=np.int64) * 3, (np.arange(n) % 4).astype(np.int32)
     w = StoreWriter.create(tmp_path / "fast.zarr", n=n, layers={k: (v.shape[1:], v.dtype) for k, v in data.items()},
-                           chunk_rows=chunk_rows)
+                           chunk_rows=chunk_rows, compression=compression)
     assert all(f is not None for f in w._fast.values())
     for i in range(w.n_chunks):
         a, b = w.rows(i)
@@ -47,8 +48,9 @@ def test_writer_objects_equal_zarr_objects_and_reads_round_trip(tmp_path, n, chu
     ref = zarr.open_group(str(tmp_path / "ref.zarr"), mode="w")
     for name, x in [("layers/conv", data["conv"]), ("layers/pool", data["pool"]), ("example_ids", ids),
                     ("labels", labels)]:
+        codecs = _codecs(compression if name.startswith("layers/") else "zstd")
         arr = ref.create_array(name, shape=x.shape, chunks=(chunk_rows, *x.shape[1:]), dtype=x.dtype,
-                               fill_value=0, **_codecs())
+                               fill_value=0, **codecs)
         arr.with_config({"write_empty_chunks": True})[...] = x
     fast = _objects(str(tmp_path / "fast.zarr"))
     slow = _objects(str(tmp_path / "ref.zarr"))
@@ -68,11 +70,12 @@ def test_writer_objects_equal_zarr_objects_and_reads_round_trip(tmp_path, n, chu
     assert not glob.glob(str(tmp_path / "fast.zarr" / "**" / f"{TMP_PREFIX}*"), recursive=True)
 
 
-def test_corrupt_and_truncated_objects_raise_naming_the_chunk(tmp_path):
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_corrupt_and_truncated_objects_raise_naming_the_chunk(tmp_path, compression):
     rng = np.random.default_rng(1)
     data = _arrays(rng, 40)
     w = StoreWriter.create(tmp_path / "s.zarr", n=40, layers={k: (v.shape[1:], v.dtype) for k, v in data.items()},
-                           chunk_rows=10)
+                           chunk_rows=10, compression=compression)
     for i in range(4):
         a, b = w.rows(i)
         w.write_chunk(i, layers={k: v[a:b] for k, v in data.items()}, labels=np.zeros(b - a, np.int32),
@@ -107,3 +110,5 @@ def test_other_encodings_fall_back_to_zarr(tmp_path):
     np.testing.assert_array_equal(fc.read((2, 0)), x[16:20])
     with pytest.raises(IndexError):
         fc.read((3, 0))
+    with pytest.raises(ValueError, match="compression"):
+        StoreWriter.create(tmp_path / "x.zarr", n=4, layers={"a": ((2,), np.float32)}, compression="lz4")

@@ -190,6 +190,26 @@ def test_write_modes_give_identical_bytes(ckpts, digits, tmp_path):
         assert _arrays(stores[mode].path) == ref, mode
 
 
+def test_uncompressed_store_holds_the_same_values(ckpts, digits, tmp_path):
+    """--compression none: same arrays as zstd, chunks are raw bytes + crc32c, and resuming with
+    another compression is refused."""
+    common = dict(split="test", layers="block1,pool", batch_size=64, chunk_rows=128, **FAST)
+    z = extract_store(ckpts[0], digits, tmp_path / "z.zarr", **common)
+    raw = extract_store(ckpts[0], digits, tmp_path / "raw.zarr", compression="none", **common)
+    assert raw.attrs["compression"] == "none" and z.attrs["compression"] == "zstd"
+    assert raw.attrs["extraction"]["compression"] == "none"
+    for name in ("block1", "pool"):
+        np.testing.assert_array_equal(raw.layer(name).compute().view(np.uint16), z.layer(name).compute().view(np.uint16))
+        codecs = [c["name"] for c in raw.zarr_array(name).metadata.to_dict()["codecs"]]
+        assert codecs == ["bytes", "crc32c"]
+    size = lambda p: sum(f.stat().st_size for f in Path(p).rglob("*") if f.is_file())  # noqa: E731
+    assert size(raw.path) > size(z.path)
+    with pytest.raises(ExtractError, match="compression"):
+        extract_store(ckpts[0], digits, tmp_path / "raw.zarr", **common)  # exists with other settings
+    with pytest.raises(ExtractError, match="--compression"):
+        extract_store(ckpts[0], digits, tmp_path / "bad.zarr", compression="lz4", **common)
+
+
 def test_two_networks_stores_align_batch_cli(ckpts, tmp_path):
     rc = repsim_main([  # no --data: the runs' own dataset (digits), with their evaluation transform
         "extract", "--checkpoint", str(ckpts[0]), "--checkpoint", str(ckpts[1]), "--name", "{parent}",
