@@ -29,6 +29,7 @@ __all__ = [
     "unit_rows",
     "row_sq_norms",
     "astype",
+    "diagonal",
 ]
 
 
@@ -246,6 +247,12 @@ def host_labels(labels: Any, n: int, num_classes: int | None, what: str = "label
     if num_classes is not None and y.size and (y.min() < 0 or y.max() >= num_classes):
         raise ValueError(f"{what} must lie in [0, {num_classes}), got range [{y.min()}, {y.max()}]")
     return y
+
+
+def diagonal(K: Any, xp: Any) -> Any:
+    """Main diagonal of a matrix (``xp.linalg.diagonal`` in the array API; CuPy's ``xp.diagonal``)."""
+    fn = getattr(getattr(xp, "linalg", None), "diagonal", None)
+    return fn(K) if fn is not None else xp.diagonal(K)
 
 
 def row_sq_norms(X: Any, xp: Any) -> Any:

@@ -43,8 +43,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import (array_namespace, asarray_like, check_finite, flatten_examples, row_sq_norms,
-                        to_numpy)
+from repsim._xp import (array_namespace, asarray_like, check_finite, diagonal, flatten_examples,
+                        row_sq_norms, to_numpy)
 from repsim._xp import compute_dtype as _compute_dtype
 
 __all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA", "CentredGram"]
@@ -97,17 +97,12 @@ def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str) -> Any:
     return Xc
 
 
-def _diagonal(K: Any, xp: Any) -> Any:
-    fn = getattr(getattr(xp, "linalg", None), "diagonal", None)  # array API; CuPy has xp.diagonal
-    return fn(K) if fn is not None else xp.diagonal(K)
-
-
 def _prepare_gram(G: "CentredGram", xp: Any, dtype: Any, n: int | None, what: str) -> "CentredGram":
     """Cast and validate a :class:`CentredGram` (the counterpart of :func:`_prepare`)."""
     if n is not None and G.shape[0] != n:
         raise ValueError(f"{what} has {G.shape[0]} examples, expected {n} (all layers must share examples)")
     K = G.K if G.K.dtype == dtype else xp.astype(G.K, dtype)
-    tr = float(xp.sum(_diagonal(K, xp)))
+    tr = float(xp.sum(diagonal(K, xp)))
     if not math.isfinite(tr):
         raise ValueError(f"{what} contains NaN or infinite values")
     if tr <= 0:
@@ -314,7 +309,7 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
                     raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
                 if gram:
                     Xc = _prepare_gram(X, xp, dt, n, names[l_])
-                    diags.append(_diagonal(Xc.K, xp))
+                    diags.append(diagonal(Xc.K, xp))
                 else:
                     Xc = X if centred else _prepare(X, xp, dt, n, names[l_])
                     diags.append(row_sq_norms(Xc, xp))

@@ -38,7 +38,7 @@ import numpy as np
 
 from repsim.cka import CentredGram
 from repsim._xp import astype as fast_astype
-from repsim._xp import is_gpu_namespace
+from repsim._xp import diagonal, is_gpu_namespace
 from repsim.engine_io import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
                               resolve_columns, to_device)
 from repsim.scheduler import array_module, device_name, get_client, run_tasks
@@ -214,12 +214,7 @@ class Checkpoint:
 # tasks
 
 
-REDUCE_FACTOR = 4  # columns wider than this many times the batch are reduced to a b × b Gram factor
-
-
-def _diagonal(K: Any, xp: Any) -> Any:
-    fn = getattr(getattr(xp, "linalg", None), "diagonal", None)  # array API; CuPy has xp.diagonal
-    return fn(K) if fn is not None else xp.diagonal(K)
+REDUCE_FACTOR = 4  # columns wider than this many times the batch are reduced to their b × b Gram
 
 
 def _astype(x: Any, dtype: Any, xp: Any) -> Any:
@@ -248,7 +243,7 @@ def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Centred
     K = _astype(X @ xp.matrix_transpose(X), xp.float64, xp)
     del X
     b = K.shape[0]
-    tr = float(xp.sum(_diagonal(K, xp)))
+    tr = float(xp.sum(diagonal(K, xp)))
     if not math.isfinite(tr):
         raise ValueError(f"{what} contains NaN or infinite values")
     tol = (4 * b * float(xp.finfo(dtype).eps)) ** 2 * b * float(xp.sum(mean * mean))
@@ -283,8 +278,8 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
 
     Column-major inside a group: each column's rows for all of the group's batches are read in one
     go (its blocks once), and each batch keeps only what the kernel needs from that column — the
-    rows themselves, or for a column wider than ``REDUCE_FACTOR × b`` its b × b Gram factor
-    (:func:`centred_gram`).  Once every column is in, each batch is one ``MinibatchCKA.update``
+    rows themselves, or for a column wider than ``REDUCE_FACTOR × b`` its b × b centred Gram
+    (:func:`centred_gram`, formed on the reader threads on the CPU).  Once every column is in, each batch is one ``MinibatchCKA.update``
     over all L columns.  Peak memory: ``prefetch + 1`` (group, column) reads plus
     Σ_columns b·min(p, 4b) per batch of the group.
 
@@ -302,14 +297,9 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     if own:
         reader = BlockReader(columns, plan.n, plan.block_rows, spatial=spec["spatial"], prefetch=spec["prefetch"],
                              threads=spec["threads"])
-    acc = MinibatchCKA(L, debiased=spec["debiased"], keep_batches=True, names=[f"{c.store}/{c.layer}" for c in columns])
-
-    def load(unit: tuple[int, int]) -> list[Any]:
-        g, c = unit
-        return reader.gather(c, groups[g])
-
-    dtypes = [gram_dtype(c.dtype, xp, spec.get("compute_dtype")) for c in columns]
     names = [f"{c.store}/{c.layer}" for c in columns]
+    acc = MinibatchCKA(L, debiased=spec["debiased"], keep_batches=True, names=names)
+    dtypes = [gram_dtype(c.dtype, xp, spec.get("compute_dtype")) for c in columns]
 
     def reduce(x: Any, c: int) -> Any:
         """What the accumulator keeps of column c's batch: its b × b centred Gram when the column is
