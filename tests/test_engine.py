@@ -333,6 +333,27 @@ def test_wide_columns_enter_as_centred_grams_without_changing_the_result(tmp_pat
                                rtol=1e-9)
 
 
+@pytest.mark.parametrize("p", [300, 2 * 2048 + 777])  # one slab / the blocked path with a ragged last slab
+def test_centred_gram_matches_brute_force(p):
+    from repsim.cka import CentredGram
+    from repsim.engine import centred_gram
+
+    rng = np.random.default_rng(p)
+    x = np.maximum(rng.normal(size=(40, p)) + 0.5, 0).astype(np.float16)
+    Xc = x.astype(np.float64) - x.astype(np.float64).mean(axis=0)
+    ref = Xc @ Xc.T
+    for dtype, tol in ((np.float32, 1e-6), (np.float64, 1e-12)):
+        G = centred_gram(x.reshape(40, -1, 1), np, "s/l", dtype)
+        assert isinstance(G, CentredGram) and G.K.dtype == np.float64
+        np.testing.assert_allclose(G.K, ref, rtol=0, atol=tol * np.abs(ref).max())
+    bad = x.copy()
+    bad[3, 7] = np.inf
+    with pytest.raises(ValueError, match="s/l contains NaN"):
+        centred_gram(bad, np, "s/l", np.float32)
+    with pytest.raises(ValueError, match="s/l is constant"):
+        centred_gram(np.full((40, p), 2.5, np.float16), np, "s/l", np.float32)
+
+
 def test_float16_columns_use_float32_grams_unless_asked(tmp_path):
     """float16 stores: batch Grams in float32 by default (within 1e-5 of float64), exactly the
     float64 reference with compute_dtype="float64"; a bad compute_dtype fails before any compute."""
