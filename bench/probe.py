@@ -84,6 +84,8 @@ def run_repsim(Xtr, ytr, Xte, yte, lambdas, **kw):
             "best_lambda": r.best_lambda, "val_acc_at_best": r.curve[r.best_lambda],
             "test_accuracy": r.accuracy, "iterations_total": r.info["iterations_total"],
             "evaluations": r.info["evaluations_sweep"] + r.info["evaluations_refit"],
+            "products": r.info["products_sweep"] + r.info["products_refit"],
+            "line_search_trials": r.info["line_search_trials"],
             "refit_iterations": r.info["refit_iterations"], "curve": r.curve}
 
 
@@ -130,7 +132,14 @@ def main(argv=None) -> int:
         print(f"repsim {name:5s}: {res[f'repsim_{name}']['seconds']:.1f} s  "
               f"λ*={res[f'repsim_{name}']['best_lambda']:.3g}  "
               f"test={res[f'repsim_{name}']['test_accuracy']:.4f}  "
-              f"iters={res[f'repsim_{name}']['iterations_total']}", flush=True)
+              f"iters={res[f'repsim_{name}']['iterations_total']}"
+              f"+{res[f'repsim_{name}']['refit_iterations']}  "
+              f"evals={res[f'repsim_{name}']['evaluations']}  "
+              f"products={res[f'repsim_{name}']['products']}  "
+              f"trials={res[f'repsim_{name}']['line_search_trials']}  "
+              f"(prep {res[f'repsim_{name}']['seconds_prepare']:.1f} s, "
+              f"sweep {res[f'repsim_{name}']['seconds_sweep']:.1f} s, "
+              f"refit {res[f'repsim_{name}']['seconds_refit']:.1f} s)", flush=True)
     if "sklearn" not in args.skip:
         res["sklearn"] = run_sklearn(Xtr, ytr, Xte, yte, tr_idx, val_idx, lambdas,
                                      args.sklearn_tol, args.max_iter)

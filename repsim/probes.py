@@ -230,6 +230,8 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
             "iterations": {repr(k): v for k, v in iters.items()},
             "iterations_total": int(sum(iters.values())), "refit_iterations": final.n_iter,
             "evaluations_sweep": obj.n_evals, "evaluations_refit": full.n_evals,
+            "products_sweep": obj.n_products, "products_refit": full.n_products,
+            "line_search_trials": obj.n_trials + full.n_trials,
             "refit_converged": final.converged, "refit_message": final.message,
             "rank": rp.rank, "n_train": int(n_tr), "n_val": int(val_idx.size),
             "direction": direction, "warm_start": warm_start, "dtype": str(np.dtype(
