@@ -188,7 +188,8 @@ class LogisticObjective:
 
     Counters: ``n_evals`` (points where f and the full gradient were computed), ``n_products``
     ((n, r)×(r, K)-sized products: directions, gradients, fresh logits), ``n_trials`` (line-search
-    trials, each O(n·K) elementwise work and no product).
+    trials, each O(n·K) elementwise work and no product), ``n_refreshes`` (logits recomputed after
+    ``REFRESH_AGE`` linear updates; included in ``n_products``).
     """
 
     def __init__(self, rp: RotatedProblem, y: np.ndarray, n_classes: int, *, n: int | None = None,
@@ -298,7 +299,7 @@ class LogisticObjective:
         e = xp.exp(-xp.abs(L))
         ce = xp.maximum(-L, self.zero) + xp.log1p(e)
         data = float(xp.sum(xp.astype(xp.sum(ce, axis=0), xp.float64)))
-        q = xp.where(L >= 0, e, self.zero * e + 1) / (1 + e)               # σ(−L)
+        q = xp.where(L >= 0, e, xp.ones_like(e)) / (1 + e)                 # σ(−L)
         return _Point(st, data, q)
 
     def _slopes(self, pt: _Point, Ld: Any) -> tuple[float, float]:

@@ -4,7 +4,8 @@
   ``Σ_i CE_i + λ‖W‖²_F`` (bias unpenalised; scikit-learn's ``LogisticRegression(C=1/(2λ))``), λ chosen
   from 45 log-spaced values in [1e-6, 1e5] on a stratified validation split of the training set, each
   fit warm-started from the previous λ's; then refit on train+validation with the chosen λ and scored
-  on the test set. Solver: :mod:`repsim._logreg` (L-BFGS, exact reparameterisations that make it fast).
+  on the test set. Solver: :mod:`repsim._logreg` (L-BFGS, exact reparameterisations that make it fast,
+  a line search on logits that are linear in the parameters: two (N×P)·(P×K) products per iteration).
 - :func:`knn_probe`: cosine-similarity k-nearest neighbours; k chosen by leave-one-out accuracy on the
   training set; top-k computed chunk by chunk (never an N×N matrix).
 - :func:`multilabel_probe`: one binary L2-regularised logistic regression per class, λ chosen per class
@@ -36,7 +37,9 @@ class ProbeResult:
     ``accuracy``: test metric; ``best_param``: chosen λ (linear) or k (knn); ``curve``: {param:
     validation (linear) or leave-one-out (knn) metric}; ``predictions``: test predictions in the
     original label values; ``coef_`` (K, P) and ``intercept_`` (K,) for the linear probe (original
-    feature space, float64); ``info``: timings, iteration counts and solver messages.
+    feature space, float64); ``info``: timings, iteration counts, solver messages, and for the linear
+    probe the counts of (N×P)·(P×K)-sized products (``products_sweep``, ``products_refit``, the
+    solver's cost unit) and of line-search trials (elementwise work only).
     """
 
     probe: str
@@ -449,15 +452,15 @@ def multilabel_probe(X_train: Any, Y_train: Any, X_test: Any, Y_test: Any,
     sols = {}
     for lam, sol in obj.sweep(grid[::-1], tol=tol, max_iter=max_iter):
         i = int(np.searchsorted(grid, lam))
-        sols[i] = sol
+        sols[i] = (sol.Wd, sol.b)          # not the solution's logits / L-BFGS memory (N·K each)
         Z = np.asarray(to_numpy(obj.logits(rp.Xh[n_tr:, ...], sol.Wd, sol.b)), dtype=np.float64)
         P = 1.0 / (1.0 + np.exp(-Z))
         val_auc[i] = [binned_auc(P[:, k], Yo[n_tr:, k], bins) for k in range(K)]
     filled = np.where(np.isnan(val_auc), -np.inf, val_auc)
     best_i = np.argmax(filled, axis=0)          # first best = smallest λ
     best_lam = grid[best_i]
-    init = _logreg.Solution(Wd=np.stack([sols[i].Wd[:, k] for k, i in enumerate(best_i)], axis=1),
-                            b=np.array([sols[i].b[k] for k, i in enumerate(best_i)]), n_iter=0,
+    init = _logreg.Solution(Wd=np.stack([sols[i][0][:, k] for k, i in enumerate(best_i)], axis=1),
+                            b=np.array([sols[i][1][k] for k, i in enumerate(best_i)]), n_iter=0,
                             converged=True)
     full = _logreg.LogisticObjective(rp, Yo, K, loss="sigmoid")
     final = full.solve(best_lam, init, tol=refit_tol, max_iter=max_iter)
