@@ -66,7 +66,11 @@ from repsim._xp import array_namespace, to_numpy
 
 @dataclass
 class Solution:
-    """Weights in the rotated basis (``Wd``: (r, K) actual rotated weights) and centred bias ``b``."""
+    """Weights in the rotated basis (``Wd``: (r, K) actual rotated weights) and centred bias ``b``.
+
+    ``state`` (the logits in their linear form) and ``memory`` (L-BFGS pairs) are what the solver
+    that produced it (``memory_owner``) reuses when the solution seeds its next λ.
+    """
 
     Wd: np.ndarray
     b: np.ndarray
@@ -508,6 +512,8 @@ class LogisticObjective:
         Warm start: each problem starts from the previous λ's solution. ``extrapolate`` adds a
         predictor step along the regularisation path (linear in log λ through the last two
         solutions), which lands much closer to the next optimum than the previous solution does.
+        The start's logits are the same combination of the two solutions' (no product), and the
+        previous λ's L-BFGS pairs seed the memory (module doc).
 
         ``run_tol`` (default ``RUN_TOL_FACTOR · tol``): an extrapolated start that already meets
         ``tol`` is accepted as is, but when L-BFGS has to run it continues to ``run_tol``. Each

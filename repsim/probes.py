@@ -155,14 +155,15 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
     iterations, and reaches the ill-conditioned small-λ problems already close to their solutions;
     ``"up"`` is the paper's order (cold start on the hardest, nearly unregularised problem, whose
     under-converged solution then seeds the next ones). On bench/probe.py (10,000 × 512, 100 classes)
-    "up" took 4.6× and cold starts 16× the time of "down"; all three picked λ within one grid step.
+    the sweep took 2.0× ("up") and 10× (cold starts) the time of "down"; they picked λ = 0.56, 1 and
+    1.78 ("down"), where the tightly converged curve's best is 1.78 and the curve is flat (0.379-0.382).
     ``extrapolate``: predictor step along the path for each warm start (see ``_logreg.sweep``).
     ``tol``: each λ's L-BFGS stops once the largest entry of the (preconditioned) gradient of the mean
     objective is below ``tol`` times the objective; ``refit_tol``: the same for the final
     train+validation fit. The sweep only has to rank λ values: at the default 1e-3 the validation
-    curve stays within 0.5 points of a tightly converged one for λ in [1e-2, 1e2] on the 10,000 × 512
-    benchmark (1.2 points at worst, at λ ≥ 1e3 where accuracy is ≤ 13 %; scikit-learn's default: 3.5 points;
-    see bench/RESULTS.md).
+    curve stays within 0.4 points of a tightly converged one for λ in [1e-2, 1e2] on the 10,000 × 512
+    benchmark (1.5 points at worst, at λ ≥ 1e3 where accuracy is ≤ 13 %; scikit-learn's default: 3.5
+    points; see bench/RESULTS.md).
     Features are used as given (no standardisation); float64 inputs are solved in float64,
     others in float32 with float64 accumulation.
     """
