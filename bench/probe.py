@@ -178,17 +178,13 @@ def main(argv=None) -> int:
 
 # Provenance of the numbers above, edited by hand with each re-measurement.
 NOTES: list[str] = [
-    "- Provenance: the 10,000 × 512 and 20,000 × 1,024 rows (with and without reference) are from "
-    "2026-11-21 10:38-10:50 with the linear-logits solver (`_logreg` module doc), on the shared box "
-    "at load 0.4-2. The 50,000 × 2,048 rows predate that solver: scikit-learn (275.5 s, from "
-    "`--skip up cold down_noextrap` at 09:52) and repsim with scipy's L-BFGS-B driver (123.3 s, 136 "
-    "sweep iterations, from `--skip sklearn up cold down_noextrap` at 10:05), both on an idle box "
-    "(load ≈ 1): ratio 2.24. With the new solver repsim alone (`--n 50000 --p 2048 --classes 100 "
-    "--skip sklearn cold up down_noextrap`, 10:44, load ≈ 1.2) took 69.3 s (prepare 8.2, sweep 43.8, "
-    "refit 17.2; 91 + 35 iterations, 299 products, 140 line-search trials), λ* = 1.78, val 0.8051, "
-    "test 0.8207 (scikit-learn 0.8211): 275.5 / 69.3 = 3.98, to be confirmed by one run of both on a "
-    "quiet box, which will replace these rows. Earlier: 168.4 s (223 iterations, anchors stopped at "
-    "tol) → 123.3 s (run_tol = 0.5·tol) → 69.3 s (this solver).",
+    "- Provenance: all rows are from 2026-11-21 with the linear-logits solver (`_logreg` module doc). "
+    "10,000 × 512 and 20,000 × 1,024 (with and without reference): 10:38-10:50, shared box at load "
+    "0.4-2. 50,000 × 2,048: one run of both (`--skip cold up down_noextrap`), 10:50-10:57, load ≈ 1 "
+    "(this job only); a repsim-only run at 10:44 gave the same 69.3 s. Before this solver, on an "
+    "idle box: repsim with scipy's L-BFGS-B driver 123.3 s (136 sweep iterations, 273 evaluations = "
+    "546 products; 10:05) against scikit-learn's 275.5 s (09:52), ratio 2.24; earlier still 168.4 s "
+    "(223 iterations, anchors stopped at tol; ratio 1.64).",
 ]
 
 
