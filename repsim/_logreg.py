@@ -427,6 +427,7 @@ class LogisticObjective:
         # relative to the starting value would make the result depend on the warm start.
         pt = self._point(st)
         f, g, gd = self._fg(theta, pt)
+        pt.E = pt.s = pt.T = None                 # only its state is needed from here on (memory)
         # L-BFGS memory carried over from the previous λ: pairs (s, y_data) in the unscaled
         # coordinates (Wd, b); y_data is the change of the data term's gradient, which does not
         # depend on λ, and the quadratic penalty adds exactly 2λ s / n, so the pairs are exact
@@ -479,6 +480,7 @@ class LogisticObjective:
                 self.n_refreshes += 1
                 new = self._point(self._state_at(theta_new))
             f_new, g_new, gd_new = self._fg(theta_new, new)
+            new.E = new.s = new.T = None
             add((alpha * p) * scale, gd_new - gd)
             theta, f, g, gd, pt = theta_new, f_new, g_new, gd_new, new
             gmax = float(np.max(np.abs(g)))

@@ -213,7 +213,9 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
         curve[float(lam)] = accuracy(y_val, pred, metric)
         iters[float(lam)] = sol.n_iter
         if best_sol is None or _better(curve, float(lam), best_sol[0]):
-            best_sol = (float(lam), sol)
+            # the refit is another objective: it cannot use the sweep's logits or L-BFGS pairs
+            best_sol = (float(lam), _logreg.Solution(Wd=sol.Wd, b=sol.b, n_iter=sol.n_iter,
+                                                     converged=sol.converged))
     t_sweep = time.perf_counter() - t1
     curve = {float(lam): curve[float(lam)] for lam in grid}
     best = best_sol[0]
