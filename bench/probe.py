@@ -84,6 +84,8 @@ def run_repsim(Xtr, ytr, Xte, yte, lambdas, **kw):
             "best_lambda": r.best_lambda, "val_acc_at_best": r.curve[r.best_lambda],
             "test_accuracy": r.accuracy, "iterations_total": r.info["iterations_total"],
             "evaluations": r.info["evaluations_sweep"] + r.info["evaluations_refit"],
+            "products": r.info["products_sweep"] + r.info["products_refit"],
+            "line_search_trials": r.info["line_search_trials"],
             "refit_iterations": r.info["refit_iterations"], "curve": r.curve}
 
 
@@ -130,7 +132,14 @@ def main(argv=None) -> int:
         print(f"repsim {name:5s}: {res[f'repsim_{name}']['seconds']:.1f} s  "
               f"λ*={res[f'repsim_{name}']['best_lambda']:.3g}  "
               f"test={res[f'repsim_{name}']['test_accuracy']:.4f}  "
-              f"iters={res[f'repsim_{name}']['iterations_total']}", flush=True)
+              f"iters={res[f'repsim_{name}']['iterations_total']}"
+              f"+{res[f'repsim_{name}']['refit_iterations']}  "
+              f"evals={res[f'repsim_{name}']['evaluations']}  "
+              f"products={res[f'repsim_{name}']['products']}  "
+              f"trials={res[f'repsim_{name}']['line_search_trials']}  "
+              f"(prep {res[f'repsim_{name}']['seconds_prepare']:.1f} s, "
+              f"sweep {res[f'repsim_{name}']['seconds_sweep']:.1f} s, "
+              f"refit {res[f'repsim_{name}']['seconds_refit']:.1f} s)", flush=True)
     if "sklearn" not in args.skip:
         res["sklearn"] = run_sklearn(Xtr, ytr, Xte, yte, tr_idx, val_idx, lambdas,
                                      args.sklearn_tol, args.max_iter)
@@ -169,20 +178,20 @@ def main(argv=None) -> int:
 
 # Provenance of the numbers above, edited by hand with each re-measurement.
 NOTES: list[str] = [
-    "- Provenance: the 50,000 × 2,048 rows come from two runs on the same idle box (load ≈ 1, "
-    "2026-11-21): scikit-learn (275.5 s) from `--skip up cold down_noextrap` at 09:52 (that run's "
-    "repsim used factor 0.3: 106.8 s, 115 iterations, ratio 2.58), repsim (123.3 s) from "
-    "`--skip sklearn up cold down_noextrap` at 10:05 with the committed factor 0.5; the code before "
-    "this fix took 168.4 s (223 iterations) on the same idle box (ratio 1.64). The earlier 273 s / "
-    "505 s pair (ratio 1.85) was measured under load 8-10. The 10,000 × 512 and 20,000 × 1,024 rows "
-    "without reference predate the fix (load 8-10); the 10,000 × 512 reference rows are rerun with it.",
+    "- Provenance: all rows are from 2026-11-21 with the linear-logits solver (`_logreg` module doc). "
+    "10,000 × 512 and 20,000 × 1,024 (with and without reference): 10:38-10:50, shared box at load "
+    "0.4-2. 50,000 × 2,048: one run of both (`--skip cold up down_noextrap`), 10:50-10:57, load ≈ 1 "
+    "(this job only); a repsim-only run at 10:44 gave the same 69.3 s. Before this solver, on an "
+    "idle box: repsim with scipy's L-BFGS-B driver 123.3 s (136 sweep iterations, 273 evaluations = "
+    "546 products; 10:05) against scikit-learn's 275.5 s (09:52), ratio 2.24; earlier still 168.4 s "
+    "(223 iterations, anchors stopped at tol; ratio 1.64).",
 ]
 
 
 def write_markdown(all_res: dict) -> None:
     lines = ["## probe", "",
              "45-λ linear-probe sweep + refit (App. A.2) on synthetic ReLU features (float32), CPU, one "
-             "BLAS thread, on the shared 2-core box (load average 8-10 from other jobs, so absolute "
+             "BLAS thread, on a shared 2-core box (load from other jobs varies, see provenance; absolute "
              "times are inflated and noisy; ratios come from one run). Times are the whole protocol "
              "(split, preparation, sweep, refit, test). sklearn = `LogisticRegression(C=1/(2λ), "
              "warm_start=True, tol=1e-4)` swept upward (the paper's order) with the same split, grid "
@@ -195,12 +204,20 @@ def write_markdown(all_res: dict) -> None:
              "regularisation path from the two previous solutions, and a stopping rule relative to "
              "the objective (max|∇| ≤ 1e-3·f for the sweep, 1e-4·f for the refit; a sweep start that "
              "meets it is accepted, otherwise L-BFGS runs on to 0.5·tol so that the next "
-             "extrapolation's anchors are good). Per-iteration cost "
-             "is the same two (N × P)·(P × K) products as scikit-learn's; the gain is in iterations.",
+             "extrapolation's anchors are good). Per iteration both do two (N × P)·(P × K) products "
+             "(the cost unit: ≈ 0.17 s each at 40,000 × 2,048 × 100 on one thread, at BLAS peak), but "
+             "repsim's L-BFGS (`_logreg`) needs no product per line-search trial: the logits are "
+             "linear in the parameters, so with Z_p = X·p computed once per direction every trial "
+             "Z + α·Z_p is elementwise work (safeguarded Newton on φ'(α), 1.1-1.5 trials per "
+             "iteration), and the gradient Xᵀ R is computed at the accepted step only; the "
+             "extrapolated warm start's logits are combined from the two previous solutions' "
+             "without a product, and the L-BFGS pairs carry over from λ to λ (exact: the penalty's "
+             "share of a gradient difference is 2λ·s). Products per run = 2 × iterations + one per λ "
+             "(+ a refresh of the logits every 200 updates).",
              "",
-             "| N × P, K | run | seconds | L-BFGS iterations | λ* | val acc at λ* | test acc "
-             "| max \\|Δ val curve\\| vs tight reference |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| N × P, K | run | seconds | L-BFGS iterations (sweep) | products (sweep + refit) | λ* "
+             "| val acc at λ* | test acc | max \\|Δ val curve\\| vs tight reference |",
+             "|---|---|---|---|---|---|---|---|---|"]
     names = {"repsim_down": "repsim, warm, λ downward (default)", "repsim_up": "repsim, warm, λ upward",
              "repsim_cold": "repsim, cold starts", "repsim_down_noextrap": "repsim, warm down, no extrapolation",
              "sklearn": "scikit-learn, warm, upward"}
@@ -212,12 +229,13 @@ def write_markdown(all_res: dict) -> None:
             d = r[name]
             dev = d.get("curve_max_dev_from_reference")
             lines.append(f"| {c['n']} × {c['p']}, {c['classes']} | {label} | {d['seconds']:.1f} | "
-                         f"{d['iterations_total']} | {d['best_lambda']:.3g} | {d['val_acc_at_best']:.4f} | "
+                         f"{d['iterations_total']} | {d.get('products', '–')} | {d['best_lambda']:.3g} | "
+                         f"{d['val_acc_at_best']:.4f} | "
                          f"{d['test_accuracy']:.4f} | {'–' if dev is None else f'{dev:.4f}'} |")
         rt = r.get("ratios", {})
         if rt:
             lines.append(f"| {c['n']} × {c['p']}, {c['classes']} | **ratios** | "
-                         + ", ".join(f"{k} {v:.2f}" for k, v in rt.items()) + " | | | | | |")
+                         + ", ".join(f"{k} {v:.2f}" for k, v in rt.items()) + " | | | | | | |")
     lines.append("")
     for key, r in all_res.items():
         rt = r.get("ratios", {}).get("sklearn_over_repsim")
@@ -227,23 +245,23 @@ def write_markdown(all_res: dict) -> None:
         lines.append(f"- {c['n']} × {c['p']}, {c['classes']} classes{' (with reference)' if 'reference' in r else ''}: "
                      f"scikit-learn ÷ repsim = {rt:.2f} (goal ≥ 3: {'met' if rt >= 3 else 'NOT met'}); "
                      f"test accuracy {a['test_accuracy']:.4f} vs {b['test_accuracy']:.4f}.")
-    lines.append("- Iteration counts explain the ratios: per iteration both do the same two products "
-                 "(repsim float32, as is scikit-learn on float32 input). Why 50,000 × 2,048 first needed "
-                 "223 sweep iterations (against 64-68 at the smaller sizes): 155 of them went to the 12 "
-                 "λ ≤ 1e-3, where the training set is (nearly) separable (mean loss 3e-4 → 9e-7) and the "
-                 "problem ill-conditioned. Not float32 (float32 and float64 gradients there agree to "
-                 "6e-8·f) and not the stopping rule as such: each solution is an anchor of the next "
-                 "extrapolated warm start (2·sol − prev), which amplifies the anchors' errors, and "
-                 "anchors stopped just inside max|∇| ≤ 1e-3·f made every later start miss that bound "
-                 "by a little, which cost 5-30 iterations per λ to close (from anchors converged to "
-                 "1e-4 the extrapolated path met 1e-3 at all 12 λ with 5 iterations in all). Fix: a "
-                 "start that meets tol is still accepted as is, but once L-BFGS runs it continues to "
-                 "0.5·tol (`_logreg.RUN_TOL_FACTOR`), so anchors are better and more next starts need "
-                 "no iteration: 136 sweep iterations at 50,000 × 2,048 (was 223; factor 0.3 gave 115 "
-                 "and 107 s but moved the 10,000 × 512 curve up to 1.6 points from the reference at "
-                 "λ ≈ 1e2, so 0.5 is kept), same λ* and test accuracy. Goal ≥ 3 at 50,000 × 2,048 is "
-                 "still NOT met: what is left is iterations (136 sweep + 36 refit, vs scikit-learn's "
-                 "516, each at about the same cost).")
+    lines.append("- Where the time goes (products are the cost unit; line-search trials are elementwise, "
+                 "≈ 4 ms each at 16,000 × 100 in a profile, 1.1-1.5 per iteration): products = 2 × "
+                 "iterations + one per λ (its start's gradient; the start's logits come without one) + "
+                 "two for the refit's start (logits and gradient on train+validation). "
+                 "scikit-learn's lbfgs and repsim's former scipy L-BFGS-B driver evaluate f and ∇f "
+                 "(two products) at every line-search point: at 50,000 × 2,048 the former driver made "
+                 "273 sweep evaluations (546 products) for 136 iterations; the new solver's sweep takes "
+                 "227 products (91 iterations). Carrying the L-BFGS pairs from λ to λ "
+                 "(`_logreg.CARRY_MEMORY`) cut the sweep from 156 to 91 iterations at 50,000 × 2,048 "
+                 "(111 → 86 at 10,000 × 512, 93 → 86 at 20,000 × 1,024). The refit (tol 1e-4, "
+                 "train+validation) is 35 iterations, a quarter of the 50,000 × 2,048 time; starting it "
+                 "from the path interpolated to λ*·n_train/n or with the sweep's L-BFGS pairs did not "
+                 "reduce it (20,000 × 1,024: 30 → 30 / 31). λ* among near-equal validation accuracies "
+                 "can move by a grid step or two between solvers and sweep orders (the curves are flat "
+                 "there, and differ from a tightly converged one by up to 0.4 points for λ in "
+                 "[1e-2, 1e2] at tol 1e-3, see the reference rows: 20,000 × 1,024 "
+                 "picks λ = 1, val 0.6311, test 0.6512, where scikit-learn picks 1.78: 0.6344, 0.6538).")
     lines.extend(NOTES)
     lines.extend(["", ""])
     md = ROOT / "bench" / "RESULTS.md"

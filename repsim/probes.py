@@ -4,7 +4,8 @@
   ``Σ_i CE_i + λ‖W‖²_F`` (bias unpenalised; scikit-learn's ``LogisticRegression(C=1/(2λ))``), λ chosen
   from 45 log-spaced values in [1e-6, 1e5] on a stratified validation split of the training set, each
   fit warm-started from the previous λ's; then refit on train+validation with the chosen λ and scored
-  on the test set. Solver: :mod:`repsim._logreg` (L-BFGS, exact reparameterisations that make it fast).
+  on the test set. Solver: :mod:`repsim._logreg` (L-BFGS, exact reparameterisations that make it fast,
+  a line search on logits that are linear in the parameters: two (N×P)·(P×K) products per iteration).
 - :func:`knn_probe`: cosine-similarity k-nearest neighbours; k chosen by leave-one-out accuracy on the
   training set; top-k computed chunk by chunk (never an N×N matrix).
 - :func:`multilabel_probe`: one binary L2-regularised logistic regression per class, λ chosen per class
@@ -36,7 +37,9 @@ class ProbeResult:
     ``accuracy``: test metric; ``best_param``: chosen λ (linear) or k (knn); ``curve``: {param:
     validation (linear) or leave-one-out (knn) metric}; ``predictions``: test predictions in the
     original label values; ``coef_`` (K, P) and ``intercept_`` (K,) for the linear probe (original
-    feature space, float64); ``info``: timings, iteration counts and solver messages.
+    feature space, float64); ``info``: timings, iteration counts, solver messages, and for the linear
+    probe the counts of (N×P)·(P×K)-sized products (``products_sweep``, ``products_refit``, the
+    solver's cost unit) and of line-search trials (elementwise work only).
     """
 
     probe: str
@@ -152,14 +155,15 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
     iterations, and reaches the ill-conditioned small-λ problems already close to their solutions;
     ``"up"`` is the paper's order (cold start on the hardest, nearly unregularised problem, whose
     under-converged solution then seeds the next ones). On bench/probe.py (10,000 × 512, 100 classes)
-    "up" took 4.6× and cold starts 16× the time of "down"; all three picked λ within one grid step.
+    the sweep took 2.0× ("up") and 10× (cold starts) the time of "down"; they picked λ = 0.56, 1 and
+    1.78 ("down"), where the tightly converged curve's best is 1.78 and the curve is flat (0.379-0.382).
     ``extrapolate``: predictor step along the path for each warm start (see ``_logreg.sweep``).
     ``tol``: each λ's L-BFGS stops once the largest entry of the (preconditioned) gradient of the mean
     objective is below ``tol`` times the objective; ``refit_tol``: the same for the final
     train+validation fit. The sweep only has to rank λ values: at the default 1e-3 the validation
-    curve stays within 0.5 points of a tightly converged one for λ in [1e-2, 1e2] on the 10,000 × 512
-    benchmark (1.2 points at worst, at λ ≥ 1e3 where accuracy is ≤ 13 %; scikit-learn's default: 3.5 points;
-    see bench/RESULTS.md).
+    curve stays within 0.4 points of a tightly converged one for λ in [1e-2, 1e2] on the 10,000 × 512
+    benchmark (1.5 points at worst, at λ ≥ 1e3 where accuracy is ≤ 13 %; scikit-learn's default: 3.5
+    points; see bench/RESULTS.md).
     Features are used as given (no standardisation); float64 inputs are solved in float64,
     others in float32 with float64 accumulation.
     """
@@ -209,7 +213,9 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
         curve[float(lam)] = accuracy(y_val, pred, metric)
         iters[float(lam)] = sol.n_iter
         if best_sol is None or _better(curve, float(lam), best_sol[0]):
-            best_sol = (float(lam), sol)
+            # the refit is another objective: it cannot use the sweep's logits or L-BFGS pairs
+            best_sol = (float(lam), _logreg.Solution(Wd=sol.Wd, b=sol.b, n_iter=sol.n_iter,
+                                                     converged=sol.converged))
     t_sweep = time.perf_counter() - t1
     curve = {float(lam): curve[float(lam)] for lam in grid}
     best = best_sol[0]
@@ -230,6 +236,8 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
             "iterations": {repr(k): v for k, v in iters.items()},
             "iterations_total": int(sum(iters.values())), "refit_iterations": final.n_iter,
             "evaluations_sweep": obj.n_evals, "evaluations_refit": full.n_evals,
+            "products_sweep": obj.n_products, "products_refit": full.n_products,
+            "line_search_trials": obj.n_trials + full.n_trials,
             "refit_converged": final.converged, "refit_message": final.message,
             "rank": rp.rank, "n_train": int(n_tr), "n_val": int(val_idx.size),
             "direction": direction, "warm_start": warm_start, "dtype": str(np.dtype(
@@ -447,15 +455,15 @@ def multilabel_probe(X_train: Any, Y_train: Any, X_test: Any, Y_test: Any,
     sols = {}
     for lam, sol in obj.sweep(grid[::-1], tol=tol, max_iter=max_iter):
         i = int(np.searchsorted(grid, lam))
-        sols[i] = sol
+        sols[i] = (sol.Wd, sol.b)          # not the solution's logits / L-BFGS memory (N·K each)
         Z = np.asarray(to_numpy(obj.logits(rp.Xh[n_tr:, ...], sol.Wd, sol.b)), dtype=np.float64)
         P = 1.0 / (1.0 + np.exp(-Z))
         val_auc[i] = [binned_auc(P[:, k], Yo[n_tr:, k], bins) for k in range(K)]
     filled = np.where(np.isnan(val_auc), -np.inf, val_auc)
     best_i = np.argmax(filled, axis=0)          # first best = smallest λ
     best_lam = grid[best_i]
-    init = _logreg.Solution(Wd=np.stack([sols[i].Wd[:, k] for k, i in enumerate(best_i)], axis=1),
-                            b=np.array([sols[i].b[k] for k, i in enumerate(best_i)]), n_iter=0,
+    init = _logreg.Solution(Wd=np.stack([sols[i][0][:, k] for k, i in enumerate(best_i)], axis=1),
+                            b=np.array([sols[i][1][k] for k, i in enumerate(best_i)]), n_iter=0,
                             converged=True)
     full = _logreg.LogisticObjective(rp, Yo, K, loss="sigmoid")
     final = full.solve(best_lam, init, tol=refit_tol, max_iter=max_iter)

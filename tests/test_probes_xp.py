@@ -41,3 +41,14 @@ def test_knn_strict_equals_numpy():
     b = knn_probe(xps.asarray(X), y, xps.asarray(Xt), yt, ks=(1, 3, 5), chunk_bytes=2000)
     assert a.curve == b.curve
     np.testing.assert_array_equal(a.predictions, b.predictions)
+
+
+def test_fit_logistic_sigmoid_strict_equals_numpy():
+    X, y = data(80, 5, 3, 5)
+    Y = np.eye(3)[y]
+    Y[::7, 0] = 1 - Y[::7, 0]
+    lam = np.array([0.1, 1.0, 10.0])
+    ca, ba, _ = fit_logistic(X, Y, lam, loss="sigmoid", tol=1e-10)
+    cb, bb, _ = fit_logistic(xps.asarray(X), Y, lam, loss="sigmoid", tol=1e-10)
+    np.testing.assert_allclose(ca, cb, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(ba, bb, rtol=1e-6, atol=1e-9)
