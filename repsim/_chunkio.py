@@ -137,8 +137,9 @@ class FastChunks:
         ext = self.extent(index)
         return out if all(e.stop == c for e, c in zip(ext, self.chunks)) else out[ext]
 
-    def encode(self, data: np.ndarray, index: tuple[int, ...]) -> bytes:
-        """The chunk object for ``data`` (the chunk's in-array extent, already in the array's dtype)."""
+    def encode(self, data: np.ndarray, index: tuple[int, ...]) -> tuple[Any, bytes]:
+        """The chunk object for ``data`` (the chunk's in-array extent, already in the array's dtype)
+        as two parts, ``(body, crc32c)``, to be written one after the other (no concatenated copy)."""
         import google_crc32c
 
         ext = self.extent(index)
@@ -150,20 +151,22 @@ class FastChunks:
             full[ext] = data
             data = full
         data = np.ascontiguousarray(data)
-        body = data.view(np.uint8).reshape(-1) if self._zstd is None else self._zstd.encode(data)
-        return bytes(body) + np.uint32(google_crc32c.value(body)).tobytes()
+        body = data.reshape(-1).view(np.uint8) if self._zstd is None else np.frombuffer(
+            self._zstd.encode(data), dtype=np.uint8)
+        return body, np.uint32(google_crc32c.value(body)).tobytes()
 
     def write(self, data: np.ndarray, index: tuple[int, ...]) -> None:
         """Encode and write chunk ``index`` atomically (temporary file + rename)."""
         self._check_grid(index)
-        blob = self.encode(data, index)
+        body, crc = self.encode(data, index)
         path = self.path(index)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         # the temporary file sits in the array's folder, outside its chunk tree ``c/``
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=TMP_PREFIX, suffix=".part")
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(blob)
+                fh.write(memoryview(body))
+                fh.write(crc)
             os.replace(tmp, path)
         except BaseException:
             try:
