@@ -6,8 +6,7 @@ HSIC either biased, ``tr(H K_i H · H K_j H)``, or unbiased (Song et al. 2012),
     HSIC₁ = [tr(K̃ L̃) + (1ᵀK̃1)(1ᵀL̃1) / ((n−1)(n−2)) − 2/(n−2) · 1ᵀK̃L̃1] / (n(n−3)),
 
 K̃ = K with its diagonal zeroed.  Both are invariant to translating X, so every column is first
-shifted by the mean of its first block (conditioning only).  Each pair takes the cheaper of two
-routes (FLOPs; memory follows the same sizes):
+shifted by the mean of its first block (conditioning only).  Each pair takes one of two routes:
 
 - **cross-covariance**, one streaming pass: S = XᵀY (p_i × p_j) plus column sums s, row norms
   a_k = ‖x_k‖², b_k = ‖y_k‖² and the vectors Xᵀb, Yᵀa, scalar aᵀb.  Then biased
@@ -19,7 +18,17 @@ routes (FLOPs; memory follows the same sizes):
   biased ⟨HKH, HLH⟩ or unbiased ⟨U(K), U(L)⟩ / (n(n−3)) with :func:`repsim.ucenter`.
   Cost 2·n²·(p_i + p_j).
 
-The pair uses cross-covariance iff p_i·p_j ≤ n·(p_i + p_j) (so a self pair iff p ≤ n).
+Which columns get an n × n Gram is decided per column, not per pair (:func:`choose_gram_columns`):
+a Gram is built once and then serves the column's pairs with every other Gram column, so pricing
+each pair as if it built its own Grams (the rule before) sent narrow columns (pool, logits) down
+the cross-covariance route with every wide block although their own Gram was cheap once the wide
+ones had theirs.  The set G is the k widest columns for the k that minimises the FLOPs
+
+    Σ_{i∈G} 2·n²·p_i  +  Σ_{pairs not both in G} 2·n·p_i·p_j  +  |G|²·n²   (Grams, cross, one HSIC product);
+
+a pair uses the Gram route iff both columns are in G.  All cross pairs of a block come from one
+product Z_Nᵀ Z_X (N: the columns outside G, X: every column with a cross pair), so the pass costs a
+few GEMMs per block whatever the number of pairs.
 """
 from __future__ import annotations
 
@@ -30,14 +39,31 @@ import numpy as np
 from repsim.engine_io import BlockReader, Column, progress_bar
 
 
+def choose_gram_columns(widths: Sequence[int], n: int) -> list[int]:
+    """Indices of the columns that get an n × n Gram: the k widest, k minimising the FLOP model of
+    the module docstring (ties: fewer Grams)."""
+    order = sorted(range(len(widths)), key=lambda k: (-widths[k], k))
+    p = np.array([float(widths[k]) for k in order])
+    s1, s2 = p.sum(), (p * p).sum()
+    all_pairs = (s1 * s1 + s2) / 2  # Σ_{i<=j} p_i p_j
+    best_k, best = 0, 2.0 * n * all_pairs
+    c1 = c2 = 0.0
+    for k in range(1, len(order) + 1):
+        c1 += p[k - 1]
+        c2 += p[k - 1] ** 2
+        within = (c1 * c1 + c2) / 2
+        cost = 2.0 * n * n * c1 + 2.0 * n * (all_pairs - within) + float(k * k) * n * n
+        if cost < best:
+            best_k, best = k, cost
+    return sorted(order[:best_k])
+
+
 def choose_routes(widths: Sequence[int], n: int) -> dict[tuple[int, int], str]:
-    """``{(i, j): "cross" | "gram"}`` for i <= j by the FLOP rule above."""
-    routes = {}
-    for i, p in enumerate(widths):
-        for j in range(i, len(widths)):
-            q = widths[j]
-            routes[(i, j)] = "cross" if p * q <= n * (p + q) else "gram"
-    return routes
+    """``{(i, j): "cross" | "gram"}`` for i <= j: "gram" iff both columns are in
+    :func:`choose_gram_columns`."""
+    gram = set(choose_gram_columns(widths, n))
+    return {(i, j): "gram" if i in gram and j in gram else "cross"
+            for i in range(len(widths)) for j in range(i, len(widths))}
 
 
 def _center_gram(K: np.ndarray) -> np.ndarray:
@@ -57,6 +83,7 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
     L = len(columns)
     widths = [c.features_after(spatial) for c in columns]
     routes = choose_routes(widths, n)
+    gram_set = set(choose_gram_columns(widths, n))
     cross_pairs = [pair for pair, r in routes.items() if r == "cross"]
     gram_cols = sorted({k for pair, r in routes.items() if r == "gram" for k in pair})
     cross_cols = sorted({k for pair in cross_pairs for k in pair})
@@ -81,41 +108,58 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
 
     # ---- pass 1: cross-covariance statistics ------------------------------------------------------
     if cross_cols:
+        # N: columns outside G (the left member of every cross pair, ordered i <= j below); X: every
+        # column with a cross pair.  Per block, one product Z_Nᵀ Z_X holds every cross pair's XᵢᵀXⱼ.
+        left = [k for k in cross_cols if k not in gram_set]
+        off_l = np.concatenate([[0], np.cumsum([widths[k] for k in left])]).astype(int)
+        off_x = np.concatenate([[0], np.cumsum([widths[k] for k in cross_cols])]).astype(int)
+        lpos = {k: i for i, k in enumerate(left)}
+        xpos = {k: i for i, k in enumerate(cross_cols)}
+        S_all = np.zeros((off_l[-1], off_x[-1]))
+        s_all = np.zeros(off_x[-1])
+        asum = np.zeros(len(cross_cols))
+        if debiased:
+            ZtQ = np.zeros((off_l[-1], len(cross_cols)))  # Σ_k b_k x_k for x in N, b of every X column
+            XtQ = np.zeros((off_x[-1], len(left)))        # Σ_k a_k y_k for y in X, a of every N column
+            QtQ = np.zeros((len(left), len(cross_cols)))  # Σ_k a_k b_k
         sub = [columns[k] for k in cross_cols]
-        pos = {k: i for i, k in enumerate(cross_cols)}
-        s = {k: np.zeros(widths[k]) for k in cross_cols}
-        asum = {k: 0.0 for k in cross_cols}
-        S = {pair: np.zeros((widths[pair[0]], widths[pair[1]])) for pair in cross_pairs}
-        xb = {pair: np.zeros(widths[pair[0]]) for pair in cross_pairs}  # Σ_k b_k x_k
-        ya = {pair: np.zeros(widths[pair[1]]) for pair in cross_pairs}  # Σ_k a_k y_k
-        ab = {pair: 0.0 for pair in cross_pairs}
         with BlockReader(sub, n, block_rows, spatial=spatial, prefetch=prefetch, threads=threads) as reader:
             for _, arrays in reader.iter_blocks(range(n_blocks)):
                 bar.update(1)
-                X = {k: as64(arrays[pos[k]]) - shift[k] for k in cross_cols}
-                sq = {k: np.einsum("ij,ij->i", X[k], X[k]) for k in cross_cols}
-                for k in cross_cols:
-                    s[k] += X[k].sum(axis=0)
-                    asum[k] += float(sq[k].sum())
-                for (i, j) in cross_pairs:
-                    S[(i, j)] += X[i].T @ X[j]
-                    if debiased:
-                        xb[(i, j)] += X[i].T @ sq[j]
-                        ya[(i, j)] += X[j].T @ sq[i]
-                        ab[(i, j)] += float(sq[i] @ sq[j])
+                ZX = np.concatenate([as64(arrays[xpos[k]]).reshape(arrays[xpos[k]].shape[0], -1) - shift[k]
+                                     for k in cross_cols], axis=1)
+                ZN = np.concatenate([ZX[:, off_x[xpos[k]]:off_x[xpos[k] + 1]] for k in left], axis=1) \
+                    if left != cross_cols else ZX
+                S_all += ZN.T @ ZX
+                s_all += ZX.sum(axis=0)
+                Q = np.stack([np.einsum("ij,ij->i", ZX[:, off_x[i]:off_x[i + 1]], ZX[:, off_x[i]:off_x[i + 1]])
+                              for i in range(len(cross_cols))], axis=1)
+                asum += Q.sum(axis=0)
+                if debiased:
+                    QN = Q[:, [xpos[k] for k in left]]
+                    ZtQ += ZN.T @ Q
+                    XtQ += ZX.T @ QN
+                    QtQ += QN.T @ Q
         passes += 1
         for (i, j) in cross_pairs:
-            Sij = S.pop((i, j))
+            a, b = (i, j) if i in lpos else (j, i)  # a outside G; HSIC is symmetric
+            la, xa, xb_ = lpos[a], xpos[a], xpos[b]
+            Sij = S_all[off_l[la]:off_l[la + 1], off_x[xb_]:off_x[xb_ + 1]]
+            sa, sb = s_all[off_x[xa]:off_x[xa + 1]], s_all[off_x[xb_]:off_x[xb_ + 1]]
             if debiased:
-                tr = float(np.sum(Sij * Sij)) - ab[(i, j)]
-                one_k = float(s[i] @ s[i]) - asum[i]
-                one_l = float(s[j] @ s[j]) - asum[j]
-                kl = float(s[i] @ Sij @ s[j]) - float(s[i] @ xb[(i, j)]) - float(s[j] @ ya[(i, j)]) + ab[(i, j)]
+                ab = float(QtQ[la, xb_])
+                tr = float(np.sum(Sij * Sij)) - ab
+                one_k = float(sa @ sa) - float(asum[xa])
+                one_l = float(sb @ sb) - float(asum[xb_])
+                xb = ZtQ[off_l[la]:off_l[la + 1], xb_]            # Σ_k b_k x_k
+                ya = XtQ[off_x[xb_]:off_x[xb_ + 1], la]           # Σ_k a_k y_k
+                kl = float(sa @ Sij @ sb) - float(sa @ xb) - float(sb @ ya) + ab
                 value = (tr + one_k * one_l / ((n - 1) * (n - 2)) - 2.0 / (n - 2) * kl) / (n * (n - 3))
             else:
-                C = Sij - np.outer(s[i], s[j]) / n
+                C = Sij - np.outer(sa, sb) / n
                 value = float(np.sum(C * C))
             hsic[i, j] = hsic[j, i] = value
+        del S_all
 
     # ---- Gram route: panels of rows × all later blocks --------------------------------------------
     if gram_cols:
@@ -182,6 +226,7 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
         "exact_routes": {f"{i},{j}": r for (i, j), r in routes.items()},
         "exact_passes": passes,
         "exact_gram_bytes": gram_bytes,
-        "exact_route_rule": "cross-covariance iff p_i*p_j <= n*(p_i+p_j), else n×n Gram",
+        "exact_route_rule": "n×n Grams for the k widest columns (k minimising FLOPs); a pair uses them iff "
+                            "both columns have one, else the cross-covariance route",
     }
     return values, info

@@ -166,7 +166,9 @@ def test_layers_selection_per_store(two_stores):
 def test_exact_equals_linear_cka_on_all_data_with_both_routes(tmp_path, debiased):
     rng = np.random.default_rng(1)
     n = 61
-    layers = correlated_layers(rng, n, {"wide": (150,), "conv": (4, 5, 5), "narrow": (7,)})
+    # a Gram for "wide" (p > n) only; the 2- and 1-feature columns take the cross route, with each
+    # other and with "wide" (both kinds of cross pair)
+    layers = correlated_layers(rng, n, {"wide": (80,), "conv": (1, 1, 2), "narrow": (1,)})
     store = make_store(tmp_path / "w.zarr", layers, chunk_rows=8)
     cols = [stored(store, k) for k in layers]
     ref = np.array([[repsim.linear_cka(x, y, debiased=debiased) for y in cols] for x in cols])
@@ -178,10 +180,27 @@ def test_exact_equals_linear_cka_on_all_data_with_both_routes(tmp_path, debiased
 
 
 def test_exact_route_rule():
-    routes = choose_routes([10, 1000, 500], n=100)
-    assert routes[(0, 0)] == "cross" and routes[(1, 1)] == "gram"  # self pair: cross iff p <= n
-    assert routes[(0, 1)] == "cross"  # 10*1000 <= 100*1010: one narrow layer makes XᵀY cheap
-    assert routes[(1, 2)] == "gram"  # 1000*500 > 100*1500
+    """Grams go to the widest columns, as many as pay off; a pair uses the Gram route iff both have one."""
+    from repsim.engine_exact import choose_gram_columns
+
+    widths, n = [1, 1500, 1200], 1000
+    assert choose_gram_columns(widths, n) == [1, 2]
+    routes = choose_routes(widths, n)
+    assert routes[(1, 1)] == routes[(1, 2)] == routes[(2, 2)] == "gram"
+    assert routes[(0, 0)] == routes[(0, 1)] == routes[(0, 2)] == "cross"  # 1 feature: XᵀY is cheaper than a Gram
+    # the FLOP model, brute force over every prefix of the widest-first order
+    def cost(G):
+        pairs = [(i, j) for i in range(len(widths)) for j in range(i, len(widths))]
+        return (sum(2 * n * n * widths[k] for k in G) + len(G) ** 2 * n * n
+                + sum(2 * n * widths[i] * widths[j] for i, j in pairs if not (i in G and j in G)))
+    for widths, n in (([10, 1000, 500], 100), ([300] * 5 + [20, 3], 225), ([50, 60, 70], 10_000)):
+        order = sorted(range(len(widths)), key=lambda k: -widths[k])
+        best = min((sorted(order[:k]) for k in range(len(widths) + 1)), key=cost)
+        assert cost(choose_gram_columns(widths, n)) == cost(best)
+    # small n (the demo: 225 examples, hundreds of features per layer): every column gets a Gram,
+    # narrow ones included once a wide one has its own
+    assert choose_gram_columns([2048, 512, 8, 10], 225) == [0, 1, 2, 3]
+    assert choose_gram_columns([80, 1, 2], 61) == [0]  # ... unless XᵀY is cheaper still
 
 
 # ------------------------------------------------------------------------------------------ validation
