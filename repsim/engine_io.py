@@ -399,10 +399,11 @@ class BlockReader:
         return out
 
     # streams ------------------------------------------------------------------------------------
-    def _ahead(self, keys: Sequence[Any], load: Any) -> Iterator[tuple[Any, list[np.ndarray]]]:
+    def _ahead(self, keys: Sequence[Any], load: Any, ahead: int | None = None) -> Iterator[tuple[Any, list[np.ndarray]]]:
+        ahead = self.prefetch if ahead is None else max(0, int(ahead))
         pending: dict[int, Future] = {}
         for i, key in enumerate(keys):
-            for j in range(i, min(len(keys), i + self.prefetch + 1)):
+            for j in range(i, min(len(keys), i + ahead + 1)):
                 if j not in pending:
                     pending[j] = self._pool.submit(load, keys[j])
             yield key, pending.pop(i).result()
@@ -431,6 +432,7 @@ class BlockReader:
             out.append(span[offsets[pos] + rows - starts[pos]])
         return out
 
-    def prefetched(self, keys: Sequence[Any], load: Any) -> Iterator[tuple[Any, Any]]:
-        """Yield ``(key, load(key))`` in order while up to ``prefetch`` later loads run on the pool."""
-        return self._ahead(list(keys), load)
+    def prefetched(self, keys: Sequence[Any], load: Any, ahead: int | None = None) -> Iterator[tuple[Any, Any]]:
+        """Yield ``(key, load(key))`` in order while up to ``ahead`` (default ``prefetch``) later
+        loads are queued on the pool (at most ``threads`` of them run at once)."""
+        return self._ahead(list(keys), load, ahead)

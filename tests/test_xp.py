@@ -77,3 +77,23 @@ def test_kernels_run_through_cupy_compat():
     assert repsim.nonzero_fraction(R, xp=sh) == repsim.nonzero_fraction(R)
     np.testing.assert_allclose(activation_spectrum(X, xp=sh), activation_spectrum(X), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(angular_visual_hardness(X, y, W, xp=sh), angular_visual_hardness(X, y, W), rtol=1e-5)
+
+
+def test_float16_upcast_is_bit_exact_on_every_pattern(monkeypatch):
+    """repsim._xp.astype's float16 fast paths (exponent rebias for non-negative finite values,
+    table lookup otherwise) equal NumPy's own conversion on all 65,536 bit patterns."""
+    from repsim import _xp
+    from repsim._xp import astype
+
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    nonneg = every[:0x7C00]  # +0 … largest finite: the rebias path
+    for x in (every, nonneg, nonneg.reshape(-1, 64)[:, ::3], every.reshape(256, 256).T):
+        for dt in (np.float32, np.float64):
+            got, ref = astype(x, dt, np), x.astype(dt)
+            assert got.dtype == dt and got.shape == ref.shape
+            np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), ref.view(f"u{ref.itemsize}"))
+    # a thread that flushes subnormals takes the table path
+    monkeypatch.setattr(_xp, "_subnormals_kept", lambda: False)
+    got = astype(nonneg, np.float32, np)
+    np.testing.assert_array_equal(got.view(np.uint32), nonneg.astype(np.float32).view(np.uint32))
+    assert _xp._TWO_112 * np.float32(1) == 2.0 ** 112
