@@ -89,6 +89,10 @@ def test_cka_cli_exact_and_errors(nets, tmp_path, capsys):
     assert main(["cka", str(nets / "net_a.zarr"), "--layers", "nope", "--out", str(tmp_path / "x.npz")]) == 2
     err = capsys.readouterr().err
     assert "net_a" in err and "nope" in err and "Traceback" not in err
+    out64 = tmp_path / "cka64.npz"
+    assert main(["cka", str(nets / "net_a.zarr"), "--epochs", "1", "--batch-size", "16", "--compute-dtype", "float64",
+                 "--out", str(out64), "--no-progress"]) == 0
+    assert set(CKAResult.load(out64).meta["gram_dtypes"].values()) == {"float64"}
 
 
 def test_table_commands_write_contract_csvs(nets, tmp_path):

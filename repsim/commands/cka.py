@@ -26,6 +26,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shuffle-window", type=int, default=None, metavar="ROWS",
                         help="rows per shuffle window (default 4 x batch size)")
     parser.add_argument("--biased", action="store_true", help="biased HSIC (default: debiased, as in the paper)")
+    parser.add_argument("--compute-dtype", choices=("float32", "float64"), default=None,
+                        help="precision of the batch Grams of wide layers (default: float32 for float16 "
+                             "stores and on GPUs, float64 otherwise; sums are float64 either way)")
     parser.add_argument("--checkpoint", default=None, metavar="FILE",
                         help="checkpoint for resuming (default: OUT.ckpt.npz next to the output)")
     parser.add_argument("--checkpoint-every", type=int, default=8, metavar="BATCHES",
@@ -48,7 +51,7 @@ def _run(args: argparse.Namespace) -> int:
                             debiased=not args.biased, method=args.method, shuffle_window=args.shuffle_window,
                             device=args.device, checkpoint=ckpt if args.method == "minibatch" else None,
                             checkpoint_every=args.checkpoint_every, progress=progress_arg(args),
-                            threads=args.threads)
+                            threads=args.threads, compute_dtype=args.compute_dtype)
     path = result.save(out)
     if os.path.exists(ckpt):
         os.remove(ckpt)
