@@ -237,11 +237,13 @@ def _half_upcast(h: np.ndarray, name: str) -> np.ndarray:
 
 def astype(x: Any, dtype: Any, xp: Any) -> Any:
     """``xp.astype(x, dtype)``, with an exact fast path for NumPy float16 -> float32/float64
-    (:func:`_half_upcast`)."""
+    (:func:`_half_upcast`); the array's own ``astype`` method where ``xp`` has no such function
+    (CuPy <= 13 handed in as the module itself)."""
     if (isinstance(x, np.ndarray) and x.dtype == np.float16
             and np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.float64))):
         return _half_upcast(x, np.dtype(dtype).name)
-    return xp.astype(x, dtype)
+    fn = getattr(xp, "astype", None)
+    return fn(x, dtype) if fn is not None else x.astype(dtype)
 
 
 def flatten_examples(x: Any, xp: Any, dtype: Any = None, what: str = "X") -> Any:

@@ -217,11 +217,6 @@ class Checkpoint:
 REDUCE_FACTOR = 4  # columns wider than this many times the batch are reduced to their b × b Gram
 
 
-def _astype(x: Any, dtype: Any, xp: Any) -> Any:
-    fn = getattr(xp, "astype", None)  # array API (NumPy 2, array-api-strict); CuPy has the method
-    return fn(x, dtype) if fn is not None else x.astype(dtype)
-
-
 def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> CentredGram:
     """The batch's centred Gram ``K_c = X_c X_cᵀ`` (b × b, float64), which is all that linear HSIC
     sees of a layer: b² numbers instead of b·p, handed to ``MinibatchCKA.update`` as a
@@ -243,7 +238,7 @@ def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Centred
         mean = xp.mean(X, axis=0, keepdims=True)
         with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN input: reported below, by name
             X -= mean
-        K = _astype(X @ xp.matrix_transpose(X), xp.float64, xp)
+        K = fast_astype(X @ X.T, xp.float64, xp)  # (X.T: CuPy <= 13 lacks matrix_transpose)
         mean_sq = float(xp.sum(mean * mean))
         del X
     b = K.shape[0]
