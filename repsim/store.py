@@ -207,9 +207,8 @@ class _ChunkReader:
         fast = self._fast_chunks(arr)
         if fast is None or stop <= start:
             return None
-        if any(not (isinstance(k, slice) and k == slice(None)) and
-               not (isinstance(k, slice) and k.indices(n) == (0, n, 1)) for k, n in zip(key[1:], self.shape[1:])):
-            return None
+        if any(not (isinstance(k, slice) and k.indices(n) == (0, n, 1)) for k, n in zip(key[1:], self.shape[1:])):
+            return None  # not whole along the other axes
         c = start // self.chunk_rows
         if (stop - 1) // self.chunk_rows != c:
             return None
