@@ -32,7 +32,7 @@ def make_figures(stores: Path | None, results: Path | None, out: Path, *, only=N
     report path).
     """
     from analyses.data import Inputs
-    from analyses.registry import render_all
+    from analyses.render import render_all
     from analyses.report import write_report
 
     inputs = Inputs(stores, results, only_stores)
@@ -43,10 +43,9 @@ def make_figures(stores: Path | None, results: Path | None, out: Path, *, only=N
 
 def run(args) -> int:
     if args.list:
-        from analyses.items import ORDER
-        from analyses.registry import REGISTRY
+        from analyses.render import ordered_items
 
-        for it in sorted(REGISTRY, key=lambda it: ORDER.index(it.id)):
+        for it in ordered_items():
             print(f"{it.id:8s} {it.kind:6s} {it.title}  [needs: {', '.join(it.needs)}]")
         return 0
     for name in ("stores", "results"):

@@ -1,6 +1,6 @@
 """Inputs of the figure script: results files and activation stores, loaded lazily.
 
-Formats are those of CONTRACTS.md "Results files". Every accessor raises :class:`Missing` (with the
+Formats are those of docs/architecture.md "Results files". Every accessor raises :class:`Missing` (with the
 reason) when its input is absent, so that a figure whose inputs are not there is skipped with a note
 rather than failing the whole report.
 """
@@ -58,7 +58,7 @@ def _params_text(params: Any) -> str:
 
 
 def _attrs_row(name: str, attrs: dict, n: int | None) -> dict:
-    """One row of :attr:`Inputs.runs` from a store's attrs (DESIGN.md "Activation store")."""
+    """One row of :attr:`Inputs.runs` from a store's attrs (docs/architecture.md "The activation store")."""
     model, dataset = attrs.get("model") or {}, attrs.get("dataset") or {}
     return dict(store=name, objective=model.get("objective") or "", seed=model.get("seed"),
                 params=_params_text(model.get("params")), arch=model.get("arch") or "",

@@ -5,7 +5,7 @@ Layout of the output directory (each stage reuses what a previous run finished):
     OUT/runs/<objective>-s<seed>/   `repsim train` output; DONE marks a finished run (keyed on its command)
     OUT/stores/<group>/<run>-<group>.zarr   `repsim extract` stores; reused when complete and newer than
                                     the checkpoint
-    OUT/results/                    results files (CONTRACTS.md formats); each keyed in
+    OUT/results/                    results files (docs/architecture.md "Results files"); each keyed in
                                     results/fingerprints.json on the stores it was computed from
     OUT/report/                     figures, tables, report.html, findings.md; rewritten when the results
                                     or the analyses code changed (report/.report-key)
@@ -69,13 +69,6 @@ def _pump(stream, prefix: str, tail: collections.deque) -> None:
     stream.close()
 
 
-def _missing_piece(tail: list[str]) -> str | None:
-    for line in tail:
-        if "not implemented yet (issue" in line:
-            return line.strip()
-    return None
-
-
 def run_tasks(tasks: list[Task], jobs: int, stage: str) -> None:
     """Run subprocesses ``jobs`` at a time, streaming their output with a prefix; fail on the first error."""
     env = dict(os.environ)
@@ -98,9 +91,6 @@ def run_tasks(tasks: list[Task], jobs: int, stage: str) -> None:
                 th.join()
                 if p.returncode != 0:
                     tail = list(t.tail)
-                    missing = _missing_piece(tail)
-                    if missing:
-                        raise DemoError(f"{stage}: an upstream piece has not landed: {missing}")
                     raise DemoError(f"{stage}: {t.name} failed (exit {p.returncode}): {' '.join(t.argv)}\n"
                                     + "\n".join(tail[-15:]))
                 t.done()
@@ -109,18 +99,6 @@ def run_tasks(tasks: list[Task], jobs: int, stage: str) -> None:
             p.terminate()
         for p in running:
             p.wait()
-
-
-def require_command(command: str, piece: str) -> None:
-    """Fail clearly when a ``repsim`` subcommand is still the skeleton's stub (its piece has not landed)."""
-    import importlib
-
-    from repsim.cli import SUBCOMMANDS
-    from repsim.commands import no_arguments
-
-    module = importlib.import_module(SUBCOMMANDS[command])
-    if getattr(module, "configure", None) is no_arguments:
-        raise DemoError(f"`repsim {command}` is still a stub: {piece} has not landed")
 
 
 def _repsim(*args: str) -> list[str]:
@@ -152,7 +130,6 @@ class Demo:
         return argv
 
     def stage_train(self) -> bool:
-        require_command("train", "train (helper 'train', issue 5)")
         tasks = []
         for o in self.objectives:
             for s in range(self.seeds):
@@ -175,7 +152,7 @@ class Demo:
                 tasks.append(Task(f"train {name}", argv + (["--resume"] if resume else []), mark))
         _say(f"[demo] train: {len(self.run_names) - len(tasks)} of {len(self.run_names)} networks already "
              f"trained; training {len(tasks)} ({self.jobs} at a time)")
-        run_tasks(tasks, self.jobs, "train (helper 'train', issue 5)")
+        run_tasks(tasks, self.jobs, "train")
         return bool(tasks)
 
     def checkpoint(self, name: str) -> Path:
@@ -199,11 +176,6 @@ class Demo:
         return (path / "zarr.json").stat().st_mtime >= ckpt.stat().st_mtime
 
     def stage_extract(self) -> bool:
-        require_command("extract", "extract (helper 'extract', issue 6)")
-        try:
-            from repsim import open_store  # noqa: F401
-        except (ImportError, AttributeError) as exc:
-            raise DemoError(f"extract: repsim.open_store is missing (helper 'store', issue 2): {exc}") from exc
         tasks, n_todo = [], 0
         for group, (spec, split, layers, _) in GROUPS.items():
             todo = []
@@ -227,7 +199,7 @@ class Demo:
             tasks.append(Task(f"extract {group} ({len(todo)})", argv))
         n_all = len(GROUPS) * len(self.run_names)
         _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo}")
-        run_tasks(tasks, self.jobs, "extract (helper 'extract', issue 6)")
+        run_tasks(tasks, self.jobs, "extract")
         return bool(tasks)
 
     # ---------------------------------------------------------------- analyse
@@ -262,11 +234,17 @@ class Demo:
         fp_path = res / "fingerprints.json"
         fps = json.loads(fp_path.read_text()) if fp_path.is_file() else {}
         worked = False
+        paths = lambda group: [str(self.store_path(group, n)) for n in self.run_names]  # noqa: E731
+        runs = [(n, self.run_dir(n), self.checkpoint(n)) for n in self.run_names]
+        probe_tasks = [(TRANSFER_TASK, paths("tgt-train"), paths("tgt-test"), ["linear", "knn"]),
+                       (RELEARN_TASK, paths("src-holdout"), paths("src-test"), ["linear"])]
         steps = [
-            ("training.csv", [], lambda: A.training_csv(self, res / "training.csv")),
-            ("cka_demo.npz", ["src-test"], lambda: A.cka(self, res / "cka_demo.npz")),
-            ("separation.csv", ["src-test", "src-train"], lambda: A.layer_metrics(self, res)),
-            ("probes.csv", ["src-holdout", "src-test", "tgt-train", "tgt-test"], lambda: A.probes(self, res / "probes.csv")),
+            ("training.csv", [], lambda: A.training_csv(runs, res / "training.csv")),
+            ("cka_demo.npz", ["src-test"], lambda: A.cka(paths("src-test"), res / "cka_demo.npz")),
+            ("separation.csv", ["src-test", "src-train"],
+             lambda: A.layer_metrics(paths("src-test"), paths("src-train"), res)),
+            ("probes.csv", ["src-holdout", "src-test", "tgt-train", "tgt-test"],
+             lambda: A.probes(probe_tasks, res / "probes.csv")),
         ]
         for fname, groups, fn in steps:
             extra = json.dumps([self.run_names, self.epochs]) if not groups else ""
@@ -278,7 +256,10 @@ class Demo:
                 continue
             t0 = time.perf_counter()
             _say(f"[demo] analyse: computing {fname} ...")
-            fn()
+            try:
+                fn()
+            except A.AnalysisError as exc:
+                raise DemoError(f"analyse: {exc}") from exc
             worked = True
             fps[fname] = fp
             fp_path.write_text(json.dumps(fps, indent=1))

@@ -5,7 +5,7 @@ import datetime as _dt
 import html
 from pathlib import Path
 
-from analyses.registry import Outcome
+from analyses.render import Outcome
 
 
 def _table_html(outcome: Outcome) -> str:

@@ -3,7 +3,7 @@
 One minibatch of n = 600 examples, L = 64 layers of p = 384 features (float32, post-ReLU-like),
 debiased (unbiased HSIC) CKA between every pair of layers:
 
-* ours      ``repsim.cka.batch_hsic`` (NumPy): centred features, Gram triangles by row blocks
+* ours      ``repsim.kernels.cka.batch_hsic`` (NumPy): centred features, Gram triangles by row blocks
             (SYRK/GEMM), all L×L values from one product A Aᵀ, float64 L×L accumulation.
             Run in float32 (the GPU numerics, same precision as the peers) and float64 (the CPU
             default of repsim).
@@ -49,7 +49,7 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from repsim.cka import batch_hsic, hsic_to_cka  # noqa: E402
+from repsim.kernels.cka import batch_hsic, hsic_to_cka  # noqa: E402
 
 
 def best_time(fn, repeats: int) -> float:

@@ -93,7 +93,7 @@ if mode == "read":  # plain Dask: every chunk of every array read and decompress
     touched = [a.map_blocks(lambda b: np.zeros((1,) * b.ndim, b.dtype), chunks=(1,) * a.ndim) for a in arrays]
     dask.compute(*[t.sum() for t in touched], scheduler="threads")
 elif mode == "engine_read":  # the engine's read schedule for one epoch (same reader, groups, prefetch), no compute
-    from repsim.engine_io import BatchPlan, BlockReader, block_rows_for, resolve_columns
+    from repsim.engine.blocks import BatchPlan, BlockReader, block_rows_for, resolve_columns
     stores, columns, ids = resolve_columns(paths)
     g = block_rows_for(columns, ids.shape[0])
     plan = BatchPlan(n=ids.shape[0], batch_size=kw["batch_size"], block_rows=g)
@@ -141,8 +141,8 @@ def compute_only(paths: list[str], batch_size: int, seed: int) -> tuple[float, f
     """The engine's own batch loop (_cka_segment) over one epoch with every chunk served from RAM."""
     from dataclasses import asdict
 
-    from repsim.engine import _cka_segment
-    from repsim.engine_io import BatchPlan, BlockReader, block_rows_for, resolve_columns
+    from repsim.engine.minibatch import _cka_segment
+    from repsim.engine.blocks import BatchPlan, BlockReader, block_rows_for, resolve_columns
 
     stores, columns, ids = resolve_columns(paths)
     n = ids.shape[0]

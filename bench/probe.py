@@ -46,7 +46,7 @@ def run_sklearn(Xtr, ytr, Xte, yte, tr_idx, val_idx, lambdas, tol, max_iter):
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
 
-    from repsim.probes import accuracy
+    from repsim.probes._common import accuracy
 
     t0 = time.perf_counter()
     clf = LogisticRegression(warm_start=True, tol=tol, max_iter=max_iter)
@@ -74,7 +74,7 @@ def run_sklearn(Xtr, ytr, Xte, yte, tr_idx, val_idx, lambdas, tol, max_iter):
 
 
 def run_repsim(Xtr, ytr, Xte, yte, lambdas, **kw):
-    from repsim.probes import linear_probe
+    from repsim.probes.linear import linear_probe
 
     t0 = time.perf_counter()
     r = linear_probe(Xtr, ytr, Xte, yte, lambdas=lambdas, **kw)
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         write_markdown(json.loads(Path(args.out).read_text()))
         return 0
 
-    from repsim.probes import stratified_split
+    from repsim.probes._common import stratified_split
 
     lambdas = np.logspace(-6, 5, args.lambdas)
     X, y = make_features(args.n + args.n // 5, args.p, args.classes)

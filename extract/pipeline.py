@@ -1,4 +1,4 @@
-"""Run a model over a dataset once and write its activation store (DESIGN.md "Activation store").
+"""Run a model over a dataset once and write its activation store (docs/architecture.md "The activation store").
 
 Pipeline, per rank::
 
@@ -197,7 +197,8 @@ def extract_store(
     Resumes an incomplete store written with the same settings; a complete one is returned as is
     (``overwrite=True`` recomputes). Under ``torch.distributed`` the chunks are shared across ranks.
     """
-    from repsim.store import StoreWriter, open_store
+    from repsim.store.writer import StoreWriter
+    from repsim.store.reader import open_store
 
     if batch_size < 1:
         raise ExtractError(f"extract: --batch-size must be >= 1, got {batch_size}")
@@ -318,7 +319,7 @@ def _plan(net, dataset, chosen, hooked, spatial, dtype, dev, amp_dtype, batch_si
     ``logits`` are stored float32 at the root (always) and, when selected, also as the float32
     layer ``layers/logits`` so that layer-wise analyses (CKA across all layers) can name it.
     """
-    from repsim.store import default_chunk_rows as store_chunk_rows
+    from repsim.store.format import default_chunk_rows as store_chunk_rows
 
     x0 = dataset[0][0]
     if not isinstance(x0, torch.Tensor):

@@ -1,3 +1,3 @@
-from repsim.cli import main
+from repsim.commands.main import main
 
 raise SystemExit(main())

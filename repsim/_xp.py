@@ -173,7 +173,7 @@ def is_gpu_namespace(xp: Any, x: Any = None) -> bool:
 
 
 def compute_dtype(xp: Any, x: Any, requested: Any = None) -> Any:
-    """Working floating dtype for Gram-type kernels (DESIGN.md "Numerics").
+    """Working floating dtype for Gram-type kernels (docs/architecture.md "Numerics").
 
     ``requested`` ("float32"/"float64"/an xp dtype) wins. Otherwise float64 on the CPU, and on a
     GPU float32 unless the input already is float64.

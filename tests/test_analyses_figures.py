@@ -1,4 +1,4 @@
-"""`repsim figures` on small synthetic results files (written directly in the CONTRACTS.md formats)."""
+"""`repsim figures` on small synthetic results files (written directly in the formats of docs/architecture.md "Results files")."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from repsim.cli import main
+from repsim.commands.main import main
 
 OBJS = ["softmax", "sigmoid", "cosine_softmax", "squared_error"]
 SEEDS = [0, 1]

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from repsim import open_store, save_store
-from repsim.cli import main
+from repsim.commands.main import main
 from tests.test_analyses_figures import LAYERS, OBJS, SEEDS, TASKS, write_results
 
 N, K = 60, 3

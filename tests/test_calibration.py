@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from repsim.calibration import (calibration_report, ece, ece_from_probabilities, fit_temperature, nll,
-                                probabilities)
+from repsim.probes.calibration import (calibration_report, ece, ece_from_probabilities, fit_temperature, nll,
+                                       probabilities)
 
 
 def test_nll_by_hand():

@@ -9,9 +9,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from repsim.cli import main
-from repsim.commands.check import check_stores
-from repsim.store import StoreWriter, save_store
+from repsim.commands.main import main
+from repsim.store.check import check_stores
+from repsim.store.writer import StoreWriter, save_store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,4 +1,4 @@
-"""repsim's direct chunk I/O (repsim._chunkio) against zarr's own codec pipeline, byte for byte."""
+"""repsim's direct chunk I/O (repsim.store._chunkio) against zarr's own codec pipeline, byte for byte."""
 from __future__ import annotations
 
 import glob
@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import zarr
 
-from repsim._chunkio import TMP_PREFIX, fast_chunks
-from repsim.store import StoreError, StoreWriter, _codecs, open_store
+from repsim.store._chunkio import TMP_PREFIX, fast_chunks
+from repsim.store.format import StoreError, _codecs
+from repsim.store.writer import StoreWriter
+from repsim.store.reader import open_store
 
 
 def _arrays(rng, n):

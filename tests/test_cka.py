@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from repsim.cka import CentredGram, MinibatchCKA, batch_hsic, linear_cka, ucenter
+from repsim.kernels.cka import CentredGram, MinibatchCKA, batch_hsic, linear_cka, ucenter
 
 NAMESPACES = [pytest.param(np, id="numpy"), pytest.param(array_api_strict, id="strict")]
 

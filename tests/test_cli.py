@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from repsim.cli import SUBCOMMANDS, build_parser
+from repsim.commands.main import SUBCOMMANDS, build_parser
 
 
 def test_import_repsim_is_torch_free():
-    code = "import sys, repsim, repsim.cli; repsim.cli.build_parser(); assert 'torch' not in sys.modules"
+    code = "import sys, repsim, repsim.commands.main; repsim.commands.main.build_parser(); assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

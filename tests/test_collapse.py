@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from repsim.collapse import COLLAPSE_KEYS, CollapseStats, collapse_metrics
-from repsim.separation import class_separation
+from repsim.kernels.collapse import COLLAPSE_KEYS, CollapseStats, collapse_metrics
+from repsim.kernels.separation import class_separation
 
 NAMESPACES = [pytest.param(np, id="numpy"), pytest.param(array_api_strict, id="strict")]
 

@@ -49,17 +49,3 @@ def test_fresh_removes_only_the_demo_outputs(tmp_path):
     (tmp_path / "timings.json").write_text("{}")
     fresh(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
-
-
-def test_missing_piece_is_named(monkeypatch, tmp_path):
-    """A stage whose upstream command is still a stub fails with the piece's name, not a traceback."""
-    import repsim.cli
-    from analyses.pipeline import Demo, DemoError
-
-    monkeypatch.setitem(repsim.cli.SUBCOMMANDS, "train", "repsim.commands.check")  # any real module...
-    import repsim.commands.check as check
-    from repsim.commands import no_arguments
-
-    monkeypatch.setattr(check, "configure", no_arguments)  # ...made to look like the skeleton's stub
-    with pytest.raises(DemoError, match="train .*has not landed"):
-        Demo(tmp_path).stage_train()

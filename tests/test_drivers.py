@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import repsim
-from repsim.drivers import (DISTANCES, collapse_rows, layer_metrics, separation_rows, sparsity_rows, spectra_arrays,
-                            write_csv)
-from repsim.spectra import activation_spectrum, centroid_spectrum, weight_spectrum
+from repsim.engine.drivers import (DISTANCES, collapse_rows, layer_metrics, separation_rows, sparsity_rows,
+                                   spectra_arrays, write_csv)
+from repsim.kernels.spectra import activation_spectrum, centroid_spectrum, weight_spectrum
 from test_engine_helpers import make_store, stored
 
 N, K = 157, 5
@@ -108,8 +108,8 @@ def test_array_namespace_device(net):
 
 def test_layers_are_grouped_into_passes_by_state_size(net):
     """A tight memory budget splits the layers into one pass each, with identical results."""
-    from repsim.drivers import Request, group_layers, state_bytes
-    from repsim.engine_io import resolve_columns
+    from repsim.engine.drivers import Request, group_layers, state_bytes
+    from repsim.engine.blocks import resolve_columns
 
     store, _, _ = net
     _, cols, _ = resolve_columns([store.path])

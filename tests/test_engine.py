@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 import repsim
-from repsim.drivers import layer_metrics
-from repsim.engine import CKAResult, cka_matrix
-from repsim.engine_exact import choose_routes
-from repsim.engine_io import BatchPlan, BlockReader, block_rows_for, resolve_columns
+from repsim.engine.drivers import layer_metrics
+from repsim.engine.result import CKAResult
+from repsim.engine.minibatch import cka_matrix
+from repsim.engine.exact import choose_routes
+from repsim.engine.blocks import BatchPlan, BlockReader, block_rows_for, resolve_columns
 from test_engine_helpers import (consecutive_batches, correlated_layers, make_store, minibatch_reference,
                                  stored)
 
@@ -181,7 +182,7 @@ def test_exact_equals_linear_cka_on_all_data_with_both_routes(tmp_path, debiased
 
 def test_exact_route_rule():
     """Grams go to the widest columns, as many as pay off; a pair uses the Gram route iff both have one."""
-    from repsim.engine_exact import choose_gram_columns
+    from repsim.engine.exact import choose_gram_columns
 
     widths, n = [1, 1500, 1200], 1000
     assert choose_gram_columns(widths, n) == [1, 2]
@@ -241,7 +242,7 @@ def test_missing_layer_raises_naming_store(tmp_path):
 
 
 def test_incomplete_store_raises_naming_store(tmp_path):
-    from repsim.store import StoreWriter
+    from repsim.store.writer import StoreWriter
 
     rng = np.random.default_rng(4)
     layers = correlated_layers(rng, 40, {"x": (5,)})
@@ -273,7 +274,7 @@ def test_result_save_load_roundtrip_and_bootstrap_ci(two_stores, tmp_path):
     stores = two_stores[np.float64]
     res = cka_matrix(stores, batch_size=20, epochs=2, seed=1, progress=False)
     path = res.save(tmp_path / "cka_test.npz")
-    with np.load(path) as z:  # the CONTRACTS layout, readable without repsim
+    with np.load(path) as z:  # the documented layout, readable without repsim
         assert {"values", "stores", "layers", "meta"} <= set(z.files)
         assert z["stores"].tolist() == ["a", "a", "b"] and z["layers"].tolist() == ["conv", "fc", "pool"]
     back = CKAResult.load(path)
@@ -354,8 +355,8 @@ def test_wide_columns_enter_as_centred_grams_without_changing_the_result(tmp_pat
 
 @pytest.mark.parametrize("p", [300, 2 * 2048 + 777])  # one slab / the blocked path with a ragged last slab
 def test_centred_gram_matches_brute_force(p):
-    from repsim.cka import CentredGram
-    from repsim.engine import centred_gram
+    from repsim.kernels.cka import CentredGram
+    from repsim.engine.grams import centred_gram
 
     rng = np.random.default_rng(p)
     x = np.maximum(rng.normal(size=(40, p)) + 0.5, 0).astype(np.float16)

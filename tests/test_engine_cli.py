@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from repsim.cli import main
-from repsim.engine import CKAResult
+from repsim.commands.main import main
+from repsim.engine.result import CKAResult
 from test_engine_helpers import correlated_layers, make_store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

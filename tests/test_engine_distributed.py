@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from repsim.drivers import layer_metrics
-from repsim.engine import cka_matrix
-from repsim.scheduler import get_client, scheduler, set_scheduler
+from repsim.engine.drivers import layer_metrics
+from repsim.engine.minibatch import cka_matrix
+from repsim.engine.scheduler import get_client, scheduler, set_scheduler
 from test_engine_helpers import correlated_layers, make_store
 
 distributed = pytest.importorskip("distributed")

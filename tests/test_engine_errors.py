@@ -1,4 +1,4 @@
-"""Bad data in stores (DESIGN "Numerics"): NaN/inf, constant layers and empty classes give a
+"""Bad data in stores (docs/architecture.md "Numerics"): NaN/inf, constant layers and empty classes give a
 ValueError naming the store and layer, on every engine path (minibatch CKA with narrow columns and
 with wide columns reduced to Gram factors, exact CKA on both routes, the streaming drivers)."""
 from __future__ import annotations

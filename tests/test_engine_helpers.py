@@ -41,6 +41,6 @@ def minibatch_reference(arrays: list[np.ndarray], batches: list[np.ndarray], deb
 
 
 def consecutive_batches(n: int, b: int) -> list[np.ndarray]:
-    """[0:b], [b:2b], ...; a trailing batch of fewer than 4 rows is dropped (DESIGN)."""
+    """[0:b], [b:2b], ...; a trailing batch of fewer than 4 rows is dropped (docs/architecture.md, engine.blocks)."""
     out = [np.arange(s, min(n, s + b)) for s in range(0, n, b)]
     return [r for r in out if r.size >= 4]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import repsim
-from repsim.engine import CKAResult
+from repsim.engine.result import CKAResult
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N, SHAPE = 9000, (1024, 4, 4)  # 32 KiB per row in float16; 2 stores x 2 layers = 1.18 GB of arrays

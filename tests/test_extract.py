@@ -20,8 +20,8 @@ zarr = pytest.importorskip("zarr")
 pytest.importorskip("train.models")
 
 from extract import ExtractError, extract_store, layer_modules  # noqa: E402
-from repsim.cli import main as repsim_main  # noqa: E402
-from repsim.store import open_store  # noqa: E402
+from repsim.commands.main import main as repsim_main  # noqa: E402
+from repsim.store.reader import open_store  # noqa: E402
 from train.checkpoint import load_model, save_checkpoint  # noqa: E402
 from train.config import load_config  # noqa: E402
 from train.data import build_dataset  # noqa: E402

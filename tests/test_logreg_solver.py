@@ -1,4 +1,4 @@
-"""The L-BFGS solver of repsim._logreg: its line search works on logits that are linear in the
+"""The L-BFGS solver of repsim.probes._logreg: its line search works on logits that are linear in the
 parameters (one product per direction, none per trial); checked against direct products and scipy."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from repsim import _logreg
+from repsim.probes import _logreg
 
 
 def problem(n=300, p=12, k=4, seed=0, loss="softmax", dtype=np.float64):

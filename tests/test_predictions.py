@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from repsim.predictions import (agreement_matrices, group_ensembles, load_predictions, modal_vote,
-                                prediction_linkage, save_predictions)
+from repsim.probes.predictions import (agreement_matrices, group_ensembles, load_predictions, modal_vote,
+                                       prediction_linkage, save_predictions)
 
 
 def test_agreement_matrices_equal_loops():

@@ -6,8 +6,10 @@ import warnings
 import numpy as np
 import pytest
 
-from repsim.probes import (accuracy, binned_auc, fit_logistic, knn_neighbours, knn_probe, knn_vote,
-                           linear_probe, multilabel_probe, stratified_split)
+from repsim.probes._common import accuracy, stratified_split
+from repsim.probes.multilabel import binned_auc, multilabel_probe
+from repsim.probes.linear import fit_logistic, linear_probe
+from repsim.probes.knn import knn_neighbours, knn_probe, knn_vote
 
 sklearn_lm = pytest.importorskip("sklearn.linear_model")
 

@@ -6,9 +6,10 @@ import json
 
 import numpy as np
 
-from repsim.cli import main
-from repsim.probes import knn_probe, linear_probe
-from repsim.store import save_store
+from repsim.commands.main import main
+from repsim.probes.knn import knn_probe
+from repsim.probes.linear import linear_probe
+from repsim.store.writer import save_store
 
 
 def _stores(tmp_path, name, seed):

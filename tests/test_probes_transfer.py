@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from repsim.transfer import assignment_accuracy, heldout_per_class, matching_matrix, relearn_head
+from repsim.probes.transfer import assignment_accuracy, heldout_per_class, matching_matrix, relearn_head
 
 
 def test_assignment_recovers_planted_mapping():

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from repsim.probes import fit_logistic, knn_probe, linear_probe
+from repsim.probes.linear import fit_logistic, linear_probe
+from repsim.probes.knn import knn_probe
 
 xps = pytest.importorskip("array_api_strict")
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from repsim.separation import ClassSeparation, class_separation
+from repsim.kernels.separation import ClassSeparation, class_separation
 
 NAMESPACES = [pytest.param(np, id="numpy"), pytest.param(array_api_strict, id="strict")]
 

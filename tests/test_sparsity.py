@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from repsim.sparsity import Sparsity, nonzero_fraction, nonzero_fraction_per_channel
+from repsim.kernels.sparsity import Sparsity, nonzero_fraction, nonzero_fraction_per_channel
 
 NAMESPACES = [pytest.param(np, id="numpy"), pytest.param(array_api_strict, id="strict")]
 

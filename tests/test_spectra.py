@@ -5,8 +5,8 @@ import array_api_strict
 import numpy as np
 import pytest
 
-from repsim.spectra import (ActivationSpectrum, activation_spectrum, angular_visual_hardness,
-                            centroid_spectrum, cosine_distance_samples, weight_spectrum)
+from repsim.kernels.spectra import (ActivationSpectrum, activation_spectrum, angular_visual_hardness,
+                                    centroid_spectrum, cosine_distance_samples, weight_spectrum)
 
 NAMESPACES = [pytest.param(np, id="numpy"), pytest.param(array_api_strict, id="strict")]
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from repsim.stats import mean_se, not_significantly_worse, spearman, ttest
+from repsim.probes.stats import mean_se, not_significantly_worse, spearman, ttest
 
 
 def test_mean_se_by_hand():

@@ -19,14 +19,10 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repsim.commands.check import check_stores
-from repsim.store import (
-    StoreError,
-    StoreWriter,
-    default_chunk_rows,
-    open_store,
-    save_store,
-)
+from repsim.store.check import check_stores
+from repsim.store.format import StoreError, default_chunk_rows
+from repsim.store.writer import StoreWriter, save_store
+from repsim.store.reader import open_store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -332,7 +328,7 @@ def test_incomplete_writer_and_resume_is_byte_identical(tmp_path):
 KILLED_WRITER = textwrap.dedent(
     """
     import sys, time, numpy as np
-    from repsim.store import StoreWriter
+    from repsim.store.writer import StoreWriter
     path, n = sys.argv[1], 4000
     rng = np.random.default_rng(0)
     x = rng.standard_normal((n, 256)).astype(np.float32)
@@ -387,7 +383,7 @@ def test_sigkilled_writer_is_incomplete_and_resumable(tmp_path):
 MEMORY_PROBE = textwrap.dedent(
     """
     import sys, json, tracemalloc, numpy as np, dask, dask.array as da
-    from repsim.store import save_store
+    from repsim.store.writer import save_store
     dask.config.set(scheduler="threads")
     path = sys.argv[1]
     rows, width = 1024, 1024                      # float32: 4 KiB/row, 4 MiB per chunk

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repsim.cli import main
+from repsim.commands.main import main
 from train import load_model
 from train.checkpoint import load_checkpoint
 from train.config import load_config

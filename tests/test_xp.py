@@ -17,8 +17,8 @@ import pytest
 
 import repsim
 from repsim import _xp
-from repsim.cka import MinibatchCKA
-from repsim.spectra import activation_spectrum, angular_visual_hardness
+from repsim.kernels.cka import MinibatchCKA
+from repsim.kernels.spectra import activation_spectrum, angular_visual_hardness
 
 
 def test_detection_numpy_strict_and_mixing():

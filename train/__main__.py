@@ -1,6 +1,6 @@
 """``python -m train`` (also under torchrun): same as ``repsim train``."""
 import sys
 
-from repsim.cli import main
+from repsim.commands.main import main
 
 raise SystemExit(main(["train", *sys.argv[1:]]))

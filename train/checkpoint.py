@@ -1,6 +1,6 @@
 """Checkpoints: one ``torch.save`` dict per file, written atomically (temp file + ``os.replace``).
 
-Keys (CONTRACTS.md "Train"): ``config`` (arch, arch_params, in_channels, objective, objective_params,
+Keys: ``config`` (arch, arch_params, in_channels, objective, objective_params,
 num_classes, dataset, seed, preset, ...), ``model`` and ``ema`` (state_dicts of
 :class:`train.models.Network`), ``optimizer``, ``scheduler`` ({"step": optimizer steps taken}),
 ``scaler`` (GradScaler state, {} when unused), ``rng`` (one dict per process: torch, cuda, numpy,

@@ -19,7 +19,7 @@ built from three independent parts, so the combinations of Appendix Table C.4 ar
   extra L2 λ       + λ ‖W‖²_F once per batch (Eq. 4)
   loss × τ         cosine softmax with ``scale_by_tau`` (main text, footnote 1 of Table 4)
 
-``make_objective(name, in_features, num_classes, **hyper)`` accepts the nine names of DESIGN.md and
+``make_objective(name, in_features, num_classes, **hyper)`` accepts the nine objective names and
 ``+``-joined combinations such as ``"sigmoid+dropout"`` or ``"cosine_softmax+logit_penalty"``.
 Hyperparameters default to the bold values of Appendix Table A.1 (ResNet-50, ImageNet).
 """

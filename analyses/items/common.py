@@ -77,7 +77,7 @@ def one_r2_per_run(sep: pd.DataFrame) -> pd.DataFrame:
 
 
 def pyplot():
-    """matplotlib.pyplot, imported on first use (the registry selects the Agg backend before)."""
+    """matplotlib.pyplot, imported on first use (analyses.render selects the Agg backend before)."""
     import matplotlib.pyplot as plt
 
     return plt

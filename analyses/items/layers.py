@@ -9,7 +9,7 @@ import pandas as pd
 from analyses.data import Inputs, Missing, describe_rows, display, natural_key
 from analyses.items.common import (labels_in_order, legend_outside, one_r2_per_run, one_split, panel_grid,
                                    penultimate_r2, pyplot)
-from analyses.registry import Figure, Table, item
+from analyses.item import Figure, Table, item
 from analyses.style import color
 from analyses.summary import as_percent, seed_summary
 

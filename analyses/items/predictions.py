@@ -7,7 +7,7 @@ import pandas as pd
 
 from analyses.data import Inputs, Missing, display
 from analyses.items.common import labels_in_order, legend_outside, pyplot
-from analyses.registry import Figure, item
+from analyses.item import Figure, item
 from analyses.style import color
 
 
@@ -103,7 +103,7 @@ def _heatmap(ax, m, names, title, fmt="{:.0f}", cmap="viridis", vmin=None, vmax=
 def figC4(inputs: Inputs) -> Figure:
     from scipy.cluster.hierarchy import dendrogram
 
-    from repsim.predictions import prediction_linkage
+    from repsim.probes.predictions import prediction_linkage
 
     M = Models(inputs)
     a = agreement(M.pred, M.y, "both_wrong")

@@ -5,7 +5,7 @@ import pandas as pd
 
 from analyses.data import EVAL_SPLITS, Inputs, Missing, describe_rows, display
 from analyses.items.common import labels_in_order, legend_outside
-from analyses.registry import Figure, item
+from analyses.item import Figure, item
 from analyses.style import color
 from analyses.summary import as_percent
 

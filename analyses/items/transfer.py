@@ -9,7 +9,7 @@ import pandas as pd
 from analyses.data import Inputs, Missing, describe_rows, display
 from analyses.items.common import (labels_in_order, legend_outside, mean_transfer, one_r2_per_run, one_split, panel_grid,
                                    penultimate_r2, probe_rows, probe_settings, pyplot)
-from analyses.registry import Figure, Table, item
+from analyses.item import Figure, Table, item
 from analyses.style import color
 from repsim import assignment_accuracy, spearman
 

@@ -1,48 +1,18 @@
-"""`repsim check STORE...`: validate activation stores before analysing them.
+"""`repsim check STORE...`: validate activation stores before analysing them (the checks are
+:func:`repsim.store.check.check_stores`).
 
-Checks, per store: the schema (repsim store version, required arrays, shapes and chunking along
-examples only, dimension names, dtypes, head/logits consistency), completeness (every ``written``
-flag set and ``complete`` true), unique example ids, and NaN/Inf counts per layer and in the logits
-(streamed chunk by chunk, so memory is one chunk whatever the store size; a chunk that fails its
-crc32c checksum is reported by layer and chunk). Across stores: equal ``example_ids`` (and labels)
-row by row, compared with the first store given. Prints one table row per array (store, layer,
-shape, dtype, stored size, compression ratio, NaN, Inf) and then one line per problem on stderr;
-the exit status is 1 when there is any problem, else 0.
+Prints one table row per array (store, layer, shape, dtype, stored size, compression ratio, NaN,
+Inf), then one line per problem on stderr; the exit status is 1 when there is any problem, else 0.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
+
+from repsim.store.check import ArrayReport, check_stores
 
 HELP = "validate activation stores: schema, completeness, alignment, NaN/Inf"
-
-
-@dataclass
-class ArrayReport:
-    store: str
-    layer: str
-    shape: tuple[int, ...]
-    dtype: str
-    nbytes: int
-    stored: int
-    nan: int | None = None
-    inf: int | None = None
-
-    @property
-    def ratio(self) -> float:
-        return self.nbytes / self.stored if self.stored else float("nan")
-
-
-@dataclass
-class CheckReport:
-    arrays: list[ArrayReport] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -51,173 +21,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="skip the NaN/Inf scan (reads metadata and ids only; fast)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar (default: shown when stderr is a terminal)")
-
-
-def _first_mismatch(a, b) -> int:
-    """Index of the first row where ``a`` and ``b`` differ, or -1."""
-    import numpy as np
-
-    diff = np.flatnonzero(np.asarray(a) != np.asarray(b))
-    return int(diff[0]) if diff.size else -1
-
-
-def _display_names(paths: Sequence[str]) -> list[str]:
-    """Store names (basename without .zarr), or the paths as given where names collide."""
-    from repsim.store import store_name
-
-    names = [store_name(p) for p in paths]
-    return [n if names.count(n) == 1 else p for n, p in zip(names, paths)]
-
-
-def _schema_problems(label: str, store: Any) -> list[str]:
-    """Checks beyond what open_store enforces (dtypes, dimension names, metadata consistency)."""
-    import numpy as np
-
-    from repsim.store import dimension_names
-
-    out: list[str] = []
-    g = store._group
-    expect = {"example_ids": (np.int64, ("example",)), "labels": (np.int32, ("example",)), "written": (np.bool_, ("chunk",))}
-    for name, (dtype, dims) in expect.items():
-        arr = g[name]
-        if arr.dtype != np.dtype(dtype):
-            out.append(f"store {label}: {name} has dtype {arr.dtype}, expected {np.dtype(dtype)}")
-        if tuple(arr.metadata.dimension_names or ()) != dims:
-            out.append(f"store {label}: {name} has dimension names {arr.metadata.dimension_names}, expected {dims}")
-    for layer in store.layers:
-        arr = store.zarr_array(layer)
-        if arr.dtype not in (np.float16, np.float32, np.float64):
-            out.append(f"store {label}: layer {layer}: dtype {arr.dtype} is not float16/32/64")
-        dims = tuple(arr.metadata.dimension_names or ())
-        if dims != dimension_names(arr.ndim):
-            out.append(f"store {label}: layer {layer}: dimension names {dims or None}, expected {dimension_names(arr.ndim)}")
-    k = None
-    if store.has_logits:
-        logits = g["logits"]
-        k = logits.shape[1] if logits.ndim == 2 else None
-        if logits.ndim != 2 or tuple(logits.chunks[1:]) != tuple(logits.shape[1:]):
-            out.append(f"store {label}: logits has shape {logits.shape} / chunks {logits.chunks}, expected (N, K) chunked along examples")
-    if "head" in g:
-        try:
-            W, b = store.head
-        except Exception as exc:  # missing weight/bias or corrupted
-            out.append(f"store {label}: head unreadable: {exc}")
-        else:
-            if W.ndim != 2 or b.shape != (W.shape[0],):
-                out.append(f"store {label}: head weight {W.shape} and bias {b.shape} do not match")
-            elif k is not None and W.shape[0] != k:
-                out.append(f"store {label}: head has {W.shape[0]} classes but logits have {k}")
-    n_meta = store.dataset.get("n")
-    if n_meta is not None and n_meta != store.n:
-        out.append(f"store {label}: attrs dataset.n = {n_meta} but the store has {store.n} examples")
-    return out
-
-
-def check_stores(paths: Sequence[str], *, scan_values: bool = True, progress: bool | None = None) -> CheckReport:
-    """Validate stores; returns the per-array table and the list of one-line problems."""
-    from repsim.store import StoreError, open_store, store_name
-
-    report = CheckReport()
-    opened: list[tuple[str, Any]] = []
-    for label, path in zip(_display_names([str(p) for p in paths]), paths):
-        try:
-            opened.append((label, open_store(path, allow_incomplete=True)))
-        except StoreError as exc:
-            report.problems.append(_relabel(exc, store_name(path), label))
-    show = sys.stderr.isatty() if progress is None else bool(progress)
-    rows_ok = {label: _check_one(label, store, report, scan_values=scan_values, show=show) for label, store in opened}
-    _check_alignment(opened, rows_ok, report)
-    return report
-
-
-def _relabel(exc: Exception, name: str, label: str) -> str:
-    """An error message with the store's name replaced by its display label."""
-    return str(exc).replace(f"store {name}", f"store {label}", 1)
-
-
-def _check_one(label: str, store: Any, report: CheckReport, *, scan_values: bool, show: bool):
-    """Schema, completeness, unique ids and the streamed NaN/Inf scan of one store.
-
-    Returns the boolean mask of rows that were written (unwritten rows hold fill values)."""
-    import numpy as np
-    from tqdm.auto import tqdm
-
-    from repsim.store import StoreError
-
-    report.problems.extend(_schema_problems(label, store))
-    try:
-        written = store.written()
-    except StoreError as exc:
-        report.problems.append(_relabel(exc, store.name, label))
-        written = np.zeros(store.n_chunks, bool)
-    if not store.complete:
-        report.problems.append(
-            f"store {label}: incomplete: {int(written.sum())} of {written.size} chunks written and not "
-            f"finalized (interrupted writer? resume with StoreWriter.open)"
-        )
-    rows_ok = np.repeat(written, store.chunk_rows)[: store.n]
-    try:
-        ids = store.example_ids[rows_ok]
-        duplicates = ids.size - np.unique(ids).size
-        if duplicates:
-            report.problems.append(f"store {label}: example_ids are not unique ({duplicates} duplicates)")
-    except StoreError as exc:
-        report.problems.append(_relabel(exc, store.name, label))
-
-    # (table label, array): every layer, then the top-level logits
-    arrays = [(layer, f"layers/{layer}") for layer in store.layers]
-    if store.has_logits:
-        arrays.append(("(logits)", "/logits"))
-    counts = {key: [0, 0] for _, key in arrays}
-    chunks = np.flatnonzero(written) if scan_values else np.array([], int)
-    with tqdm(total=int(chunks.size) * len(arrays), desc=f"check {label}", unit="chunk", disable=not show) as bar:
-        for i in chunks:  # chunk-major: one chunk of one array in memory at a time
-            for _, key in arrays:
-                try:
-                    x = store.read_chunk(key, int(i))
-                except StoreError as exc:
-                    report.problems.append(_relabel(exc, store.name, label))
-                else:
-                    counts[key][0] += int(np.count_nonzero(np.isnan(x)))
-                    counts[key][1] += int(np.count_nonzero(np.isinf(x)))
-                bar.update(1)
-    for layer, key in arrays:
-        arr = store.zarr_array(key)
-        nan, inf = counts[key] if scan_values else (None, None)
-        report.arrays.append(ArrayReport(label, layer, tuple(arr.shape), str(arr.dtype), int(arr.nbytes), int(arr.nbytes_stored()), nan, inf))
-        if nan or inf:
-            report.problems.append(f"store {label}: layer {layer}: {nan} NaN and {inf} Inf values")
-    return rows_ok
-
-
-def _check_alignment(opened: Sequence[tuple[str, Any]], rows_ok: dict[str, Any], report: CheckReport) -> None:
-    """Every store must hold the first store's example_ids (and labels) row by row."""
-    import numpy as np
-
-    from repsim.store import StoreError
-
-    if not opened:
-        return
-    ref_label, ref = opened[0]
-    for label, store in opened[1:]:
-        try:
-            a, b = ref.example_ids, store.example_ids
-        except StoreError:
-            continue  # already reported
-        if a.size != b.size:
-            report.problems.append(f"store {label}: {b.size} examples but store {ref_label} has {a.size}; example_ids differ")
-            continue
-        both = rows_ok[ref_label] & rows_ok[label]  # compare rows written in both stores
-        row = _first_mismatch(np.where(both, a, 0), np.where(both, b, 0))
-        if row >= 0:
-            report.problems.append(f"store {label}: example_ids differ from store {ref_label} (first mismatch at row {row})")
-            continue
-        try:
-            row = _first_mismatch(np.where(both, ref.labels, 0), np.where(both, store.labels, 0))
-        except StoreError:
-            continue
-        if row >= 0:
-            report.problems.append(f"store {label}: labels differ from store {ref_label} (first mismatch at row {row})")
 
 
 def _size(nbytes: int) -> str:

@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from repsim.engine import cka_matrix
-    from repsim.scheduler import scheduler
+    from repsim.engine.minibatch import cka_matrix
+    from repsim.engine.scheduler import scheduler
 
     out = args.out if args.out.endswith(".npz") else args.out + ".npz"
     ckpt = args.checkpoint or (out[:-4] + ".ckpt.npz")

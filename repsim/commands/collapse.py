@@ -23,9 +23,9 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from repsim.drivers import collapse_rows, write_csv
-    from repsim.engine import _atomic_savez
-    from repsim.scheduler import scheduler
+    from repsim.engine.drivers import collapse_rows, write_csv
+    from repsim.engine.result import _atomic_savez
+    from repsim.engine.scheduler import scheduler
 
     with scheduler(args.scheduler):
         rows, spectra = collapse_rows(args.stores, layers_arg(args.layers), spectra=args.spectra is not None,

@@ -50,8 +50,10 @@ def _meta(store) -> tuple[str, str]:
 def run(args) -> int:
     import numpy as np
 
-    from repsim.probes import knn_probe, linear_probe
-    from repsim.store import StoreError, open_store
+    from repsim.probes.knn import knn_probe
+    from repsim.probes.linear import linear_probe
+    from repsim.store.format import StoreError
+    from repsim.store.reader import open_store
 
     train = list(args.stores) + list(args.train)
     if not train:

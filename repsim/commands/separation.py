@@ -20,8 +20,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from repsim.drivers import DISTANCES, separation_rows, write_csv
-    from repsim.scheduler import scheduler
+    from repsim.engine.drivers import DISTANCES, separation_rows, write_csv
+    from repsim.engine.scheduler import scheduler
 
     distances = DISTANCES if args.distance == "all" else tuple(d.strip() for d in args.distance.split(","))
     with scheduler(args.scheduler):

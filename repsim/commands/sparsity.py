@@ -18,8 +18,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from repsim.drivers import sparsity_rows, write_csv
-    from repsim.scheduler import scheduler
+    from repsim.engine.drivers import sparsity_rows, write_csv
+    from repsim.engine.scheduler import scheduler
 
     with scheduler(args.scheduler):
         rows = sparsity_rows(args.stores, layers_arg(args.layers), device=args.device, progress=progress_arg(args),

@@ -9,7 +9,7 @@ reads them from every store at once (one ``update`` sees all L columns), and sch
 
 - Each epoch is cut into *segments* of ``checkpoint_every`` consecutive batches.  A segment is an
   independent task (:func:`_cka_segment`): it rebuilds the epoch's batch plan from
-  ``(seed, epoch)``, reads its rows with a prefetching :class:`~repsim.engine_io.BlockReader`, feeds
+  ``(seed, epoch)``, reads its rows with a prefetching :class:`~repsim.engine.blocks.BlockReader`, feeds
   a fresh ``MinibatchCKA`` and returns ``to_state()``.
 - Segment states are merged **in segment order** (epoch-major), whether segments ran here or on a
   ``dask.distributed`` cluster, so both give the same floating-point result.
@@ -22,277 +22,27 @@ Reading is column-major within a group of batches (see :func:`_cka_segment`): me
 ``prefetch + 1`` reads of one column's group (a shuffle window, in the stores' dtype) plus, per
 batch of the group, b × min(p, b) numbers per column (a column with p ≥ 4b enters the accumulator
 as its b × b centred Gram, :func:`centred_gram`); never proportional to n.
-``method="exact"`` (full-data linear CKA) lives in :mod:`repsim.engine_exact`.
+``method="exact"`` (full-data linear CKA) lives in :mod:`repsim.engine.exact`.
 """
 from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any, Sequence
 
 import numpy as np
 
-from repsim.cka import CentredGram
-from repsim._xp import astype as fast_astype
-from repsim._xp import diagonal, is_gpu_namespace
-from repsim.engine_io import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
-                              resolve_columns, to_device)
-from repsim.scheduler import array_module, device_name, get_client, run_tasks
+from repsim.engine.blocks import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
+                                  resolve_columns, to_device)
+from repsim.engine.checkpoint import Checkpoint
+from repsim.engine.grams import REDUCE_FACTOR, centred_gram, gram_dtype
+from repsim.engine.result import CKAResult, _json_default
+from repsim.engine.scheduler import array_module, device_name, get_client, run_tasks
 
 __all__ = ["CKAResult", "cka_matrix"]
-
-_STATE_PREFIX = "state__"
-
-
-# --------------------------------------------------------------------------------------------------
-# result
-
-
-@dataclass
-class CKAResult:
-    """CKA between every pair of columns.
-
-    ``values`` (L, L) float64; ``index`` [(store, layer)] labels rows and columns; ``meta`` the
-    estimator settings (method, debiased, batch_size, epochs, seed, shuffle scheme, n, spatial,
-    device) and ``meta["stores"]``, the provenance of every store (path, attrs, example-id digest);
-    ``state`` the ``MinibatchCKA.to_state()`` dict with the per-batch HSIC statistics used for
-    bootstrap confidence intervals (``None`` for ``method="exact"``).
-    """
-
-    values: np.ndarray
-    index: list[tuple[str, str]]
-    meta: dict[str, Any] = field(default_factory=dict)
-    state: dict[str, Any] | None = None
-
-    @property
-    def stores(self) -> list[str]:
-        """Store names in index order, each once."""
-        return list(dict.fromkeys(s for s, _ in self.index))
-
-    def layers(self, store: str | None = None) -> list[str]:
-        """Layer names of ``store`` (default: the first store) in index order."""
-        store = self.stores[0] if store is None else store
-        return [layer for s, layer in self.index if s == store]
-
-    def position(self, store: str, layer: str) -> int:
-        try:
-            return self.index.index((store, layer))
-        except ValueError:
-            raise KeyError(f"({store!r}, {layer!r}) is not in this result; stores: {self.stores}") from None
-
-    def get(self, store_a: str, layer_a: str, store_b: str, layer_b: str) -> float:
-        return float(self.values[self.position(store_a, layer_a), self.position(store_b, layer_b)])
-
-    def block(self, store_a: str, store_b: str | None = None) -> np.ndarray:
-        """The (layers of a) × (layers of b) sub-matrix: one panel of paper Fig. 2a."""
-        store_b = store_a if store_b is None else store_b
-        rows = [i for i, (s, _) in enumerate(self.index) if s == store_a]
-        cols = [i for i, (s, _) in enumerate(self.index) if s == store_b]
-        if not rows or not cols:
-            raise KeyError(f"unknown store {store_a if not rows else store_b!r}; stores: {self.stores}")
-        return self.values[np.ix_(rows, cols)]
-
-    def ci(self, level: float = 0.95, *, n_boot: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Bootstrap confidence interval (lower, upper), each (L, L), from the per-batch statistics.
-
-        Resamples have the size of one epoch (``meta["batches_per_epoch"][0]`` batches, drawn
-        from the records of all epochs): every epoch re-reads the same n examples, so E epochs do
-        not make the estimate E times more certain about the data; see ``MinibatchCKA.result``.
-        """
-        if self.state is None:
-            raise ValueError("this result has no per-batch statistics (method='exact' or saved without them)")
-        from repsim.cka import MinibatchCKA
-
-        acc = MinibatchCKA.from_state(self.state)
-        per_epoch = self.meta.get("batches_per_epoch")
-        draws = min(int(per_epoch[0]), acc.n_batches) if per_epoch else None
-        out = acc.result(ci=level, n_boot=n_boot, seed=seed, draws=draws)
-        if isinstance(out, tuple) and len(out) == 3:
-            return out[1], out[2]
-        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple):
-            return out[1]
-        raise TypeError(f"unexpected MinibatchCKA.result(ci=...) return value: {type(out)}")
-
-    def save(self, path: str | os.PathLike) -> str:
-        """Write ``.npz`` (CONTRACTS "Results files"): ``values``, ``stores``, ``layers``, ``meta``
-        (JSON string) and ``state__<key>`` for every per-batch statistic.  Atomic."""
-        arrays: dict[str, Any] = {
-            "values": np.asarray(self.values, dtype=np.float64),
-            "stores": np.array([s for s, _ in self.index], dtype=str),
-            "layers": np.array([layer for _, layer in self.index], dtype=str),
-            "meta": np.array(json.dumps(self.meta, sort_keys=True, default=_json_default)),
-        }
-        for key, value in (self.state or {}).items():
-            arrays[_STATE_PREFIX + key] = np.asarray(value)
-        return _atomic_savez(path, arrays)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> "CKAResult":
-        with np.load(os.fspath(path), allow_pickle=False) as z:
-            state = {k[len(_STATE_PREFIX):]: _unwrap(z[k]) for k in z.files if k.startswith(_STATE_PREFIX)}
-            return cls(values=np.array(z["values"]), index=list(zip(z["stores"].tolist(), z["layers"].tolist())),
-                       meta=json.loads(str(z["meta"])), state=state or None)
-
-    def __repr__(self) -> str:
-        m = self.meta
-        return (f"CKAResult({len(self.index)}×{len(self.index)}, stores={len(self.stores)}, "
-                f"method={m.get('method')}, debiased={m.get('debiased')}, n={m.get('n')})")
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    return str(obj)
-
-
-def _unwrap(value: np.ndarray) -> Any:
-    """0-d arrays back to Python scalars (state dicts hold ints, bools, floats and arrays)."""
-    return value.item() if value.ndim == 0 else np.array(value)
-
-
-def _atomic_savez(path: str | os.PathLike, arrays: dict[str, Any]) -> str:
-    path = os.fspath(path)
-    if not path.endswith(".npz"):
-        path += ".npz"
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    return path
-
-
-# --------------------------------------------------------------------------------------------------
-# checkpoints
-
-
-class Checkpoint:
-    """Accumulator state + number of finished segments, keyed by a fingerprint of the computation."""
-
-    def __init__(self, path: str | os.PathLike, fingerprint: dict[str, Any]) -> None:
-        self.path = os.fspath(path)
-        if not self.path.endswith(".npz"):
-            self.path += ".npz"
-        self.fingerprint = json.dumps(fingerprint, sort_keys=True, default=_json_default)
-
-    def load(self) -> tuple[int, dict[str, Any] | None]:
-        """``(segments done, state)``; ``(0, None)`` when absent or made by a different computation."""
-        if not os.path.exists(self.path):
-            return 0, None
-        try:
-            with np.load(self.path, allow_pickle=False) as z:
-                if str(z["fingerprint"]) != self.fingerprint:
-                    print(f"repsim: checkpoint {self.path} belongs to a different computation; starting over",
-                          file=sys.stderr)
-                    return 0, None
-                state = {k[len(_STATE_PREFIX):]: _unwrap(z[k]) for k in z.files if k.startswith(_STATE_PREFIX)}
-                return int(z["done"]), state
-        except (OSError, ValueError, KeyError) as exc:  # truncated/corrupt: cannot happen with os.replace, but be safe
-            print(f"repsim: ignoring unreadable checkpoint {self.path}: {exc}", file=sys.stderr)
-            return 0, None
-
-    def save(self, done: int, state: dict[str, Any]) -> None:
-        arrays = {"fingerprint": np.array(self.fingerprint), "done": np.array(done)}
-        arrays.update({_STATE_PREFIX + k: np.asarray(v) for k, v in state.items()})
-        _atomic_savez(self.path, arrays)
-
-    def remove(self) -> None:
-        if os.path.exists(self.path):
-            os.remove(self.path)
-
-
-# --------------------------------------------------------------------------------------------------
-# tasks
-
-
-REDUCE_FACTOR = 4  # columns wider than this many times the batch are reduced to their b × b Gram
-
-
-def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> CentredGram:
-    """The batch's centred Gram ``K_c = X_c X_cᵀ`` (b × b, float64), which is all that linear HSIC
-    sees of a layer: b² numbers instead of b·p, handed to ``MinibatchCKA.update`` as a
-    :class:`~repsim.cka.CentredGram`.
-
-    X_c (the batch, column-centred) and the product are formed in ``dtype`` (default: float64 on
-    the CPU, float32 on a GPU; the engine passes :func:`gram_dtype` of the column); K_c is kept in
-    float64.  NaN or infinite values make tr(K_c) non-finite: ``ValueError`` naming ``what``; so
-    does a layer that is constant over the batch (tr(K_c) within the rounding of the mean, the
-    rule of ``repsim.cka``'s feature path).
-    """
-    if dtype is None:
-        dtype = xp.float32 if is_gpu_namespace(xp) else xp.float64
-    X = xp.reshape(x, (x.shape[0], -1))
-    if isinstance(X, np.ndarray) and X.shape[1] > 2 * GRAM_COLUMN_BLOCK:
-        K, mean_sq = _centred_gram_blocked(X, np.dtype(dtype))
-    else:
-        X = fast_astype(X, dtype, xp) if X.dtype != dtype else X - 0  # a fresh array: centred in place
-        mean = xp.mean(X, axis=0, keepdims=True)
-        with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN input: reported below, by name
-            X -= mean
-        K = fast_astype(X @ X.T, xp.float64, xp)  # (X.T: CuPy <= 13 lacks matrix_transpose)
-        mean_sq = float(xp.sum(mean * mean))
-        del X
-    b = K.shape[0]
-    tr = float(xp.sum(diagonal(K, xp)))
-    if not math.isfinite(tr):
-        raise ValueError(f"{what} contains NaN or infinite values")
-    tol = (4 * b * float(xp.finfo(dtype).eps)) ** 2 * b * mean_sq
-    if tr <= tol:
-        raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
-    return CentredGram(K)
-
-
-GRAM_COLUMN_BLOCK = 2048  # features per slab of the blocked host Gram
-
-
-def _centred_gram_blocked(X: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, float]:
-    """K_c = Σ_slabs X_c[:, s] X_c[:, s]ᵀ over slabs of ``GRAM_COLUMN_BLOCK`` features (NumPy).
-
-    Centring is per feature, so each slab is cast, centred and multiplied while it sits in cache
-    (b × 2048 float32 = 2 MiB at b = 256) instead of three passes over the whole b × p batch in
-    memory: ~20 % less CPU per wide column on the CI box.  Returns (K_c in float64, ‖mean‖²).
-    """
-    b, p = X.shape
-    K = np.zeros((b, b), dtype=dtype)
-    mean_sq = 0.0
-    with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN input: reported by the caller
-        for s in range(0, p, GRAM_COLUMN_BLOCK):
-            slab = X[:, s:s + GRAM_COLUMN_BLOCK]
-            S = fast_astype(slab, dtype, np) if slab.dtype != dtype else np.array(slab, dtype=dtype)
-            m = S.mean(axis=0, keepdims=True)
-            S -= m
-            K += S @ S.T
-            mean_sq += float(np.sum(m * m, dtype=np.float64))
-    return K.astype(np.float64), mean_sq
-
-
-def gram_dtype(stored: str, xp: Any, requested: str | None = None) -> Any:
-    """Precision of a wide column's batch Gram (DESIGN.md "Numerics", refined).
-
-    ``requested`` ("float32" | "float64") wins.  Otherwise float32 for columns stored in float16
-    (every product of two float16 values is exact in float32; only the sums round, ~√p·2⁻²⁴
-    relative, far below the 2⁻¹¹ of the stored values, and float32 GEMMs run at twice the rate
-    and half the memory traffic of float64), and on a GPU for every column not stored in float64;
-    float64 for float32/float64 columns on the CPU.  The b × b Grams are then kept and summed in
-    float64 either way.
-    """
-    if requested is not None:
-        if requested not in ("float32", "float64"):
-            raise ValueError(f"compute_dtype must be None, 'float32' or 'float64', got {requested!r}")
-        return getattr(xp, requested)
-    size = np.dtype(stored).itemsize
-    if size <= 2 or (is_gpu_namespace(xp) and size < 8):
-        return xp.float32
-    return xp.float64
 
 
 def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, reader: BlockReader | None = None,
@@ -310,7 +60,7 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     ``spec`` holds plain data only (column list, plan parameters, options) so the task can be
     shipped to a ``dask.distributed`` worker, which opens the stores itself.
     """
-    from repsim.cka import MinibatchCKA
+    from repsim.kernels.cka import MinibatchCKA
 
     plan = BatchPlan(**spec["plan"])
     columns = [Column(**c) for c in spec["columns"]]
@@ -404,10 +154,10 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     ``shuffle_window`` rows — default 4 × batch_size — and cut into near-equal batches of about
     ``batch_size``; each chunk read once per epoch) or "examples" (a uniform permutation; about
     n / batch_size reads of each store per epoch).  Permutations come from
-    ``default_rng([seed, epoch])`` — see :mod:`repsim.engine_io`.
+    ``default_rng([seed, epoch])`` — see :mod:`repsim.engine.blocks`.
     ``spatial``: "flatten" (paper) or "mean" (pool conv maps first).
     ``method``: "minibatch" (paper §3.2) or "exact" (full-data linear CKA, biased or debiased, in
-    float64 NumPy in this process; :mod:`repsim.engine_exact`; ``batch_size``/``epochs``/
+    float64 NumPy in this process; :mod:`repsim.engine.exact`; ``batch_size``/``epochs``/
     ``shuffle`` unused, ``memory_budget`` sizes its Gram panels).
     ``device``: "cpu" (NumPy) or "cuda" (CuPy: blocks are copied to the GPU in the stored dtype and
     the kernels run there, float32 Grams with float64 sums) — or an array-API namespace.
@@ -445,7 +195,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     except ImportError:  # pragma: no cover
         pass
     if method == "exact":
-        from repsim.engine_exact import exact_cka
+        from repsim.engine.exact import exact_cka
 
         values, plan_info = exact_cka(columns, n, block_rows, debiased=debiased, spatial=spatial, xp=xp,
                                       memory_budget=memory_budget, prefetch=prefetch, threads=threads,
@@ -487,7 +237,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
                         for c in columns},
     })
 
-    from repsim.cka import MinibatchCKA
+    from repsim.kernels.cka import MinibatchCKA
 
     ckpt = None
     done, state = 0, None

@@ -1,47 +1,16 @@
-"""The figure/table registry: each item declares its inputs and renders one figure or one table.
-
-An item function takes :class:`analyses.data.Inputs` and returns a :class:`Figure` or a
-:class:`Table`; it raises :class:`analyses.data.Missing` when its inputs are absent. Items register
-with :func:`item` in paper order; :func:`render_all` writes PNG + PDF per figure, CSV + Markdown per
-table, and returns one :class:`Outcome` per item for the report.
+"""Rendering the registered items: PNG + PDF per figure, CSV + Markdown per table, one
+:class:`Outcome` per item for the report (:mod:`analyses.report`). The items are defined in
+:mod:`analyses.items` (importing it registers them in :data:`analyses.item.REGISTRY`).
 """
 from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
-
-import pandas as pd
 
 from analyses.data import Inputs, Missing
-
-
-@dataclass
-class Figure:
-    """A rendered matplotlib figure and its caption (data, n, seeds, estimator settings)."""
-
-    fig: Any
-    caption: str
-
-
-@dataclass
-class Table:
-    """A table: ``numeric`` goes to CSV, ``shown`` (strings) to Markdown/HTML, ``bold`` marks cells."""
-
-    numeric: pd.DataFrame
-    shown: pd.DataFrame
-    caption: str
-    bold: pd.DataFrame | None = None
-
-
-@dataclass
-class Item:
-    id: str
-    title: str
-    kind: str  # "figure" | "table"
-    needs: tuple[str, ...]
-    fn: Callable[[Inputs], Figure | Table]
+from analyses.item import REGISTRY, Figure, Item, Table
+from analyses.items import ORDER
 
 
 @dataclass
@@ -54,21 +23,9 @@ class Outcome:
     table: Table | None = None
 
 
-REGISTRY: list[Item] = []
-
-
-def item(id: str, title: str, kind: str, needs: tuple[str, ...]):
-    """Register an item function under ``id`` (also its file stem)."""
-    if kind not in ("figure", "table"):
-        raise ValueError(f"kind must be 'figure' or 'table', got {kind!r}")
-
-    def deco(fn):
-        if any(it.id == id for it in REGISTRY):
-            raise ValueError(f"duplicate item id {id!r}")
-        REGISTRY.append(Item(id, title, kind, tuple(needs), fn))
-        return fn
-
-    return deco
+def ordered_items() -> list[Item]:
+    """Every registered item in the paper's order (:data:`analyses.items.ORDER`)."""
+    return sorted(REGISTRY, key=lambda it: ORDER.index(it.id) if it.id in ORDER else len(ORDER))
 
 
 def markdown(table: Table) -> str:
@@ -111,14 +68,13 @@ def render_all(inputs: Inputs, out: Path, *, only: set[str] | None = None,
     import matplotlib
 
     matplotlib.use("Agg")
-    from analyses.items import ORDER  # importing registers the items
     from analyses.style import apply_style, set_palette
 
     apply_style()
     set_palette(inputs.runs["label"])
     out.mkdir(parents=True, exist_ok=True)
     outcomes = []
-    for it in sorted(REGISTRY, key=lambda it: ORDER.index(it.id) if it.id in ORDER else len(ORDER)):
+    for it in ordered_items():
         if only is not None and it.id not in only:
             continue
         oc = render_one(it, inputs, out)

@@ -36,7 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim.engine_io import BlockReader, Column, progress_bar
+from repsim.engine.blocks import BlockReader, Column, progress_bar
 
 
 def choose_gram_columns(widths: Sequence[int], n: int) -> list[int]:
@@ -76,7 +76,7 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
               memory_budget: int = 512 * 2**20, prefetch: int = 2, threads: int = 2,
               progress: bool | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     """Return ``(values (L, L), meta)`` — meta records the route of every pair and the pass count."""
-    from repsim.engine_io import MIN_BATCH
+    from repsim.engine.blocks import MIN_BATCH
 
     if debiased and n < MIN_BATCH:
         raise ValueError(f"debiased CKA needs n >= {MIN_BATCH}, stores have {n}")
@@ -190,7 +190,7 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
                         grams[g][r0:r1, a0:a0 + P.shape[0]] = block.T
                 passes += 1
         if debiased:
-            from repsim.cka import ucenter
+            from repsim.kernels.cka import ucenter
 
             def centre(K: np.ndarray) -> np.ndarray:
                 return np.asarray(ucenter(K), dtype=np.float64)

@@ -1,4 +1,4 @@
-"""Linear CKA: one-shot (Eq. 10) and the all-pairs minibatch estimator (DESIGN.md).
+"""Linear CKA: one-shot (Eq. 10) and the all-pairs minibatch estimator (paper §3.2).
 
 Linear CKA (Kornblith et al. 2019; paper Eq. 10) of representations X (n, p1) and Y (n, p2) is
 
@@ -33,7 +33,7 @@ Implementation of one batch (:func:`batch_hsic`):
 3. H = 2 A Aᵀ / (n(n-3)) (debiased; symmetric product, a SYRK in NumPy), or, biased,
    H = (2 A Aᵀ + diag·diagᵀ) / (n-1)² from the raw Gram triangles and diagonals.
 
-Numerics (DESIGN.md): float64 on the CPU; on a GPU float32 Grams (unless the input is float64)
+Numerics (docs/architecture.md): float64 on the CPU; on a GPU float32 Grams (unless the input is float64)
 with the per-batch L×L HSIC values accumulated in float64 on the host.
 """
 from __future__ import annotations
@@ -364,7 +364,7 @@ class MinibatchCKA:
     depend on the merge order either.
 
     ``names`` (e.g. "store/layer") label layers in error messages; ``compute_dtype`` None picks
-    float64 on the CPU and float32 on a GPU (DESIGN.md "Numerics"); ``block_bytes`` bounds the
+    float64 on the CPU and float32 on a GPU (docs/architecture.md "Numerics"); ``block_bytes`` bounds the
     per-batch triangle buffer A (L × n(n-1)/2 in the compute dtype, split into groups of row
     blocks beyond it). Peak extra memory per update: A plus one centred layer when A fits in
     ``block_bytes`` (default 1 GiB: e.g. up to 238 layers at n = 1500 in float32), else A's

@@ -1,7 +1,7 @@
 """Neural-collapse / simplex-ETF measurements of Table E.2 (Papyan, Han & Donoho 2020).
 
 C classes, class means μ_c, global mean μ_G = (1/C) Σ_c μ_c (the mean of the class means),
-μ̃_c = μ_c - μ_G (rows of M, C × P), classifier rows w_c (rows of W, C × P). Keys (DESIGN.md):
+μ̃_c = μ_c - μ_G (rows of M, C × P), classifier rows w_c (rows of W, C × P). Keys (Table E.2; docs/architecture.md):
 
 * ``norm_cv_means``       Std_c ‖μ̃_c‖ / Avg_c ‖μ̃_c‖
 * ``norm_cv_weights``     Std_c ‖w_c‖ / Avg_c ‖w_c‖
@@ -17,7 +17,7 @@ Standard deviations are population ones (ddof=0); pairwise statistics run over t
 unordered pairs. The ``*_weights`` keys and ``self_duality`` are present only when W is given.
 
 Sufficient statistics (mergeable, float64): per-class counts and means and the pooled within-class
-scatter S_W = N Σ_W (P × P), combined with Chan et al.'s update (:mod:`repsim._moments`).
+scatter S_W = N Σ_W (P × P), combined with Chan et al.'s update (:mod:`repsim.kernels._moments`).
 
 Pseudo-inverse: M has rank ≤ C - 1 because its rows sum to zero. That null direction is removed
 exactly, not by a tolerance: M is written in an orthonormal basis of the sum-zero subspace of R^C
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._moments import ClassMoments
+from repsim.kernels._moments import ClassMoments
 from repsim._xp import array_namespace, check_finite, compute_dtype, flatten_examples, host_labels, to_numpy
 
 __all__ = ["COLLAPSE_KEYS", "CollapseStats", "collapse_metrics"]

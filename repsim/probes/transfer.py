@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from repsim.probes import DEFAULT_LAMBDAS, ProbeResult, accuracy, linear_probe
+from repsim.probes.linear import DEFAULT_LAMBDAS, linear_probe
+from repsim.probes._common import ProbeResult, accuracy
 
 
 @dataclass

@@ -11,7 +11,7 @@ one pass per group:
 - neural-collapse statistics (Table E.2) on the penultimate layer with the store's final-layer
   weights ``store.head`` — :class:`repsim.CollapseStats`;
 - singular-value spectra (Fig. E.2) of the centred activations, of the centred class centroids and
-  of the final-layer weights — :class:`repsim.spectra.ActivationSpectrum`, ``CollapseStats``.
+  of the final-layer weights — :class:`repsim.kernels.spectra.ActivationSpectrum`, ``CollapseStats``.
 
 ``distance="cosine_centered"`` needs the mean over *all* examples before any cosine can be taken
 (it is not a function of per-class sums), so those layers get a second pass: pass 1 collects the
@@ -20,7 +20,7 @@ else is exactly one read of each store.
 
 Work is cut into tasks of ``blocks_per_task`` blocks; each returns its accumulators'
 ``to_state()``, merged in block order, locally or on the ``dask.distributed`` cluster set by
-:func:`repsim.set_scheduler` (see :mod:`repsim.scheduler`).  Conv layers are flattened across space
+:func:`repsim.set_scheduler` (see :mod:`repsim.engine.scheduler`).  Conv layers are flattened across space
 (Fig. 4 caption: "we compute cosine distances by flattening"); ``spatial="mean"`` pools them first.
 Sparsity always counts every activation (channels × positions).
 """
@@ -34,8 +34,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from repsim.engine_io import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
-from repsim.scheduler import array_module, device_name, get_client, run_tasks
+from repsim.engine.blocks import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
+from repsim.engine.scheduler import array_module, device_name, get_client, run_tasks
 
 __all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "write_csv",
            "DISTANCES"]
@@ -56,9 +56,9 @@ class Request:
 
 def _accumulators(req: Request, layer: str, num_classes: int, what: str) -> dict[str, Any]:
     """Fresh accumulators for one layer, keyed ``"<metric>"``."""
-    from repsim.collapse import CollapseStats
-    from repsim.separation import ClassSeparation
-    from repsim.sparsity import Sparsity
+    from repsim.kernels.collapse import CollapseStats
+    from repsim.kernels.separation import ClassSeparation
+    from repsim.kernels.sparsity import Sparsity
 
     accs: dict[str, Any] = {}
     for d in req.distances:
@@ -68,17 +68,17 @@ def _accumulators(req: Request, layer: str, num_classes: int, what: str) -> dict
     if req.collapse or req.spectra:
         accs["collapse"] = CollapseStats(num_classes, name=what)
     if req.spectra:
-        from repsim.spectra import ActivationSpectrum
+        from repsim.kernels.spectra import ActivationSpectrum
 
         accs["spectrum"] = ActivationSpectrum(name=what)
     return accs
 
 
 def _from_state(state: dict[str, Any]) -> Any:
-    from repsim.collapse import CollapseStats
-    from repsim.separation import ClassSeparation
-    from repsim.sparsity import Sparsity
-    from repsim.spectra import ActivationSpectrum
+    from repsim.kernels.collapse import CollapseStats
+    from repsim.kernels.separation import ClassSeparation
+    from repsim.kernels.sparsity import Sparsity
+    from repsim.kernels.spectra import ActivationSpectrum
 
     kinds = {"ClassSeparation": ClassSeparation, "Sparsity": Sparsity, "CollapseStats": CollapseStats,
              "ActivationSpectrum": ActivationSpectrum}
@@ -89,7 +89,7 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
                xp: Any = None, progress: Any = None) -> dict[str, dict[str, dict[str, Any]]]:
     """One task: blocks ``start:stop`` of one store into copies of ``templates``
     (``{layer: {metric: empty accumulator state}}``); returns the filled states."""
-    from repsim.store import open_store
+    from repsim.store.reader import open_store
 
     columns = [Column(**c) for c in spec["columns"]]
     xp = array_module(spec["device"]) if xp is None else xp
@@ -208,7 +208,7 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
          spatial: str = "flatten", device: Any = "cpu", progress: bool | None = None, blocks_per_task: int = 16,
          prefetch: int = 2, threads: int = 2, memory_budget: int = 4 << 30
          ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
-    from repsim.engine_io import open_stores, store_names
+    from repsim.engine.blocks import open_stores, store_names
 
     distances = tuple(distances)
     bad = [d for d in distances if d not in DISTANCES]
@@ -260,7 +260,7 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
 
 
 def _finish(accs: dict[str, Any], req: Request, head: Any, col: Column) -> dict[str, Any]:
-    from repsim.spectra import weight_spectrum
+    from repsim.kernels.spectra import weight_spectrum
 
     res: dict[str, Any] = {}
     if req.distances:
@@ -285,7 +285,7 @@ def _finish(accs: dict[str, Any], req: Request, head: Any, col: Column) -> dict[
 
 
 # --------------------------------------------------------------------------------------------------
-# tables (CONTRACTS "Results files")
+# tables (docs/architecture.md "Results files")
 
 
 def _model_columns(store: Any) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 * Singular values of the centred activations X_c = X - 1 x̄ᵀ: the square roots of the eigenvalues
   of the smaller of X_c X_cᵀ (n × n Gram) and X_cᵀ X_c (p × p scatter), in one shot
   (:func:`activation_spectrum`) or streamed from a mergeable p × p scatter
-  (:class:`ActivationSpectrum`, Chan et al. updates, :mod:`repsim._moments`).
+  (:class:`ActivationSpectrum`, Chan et al. updates, :mod:`repsim.kernels._moments`).
 * Singular values of the final-layer weights W (K × P) (:func:`weight_spectrum`) and of the class
   centroids, i.e. class means minus the mean of the class means (:func:`centroid_spectrum`;
   ``CollapseStats.centered_means()`` gives the same matrix when streaming).
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._moments import ClassMoments
+from repsim.kernels._moments import ClassMoments
 from repsim._xp import (array_namespace, asarray_like, check_finite, compute_dtype, flatten_examples,
                         host_labels, to_numpy, unit_rows)
 

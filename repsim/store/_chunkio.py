@@ -9,7 +9,7 @@ writes whole chunks of its *own* arrays directly, byte-compatible with zarr:
 
 * the chunk object is ``zstd(raw little-endian bytes of the full chunk) + crc32c`` (4 bytes,
   little endian) — what zarr writes for ``codecs = [bytes(little), zstd(level, checksum=false),
-  crc32c]``, the encoding :func:`repsim.store.save_store` uses — or, for stores created with
+  crc32c]``, the encoding :func:`repsim.save_store` uses — or, for stores created with
   ``compression="none"``, the raw bytes + crc32c (``[bytes(little), crc32c]``); edge chunks hold
   the full chunk shape, padded with the fill value, as in zarr;
 * the key comes from the array's own ``chunk_key_encoding``; the file is written to a temporary

@@ -4,7 +4,7 @@
     d̄_within = Σ_k Σ_{m,n ∈ k} d(x_m, x_n) / (K N_k²),
     d̄_total  = Σ_{j,k} Σ_{m ∈ j, n ∈ k} d(x_m, x_n) / (K² N_j N_k),
 
-every class weighted 1/K whatever its size, pairs m = n included (DESIGN.md). Distances:
+every class weighted 1/K whatever its size, pairs m = n included (docs/architecture.md). Distances:
 
 * ``"cosine"``: d = 1 - sim(x, y). With unit vectors u = x/‖x‖, 1 - sim = ‖u - v‖²/2 (Eq. 13).
 * ``"cosine_centered"``: cosine after subtracting the mean activation over *all examples*
@@ -18,7 +18,7 @@ the pair sums collapse (Eq. 16-20) to
 
 (d̄_within = c·W and d̄_total = c·(W + B), c = 1 for cosine, 2 for sqeuclidean). So one pass
 over the examples with O(K·P) memory suffices, never an n × n matrix: the accumulator keeps
-per-class counts, means and M2 (merged exactly, :mod:`repsim._moments`).
+per-class counts, means and M2 (merged exactly, :mod:`repsim.kernels._moments`).
 
 ``cosine_centered`` needs the global mean before any example can be normalised, and no finite
 statistic of the raw data is sufficient for the normalised vectors, so it takes **two passes**:
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._moments import ClassMoments
+from repsim.kernels._moments import ClassMoments
 from repsim._xp import (array_namespace, asarray_like, check_finite, compute_dtype,
                         flatten_examples, host_labels, to_numpy, unit_rows)
 

@@ -105,7 +105,7 @@ def expand_store_paths(patterns: Iterable[str]) -> list[str]:
 def open_stores(stores: Any) -> list[Any]:
     """Open paths/globs/ActivationStores (one or a sequence); incomplete stores are opened anyway so
     that :func:`resolve_columns` can name *all* problems at once."""
-    from repsim.store import ActivationStore, open_store
+    from repsim.store.reader import ActivationStore, open_store
 
     if isinstance(stores, (str, os.PathLike, ActivationStore)):
         stores = [stores]
@@ -345,7 +345,7 @@ class BlockReader:
 
     def __init__(self, columns: Sequence[Column], n: int, block_rows: int, *, spatial: str = "flatten",
                  prefetch: int = 2, threads: int = 2) -> None:
-        from repsim.store import open_store
+        from repsim.store.reader import open_store
 
         self.columns = list(columns)
         self.n = int(n)

@@ -1,0 +1,136 @@
+"""The result of :func:`repsim.cka_matrix`: :class:`CKAResult`, saved and loaded as ``.npz``; atomic
+``.npz`` writes shared by every result file the engine writes."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+_STATE_PREFIX = "state__"
+
+
+@dataclass
+class CKAResult:
+    """CKA between every pair of columns.
+
+    ``values`` (L, L) float64; ``index`` [(store, layer)] labels rows and columns; ``meta`` the
+    estimator settings (method, debiased, batch_size, epochs, seed, shuffle scheme, n, spatial,
+    device) and ``meta["stores"]``, the provenance of every store (path, attrs, example-id digest);
+    ``state`` the ``MinibatchCKA.to_state()`` dict with the per-batch HSIC statistics used for
+    bootstrap confidence intervals (``None`` for ``method="exact"``).
+    """
+
+    values: np.ndarray
+    index: list[tuple[str, str]]
+    meta: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] | None = None
+
+    @property
+    def stores(self) -> list[str]:
+        """Store names in index order, each once."""
+        return list(dict.fromkeys(s for s, _ in self.index))
+
+    def layers(self, store: str | None = None) -> list[str]:
+        """Layer names of ``store`` (default: the first store) in index order."""
+        store = self.stores[0] if store is None else store
+        return [layer for s, layer in self.index if s == store]
+
+    def position(self, store: str, layer: str) -> int:
+        try:
+            return self.index.index((store, layer))
+        except ValueError:
+            raise KeyError(f"({store!r}, {layer!r}) is not in this result; stores: {self.stores}") from None
+
+    def get(self, store_a: str, layer_a: str, store_b: str, layer_b: str) -> float:
+        return float(self.values[self.position(store_a, layer_a), self.position(store_b, layer_b)])
+
+    def block(self, store_a: str, store_b: str | None = None) -> np.ndarray:
+        """The (layers of a) × (layers of b) sub-matrix: one panel of paper Fig. 2a."""
+        store_b = store_a if store_b is None else store_b
+        rows = [i for i, (s, _) in enumerate(self.index) if s == store_a]
+        cols = [i for i, (s, _) in enumerate(self.index) if s == store_b]
+        if not rows or not cols:
+            raise KeyError(f"unknown store {store_a if not rows else store_b!r}; stores: {self.stores}")
+        return self.values[np.ix_(rows, cols)]
+
+    def ci(self, level: float = 0.95, *, n_boot: int = 1000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Bootstrap confidence interval (lower, upper), each (L, L), from the per-batch statistics.
+
+        Resamples have the size of one epoch (``meta["batches_per_epoch"][0]`` batches, drawn
+        from the records of all epochs): every epoch re-reads the same n examples, so E epochs do
+        not make the estimate E times more certain about the data; see ``MinibatchCKA.result``.
+        """
+        if self.state is None:
+            raise ValueError("this result has no per-batch statistics (method='exact' or saved without them)")
+        from repsim.kernels.cka import MinibatchCKA
+
+        acc = MinibatchCKA.from_state(self.state)
+        per_epoch = self.meta.get("batches_per_epoch")
+        draws = min(int(per_epoch[0]), acc.n_batches) if per_epoch else None
+        out = acc.result(ci=level, n_boot=n_boot, seed=seed, draws=draws)
+        if isinstance(out, tuple) and len(out) == 3:
+            return out[1], out[2]
+        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple):
+            return out[1]
+        raise TypeError(f"unexpected MinibatchCKA.result(ci=...) return value: {type(out)}")
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Write ``.npz`` (docs/architecture.md "Results files"): ``values``, ``stores``, ``layers``, ``meta``
+        (JSON string) and ``state__<key>`` for every per-batch statistic.  Atomic."""
+        arrays: dict[str, Any] = {
+            "values": np.asarray(self.values, dtype=np.float64),
+            "stores": np.array([s for s, _ in self.index], dtype=str),
+            "layers": np.array([layer for _, layer in self.index], dtype=str),
+            "meta": np.array(json.dumps(self.meta, sort_keys=True, default=_json_default)),
+        }
+        for key, value in (self.state or {}).items():
+            arrays[_STATE_PREFIX + key] = np.asarray(value)
+        return _atomic_savez(path, arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "CKAResult":
+        with np.load(os.fspath(path), allow_pickle=False) as z:
+            state = {k[len(_STATE_PREFIX):]: _unwrap(z[k]) for k in z.files if k.startswith(_STATE_PREFIX)}
+            return cls(values=np.array(z["values"]), index=list(zip(z["stores"].tolist(), z["layers"].tolist())),
+                       meta=json.loads(str(z["meta"])), state=state or None)
+
+    def __repr__(self) -> str:
+        m = self.meta
+        return (f"CKAResult({len(self.index)}×{len(self.index)}, stores={len(self.stores)}, "
+                f"method={m.get('method')}, debiased={m.get('debiased')}, n={m.get('n')})")
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    return str(obj)
+
+
+def _unwrap(value: np.ndarray) -> Any:
+    """0-d arrays back to Python scalars (state dicts hold ints, bools, floats and arrays)."""
+    return value.item() if value.ndim == 0 else np.array(value)
+
+
+def _atomic_savez(path: str | os.PathLike, arrays: dict[str, Any]) -> str:
+    path = os.fspath(path)
+    if not path.endswith(".npz"):
+        path += ".npz"
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        np.savez(fh, **arrays)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# checkpoints

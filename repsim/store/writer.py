@@ -1,0 +1,409 @@
+"""Writing activation stores: :class:`StoreWriter` (chunk by chunk, resumable) and :func:`save_store`.
+
+Chunk ``i`` of every per-example array is one storage object, written data first and its
+``written`` flag last; ``complete`` is set last of all (:meth:`StoreWriter.finalize`), so an
+interrupted writer leaves a store that :func:`repsim.store.reader.open_store` refuses until it is
+resumed. The layout is in :mod:`repsim.store.format`.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import shutil
+from typing import Any, Mapping
+
+import numpy as np
+
+from repsim.store.format import (STORE_VERSION, StoreError, _cast, _codecs, _float_dtype, _open_group, _validate,
+                                 default_chunk_rows, dimension_names, store_name)
+from repsim.store.reader import ActivationStore, open_store
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _prepare_path(path: str, overwrite: bool) -> None:
+    if not os.path.exists(path):
+        return
+    if not overwrite:
+        raise StoreError(f"store {store_name(path)}: {path} already exists (pass overwrite=True to replace it)")
+    is_zarr = os.path.isfile(os.path.join(path, "zarr.json"))
+    if os.path.isdir(path) and not is_zarr and os.listdir(path):
+        raise StoreError(f"store {store_name(path)}: refusing to overwrite {path}: it is a non-empty directory that is not a Zarr store")
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
+
+
+class StoreWriter:
+    """Incremental writer of an activation store (used by ``extract/`` and by :func:`save_store`).
+
+    Chunk ``i`` holds rows ``[i*chunk_rows, min(n, (i+1)*chunk_rows))`` of every per-example array.
+    :meth:`write_chunk` writes the data first and sets ``written[i]`` last; :meth:`finalize` checks
+    every flag and sets the ``complete`` attribute last. Different processes may write disjoint
+    chunks concurrently (each chunk is its own object in every array, flags included).
+    """
+
+    def __init__(self, path: str, group: Any):
+        self.path = str(path)
+        self.name = store_name(self.path)
+        self._group = group
+        attrs = dict(group.attrs)
+        self.layer_names: list[str] = list(attrs["layers"])
+        self.n: int = int(group["example_ids"].shape[0])
+        self.chunk_rows: int = int(group["example_ids"].chunks[0])
+        self.n_chunks: int = -(-self.n // self.chunk_rows)
+        # every chunk becomes an object, even an all-zero one, so a missing object means data loss
+        full = lambda key: group[key].with_config({"write_empty_chunks": True})  # noqa: E731
+        self._layers = {name: full(f"layers/{name}") for name in self.layer_names}
+        self._logits = full("logits") if "logits" in group else None
+        self._ids, self._labels, self._written = full("example_ids"), full("labels"), full("written")
+        # data chunks bypass zarr's codec pipeline on local disks (repsim.store._chunkio; byte-identical)
+        from repsim.store._chunkio import fast_chunks
+
+        self._fast = {id(a): fast_chunks(self.path, a.path, a)
+                      for a in [*self._layers.values(), self._ids, self._labels]
+                      + ([self._logits] if self._logits is not None else [])}
+
+    # construction --------------------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        path: str | os.PathLike,
+        *,
+        n: int,
+        layers: Mapping[str, tuple[tuple[int, ...], Any]],
+        chunk_rows: int | None = None,
+        logits_dim: int | None = None,
+        meta: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+        compression: str = "zstd",
+    ) -> "StoreWriter":
+        """Create an empty store for ``n`` examples.
+
+        ``layers`` maps each layer name (in registry order) to ``(tail_shape, dtype)``, the per-example
+        shape and the stored dtype (float16/float32/float64). ``chunk_rows=None`` picks
+        :func:`default_chunk_rows`. ``meta`` may carry ``model``/``dataset`` dicts and extra attributes.
+        ``compression``: ``"zstd"`` (default, level 1) or ``"none"`` for the layer arrays (the
+        attribute ``compression`` records it); every chunk keeps its crc32c either way.
+        """
+        import zarr
+
+        path = str(path)
+        n = int(n)
+        if n <= 0:
+            raise ValueError(f"store {store_name(path)}: n must be positive, got {n}")
+        layer_codecs = _codecs(compression)  # (validates ``compression`` before anything is written)
+        if not layers:
+            raise ValueError(f"store {store_name(path)}: at least one layer is required")
+        spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        for name, (tail, dtype) in layers.items():
+            if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+                raise ValueError(f"store {store_name(path)}: invalid layer name {name!r}")
+            tail = tuple(int(s) for s in tail)
+            if any(s <= 0 for s in tail):
+                raise ValueError(f"store {store_name(path)}: layer {name!r} has invalid per-example shape {tail}")
+            spec[name] = (tail, _float_dtype(dtype, f"store {store_name(path)}: layer {name!r}"))
+        if chunk_rows is None:
+            row_bytes = [int(np.prod(t, dtype=np.int64)) * d.itemsize for t, d in spec.values()]
+            chunk_rows = default_chunk_rows(row_bytes, n)
+        chunk_rows = int(chunk_rows)
+        if chunk_rows <= 0:
+            raise ValueError(f"store {store_name(path)}: chunk_rows must be positive, got {chunk_rows}")
+        chunk_rows = min(chunk_rows, n)
+        n_chunks = -(-n // chunk_rows)
+
+        meta = dict(meta or {})
+        model = dict(meta.pop("model", None) or {})
+        dataset = dict(meta.pop("dataset", None) or {})
+        dataset.setdefault("n", n)
+        if dataset["n"] != n:
+            raise ValueError(f"store {store_name(path)}: meta dataset.n = {dataset['n']} but n = {n}")
+        reserved = {"repsim_store_version", "layers", "created", "complete", "repsim_version", "compression"} & set(meta)
+        if reserved:
+            raise ValueError(f"store {store_name(path)}: meta may not set reserved attributes {sorted(reserved)}")
+
+        try:
+            json.dumps({"model": model, "dataset": dataset, **meta})
+        except TypeError as exc:
+            raise ValueError(f"store {store_name(path)}: meta must be JSON-serialisable: {exc}") from exc
+        _prepare_path(path, overwrite)
+        from repsim import __version__
+
+        group = zarr.open_group(path, mode="w-", zarr_format=3)
+        codecs = _codecs()
+        group.create_array("example_ids", shape=(n,), chunks=(chunk_rows,), dtype="int64", fill_value=0, dimension_names=["example"], **codecs)
+        group.create_array("labels", shape=(n,), chunks=(chunk_rows,), dtype="int32", fill_value=0, dimension_names=["example"], **codecs)
+        if logits_dim is not None:
+            k = int(logits_dim)
+            if k <= 0:
+                raise ValueError(f"store {store_name(path)}: logits_dim must be positive, got {logits_dim}")
+            group.create_array("logits", shape=(n, k), chunks=(chunk_rows, k), dtype="float32", fill_value=0.0, dimension_names=list(dimension_names(2, "logits")), **codecs)
+        lg = group.create_group("layers")
+        for name, (tail, dtype) in spec.items():
+            lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail))), **layer_codecs)
+        group.create_array("written", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, dimension_names=["chunk"], **codecs)
+        group.attrs.update(
+            {
+                "repsim_store_version": STORE_VERSION,
+                "model": model,
+                "dataset": dataset,
+                "layers": list(spec),
+                "compression": compression,
+                "created": _now(),
+                "repsim_version": __version__,
+                **meta,
+                "complete": False,
+            }
+        )
+        return cls(path, group)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "StoreWriter":
+        """Reopen an existing store to resume writing (its pending chunks) and finalize it."""
+        path = str(path)
+        if not os.path.exists(path) and "://" not in path:
+            raise StoreError(f"store {store_name(path)}: {path} does not exist")
+        group = _open_group(path, "r+")
+        _validate(path, group)
+        return cls(path, group)
+
+    # state --------------------------------------------------------------------------------------
+    def written(self) -> np.ndarray:
+        """Per-chunk flags: True where :meth:`write_chunk` completed."""
+        return np.asarray(self._written[...], dtype=bool)
+
+    def pending(self) -> list[int]:
+        """Indices of chunks not yet written, ascending."""
+        return [int(i) for i in np.flatnonzero(~self.written())]
+
+    def rows(self, i: int) -> tuple[int, int]:
+        """Row range ``[start, stop)`` of chunk ``i``."""
+        if not 0 <= i < self.n_chunks:
+            raise IndexError(f"store {self.name}: chunk {i} out of range (0..{self.n_chunks - 1})")
+        return i * self.chunk_rows, min(self.n, (i + 1) * self.chunk_rows)
+
+    # writing ------------------------------------------------------------------------------------
+    def write_chunk(
+        self,
+        i: int,
+        *,
+        layers: Mapping[str, Any],
+        labels: Any,
+        example_ids: Any,
+        logits: Any = None,
+    ) -> None:
+        """Write chunk ``i`` of every array (all layers required), then set ``written[i] = True``.
+
+        Values are cast to each layer's stored dtype; finite values beyond float16 range raise
+        ``ValueError`` naming the layer (never stored as inf).
+        """
+        i = int(i)
+        start, stop = self.rows(i)
+        m = stop - start
+        sel = slice(start, stop)
+        missing = [k for k in self.layer_names if k not in layers]
+        extra = [k for k in layers if k not in self._layers]
+        if missing or extra:
+            raise ValueError(f"store {self.name}: chunk {i}: layers missing {missing} / unknown {extra}; expected {self.layer_names}")
+        prepared: list[tuple[Any, np.ndarray]] = []
+        for name in self.layer_names:
+            arr = self._layers[name]
+            x = np.asarray(layers[name])
+            if x.shape != (m, *arr.shape[1:]):
+                raise ValueError(f"store {self.name}: layer {name!r} chunk {i}: shape {x.shape}, expected {(m, *arr.shape[1:])}")
+            prepared.append((arr, _cast(x, arr.dtype, f"store {self.name}: layer {name!r} chunk {i} (rows {start}:{stop})")))
+        ids = np.asarray(example_ids)
+        lab = np.asarray(labels)
+        if ids.shape != (m,) or lab.shape != (m,):
+            raise ValueError(f"store {self.name}: chunk {i}: example_ids {ids.shape} / labels {lab.shape}, expected ({m},)")
+        if ids.dtype.kind not in "iu" or lab.dtype.kind not in "iub":
+            raise ValueError(f"store {self.name}: chunk {i}: example_ids and labels must be integers (got {ids.dtype}, {lab.dtype})")
+        prepared.append((self._ids, ids.astype(np.int64)))
+        prepared.append((self._labels, lab.astype(np.int32)))
+        if self._logits is not None:
+            if logits is None:
+                raise ValueError(f"store {self.name}: chunk {i}: this store has logits; pass logits=")
+            lg = np.asarray(logits)
+            if lg.shape != (m, self._logits.shape[1]):
+                raise ValueError(f"store {self.name}: logits chunk {i}: shape {lg.shape}, expected {(m, self._logits.shape[1])}")
+            prepared.append((self._logits, _cast(lg, np.dtype(np.float32), f"store {self.name}: logits chunk {i}")))
+        elif logits is not None:
+            raise ValueError(f"store {self.name}: chunk {i}: logits given but the store was created without logits_dim")
+        for arr, data in prepared:
+            fast = self._fast.get(id(arr))
+            if fast is not None:
+                fast.write(data, (i,) + (0,) * (data.ndim - 1))
+            else:
+                arr[sel] = data
+        self._written[i] = True
+
+    def set_head(self, W: Any, b: Any) -> None:
+        """Store the final layer ``W (K, M)``, ``b (K,)`` as float32 under ``head/``."""
+        W = np.asarray(W)
+        b = np.asarray(b)
+        if W.ndim != 2 or b.shape != (W.shape[0],):
+            raise ValueError(f"store {self.name}: head must be W (K, M) and b (K,), got {W.shape} and {b.shape}")
+        if self._logits is not None and W.shape[0] != self._logits.shape[1]:
+            raise ValueError(f"store {self.name}: head has {W.shape[0]} classes but the logits have {self._logits.shape[1]}")
+        W32 = _cast(W, np.dtype(np.float32), f"store {self.name}: head/weight")
+        b32 = _cast(b, np.dtype(np.float32), f"store {self.name}: head/bias")
+        codecs = _codecs()
+        hg = self._group.require_group("head")
+        w = hg.create_array("weight", shape=W.shape, chunks=W.shape, dtype="float32", fill_value=0.0, dimension_names=["class", "feature"], overwrite=True, **codecs)
+        bb = hg.create_array("bias", shape=b.shape, chunks=b.shape, dtype="float32", fill_value=0.0, dimension_names=["class"], overwrite=True, **codecs)
+        w.with_config({"write_empty_chunks": True})[...] = W32
+        bb.with_config({"write_empty_chunks": True})[...] = b32
+
+    def finalize(self) -> ActivationStore:
+        """Check that every chunk was written, then set ``complete = True`` (the last write)."""
+        pending = self.pending()
+        if pending:
+            shown = ", ".join(map(str, pending[:10])) + (", ..." if len(pending) > 10 else "")
+            raise StoreError(f"store {self.name} ({self.path}) is incomplete: {len(pending)} of {self.n_chunks} chunks not written (chunks {shown})")
+        if os.path.isdir(self.path):  # temporary chunk files of a writer killed mid-write
+            from repsim.store._chunkio import remove_stale_parts
+
+            remove_stale_parts(self.path)
+        self._group.attrs["complete"] = True
+        return open_store(self.path)
+
+
+# ----------------------------------------------------------------------------------------------
+# one-call save
+
+
+def _is_dask(x: Any) -> bool:
+    return type(x).__module__.startswith("dask.") and hasattr(x, "dask") and hasattr(x, "chunks")
+
+
+def _rowwise(x: Any, what: str, n: int | None) -> Any:
+    if not _is_dask(x):
+        x = np.asarray(x)
+    if x.ndim < 1:
+        raise ValueError(f"{what}: expected an array with examples along axis 0, got a scalar")
+    if any(isinstance(s, float) and math.isnan(s) for s in x.shape):
+        raise ValueError(f"{what}: dask array with unknown chunk sizes; call .compute_chunk_sizes() first")
+    if n is not None and x.shape[0] != n:
+        raise ValueError(f"{what}: {x.shape[0]} rows, expected {n} (rows of the first layer)")
+    return x
+
+
+def save_store(
+    path: str | os.PathLike,
+    layers: Mapping[str, Any],
+    labels: Any,
+    example_ids: Any = None,
+    logits: Any = None,
+    meta: Mapping[str, Any] | None = None,
+    *,
+    head: tuple[Any, Any] | None = None,
+    dtype: Any = None,
+    chunk_rows: int | None = None,
+    overwrite: bool = False,
+    progress: bool | None = None,
+    compression: str = "zstd",
+) -> ActivationStore:
+    """Write activations to a new store ("bring your own activations") and return it opened.
+
+    ``layers`` maps names (kept in order) to NumPy or Dask arrays ``(N, ...)``. Dask inputs are
+    streamed: chunk ``i`` of every input is computed together (so shared upstream work is done once)
+    and written before the next, so peak memory is about one chunk of rows across layers,
+    independent of N. ``dtype=None`` keeps float16/float32/float64 as given (integer inputs are
+    refused); a dtype applies to every layer (a dict maps layer -> dtype). ``example_ids`` defaults
+    to ``arange(N)``. ``head=(W, b)`` stores the final layer. ``logits`` are stored as float32.
+    ``compression``: ``"zstd"`` (default) or ``"none"`` for the layers (see ``StoreWriter.create``).
+    """
+    path = str(path)
+    sname = store_name(path)
+    if not layers:
+        raise ValueError(f"store {sname}: at least one layer is required")
+    arrays: dict[str, Any] = {}
+    n = None
+    for name, x in layers.items():
+        x = _rowwise(x, f"store {sname}: layer {name!r}", n)
+        n = x.shape[0] if n is None else n
+        arrays[name] = x
+    assert n is not None
+    if isinstance(dtype, Mapping) and set(dtype) - set(arrays):
+        raise ValueError(f"store {sname}: dtype given for unknown layers {sorted(set(dtype) - set(arrays))}; layers: {list(arrays)}")
+    spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    for name, x in arrays.items():
+        want = dtype.get(name) if isinstance(dtype, Mapping) else dtype
+        if want is None:
+            if np.dtype(x.dtype).kind != "f":
+                raise ValueError(f"store {sname}: layer {name!r} has dtype {x.dtype}; activations must be floating point (or pass dtype=)")
+            want = x.dtype
+        spec[name] = (tuple(x.shape[1:]), _float_dtype(want, f"store {sname}: layer {name!r}"))
+    labels = _rowwise(labels, f"store {sname}: labels", n)
+    example_ids = _rowwise(np.arange(n, dtype=np.int64) if example_ids is None else example_ids, f"store {sname}: example_ids", n)
+    for what, x in (("labels", labels), ("example_ids", example_ids)):
+        if x.ndim != 1 or np.dtype(x.dtype).kind not in "iu" + ("b" if what == "labels" else ""):
+            raise ValueError(f"store {sname}: {what} must be a 1-D integer array, got shape {x.shape} dtype {x.dtype}")
+    if logits is not None:
+        logits = _rowwise(logits, f"store {sname}: logits", n)
+        if logits.ndim != 2:
+            raise ValueError(f"store {sname}: logits must be (N, K), got shape {logits.shape}")
+    if head is not None:
+        if not isinstance(head, (tuple, list)) or len(head) != 2:
+            raise ValueError(f"store {sname}: head must be a tuple (W, b)")
+        W, b = np.shape(head[0]), np.shape(head[1])
+        if len(W) != 2 or b != (W[0],):
+            raise ValueError(f"store {sname}: head must be W (K, M) and b (K,), got {W} and {b}")
+        if logits is not None and W[0] != logits.shape[1]:
+            raise ValueError(f"store {sname}: head has {W[0]} classes but the logits have {logits.shape[1]}")
+    if not _is_dask(example_ids) and np.unique(example_ids).size != n:
+        raise ValueError(f"store {sname}: example_ids are not unique ({n - np.unique(example_ids).size} duplicates)")
+
+    writer = StoreWriter.create(
+        path, n=n, layers=spec, chunk_rows=chunk_rows,
+        logits_dim=None if logits is None else logits.shape[1], meta=meta, overwrite=overwrite,
+        compression=compression,
+    )
+    try:
+        _fill(writer, arrays, labels, example_ids, logits, head, progress)
+    except BaseException:
+        # save_store cannot be resumed: leave nothing half-written behind (a SIGKILL still leaves an
+        # incomplete store, which open_store refuses)
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+    return writer.finalize()
+
+
+def _fill(writer: StoreWriter, arrays: dict[str, Any], labels: Any, example_ids: Any, logits: Any,
+          head: tuple[Any, Any] | None, progress: bool | None) -> None:
+    """Write every chunk of ``save_store``'s inputs, computing dask chunks one at a time."""
+    import sys
+
+    import dask
+    from tqdm.auto import tqdm
+
+    rows = writer.chunk_rows
+    sources: dict[tuple[str, str], Any] = {("layer", name): x for name, x in arrays.items()}
+    sources[("labels", "")], sources[("ids", "")] = labels, example_ids
+    if logits is not None:
+        sources[("logits", "")] = logits
+    lazy = {k: v for k, v in sources.items() if _is_dask(v)}
+    # one Delayed per chunk: computing it returns the block itself (no finalize/concatenate copy)
+    lazy = {k: v.rechunk((rows,) + v.shape[1:]).to_delayed().ravel() for k, v in lazy.items()}
+    show = sys.stderr.isatty() if progress is None else bool(progress)
+    for i in tqdm(range(writer.n_chunks), desc=f"save {writer.name}", unit="chunk", disable=not show):
+        start, stop = writer.rows(i)
+        keys = list(lazy)
+        computed = dask.compute(*[lazy[k][i] for k in keys]) if keys else ()
+        block = {k: v[start:stop] for k, v in sources.items() if k not in lazy}
+        block.update(zip(keys, computed))
+        writer.write_chunk(
+            i,
+            layers={name: block[("layer", name)] for name in arrays},
+            labels=block[("labels", "")],
+            example_ids=block[("ids", "")],
+            logits=block.get(("logits", "")),
+        )
+        del block, computed
+    if head is not None:
+        writer.set_head(*head)

@@ -1,0 +1,167 @@
+"""The package layout is the architecture (docs/architecture.md): each layer of ``repsim/`` imports only
+the layers below it, nothing in ``repsim/`` imports torch, and neither ``repsim`` nor ``analyses``
+has an import circle. Imports are read from the source (module level and inside functions alike)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# layer -> the layers it may import (itself included). "base" is repsim/_xp.py, repsim/_lazy.py and
+# the package root (``from repsim import __version__``).
+ALLOWED: dict[str, set[str]] = {
+    "base": {"base"},
+    "kernels": {"base", "kernels"},
+    "probes": {"base", "kernels", "probes"},
+    "store": {"base", "store"},
+    "engine": {"base", "kernels", "probes", "store", "engine"},
+    "commands": {"base", "kernels", "probes", "store", "engine", "commands"},
+}
+FORBIDDEN_TOP = {"torch", "torchvision", "timm", "transformers"}  # the core stays torch-free
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) for every import in ``path``; ``from pkg import name`` counts as
+    ``pkg.name`` when that is a module of the tree, else as ``pkg``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    here = module_name(path, root).split(".")
+    is_pkg = path.name == "__init__.py"
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here if is_pkg else here[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                sub = f"{mod}.{a.name}"
+                as_module = (root / Path(*sub.split("."))).with_suffix(".py").is_file() or \
+                    (root / Path(*sub.split(".")) / "__init__.py").is_file()
+                out.append((node.lineno, sub if as_module else mod))
+    return out
+
+
+def layer_of(module: str) -> str | None:
+    """The layer of a ``repsim`` module, or None for modules outside ``repsim``."""
+    parts = module.split(".")
+    if parts[0] != "repsim":
+        return None
+    if len(parts) == 1 or parts[1] in ("_xp", "_lazy", "__main__", "__version__"):
+        return "commands" if parts[1:2] == ["__main__"] else "base"
+    return parts[1] if parts[1] in ALLOWED else "base"
+
+
+def layering_violations(root: Path) -> list[str]:
+    """One line per import that breaks :data:`ALLOWED` or imports a deep-learning framework."""
+    bad = []
+    for path in sorted((root / "repsim").rglob("*.py")):
+        mod = module_name(path, root)
+        mine = layer_of(mod)
+        for line, target in imports_of(path, root):
+            where = f"{path.relative_to(root)}:{line}"
+            if target.split(".")[0] in FORBIDDEN_TOP:
+                bad.append(f"{where}: imports {target} (repsim/ must stay torch-free)")
+            theirs = layer_of(target)
+            if theirs is not None and theirs not in ALLOWED[mine]:
+                bad.append(f"{where}: {mine} module {mod} imports {target} ({theirs})")
+    return bad
+
+
+def import_cycles(root: Path, packages: tuple[str, ...]) -> list[list[str]]:
+    """Strongly connected components (size > 1) of the module import graph of ``packages``."""
+    graph: dict[str, set[str]] = {}
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            mod = module_name(path, root)
+            deps = graph.setdefault(mod, set())
+            for _, target in imports_of(path, root):
+                if target.split(".")[0] in packages and target != mod:
+                    deps.add(target)
+    # a package's __init__ is imported whenever one of its modules is: ignore edges to the root
+    # package itself (``from repsim import __version__``), which imports nothing eagerly
+    for deps in graph.values():
+        deps.difference_update(packages)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    sccs: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                sccs.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sccs
+
+
+def test_repsim_layers_import_only_downwards():
+    assert layering_violations(ROOT) == []
+
+
+def test_no_import_circles_in_repsim_or_analyses():
+    assert import_cycles(ROOT, ("repsim",)) == []
+    assert import_cycles(ROOT, ("analyses",)) == []
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        p = tmp_path / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("source, culprit", [
+    ("from repsim.engine.minibatch import cka_matrix\n", "imports repsim.engine.minibatch"),
+    ("def f():\n    from ..engine import minibatch\n", "imports repsim.engine.minibatch"),
+    ("def f():\n    import torch\n", "imports torch"),
+])
+def test_checks_catch_a_kernel_importing_upwards(tmp_path, source, culprit):
+    """The checks can fail: a kernel importing the engine (module level or lazily) or torch is named."""
+    root = _tree(tmp_path, {"repsim/__init__.py": "", "repsim/kernels/__init__.py": "",
+                            "repsim/kernels/cka.py": source, "repsim/engine/__init__.py": "",
+                            "repsim/engine/minibatch.py": "from repsim.kernels.cka import x\n"})
+    bad = layering_violations(root)
+    assert len(bad) == 1 and "repsim/kernels/cka.py" in bad[0] and culprit in bad[0]
+
+
+def test_cycle_check_finds_a_lazy_circle(tmp_path):
+    root = _tree(tmp_path, {"analyses/__init__.py": "", "analyses/a.py": "from analyses.b import f\n",
+                            "analyses/b.py": "def f():\n    from analyses import a\n"})
+    assert import_cycles(root, ("analyses",)) == [["analyses.a", "analyses.b"]]
