@@ -1,4 +1,5 @@
-"""The end-to-end demo pipeline behind `repsim demo` (train → extract → analyse → report) on sklearn digits.
+"""The end-to-end demo pipeline behind `repsim demo` (train → extract → analyse → report) for one study
+profile (:mod:`analyses.profiles`: sklearn digits by default, Fashion-MNIST with ``--profile fashion``).
 
 Layout of the output directory (each stage reuses what a previous run finished)::
 
@@ -13,6 +14,9 @@ Layout of the output directory (each stage reuses what a previous run finished):
 Torch work (train, extract) runs in subprocesses through the public command line, two at a time on
 a 2-core machine; the analyses run in this process through the torch-free ``repsim`` API, one store at a
 time, so memory stays bounded by one store's largest layer.
+
+The log has one line per stage and network (``[demo] train 3/18 softmax-s1: ...`` when a network
+finishes training, likewise for extraction); ``verbose`` streams every line of the subprocesses.
 """
 from __future__ import annotations
 
@@ -30,17 +34,8 @@ from pathlib import Path
 from typing import Callable
 
 from analyses.objectives import OBJECTIVES
+from analyses.profiles import DIGITS, Profile
 
-# store group -> (dataset spec, split, --layers for extract, what it is for)
-GROUPS: dict[str, tuple[str, str, str | None, str]] = {
-    "src-test": ("digits-source", "test", None, "every block: CKA, R², sparsity, predictions (Figs. 2–4, C.4–C.7)"),
-    "src-train": ("digits-source", "train", "pool", "R², collapse, spectra on the training set (Table 3, E.1, E.2)"),
-    "src-holdout": ("digits-source", "holdout", "pool", "relearning the source classes (Fig. 6)"),
-    "tgt-train": ("digits-target", "train", "pool", "transfer probes: fit (Table 1)"),
-    "tgt-test": ("digits-target", "test", "pool", "transfer probes: score; class overlap (Table 1, F.1)"),
-}
-TRANSFER_TASK = "digits-target"
-RELEARN_TASK = "source-relearn"
 ANALYSIS_VERSION = "2"  # bump when the analysis settings below change, to invalidate old results
 
 
@@ -60,40 +55,53 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _pump(stream, prefix: str, tail: collections.deque) -> None:
+def _pump(stream, prefix: str, tail: collections.deque, stream_lines: bool) -> None:
     for line in iter(stream.readline, ""):
-        line = line.rstrip("\r\n")
-        tail.append(line)
+        line = line.rstrip("\r\n").split("\r")[-1]
         if line.strip():
-            print(f"  [{prefix}] {line.split(chr(13))[-1]}", flush=True)
+            tail.append(line)
+            if stream_lines:
+                print(f"  [{prefix}] {line}", flush=True)
     stream.close()
 
 
-def run_tasks(tasks: list[Task], jobs: int, stage: str) -> None:
-    """Run subprocesses ``jobs`` at a time, streaming their output with a prefix; fail on the first error."""
+def last_line(tail, prefix: str = "") -> str:
+    """The last line of a task's output that starts with ``prefix`` ('' when none)."""
+    return next((l.strip() for l in reversed(tail) if l.strip().startswith(prefix)), "")
+
+
+def run_tasks(tasks: list[Task], jobs: int, stage: str, summary: Callable[[Task], str] = lambda t: "",
+              verbose: bool = False) -> None:
+    """Run subprocesses ``jobs`` at a time; one line per finished task (``[demo] STAGE k/n NAME:
+    summary(task) (seconds)``), every output line too when ``verbose``; fail on the first error with
+    the task's last lines."""
     env = dict(os.environ)
     if jobs > 1:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(var, "1")
-    pending, running = list(tasks), {}
+    pending, running, finished = list(tasks), {}, 0
     try:
         while pending or running:
             while pending and len(running) < jobs:
                 t = pending.pop(0)
                 p = subprocess.Popen(t.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env, bufsize=1)
-                th = threading.Thread(target=_pump, args=(p.stdout, t.name, t.tail), daemon=True)
+                th = threading.Thread(target=_pump, args=(p.stdout, t.name, t.tail, verbose), daemon=True)
                 th.start()
-                running[p] = (t, th)
+                running[p] = (t, th, time.perf_counter())
             time.sleep(0.1)
             for p in [p for p in running if p.poll() is not None]:
-                t, th = running.pop(p)
+                t, th, t0 = running.pop(p)
                 th.join()
                 if p.returncode != 0:
                     tail = list(t.tail)
                     raise DemoError(f"{stage}: {t.name} failed (exit {p.returncode}): {' '.join(t.argv)}\n"
                                     + "\n".join(tail[-15:]))
                 t.done()
+                finished += 1
+                text = summary(t)
+                _say(f"[demo] {stage} {finished}/{len(tasks)} {t.name}: {text + '; ' if text else ''}"
+                     f"{time.perf_counter() - t0:.0f} s")
     finally:
         for p in running:  # only the processes started here
             p.terminate()
@@ -107,12 +115,23 @@ def _repsim(*args: str) -> list[str]:
 
 @dataclass
 class Demo:
+    """One end-to-end run of ``profile``. ``sets``: extra ``--set key=value`` for every `repsim train`
+    (e.g. smaller data for a quick run); ``data_root``/``download``: where the profile's data is."""
     out: Path
     objectives: tuple[str, ...] = OBJECTIVES
     seeds: int = 2
     epochs: int | None = None
     jobs: int = 2
+    profile: Profile = DIGITS
+    sets: tuple[str, ...] = ()
+    data_root: str | None = None
+    download: bool = False
+    verbose: bool = False
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds (OUT/timings.json)
+
+    @property
+    def groups(self) -> dict[str, tuple[str, str, str | None, str]]:
+        return self.profile.groups
 
     @property
     def run_names(self) -> list[str]:
@@ -123,13 +142,29 @@ class Demo:
 
     # ------------------------------------------------------------------ train
     def train_argv(self, objective: str, seed: int) -> list[str]:
-        argv = _repsim("train", "--preset", f"digits-{objective}", "--seed", str(seed),
+        argv = _repsim("train", "--preset", self.profile.preset.format(objective=objective), "--seed", str(seed),
                        "--out", str(self.run_dir(f"{objective}-s{seed}")), "--no-progress")
         if self.epochs is not None:
             argv += ["--set", f"epochs={self.epochs}"]
+        if self.data_root:
+            argv += ["--set", "data.root=" + json.dumps(str(self.data_root))]
+        if self.download:
+            argv += ["--set", "data.download=true"]
+        for s in self.sets:
+            argv += ["--set", s]
         return argv
 
+    def check_data(self) -> None:
+        """Fail before any training when the profile's data cannot be found (the message says how)."""
+        if self.profile.check_data is None:
+            return
+        try:
+            self.profile.check_data(self.data_root, self.download)
+        except FileNotFoundError as exc:
+            raise DemoError(f"data: {exc}") from None
+
     def stage_train(self) -> bool:
+        self.check_data()
         tasks = []
         for o in self.objectives:
             for s in range(self.seeds):
@@ -149,10 +184,10 @@ class Demo:
                 def mark(done=done, key=key):
                     done.write_text(json.dumps({"key": key, "finished": time.time()}))
 
-                tasks.append(Task(f"train {name}", argv + (["--resume"] if resume else []), mark))
+                tasks.append(Task(name, argv + (["--resume"] if resume else []), mark))
         _say(f"[demo] train: {len(self.run_names) - len(tasks)} of {len(self.run_names)} networks already "
              f"trained; training {len(tasks)} ({self.jobs} at a time)")
-        run_tasks(tasks, self.jobs, "train")
+        run_tasks(tasks, self.jobs, "train", lambda t: last_line(t.tail, "epoch"), self.verbose)
         return bool(tasks)
 
     def checkpoint(self, name: str) -> Path:
@@ -175,31 +210,35 @@ class Demo:
             return False
         return (path / "zarr.json").stat().st_mtime >= ckpt.stat().st_mtime
 
+    def extract_args(self, group: str, name: str) -> list[str]:
+        """`repsim extract` arguments of one store (network ``name``, store group ``group``)."""
+        spec, split, layers, _ = self.groups[group]
+        args = ["--checkpoint", str(self.checkpoint(name)), "--data", spec, "--split", split,
+                "--out", str(self.store_path(group, name)), "--no-progress", "--workers", "0"]
+        if self.data_root:
+            args += ["--data-root", str(self.data_root)]
+        return args + (["--layers", layers] if layers else [])
+
     def stage_extract(self) -> bool:
+        """Every network's missing stores, one process per network (one torch import for its groups)."""
         tasks, n_todo = [], 0
-        for group, (spec, split, layers, _) in GROUPS.items():
+        for name in self.run_names:
             todo = []
-            for name in self.run_names:
-                path, ckpt = self.store_path(group, name), self.checkpoint(name)
-                if self._store_ok(path, ckpt):
+            for group in self.groups:
+                path = self.store_path(group, name)
+                if self._store_ok(path, self.checkpoint(name)):
                     continue
                 if path.exists():
                     shutil.rmtree(path)
-                todo.append(str(ckpt))
-            if not todo:
-                continue
-            n_todo += len(todo)
-            (self.out / "stores" / group).mkdir(parents=True, exist_ok=True)
-            argv = _repsim("extract", "--data", spec, "--split", split, "--out-dir", str(self.out / "stores" / group),
-                           "--name", "{parent}-" + group, "--no-progress", "--workers", "0")
-            if layers:
-                argv += ["--layers", layers]
-            for c in todo:
-                argv += ["--checkpoint", c]
-            tasks.append(Task(f"extract {group} ({len(todo)})", argv))
-        n_all = len(GROUPS) * len(self.run_names)
-        _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo}")
-        run_tasks(tasks, self.jobs, "extract")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                todo.append(self.extract_args(group, name))
+            if todo:
+                n_todo += len(todo)
+                tasks.append(Task(name, [sys.executable, "-m", "analyses.extract_runs", json.dumps(todo)]))
+        n_all = len(self.groups) * len(self.run_names)
+        _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo} "
+             f"({len(self.groups)} per network, {self.jobs} networks at a time)")
+        run_tasks(tasks, self.jobs, "extract", lambda t: last_line(t.tail).split(" in ")[0], self.verbose)
         return bool(tasks)
 
     # ---------------------------------------------------------------- analyse
@@ -236,18 +275,19 @@ class Demo:
         worked = False
         paths = lambda group: [str(self.store_path(group, n)) for n in self.run_names]  # noqa: E731
         runs = [(n, self.run_dir(n), self.checkpoint(n)) for n in self.run_names]
-        probe_tasks = [(TRANSFER_TASK, paths("tgt-train"), paths("tgt-test"), ["linear", "knn"]),
-                       (RELEARN_TASK, paths("src-holdout"), paths("src-test"), ["linear"])]
+        probe_tasks = [(self.profile.transfer_task, paths("tgt-train"), paths("tgt-test"), ["linear", "knn"]),
+                       (self.profile.relearn_task, paths("src-holdout"), paths("src-test"), ["linear"])]
         steps = [
             ("training.csv", [], lambda: A.training_csv(runs, res / "training.csv")),
-            ("cka_demo.npz", ["src-test"], lambda: A.cka(paths("src-test"), res / "cka_demo.npz")),
+            ("cka_demo.npz", ["src-test"],
+             lambda: A.cka(paths("src-test"), res / "cka_demo.npz", batch_size=self.profile.cka_batch)),
             ("separation.csv", ["src-test", "src-train"],
              lambda: A.layer_metrics(paths("src-test"), paths("src-train"), res)),
             ("probes.csv", ["src-holdout", "src-test", "tgt-train", "tgt-test"],
              lambda: A.probes(probe_tasks, res / "probes.csv")),
         ]
         for fname, groups, fn in steps:
-            extra = json.dumps([self.run_names, self.epochs]) if not groups else ""
+            extra = json.dumps([self.run_names, self.epochs, list(self.sets)]) if not groups else ""
             fp = self._fingerprint(groups, extra) if groups else hashlib.sha256(
                 (extra + "".join(str((self.run_dir(n) / "DONE").stat().st_mtime) for n in self.run_names)).encode()
             ).hexdigest()[:16]
@@ -272,22 +312,25 @@ class Demo:
         from analyses.data import Inputs
         from analyses.findings import evaluate, findings_html, findings_text
 
-        names = {f"{n}-{g}" for n in self.run_names for g in GROUPS}  # not stores of earlier, larger runs
+        names = {f"{n}-{g}" for n in self.run_names for g in self.groups}  # not stores of earlier, larger runs
         findings = evaluate(Inputs(self.out / "stores", self.out / "results", names))
         timing = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
         import html
 
         epochs = f"{self.epochs} epochs (--epochs)" if self.epochs else "the presets' epochs"
         stores = "".join(f"<li><code>{g}</code>: {spec} {split}, {'every layer' if layers is None else layers}"
-                         f" — {html.escape(why)}</li>" for g, (spec, split, layers, why) in GROUPS.items())
-        pre = (f"<p class='caption'>{len(self.objectives)} objectives × {self.seeds} seed(s) = "
-               f"{len(self.run_names)} mini-ResNets (train/presets/digits-&lt;objective&gt;.toml, {epochs}; "
-               f"the checkpoint with the best holdout accuracy is analysed) pretrained on sklearn digits 0–4 "
-               f"(digits-source); transfer task: digits 5–9 (digits-target). Stage times (last run that did "
-               f"the stage's work): {timing}. "
+                         f" — {html.escape(why)}</li>" for g, (spec, split, layers, why) in self.groups.items())
+        p = self.profile
+        preset = html.escape(p.preset.format(objective="<objective>"))
+        sets = f" with --set {html.escape(' '.join(self.sets))}" if self.sets else ""
+        pre = (f"<p class='caption'>Profile <code>{p.name}</code>: {len(self.objectives)} objectives × "
+               f"{self.seeds} seed(s) = {len(self.run_names)} mini-ResNets (train/presets/{preset}.toml, "
+               f"{epochs}{sets}; the checkpoint with the best holdout accuracy is analysed) pretrained on "
+               f"{html.escape(p.source_text)}; transfer task: {html.escape(p.target_text)}. Stage times (last "
+               f"run that did the stage's work): {timing}. "
                f"Stores per network:</p><ul class='caption'>{stores}</ul>")
         outcomes, report = make_figures(self.out / "stores", self.out / "results", self.out / "report",
-                                        title="repsim demo: sklearn digits, 9 objectives",
+                                        title=p.title,
                                         intro_html=findings_html(findings, pre), progress=True,
                                         only_stores=names)
         (self.out / "report" / "findings.md").write_text(findings_text(findings) + "\n")
@@ -295,7 +338,7 @@ class Demo:
 
     def report_key(self) -> str:
         """What the report depends on: the results (their fingerprints), the analyses code, the run set."""
-        h = hashlib.sha256(json.dumps([self.run_names, self.epochs]).encode())
+        h = hashlib.sha256(json.dumps([self.profile.name, self.run_names, self.epochs, self.sets]).encode())
         h.update((self.out / "results" / "fingerprints.json").read_bytes())
         for f in sorted(Path(__file__).parent.rglob("*.py")):
             h.update(f.read_bytes())

@@ -92,13 +92,17 @@ def test_missing_data_through_build_dataset(tmp_path, monkeypatch):
 
 def test_download_failure_is_reported_not_raised_raw(tmp_path, monkeypatch):
     """--download with no network: the same one-line error, with the downloader's failure appended."""
-    import torchvision.datasets
+    import sys
+    import types
 
     class Offline:
         def __init__(self, *a, **k):
             raise RuntimeError("no network")
 
-    monkeypatch.setattr(torchvision.datasets, "FashionMNIST", Offline)
+    fake = types.ModuleType("torchvision.datasets")
+    fake.FashionMNIST = Offline
+    monkeypatch.setitem(sys.modules, "torchvision", types.ModuleType("torchvision"))  # no real import (slow)
+    monkeypatch.setitem(sys.modules, "torchvision.datasets", fake)
     with pytest.raises(fm.FashionMNISTNotFound, match="download failed: RuntimeError: no network"):
         fm.locate(tmp_path, download=True, debian_dir=tmp_path / "no-debian")
 

@@ -1,0 +1,79 @@
+"""Study profiles of `repsim demo`: which data, presets, store groups and settings one end-to-end run uses.
+
+``digits`` (the default) runs in minutes on scikit-learn's digits and needs no download, but its 8×8
+source task saturates (every objective reaches 96–98 %), so the paper's findings mostly do not show.
+``fashion`` runs the same study on Fashion-MNIST, where the source task has headroom; its data
+comes from ``--data-root``, the Debian package ``dataset-fashion-mnist`` or torchvision's downloader
+(:mod:`train.fashion`). Its sizes were chosen by measurement (analyses/README.md, search record).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+# store group -> (dataset spec, split, --layers for extract (None: every layer), what it is for)
+Groups = dict[str, tuple[str, str, "str | None", str]]
+
+
+def _groups(source: str, target: str) -> Groups:
+    return {
+        "src-test": (source, "test", None, "every block: CKA, R², sparsity, predictions (Figs. 2–4, C.4–C.7)"),
+        "src-train": (source, "train", "pool", "R², collapse, spectra on the training set (Table 3, E.1, E.2)"),
+        "src-holdout": (source, "holdout", "pool", "relearning the source classes (Fig. 6)"),
+        "tgt-train": (target, "train", "pool", "transfer probes: fit (Table 1)"),
+        "tgt-test": (target, "test", "pool", "transfer probes: score; class overlap (Table 1, F.1)"),
+    }
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One study: presets ``preset.format(objective=...)``, store groups, transfer task, and prose.
+
+    ``cka_batch``: examples per minibatch of the CKA step (None: the whole split in one batch, i.e.
+    the unbiased-HSIC CKA of the split). ``check_data``: called before training with the demo's
+    data options; raises ``FileNotFoundError`` with a message saying how to get the data.
+    """
+    name: str
+    preset: str
+    source: str
+    target: str
+    title: str
+    source_text: str
+    target_text: str
+    seeds: int = 2
+    cka_batch: int | None = None
+    check_data: Callable[[str | None, bool], None] | None = None
+    needs_data: bool = False  # takes --data-root / --download
+    relearn_task: str = "source-relearn"
+    groups: Groups = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            object.__setattr__(self, "groups", _groups(self.source, self.target))
+
+    @property
+    def transfer_task(self) -> str:
+        return self.target
+
+
+def _check_fashion(root: str | None, download: bool) -> None:
+    from train.fashion import locate
+
+    locate(root, download)
+
+
+DIGITS = Profile(
+    name="digits", preset="digits-{objective}", source="digits-source", target="digits-target",
+    title="repsim demo: sklearn digits, 9 objectives",
+    source_text="sklearn digits 0–4 (digits-source)", target_text="digits 5–9 (digits-target)",
+)
+
+FASHION = Profile(
+    name="fashion", preset="fashion-{objective}", source="fashion-source", target="fashion-target",
+    title="repsim demo --profile fashion: Fashion-MNIST, 9 objectives",
+    source_text="Fashion-MNIST T-shirt/top, pullover, coat, shirt and bag (fashion-source)",
+    target_text="the other five classes: trouser, dress, sandal, sneaker, ankle boot (fashion-target)",
+    seeds=2, cka_batch=1000, check_data=_check_fashion, needs_data=True,
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (DIGITS, FASHION)}
