@@ -113,6 +113,10 @@ def test_parse_spec():
     assert fm.parse_spec("fashion-target") == fm.TARGET_CLASSES
     assert not set(fm.SOURCE_CLASSES) & set(fm.TARGET_CLASSES)
     assert fm.parse_spec("fashion:3,1") == (3, 1)
+    assert fm.parse_spec("fashion-target@200") == fm.TARGET_CLASSES and fm.spec_train_per_class("fashion-target@200") == 200
+    assert fm.spec_train_per_class("fashion-target") is None
+    with pytest.raises(ValueError, match="suffix must be @N"):
+        fm.spec_train_per_class("fashion-target@x")
     assert fm.parse_spec("digits") is None and fm.parse_spec("fashionmnist") is None
     for bad in ("fashion:1", "fashion:1,1", "fashion:1,10", "fashion:a,b"):
         with pytest.raises(ValueError, match="bad Fashion-MNIST spec"):
@@ -185,3 +189,6 @@ def test_run_config_sizes_reach_the_dataset(tmp_path):
                                           "data.holdout_per_class=3", "data.test_per_class=2"])
     assert len(dataset_from_config(cfg, "train")) == 30 and len(dataset_from_config(cfg, "holdout")) == 15
     assert len(dataset_from_config(cfg, "test", spec="fashion-target")) == 10
+    assert len(dataset_from_config(cfg, "train", spec="fashion-target@8")) == 40  # the suffix wins
+    assert len(dataset_from_config(cfg, "train", spec="fashion-target@100")) == 5 * 9  # at most: 12 − 3 held out
+    assert dataset_from_config(cfg, "train", spec="fashion-target@8").name == "fashion-target@8"

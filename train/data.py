@@ -259,6 +259,11 @@ def _fashion(spec: str, classes: tuple[int, ...], split: str, augment: Any, root
 
     arrays = fm.load_arrays(str(root) if root else None, bool(download))
     images, labels = arrays["test" if split == "test" else "train"]
+    n_train = fm.spec_train_per_class(spec)
+    if n_train is not None:  # at most N per class (every image not held out, when a class has fewer)
+        hold = per_class.get("holdout_per_class", fm.DEFAULT_HOLDOUT_PER_CLASS)
+        fewest = min(int((labels == c).sum()) for c in classes) - hold
+        per_class = {**per_class, "train_per_class": max(1, min(n_train, fewest))}
     idx = fm.split_indices(labels, classes, split, **per_class)
     size = int(image_size or 28)
     x = torch.from_numpy((fm.resize(images[idx], size) - fm.MEAN) / fm.STD).unsqueeze(1)

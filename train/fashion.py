@@ -16,7 +16,9 @@ byte), byte 3 the number of dimensions d, then d uint32 sizes, then the data in 
 
 Specs (``train.data.build_dataset``): ``fashion`` (all 10 classes), ``fashion-source`` and
 ``fashion-target`` (:data:`SOURCE_CLASSES` / :data:`TARGET_CLASSES`, labels renumbered 0..K−1 in that
-order), or ``fashion:C,C,...`` for any class list. Splits are class-balanced and fixed (seed 0,
+order), or ``fashion:C,C,...`` for any class list; a suffix ``@N`` (``fashion-target@2000``) sets the
+training images per class of that spec to N (or all not held out, when a class has fewer), whatever the
+run's ``train_per_class`` (e.g. a transfer task fit on more images than the pretraining run used). Splits are class-balanced and fixed (seed 0,
 independent of the run seed): per class, a permutation of that class's official training images
 gives ``holdout`` (the first ``holdout_per_class``) and ``train`` (the next ``train_per_class``, or
 all the rest); ``test`` is the first ``test_per_class`` of a permutation of the official test images
@@ -154,7 +156,9 @@ def load_arrays(root: str | None = None, download: bool = False) -> dict[str, tu
 
 # -- specs and splits ----------------------------------------------------------------------------------
 def parse_spec(spec: str) -> tuple[int, ...] | None:
-    """The classes of a Fashion-MNIST spec, or None when ``spec`` is not one."""
+    """The classes of a Fashion-MNIST spec, or None when ``spec`` is not one (an ``@N`` suffix is
+    ignored here; see :func:`spec_train_per_class`)."""
+    spec = spec.split("@", 1)[0]
     if spec == "fashion":
         return tuple(range(len(CLASSES)))
     if spec == "fashion-source":
@@ -170,6 +174,16 @@ def parse_spec(spec: str) -> tuple[int, ...] | None:
             raise ValueError(f"bad Fashion-MNIST spec {spec!r}: need >= 2 distinct classes in 0..9")
         return classes
     return None
+
+
+def spec_train_per_class(spec: str) -> int | None:
+    """N of a spec's ``@N`` suffix (training images per class), or None without one."""
+    if "@" not in spec:
+        return None
+    n = spec.split("@", 1)[1]
+    if not n.isdigit():
+        raise ValueError(f"bad Fashion-MNIST spec {spec!r}: the suffix must be @N, N images per class")
+    return int(n)
 
 
 def split_indices(labels: np.ndarray, classes: tuple[int, ...], split: str, *, train_per_class: int = 0,
