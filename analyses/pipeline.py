@@ -65,6 +65,23 @@ def _pump(stream, prefix: str, tail: collections.deque, stream_lines: bool) -> N
     stream.close()
 
 
+def train_summary(tail) -> str:
+    """One line from `repsim train`'s epoch lines: the last epoch's accuracies and the epoch with the best
+    holdout accuracy (the checkpoint the demo analyses, best.pt)."""
+    import re
+
+    epochs = [l.strip() for l in tail if l.strip().startswith("epoch ")]
+    if not epochs:
+        return ""
+    last = re.sub(r" \(.*\)$", "", epochs[-1])  # drop the timing of the last epoch
+    hold = [(float(m.group(1)), e.split()[1].split("/")[0]) for e in epochs
+            for m in [re.search(r"holdout ([0-9.]+)%", e)] if m]
+    if not hold:
+        return last
+    best = max(hold, key=lambda h: h[0])  # first maximum, as best.pt keeps
+    return f"{last}; best holdout {best[0]:.1f}% at epoch {best[1]}"
+
+
 def last_line(tail, prefix: str = "") -> str:
     """The last line of a task's output that starts with ``prefix`` ('' when none)."""
     return next((l.strip() for l in reversed(tail) if l.strip().startswith(prefix)), "")
@@ -187,7 +204,7 @@ class Demo:
                 tasks.append(Task(name, argv + (["--resume"] if resume else []), mark))
         _say(f"[demo] train: {len(self.run_names) - len(tasks)} of {len(self.run_names)} networks already "
              f"trained; training {len(tasks)} ({self.jobs} at a time)")
-        run_tasks(tasks, self.jobs, "train", lambda t: last_line(t.tail, "epoch"), self.verbose)
+        run_tasks(tasks, self.jobs, "train", lambda t: train_summary(t.tail), self.verbose)
         return bool(tasks)
 
     def checkpoint(self, name: str) -> Path:
