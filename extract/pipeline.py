@@ -247,12 +247,12 @@ def extract_store(
     }
     out = Path(out)
 
-    # rank 0 prepares the store; the others learn the pending chunks (or the error) from it
-    status: list[Any] = [None, None]
-    error: Exception | None = None
     def row_ids() -> np.ndarray:  # the example id of every store row, in this run's order
         return example_ids(reorder_rows(dataset, n, order, order_seed), n)
 
+    # rank 0 prepares the store; the others learn the pending chunks (or the error) from it
+    status: list[Any] = [None, None]
+    error: Exception | None = None
     if rank == 0:
         try:
             status = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store, row_ids)
