@@ -203,8 +203,9 @@ def resolve_columns(stores: Any, layers: Any = None, *, allow_mixed_datasets: bo
     for nm, s, want in zip(names, opened, chosen):
         for layer in want:
             arr = s.zarr_array(layer)
-            columns.append(Column(store=nm, path=store_location(s), layer=layer, shape=tuple(int(d) for d in arr.shape[1:]),
-                                  dtype=str(arr.dtype), chunk_rows=int(arr.chunks[0])))
+            columns.append(Column(store=nm, path=store_location(s), layer=layer,
+                                  shape=tuple(int(d) for d in arr.shape[1:]), dtype=str(arr.dtype),
+                                  chunk_rows=int(arr.chunks[0])))
     return opened, columns, ref_ids
 
 

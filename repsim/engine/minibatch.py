@@ -132,7 +132,7 @@ def _provenance(stores: Sequence[Any], names: Sequence[str], columns: Sequence[C
     out = {}
     for s, name in zip(stores, names):
         out[name] = {
-            "path": os.path.abspath(os.fspath(s.path)),
+            "path": store_location(s),
             "attrs": json.loads(json.dumps(dict(s.attrs), default=_json_default)),
             "layers": [c.layer for c in columns if c.store == name],
         }
@@ -167,9 +167,9 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     ``checkpoint_every`` batches (the last one included, so a rerun returns at once; the CLI
     deletes it once the output is written).  A checkpoint whose stores were replaced since it was
     written (same paths, other :attr:`~repsim.store.reader.ActivationStore.identity`) raises
-    :class:`~repsim.engine.checkpoint.StaleCheckpointError` rather than mix their data.  ``prefetch``/``threads``: reads in flight / reader
-    threads (on the CPU the reader threads also cast and reduce wide columns to centred Grams, so
-    ``threads`` is the compute parallelism as well).
+    :class:`~repsim.engine.checkpoint.StaleCheckpointError` rather than mix their data.
+    ``prefetch``/``threads``: reads in flight / reader threads (on the CPU the reader threads also
+    cast and reduce wide columns to centred Grams, so ``threads`` is the compute parallelism as well).
     ``compute_dtype``: precision of the wide columns' batch Grams; ``None`` (default) picks float32
     for float16 columns (and on a GPU for all but float64 ones), float64 otherwise — see
     :func:`gram_dtype`; per-batch HSIC values are always summed in float64.
