@@ -51,7 +51,7 @@ def run(args) -> int:
     for name in ("stores", "results"):
         path = getattr(args, name)
         if path is not None and not path.is_dir():
-            raise SystemExit(f"repsim figures: --{name} {path} is not a directory")
+            raise ValueError(f"--{name} {path} is not a directory")
     outcomes, report = make_figures(args.stores, args.results, args.out, only=args.only, progress=not args.quiet)
     failed = [o for o in outcomes if o.status == "failed"]
     done = sum(o.status == "done" for o in outcomes)

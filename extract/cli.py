@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import glob
 import os
-import sys
 from pathlib import Path
 
 HELP = "extract per-block activations into a Zarr store"
@@ -105,22 +104,19 @@ def store_paths(checkpoints: list[str], out_dir: str, template: str) -> list[Pat
 
 
 def run(args) -> int:
-    from .pipeline import ExtractError, extract_store, init_distributed_from_env
+    """Extract every checkpoint; failures raise (``repsim.commands.main`` reports them, exit 2 or 3)."""
+    from .pipeline import extract_store, init_distributed_from_env
 
     import torch
 
-    try:
-        checkpoints = expand_checkpoints(args.checkpoint)
-        if args.out is not None:
-            if len(checkpoints) != 1:
-                raise ValueError(f"extract: {len(checkpoints)} checkpoints need --out-dir, not --out")
-            outs = [Path(args.out)]
-        else:
-            outs = store_paths(checkpoints, args.out_dir, args.name)
-            Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    checkpoints = expand_checkpoints(args.checkpoint)
+    if args.out is not None:
+        if len(checkpoints) != 1:
+            raise ValueError(f"extract: {len(checkpoints)} checkpoints need --out-dir, not --out")
+        outs = [Path(args.out)]
+    else:
+        outs = store_paths(checkpoints, args.out_dir, args.name)
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     started = init_distributed_from_env(args.device)
     try:
         for ckpt, out in zip(checkpoints, outs):
@@ -131,9 +127,6 @@ def run(args) -> int:
                 overwrite=args.overwrite, check_space=not args.no_space_check, progress=args.progress,
                 order=args.order, order_seed=args.order_seed, compression=args.compression,
             )
-    except (ExtractError, ValueError) as exc:
-        print(exc if str(exc).startswith("extract") else f"extract: {exc}", file=sys.stderr)
-        return 1
     finally:
         if started:
             torch.distributed.destroy_process_group()

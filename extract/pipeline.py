@@ -37,7 +37,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -247,12 +247,15 @@ def extract_store(
     }
     out = Path(out)
 
+    def row_ids() -> np.ndarray:  # the example id of every store row, in this run's order
+        return example_ids(reorder_rows(dataset, n, order, order_seed), n)
+
     # rank 0 prepares the store; the others learn the pending chunks (or the error) from it
     status: list[Any] = [None, None]
     error: Exception | None = None
     if rank == 0:
         try:
-            status = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store)
+            status = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store, row_ids)
         except Exception as exc:  # noqa: BLE001 - forwarded to the other ranks, then re-raised
             if world == 1:
                 raise
@@ -357,32 +360,59 @@ def _probe(net, x, hooked, spatial, dev, amp_dtype) -> Capture:
     return cap
 
 
+# Every setting that changes a store's bytes, by attrs group: a store is resumed only when all of
+# them match (a rerun with any other value would write its remaining chunks differently).
+RESUME_KEYS: dict[str, tuple[str, ...]] = {
+    "extraction": ("layers", "spatial", "dtype", "amp", "batch_size", "chunk_rows", "device_type", "compression",
+                   "order"),
+    "model": ("arch", "checkpoint_sha256", "weights_sha256"),
+    "dataset": ("name", "split", "n", "transform", "order"),
+}
+# what a store written before a key existed recorded implicitly
+_IMPLIED = {"compression": "zstd", "order": "dataset"}
+
+
 def _compatible(attrs: dict, meta: dict) -> list[str]:
     """Settings of an existing store that differ from this run's (empty: safe to resume)."""
     diffs = []
-    old, new = attrs.get("extraction", {}), meta["extraction"]
-    for key in ("layers", "spatial", "dtype", "amp", "batch_size", "chunk_rows", "device_type", "compression"):
-        if old.get(key, "zstd" if key == "compression" else None) != new.get(key):
-            diffs.append(f"{key}: store {old.get(key)!r} vs now {new.get(key)!r}")
-    for group, keys in (("model", ("arch", "checkpoint_sha256", "weights_sha256")),
-                        ("dataset", ("name", "split", "n", "transform"))):
+    for group, keys in RESUME_KEYS.items():
+        old, new = attrs.get(group) or {}, meta.get(group) or {}
         for key in keys:
-            a, b = attrs.get(group, {}).get(key), meta[group].get(key)
+            a, b = old.get(key, _IMPLIED.get(key)), new.get(key, _IMPLIED.get(key))
             if a != b:
-                diffs.append(f"{group}.{key}: store {a!r} vs now {b!r}")
+                diffs.append(f"{key if group == 'extraction' else f'{group}.{key}'}: store {a!r} vs now {b!r}")
     return diffs
 
 
-def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bool, StoreWriter, open_store) -> list:
-    """Create, resume or skip the store; print the size estimate; refuse when the disk is short."""
+def _same_rows(store, ids: np.ndarray) -> str | None:
+    """Where the rows already written to ``store`` hold other examples than this run would write there."""
+    written = np.repeat(store.written(), store.chunk_rows)[: store.n]
+    stored = np.asarray(store.example_ids)
+    bad = np.flatnonzero(written & (stored != ids))
+    if not bad.size:
+        return None
+    r = int(bad[0])
+    return f"row {r} holds example {int(stored[r])} but this run puts example {int(ids[r])} there"
+
+
+def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bool, StoreWriter, open_store,
+             row_ids: Callable[[], np.ndarray]) -> list:
+    """Create, resume or skip the store; print the size estimate; refuse when the disk is short.
+    ``row_ids()``: the example ids this run writes, row by row (compared with a resumed store's)."""
     pending: range | list[int] = range(plan.n_chunks)
     if out.exists() and not overwrite:
         store = open_store(str(out), allow_incomplete=True)
         diffs = _compatible(store.attrs, meta)
         if diffs:
             raise ExtractError(
-                f"extract: {out} exists with other settings ({'; '.join(diffs)}); "
-                "pass --overwrite to replace it or choose another --out"
+                f"extract: {out} exists with other settings ({'; '.join(diffs)}); rerun with the store's settings "
+                "to resume it, pass --overwrite to replace it, or choose another --out"
+            )
+        moved = None if store.complete else _same_rows(store, row_ids())
+        if moved:
+            raise ExtractError(
+                f"extract: {out} was written in another row order ({moved}); rerun with the store's dataset and "
+                "--order/--order-seed to resume it, pass --overwrite to replace it, or choose another --out"
             )
         if store.complete:
             _msg(f"{out} is already complete; nothing to do (--overwrite recomputes it)")

@@ -3,7 +3,6 @@ the nine objectives from a TOML preset (train/presets/) with ``--set key=value``
 from __future__ import annotations
 
 import argparse
-import sys
 
 HELP = "train a network under one of the nine objectives"
 
@@ -29,11 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train; bad input raises (``repsim.commands.main`` reports it on one line, exit 2; I/O 3)."""
     from .config import ConfigError, list_presets, load_config
-
-    def fail(msg: str) -> int:
-        print(f"repsim train: error: {msg}", file=sys.stderr)
-        return 2
 
     if args.list_presets:
         print("\n".join(list_presets()))
@@ -47,32 +43,25 @@ def run(args: argparse.Namespace) -> int:
         sets.append(f"data.spec={_quote(args.data)}")
     if args.init_from:
         sets.append(f"finetune.init_from={_quote(args.init_from)}")
-    try:
-        cfg = load_config(args.preset, sets)
-    except ConfigError as e:
-        return fail(str(e))
+    cfg = load_config(args.preset, sets)
     if args.print_config:
         import json
 
         print(json.dumps(cfg, indent=2))
         return 0
     if not args.out:
-        return fail("--out DIR is required")
+        raise ConfigError("--out DIR is required")
     if not args.preset and not args.sets:
-        return fail("give --preset NAME (see --list-presets) or a full config with --set")
+        raise ConfigError("give --preset NAME (see --list-presets) or a full config with --set")
 
     import torch  # noqa: F401  (heavy import only now)
 
-    from .checkpoint import CheckpointError
-    from .loop import TrainError, train_run
+    from .loop import train_run
     from .objectives import make_objective
 
-    try:
-        make_objective(cfg["objective"], 8, 2, **cfg["objective_params"])  # fail fast on bad objective
-        train_run(cfg, args.out, resume=args.resume, progress=not args.no_progress,
-                  stop_after_epoch=args.stop_after_epoch)
-    except (ConfigError, CheckpointError, TrainError, ValueError, FileNotFoundError) as e:
-        return fail(" ".join(str(e).split()))
+    make_objective(cfg["objective"], 8, 2, **cfg["objective_params"])  # fail fast on bad objective
+    train_run(cfg, args.out, resume=args.resume, progress=not args.no_progress,
+              stop_after_epoch=args.stop_after_epoch)
     return 0
 
 

@@ -170,15 +170,48 @@ def apply_set(cfg: dict[str, Any], assignment: str) -> None:
     node[last] = value
 
 
+# numeric keys with their smallest allowed value (">" marks a strict bound); integers must be whole
+BOUNDS: dict[str, tuple[str, float]] = {
+    "batch_size": (">=", 1), "epochs": (">=", 0), "max_steps": (">=", 0), "threads": (">=", 0),
+    "eval_every": (">=", 1), "eval_batch_size": (">=", 0), "num_classes": (">=", 0), "in_channels": (">=", 1),
+    "data.image_size": (">=", 0), "data.eval_resize": (">=", 0), "data.holdout_size": (">=", -1),
+    "data.workers": (">=", 0), "data.synthetic_n": (">=", 1), "data.synthetic_classes": (">=", 1),
+    "optim.lr": (">", 0), "optim.ref_batch": (">", 0), "optim.momentum": (">=", 0), "optim.weight_decay": (">=", 0),
+    "schedule.warmup_epochs": (">=", 0), "schedule.decay": (">", 0), "ema.decay": (">=", 0),
+}
+
+
+def validate(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Refuse out-of-range values (:data:`BOUNDS`; ``ema.decay`` at most 1) with a ConfigError naming
+    the key, before they surface as an obscure error deep inside torch. Returns ``cfg``."""
+    for key, (op, low) in BOUNDS.items():
+        node: Any = cfg
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            continue
+        default = DEFAULTS
+        for part in key.split("."):
+            default = default[part]
+        whole = isinstance(default, int) and not isinstance(default, bool)
+        if isinstance(node, bool) or not isinstance(node, (int, float)) or (whole and node != int(node)):
+            raise ConfigError(f"config key {key!r} must be {'an integer' if whole else 'a number'}, got {node!r}")
+        if node < low or (op == ">" and node == low):
+            raise ConfigError(f"config key {key!r} must be {op} {low:g}, got {node!r}")
+    if float(cfg.get("ema", {}).get("decay", 0)) > 1:
+        raise ConfigError(f"config key 'ema.decay' must be <= 1, got {cfg['ema']['decay']!r}")
+    return cfg
+
+
 def load_config(preset: str | None = None, sets: Iterable[str] = ()) -> dict[str, Any]:
-    """DEFAULTS ← preset (with inheritance) ← ``--set`` overrides."""
+    """DEFAULTS ← preset (with inheritance) ← ``--set`` overrides, then :func:`validate`."""
     cfg = copy.deepcopy(DEFAULTS)
     if preset:
         _merge(cfg, _read_preset(preset), f"preset {preset!r}")
         cfg["preset"] = preset
     for s in sets:
         apply_set(cfg, s)
-    return cfg
+    return validate(cfg)
 
 
 def finetune_grid() -> list[dict[str, float]]:

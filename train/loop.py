@@ -29,15 +29,20 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from repsim._io import atomic_write
+
 from .checkpoint import (CheckpointError, load_checkpoint, load_state_strict, rng_state, save_checkpoint,
                          set_rng_state)
+from .config import validate
 from .data import dataset_from_config
 from .models import Network, build_network
 
 _NORM = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
-# keys that define a run: resuming with different values is an error
-IDENTITY_KEYS = ("arch", "arch_params", "in_channels", "objective", "objective_params", "num_classes",
-                 "batch_size", "seed")
+# config keys that may change on --resume: they do not change what the finished epochs computed
+# (more epochs or steps, evaluation and I/O settings); any other difference is refused
+RESUMABLE_KEYS = ("epochs", "max_steps", "threads", "eval_every", "eval_batch_size", "save_best", "compile",
+                  "data.root", "data.workers", "data.download", "data.eval_holdout", "data.eval_test")
+_RUN_FILLED = ("finetune.source",)  # written by the run itself (copied from the checkpoint on resume)
 
 
 class TrainError(ValueError):
@@ -170,31 +175,54 @@ def evaluate(net: nn.Module, dataset, *, batch_size: int, device: torch.device, 
 
 
 def _write_metrics(out: Path, metrics: list[dict[str, Any]]) -> None:
-    tmp = out / ".metrics.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(m) + "\n" for m in metrics))
-    os.replace(tmp, out / "metrics.jsonl")
+    with atomic_write(out / "metrics.jsonl", "w") as f:
+        f.write("".join(json.dumps(m) + "\n" for m in metrics))
     keys: list[str] = []
     for m in metrics:
         keys += [k for k in m if k not in keys]
-    tmp = out / ".metrics.csv.tmp"
-    with open(tmp, "w", newline="") as f:
+    with atomic_write(out / "metrics.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(metrics)
-    os.replace(tmp, out / "metrics.csv")
 
 
-def _identity(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {k: cfg.get(k) for k in IDENTITY_KEYS} | {"data.spec": cfg.get("data", {}).get("spec")}
+def _flat(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 0.1}}`` -> ``{"optim.lr": 0.1}`` (lists stay values)."""
+    out: dict[str, Any] = {}
+    for k, v in cfg.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(saved: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, value in ``saved``, value in ``cfg``) for every dotted key that differs, except
+    :data:`RESUMABLE_KEYS`; a key the saved config lacks (an older repsim) counts at its default."""
+    from .config import DEFAULTS
+
+    a, b, defaults = _flat(saved), _flat(cfg), _flat(DEFAULTS)
+    missing = object()
+    out = []
+    for key in list(a) + [k for k in b if k not in a]:
+        if key in RESUMABLE_KEYS or key in _RUN_FILLED:
+            continue
+        x, y = a.get(key, defaults.get(key, missing)), b.get(key, defaults.get(key, missing))
+        if x != y:
+            out.append((key, None if x is missing else x, None if y is missing else y))
+    return out
 
 
 def _check_same_run(saved: dict[str, Any], cfg: dict[str, Any], path: Path) -> None:
-    a, b = _identity(saved), _identity(cfg)
-    diff = [k for k in a if a[k] != b[k] and not (k == "num_classes" and not b[k])]
+    """Refuse to resume a checkpoint trained with other settings, naming every differing key."""
+    diff = config_differences(saved, cfg)
     if diff:
-        k = diff[0]
-        raise CheckpointError(f"checkpoint {path} is from another run: {k} {a[k]!r} there, {b[k]!r} here"
-                              + (f" (+{len(diff) - 1} more differences)" if len(diff) > 1 else ""))
+        shown = "; ".join(f"{k} {a!r} there, {b!r} here" for k, a, b in diff[:6])
+        more = f" (+{len(diff) - 6} more: {', '.join(k for k, _, _ in diff[6:])})" if len(diff) > 6 else ""
+        raise CheckpointError(
+            f"checkpoint {path} was trained with other settings: {shown}{more}; resume with the run's settings "
+            f"(its config.json) or choose another --out; only {', '.join(RESUMABLE_KEYS)} may change on --resume")
 
 
 def _init_from(net: Network, path: str) -> dict[str, Any]:
@@ -215,7 +243,7 @@ def _init_from(net: Network, path: str) -> dict[str, Any]:
 def train_run(config: dict[str, Any], out: str | os.PathLike, *, resume: bool = False, progress: bool = True,
               stop_after_epoch: int | None = None, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Train ``config`` into ``out``; returns the per-epoch metrics. See the module docstring."""
-    cfg = copy.deepcopy(config)
+    cfg = validate(copy.deepcopy(config))
     out = Path(out)
     rank, world, local_rank = dist_info()
     own_pg = False
@@ -349,7 +377,8 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
         torch.manual_seed(cfg["seed"] * 1000 + rank + 1)  # data augmentation / dropout streams per rank
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str) + "\n")
+        with atomic_write(out / "config.json", "w") as f:
+            f.write(json.dumps(cfg, indent=2, default=str) + "\n")
 
     # epochs ----------------------------------------------------------------------------------------
     use_bar = progress and rank == 0 and sys.stderr.isatty()

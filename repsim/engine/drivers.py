@@ -34,6 +34,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from repsim._io import atomic_write
 from repsim.engine.blocks import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
 from repsim.engine.scheduler import array_module, device_name, get_client, run_tasks
 
@@ -335,11 +336,8 @@ def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> str:
         writer.writerows(rows)
         return "-"
     path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", newline="") as fh:
+    with atomic_write(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=header, restval="")
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(tmp, path)
     return path

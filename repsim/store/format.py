@@ -111,6 +111,15 @@ def default_chunk_rows(
     return int(max(1, min(rows, max(n, 1))))
 
 
+def dataset_difference(store: dict[str, Any], ref: dict[str, Any]) -> str | None:
+    """How a store's ``dataset`` attributes say it holds other data than the reference store's: the
+    ``name`` or ``split`` differ where both record one (``"name 'imagenet' vs 'cifar10'"``, the
+    store's value first); None otherwise."""
+    diffs = [f"{key} {store.get(key)!r} vs {ref.get(key)!r}" for key in ("name", "split")
+             if store.get(key) is not None and ref.get(key) is not None and store.get(key) != ref.get(key)]
+    return "; ".join(diffs) or None
+
+
 def _float_dtype(dtype: Any, what: str) -> np.dtype:
     dt = np.dtype(dtype)
     if dt not in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)):
