@@ -162,6 +162,9 @@ def _generic_blocks(backbone: nn.Module) -> dict[str, str] | None:
 
 
 _BUILTIN: tuple[_BlockResolver, ...] = (_declared, _inception_blocks, _resnet_blocks, _sequential_blocks, _generic_blocks)
+# a model outside the classic split: its ``blocks`` may hold stages (timm EfficientNet, torchvision
+# MaxViT), which the generic rule opens up
+_BUILTIN_GENERIC: tuple[_BlockResolver, ...] = (_declared, _inception_blocks, _resnet_blocks, _generic_blocks)
 
 
 def _classic_split(model: nn.Module) -> tuple[nn.Module, str, str, str] | None:
@@ -239,7 +242,7 @@ def layer_modules(model: nn.Module) -> dict[str, str]:
     classic = _classic_split(model)
     backbone, prefix = (classic[0], classic[1]) if classic else (model, "")
     blocks = None
-    for resolver in (*_RESOLVERS, *_BUILTIN):
+    for resolver in (*_RESOLVERS, *(_BUILTIN if classic else _BUILTIN_GENERIC)):
         blocks = resolver(backbone)
         if blocks is not None:
             break
