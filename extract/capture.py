@@ -154,6 +154,7 @@ class Capture:
         self.target: tuple[dict[str, torch.Tensor], int, int] | None = None
         self.mask: torch.Tensor | None = None
         self.probe: dict[str, torch.Tensor] = {}
+        self.token_layers: set[str] = set()  # layers stored as whole token sequences (T, D)
         self.amax: dict[str, list[torch.Tensor]] = {name: [] for name in modules}
         self.fired: set[str] = set()
         self._handles: list = []
@@ -185,6 +186,8 @@ class Capture:
             if self.mask is not None and tuple(self.mask.shape) != tuple(y.shape[:2]):
                 raise RuntimeError(f"extract: layer {name!r} has {y.shape[1]} tokens but the attention mask has "
                                    f"{self.mask.shape[1]}; choose other layers")
+            if self.tokens.kind == "flatten":
+                self.token_layers.add(name)
             return self.tokens.apply(y, self.mask)
         if name in _FLAT_LAYERS:
             return y.reshape(y.shape[0], -1)

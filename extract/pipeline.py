@@ -132,7 +132,7 @@ class _Buffers:
 class Plan:
     """What one extraction will do (shapes from one probe forward pass)."""
 
-    layers: dict[str, tuple[tuple[int, ...], str]]  # store layer -> (tail shape, dtype)
+    layers: dict[str, tuple[tuple[int, ...], str, str]]  # store layer -> (tail shape, dtype, kind)
     logits_dim: int | None  # None: the model has no classification head (no logits stored)
     n: int
     chunk_rows: int
@@ -356,11 +356,12 @@ def _plan(net, x0, registry, chosen, hooked, spatial, tokens, layout, dtype, dev
             raise ExtractError(f"extract: logits must be (N, K), got (N, {logits_shape})")
         logits_dim = logits_shape[0]
     layers = {
-        name: (tuple(cap.probe[name].shape[1:]), "float32" if name == "logits" else dtype)
+        name: (tuple(cap.probe[name].shape[1:]), "float32" if name == "logits" else dtype,
+               "tokens" if name in cap.token_layers else "layer")
         for name in chosen
     }
     itemsize = {"float16": 2, "float32": 4}
-    layer_bytes = [math.prod(tail) * itemsize[dt] for tail, dt in layers.values()]
+    layer_bytes = [math.prod(tail) * itemsize[dt] for tail, dt, _ in layers.values()]
     row = sum(layer_bytes) + 4 * (logits_dim or 0) + 8 + 4
     if chunk_rows is not None and chunk_rows < 1:
         raise ExtractError(f"extract: --chunk-rows must be >= 1, got {chunk_rows}")

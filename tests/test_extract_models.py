@@ -104,6 +104,8 @@ def test_torchvision_vit_tokens_equal_hooked_forward(digits_x, tmp_path, capsys)
     assert "1 -> 3 channels (repeat), resize 8x8 -> 32x32" in flat.attrs["dataset"]["transform"]
     for b in ("block1", "block2"):
         _close(flat, b, ref[b])  # (N, 17, 32): CLS + 16 patch tokens
+    assert tuple(flat.zarr_array("block1").metadata.dimension_names) == ("example", "token", "feature")
+    assert repsim_main(["check", flat.path]) == 0
     _close(flat, "pool", ref["pool"])  # the classifier's input: the CLS token after the final LayerNorm
     _close(flat, "logits", ref["__output__"])
     np.testing.assert_array_equal(np.asarray(flat.labels), y)
