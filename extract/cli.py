@@ -28,7 +28,7 @@ import os
 import re
 from pathlib import Path
 
-from .models import is_model_spec
+from .specs import is_model_spec
 
 HELP = "extract per-block activations into a Zarr store"
 

@@ -20,22 +20,10 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
-from ._common import LoadedModel, Preprocess, clean, infer_input, weights_sha256
-
-# prefix -> module (relative to this package) whose ``load(spec)`` builds the model
-SOURCES: dict[str, str] = {
-    "torchvision:": "torchvision_source",
-    "timm:": "timm_source",
-    "hf:": "hf_source",
-    "module:": "module_source",
-}
+from ..specs import SOURCES, is_model_spec
+from ._common import LoadedModel, Preprocess, clean, infer_input
 
 __all__ = ["LoadedModel", "Preprocess", "SOURCES", "is_model_spec", "load_spec", "from_module"]
-
-
-def is_model_spec(spec: Any) -> bool:
-    """True for a ``prefix:...`` model source (not a checkpoint path)."""
-    return isinstance(spec, str) and spec.startswith(tuple(SOURCES))
 
 
 def load_spec(spec: str) -> LoadedModel:
