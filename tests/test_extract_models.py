@@ -371,3 +371,73 @@ def test_text_data_and_image_models_do_not_mix(tmp_path, capsys):
     assert repsim_main(["extract", "--checkpoint", "module:tiny_models:vit", "--data", str(data),
                         "--out", str(tmp_path / "b.zarr")]) == 1
     assert "is a text dataset; it needs a text model with a tokenizer" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------- weights' own preprocessing, state dicts
+
+
+def _image_folder(root: Path, n: int = 12) -> Path:
+    """root/test/<class>/*.png: small grayscale images (PIL), as an ImageFolder dataset reads them."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        d = root / "test" / f"c{i % 2}"
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (20, 24), dtype=np.uint8), mode="L").save(d / f"{i}.png")
+    return root
+
+
+def test_weights_preprocessing_replaces_the_dataset_transform_on_raw_images(tmp_path):
+    """torchvision weights' transforms (as torchvision:<name>:<weights> hands them over) run on the raw
+    PIL images, after RGB conversion, instead of the dataset's own transform."""
+    from PIL import Image
+
+    from extract.adapt import adapt_dataset
+    from extract.models import LoadedModel, Preprocess
+
+    folder = _image_folder(tmp_path / "imgs")
+    ds = build_dataset(str(folder), "test")
+    preset = torchvision.models.ResNet18_Weights.IMAGENET1K_V1.transforms()  # a transform object: nothing downloads
+    loaded = LoadedModel(torch.nn.Identity(), {}, preprocess=Preprocess(preset, "ResNet18_Weights.IMAGENET1K_V1"),
+                         channels=3, input_size=224)
+    adapted, meta = adapt_dataset(ds, {"transform": ds.transform_desc}, loaded)
+    assert meta["transform"].startswith("model preprocessing: RGB; ResNet18_Weights.IMAGENET1K_V1 (replaces the dataset's: ")
+    path = Path(ds.base.samples[int(ds.indices[3])][0])
+    want = preset(Image.open(path).convert("RGB"))
+    got, label = adapted[3]
+    assert got.shape == (3, 224, 224) and label == ds[3][1]
+    torch.testing.assert_close(got, want)
+    assert ds.transform is not None and ds[3][0].shape == (3, 224, 224)  # the original dataset is untouched
+
+
+def test_hf_image_processor_and_module_state_dict(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    import tiny_models
+    from PIL import Image
+
+    folder = _image_folder(tmp_path / "imgs")
+    ckpt = tiny_models.hf_vit_dir(tmp_path / "hf-vit", num_labels=2)
+    processor = transformers.AutoImageProcessor.from_pretrained(ckpt) if (ckpt / "preprocessor_config.json").exists() \
+        else transformers.ViTImageProcessor(size={"height": 32, "width": 32})
+    processor.save_pretrained(ckpt)
+    store = _extract(f"hf:{ckpt}", tmp_path / "p.zarr", "--data", str(folder), "--layers", "pool")
+    assert "Hugging Face image processor" in store.attrs["dataset"]["transform"]
+    ds = build_dataset(str(folder), "test")
+    x = torch.stack([processor(images=Image.open(ds.base.samples[int(i)][0]).convert("RGB"), return_tensors="pt")
+                     ["pixel_values"][0] for i in ds.indices])
+    ref_model = _seeded(lambda: transformers.ViTForImageClassification(transformers.AutoConfig.from_pretrained(ckpt)))
+    ref = _hooked(ref_model, x, {"pool": "classifier"}, inputs=("pool",))
+    _close(store, "pool", ref["pool"])
+    np.testing.assert_allclose(np.asarray(store.logits), ref["__output__"].logits.numpy(), rtol=1e-4, atol=2e-5)
+
+    # module:<module>:<factory>:<state dict>: the saved weights, not the factory's
+    net = _seeded(tiny_models.vit)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.01)
+    torch.save(net.state_dict(), tmp_path / "vit.pt")
+    mine = _extract(f"module:tiny_models:vit:{tmp_path / 'vit.pt'}", tmp_path / "mine.zarr", "--data", "digits",
+                    "--layers", "pool")
+    assert mine.attrs["model"]["weights_sha256"] == weights_sha256(net)
+    assert mine.attrs["model"]["init"] == "state dict" and mine.attrs["model"]["checkpoint_sha256"]
