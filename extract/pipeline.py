@@ -46,7 +46,7 @@ from torch import nn
 from .adapt import adapt_dataset
 from .capture import FLOAT16_OVERFLOW, Capture, Spatial, Tokens
 from .inputs import attention_mask, batch_of_one, check_example, default_tokens, forward, shape_of, to_device
-from .layers import head_module, layer_modules, model_layout, select_layers
+from .layers import head_module, is_classic, layer_modules, model_layout, select_layers
 from .sources import example_ids, head_weights, load_dataset, load_source
 
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
@@ -380,8 +380,6 @@ def _verified_head(net, registry, probe: dict[str, torch.Tensor]) -> str | None:
     """The final layer to store as ``head/``: the classic registry's, or a generic model's when its
     weights map the probed ``pool`` to the probed logits (not so for, e.g., a distilled two-head
     model or a classifier applied per token); None otherwise."""
-    from .layers import is_classic
-
     head = head_module(net)
     if head is None or "logits" not in registry:
         return None
