@@ -337,11 +337,11 @@ def test_families_cover_every_torchvision_classifier_module():
 
 @pytest.mark.parametrize("args, message", [
     (["--checkpoint", "torchvision:resnet17", "--list-layers"],
-     "extract: 'torchvision:resnet17' is not a torchvision classification model; did you mean resnet18"),
+     "repsim extract: error: 'torchvision:resnet17' is not a torchvision classification model; did you mean resnet18"),
     (["--checkpoint", "torchvision:resnet18:FOO", "--list-layers"], "unknown weights 'FOO'; choose DEFAULT or one of"),
     (["--checkpoint", "module:tiny_models:nope", "--list-layers"], "tiny_models has no callable 'nope'"),
     (["--checkpoint", "timm:test_convnext", "--data", "digits", "--out", "x.zarr"],  # 8 px is too small for it
-     "extract: the model failed on the first example (input (1, 3, 8, 8)): "),
+     "repsim extract: error: the model failed on the first example (input (1, 3, 8, 8)): "),
     (["--checkpoint", "module:tiny_models:vit", "--data", "digits"], "one of --out or --out-dir is required"),
 ])
 def test_extract_errors_are_one_line(args, message, tmp_path, monkeypatch, capsys):
@@ -355,9 +355,10 @@ def test_extract_errors_are_one_line(args, message, tmp_path, monkeypatch, capsy
 @pytest.mark.parametrize("spec, module, extra", [("timm:resnet18", "timm", "timm"), ("hf:org/model", "transformers", "hf")])
 def test_missing_optional_library_names_its_extra(spec, module, extra, monkeypatch, capsys):
     monkeypatch.setitem(__import__("sys").modules, module, None)  # as if not installed
-    assert repsim_main(["extract", "--checkpoint", spec, "--list-layers"]) == 1
+    assert repsim_main(["extract", "--checkpoint", spec, "--list-layers"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"repsim extract: model source {spec!r} needs {module}, which is not installed: pip install 'repsim[{extra}]'"
+    assert err == (f"repsim extract: error: model source {spec!r} needs {module}, which is not installed: "
+                   f"pip install 'repsim[{extra}]'")
 
 
 def test_text_data_and_image_models_do_not_mix(tmp_path, capsys):
@@ -365,11 +366,11 @@ def test_text_data_and_image_models_do_not_mix(tmp_path, capsys):
     import tiny_models
 
     ckpt = tiny_models.hf_text_dir(tmp_path / "bert")
-    assert repsim_main(["extract", "--checkpoint", f"hf:{ckpt}", "--data", "digits", "--out", str(tmp_path / "a.zarr")]) == 1
+    assert repsim_main(["extract", "--checkpoint", f"hf:{ckpt}", "--data", "digits", "--out", str(tmp_path / "a.zarr")]) == 2
     assert "the model is a text model; --data must be a .txt, .csv or .tsv file" in capsys.readouterr().err
     data = _reviews(tmp_path / "r.csv")
     assert repsim_main(["extract", "--checkpoint", "module:tiny_models:vit", "--data", str(data),
-                        "--out", str(tmp_path / "b.zarr")]) == 1
+                        "--out", str(tmp_path / "b.zarr")]) == 2
     assert "is a text dataset; it needs a text model with a tokenizer" in capsys.readouterr().err
 
 

@@ -8,7 +8,7 @@ any deep-learning framework) is a core dependency or is needed by the analysis c
    import inside ``try: ... except ImportError`` has a fallback and may be absent.
 3. In a subprocess where torch, torchvision, timm and transformers cannot be imported, ``import
    repsim``, ``repsim --help``, ``repsim check`` and ``repsim cka`` work on a store, and ``repsim
-   extract``/``train``/``demo`` exit 1 with one line naming ``repsim[torch]`` and no traceback.
+   extract``/``train``/``demo`` exit 2 (refused) with one line naming ``repsim[torch]`` and no traceback.
    (A real fresh venv with ``pip install .`` takes minutes; `make check-core` runs that one.)
 """
 from __future__ import annotations
@@ -169,8 +169,8 @@ def test_analysis_commands_run_without_torch(core_store):
 ])
 def test_torch_commands_name_the_extra_without_a_traceback(core_store, args):
     done = _core_only(*args, cwd=core_store.parent)
-    assert done.returncode == 1, (args, done.stdout, done.stderr)
+    assert done.returncode == 2, (args, done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    assert lines[0].startswith(f"repsim {args[0]}") and lines[0].endswith(
+    assert lines[0].startswith(f"repsim {args[0]}: error: ") and lines[0].endswith(
         "needs torch, which is not installed: pip install 'repsim[torch]'")
