@@ -91,6 +91,8 @@ def load_model(source: str | os.PathLike | nn.Module) -> tuple[nn.Module, dict[s
         "epoch": ckpt.get("epoch") if isinstance(ckpt, dict) else None,
         "preset": config.get("preset"),
         "train_dataset": config.get("dataset"),
+        "variant": config.get("variant") or None,  # training recipe beyond the objective (App. C.4)
+        "finetuned_from": (config.get("finetune") or {}).get("source"),  # App. A.3 / D.4: the source network
     }))
     return model.eval(), _clean(meta)
 
