@@ -43,9 +43,10 @@ def cka(paths: Sequence[str], path: Path) -> None:
     result.save(str(path))
 
 
-def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path) -> None:
+def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path, dynamics: Sequence[str] = ()) -> None:
     """separation.csv (every layer of the ``test`` stores, cosine; the penultimate layer under all
-    three distances on the ``test`` and ``train`` stores), sparsity.csv (every layer, ``test``),
+    three distances on the ``test`` and ``train`` stores; the penultimate layer, cosine, of the
+    ``dynamics`` stores of earlier checkpoints, Fig. E.4), sparsity.csv (every layer, ``test``),
     collapse.csv and spectra.npz (penultimate layer, ``train``), by the engine's streaming drivers."""
     from repsim.engine.drivers import DISTANCES, collapse_rows, separation_rows, sparsity_rows, write_csv
     from repsim.store.reader import open_store
@@ -55,6 +56,8 @@ def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path) -> None:
     sep = separation_rows(test, blocks, distances=("cosine",), **kw)
     sep += [r for r in separation_rows(test, ["pool"], distances=DISTANCES, **kw) if r["distance"] != "cosine"]
     sep += separation_rows(train, ["pool"], distances=DISTANCES, **kw)
+    if dynamics:
+        sep += separation_rows(dynamics, ["pool"], distances=("cosine",), **kw)
     write_csv(sep, res / "separation.csv")
     write_csv(sparsity_rows(test, blocks, **kw), res / "sparsity.csv")
     rows, spectra = collapse_rows(train, ["pool"], spectra=True, **kw)
@@ -62,6 +65,15 @@ def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path) -> None:
     tmp = res / "spectra.tmp.npz"
     np.savez(tmp, **spectra)
     tmp.replace(res / "spectra.npz")
+
+
+def accuracy(paths: Sequence[str], path: Path) -> None:
+    """accuracy.csv (`repsim accuracy`): each network's own top-1 / top-5 on the stores' split (the
+    training split: Table C.1)."""
+    from repsim.commands.accuracy import accuracy_rows
+    from repsim.engine.drivers import write_csv
+
+    write_csv(accuracy_rows(list(paths)), path)
 
 
 def probes(tasks: Sequence[tuple[str, Sequence[str], Sequence[str], Sequence[str]]], path: Path) -> None:

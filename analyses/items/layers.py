@@ -254,6 +254,7 @@ def figE4(inputs: Inputs) -> Figure:
     sep = penultimate_r2(inputs, all_epochs=True)
     if "epoch" not in sep or sep.groupby(["label", "seed"])["epoch"].nunique().max() < 2:
         raise Missing("separation.csv results for ≥ 2 checkpoints (epochs) of one run are needed")
+    sep = sep[sep.groupby(["label", "seed"])["epoch"].transform("nunique") >= 2]  # runs followed over training
     splits = sorted(sep["split"].fillna("").unique()) if "split" in sep else [""]
     plt = pyplot()
     fig, axes = plt.subplots(1, len(splits), figsize=(4.6 * len(splits) + 2, 3.8), squeeze=False)

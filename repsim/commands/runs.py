@@ -60,6 +60,15 @@ def run_names(dirs: Sequence[Path]) -> list[str]:
     return [str(r.relative_to(root)).replace(os.sep, "-") or r.name for r in resolved]
 
 
+def best_epoch(metrics: Sequence[dict]) -> int:
+    """The epoch `repsim train` saved as best.pt: the first with the highest holdout top-1 (App. A.1 early
+    stopping); the last epoch when no holdout was evaluated. ``metrics``: metrics.csv rows, in order."""
+    if not metrics or metrics[0].get("holdout_top1", "") in ("", None):
+        return len(metrics)
+    hold = [float(m["holdout_top1"]) if m.get("holdout_top1") not in ("", None) else -1.0 for m in metrics]
+    return int(metrics[hold.index(max(hold))]["epoch"])
+
+
 def training_rows(dirs: Sequence[Path], names: Sequence[str] | None = None) -> list[dict]:
     """training.csv rows of the runs in ``dirs`` (see the module docstring); ``names`` replace the
     default run names."""
@@ -70,10 +79,7 @@ def training_rows(dirs: Sequence[Path], names: Sequence[str] | None = None) -> l
         with (d / "metrics.csv").open(newline="") as f:
             metrics = list(csv.DictReader(f))
         cfg = json.loads((d / "config.json").read_text()) if (d / "config.json").is_file() else {}
-        last = len(metrics)
-        if (d / "best.pt").is_file() and metrics and metrics[0].get("holdout_top1", "") != "":
-            hold = [float(m["holdout_top1"]) if m.get("holdout_top1") else -1.0 for m in metrics]
-            last = hold.index(max(hold)) + 1
+        last = best_epoch(metrics) if (d / "best.pt").is_file() else len(metrics)
         seed = cfg.get("seed", "")
         if seed == "" and "-s" in name:  # a run without config.json: <objective>-s<seed>
             seed = name.rsplit("-s", 1)[1]
@@ -82,7 +88,7 @@ def training_rows(dirs: Sequence[Path], names: Sequence[str] | None = None) -> l
                 "seed": seed}
         extra = {"preset": cfg.get("preset", ""), "schedule_decay": (cfg.get("schedule") or {}).get("decay", ""),
                  "mixup_alpha": (cfg.get("mixup") or {}).get("alpha", ""), "epochs_trained": last, "run": str(d)}
-        for m in metrics[:last]:
+        for m in (m for m in metrics if int(m["epoch"]) <= last):
             for split in ("train", "holdout", "test"):
                 top1 = m.get(f"{split}_top1", "")
                 if top1 != "":
