@@ -118,6 +118,24 @@ def test_finetune_grid_selection_retraining_and_resume(pretrained, tmp_path, cap
     assert "4 of 4 runs already done" not in log and "1 of 2 runs already done; running 1" in log
     assert "resuming" in (out / "softmax" / "final" / "s1" / "train.log").read_text()
     assert len(_rows(res / "finetune.csv")) == 2
+    # Fig. D.3 from real stores: extract source and fine-tuned checkpoints on the target test split, CKA, figures
+    stores = tmp_path / "stores"
+    for r in rows:
+        for kind, ck in (("pre", r["source_checkpoint"]), ("post", r["checkpoint"])):
+            assert main(["extract", "--checkpoint", ck, "--data", "digits-target", "--split", "test", "--layers",
+                         "block1,block3,pool", "--out", str(stores / f"{kind}-s{r['seed']}.zarr"), "--workers", "0",
+                         "--no-progress"]) == 0
+    from repsim import open_store
+
+    post = open_store(stores / "post-s0.zarr").model
+    assert post["finetuned_from"]["sha256"] == open_store(stores / "pre-s0.zarr").model["checkpoint_sha256"]
+    assert main(["cka", *map(str, sorted(stores.glob("*.zarr"))), "--method", "exact", "--out",
+                 str(res / "cka_finetune.npz"), "--no-progress"]) == 0
+    fig = tmp_path / "fig"
+    assert main(["figures", "--stores", str(stores), "--results", str(res), "--out", str(fig), "--quiet",
+                 "--only", "table2", "figD3"]) == 0
+    assert (fig / "figD3.png").exists() and (fig / "table2.md").exists()
+    assert "digits-target/test" in (fig / "report.html").read_text()
 
 
 @pytest.mark.slow
