@@ -43,11 +43,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-zero-decay", action="store_true", help="leave 'no weight decay' out of the grid")
     parser.add_argument("--holdout-size", type=int, help="validation examples held out of the training split "
                         "for the grid (same as --set data.holdout_size=N)")
-    parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
-    parser.add_argument("--nproc-per-node", type=int, default=1, help="processes per run (torchrun; default 1)")
-    parser.add_argument("--keep-checkpoints", action="store_true", help="keep the grid runs' checkpoints")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override for every run (as in repsim train)")
+    from .tune import add_run_arguments
+
+    add_run_arguments(parser)
 
 
 def fail(msg: str) -> int:
@@ -56,21 +54,19 @@ def fail(msg: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .config import ConfigError, finetune_grid, load_config, parse_value
+    from .config import ConfigError, finetune_grid, load_config
 
     if args.jobs < 1 or args.nproc_per_node < 1:
         return fail("--jobs and --nproc-per-node must be >= 1")
     for name, (lo, hi, n) in (("--lr-grid", args.lr_grid), ("--wd-grid", args.wd_grid)):
         if n < 1 or n != int(n) or hi < lo:
             return fail(f"{name} wants LO <= HI and a whole count N >= 1, got {lo:g} {hi:g} {n:g}")
-    sets: list[tuple[str, object]] = []
-    for s in args.sets:
-        if "=" not in s:
-            return fail(f"--set expects key=value, got {s!r}")
-        k, v = s.split("=", 1)
-        sets.append((k.strip(), parse_value(v)))
-    if args.data:
-        sets.append(("data.spec", args.data))
+    from .tune import TuneError, parse_sets, toml_literal, tune, write_rows
+
+    try:
+        sets = parse_sets(args.sets, args.data)
+    except ValueError as e:
+        return fail(e)
     if args.holdout_size is not None:
         sets.append(("data.holdout_size", args.holdout_size))
     if args.steps is not None:
@@ -78,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
             return fail(f"--steps must be >= 1, got {args.steps}")
         sets.append(("max_steps", args.steps))
     sets.append(("optim.wd_over_lr", True))
-
-    from .tune import TuneError, toml_literal, tune, write_rows
 
     try:
         groups, arch_sets = source_groups(args.init_from)

@@ -284,6 +284,31 @@ def run_all(runs: Sequence[Run], *, jobs: int = 1, nproc: int = 1, keep_checkpoi
         raise TuneError(failed[0])
 
 
+def add_run_arguments(parser) -> None:
+    """The options of ``repsim tune`` and ``repsim finetune`` about running the grid."""
+    parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
+    parser.add_argument("--nproc-per-node", type=int, default=1, help="processes per run (torchrun; default 1)")
+    parser.add_argument("--keep-checkpoints", action="store_true", help="keep the grid runs' checkpoints")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override for every run (as in repsim train)")
+
+
+def parse_sets(sets: Sequence[str], data: str | None = None) -> list[tuple[str, Any]]:
+    """``--set key=value`` strings (TOML literals, :func:`train.config.parse_value`) and ``--data`` as
+    (dotted key, value) pairs for :class:`Run`; ValueError on a malformed one."""
+    from .config import parse_value
+
+    out: list[tuple[str, Any]] = []
+    for s in sets:
+        if "=" not in s:
+            raise ValueError(f"--set expects key=value, got {s!r}")
+        k, v = s.split("=", 1)
+        out.append((k.strip(), parse_value(v)))
+    if data:
+        out.append(("data.spec", data))
+    return out
+
+
 # -- scores --------------------------------------------------------------------------------------------
 def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     with open(run_dir / "metrics.csv", newline="") as f:

@@ -35,11 +35,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--select-on", choices=("best", "last"), default="best",
                         help="holdout score of a run: its best epoch (default; the stopping epoch is tuned "
                         "too, App. A.1) or its last")
-    parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
-    parser.add_argument("--nproc-per-node", type=int, default=1, help="processes per run (torchrun; default 1)")
-    parser.add_argument("--keep-checkpoints", action="store_true", help="keep the grid runs' checkpoints")
-    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                        help="config override for every run (as in repsim train)")
+    from .tune import add_run_arguments
+
+    add_run_arguments(parser)
 
 
 def fail(msg) -> int:
@@ -64,20 +62,13 @@ def parse_grid(items: list[str]) -> dict[str, list]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .config import ConfigError, load_config, parse_value
-    from .tune import Group, Replicate, TuneError, toml_literal, tune, write_rows
+    from .config import ConfigError, load_config
+    from .tune import Group, Replicate, TuneError, parse_sets, toml_literal, tune, write_rows
 
     if args.jobs < 1 or args.nproc_per_node < 1:
         return fail("--jobs and --nproc-per-node must be >= 1")
     try:
-        sets = []
-        for s in args.sets:
-            if "=" not in s:
-                raise ValueError(f"--set expects key=value, got {s!r}")
-            k, v = s.split("=", 1)
-            sets.append((k.strip(), parse_value(v)))
-        if args.data:
-            sets.append(("data.spec", args.data))
+        sets = parse_sets(args.sets, args.data)
         cfg = load_config(args.preset, [f"{k}={toml_literal(v)}" for k, v in sets])
         axes = parse_grid(args.grid) if args.grid else {k: list(v) for k, v in cfg.get("tune_grid", {}).items()}
         if not axes:

@@ -43,23 +43,22 @@ def not_significantly_worse(groups: Mapping[str, Sequence[float]], alpha: float 
     """Names to bold-face: the group with the best mean and every group whose t-test against it has
     p ≥ ``alpha``. Groups of one value cannot be tested: they are included only if they are the best
     (or equal to it). Identical constant groups count as tied (p = 1)."""
+    def tied(v, best) -> bool:
+        a, b = np.asarray(v, float), np.asarray(best, float)
+        if a.size < 2 or b.size < 2 or (np.all(a == a[0]) and np.all(b == b[0])):
+            return False                       # untestable, or zero variance with different means
+        return ttest(a, b, equal_var)[1] >= alpha
+
+    return _best_and_ties(groups, higher_is_better, tied)
+
+
+def _best_and_ties(groups: Mapping[str, Sequence[float]], higher_is_better: bool, tied) -> set[str]:
+    """The group with the best mean, groups with an equal mean, and those ``tied(values, best values)``."""
     if not groups:
         return set()
     means = {k: float(np.mean(v)) for k, v in groups.items()}
     best = (max if higher_is_better else min)(means, key=means.get)
-    out = {best}
-    for k, v in groups.items():
-        if k == best:
-            continue
-        a, b = np.asarray(v, float), np.asarray(groups[best], float)
-        if means[k] == means[best]:
-            out.add(k)
-        elif a.size >= 2 and b.size >= 2:
-            if np.all(a == a[0]) and np.all(b == b[0]):
-                continue                       # zero variance, different means: significant
-            if ttest(a, b, equal_var)[1] >= alpha:
-                out.add(k)
-    return out
+    return {k for k, v in groups.items() if k == best or means[k] == means[best] or tied(v, groups[best])}
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
@@ -105,15 +104,7 @@ def not_significantly_worse_anova(groups: Mapping[str, np.ndarray], alpha: float
     """:func:`not_significantly_worse` for (n, T) arrays (seeds × tasks), comparing the average over
     tasks: the group with the best mean and every group whose :func:`anova_two_way` against it has
     p ≥ ``alpha`` (Table 2, "Avg.")."""
-    if not groups:
-        return set()
-    means = {k: float(np.mean(v)) for k, v in groups.items()}
-    best = (max if higher_is_better else min)(means, key=means.get)
-    out = {best}
-    for k, v in groups.items():
-        if k != best and (means[k] == means[best] or anova_two_way(v, groups[best])[1] >= alpha):
-            out.add(k)
-    return out
+    return _best_and_ties(groups, higher_is_better, lambda v, best: anova_two_way(v, best)[1] >= alpha)
 
 
 __all__ = ["mean_se", "ttest", "not_significantly_worse", "spearman", "anova_two_way", "not_significantly_worse_anova"]
