@@ -179,3 +179,17 @@ def test_cli_errors_are_one_line(capsys, tmp_path):
     rc = main(["tune", "--preset", "digits-softmax", "--out", str(tmp_path), "--grid", "optim.lrr=1,2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "unknown config key" in err[0]
+
+
+@pytest.mark.slow
+def test_tune_runs_each_training_under_torchrun(tmp_path, capsys):
+    """--nproc-per-node 2: every run is a 2-process (gloo) torchrun job."""
+    from train.checkpoint import load_checkpoint
+
+    out = tmp_path / "ddp"
+    sets = sum([["--set", s] for s in SMALL + ["epochs=1"]], [])
+    assert main(["tune", "--preset", "digits-softmax", "--grid", "optim.lr=0.05", "--seeds", "0", "--out", str(out),
+                 "--nproc-per-node", "2", *sets]) == 0, capsys.readouterr().err
+    for run in (out / "softmax" / "final" / "s0", out / "softmax" / "grid" / "p000-s0"):
+        assert (run / "DONE").is_file() and (run / "metrics.csv").is_file()
+    assert len(load_checkpoint(out / "softmax" / "final" / "s0" / "checkpoint.pt")["rng"]) == 2  # one per rank
