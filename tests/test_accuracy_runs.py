@@ -73,7 +73,8 @@ def _run_dir(path, cfg, metrics, best=False):
         (path / "best.pt").write_bytes(b"")
 
 
-def test_runs_collects_training_csv(tmp_path):
+def test_runs_collects_training_csv(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     m = [{"epoch": e, "step": 10 * e, "train_top1": 50 + e, "holdout_top1": h, "holdout_top5": 99, "test_top1": 60 + e,
           "test_top5": 98, "test_mean_per_class": 59 + e} for e, h in ((1, 70), (2, 80), (3, 80), (4, 75))]
     cfg = {"objective": "logit_penalty", "objective_params": {"beta": 6e-4}, "seed": 1, "variant": "autoaugment",
@@ -83,8 +84,8 @@ def test_runs_collects_training_csv(tmp_path):
     out = tmp_path / "training.csv"
     assert main(["runs", str(tmp_path / "runs" / "*" / "*"), "--out", str(out)]) == 0
     rows = list(csv.DictReader(open(out)))
-    a = [r for r in rows if r["store"] == "a-lp-s1"]
-    b = [r for r in rows if r["store"] == "b-lp-s1"]
+    a = [r for r in rows if r["store"] == "runs/a/lp-s1"]
+    b = [r for r in rows if r["store"] == "runs/b/lp-s1"]
     # best.pt: the curve stops at the first best holdout epoch (2); without it, at the last epoch
     assert sorted({int(r["epoch"]) for r in a}) == [1, 2] and sorted({int(r["epoch"]) for r in b}) == [1, 2, 3, 4]
     t = next(r for r in a if r["split"] == "test" and r["epoch"] == "2")

@@ -215,12 +215,14 @@ def test_recipe_tables(tmp_path):
     assert c5.loc["softmax", "Mixup top-1"] == pytest.approx(last("softmax", "mixup"))
     assert np.isnan(c5.loc["sigmoid", "Mixup top-1"]) and "sigmoid [autoaugment" not in " ".join(c5.index)
     assert "**" in (out / "tableC5.md").read_text()
+    assert sorted(c5.index) == ["sigmoid", "softmax"]  # objectives trained with AutoAugment or Mixup only
 
     c6 = pd.read_csv(out / "tableC6.csv").set_index("objective")
     assert c6.loc["sigmoid", "Epochs"] == 5 and c6.loc["sigmoid [with Mixup]", "Epochs"] == 4
     assert c6.loc["sigmoid [with Mixup]", "Top-1 (%)"] == pytest.approx(last("sigmoid", "autoaugment+mixup+decay0.985"))
 
     e3 = pd.read_csv(out / "tableE3.csv").set_index("objective")
+    assert sorted(e3.index) == ["sigmoid", "softmax"]
     assert e3.loc["sigmoid", "AutoAugment R²"] == pytest.approx(0.433) and e3.loc["softmax", "Standard R²"] == pytest.approx(0.351)
     assert e3.loc["sigmoid", "AutoAugment top-1"] == pytest.approx(last("sigmoid", "autoaugment"))
 

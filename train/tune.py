@@ -255,7 +255,10 @@ def run_all(runs: Sequence[Run], *, jobs: int = 1, nproc: int = 1, keep_checkpoi
             with lock:
                 counter[0] += 1
                 n = counter[0]
-            note = on_done(run) if on_done else None
+            try:
+                note = on_done(run) if on_done else None
+            except (OSError, ValueError, KeyError) as e:  # reported again, as an error, when the scores are read
+                note = f"no score ({e})"
             say(f"[tune] {n}/{len(todo)} {run.label}" + (f": {note}" if note else "")
                 + f" ({time.perf_counter() - t0:.0f} s)")
         finally:
@@ -343,7 +346,9 @@ def tune(*, preset: str, base_sets: Sequence[tuple[str, Any]], grid: Sequence[Ma
     out = Path(out)
     phase1 = [("data.train_split", "train"), ("data.eval_holdout", True), ("data.eval_test", False),
               ("save_best", False), *grid_sets]
-    phase2 = [("data.train_split", "train+holdout"), ("data.eval_test", True), ("save_best", False)]
+    # the retrained networks are evaluated once, at their last (or selected stopping) epoch
+    phase2 = [("data.train_split", "train+holdout"), ("data.eval_test", True), ("save_best", False),
+              ("eval_every", 10**9)]
     grid_runs: dict[str, list[list[Run]]] = {}
     for g in groups:
         grid_runs[g.name] = [[Run(out / g.name / "grid" / f"p{i:03d}-{rep.name}", preset,

@@ -122,6 +122,7 @@ def _alpha_note(inputs: Inputs) -> str:
 def tableC5(inputs: Inputs) -> Table:
     src = _source_by_variant(inputs)
     src = src[src["variant"].isin(C5_VARIANTS)]
+    src = src[src["base_label"].isin(set(src.loc[src["variant"] != "", "base_label"]))]  # objectives with a variant
     present = [v for v in C5_VARIANTS if (src["variant"] == v).any()]
     if len(present) < 2 or "" not in present:
         raise Missing("training.csv needs standard runs and runs of variant autoaugment or mixup "
@@ -195,6 +196,7 @@ def tableE3(inputs: Inputs) -> Table:
     long = pd.concat(parts)[["label", "seed", "column", "value"]] if parts else pd.DataFrame()
     if long.empty or not long["column"].str.startswith("AutoAugment").any():
         raise Missing("no AutoAugment run (variant autoaugment) in training.csv or separation.csv")
+    long = long[long["label"].isin(set(long.loc[long["column"].str.startswith("AutoAugment"), "label"]))]
     cols = [f"{n} {m}" for n in names.values() for m in ("top-1", "R²") if (long["column"] == f"{n} {m}").any()]
     numeric, shown, _ = seed_summary(long, cols, digits={c: 3 if c.endswith("R²") else 1 for c in cols}, bold=False)
     numeric, shown = _named(shown, numeric)

@@ -6,7 +6,7 @@ accuracy of Tables 1, 3, C.4–C.6, E.3).
 Each RUN directory is a `repsim train` output (metrics.csv, config.json). With a best.pt (the App. A.1
 early-stopping checkpoint, best holdout top-1, first maximum) the curve stops at that epoch, as the
 paper's curves do (Figs. C.1–C.3); otherwise it runs to the last epoch. Rows: store (the run's name:
-its path below the runs' common parent), objective, params (JSON), variant, seed, epoch, split (train:
+its path relative to the working directory), objective, params (JSON), variant, seed, epoch, split (train:
 the running training accuracy as logged; holdout; test), top1, top5, mean_per_class (%), plus the
 run's preset, schedule decay, Mixup α and epochs trained. Rows of the same runs already in ``--out``
 are replaced, others kept.
@@ -52,12 +52,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def run_names(dirs: Sequence[Path]) -> list[str]:
-    """Each run's path below the runs' common parent, '/' → '-' (the name when there is one run)."""
-    resolved = [Path(d).resolve() for d in dirs]
-    if len(resolved) == 1:
-        return [resolved[0].name]
-    root = Path(os.path.commonpath(resolved))
-    return [str(r.relative_to(root)).replace(os.sep, "-") or r.name for r in resolved]
+    """Each run's path relative to the working directory (absolute when outside it): unique, so rows of
+    runs collected by separate calls never replace each other."""
+    out = []
+    for d in dirs:
+        rel = os.path.relpath(Path(d).resolve())
+        out.append(str(Path(d).resolve()) if rel.startswith("..") else rel)
+    return out
 
 
 def best_epoch(metrics: Sequence[dict]) -> int:
