@@ -169,3 +169,18 @@ def test_retrain_on_train_plus_holdout(tmp_path):
     assert ck["config"]["dataset"]["n_train"] == len(build_dataset("digits-source", "train+holdout"))
     assert "holdout_top1" not in metrics[-1] and "test_top1" in metrics[-1]
     assert ck["config"]["variant"] == ""
+
+
+def test_fine_tuning_run_resumes(recipe_run, tmp_path):
+    """--resume of a fine-tuning run: finetune.source (a table the run fills in) is not a config difference,
+    nor is a changed keep_every; the source's sha256 is recorded for Fig. D.3."""
+    import hashlib
+
+    _, src, _ = recipe_run
+    cfg = load_config("finetune-digits", SMALL + ["max_steps=30", f'finetune.init_from="{src / "checkpoint.pt"}"'])
+    out = tmp_path / "ft"
+    train_run(cfg, out, progress=False, stop_after_epoch=1, log=lambda s: None)
+    train_run({**cfg, "keep_every": 1}, out, resume=True, progress=False, log=lambda s: None)
+    ck = load_checkpoint(out / "checkpoint.pt")
+    assert ck["scheduler"]["step"] == 30 and (out / "epoch-0002.pt").is_file()
+    assert ck["config"]["finetune"]["source"]["sha256"] == hashlib.sha256((src / "checkpoint.pt").read_bytes()).hexdigest()

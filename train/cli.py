@@ -45,8 +45,6 @@ def run(args: argparse.Namespace) -> int:
     if args.data:
         sets.append(f"data.spec={_quote(args.data)}")
     if args.keep_every is not None:
-        if args.keep_every < 0:
-            return fail(f"--keep-every must be >= 0, got {args.keep_every}")
         sets.append(f"keep_every={args.keep_every}")
     if args.init_from:
         sets.append(f"finetune.init_from={_quote(args.init_from)}")

@@ -187,6 +187,7 @@ BOUNDS: dict[str, tuple[str, float]] = {
     "data.workers": (">=", 0), "data.synthetic_n": (">=", 1), "data.synthetic_classes": (">=", 1),
     "optim.lr": (">", 0), "optim.ref_batch": (">", 0), "optim.momentum": (">=", 0), "optim.weight_decay": (">=", 0),
     "schedule.warmup_epochs": (">=", 0), "schedule.decay": (">", 0), "ema.decay": (">=", 0),
+    "keep_every": (">=", 0), "stop_epoch": (">=", 0), "mixup.alpha": (">=", 0),
 }
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 HELP = "fine-tune pretrained checkpoints on a transfer dataset with the App. A.3 grid (Table 2)"
@@ -48,52 +47,36 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
 
 
-def fail(msg: str) -> int:
-    print(f"repsim finetune: error: {' '.join(str(msg).split())}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
-    from .config import ConfigError, finetune_grid, load_config
+    """Bad arguments and failed runs raise (one line from ``repsim.commands.main``)."""
+    from .config import finetune_grid, load_config
+    from .tune import check_jobs, parse_sets, toml_literal, tune, write_rows
 
-    if args.jobs < 1 or args.nproc_per_node < 1:
-        return fail("--jobs and --nproc-per-node must be >= 1")
+    check_jobs(args)
     for name, (lo, hi, n) in (("--lr-grid", args.lr_grid), ("--wd-grid", args.wd_grid)):
         if n < 1 or n != int(n) or hi < lo:
-            return fail(f"{name} wants LO <= HI and a whole count N >= 1, got {lo:g} {hi:g} {n:g}")
-    from .tune import TuneError, parse_sets, toml_literal, tune, write_rows
-
-    try:
-        sets = parse_sets(args.sets, args.data)
-    except ValueError as e:
-        return fail(e)
+            raise ValueError(f"{name} wants LO <= HI and a whole count N >= 1, got {lo:g} {hi:g} {n:g}")
+    sets = parse_sets(args.sets, args.data)
     if args.holdout_size is not None:
         sets.append(("data.holdout_size", args.holdout_size))
     if args.steps is not None:
         if args.steps < 1:
-            return fail(f"--steps must be >= 1, got {args.steps}")
+            raise ValueError(f"--steps must be >= 1, got {args.steps}")
         sets.append(("max_steps", args.steps))
     sets.append(("optim.wd_over_lr", True))
-
-    try:
-        groups, arch_sets = source_groups(args.init_from)
-        base = arch_sets + sets
-        cfg = load_config(args.preset, [f"{k}={toml_literal(v)}" for k, v in base])
-        check_holdout(cfg)
-    except (ConfigError, TuneError, ValueError) as e:
-        return fail(e)
+    groups, arch_sets = source_groups(args.init_from)
+    base = arch_sets + sets
+    cfg = load_config(args.preset, [f"{k}={toml_literal(v)}" for k, v in base])
+    check_holdout(cfg)
     grid = finetune_grid((args.lr_grid[0], args.lr_grid[1], int(args.lr_grid[2])),
                          (args.wd_grid[0], args.wd_grid[1], int(args.wd_grid[2])), no_decay=not args.no_zero_decay)
     task = args.task or _dataset_name(cfg)
     for g in groups:
         g.info.update(task=task, preset=args.preset)
     # fixed-length runs: the holdout is evaluated once, at the end
-    try:
-        rows = tune(preset=args.preset, base_sets=base, grid=grid, groups=groups, out=args.out, metric=args.metric,
-                    select_on="last", jobs=args.jobs, nproc=args.nproc_per_node, keep_checkpoints=args.keep_checkpoints,
-                    grid_sets=[("eval_every", 10**9)], say=lambda m: print(m, flush=True))
-    except (TuneError, ValueError) as e:
-        return fail(e)
+    rows = tune(preset=args.preset, base_sets=base, grid=grid, groups=groups, out=args.out, metric=args.metric,
+                select_on="last", jobs=args.jobs, nproc=args.nproc_per_node, keep_checkpoints=args.keep_checkpoints,
+                grid_sets=[("eval_every", 10**9)], say=lambda m: print(m, flush=True))
     for r in rows:
         point = json.loads(r["selected"])
         r["lr"], r["weight_decay"] = point["optim.lr"], point["optim.weight_decay"]

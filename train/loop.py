@@ -331,9 +331,7 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
         raise TrainError(f"data.train_split must be 'train' or '{TRAIN_ALL}', not {train_split!r}")
     if d.get("autoaugment") and not aug:
         raise TrainError("data.autoaugment needs a training augmentation (data.augment is 'none')")
-    alpha = float(cfg.get("mixup", {}).get("alpha", 0.0))
-    if alpha < 0:
-        raise TrainError(f"mixup.alpha must be >= 0, got {alpha}")
+    alpha = float(cfg.get("mixup", {}).get("alpha", 0.0))  # >= 0 (config.BOUNDS)
     cfg["variant"] = variant_of(cfg)
     keep_every = int(cfg.get("keep_every", 0) or 0)
     train_set = dataset_from_config(cfg, train_split, augment=aug)

@@ -44,11 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from repsim._io import atomic_write
+
 METRICS = ("top1", "mean_per_class")
 
 
 class TuneError(ValueError):
-    """The protocol cannot run or a training run failed; the message says which and where its log is."""
+    """The protocol cannot run (bad grid, no holdout split, a run without holdout scores); a failed training
+    run is a ``repsim.commands.main.CommandError`` (exit status 1) naming its log."""
 
 
 @dataclass(frozen=True)
@@ -246,7 +249,10 @@ def run_all(runs: Sequence[Run], *, jobs: int = 1, nproc: int = 1, keep_checkpoi
             if rc != 0:
                 tail = (run.dir / "train.log").read_text(errors="replace").strip().splitlines()[-12:]
                 with lock:
-                    failed.append(f"{run.label} failed (exit {rc}); log {run.dir / 'train.log'}:\n" + "\n".join(tail))
+                    if not failed:
+                        say(f"[tune] {run.label} failed; the end of {run.dir / 'train.log'}:\n" + "\n".join(tail))
+                    failed.append(f"training run {run.label} failed (exit {rc}); its log: {run.dir / 'train.log'}; "
+                                  "a rerun of the command resumes")
                 return
             mark_done(run.dir, run.key)
             if not keep_checkpoints:
@@ -284,7 +290,9 @@ def run_all(runs: Sequence[Run], *, jobs: int = 1, nproc: int = 1, keep_checkpoi
             for p in live:  # only processes started here
                 p.terminate()
     if failed:
-        raise TuneError(failed[0])
+        from repsim.commands.main import EXIT_PROBLEMS, CommandError
+
+        raise CommandError(failed[0], EXIT_PROBLEMS)
 
 
 def add_run_arguments(parser) -> None:
@@ -294,6 +302,11 @@ def add_run_arguments(parser) -> None:
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep the grid runs' checkpoints")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every run (as in repsim train)")
+
+
+def check_jobs(args) -> None:
+    if args.jobs < 1 or args.nproc_per_node < 1:
+        raise ValueError(f"--jobs and --nproc-per-node must be >= 1, got {args.jobs} and {args.nproc_per_node}")
 
 
 def parse_sets(sets: Sequence[str], data: str | None = None) -> list[tuple[str, Any]]:
@@ -375,11 +388,12 @@ def tune(*, preset: str, base_sets: Sequence[tuple[str, Any]], grid: Sequence[Ma
         curves = [[holdout_curve(r.dir, metric) for r in point_runs] for point_runs in grid_runs[g.name]]
         sel = select_point(curves, select_on)
         _write_grid(out / g.name, grid, g, curves, grid_runs[g.name])
-        (out / g.name / "selection.json").write_text(json.dumps({
-            "metric": metric, "select_on": select_on, "rule": "highest holdout score averaged over replicates; "
-            "ties to the first grid point", "selected": dict(grid[sel.point]), "point": sel.point,
-            "score": sel.score, "epoch": sel.epoch, "means": sel.means,
-            "replicates": [r.name for r in g.replicates], "grid": [dict(p) for p in grid]}, indent=1, default=str))
+        selection = {"metric": metric, "select_on": select_on,
+                     "rule": "highest holdout score averaged over replicates; ties to the first grid point",
+                     "selected": dict(grid[sel.point]), "point": sel.point, "score": sel.score, "epoch": sel.epoch,
+                     "means": sel.means, "replicates": [r.name for r in g.replicates], "grid": [dict(p) for p in grid]}
+        with atomic_write(out / g.name / "selection.json", "w") as f:
+            f.write(json.dumps(selection, indent=1, default=str))
         say(f"[tune] {g.name}: selected {grid_label(grid[sel.point])} (mean holdout {metric} {sel.score:.2f}%"
             + (f" at epoch {sel.epoch}" if sel.epoch is not None else "") + f" over {len(g.replicates)} replicate(s))")
         stop = [("stop_epoch", int(sel.epoch))] if sel.epoch is not None else []

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 
 HELP = "choose hyperparameters on the holdout over seeds, retrain on train+holdout (Mixup alpha, App. C.4)"
@@ -40,11 +39,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_run_arguments(parser)
 
 
-def fail(msg) -> int:
-    print(f"repsim tune: error: {' '.join(str(msg).split())}", file=sys.stderr)
-    return 2
-
-
 def parse_grid(items: list[str]) -> dict[str, list]:
     """``["a.b=1,2", "c=x,y"]`` → {"a.b": [1, 2], "c": ["x", "y"]} (TOML literals, else strings)."""
     from .config import parse_value
@@ -62,25 +56,21 @@ def parse_grid(items: list[str]) -> dict[str, list]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .config import ConfigError, load_config
-    from .tune import Group, Replicate, TuneError, parse_sets, toml_literal, tune, write_rows
+    """Bad arguments and failed runs raise (one line from ``repsim.commands.main``)."""
+    from .config import load_config, validate
+    from .finetune_cli import check_holdout
+    from .tune import Group, Replicate, check_jobs, parse_sets, toml_literal, tune, write_rows
 
-    if args.jobs < 1 or args.nproc_per_node < 1:
-        return fail("--jobs and --nproc-per-node must be >= 1")
-    try:
-        sets = parse_sets(args.sets, args.data)
-        cfg = load_config(args.preset, [f"{k}={toml_literal(v)}" for k, v in sets])
-        axes = parse_grid(args.grid) if args.grid else {k: list(v) for k, v in cfg.get("tune_grid", {}).items()}
-        if not axes:
-            raise ValueError(f"no grid: pass --grid KEY=V1,V2,... (preset {args.preset!r} has no tune_grid)")
-        for k, values in axes.items():  # validate every value before training anything
-            for v in values:
-                load_config(args.preset, [f"{k}={toml_literal(v)}"])
-        from .finetune_cli import check_holdout
-
-        check_holdout(cfg)
-    except (ConfigError, TuneError, ValueError) as e:
-        return fail(e)
+    check_jobs(args)
+    sets = parse_sets(args.sets, args.data)
+    cfg = load_config(args.preset, [f"{k}={toml_literal(v)}" for k, v in sets])
+    axes = parse_grid(args.grid) if args.grid else {k: list(v) for k, v in cfg.get("tune_grid", {}).items()}
+    if not axes:
+        raise ValueError(f"no grid: pass --grid KEY=V1,V2,... (preset {args.preset!r} has no tune_grid)")
+    for k, values in axes.items():  # validate every value before training anything
+        for v in values:
+            validate(load_config(args.preset, [f"{k}={toml_literal(v)}"]))
+    check_holdout(cfg)
     grid = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
     params = json.dumps(cfg.get("objective_params", {}), sort_keys=True)
     from .augment import variant_of
@@ -90,12 +80,9 @@ def run(args: argparse.Namespace) -> int:
                   [Replicate(f"s{s}", (("seed", s),), {"seed": s}) for s in dict.fromkeys(args.seeds)],
                   {"preset": args.preset, "objective": cfg.get("objective"), "params": params, "variant": variant,
                    "grid": json.dumps(axes, default=str)})
-    try:
-        rows = tune(preset=args.preset, base_sets=sets, grid=grid, groups=[group], out=args.out, metric=args.metric,
-                    select_on=args.select_on, jobs=args.jobs, nproc=args.nproc_per_node,
-                    keep_checkpoints=args.keep_checkpoints, say=lambda m: print(m, flush=True))
-    except (TuneError, ValueError) as e:
-        return fail(e)
+    rows = tune(preset=args.preset, base_sets=sets, grid=grid, groups=[group], out=args.out, metric=args.metric,
+                select_on=args.select_on, jobs=args.jobs, nproc=args.nproc_per_node,
+                keep_checkpoints=args.keep_checkpoints, say=lambda m: print(m, flush=True))
     if args.results:
         write_rows(args.results / "tune.csv", rows, key=("preset", "objective", "params", "variant", "seed"))
     for r in rows:

@@ -22,12 +22,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress line per store")
 
 
-def run(args: argparse.Namespace) -> int:
-    from repsim.commands._stream import report_errors
-
-    return report_errors("accuracy", _run, args)
-
-
 def accuracy_rows(paths: list[str], progress: bool = False) -> list[dict]:
     """One accuracy.csv row per store (see the module docstring)."""
     from repsim.kernels.accuracy import TopKAccuracy
@@ -56,7 +50,7 @@ def accuracy_rows(paths: list[str], progress: bool = False) -> list[dict]:
     return rows
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from repsim.engine.drivers import merge_csv
 
     paths: list[str] = []

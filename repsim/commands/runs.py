@@ -31,12 +31,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from repsim.commands._stream import report_errors
-
-    return report_errors("runs", _run, args)
-
-
-def _run(args: argparse.Namespace) -> int:
     from repsim.engine.drivers import merge_csv
 
     dirs: list[Path] = []
