@@ -77,6 +77,8 @@ def load_source(source: str | os.PathLike | nn.Module) -> LoadedModel:
         "epoch": ckpt.get("epoch") if isinstance(ckpt, dict) else None,
         "preset": config.get("preset"),
         "train_dataset": config.get("dataset"),
+        "variant": config.get("variant") or None,  # training recipe beyond the objective (App. C.4)
+        "finetuned_from": (config.get("finetune") or {}).get("source"),  # App. A.3 / D.4: the source network
     }))
     return from_module(model, meta)
 

@@ -26,6 +26,8 @@ from typing import Sequence
 # subcommand -> module implementing it
 SUBCOMMANDS: dict[str, str] = {
     "train": "train.cli",
+    "tune": "train.tune_cli",
+    "finetune": "train.finetune_cli",
     "extract": "extract.cli",
     "check": "repsim.commands.check",
     "cka": "repsim.commands.cka",
@@ -33,6 +35,8 @@ SUBCOMMANDS: dict[str, str] = {
     "sparsity": "repsim.commands.sparsity",
     "collapse": "repsim.commands.collapse",
     "probe": "repsim.commands.probe",
+    "accuracy": "repsim.commands.accuracy",
+    "runs": "repsim.commands.runs",
     "figures": "analyses.cli",
     "demo": "analyses.demo",
 }
