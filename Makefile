@@ -12,7 +12,7 @@ FASHION_OUT ?= demo-out-fashion
 FASHION_DEBIAN := /usr/share/datasets/fashion-mnist
 DATA_ROOT ?=
 
-.PHONY: demo demo-fashion fashion-data test install bench clean
+.PHONY: demo demo-fashion fashion-data test install bench check-core clean
 
 install: $(STAMP)
 
@@ -43,8 +43,13 @@ fashion-data:
 			|| echo "Fashion-MNIST: could not install dataset-fashion-mnist (pass DATA_ROOT=DIR)"; \
 	else echo "Fashion-MNIST: not in $(FASHION_DEBIAN) and cannot install dataset-fashion-mnist here (not root or no apt-get); pass DATA_ROOT=DIR"; fi
 
+# the analysis core alone (`pip install .`, no torch) in a fresh venv: a few minutes; the suite's
+# tests/test_install_split.py checks the same cheaply
+check-core:
+	PYTHON=$(PYTHON) bash tests/check_core_install.sh
+
 bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis $(DEMO_OUT) $(FASHION_OUT)
+	rm -rf $(VENV) .venv-core .pytest_cache .hypothesis $(DEMO_OUT) $(FASHION_OUT)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 HELP = "end-to-end study on a CPU: digits (default) or Fashion-MNIST (--profile fashion)"
@@ -47,11 +46,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from analyses.pipeline import Demo, DemoError, fresh
     from analyses.profiles import PROFILES
+    from repsim.commands.main import CommandError
+    from repsim.extras import require
 
+    require("torch", "the demo (it trains and extracts)")
     profile = PROFILES[args.profile]
     seeds = args.seeds if args.seeds is not None else profile.seeds
     if seeds < 1:
-        raise SystemExit("repsim demo: --seeds must be >= 1")
+        raise ValueError("--seeds must be >= 1")
     jobs = args.jobs or max(1, min(2, os.cpu_count() or 1))
     out = (args.out or Path("demo-out" if profile.name == "digits" else f"demo-out-{profile.name}")).resolve()
     if args.fresh:
@@ -62,6 +64,5 @@ def run(args) -> int:
                 data_root=root, download=args.download, verbose=args.verbose)
     try:
         return demo.run()
-    except DemoError as exc:
-        print(f"repsim demo: {exc}", file=sys.stderr)
-        return 2
+    except DemoError as exc:  # a stage cannot run: one line, exit 2 (repsim.commands.main)
+        raise CommandError(str(exc)) from None

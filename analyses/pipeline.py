@@ -3,9 +3,12 @@ profile (:mod:`analyses.profiles`: sklearn digits by default, Fashion-MNIST with
 
 Layout of the output directory (each stage reuses what a previous run finished)::
 
-    OUT/runs/<objective>-s<seed>/   `repsim train` output; DONE marks a finished run (keyed on its command)
+    OUT/runs/<objective>-s<seed>/   `repsim train` output; DONE marks a finished run (keyed on its command);
+                                    epoch-EEEE.pt every profile.keep_every epochs (training dynamics)
     OUT/stores/<group>/<run>-<group>.zarr   `repsim extract` stores; reused when complete and newer than
                                     the checkpoint
+    OUT/stores/<dyn group>/<run>-epoch-EEEE-<dyn group>.zarr   earlier checkpoints of the seed-0 runs,
+                                    penultimate layer only (Figs. D.2, E.4)
     OUT/results/                    results files (docs/architecture.md "Results files"); each keyed in
                                     results/fingerprints.json on the stores it was computed from
     OUT/report/                     figures, tables, report.html, findings.md; rewritten when the results
@@ -21,8 +24,10 @@ finishes training, likewise for extraction); ``verbose`` streams every line of t
 from __future__ import annotations
 
 import collections
+import csv
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -36,7 +41,7 @@ from typing import Callable
 from analyses.objectives import OBJECTIVES
 from analyses.profiles import DIGITS, Profile
 
-ANALYSIS_VERSION = "2"  # bump when the analysis settings below change, to invalidate old results
+ANALYSIS_VERSION = "4"  # bump when the analysis settings below change, to invalidate old results
 
 
 class DemoError(RuntimeError):
@@ -151,6 +156,11 @@ class Demo:
         return self.profile.groups
 
     @property
+    def dynamics_groups(self) -> dict[str, tuple[str, str, str | None, str]]:
+        """Store groups of the seed-0 runs' earlier checkpoints (none when the profile keeps none)."""
+        return self.profile.dynamics if self.profile.keep_every else {}
+
+    @property
     def run_names(self) -> list[str]:
         return [f"{o}-s{s}" for o in self.objectives for s in range(self.seeds)]
 
@@ -161,6 +171,8 @@ class Demo:
     def train_argv(self, objective: str, seed: int) -> list[str]:
         argv = _repsim("train", "--preset", self.profile.preset.format(objective=objective), "--seed", str(seed),
                        "--out", str(self.run_dir(f"{objective}-s{seed}")), "--no-progress")
+        if self.profile.keep_every:
+            argv += ["--keep-every", str(self.profile.keep_every)]
         if self.epochs is not None:
             argv += ["--set", f"epochs={self.epochs}"]
         if self.data_root:
@@ -214,9 +226,35 @@ class Demo:
                 return d / f
         raise DemoError(f"train: no checkpoint in {d} (expected best.pt or checkpoint.pt)")
 
+    def dynamics_checkpoints(self) -> list[tuple[str, Path]]:
+        """(``<run>-epoch-EEEE``, kept checkpoint) of the seed-0 runs, for the epochs before the analysed
+        checkpoint (best.pt: curves end there, as in Figs. D.2 and E.4)."""
+        from repsim.commands.runs import best_epoch
+
+        out = []
+        for name in self.run_names if self.profile.keep_every else ():
+            if not name.endswith("-s0"):
+                continue
+            d = self.run_dir(name)
+            with (d / "metrics.csv").open(newline="") as f:
+                last = best_epoch(list(csv.DictReader(f))) if (d / "best.pt").is_file() else math.inf
+            for ck in sorted(d.glob("epoch-*.pt")):
+                if int(ck.stem.split("-")[1]) < last:
+                    out.append((f"{name}-{ck.stem}", ck))
+        return out
+
+    def group_members(self, group: str) -> list[tuple[str, Path]]:
+        """(store name stem, checkpoint) of every store of ``group``."""
+        if group in self.dynamics_groups:
+            return self.dynamics_checkpoints()
+        return [(n, self.checkpoint(n)) for n in self.run_names]
+
     # ---------------------------------------------------------------- extract
     def store_path(self, group: str, name: str) -> Path:
         return self.out / "stores" / group / f"{name}-{group}.zarr"
+
+    def group_paths(self, group: str) -> list[str]:
+        return [str(self.store_path(group, n)) for n, _ in self.group_members(group)]
 
     def _store_ok(self, path: Path, ckpt: Path) -> bool:
         from repsim import open_store
@@ -227,34 +265,38 @@ class Demo:
             return False
         return (path / "zarr.json").stat().st_mtime >= ckpt.stat().st_mtime
 
-    def extract_args(self, group: str, name: str) -> list[str]:
-        """`repsim extract` arguments of one store (network ``name``, store group ``group``)."""
-        spec, split, layers, _ = self.groups[group]
-        args = ["--checkpoint", str(self.checkpoint(name)), "--data", spec, "--split", split,
+    def extract_args(self, group: str, name: str, ckpt: Path) -> list[str]:
+        """`repsim extract` arguments of one store (store name stem ``name``, store group ``group``)."""
+        spec, split, layers, _ = {**self.groups, **self.dynamics_groups}[group]
+        args = ["--checkpoint", str(ckpt), "--data", spec, "--split", split,
                 "--out", str(self.store_path(group, name)), "--no-progress", "--workers", "0"]
         if self.data_root:
             args += ["--data-root", str(self.data_root)]
         return args + (["--layers", layers] if layers else [])
 
     def stage_extract(self) -> bool:
-        """Every network's missing stores, one process per network (one torch import for its groups)."""
-        tasks, n_todo = [], 0
+        """Every network's missing stores (its store groups, and for the seed-0 runs the dynamics groups'
+        stores of its earlier checkpoints), one process per network (one torch import for all of them)."""
+        tasks, n_todo, n_all = [], 0, 0
+        dynamics = self.dynamics_checkpoints()
         for name in self.run_names:
             todo = []
-            for group in self.groups:
-                path = self.store_path(group, name)
-                if self._store_ok(path, self.checkpoint(name)):
+            members = [(g, name, self.checkpoint(name)) for g in self.groups]
+            members += [(g, n, ck) for n, ck in dynamics if n.startswith(name + "-epoch-") for g in self.dynamics_groups]
+            n_all += len(members)
+            for group, store, ckpt in members:
+                path = self.store_path(group, store)
+                if self._store_ok(path, ckpt):
                     continue
                 if path.exists():
                     shutil.rmtree(path)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                todo.append(self.extract_args(group, name))
+                todo.append(self.extract_args(group, store, ckpt))
             if todo:
                 n_todo += len(todo)
                 tasks.append(Task(name, [sys.executable, "-m", "analyses.extract_runs", json.dumps(todo)]))
-        n_all = len(self.groups) * len(self.run_names)
         _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo} "
-             f"({len(self.groups)} per network, {self.jobs} networks at a time)")
+             f"({self.jobs} networks at a time)")
         run_tasks(tasks, self.jobs, "extract", lambda t: last_line(t.tail).split(" in ")[0], self.verbose)
         return bool(tasks)
 
@@ -262,7 +304,7 @@ class Demo:
     def stores(self, group: str) -> list:
         from repsim import open_store
 
-        return [open_store(self.store_path(group, n)) for n in self.run_names]
+        return [open_store(p) for p in self.group_paths(group)]
 
     def _fingerprint(self, groups: list[str], extra: str = "") -> str:
         h = hashlib.sha256((ANALYSIS_VERSION + extra).encode())
@@ -290,17 +332,21 @@ class Demo:
         fp_path = res / "fingerprints.json"
         fps = json.loads(fp_path.read_text()) if fp_path.is_file() else {}
         worked = False
-        paths = lambda group: [str(self.store_path(group, n)) for n in self.run_names]  # noqa: E731
+        paths = self.group_paths
         runs = [(n, self.run_dir(n), self.checkpoint(n)) for n in self.run_names]
         probe_tasks = [(self.profile.transfer_task, paths("tgt-train"), paths("tgt-test"), ["linear", "knn"]),
                        (self.profile.relearn_task, paths("src-holdout"), paths("src-test"), ["linear"])]
+        if paths("dyn-tgt-train"):  # Fig. D.2: linear transfer at the earlier checkpoints
+            probe_tasks.append((self.profile.transfer_task, paths("dyn-tgt-train"), paths("dyn-tgt-test"), ["linear"]))
         steps = [
             ("training.csv", [], lambda: A.training_csv(runs, res / "training.csv")),
             ("cka_demo.npz", ["src-test"],
              lambda: A.cka(paths("src-test"), res / "cka_demo.npz", batch_size=self.profile.cka_batch)),
-            ("separation.csv", ["src-test", "src-train"],
-             lambda: A.layer_metrics(paths("src-test"), paths("src-train"), res)),
-            ("probes.csv", ["src-holdout", "src-test", "tgt-train", "tgt-test"],
+            ("separation.csv", ["src-test", "src-train", "dyn-src-train", "dyn-src-test"],
+             lambda: A.layer_metrics(paths("src-test"), paths("src-train"), res,
+                                     dynamics=paths("dyn-src-train") + paths("dyn-src-test"))),
+            ("accuracy.csv", ["src-train"], lambda: A.accuracy(paths("src-train"), res / "accuracy.csv")),
+            ("probes.csv", ["src-holdout", "src-test", "tgt-train", "tgt-test", "dyn-tgt-train", "dyn-tgt-test"],
              lambda: A.probes(probe_tasks, res / "probes.csv")),
         ]
         for fname, groups, fn in steps:
@@ -329,7 +375,9 @@ class Demo:
         from analyses.data import Inputs
         from analyses.findings import evaluate, findings_html, findings_text
 
-        names = {f"{n}-{g}" for n in self.run_names for g in self.groups}  # not stores of earlier, larger runs
+        # not stores of earlier, larger runs
+        names = {Path(p).name.removesuffix(".zarr") for g in (*self.groups, *self.dynamics_groups)
+                 for p in self.group_paths(g)}
         findings = evaluate(Inputs(self.out / "stores", self.out / "results", names))
         timing = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
         import html
@@ -337,6 +385,9 @@ class Demo:
         epochs = f"{self.epochs} epochs (--epochs)" if self.epochs else "the presets' epochs"
         stores = "".join(f"<li><code>{g}</code>: {spec} {split}, {'every layer' if layers is None else layers}"
                          f" — {html.escape(why)}</li>" for g, (spec, split, layers, why) in self.groups.items())
+        stores += "".join(f"<li><code>{g}</code>: {spec} {split}, {layers}, seed-0 networks' checkpoints every "
+                          f"{self.profile.keep_every} epochs before the analysed one — {html.escape(why)}</li>"
+                          for g, (spec, split, layers, why) in self.dynamics_groups.items() if self.profile.keep_every)
         p = self.profile
         preset = html.escape(p.preset.format(objective="<objective>"))
         sets = f" with --set {html.escape(' '.join(self.sets))}" if self.sets else ""

@@ -25,6 +25,17 @@ def _groups(source: str, target: str, target_fit: str) -> Groups:
     }
 
 
+def _dynamics(source: str, target_fit: str, target: str) -> Groups:
+    """Training dynamics (Figs. D.2, E.4): the kept checkpoints before the analysed one of one network per
+    objective (seed 0, as the paper plots "a single ResNet-50 model of each loss function"), penultimate only."""
+    return {
+        "dyn-src-train": (source, "train", "pool", "R² over training, training set (Fig. E.4)"),
+        "dyn-src-test": (source, "test", "pool", "R² over training, evaluation set (Fig. E.4)"),
+        "dyn-tgt-train": (target_fit, "train", "pool", "linear transfer over training: fit (Fig. D.2)"),
+        "dyn-tgt-test": (target, "test", "pool", "linear transfer over training: score (Fig. D.2)"),
+    }
+
+
 @dataclass(frozen=True)
 class Profile:
     """One study: presets ``preset.format(objective=...)``, store groups, transfer task, and prose.
@@ -47,11 +58,15 @@ class Profile:
     needs_data: bool = False  # takes --data-root / --download
     relearn_task: str = "source-relearn"
     target_fit: str = ""
+    keep_every: int = 0  # keep a checkpoint every K epochs (0: none) for the dynamics groups
     groups: Groups = field(default_factory=dict)
+    dynamics: Groups = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.groups:
             object.__setattr__(self, "groups", _groups(self.source, self.target, self.target_fit or self.target))
+        if not self.dynamics:
+            object.__setattr__(self, "dynamics", _dynamics(self.source, self.target_fit or self.target, self.target))
 
     @property
     def transfer_task(self) -> str:
@@ -68,6 +83,7 @@ DIGITS = Profile(
     name="digits", preset="digits-{objective}", source="digits-source", target="digits-target",
     title="repsim demo: sklearn digits, 9 objectives",
     source_text="sklearn digits 0–4 (digits-source)", target_text="digits 5–9 (digits-target)",
+    keep_every=5,  # Figs. D.2 and E.4 render from the kept checkpoints
 )
 
 FASHION = Profile(
@@ -79,6 +95,7 @@ FASHION = Profile(
     # 2,000 images per class to fit the probes: with 500, the λ chosen on the 20 % validation split moved
     # linear transfer by up to 1.5 points between validation seeds of one network (search record)
     target_fit="fashion-target@2000",
+    # no kept checkpoints (Figs. D.2, E.4): within the hour's budget, seeds come first
 )
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (DIGITS, FASHION)}

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import (array_namespace, asarray_like, check_finite, diagonal, flatten_examples,
+from repsim._xp import (array_namespace, as_array, asarray_like, check_finite, diagonal, flatten_examples,
                         row_sq_norms, to_numpy)
 from repsim._xp import compute_dtype as _compute_dtype
 
@@ -130,6 +130,7 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
     n(n-3)·HSIC₁ = ‖Ycᵀ Xc‖² - (n/(n-2)) Σ_i ‖x_i‖²‖y_i‖² + tr K · tr L / ((n-1)(n-2))
     (rows of centred data) is used only in float64, where its cancellation is harmless.
     """
+    X, Y = as_array(X), as_array(Y)
     xp = array_namespace(X, Y, xp=xp)
     dt = _compute_dtype(xp, X, compute_dtype)
     n = X.shape[0]
@@ -281,14 +282,22 @@ def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
     return _batch_hsic(layers, debiased, xp, compute_dtype, block_bytes, block_rows, names, _centred)[0]
 
 
+def _layer_input(X: Any) -> Any:
+    """A layer's batch as given (an array or a :class:`CentredGram`), nested lists as NumPy arrays."""
+    return X if isinstance(X, CentredGram) else as_array(X)
+
+
 def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: Any, block_bytes: int,
-                block_rows: int, names: Sequence[str] | None, centred: bool) -> tuple[np.ndarray, int]:
+                block_rows: int, names: Sequence[str] | None, centred: bool,
+                widths: Sequence[int | None] | None = None) -> tuple[np.ndarray, int, list[int | None]]:
+    """(HSIC matrix, n, features per layer: None for a :class:`CentredGram`). ``widths``: the
+    features each layer had in earlier batches (None: not known); another width is refused."""
     L = len(layers)
     if L == 0:
         raise ValueError("batch_hsic needs at least one layer")
     names = list(names) if names is not None else [f"layer {i}" for i in range(L)]
 
-    first = layers[0]
+    first = _layer_input(layers[0])
     first_ns = array_namespace(first.K if isinstance(first, CentredGram) else first)
     xp = first_ns if xp is None else array_namespace(xp=xp)
     dt = _compute_dtype(xp, first, compute_dtype)
@@ -297,16 +306,23 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     itemsize = 8 if dt == xp.float64 else 4
     groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * itemsize), 1))
     kept: list[Any] | None = [None] * L if len(groups) > 1 else None
+    seen: list[int | None] = [None] * L
     diags: list[Any] = []
     H = None
     for gi, group in enumerate(groups):
         A = xp.empty((L, sum(m for _, _, m in group)), dtype=dt)
         for l_ in range(L):
             if gi == 0:
-                X = first if l_ == 0 else layers[l_]
+                X = first if l_ == 0 else _layer_input(layers[l_])
                 gram = isinstance(X, CentredGram)
                 if l_ and array_namespace(X.K if gram else X) is not first_ns:
                     raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
+                if not gram:
+                    seen[l_] = math.prod(int(d) for d in X.shape[1:])
+                    before = widths[l_] if widths is not None else None
+                    if before is not None and seen[l_] != before:
+                        raise ValueError(f"{names[l_]} has {seen[l_]} features in this batch but {before} in earlier "
+                                         "ones; each layer must keep its features across updates")
                 if gram:
                     Xc = _prepare_gram(X, xp, dt, n, names[l_])
                     diags.append(diagonal(Xc.K, xp))
@@ -329,7 +345,7 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
         D = xp.astype(xp.stack(diags), xp.float64)
         H = (2 * H + D @ xp.matrix_transpose(D)) / ((n - 1) ** 2)
     out = np.array(to_numpy(H), dtype=np.float64)
-    return (out + out.T) / 2, n  # exact symmetry (GEMM rounding may differ by an ulp)
+    return (out + out.T) / 2, n, seen  # exact symmetry (GEMM rounding may differ by an ulp)
 
 
 def hsic_to_cka(hsic: np.ndarray, names: Sequence[str] | None = None) -> np.ndarray:
@@ -391,14 +407,16 @@ class MinibatchCKA:
         self.n_examples = 0
         self._batches: list[np.ndarray] = []
         self._iu = np.triu_indices(self.n_layers)
+        self._widths: list[int | None] = [None] * self.n_layers  # features per layer, once seen
 
     # -- protocol ------------------------------------------------------------------------------
     def update(self, layers: Sequence[Any], *, xp: Any = None) -> "MinibatchCKA":
         """Add one minibatch: a list of L arrays (b, ...) of activations on the same b examples."""
         if len(layers) != self.n_layers:
             raise ValueError(f"update got {len(layers)} layers, expected {self.n_layers}")
-        h, n = _batch_hsic(layers, self.debiased, xp, self.compute_dtype, self.block_bytes, 128,
-                           self._names(), False)
+        h, n, seen = _batch_hsic(layers, self.debiased, xp, self.compute_dtype, self.block_bytes, 128,
+                                 self._names(), False, self._widths)
+        self._widths = [w if w is not None else s for w, s in zip(self._widths, seen)]
         self.hsic += h
         self.n_batches += 1
         self.n_examples += n
@@ -415,6 +433,11 @@ class MinibatchCKA:
                 f"cannot merge MinibatchCKA(n_layers={other.n_layers}, debiased={other.debiased}) into "
                 f"MinibatchCKA(n_layers={self.n_layers}, debiased={self.debiased})"
             )
+        names = self._names()
+        for i, (a, b) in enumerate(zip(self._widths, other._widths)):
+            if a is not None and b is not None and a != b:
+                raise ValueError(f"cannot merge: {names[i]} has {b} features there but {a} here")
+        self._widths = [a if a is not None else b for a, b in zip(self._widths, other._widths)]
         self.hsic += other.hsic
         self.n_batches += other.n_batches
         self.n_examples += other.n_examples
@@ -476,6 +499,7 @@ class MinibatchCKA:
             "n_batches": self.n_batches,
             "n_examples": self.n_examples,
             "batches": batches,
+            "widths": np.array([-1 if w is None else w for w in self._widths], dtype=np.int64),
         }
 
     @classmethod
@@ -491,6 +515,8 @@ class MinibatchCKA:
         acc.n_batches = int(state["n_batches"])
         acc.n_examples = int(state["n_examples"])
         acc._batches = [np.array(r, dtype=np.float64) for r in np.asarray(state["batches"])]
+        if "widths" in state:  # (states written before widths were recorded have none)
+            acc._widths = [None if int(w) < 0 else int(w) for w in np.asarray(state["widths"]).reshape(-1)]
         return acc
 
     # -- helpers -------------------------------------------------------------------------------
