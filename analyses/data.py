@@ -172,7 +172,7 @@ class Inputs:
             if "epoch_store" in df:
                 df["epoch"] = pd.to_numeric(df["epoch"], errors="coerce").fillna(df.pop("epoch_store"))
             fallback = df["objective"] if "objective" in df else df["store"]
-            df["label"] = df["label"].fillna(fallback)
+            df["label"] = df["label"].astype(object).fillna(fallback)
         elif "objective" in df:
             df["label"] = df["objective"]
         if not all_epochs and name != "training" and "epoch" in df and df["epoch"].notna().any():

@@ -136,6 +136,7 @@ class Plan:
     chunk_rows: int
     row_bytes: int
     settings: dict[str, Any] = field(default_factory=dict)
+    label_dim: int | None = None  # K for multi-label targets (the dataset yields (K,) vectors), else None
 
     @property
     def n_chunks(self) -> int:
@@ -324,9 +325,12 @@ def _plan(net, dataset, chosen, hooked, spatial, dtype, dev, amp_dtype, batch_si
     """
     from repsim.store.format import default_chunk_rows as store_chunk_rows
 
-    x0 = dataset[0][0]
+    x0, y0 = dataset[0]
     if not isinstance(x0, torch.Tensor):
         raise ExtractError(f"extract: the dataset must yield (tensor, label), got {type(x0).__name__}")
+    label_dim = None if np.ndim(y0) == 0 else int(np.shape(y0)[0])  # (K,) targets: a multi-label store
+    if np.ndim(y0) > 1:
+        raise ExtractError(f"extract: labels must be ints or (K,) multi-label vectors, got shape {tuple(np.shape(y0))}")
     cap = _probe(net, x0.unsqueeze(0), hooked, spatial, dev, amp_dtype)
     logits_shape = tuple(cap.probe["logits"].shape[1:])
     if len(logits_shape) != 1:
@@ -347,7 +351,8 @@ def _plan(net, dataset, chosen, hooked, spatial, dtype, dev, amp_dtype, batch_si
         # ... and at least MIN_CHUNKS chunks when the data allows, so that writing overlaps computing
         chunk_rows = min(chunk_rows, math.ceil(n / MIN_CHUNKS))
         chunk_rows = max(batch_size, chunk_rows - chunk_rows % batch_size)
-    return Plan(layers=layers, logits_dim=logits_shape[0], n=n, chunk_rows=min(chunk_rows, n), row_bytes=row)
+    return Plan(layers=layers, logits_dim=logits_shape[0], n=n, chunk_rows=min(chunk_rows, n), row_bytes=row,
+                label_dim=label_dim)
 
 
 def _probe(net, x, hooked, spatial, dev, amp_dtype) -> Capture:
@@ -437,7 +442,7 @@ def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bo
         StoreWriter.create(
             str(out), n=plan.n, layers=plan.layers, chunk_rows=plan.chunk_rows,
             logits_dim=plan.logits_dim, meta=meta, overwrite=overwrite,
-            compression=meta["extraction"].get("compression", "zstd"),
+            compression=meta["extraction"].get("compression", "zstd"), label_dim=plan.label_dim,
         )
     return ["pending", list(pending)]
 
@@ -490,7 +495,8 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
             for name in hooked if name != "logits"
         }
         layers["logits"] = torch.empty((rows, plan.logits_dim), dtype=torch.float32, pin_memory=cuda)
-        return _Buffers(layers, np.empty(rows, np.int32), torch.empty(len(hooked), pin_memory=cuda))
+        labels = np.empty(rows, np.int32) if plan.label_dim is None else np.empty((rows, plan.label_dim), bool)
+        return _Buffers(layers, labels, torch.empty(len(hooked), pin_memory=cuda))
 
     # buffer sets: one being filled plus one per writer thread, fewer when chunks are huge; a
     # forward pass waits for a free set, so host memory stays bounded whatever the dataset size
@@ -582,7 +588,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
                 off = lo - c * rows
                 if len(y) != hi - lo:
                     raise ExtractError(f"extract: loader returned {len(y)} rows for batch {lo}..{hi - 1}")
-                buf.labels[off: off + hi - lo] = np.asarray(y, dtype=np.int32)
+                buf.labels[off: off + hi - lo] = np.asarray(y, dtype=buf.labels.dtype)
                 cap.target = (buf.layers, off, off + hi - lo)
                 cap.begin_batch()
                 net(x.to(dev, non_blocking=cuda))

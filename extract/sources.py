@@ -141,6 +141,8 @@ def load_dataset(source, split: str | None, root: str | None = None, model: nn.M
         "split": split or getattr(dataset, "split", None),
         "transform": transform,
         "num_classes": getattr(dataset, "num_classes", None),
+        # multi-label targets: the name of each of the K label columns (e.g. CheXpert's findings)
+        "classes": list(dataset.classes) if getattr(dataset, "multilabel", False) else None,
     })
 
 

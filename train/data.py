@@ -5,6 +5,8 @@ Specs
   ``digits-source``   digits 0–4 (pretraining task of the demo), labels 0–4
   ``digits-target``   digits 5–9 (transfer task of the demo), labels 5–9 mapped to 0–4
   a directory         ImageFolder tree; ``DIR/train`` + ``DIR/val`` (ImageNet layout) or a flat tree
+  a CSV, or a dir     multi-label images labelled by a CSV in CheXpert's layout (``train.csvdata``):
+  with train.csv      targets (N, K) bool, uncertain/unmentioned findings negative (App. D.3)
   ``synthetic``       deterministic random images, for benchmarks
   a torchvision name  ``cifar10``, ``cifar100``, ``mnist``, ``fashionmnist``, ``svhn`` (``root``
                       required; downloaded only with ``download=True``)
@@ -248,11 +250,15 @@ def build_dataset(spec: str, split: str, *, augment: Any = False, root: str | os
     if spec.lower() in TORCHVISION_DATASETS:
         return _torchvision(spec.lower(), split, str(root) if root else None, download, augment,
                             image_size or 32, holdout_size)
-    path = Path(root) / spec if root and not Path(spec).is_absolute() and (Path(root) / spec).is_dir() else Path(spec)
-    if not path.is_dir():
+    path = Path(root) / spec if root and not Path(spec).is_absolute() and (Path(root) / spec).exists() else Path(spec)
+    if not path.is_dir() and not (path.is_file() and path.suffix.lower() == ".csv"):
         raise ValueError(f"data directory {str(path)!r} does not exist (and {spec!r} is not a known dataset name)")
     size = image_size or 224
     resize = eval_resize if eval_resize is not None else round(size * 256 / 224)
+    from train.csvdata import csv_dataset, is_csv_spec
+
+    if is_csv_spec(path):
+        return csv_dataset(path, split, augment, size, resize, holdout_size)
     return _image_folder(path, split, augment, size, resize, holdout_size)
 
 

@@ -33,6 +33,8 @@ SUBCOMMANDS: dict[str, str] = {
     "sparsity": "repsim.commands.sparsity",
     "collapse": "repsim.commands.collapse",
     "probe": "repsim.commands.probe",
+    "calibrate": "repsim.commands.calibrate",
+    "robustness": "train.robustness_cli",
     "figures": "analyses.cli",
     "demo": "analyses.demo",
 }
