@@ -263,13 +263,14 @@ def describe_rows(df: pd.DataFrame) -> str:
     seeds = sorted({int(s) for s in df["seed"].dropna()}) if "seed" in df else []
     parts = [f"{df['label'].nunique()} objectives"]
     parts.append("seeds " + (", ".join(map(str, seeds)) if seeds else "unrecorded"))
-    if "dataset" in df:
-        data = df[df["dataset"].fillna("") != ""].groupby(["dataset", "split"])["n"].first()
+    text = lambda col: df[col].astype(object).where(df[col].notna(), "").astype(str)  # noqa: E731 (blank cells: "")
+    if "dataset" in df and "split" in df:
+        data = df[text("dataset") != ""].groupby(["dataset", "split"])["n"].first()
         if len(data):
             parts.append("data: " + "; ".join(
                 f"{d}/{s} (n={int(n) if pd.notna(n) else '?'})" for (d, s), n in data.items()))
-    if "spatial" in df and df["spatial"].fillna("").ne("").any():
-        parts.append("conv maps extracted with spatial=" + ", ".join(sorted(set(df["spatial"].dropna()) - {""})))
+    if "spatial" in df and text("spatial").ne("").any():
+        parts.append("conv maps extracted with spatial=" + ", ".join(sorted(set(text("spatial")) - {""})))
     return "; ".join(parts)
 
 
