@@ -33,15 +33,16 @@ from analyses.objectives import OBJECTIVES
 
 # store group -> (dataset spec, split, --layers for extract, what it is for)
 GROUPS: dict[str, tuple[str, str, str | None, str]] = {
-    "src-test": ("digits-source", "test", None, "every block: CKA, R², sparsity, predictions (Figs. 2–4, C.4–C.7)"),
+    "src-test": ("digits-source", "test", None, "every block: CKA, R², sparsity, predictions, relearned heads, "
+                 "calibration (Figs. 2–4, 6, C.4–C.7, Table C.3)"),
     "src-train": ("digits-source", "train", "pool", "R², collapse, spectra on the training set (Table 3, E.1, E.2)"),
-    "src-holdout": ("digits-source", "holdout", "pool", "relearning the source classes (Fig. 6)"),
+    "src-holdout": ("digits-source", "holdout", "pool", "temperature scaling (Table C.3); Fig. 6's footnote variant"),
     "tgt-train": ("digits-target", "train", "pool", "transfer probes: fit (Table 1)"),
     "tgt-test": ("digits-target", "test", "pool", "transfer probes: score; class overlap (Table 1, F.1)"),
 }
 TRANSFER_TASK = "digits-target"
 RELEARN_TASK = "source-relearn"
-ANALYSIS_VERSION = "2"  # bump when the analysis settings below change, to invalidate old results
+ANALYSIS_VERSION = "3"  # bump when the analysis settings below change, to invalidate old results
 
 
 class DemoError(RuntimeError):
@@ -244,7 +245,9 @@ class Demo:
             ("separation.csv", ["src-test", "src-train"],
              lambda: A.layer_metrics(paths("src-test"), paths("src-train"), res)),
             ("probes.csv", ["src-holdout", "src-test", "tgt-train", "tgt-test"],
-             lambda: A.probes(probe_tasks, res / "probes.csv")),
+             lambda: A.probes(probe_tasks, res / "probes.csv", relearn=paths("src-test"))),
+            ("calibration.csv", ["src-test", "src-holdout"],
+             lambda: A.calibration(paths("src-test"), paths("src-holdout"), res / "calibration.csv")),
         ]
         for fname, groups, fn in steps:
             extra = json.dumps([self.run_names, self.epochs]) if not groups else ""
