@@ -116,6 +116,11 @@ def test_csv_loader_chexpert_layout(tmp_path):
     tr = build_dataset(str(base), "train", image_size=8, holdout_size=4)
     ho = build_dataset(str(base), "holdout", image_size=8, holdout_size=4)
     assert len(tr) == 8 and len(ho) == 4 and not set(tr.example_ids) & set(ho.example_ids)
+    assert len(build_dataset(str(base), "holdout", image_size=8)) == 1   # default: 10 % of a small CSV
+    from train.data import dataset_from_config
+
+    run = {"data": {"spec": "digits", "holdout_size": 5, "image_size": 8}}  # a run's holdout is its own dataset's
+    assert len(dataset_from_config(run, "holdout", spec=str(base))) == 1
     assert np.array_equal(tr.targets, truth["train"][tr.example_ids])
     # a CSV file as the spec; findings chosen explicitly; every 1/0/-1/blank column when the five are absent
     assert len(build_dataset(str(base / "valid.csv"), "test", image_size=8)) == 5

@@ -12,8 +12,9 @@ Specs (``train.data.build_dataset``):
 
 - a directory with ``train.csv`` and ``valid.csv`` (or ``test.csv``), e.g. ``CheXpert-v1.0-small/``:
   split ``test`` is ``valid.csv`` (CheXpert's official validation set, 234 images); ``train`` and
-  ``holdout`` partition ``train.csv`` with a fixed seed, ``holdout_size`` rows held out (the paper's
-  second setting evaluates on an i.i.d. split of 22,431 training images: ``holdout_size=22431``);
+  ``holdout`` partition ``train.csv`` with a fixed seed, ``holdout_size`` rows held out. The default
+  holdout is the size of the paper's second setting, an i.i.d. split of 22,431 training images
+  (:data:`CHEXPERT_IID_HOLDOUT`), when the CSV has more than twice that many rows, else 10 % of them;
 - a CSV file: ``test`` is every row, ``train``/``holdout`` partition it the same way.
 
 Image paths are resolved relative to the CSV's directory, or its parent (CheXpert's CSVs name
@@ -36,6 +37,7 @@ import torch
 from torch.utils.data import Dataset
 
 CHEXPERT_COMPETITION = ("Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Pleural Effusion")
+CHEXPERT_IID_HOLDOUT = 22_431  # App. D.3: "we split 22,431 images from the training set and evaluate on these"
 _FINDING_VALUES = {"1", "0", "-1", "1.0", "0.0", "-1.0"}
 
 
@@ -142,8 +144,10 @@ def csv_dataset(path: Path, split: str, augment, image_size: int, eval_resize: i
             raise ValueError(f"{path} has no valid.csv or test.csv for the test split")
         return MultiLabelCSV(test_csv, None, split=split, name=name, transform=tf, transform_desc=desc)
     n = len(read_label_csv(train_csv)[0])
-    hold = holdout_size or 0
+    if holdout_size is None:
+        holdout_size = CHEXPERT_IID_HOLDOUT if n > 2 * CHEXPERT_IID_HOLDOUT else round(0.1 * n)
+    hold = holdout_size
     if split == "holdout" and hold == 0:
-        raise ValueError("holdout split requested but holdout_size is 0 (CheXpert i.i.d. split: 22431)")
+        raise ValueError(f"holdout split requested but holdout_size is 0 ({train_csv} has {n} rows)")
     return MultiLabelCSV(train_csv, _holdout_split(n, hold, split), split=split, name=name, transform=tf,
                          transform_desc=desc)

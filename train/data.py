@@ -267,9 +267,10 @@ def dataset_from_config(config: dict[str, Any], split: str, *, spec: str | None 
     """The dataset of a run config (``config["data"]``: root, image_size, eval_resize, holdout_size,
     ...) — e.g. ``load_model(ckpt).config`` — for ``split``; ``spec`` replaces the run's dataset
     (extract/ uses this to push another dataset through a trained network with the run's eval
-    transform)."""
+    transform). The run's ``holdout_size`` belongs to its own dataset: another ``spec`` gets that
+    dataset's default holdout (e.g. CheXpert's 22,431-image i.i.d. split, ``train.csvdata``)."""
     d = config["data"]
-    hold = d.get("holdout_size", -1)
+    hold = d.get("holdout_size", -1) if spec in (None, d["spec"]) else -1
     return build_dataset(spec or d["spec"], split, augment=augment, root=d.get("root") or None,
                          image_size=d.get("image_size"), eval_resize=d.get("eval_resize") or None,
                          holdout_size=None if hold is None or hold < 0 else hold,
