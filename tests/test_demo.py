@@ -12,7 +12,7 @@ import pytest
 def _demo(out, *extra):
     cmd = [sys.executable, "-m", "repsim", "demo", "--out", str(out), "--objectives", "softmax", "sigmoid",
            "--seeds", "1", "--epochs", "1", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # a hang guard; ~100 s on an idle 2-core box
 
 
 @pytest.mark.slow
