@@ -250,9 +250,9 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
     from repsim.engine.drivers import write_csv
     from train.checkpoint import load_checkpoint, load_model
 
-    unknown = [b for b in sets if b != "imagenet-c" and not b.replace("-", "").replace("_", "").isalnum()]
-    if unknown:
-        raise RobustnessError(f"robustness: bad set name(s) {unknown}")
+    bad = [b for b in sets if not b.replace("-", "").replace("_", "").isalnum()]
+    if bad:
+        raise RobustnessError(f"robustness: set names must be letters, digits, - and _: {bad}")
     checkpoints = [str(c) for c in checkpoints]
     names = list(names) if names is not None else [Path(c).resolve().parent.name for c in checkpoints]
     if len(set(names)) != len(names):
@@ -265,8 +265,8 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
         metas.append({"objective": cfg.get("objective", ""), "seed": cfg.get("seed", ""),
                       "checkpoint_sha256": sha256_file(c), "checkpoint": str(Path(c).resolve())})
     K = {int(cfg["num_classes"]) for cfg in configs}
-    data = {(cfg.get("data") or {}).get("image_size"): None for cfg in configs}
-    if len(K) != 1 or len(data) != 1:
+    sizes = {((cfg.get("data") or {}).get("image_size"), (cfg.get("data") or {}).get("eval_resize")) for cfg in configs}
+    if len(K) != 1 or len(sizes) != 1:
         raise RobustnessError("robustness: the checkpoints differ in classes or image size; evaluate them separately")
     num_classes, config = K.pop(), configs[0]
     class_names = class_list(classes, config)
