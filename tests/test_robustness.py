@@ -77,7 +77,7 @@ def bench(tmp_path_factory):
 
 
 def _sets(root):
-    return ["--set", f"imagenet-a={root / 'a'}", "--set", f"imagenet-v2={root / 'v2'}",
+    return ["--set", f"imagenet-a={root / 'a'}", "--set", f"imagenet-r={root / 'a'}", "--set", f"imagenet-v2={root / 'v2'}",
             "--set", f"imagenet-sketch={root / 'sketch'}", "--set", f"imagenet-c={root / 'c'}"]
 
 
@@ -112,6 +112,7 @@ def test_robustness_command(bench, tmp_path, capsys):
     # planted network: every image is predicted as the highest-bias class the arg max may choose
     a = get[("planted-s1", "imagenet-a", "", "top1")]
     assert float(a["value"]) == 1 / 200 and a["classes"] == "200" and a["masked"] == "True" and a["n"] == "200"
+    assert get[("planted-s1", "imagenet-r", "", "top1")]["value"] == a["value"]               # ImageNet-R: the same mask
     assert float(get[("planted-s1", "imagenet-v2", "", "top1")]["value"]) == 2 / 6          # class 0's two images
     assert float(get[("planted-s1", "imagenet-sketch", "", "top1")]["value"]) == 1 / 2
     assert get[("planted-s1", "imagenet-sketch", "", "top1")]["masked"] == "False"
