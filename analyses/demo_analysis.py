@@ -81,14 +81,13 @@ def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path) -> None:
 
 
 def probes(tasks: Sequence[tuple[str, Sequence[str], Sequence[str], Sequence[str]]], path: Path,
-           relearn: Sequence[str] = ()) -> None:
+           relearn: Sequence[str] = (), relearn_task: str = "relearn") -> None:
     """probes.csv via `repsim probe` (run in this process) on the penultimate layer: for each task
     ``(name, fit stores, evaluation stores, probe kinds)`` one call (e.g. linear and kNN transfer
-    fit on the target's train split and scored on its test split; relearning the source classes fit
-    on the source holdout split, never trained on, and scored on the source test split — the
-    variant of Fig. 6's footnote 2); then, for the ``relearn`` stores, Fig. 6's own protocol
-    (`repsim probe --relearn`: 10 held-out examples per class of each store, the probe fit on the
-    rest, and the network's own head scored on the same examples; task ``relearn``)."""
+    fit on the target's train split and scored on its test split); then, for the ``relearn`` stores
+    (the source task's evaluation split), Fig. 6's protocol (`repsim probe --relearn`: 10 held-out
+    examples per class of each store, the probe fit on the rest, and the network's own head scored
+    on the same examples)."""
     from repsim.commands.main import main
 
     if path.exists():
@@ -96,7 +95,7 @@ def probes(tasks: Sequence[tuple[str, Sequence[str], Sequence[str], Sequence[str
     calls = [(task, ["--train", *fit, "--test", *ev, "--probe", *kinds, "--task", task])
              for task, fit, ev, kinds in tasks]
     if relearn:
-        calls.append(("relearn", ["--relearn", *relearn, "--task", "relearn"]))
+        calls.append((relearn_task, ["--relearn", *relearn, "--task", relearn_task]))
     for task, argv in calls:
         rc = main(["probe", *argv, "--layer", "pool", "--out", str(path.parent), "--no-progress"])
         if rc != 0:
