@@ -129,6 +129,7 @@ def test_calibrate_command_matches_definitions(tmp_path, capsys):
         grid = np.exp(np.linspace(np.log(0.2), np.log(20), 801))   # T minimises the *holdout* NLL
         assert T == pytest.approx(grid[np.argmin([_ref_nll(zh, yh, kind, t) for t in grid])], rel=1e-2)
         assert T > 1.2 and float(r["top1"]) == pytest.approx(np.mean(z.argmax(1) == y))
+        assert float(r["holdout_top1"]) == pytest.approx(np.mean(zh.argmax(1) == yh))
         assert (r["split"], r["n"], r["holdout_split"], r["holdout_n"], r["bins"]) == ("test", "120", "holdout", "80", "15")
     # --kind overrides; pairs from different networks and stores without logits are refused in one line
     assert main(["calibrate", "--test", nets[2]["test"].path, "--holdout", nets[2]["holdout"].path, "--kind", "softmax",
@@ -164,3 +165,11 @@ def test_table_c3_item(tmp_path):
     soft = t.numeric.set_index("objective").loc["softmax"]
     assert soft["ECE (TS)"] == pytest.approx(np.mean([float(r["ece_ts"]) for r in rows[:2]]))
     assert soft["NLL n"] == 2 and "15 equal-width" in outcomes[0].caption
+    assert "classify their holdout perfectly" not in outcomes[0].caption
+    import pandas as pd
+
+    df = pd.read_csv(res / "calibration.csv")
+    df.loc[0, "holdout_top1"] = 1.0          # a perfectly classified holdout: no finite best T, said in the caption
+    df.to_csv(res / "calibration.csv", index=False)
+    outcomes, _ = make_figures(None, res, tmp_path / "fig", only=["tableC3"], progress=False)
+    assert "1 of 4 networks classify their holdout perfectly" in outcomes[0].caption

@@ -85,6 +85,12 @@ def tableC3(inputs: Inputs) -> Table:
     if "holdout_split" in df:
         hs = df[["holdout_split", "holdout_n"]].drop_duplicates()
         holdout = " (" + "; ".join(f"{r.holdout_split}, n={r.holdout_n}" for r in hs.itertuples()) + ")"
+    if "holdout_top1" in df and "temperature" in df:  # a perfectly classified holdout has no finite best T
+        perfect = df[pd.to_numeric(df["holdout_top1"], errors="coerce") >= 1.0]
+        if len(perfect):
+            T = pd.to_numeric(perfect["temperature"], errors="coerce")
+            holdout += (f"; {len(perfect)} of {len(df)} networks classify their holdout perfectly, so its NLL falls "
+                        f"as T → 0 and T stops near the search bound 0.01 (T = {T.min():.3g}–{T.max():.3g})")
     cap = (f"Mean ± s.e. over seeds. NLL = −mean log p(y); ECE over {', '.join(map(str, bins))} equal-width "
            f"confidence bins; TS: temperature T fit to minimise NLL on the holdout split{holdout}, as in Guo et al. "
            f"(2017). {bold_rule_text(_n_seeds(long))} "

@@ -242,7 +242,7 @@ def fig6(inputs: Inputs) -> Figure:
         relearn = relearn[relearn["task"].isin(set(heads["task"]))]
         orig = heads.groupby(["label", "seed"], dropna=False)["accuracy"].mean().rename("top1").reset_index()
         held = pd.to_numeric(heads["n"], errors="coerce").dropna() if "n" in heads else pd.Series(dtype=float)
-        where = ("the network's own final layer on the held-out examples of probes.csv "
+        where = ("on the held-out examples of probes.csv "
                  + (f"({int(held.max())} per network; " if len(held) else "(")
                  + f"{heads['protocol'].iloc[0] if 'protocol' in heads else 'held out per class'})")
     else:
