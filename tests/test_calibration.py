@@ -143,7 +143,8 @@ def test_calibrate_command_matches_definitions(tmp_path, capsys):
 
     bare = save_store(tmp_path / "bare.zarr", {"pool": np.zeros((5, 2), np.float32)}, np.arange(5) % 2)
     assert main(["calibrate", "--test", bare.path, "--holdout", bare.path, "--out", str(tmp_path / "x.csv")]) == 2
-    assert "has no logits" in capsys.readouterr().err
+    err = capsys.readouterr().err   # one line through the CLI's one error path
+    assert err.startswith("repsim calibrate: error: store ") and "has no logits" in err and err.count("\n") == 1
 
 
 def test_table_c3_item(tmp_path):

@@ -41,32 +41,28 @@ def run(args) -> int:
     from pathlib import Path
 
     from extract.cli import expand_checkpoints
-    from train.checkpoint import CheckpointError
     from train.robustness import RobustnessError, evaluate
 
-    try:
-        ckpts = expand_checkpoints(args.checkpoint)
-        sets = {}
-        for spec in args.sets:
-            name, sep, root = spec.partition("=")
-            if not sep or not name or not root:
-                raise RobustnessError(f"robustness: --set {spec!r}: expected NAME=DIR")
-            if name in sets:
-                raise RobustnessError(f"robustness: --set {name} given twice")
-            sets[name.lower()] = root
-        names = []
-        for c in ckpts:
-            p = Path(c)
-            try:
-                names.append(args.name.format(stem=p.stem, parent=p.resolve().parent.name))
-            except (KeyError, IndexError) as exc:
-                raise RobustnessError(f"robustness: --name {args.name!r}: unknown field {exc}") from None
-        workers = min(4, max(0, (os.cpu_count() or 1) - 1)) if args.workers is None else args.workers
-        evaluate(ckpts, sets, args.out, names=names, classes=args.classes, device=args.device,
-                 batch_size=args.batch_size, workers=workers, overwrite=args.overwrite,
-                 log=lambda m: print(m, file=sys.stderr, flush=True))
-    except (RobustnessError, CheckpointError, ValueError) as exc:
-        print(exc if str(exc).startswith("robustness") else f"repsim robustness: {exc}", file=sys.stderr)
-        return 2
+    # expected failures raise (RobustnessError, CheckpointError: ValueErrors): one line, exit status 2
+    ckpts = expand_checkpoints(args.checkpoint)
+    sets = {}
+    for spec in args.sets:
+        name, sep, root = spec.partition("=")
+        if not sep or not name or not root:
+            raise RobustnessError(f"robustness: --set {spec!r}: expected NAME=DIR")
+        if name in sets:
+            raise RobustnessError(f"robustness: --set {name} given twice")
+        sets[name.lower()] = root
+    names = []
+    for c in ckpts:
+        p = Path(c)
+        try:
+            names.append(args.name.format(stem=p.stem, parent=p.resolve().parent.name))
+        except (KeyError, IndexError) as exc:
+            raise RobustnessError(f"robustness: --name {args.name!r}: unknown field {exc}") from None
+    workers = min(4, max(0, (os.cpu_count() or 1) - 1)) if args.workers is None else args.workers
+    evaluate(ckpts, sets, args.out, names=names, classes=args.classes, device=args.device,
+             batch_size=args.batch_size, workers=workers, overwrite=args.overwrite,
+             log=lambda m: print(m, file=sys.stderr, flush=True))
     print(f"repsim robustness: results -> {args.out}", file=sys.stderr)
     return 0

@@ -55,30 +55,23 @@ def run(args) -> int:
 
     from repsim.engine.drivers import write_csv
     from repsim.probes.calibration import calibration_report
-    from repsim.store.format import StoreError
     from repsim.store.reader import open_store
 
-    def fail(msg: str) -> int:
-        print(f"repsim calibrate: {msg}", file=sys.stderr)
-        return 2
-
+    # expected failures raise ValueError: one line and exit status 2 (repsim.commands.main)
     if len(args.test) != len(args.holdout):
-        return fail(f"{len(args.test)} test stores but {len(args.holdout)} holdout stores; they are paired in order")
+        raise ValueError(f"{len(args.test)} test stores but {len(args.holdout)} holdout stores; they are paired in order")
     if args.bins < 1:
-        return fail(f"--bins must be >= 1, got {args.bins}")
+        raise ValueError(f"--bins must be >= 1, got {args.bins}")
     rows = []
     for te_path, ho_path in zip(args.test, args.holdout):
-        try:
-            te, ho = open_store(te_path), open_store(ho_path)
-        except StoreError as e:
-            return fail(str(e))
+        te, ho = open_store(te_path), open_store(ho_path)
         for s in (te, ho):
             if not s.has_logits:
-                return fail(f"store {s.name} has no logits (extract them with `repsim extract`)")
+                raise ValueError(f"store {s.name} has no logits (extract them with `repsim extract`)")
             if s.multilabel:
-                return fail(f"store {s.name} holds multi-label targets; calibration needs one class per example")
+                raise ValueError(f"store {s.name} holds multi-label targets; calibration needs one class per example")
         if _identity(te) and _identity(ho) and _identity(te) != _identity(ho):
-            return fail(f"stores {te.name} and {ho.name} come from different networks (checkpoint digests differ)")
+            raise ValueError(f"stores {te.name} and {ho.name} come from different networks (checkpoint digests differ)")
         objective = (te.model or {}).get("objective", "")
         kind = kind_for(objective) if args.kind == "auto" else args.kind
         z, y = np.asarray(te.logits.compute()), np.asarray(te.labels)
@@ -86,7 +79,7 @@ def run(args) -> int:
         try:
             rep = calibration_report(z, y, zh, yh, kind=kind, bins=args.bins)
         except ValueError as e:
-            return fail(f"{te.name}: {e}")
+            raise ValueError(f"store {te.name}: {e}") from e
         seed = (te.model or {}).get("seed", "")
         rows.append({"store": te.name, "objective": objective or "", "seed": "" if seed is None else seed,
                      "kind": kind, "top1": float(np.mean(z.argmax(1) == y)), **rep,
