@@ -46,8 +46,12 @@ def run(args) -> int:
     if args.list:
         from analyses.render import ordered_items
 
+        from analyses.item import NOT_PRODUCED
+
         for it in ordered_items():
             print(f"{it.id:8s} {it.kind:6s} {it.title}  [needs: {', '.join(it.needs)}]")
+        for key, (title, why) in NOT_PRODUCED.items():
+            print(f"{key:8s} {'-':6s} {title}  [not an item: {why}]")
         return 0
     if args.out is None:
         raise SystemExit("repsim figures: --out is required (or --list)")

@@ -32,6 +32,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from analyses.pipeline import Demo, DemoError, fresh
     from repsim.commands.main import CommandError
+    from repsim.extras import require
+
+    require("torch", "the demo (it trains and extracts)")
 
     if args.seeds < 1:
         raise ValueError("--seeds must be >= 1")

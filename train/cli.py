@@ -12,7 +12,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "resnet50-imagenet-sigmoid; see --list-presets")
     parser.add_argument("--data", help="dataset: a directory (ImageFolder; DIR/train + DIR/val), 'digits', "
                         "'digits-source', 'digits-target', 'synthetic' or a torchvision name with --set data.root=DIR")
-    parser.add_argument("--out", help="output directory (checkpoint.pt, best.pt, metrics.jsonl/.csv, config.json)")
+    parser.add_argument("--out", help="output directory (checkpoint.pt, best.pt, epoch-EEEE.pt with --keep-every, "
+                        "metrics.jsonl/.csv, config.json)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value (dotted key, TOML literal), repeatable: "
                         "--set optim.lr=0.2 --set objective_params.tau=0.05")
@@ -21,6 +22,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt exactly")
     parser.add_argument("--init-from", metavar="CKPT", help="fine-tuning (App. A.3): initialise the backbone "
                         "from this checkpoint's EMA weights; the head is new")
+    parser.add_argument("--keep-every", type=int, metavar="K", help="also keep OUT/epoch-EEEE.pt every K epochs "
+                        "(training dynamics, Figs. D.2, E.4; same as --set keep_every=K)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -41,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         sets.append(f'objective="{args.objective}"')
     if args.data:
         sets.append(f"data.spec={_quote(args.data)}")
+    if args.keep_every is not None:
+        sets.append(f"keep_every={args.keep_every}")
     if args.init_from:
         sets.append(f"finetune.init_from={_quote(args.init_from)}")
     cfg = load_config(args.preset, sets)

@@ -42,12 +42,17 @@ DEFAULTS: dict[str, Any] = {
     "eval_every": 1,              # evaluate holdout/test every k epochs (and at the last one)
     "eval_batch_size": 0,         # 0: same as the per-process training batch
     "save_best": True,            # keep best.pt by holdout top-1 (early stopping, App. A.1)
+    "stop_epoch": 0,              # > 0: stop after this epoch, schedule unchanged (an early-stopping epoch chosen on the holdout)
+    "keep_every": 0,              # > 0: also keep epoch-EEEE.pt every K epochs (training dynamics, Figs. D.2, E.4)
+    "variant": "",                # recipe label beyond the objective; "" derives it: autoaugment, mixup (App. C.4)
     "data": {
         "spec": "",               # dataset spec of train.data.build_dataset (--data overrides)
         "root": "",
         "image_size": 224,
         "eval_resize": 256,
         "augment": "imagenet",    # imagenet | cifar | digits | none
+        "autoaugment": False,     # + torchvision AutoAugment, ImageNet policy (Tables C.5, C.6, E.3)
+        "train_split": "train",   # "train+holdout": retrain on both after tuning (App. A.1, A.3)
         "holdout_size": -1,       # -1: dataset default (ImageNet 50,046; torchvision sets 5,000)
         "eval_holdout": True,
         "eval_test": True,
@@ -70,6 +75,9 @@ DEFAULTS: dict[str, Any] = {
         "warmup_epochs": 10.0,
         "decay": 0.975,
     },
+    "mixup": {
+        "alpha": 0.0,             # > 0: Mixup with λ ~ Beta(α, α) per batch (Table C.5; train.augment)
+    },
     "ema": {
         "enabled": True,
         "decay": 0.9999,
@@ -79,9 +87,10 @@ DEFAULTS: dict[str, Any] = {
         "init_from": "",          # checkpoint whose (EMA) backbone initialises this run (A.3)
         "freeze_backbone": False,
     },
+    "tune_grid": {},              # {"dotted.key": [values, ...]}: the grid `repsim tune` searches by default
 }
 
-_FREE = ("objective_params", "arch_params")
+_FREE = ("objective_params", "arch_params", "tune_grid")
 
 
 class ConfigError(ValueError):
@@ -178,6 +187,7 @@ BOUNDS: dict[str, tuple[str, float]] = {
     "data.workers": (">=", 0), "data.synthetic_n": (">=", 1), "data.synthetic_classes": (">=", 1),
     "optim.lr": (">", 0), "optim.ref_batch": (">", 0), "optim.momentum": (">=", 0), "optim.weight_decay": (">=", 0),
     "schedule.warmup_epochs": (">=", 0), "schedule.decay": (">", 0), "ema.decay": (">=", 0),
+    "keep_every": (">=", 0), "stop_epoch": (">=", 0), "mixup.alpha": (">=", 0),
 }
 
 
@@ -214,11 +224,26 @@ def load_config(preset: str | None = None, sets: Iterable[str] = ()) -> dict[str
     return validate(cfg)
 
 
-def finetune_grid() -> list[dict[str, float]]:
-    """App. A.3 grid: 8 log-spaced learning rates in [10^-5.5, 10^-1] × (8 log-spaced weight decays in
-    [10^-6.5, 10^-3] and no decay); decays are λ values divided by the learning rate (wd_over_lr)."""
+A3_LR = (-5.5, -1.0, 8)   # App. A.3: 8 log-spaced learning rates in [10^-5.5, 10^-1]
+A3_WD = (-6.5, -3.0, 8)   # App. A.3: 8 log-spaced weight decays in [10^-6.5, 10^-3], plus none
+
+
+def finetune_grid(lr: tuple[float, float, int] = A3_LR, wd: tuple[float, float, int] = A3_WD,
+                  no_decay: bool = True) -> list[dict[str, float]]:
+    """The fine-tuning grid of App. A.3, learning rate major: ``lr`` and ``wd`` are (log10 low, log10 high,
+    count) of log-spaced values (count 1: the low end); ``no_decay`` adds weight decay 0 first.
+
+    Weight decays are "divided by the learning rate" (A.3; ICLR version Table A.2: λ is the product of the
+    learning rate and the decay coefficient added to the loss), so runs set ``optim.wd_over_lr`` and the
+    SGD decay coefficient is λ/η: every grid value is the per-step shrink factor η·(λ/η) = λ at the peak
+    learning rate, whatever η is.
+    """
     import numpy as np
 
-    lrs = np.logspace(-5.5, -1, 8)
-    wds = [0.0, *np.logspace(-6.5, -3, 8)]
-    return [{"optim.lr": float(lr), "optim.weight_decay": float(wd)} for lr in lrs for wd in wds]
+    def space(lo: float, hi: float, n: int) -> list[float]:
+        if n < 1:
+            raise ValueError(f"a grid needs at least one value, got count {n}")
+        return [float(10 ** lo)] if n == 1 else [float(v) for v in np.logspace(lo, hi, int(n))]
+
+    wds = ([0.0] if no_decay else []) + space(*wd)
+    return [{"optim.lr": lr_, "optim.weight_decay": wd_} for lr_ in space(*lr) for wd_ in wds]

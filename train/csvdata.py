@@ -127,8 +127,8 @@ class MultiLabelCSV(Dataset):
 
 
 def csv_dataset(path: Path, split: str, augment, image_size: int, eval_resize: int | None,
-                holdout_size: int | None) -> MultiLabelCSV:
-    """The ``split`` of a CSV spec (see the module docstring)."""
+                holdout_size: int | None, autoaugment: bool = False) -> MultiLabelCSV:
+    """The ``split`` of a CSV spec (see the module docstring); ``autoaugment`` as for image folders."""
     from train.data import _holdout_split, image_transforms
 
     if path.is_dir():
@@ -138,7 +138,8 @@ def csv_dataset(path: Path, split: str, augment, image_size: int, eval_resize: i
     else:
         train_csv = test_csv = path
         name = path.parent.name or path.stem
-    tf, desc = image_transforms(augment if split == "train" else False, image_size, eval_resize)
+    tf, desc = image_transforms(augment if split == "train" else False, image_size, eval_resize,
+                                autoaugment=autoaugment)
     if split == "test":
         if test_csv is None:
             raise ValueError(f"{path} has no valid.csv or test.csv for the test split")

@@ -8,7 +8,7 @@ Errors (:func:`main`): a subcommand reports an expected failure by raising; :fun
 into one line ``repsim COMMAND: error: MESSAGE`` on stderr and an exit status from :data:`EXIT_CODES`.
 Expected failures are :class:`CommandError`, bad input (``ValueError`` and its subclasses —
 ``StoreError``, ``ExtractError``, ``ConfigError``, ``CheckpointError`` … —, ``KeyError``, a missing
-optional dependency ``ImportError``) and I/O failures (``OSError``: permission denied, read-only
+optional dependency ``ImportError``, whose message names the pip extra to install: repsim.extras) and I/O failures (``OSError``: permission denied, read-only
 file system, disk full). Anything else is a bug: its traceback is printed with exit status 70.
 ``--debug`` (before or after the subcommand, or ``REPSIM_DEBUG=1``) lets every exception
 propagate with its traceback.
@@ -26,6 +26,8 @@ from typing import Sequence
 # subcommand -> module implementing it
 SUBCOMMANDS: dict[str, str] = {
     "train": "train.cli",
+    "tune": "train.tune_cli",
+    "finetune": "train.finetune_cli",
     "extract": "extract.cli",
     "check": "repsim.commands.check",
     "cka": "repsim.commands.cka",
@@ -35,6 +37,8 @@ SUBCOMMANDS: dict[str, str] = {
     "probe": "repsim.commands.probe",
     "calibrate": "repsim.commands.calibrate",
     "robustness": "train.robustness_cli",
+    "accuracy": "repsim.commands.accuracy",
+    "runs": "repsim.commands.runs",
     "figures": "analyses.cli",
     "demo": "analyses.demo",
 }
@@ -118,7 +122,11 @@ def classify(exc: BaseException) -> tuple[int, str] | None:
         return exc.code, one_line(exc)
     if isinstance(exc, OSError):
         return EXIT_IO, describe_os_error(exc)
-    if isinstance(exc, (ValueError, KeyError, ImportError)):
+    if isinstance(exc, ImportError):  # a missing optional part names the extra that installs it
+        from repsim.extras import explain
+
+        return EXIT_REFUSED, explain(exc) or one_line(exc)
+    if isinstance(exc, (ValueError, KeyError)):
         return EXIT_REFUSED, one_line(exc)
     return None
 

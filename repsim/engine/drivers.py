@@ -345,6 +345,19 @@ def spectra_arrays(stores: Any, layers: Any = ("pool",), **kw: Any) -> dict[str,
     return {f"{s}/{layer}/{kind}": sv for (s, layer), m in res.items() for kind, sv in m["spectra"].items()}
 
 
+def merge_csv(rows: Sequence[dict], path: str | os.PathLike, key: Sequence[str]) -> str:
+    """Merge ``rows`` into the CSV at ``path`` (atomically): existing rows whose ``key`` columns equal
+    those of a new row are replaced, the others kept, new rows last. A missing file is created."""
+    path = os.fspath(path)
+    old: list[dict] = []
+    if os.path.isfile(path):
+        with open(path, newline="") as fh:
+            old = list(csv.DictReader(fh))
+    new_keys = {tuple(str(r.get(k, "")) for k in key) for r in rows}
+    kept = [r for r in old if tuple(str(r.get(k, "")) for k in key) not in new_keys]
+    return write_csv(kept + list(rows), path)
+
+
 def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> str:
     """Write rows (header = union of keys in first-seen order) atomically; ``-`` writes to stdout."""
     header: list[str] = []

@@ -82,7 +82,7 @@ def _schema_problems(label: str, store: Any) -> list[str]:
         if arr.dtype not in (np.float16, np.float32, np.float64):
             out.append(f"store {label}: layer {layer}: dtype {arr.dtype} is not float16/32/64")
         dims = tuple(arr.metadata.dimension_names or ())
-        if dims != dimension_names(arr.ndim):
+        if dims != dimension_names(arr.ndim) and not (arr.ndim == 3 and dims == dimension_names(3, "tokens")):
             out.append(f"store {label}: layer {layer}: dimension names {dims or None}, expected {dimension_names(arr.ndim)}")
     k = None
     if store.has_logits:

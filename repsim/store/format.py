@@ -61,14 +61,22 @@ def store_name(path: str | os.PathLike) -> str:
     return base[:-5] if base.endswith(".zarr") else base
 
 
+TOKEN_DIMS = ("example", "token", "feature")  # a token sequence kept whole (extract --tokens flatten)
+
+
 def dimension_names(ndim: int, kind: str = "layer") -> tuple[str, ...]:
     """Dimension names of an array with ``ndim`` dimensions whose first axis is examples.
 
     Layers: 2-D ``(example, feature)``, 3-D ``(example, channel, x)``, 4-D ``(example, channel, y,
-    x)``, otherwise ``(example, dim1, ...)``. Logits: ``(example, class)``.
+    x)``, otherwise ``(example, dim1, ...)``; ``kind="tokens"``: ``(example, token, feature)``.
+    Logits: ``(example, class)``.
     """
     if kind == "logits":
         return ("example", "class")
+    if kind == "tokens":
+        if ndim != 3:
+            raise ValueError(f"a token layer is (example, token, feature), not {ndim}-D")
+        return TOKEN_DIMS
     tails = {1: (), 2: ("feature",), 3: ("channel", "x"), 4: ("channel", "y", "x")}
     tail = tails.get(ndim, tuple(f"dim{k}" for k in range(1, ndim)))
     return ("example", *tail)

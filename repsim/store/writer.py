@@ -102,7 +102,8 @@ class StoreWriter:
         """Create an empty store for ``n`` examples.
 
         ``layers`` maps each layer name (in registry order) to ``(tail_shape, dtype)``, the per-example
-        shape and the stored dtype (float16/float32/float64). ``chunk_rows=None`` picks
+        shape and the stored dtype (float16/float32/float64), or ``(tail_shape, dtype, kind)`` with
+        ``kind="tokens"`` for a ``(token, feature)`` sequence (its dimension names). ``chunk_rows=None`` picks
         :func:`default_chunk_rows`. ``meta`` may carry ``model``/``dataset`` dicts and extra attributes.
         ``compression``: ``"zstd"`` (default, level 1) or ``"none"`` for the layer arrays (the
         attribute ``compression`` records it); every chunk keeps its crc32c either way.
@@ -119,7 +120,9 @@ class StoreWriter:
         if not layers:
             raise ValueError(f"store {store_name(path)}: at least one layer is required")
         spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-        for name, (tail, dtype) in layers.items():
+        kinds: dict[str, str] = {}
+        for name, (tail, dtype, *kind) in layers.items():
+            kinds[name] = kind[0] if kind else "layer"
             if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
                 raise ValueError(f"store {store_name(path)}: invalid layer name {name!r}")
             tail = tuple(int(s) for s in tail)
@@ -170,7 +173,7 @@ class StoreWriter:
             group.create_array("logits", shape=(n, k), chunks=(chunk_rows, k), dtype="float32", fill_value=0.0, dimension_names=list(dimension_names(2, "logits")), **codecs)
         lg = group.create_group("layers")
         for name, (tail, dtype) in spec.items():
-            lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail))), **layer_codecs)
+            lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail), kinds[name])), **layer_codecs)
         group.create_array("written", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, dimension_names=["chunk"], **codecs)
         group.attrs.update(
             {
