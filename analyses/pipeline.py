@@ -38,9 +38,10 @@ from analyses.objectives import OBJECTIVES
 
 # store group -> (dataset spec, split, --layers for extract, what it is for)
 GROUPS: dict[str, tuple[str, str, str | None, str]] = {
-    "src-test": ("digits-source", "test", None, "every block: CKA, R², sparsity, predictions (Figs. 2–4, C.4–C.7)"),
+    "src-test": ("digits-source", "test", None, "every block: CKA, R², sparsity, predictions, relearned heads, "
+                 "calibration (Figs. 2–4, 6, C.4–C.7, Table C.3)"),
     "src-train": ("digits-source", "train", "pool", "R², collapse, spectra on the training set (Table 3, E.1, E.2)"),
-    "src-holdout": ("digits-source", "holdout", "pool", "relearning the source classes (Fig. 6)"),
+    "src-holdout": ("digits-source", "holdout", "pool", "temperature scaling (Table C.3)"),
     "tgt-train": ("digits-target", "train", "pool", "transfer probes: fit (Table 1)"),
     "tgt-test": ("digits-target", "test", "pool", "transfer probes: score; class overlap (Table 1, F.1)"),
 }
@@ -54,8 +55,8 @@ DYNAMICS_GROUPS: dict[str, tuple[str, str, str, str]] = {
     "dyn-tgt-test": ("digits-target", "test", "pool", "linear transfer over training: score (Fig. D.2)"),
 }
 TRANSFER_TASK = "digits-target"
-RELEARN_TASK = "source-relearn"
-ANALYSIS_VERSION = "3"  # bump when the analysis settings below change, to invalidate old results
+RELEARN_TASK = "relearn"  # Fig. 6 by the paper's protocol (`repsim probe --relearn` on the src-test stores)
+ANALYSIS_VERSION = "4"  # bump when the analysis settings below change, to invalidate old results
 
 
 class DemoError(RuntimeError):
@@ -279,8 +280,7 @@ class Demo:
         worked = False
         paths = self.group_paths
         runs = [(n, self.run_dir(n), self.checkpoint(n)) for n in self.run_names]
-        probe_tasks = [(TRANSFER_TASK, paths("tgt-train"), paths("tgt-test"), ["linear", "knn"]),
-                       (RELEARN_TASK, paths("src-holdout"), paths("src-test"), ["linear"])]
+        probe_tasks = [(TRANSFER_TASK, paths("tgt-train"), paths("tgt-test"), ["linear", "knn"])]
         if paths("dyn-tgt-train"):  # Fig. D.2: linear transfer at the earlier checkpoints
             probe_tasks.append((TRANSFER_TASK, paths("dyn-tgt-train"), paths("dyn-tgt-test"), ["linear"]))
         steps = [
@@ -290,8 +290,10 @@ class Demo:
              lambda: A.layer_metrics(paths("src-test"), paths("src-train"), res,
                                      dynamics=paths("dyn-src-train") + paths("dyn-src-test"))),
             ("accuracy.csv", ["src-train"], lambda: A.accuracy(paths("src-train"), res / "accuracy.csv")),
-            ("probes.csv", ["src-holdout", "src-test", "tgt-train", "tgt-test", "dyn-tgt-train", "dyn-tgt-test"],
-             lambda: A.probes(probe_tasks, res / "probes.csv")),
+            ("probes.csv", ["src-test", "tgt-train", "tgt-test", "dyn-tgt-train", "dyn-tgt-test"],
+             lambda: A.probes(probe_tasks, res / "probes.csv", relearn=paths("src-test"), relearn_task=RELEARN_TASK)),
+            ("calibration.csv", ["src-test", "src-holdout"],
+             lambda: A.calibration(paths("src-test"), paths("src-holdout"), res / "calibration.csv")),
         ]
         for fname, groups, fn in steps:
             extra = json.dumps([self.run_names, self.epochs]) if not groups else ""
