@@ -17,7 +17,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="directory holding activation stores (*.zarr, searched recursively)")
     parser.add_argument("--results", type=Path, default=None,
                         help="directory of results files (cka_*.npz, separation.csv, probes.csv, ...)")
-    parser.add_argument("--out", type=Path, required=True, help="output directory for figures, tables, report.html")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output directory for figures, tables, report.html (required unless --list)")
     parser.add_argument("--only", nargs="+", metavar="ID", default=None,
                         help="render only these items (e.g. fig1 table1 fig2a)")
     parser.add_argument("--list", action="store_true", help="list the items and their inputs, then exit")
@@ -52,6 +53,8 @@ def run(args) -> int:
         for key, (title, why) in NOT_PRODUCED.items():
             print(f"{key:8s} {'-':6s} {title}  [not an item: {why}]")
         return 0
+    if args.out is None:
+        raise SystemExit("repsim figures: --out is required (or --list)")
     for name in ("stores", "results"):
         path = getattr(args, name)
         if path is not None and not path.is_dir():

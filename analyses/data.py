@@ -212,7 +212,11 @@ class Inputs:
             for col in ("epoch", "dataset", "split", "n"):
                 if f"{col}_store" in df:
                     extra = df.pop(f"{col}_store")
-                    df[col] = (pd.to_numeric(df[col], errors="coerce") if col in ("epoch", "n") else df[col]).fillna(extra)
+                    if col in ("epoch", "n"):
+                        df[col] = pd.to_numeric(df[col], errors="coerce").fillna(pd.to_numeric(extra, errors="coerce"))
+                    else:  # a blank CSV column reads as float NaN: fill it as text
+                        df[col] = df[col].astype(object).fillna(extra)
+            df[["label", "base_label"]] = df[["label", "base_label"]].astype(object)  # all-NaN columns are float
             known = df["label"].notna()
             df.loc[~known, ["label", "base_label"]] = self._csv_labels(df[~known]).to_numpy()
             df["finetuned_from"] = _text(df["finetuned_from"])
@@ -327,13 +331,13 @@ def describe_rows(df: pd.DataFrame) -> str:
     seeds = sorted({int(s) for s in df["seed"].dropna()}) if "seed" in df else []
     parts = [f"{df['label'].nunique()} objectives"]
     parts.append("seeds " + (", ".join(map(str, seeds)) if seeds else "unrecorded"))
-    if "dataset" in df:
-        data = df[df["dataset"].fillna("") != ""].groupby(["dataset", "split"])["n"].first()
+    if "dataset" in df and "split" in df:
+        data = df[_text(df["dataset"]) != ""].groupby(["dataset", "split"])["n"].first()
         if len(data):
             parts.append("data: " + "; ".join(
                 f"{d}/{s} (n={int(n) if pd.notna(n) else '?'})" for (d, s), n in data.items()))
-    if "spatial" in df and df["spatial"].fillna("").ne("").any():
-        parts.append("conv maps extracted with spatial=" + ", ".join(sorted(set(df["spatial"].dropna()) - {""})))
+    if "spatial" in df and _text(df["spatial"]).ne("").any():
+        parts.append("conv maps extracted with spatial=" + ", ".join(sorted(set(_text(df["spatial"])) - {""})))
     return "; ".join(parts)
 
 

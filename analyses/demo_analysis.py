@@ -77,17 +77,33 @@ def accuracy(paths: Sequence[str], path: Path) -> None:
     write_csv(accuracy_rows(list(paths)), path)
 
 
-def probes(tasks: Sequence[tuple[str, Sequence[str], Sequence[str], Sequence[str]]], path: Path) -> None:
+def probes(tasks: Sequence[tuple[str, Sequence[str], Sequence[str], Sequence[str]]], path: Path,
+           relearn: Sequence[str] = (), relearn_task: str = "relearn") -> None:
     """probes.csv via `repsim probe` (run in this process) on the penultimate layer: for each task
     ``(name, fit stores, evaluation stores, probe kinds)`` one call (e.g. linear and kNN transfer
-    fit on the target's train split and scored on its test split; relearning the source classes fit
-    on the source holdout split, never trained on, and scored on the source test split)."""
+    fit on the target's train split and scored on its test split); then, for the ``relearn`` stores
+    (the source task's evaluation split), Fig. 6's protocol (`repsim probe --relearn`: 10 held-out
+    examples per class of each store, the probe fit on the rest, and the network's own head scored
+    on the same examples)."""
     from repsim.commands.main import main
 
     if path.exists():
         path.unlink()  # `repsim probe` merges into an existing file; start from the current run set only
-    for task, fit, ev, kinds in tasks:
-        rc = main(["probe", "--train", *fit, "--test", *ev, "--layer", "pool", "--probe", *kinds,
-                   "--task", task, "--out", str(path.parent), "--no-progress"])
+    calls = [(task, ["--train", *fit, "--test", *ev, "--probe", *kinds, "--task", task])
+             for task, fit, ev, kinds in tasks]
+    if relearn:
+        calls.append((relearn_task, ["--relearn", *relearn, "--task", relearn_task]))
+    for task, argv in calls:
+        rc = main(["probe", *argv, "--layer", "pool", "--out", str(path.parent), "--no-progress"])
         if rc != 0:
             raise AnalysisError(f"`repsim probe` failed for task {task} (exit {rc})")
+
+
+def calibration(test: Sequence[str], holdout: Sequence[str], path: Path) -> None:
+    """calibration.csv via `repsim calibrate`: NLL and ECE of each network on the ``test`` stores,
+    before and after a temperature fit on its ``holdout`` store (Table C.3)."""
+    from repsim.commands.main import main
+
+    rc = main(["calibrate", "--test", *test, "--holdout", *holdout, "--out", str(path)])
+    if rc != 0:
+        raise AnalysisError(f"`repsim calibrate` failed (exit {rc})")

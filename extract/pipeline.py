@@ -139,6 +139,7 @@ class Plan:
     row_bytes: int
     head: str | None = None  # qualname of the final layer whose weights are stored (verified by the probe)
     settings: dict[str, Any] = field(default_factory=dict)
+    label_dim: int | None = None  # K for multi-label targets (the dataset yields (K,) vectors), else None
 
     @property
     def n_chunks(self) -> int:
@@ -242,13 +243,16 @@ def extract_store(
     registry = layer_modules(net)
     chosen = select_layers(registry, layers, (q for q, _ in net.named_modules()))
     hooked = {**chosen, **({"logits": registry["logits"]} if "logits" in registry else {})}
-    x0 = dataset[0][0]
+    x0, y0 = dataset[0]
     check_example(x0)
+    if np.ndim(y0) > 1:
+        raise ExtractError(f"extract: labels must be ints or (K,) multi-label vectors, got shape {tuple(np.shape(y0))}")
+    label_dim = None if np.ndim(y0) == 0 else int(np.shape(y0)[0])  # (K,) targets: a multi-label store
     tokens_ = Tokens.parse(tokens or default_tokens(x0))
     layout = model_layout(net)
 
     plan = _plan(net, x0, registry, chosen, hooked, spatial_, tokens_, layout, dtype, dev, amp_dtype,
-                 batch_size, chunk_rows, n)
+                 batch_size, chunk_rows, n, label_dim)
     plan.settings = {
         "layers": list(chosen), "spatial": str(spatial_), "tokens": str(tokens_), "dtype": dtype,
         "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
@@ -337,8 +341,9 @@ def reorder_rows(dataset, n: int, order: str, seed: int):
 
 
 def _plan(net, x0, registry, chosen, hooked, spatial, tokens, layout, dtype, dev, amp_dtype, batch_size,
-          chunk_rows, n) -> Plan:
-    """Shapes of every layer from one forward pass on the first example ``x0``.
+          chunk_rows, n, label_dim=None) -> Plan:
+    """Shapes of every layer from one forward pass on the first example ``x0`` (``label_dim``: K for
+    multi-label targets, None for one class per example).
 
     ``logits`` are stored float32 at the root (always, when the model has a head) and, when
     selected, also as the float32 layer ``layers/logits`` so that layer-wise analyses (CKA across
@@ -373,7 +378,7 @@ def _plan(net, x0, registry, chosen, hooked, spatial, tokens, layout, dtype, dev
         chunk_rows = min(chunk_rows, math.ceil(n / MIN_CHUNKS))
         chunk_rows = max(batch_size, chunk_rows - chunk_rows % batch_size)
     return Plan(layers=layers, logits_dim=logits_dim, n=n, chunk_rows=min(chunk_rows, n), row_bytes=row,
-                head=_verified_head(net, registry, cap.probe))
+                head=_verified_head(net, registry, cap.probe), label_dim=label_dim)
 
 
 def _verified_head(net, registry, probe: dict[str, torch.Tensor]) -> str | None:
@@ -495,7 +500,7 @@ def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bo
         StoreWriter.create(
             str(out), n=plan.n, layers=plan.layers, chunk_rows=plan.chunk_rows,
             logits_dim=plan.logits_dim, meta=meta, overwrite=overwrite,
-            compression=meta["extraction"].get("compression", "zstd"),
+            compression=meta["extraction"].get("compression", "zstd"), label_dim=plan.label_dim,
         )
     return ["pending", list(pending)]
 
@@ -549,7 +554,8 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
         }
         if plan.logits_dim is not None:
             layers["logits"] = torch.empty((rows, plan.logits_dim), dtype=torch.float32, pin_memory=cuda)
-        return _Buffers(layers, np.empty(rows, np.int32), torch.empty(len(hooked), pin_memory=cuda))
+        labels = np.empty(rows, np.int32) if plan.label_dim is None else np.empty((rows, plan.label_dim), bool)
+        return _Buffers(layers, labels, torch.empty(len(hooked), pin_memory=cuda))
 
     # buffer sets: one being filled plus one per writer thread, fewer when chunks are huge; a
     # forward pass waits for a free set, so host memory stays bounded whatever the dataset size
@@ -642,7 +648,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
                 off = lo - c * rows
                 if len(y) != hi - lo:
                     raise ExtractError(f"extract: loader returned {len(y)} rows for batch {lo}..{hi - 1}")
-                buf.labels[off: off + hi - lo] = np.asarray(y, dtype=np.int32)
+                buf.labels[off: off + hi - lo] = np.asarray(y, dtype=buf.labels.dtype)
                 cap.target = (buf.layers, off, off + hi - lo)
                 cap.begin_batch()
                 xb = to_device(x, dev, non_blocking=cuda)

@@ -140,7 +140,10 @@ def load_dataset(source, split: str | None, root: str | None = None, model: nn.M
         "split": split or getattr(dataset, "split", None),
         "transform": transform,
         "num_classes": getattr(dataset, "num_classes", None),
-        "classes": dataset.classes if isinstance(dataset, TextDataset) else None,  # label numbering of a CSV
+        # class names: a multi-label dataset's K label columns (e.g. CheXpert's findings), or the label
+        # numbering of a text CSV with named labels
+        "classes": (list(dataset.classes) if (getattr(dataset, "multilabel", False) or isinstance(dataset, TextDataset))
+                    and dataset.classes else None),
     })
 
 

@@ -56,6 +56,8 @@ _EXPORTS: dict[str, str] = {
     "modal_vote": "probes.predictions",
     "calibration_report": "probes.calibration",
     "fit_temperature": "probes.calibration",
+    "mce": "probes.robustness",
+    "masked_predictions": "probes.robustness",
     "mean_se": "probes.stats",
     "not_significantly_worse": "probes.stats",
     "spearman": "probes.stats",

@@ -50,7 +50,23 @@ def write_results(root, *, rng=None, epochs=(1, 2, 3)):
                     top1 = base - 0.1 / e + 0.01 * rank[o] + rng.normal(0, 0.003)
                     tra.append(dict(run=f"{o}-s{s}", objective=o, seed=s, epoch=e, split=split,
                                     top1=top1, top5=min(1.0, top1 + 0.1)))
-    for name, rows in (("separation", sep), ("sparsity", spa), ("collapse", col), ("probes", pro), ("training", tra)):
+    # evaluation results (Tables C.2, C.3, D.1): robustness.csv, calibration.csv, multilabel.csv
+    rob, cal, mul = [], [], []
+    for o in OBJS:
+        for s in SEEDS:
+            st, r = _store(o, s), rank[o]
+            for b in ("imagenet-v2", "imagenet-a", "imagenet-r", "imagenet-sketch"):
+                rob.append(dict(store=st, objective=o, seed=s, benchmark=b, subset="", metric="top1",
+                                value=0.3 + 0.01 * r + rng.normal(0, 0.003), n=50, classes=200, masked=True))
+            rob.append(dict(store=st, objective=o, seed=s, benchmark="imagenet-c", subset="all 15 corruptions",
+                            metric="mce", value=75 - r + rng.normal(0, 0.1), n="", classes="", masked=False))
+            cal.append(dict(store=st, objective=o, seed=s, kind="softmax", nll=0.9 + 0.01 * r, ece=0.05 + 0.01 * r,
+                            temperature=1.2, nll_ts=0.85, ece_ts=0.03 + rng.normal(0, 0.002), bins=15))
+            for t in ("Edema", "Atelectasis"):
+                mul.append(dict(store=st, objective=o, seed=s, task="xray", split="test", target=t, layer="pool",
+                                auc=0.8 - 0.01 * r + rng.normal(0, 0.003), best_lambda=0.1, n=40, bins=1000))
+    for name, rows in (("separation", sep), ("sparsity", spa), ("collapse", col), ("probes", pro), ("training", tra),
+                       ("robustness", rob), ("calibration", cal), ("multilabel", mul)):
         pd.DataFrame(rows).to_csv(res / f"{name}.csv", index=False)
     # CKA: index over all (store, layer); same layer across nets ~1 early, lower late and across objectives
     index = [(_store(o, s), l) for o in OBJS for s in SEEDS for l in LAYERS]
@@ -73,7 +89,8 @@ def write_results(root, *, rng=None, epochs=(1, 2, 3)):
 
 
 EXPECTED_WITHOUT_STORES = {"fig1", "table1", "fig2a", "fig2b", "fig3", "table3", "fig4", "fig5", "fig6",
-                           "figC1", "figC2", "figC3", "figD1", "tableE1", "tableE2", "figE2"}
+                           "figC1", "figC2", "figC3", "tableC2", "tableC3", "figD1", "tableD1", "tableE1", "tableE2",
+                           "figE2"}
 
 
 def test_figures_from_results_only(tmp_path, capsys):
@@ -215,3 +232,17 @@ def test_cka_objectives_from_engine_provenance(tmp_path):
     assert main(["figures", "--results", str(res), "--out", str(out), "--quiet", "--only", "fig2a", "fig2b"]) == 0
     assert (out / "fig2a.png").exists() and (out / "fig2b.png").exists()
     assert "4 objectives, 8 stores, seeds 0, 1" in (out / "report.html").read_text()
+
+
+def test_kde_bandwidths():
+    """Fig. E.1's kernel: the paper's 5e-6 for 1,000 classes (rescaled by 1000/K); the density by its definition."""
+    from analyses.items.predictions import avh_bandwidth, kde_density
+
+    assert avh_bandwidth(1000) == 5e-6 and avh_bandwidth(5) == pytest.approx(1e-3)
+    v = np.array([0.10, 0.11, 0.13, 0.20])
+    xs = np.linspace(0.05, 0.25, 7)
+    h = 0.01
+    ref = np.mean(np.exp(-0.5 * ((xs[:, None] - v[None]) / h) ** 2) / (h * np.sqrt(2 * np.pi)), axis=1)
+    np.testing.assert_allclose(kde_density(v, xs, h), ref, rtol=1e-10)
+    scott = np.std(v, ddof=1) * len(v) ** -0.2            # Scott's rule when no bandwidth is given
+    np.testing.assert_allclose(kde_density(v, xs), kde_density(v, xs, scott), rtol=1e-10)

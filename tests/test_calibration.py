@@ -59,3 +59,118 @@ def test_bad_input():
         nll(np.zeros((2, 3)), np.array([0, 3]))
     with pytest.raises(ValueError, match="kind"):
         nll(np.zeros((2, 3)), np.array([0, 1]), kind="tanh")
+
+
+# ------------------------------------------------------------------------ `repsim calibrate`
+def _ref_probs(z, kind, T):
+    """Probabilities by the definition, one example at a time (Table C.3: sigmoid nets normalised)."""
+    import math
+
+    out = []
+    for row in z:
+        e = [math.exp(v / T) for v in row] if kind == "softmax" else [1 / (1 + math.exp(-v / T)) for v in row]
+        out.append([v / sum(e) for v in e])
+    return np.array(out)
+
+
+def _ref_nll(z, y, kind, T=1.0):
+    import math
+
+    p = _ref_probs(z, kind, T)
+    return -sum(math.log(p[i, y[i]]) for i in range(len(y))) / len(y)
+
+
+def _ref_ece(z, y, kind, T=1.0, bins=15):
+    """Σ_b |B_b|/N |acc(B_b) − conf(B_b)|, bin b = ((b−1)/B, b/B], written out bin by bin."""
+    p = _ref_probs(z, kind, T)
+    conf, pred = p.max(1), p.argmax(1)
+    total = 0.0
+    for b in range(1, bins + 1):
+        members = [i for i in range(len(y)) if (b - 1) / bins < conf[i] <= b / bins or (b == 1 and conf[i] == 0)]
+        if members:
+            acc = np.mean([pred[i] == y[i] for i in members])
+            total += len(members) / len(y) * abs(acc - np.mean(conf[members]))
+    return total
+
+
+def _logit_stores(tmp_path, objective, seed, sha="abc"):
+    from repsim.store.writer import save_store
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for split, n in (("test", 120), ("holdout", 80)):
+        y = rng.integers(0, 4, n)
+        z = 4.0 * (rng.normal(size=(n, 4)) + 1.5 * np.eye(4)[y])   # overconfident
+        out[split] = save_store(tmp_path / f"{objective}-s{seed}-{split}.zarr", {"pool": np.zeros((n, 2), np.float32)}, y,
+                                logits=z, meta={"model": {"objective": objective, "seed": seed, "checkpoint_sha256": sha},
+                                                "dataset": {"name": "toy", "split": split}})
+    return out
+
+
+def test_calibrate_command_matches_definitions(tmp_path, capsys):
+    import csv
+
+    from repsim.commands.main import main
+
+    nets = [_logit_stores(tmp_path, o, s, sha=f"{o}{s}") for o in ("softmax", "sigmoid") for s in (0, 1)]
+    out = tmp_path / "res" / "calibration.csv"
+    assert main(["calibrate", "--test", *(n["test"].path for n in nets), "--holdout",
+                 *(n["holdout"].path for n in nets), "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert [r["kind"] for r in rows] == ["softmax", "softmax", "sigmoid", "sigmoid"]  # auto: by the objective
+    for r, net in zip(rows, nets):
+        z, y = np.asarray(net["test"].logits.compute(), np.float64), np.asarray(net["test"].labels)
+        zh, yh = np.asarray(net["holdout"].logits.compute(), np.float64), np.asarray(net["holdout"].labels)
+        kind, T = r["kind"], float(r["temperature"])
+        assert float(r["nll"]) == pytest.approx(_ref_nll(z, y, kind), rel=1e-9)
+        assert float(r["ece"]) == pytest.approx(_ref_ece(z, y, kind), abs=1e-9)
+        assert float(r["nll_ts"]) == pytest.approx(_ref_nll(z, y, kind, T), rel=1e-9)
+        assert float(r["ece_ts"]) == pytest.approx(_ref_ece(z, y, kind, T), abs=1e-9)
+        grid = np.exp(np.linspace(np.log(0.2), np.log(20), 801))   # T minimises the *holdout* NLL
+        assert T == pytest.approx(grid[np.argmin([_ref_nll(zh, yh, kind, t) for t in grid])], rel=1e-2)
+        assert T > 1.2 and float(r["top1"]) == pytest.approx(np.mean(z.argmax(1) == y))
+        assert float(r["holdout_top1"]) == pytest.approx(np.mean(zh.argmax(1) == yh))
+        assert (r["split"], r["n"], r["holdout_split"], r["holdout_n"], r["bins"]) == ("test", "120", "holdout", "80", "15")
+    # --kind overrides; pairs from different networks and stores without logits are refused in one line
+    assert main(["calibrate", "--test", nets[2]["test"].path, "--holdout", nets[2]["holdout"].path, "--kind", "softmax",
+                 "--out", str(tmp_path / "k.csv")]) == 0
+    assert next(csv.DictReader(open(tmp_path / "k.csv")))["kind"] == "softmax"
+    capsys.readouterr()
+    assert main(["calibrate", "--test", nets[0]["test"].path, "--holdout", nets[1]["holdout"].path,
+                 "--out", str(tmp_path / "x.csv")]) == 2
+    assert "different networks" in capsys.readouterr().err
+    from repsim.store.writer import save_store
+
+    bare = save_store(tmp_path / "bare.zarr", {"pool": np.zeros((5, 2), np.float32)}, np.arange(5) % 2)
+    assert main(["calibrate", "--test", bare.path, "--holdout", bare.path, "--out", str(tmp_path / "x.csv")]) == 2
+    err = capsys.readouterr().err   # one line through the CLI's one error path
+    assert err.startswith("repsim calibrate: error: store ") and "has no logits" in err and err.count("\n") == 1
+
+
+def test_table_c3_item(tmp_path):
+    import csv
+
+    from analyses.cli import make_figures
+    from repsim.commands.main import main
+
+    nets = [_logit_stores(tmp_path, o, s, sha=f"{o}{s}") for o in ("softmax", "label_smoothing") for s in (0, 1)]
+    res = tmp_path / "res"
+    assert main(["calibrate", "--test", *(n["test"].path for n in nets), "--holdout",
+                 *(n["holdout"].path for n in nets), "--out", str(res / "calibration.csv")]) == 0
+    rows = list(csv.DictReader(open(res / "calibration.csv")))
+    outcomes, _ = make_figures(None, res, tmp_path / "fig", only=["tableC3"], progress=False)
+    assert outcomes[0].status == "done", outcomes[0].note
+    t = outcomes[0].table
+    assert list(t.shown.columns) == ["Objective", "NLL", "ECE", "NLL (TS)", "ECE (TS)", "T"]
+    assert t.shown["Objective"].tolist() == ["Softmax", "Label smoothing"]
+    soft = t.numeric.set_index("objective").loc["softmax"]
+    assert soft["ECE (TS)"] == pytest.approx(np.mean([float(r["ece_ts"]) for r in rows[:2]]))
+    assert soft["NLL n"] == 2 and "15 equal-width" in outcomes[0].caption
+    assert "classify their holdout perfectly" not in outcomes[0].caption
+    import pandas as pd
+
+    df = pd.read_csv(res / "calibration.csv")
+    df.loc[0, "holdout_top1"] = 1.0          # a perfectly classified holdout: no finite best T, said in the caption
+    df.to_csv(res / "calibration.csv", index=False)
+    outcomes, _ = make_figures(None, res, tmp_path / "fig", only=["tableC3"], progress=False)
+    assert "1 of 4 networks classify their holdout perfectly" in outcomes[0].caption

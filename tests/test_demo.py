@@ -12,7 +12,7 @@ import pytest
 def _demo(out, *extra):
     cmd = [sys.executable, "-m", "repsim", "demo", "--out", str(out), "--objectives", "softmax", "sigmoid",
            "--seeds", "1", "--epochs", "1", *extra]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # a hang guard; ~100 s on an idle 2-core box
 
 
 @pytest.mark.slow
@@ -21,10 +21,13 @@ def test_demo_smoke_and_rerun(tmp_path):
     first = _demo(out)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     for f in ("training.csv", "cka_demo.npz", "separation.csv", "sparsity.csv", "collapse.csv", "probes.csv",
-              "spectra.npz", "accuracy.csv"):
+              "spectra.npz", "accuracy.csv", "calibration.csv"):
         assert (out / "results" / f).stat().st_size > 0, f
     report = (out / "report" / "report.html").read_text()
     assert "Does this run reproduce the paper's findings?" in report
+    for item in ("fig6", "tableC3"):  # Fig. 6 by the paper's protocol (`repsim probe --relearn`), calibration
+        assert f"<h2 id='{item}'>" in report, item
+    assert "on the held-out examples of probes.csv" in report
     findings = (out / "report" / "findings.md").read_text().splitlines()
     assert len(findings) == 3 and all(": " in line for line in findings)
     assert "[train softmax-s0] epoch 1/1" in first.stdout  # progress is streamed
@@ -36,7 +39,7 @@ def test_demo_smoke_and_rerun(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "2 of 2 networks already trained" in second.stdout
     assert "10 of 10 stores already complete" in second.stdout
-    assert second.stdout.count("up to date") == 6  # five results steps and the report
+    assert second.stdout.count("up to date") == 7  # six results steps and the report
     assert json.loads((out / "results" / "fingerprints.json").read_text()) == fps
 
 

@@ -88,8 +88,13 @@ def test_tables_have_contract_columns(net, tmp_path):
     store, _, _ = net
     sep = separation_rows([store.path], distances=("cosine", "sqeuclidean"), progress=False)
     spa = sparsity_rows([store.path], progress=False)
-    assert list(sep[0]) == ["store", "objective", "seed", "layer", "distance", "r2"] and len(sep) == 4
-    assert list(spa[0]) == ["store", "objective", "seed", "layer", "nonzero_fraction"] and len(spa) == 2
+    meta = ["dataset", "split", "n", "spatial", "method", "engine_spatial"]  # estimator metadata
+    assert list(sep[0]) == ["store", "objective", "seed", "layer", "distance", "r2", *meta] and len(sep) == 4
+    assert list(spa[0]) == ["store", "objective", "seed", "layer", "nonzero_fraction", *meta] and len(spa) == 2
+    assert {k: sep[0][k] for k in meta} == {"dataset": "", "split": "", "n": N, "spatial": "", "method": "exact",
+                                            "engine_spatial": "flatten"}
+    mean = separation_rows([store.path], ["block1"], spatial="mean", progress=False)[0]
+    assert mean["engine_spatial"] == "mean" and mean["n"] == N
     path = write_csv(sep, tmp_path / "separation.csv")
     with open(path) as fh:
         back = list(csv.DictReader(fh))

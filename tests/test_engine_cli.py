@@ -95,9 +95,12 @@ def test_table_commands_write_contract_csvs(nets, tmp_path):
     assert main(["sparsity", *stores, "--out", str(spa), "--no-progress"]) == 0
     assert main(["collapse", *stores, "--out", str(col), "--spectra", str(spec), "--no-progress"]) == 0
     rows = {p.name: list(csv.DictReader(open(p))) for p in (sep, spa, col)}
-    assert list(rows["separation.csv"][0]) == ["store", "objective", "seed", "layer", "distance", "r2"]
+    meta = ["dataset", "split", "n", "spatial", "method", "engine_spatial"]  # estimator metadata
+    assert list(rows["separation.csv"][0]) == ["store", "objective", "seed", "layer", "distance", "r2", *meta]
     assert len(rows["separation.csv"]) == 2 * 2 * 2
-    assert list(rows["sparsity.csv"][0]) == ["store", "objective", "seed", "layer", "nonzero_fraction"]
+    assert {r["engine_spatial"] for r in rows["separation.csv"]} == {"mean"}
+    assert list(rows["sparsity.csv"][0]) == ["store", "objective", "seed", "layer", "nonzero_fraction", *meta]
+    assert {r["engine_spatial"] for r in rows["sparsity.csv"]} == {"flatten"}
     assert {r["objective"] for r in rows["sparsity.csv"]} == {"a", "b"}
     assert rows["collapse.csv"][0]["layer"] == "pool" and "self_duality" in rows["collapse.csv"][0]
     with np.load(spec) as z:

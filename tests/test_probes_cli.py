@@ -58,3 +58,59 @@ def test_cli_errors(tmp_path, capsys):
     assert main(["probe", "--train", a["train"].path, "--test", a["test"].path, "--layer", "nope",
                  "--out", str(tmp_path)]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def _source_store(tmp_path, objective, seed, *, head_only=False):
+    """A network's features of its own classes' evaluation set, with logits (or only its head)."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(120) % 4
+    X = (rng.normal(size=(4, 8))[y] * 1.5 + rng.normal(size=(120, 8))).astype(np.float32)
+    W, b = rng.normal(size=(4, 8)), rng.normal(size=4)
+    kw = dict(head=(W, b)) if head_only else dict(logits=X @ W.T + b, head=(W, b))
+    return save_store(tmp_path / f"{objective}-s{seed}.zarr", {"pool": X}, y, chunk_rows=50,
+                      meta={"model": {"objective": objective, "seed": seed},
+                            "dataset": {"name": "source", "split": "test"}}, **kw)
+
+
+def test_cli_relearn_paper_protocol(tmp_path, capsys):
+    from repsim.probes.transfer import heldout_per_class, relearn_head
+
+    s = _source_store(tmp_path, "softmax", 0)
+    h = _source_store(tmp_path, "sigmoid", 1, head_only=True)
+    out = tmp_path / "res"
+    assert main(["probe", "--relearn", s.path, h.path, "--per-class", "5", "--lambdas", "5", "--out", str(out),
+                 "--no-progress"]) == 0
+    rows = list(csv.DictReader(open(out / "probes.csv", newline="")))
+    assert [(r["task"], r["probe"]) for r in rows] == [("relearn", "linear"), ("relearn", "original_head")] * 2
+    X, y = np.asarray(s.layer("pool").compute()), s.labels
+    Z = np.asarray(s.logits.compute())
+    ref = relearn_head(X, y, logits=Z, per_class=5, lambdas=np.logspace(-6, 5, 5))
+    test = heldout_per_class(y, 5, 0)                      # 5 held-out examples of each of the 4 classes
+    assert test.size == 20 and np.array_equal(test, ref.test_index)
+    assert float(rows[0]["accuracy"]) == ref.relearned_accuracy and float(rows[0]["best_param"]) == ref.best_lambda
+    assert float(rows[1]["accuracy"]) == np.mean(Z[test].argmax(1) == y[test])   # same held-out examples
+    assert rows[0]["n"] == rows[1]["n"] == "20" and rows[0]["train_n"] == "100" and rows[1]["best_param"] == ""
+    W, b = h.head                                          # no logits: the stored head scores them
+    Xh, yh = np.asarray(h.layer("pool").compute()), h.labels
+    assert float(rows[3]["accuracy"]) == np.mean((Xh[test] @ W.T.astype(np.float64) + b).argmax(1) == yh[test])
+    capsys.readouterr()
+    assert main(["probe", "--relearn", s.path, "--test", s.path, "--out", str(out)]) == 2
+    assert "no --test" in capsys.readouterr().err
+    assert main(["probe", "--relearn", s.path, "--task", "imagenet", "--out", str(out)]) == 2
+    assert "must start with 'relearn' or 'source'" in capsys.readouterr().err
+
+
+def test_fig6_uses_the_held_out_original_head(tmp_path):
+    from analyses.cli import make_figures
+    from repsim.engine.drivers import write_csv
+
+    res = tmp_path / "res"
+    stores = [_source_store(tmp_path, o, s) for o in ("softmax", "sigmoid", "cosine_softmax") for s in (0, 1)]
+    assert main(["probe", "--relearn", *(s.path for s in stores), "--per-class", "5", "--lambdas", "5",
+                 "--out", str(res), "--no-progress"]) == 0
+    write_csv([dict(store=s.name, objective=s.model["objective"], seed=s.model["seed"], layer="pool",
+                    distance="cosine", r2=0.1 * i) for i, s in enumerate(stores)], res / "separation.csv")
+    outcomes, _ = make_figures(tmp_path, res, tmp_path / "fig", only=["fig6"], progress=False)
+    assert outcomes[0].status == "done", outcomes[0].note
+    assert "on the held-out examples of probes.csv (20 per network" in outcomes[0].caption
+    assert (tmp_path / "fig" / "fig6.png").is_file() and (tmp_path / "fig" / "fig6.pdf").is_file()

@@ -9,6 +9,8 @@ Specs
                       its idx files: ``root``, the Debian package, or torchvision's downloader
                       (``download=True``); see :mod:`train.fashion`
   a directory         ImageFolder tree; ``DIR/train`` + ``DIR/val`` (ImageNet layout) or a flat tree
+  a CSV, or a dir     multi-label images labelled by a CSV in CheXpert's layout (``train.csvdata``):
+  with train.csv      targets (N, K) bool, uncertain/unmentioned findings negative (App. D.3)
   ``synthetic``       deterministic random images, for benchmarks
   a torchvision name  ``cifar10``, ``cifar100``, ``mnist``, ``fashionmnist``, ``svhn`` (``root``
                       required; downloaded only with ``download=True``)
@@ -336,11 +338,15 @@ def build_dataset(spec: str, split: str, *, augment: Any = False, root: str | os
     if spec.lower() in TORCHVISION_DATASETS:
         return _torchvision(spec.lower(), split, str(root) if root else None, download, augment,
                             image_size or 32, holdout_size, autoaugment)
-    path = Path(root) / spec if root and not Path(spec).is_absolute() and (Path(root) / spec).is_dir() else Path(spec)
-    if not path.is_dir():
+    path = Path(root) / spec if root and not Path(spec).is_absolute() and (Path(root) / spec).exists() else Path(spec)
+    if not path.is_dir() and not (path.is_file() and path.suffix.lower() == ".csv"):
         raise ValueError(f"data directory {str(path)!r} does not exist (and {spec!r} is not a known dataset name)")
     size = image_size or 224
     resize = eval_resize if eval_resize is not None else round(size * 256 / 224)
+    from train.csvdata import csv_dataset, is_csv_spec
+
+    if is_csv_spec(path):
+        return csv_dataset(path, split, augment, size, resize, holdout_size, autoaugment)
     return _image_folder(path, split, augment, size, resize, holdout_size, autoaugment)
 
 
@@ -351,6 +357,8 @@ def _train_and_holdout(spec: str, **kw: Any) -> SplitDataset:
     if str(spec) == "synthetic":
         raise ValueError("the synthetic dataset has no train+holdout split")
     train = build_dataset(spec, "train", **kw)
+    if not isinstance(train, SplitDataset):
+        raise ValueError(f"{spec}: the {TRAIN_ALL} split is for single-label datasets, not {type(train).__name__}")
     try:
         hold = build_dataset(spec, "holdout", **{**kw, "augment": False, "autoaugment": False})
     except ValueError as e:
@@ -372,9 +380,10 @@ def dataset_from_config(config: dict[str, Any], split: str, *, spec: str | None 
     """The dataset of a run config (``config["data"]``: root, image_size, eval_resize, holdout_size,
     ...) — e.g. ``load_model(ckpt).config`` — for ``split``; ``spec`` replaces the run's dataset
     (extract/ uses this to push another dataset through a trained network with the run's eval
-    transform)."""
+    transform). The run's ``holdout_size`` belongs to its own dataset: another ``spec`` gets that
+    dataset's default holdout (e.g. CheXpert's 22,431-image i.i.d. split, ``train.csvdata``)."""
     d = config["data"]
-    hold = d.get("holdout_size", -1)
+    hold = d.get("holdout_size", -1) if spec in (None, d["spec"]) else -1
     return build_dataset(spec or d["spec"], split, augment=augment, root=d.get("root") or None,
                          autoaugment=bool(augment) and bool(d.get("autoaugment", False)),
                          image_size=d.get("image_size"), eval_resize=d.get("eval_resize") or None,

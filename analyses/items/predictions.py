@@ -15,7 +15,7 @@ class Models:
     """Networks evaluated on one (dataset, split), ordered by objective: labels ``y``, top-1 predictions
     ``pred`` (M, N) and their softmax probabilities ``conf`` (M, N), read chunk by chunk."""
 
-    def __init__(self, inputs: Inputs, *, need_head: bool = False):
+    def __init__(self, inputs: Inputs, *, need_head: bool = False, prefer_split: str | None = None):
         stores = inputs.require_stores("logits of every network on one dataset split")
         runs = inputs.runs.set_index("store")
         cands = [s for s in stores.values() if s.logits is not None and (s.head is not None or not need_head)]
@@ -25,9 +25,11 @@ class Models:
         groups: dict[tuple, list] = {}
         for s in cands:
             groups.setdefault(key(s), []).append(s)
-        # the split with most networks; ties: the one with most layers (the main evaluation stores), then test
+        # ``prefer_split`` when ≥ 2 networks have it; else the split with most networks; ties: the one with
+        # most layers (the main evaluation stores), then test
         (self.dataset, self.split), chosen = max(
-            groups.items(), key=lambda kv: (len(kv[1]), len(kv[1][0].layers), kv[0][1] == "test", kv[0]))
+            groups.items(), key=lambda kv: (kv[0][1] == prefer_split and len(kv[1]) >= 2, len(kv[1]),
+                                            len(kv[1][0].layers), kv[0][1] == "test", kv[0]))
         if len(chosen) < 2:
             raise Missing("fewer than 2 stores with logits on one dataset split")
         chosen.sort(key=lambda s: (labels_in_order(runs["label"]).index(runs.loc[s.name, "label"]),
@@ -193,14 +195,35 @@ def _penultimate_blocks(inputs: Inputs, store):
 MAX_ROWS_E3 = 10_000  # Fig. E.3 samples pairs; a seeded subset of rows bounds memory on ImageNet-size stores
 
 
-def _kde(ax, values, **kw):
+# Fig. E.1's caption: "a Gaussian kernel of bandwidth 5×10^-6" for AVH scores of a 1,000-class network.
+# AVH scales as 1/K (each example's angle to its class over the sum of K angles), so for K classes the
+# kernel is rescaled to 5×10^-6 · 1000/K: the paper's bandwidth on ImageNet, the same relative
+# smoothing elsewhere. (App. E states no bandwidth for Fig. E.3; it uses Scott's rule.)
+AVH_BANDWIDTH_1000 = 5e-6
+
+
+def avh_bandwidth(num_classes: int) -> float:
+    """The Gaussian-kernel bandwidth (standard deviation, AVH units) of Fig. E.1 for ``num_classes``."""
+    return AVH_BANDWIDTH_1000 * 1000.0 / num_classes
+
+
+def kde_density(values: np.ndarray, xs: np.ndarray, bandwidth: float | None = None) -> np.ndarray:
+    """Gaussian KDE ``f(x) = (1/n) Σ_i φ((x − v_i)/h) / h`` at ``xs``: ``h = bandwidth`` (the kernel's
+    standard deviation, in the values' units) or Scott's rule ``h = sd · n^(−1/5)`` when None
+    (``scipy.stats.gaussian_kde``, whose factor multiplies the sample sd with ddof=1)."""
     from scipy.stats import gaussian_kde
 
+    if bandwidth is None:
+        return gaussian_kde(values)(xs)
+    return gaussian_kde(values, bw_method=bandwidth / np.std(values, ddof=1))(xs)
+
+
+def _kde(ax, values, bandwidth: float | None = None, **kw):
     values = values[np.isfinite(values)]
     if len(values) < 2 or np.ptp(values) == 0:
         return
     xs = np.linspace(values.min(), values.max(), 300)
-    ax.plot(xs, gaussian_kde(values)(xs), **kw)
+    ax.plot(xs, kde_density(values, xs, bandwidth), **kw)
 
 
 @item("figE1", "Fig. E.1: angular visual hardness", "figure", ("stores with logits, head and penultimate layer",))
@@ -219,12 +242,14 @@ def figE1(inputs: Inputs) -> Figure:
         avh = np.concatenate([angular_visual_hardness(X, M.y[i:i + len(X)], W)
                               for i, X in _penultimate_blocks(inputs, s)])  # per example: chunk by chunk
         acc = 100 * np.mean(M.pred[idx] == M.y)
-        _kde(ax, avh, color=color(label), label=f"{display(label)} ({acc:.1f}%)")
+        _kde(ax, avh, avh_bandwidth(M.n_classes), color=color(label), label=f"{display(label)} ({acc:.1f}%)")
     ax.set_xlabel("Angular visual hardness")
     ax.set_ylabel("Density")
     legend_outside(ax, title="objective (top-1)")
-    return Figure(fig, f"Gaussian KDE (Scott bandwidth) of AVH over the {M.n} examples of {M.dataset}/{M.split}, "
-                       f"first seed of each objective; legend: mean top-1 over seeds. {M.describe}.")
+    h = avh_bandwidth(M.n_classes)
+    return Figure(fig, f"Gaussian KDE of AVH over the {M.n} examples of {M.dataset}/{M.split}, kernel bandwidth "
+                       f"{h:.3g} (the paper's 5×10⁻⁶ for 1,000 classes × 1000/K, K = {M.n_classes}: AVH scales as "
+                       f"1/K), first seed of each objective; legend: mean top-1 over seeds. {M.describe}.")
 
 
 @item("figE3", "Fig. E.3: distribution of cosine distances within and between classes", "figure",
@@ -232,7 +257,7 @@ def figE1(inputs: Inputs) -> Figure:
 def figE3(inputs: Inputs) -> Figure:
     from repsim import cosine_distance_samples
 
-    M = Models(inputs)
+    M = Models(inputs, prefer_split="train")  # App. E: "10,000 training set examples"
     n_pairs = 20_000
     rows = np.sort(np.random.default_rng(0).choice(M.n, min(M.n, MAX_ROWS_E3), replace=False))
     plt = pyplot()
@@ -250,7 +275,8 @@ def figE3(inputs: Inputs) -> Figure:
         ax.set_ylabel("Density")
     legend_outside(axes[0], title="solid: same class\ndashed: different")
     fig.tight_layout()
-    return Figure(fig, f"Gaussian KDE over {n_pairs} within-class and {n_pairs} between-class example pairs "
+    return Figure(fig, f"Gaussian KDE (Scott's rule: App. E gives a bandwidth only for Fig. E.1's AVH, none for "
+                       f"this figure) over {n_pairs} within-class and {n_pairs} between-class example pairs "
                        f"(repsim.cosine_distance_samples, seed 0) among {len(rows)} examples (seeded subset when "
                        f"n > {MAX_ROWS_E3}) of {M.dataset}/{M.split} (n = {M.n}); "
                        f"first seed of each objective; bottom: log density. {M.describe}.")

@@ -227,12 +227,28 @@ def fig5b(inputs: Inputs) -> Figure:
 
 
 @item("fig6", "Fig. 6: relearning the source classes from fixed features vs. class separation", "figure",
-      ("separation.csv", "training.csv", "probes.csv (task source*/relearn*)"))
+      ("separation.csv", "probes.csv (task relearn*: `repsim probe --relearn`; or source* with training.csv)"))
 def fig6(inputs: Inputs) -> Figure:
+    """The paper's protocol when probes.csv has ``original_head`` rows (`repsim probe --relearn`: both
+    classifiers scored on the same held-out examples per class); otherwise footnote 2's variant, a
+    probe fit on a separate split with the original head's accuracy from training.csv."""
     r2 = one_r2_per_run(penultimate_r2(inputs))
     relearn = probe_rows(inputs, "linear", source=True)
-    orig = inputs.source_accuracy()
-    orig["top1"] = as_percent(orig["top1"])
+    try:
+        heads = probe_rows(inputs, "original_head", source=True)
+    except Missing:
+        heads = None
+    if heads is not None:  # paper protocol: the same held-out examples for both classifiers
+        relearn = relearn[relearn["task"].isin(set(heads["task"]))]
+        orig = heads.groupby(["label", "seed"], dropna=False)["accuracy"].mean().rename("top1").reset_index()
+        held = pd.to_numeric(heads["n"], errors="coerce").dropna() if "n" in heads else pd.Series(dtype=float)
+        where = ("on the held-out examples of probes.csv "
+                 + (f"({int(held.max())} per network; " if len(held) else "(")
+                 + f"{heads['protocol'].iloc[0] if 'protocol' in heads else 'held out per class'})")
+    else:
+        orig = inputs.source_accuracy()
+        orig["top1"] = as_percent(orig["top1"])
+        where = f"training.csv, {orig['split'].iloc[0]} split (footnote 2's variant: probe fit on another split)"
     a = r2.merge(orig, on=["label", "seed"]).groupby("label")[["r2", "top1"]].mean()
     b = r2.merge(relearn, on=["label", "seed"]).groupby("label")[["r2", "accuracy"]].mean()
     labels = labels_in_order(set(a.index) & set(b.index))
@@ -252,7 +268,7 @@ def fig6(inputs: Inputs) -> Figure:
     ax.set_xlabel("Class separation R² (penultimate, cosine)")
     ax.set_ylabel("Source-task accuracy (%)")
     ax.legend(frameon=False)
-    cap = (f"Blue: accuracy of the network's own final layer (training.csv, {orig['split'].iloc[0]} split). "
+    cap = (f"Blue: accuracy of the network's own final layer ({where}). "
            f"Orange: L²-regularised logistic regression relearned on fixed penultimate features "
            f"(probes.csv tasks {', '.join(sorted(relearn['task'].astype(str).unique()))}). "
            f"Means over seeds. {describe_rows(relearn)}.")

@@ -35,6 +35,8 @@ SUBCOMMANDS: dict[str, str] = {
     "sparsity": "repsim.commands.sparsity",
     "collapse": "repsim.commands.collapse",
     "probe": "repsim.commands.probe",
+    "calibrate": "repsim.commands.calibrate",
+    "robustness": "train.robustness_cli",
     "accuracy": "repsim.commands.accuracy",
     "runs": "repsim.commands.runs",
     "figures": "analyses.cli",

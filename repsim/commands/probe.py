@@ -1,12 +1,29 @@
-"""`repsim probe`: linear and kNN transfer probes on stored features (paper Table 1, App. A.2).
+"""`repsim probe`: transfer probes on stored features (paper Table 1, App. A.2; Table D.1; Fig. 6).
 
     repsim probe --train A_train.zarr B_train.zarr --test A_test.zarr B_test.zarr \
         [--layer pool] [--probe linear knn] [--metric top1|mean_per_class] [--task NAME] --out DIR
+    repsim probe --relearn A_val.zarr B_val.zarr [--per-class 10] --out DIR
 
 Train and test stores are paired in order (one pair per network; positional STOREs are more training
-stores, before those of --train). Writes ``DIR/probes.csv`` (columns: store, objective, seed, task,
-probe, metric, accuracy, best_param; rows for the same (store, task, probe, metric) are replaced, others
-kept) and ``DIR/probes.json`` (the same rows plus the validation / leave-one-out curves and solver info).
+stores, before those of --train). Three modes:
+
+- **Single-label stores** (Table 1): the linear probe (L-BFGS, λ chosen on a validation split) and/or
+  kNN. Writes ``DIR/probes.csv`` (store, objective, seed, task, probe, metric, accuracy, best_param,
+  then the estimator metadata: layer, split, n, train_split, train_n, spatial, val_fraction, n_lambdas,
+  estimator_seed) and ``DIR/probes.json`` (the same rows plus validation / leave-one-out curves and
+  solver info). Rows for the same (store, task, probe, metric) are replaced, others kept.
+- **Multi-label stores** (labels (N, K) bool, e.g. CheXpert; Table D.1, App. D.3): one L2-regularised
+  binary logistic regression per target with λ tuned per target on a validation split, AUC on the test
+  store from 1,000 evenly spaced bins (``repsim.probes.multilabel``). Writes ``DIR/multilabel.csv``
+  (store, objective, seed, task, split, target, auc, best_lambda, + metadata) and
+  ``DIR/multilabel.json`` (validation AUC curves); rows for the same (store, task, split, target) are
+  replaced.
+- **--relearn** (Fig. 6, the paper's protocol): each store holds one network's features of the
+  *source* task's evaluation set (ImageNet validation) with its logits; ``--per-class`` examples of
+  every class are held out, the linear probe is relearned on all the others, and both the relearned
+  probe and the network's own final layer are scored on the held-out examples
+  (``repsim.probes.transfer.relearn_head``). probes.csv rows: task ``relearn`` (or ``--task``, which
+  must start with ``relearn`` or ``source``), probe ``linear`` (relearned) and ``original_head``.
 """
 from __future__ import annotations
 
@@ -14,28 +31,47 @@ import argparse
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 from repsim._io import atomic_write
 
-HELP = "linear and kNN transfer probes on stored features"
-COLUMNS = ["store", "objective", "seed", "task", "probe", "metric", "accuracy", "best_param"]
+HELP = "transfer probes: linear / kNN (probes.csv), multi-label AUC (multilabel.csv), relearned heads"
+COLUMNS = ["store", "objective", "seed", "task", "probe", "metric", "accuracy", "best_param",
+           "layer", "split", "n", "train_split", "train_n", "spatial", "protocol", "val_fraction",
+           "n_lambdas", "estimator_seed"]
+ML_COLUMNS = ["store", "objective", "seed", "task", "split", "target", "auc", "best_lambda",
+              "layer", "n", "train_split", "train_n", "positives", "spatial", "bins", "val_fraction",
+              "n_lambdas", "estimator_seed"]
+RELEARN_PREFIXES = ("relearn", "source")  # task names the figures treat as relearning the source classes
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("stores", nargs="*", metavar="STORE", help="training-split stores (as --train)")
     parser.add_argument("--train", nargs="+", default=[], metavar="STORE",
                         help="training-split stores, one per network")
-    parser.add_argument("--test", nargs="+", required=True, metavar="STORE",
+    parser.add_argument("--test", nargs="+", default=[], metavar="STORE",
                         help="test-split stores, paired in order with the training stores")
+    parser.add_argument("--relearn", action="store_true",
+                        help="Fig. 6: relearn the network's own classes from the stores (source-task "
+                             "evaluation set, with logits) on all but --per-class held-out examples per "
+                             "class; score it and the original head on those (no --test)")
+    parser.add_argument("--per-class", type=int, default=10,
+                        help="--relearn: held-out examples per class (default 10, Fig. 6)")
     parser.add_argument("--layer", default="pool", help="layer to probe (default: pool)")
-    parser.add_argument("--probe", nargs="+", choices=["linear", "knn"], default=["linear", "knn"])
+    parser.add_argument("--probe", nargs="+", choices=["linear", "knn"], default=["linear", "knn"],
+                        help="single-label stores only; multi-label stores always get the per-target "
+                             "linear probe")
     parser.add_argument("--metric", choices=["top1", "mean_per_class"], default="top1")
     parser.add_argument("--task", default=None,
-                        help="task name in the output (default: the test store's dataset name)")
+                        help="task name in the output (default: the test store's dataset name; "
+                             "'relearn' with --relearn)")
     parser.add_argument("--val-fraction", type=float, default=0.2)
     parser.add_argument("--lambdas", type=int, default=45,
                         help="number of log-spaced λ in [1e-6, 1e5] (default 45, App. A.2)")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5, 10, 20, 50, 100])
+    parser.add_argument("--bins", type=int, default=1000,
+                        help="multi-label stores: AUC from this many evenly spaced score bins (default "
+                             "1000, App. D.3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=".", help="results directory (default: current)")
     parser.add_argument("--no-progress", action="store_true")
@@ -51,45 +87,50 @@ def _meta(store) -> tuple[str, str]:
 def run(args) -> int:
     import numpy as np
 
-    from repsim.probes.knn import knn_probe
-    from repsim.probes.linear import linear_probe
     from repsim.store.reader import open_store
 
     train = list(args.stores) + list(args.train)
     if not train:
-        raise ValueError("give training stores (positional or --train)")
-    if len(train) != len(args.test):
+        raise ValueError("give stores (positional or --train)")
+    if args.relearn:
+        if args.test:
+            raise ValueError("--relearn holds out examples of each store itself; it takes no --test")
+        task = args.task or "relearn"
+        if not task.lower().startswith(RELEARN_PREFIXES):
+            raise ValueError(f"--task {task!r}: relearning tasks must start with 'relearn' or 'source' "
+                             "(the figures treat such tasks as Fig. 6's)")
+    elif len(train) != len(args.test):
         raise ValueError(f"{len(train)} training stores but {len(args.test)} test stores; they are paired in order")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, details = [], []
     lambdas = np.logspace(-6, 5, args.lambdas)
-    for tr_path, te_path in zip(train, args.test):
-        tr, te = open_store(tr_path), open_store(te_path)
-        Xtr, Xte = _features(tr, args.layer), _features(te, args.layer)
-        task = args.task or (te.dataset or {}).get("name") or te.name
-        objective, seed = _meta(tr)
-        for kind in args.probe:
-            if kind == "linear":
-                r = linear_probe(Xtr, tr.labels, Xte, te.labels, lambdas=lambdas,
-                                 val_fraction=args.val_fraction, metric=args.metric, seed=args.seed,
-                                 progress=not args.no_progress)
-            else:
-                r = knn_probe(Xtr, tr.labels, Xte, te.labels, ks=args.ks, metric=args.metric)
-            row = {"store": tr.name, "objective": objective, "seed": seed, "task": task,
-                   "probe": kind, "metric": args.metric, "accuracy": r.accuracy,
-                   "best_param": r.best_param}
-            rows.append(row)
-            details.append({**row, "layer": args.layer, "train_store": tr.path, "test_store": te.path,
-                            **{k: v for k, v in r.to_dict().items() if k in ("curve", "info")}})
-            print(f"{tr.name} {task} {kind}: {args.metric} {r.accuracy:.4f} "
-                  f"({'λ' if kind == 'linear' else 'k'}={r.best_param:g})", flush=True)
-    _write_csv(out / "probes.csv", rows)
-    jpath = out / "probes.json"
-    old = json.loads(jpath.read_text()) if jpath.exists() else []
-    keys = {_key(d) for d in details}
-    with atomic_write(jpath, "w") as fh:
-        fh.write(json.dumps([d for d in old if _key(d) not in keys] + details, indent=1))
+    rows, details, ml_rows, ml_details = [], [], [], []
+    for tr_path, te_path in zip(train, args.test if not args.relearn else train):
+        tr = open_store(tr_path)
+        te = tr if args.relearn else open_store(te_path)
+        Xtr = _features(tr, args.layer)
+        Xte = Xtr if args.relearn else _features(te, args.layer)
+        if tr.multilabel != te.multilabel:
+            raise ValueError(f"stores {tr.name} and {te.name}: one holds multi-label targets, the other not")
+        if args.relearn and tr.multilabel:
+            raise ValueError(f"store {tr.name} holds multi-label targets; --relearn needs one class per example")
+        if args.relearn and not tr.has_logits and tr.head is None:
+            raise ValueError(f"store {tr.name} has neither logits nor a head: the original classifier is unknown")
+        common = _common(args, tr, te, Xtr, Xte, lambdas)
+        if args.relearn:
+            r, d = _relearn(args, tr, Xtr, lambdas, common, task)
+        elif tr.multilabel:
+            r, d = _multilabel(args, tr, te, Xtr, Xte, lambdas, common)
+        else:
+            r, d = _single(args, tr, te, Xtr, Xte, lambdas, common)
+        (ml_rows if tr.multilabel else rows).extend(r)
+        (ml_details if tr.multilabel else details).extend(d)
+    if rows:
+        _merge_csv(out / "probes.csv", rows, COLUMNS, _key)
+        _merge_json(out / "probes.json", details, _key)
+    if ml_rows:
+        _merge_csv(out / "multilabel.csv", ml_rows, ML_COLUMNS, _ml_key)
+        _merge_json(out / "multilabel.json", ml_details, _ml_key)
     return 0
 
 
@@ -105,20 +146,118 @@ def _features(store, layer: str):
     return X
 
 
+def _common(args, tr, te, Xtr, Xte, lambdas) -> dict[str, Any]:
+    """Estimator metadata carried by every row (docs/architecture.md "Results files")."""
+    objective, seed = _meta(tr)
+    return {"store": tr.name, "objective": objective, "seed": seed, "layer": args.layer,
+            "split": (te.dataset or {}).get("split", ""), "n": int(Xte.shape[0]),
+            "train_split": (tr.dataset or {}).get("split", ""), "train_n": int(Xtr.shape[0]),
+            "spatial": (tr.attrs.get("extraction") or {}).get("spatial", ""),
+            "val_fraction": args.val_fraction, "n_lambdas": len(lambdas), "estimator_seed": args.seed}
+
+
+def _single(args, tr, te, Xtr, Xte, lambdas, common) -> tuple[list[dict], list[dict]]:
+    from repsim.probes.knn import knn_probe
+    from repsim.probes.linear import linear_probe
+
+    task = args.task or (te.dataset or {}).get("name") or te.name
+    rows, details = [], []
+    for kind in args.probe:
+        if kind == "linear":
+            r = linear_probe(Xtr, tr.labels, Xte, te.labels, lambdas=lambdas, val_fraction=args.val_fraction,
+                             metric=args.metric, seed=args.seed, progress=not args.no_progress)
+        else:
+            r = knn_probe(Xtr, tr.labels, Xte, te.labels, ks=args.ks, metric=args.metric)
+        row = {**common, "task": task, "probe": kind, "metric": args.metric, "accuracy": r.accuracy,
+               "best_param": r.best_param, "protocol": "train/test stores"}
+        if kind == "knn":
+            row.update(val_fraction="", n_lambdas="")  # k by leave-one-out on the training store
+        rows.append(row)
+        details.append({**row, "train_store": tr.path, "test_store": te.path,
+                        **{k: v for k, v in r.to_dict().items() if k in ("curve", "info")}})
+        print(f"{tr.name} {task} {kind}: {args.metric} {r.accuracy:.4f} "
+              f"({'λ' if kind == 'linear' else 'k'}={r.best_param:g})", flush=True)
+    return rows, details
+
+
+def _relearn(args, store, X, lambdas, common, task) -> tuple[list[dict], list[dict]]:
+    """Fig. 6: relearned head and original head on the same ``per_class`` held-out examples per class."""
+    import numpy as np
+
+    from repsim.probes.transfer import relearn_head
+
+    logits = np.asarray(store.logits.compute()) if store.has_logits else None
+    r = relearn_head(X, store.labels, logits=logits, head=None if logits is not None else store.head,
+                     per_class=args.per_class, seed=args.seed, lambdas=lambdas, val_fraction=args.val_fraction,
+                     metric=args.metric, progress=not args.no_progress)
+    n_test = int(r.test_index.size)
+    base = {**common, "task": task, "metric": args.metric, "n": n_test, "train_n": int(X.shape[0]) - n_test,
+            "train_split": common["split"],
+            "protocol": f"heldout {args.per_class} per class of the store; probe fit on the rest (Fig. 6)"}
+    rows = [{**base, "probe": "linear", "accuracy": r.relearned_accuracy, "best_param": r.best_lambda},
+            {**base, "probe": "original_head", "accuracy": r.original_accuracy, "best_param": "",
+             "val_fraction": "", "n_lambdas": ""}]
+    if args.metric != "top1":  # relearn_head scores the original head by top-1 only
+        rows[1]["metric"] = "top1"
+    details = [{**rows[0], "train_store": store.path, "test_index": r.test_index.tolist(),
+                **{k: v for k, v in r.probe.to_dict().items() if k in ("curve", "info")}}, dict(rows[1])]
+    print(f"{store.name} {task}: relearned {r.relearned_accuracy:.4f} (λ={r.best_lambda:g}), original head "
+          f"{r.original_accuracy:.4f} on {n_test} held-out examples", flush=True)
+    return rows, details
+
+
+def _multilabel(args, tr, te, Xtr, Xte, lambdas, common) -> tuple[list[dict], list[dict]]:
+    """Table D.1: per-target λ and binned AUC (``repsim.probes.multilabel.multilabel_probe``)."""
+    import numpy as np
+
+    from repsim.probes.multilabel import multilabel_probe
+
+    Ytr, Yte = tr.labels, te.labels
+    if Ytr.shape[1] != Yte.shape[1]:
+        raise ValueError(f"stores {tr.name} and {te.name} hold {Ytr.shape[1]} and {Yte.shape[1]} targets")
+    names = list((te.dataset or {}).get("classes") or (tr.dataset or {}).get("classes") or [])
+    if len(names) != Yte.shape[1]:
+        names = [f"target{k}" for k in range(Yte.shape[1])]
+    task = args.task or (te.dataset or {}).get("name") or te.name
+    r = multilabel_probe(Xtr, Ytr, Xte, Yte, lambdas=lambdas, val_fraction=args.val_fraction, seed=args.seed,
+                         bins=args.bins)
+    rows, details = [], []
+    for k, name in enumerate(names):
+        row = {**common, "task": task, "target": name, "auc": float(r.auc[k]), "best_lambda": float(r.best_lambda[k]),
+               "positives": int(np.sum(Yte[:, k])), "bins": args.bins}
+        rows.append(row)
+        details.append({**row, "train_store": tr.path, "test_store": te.path,
+                        "val_auc": dict(zip(map(float, r.lambdas), map(float, r.val_auc[:, k])))})
+    shown = ", ".join(f"{n} {a:.3f}" for n, a in zip(names, r.auc))
+    print(f"{tr.name} {task}/{common['split']}: AUC {shown} (mean {r.mean_auc:.3f})", flush=True)
+    return rows, details
+
+
 def _key(row: dict) -> tuple:
     return (str(row["store"]), str(row["task"]), str(row["probe"]), str(row["metric"]))
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    """Merge ``rows`` into the CSV at ``path``, replacing rows with the same key."""
+def _ml_key(row: dict) -> tuple:
+    return (str(row["store"]), str(row["task"]), str(row["split"]), str(row["target"]))
+
+
+def _merge_csv(path: Path, rows: list[dict], columns: list[str], key) -> None:
+    """Merge ``rows`` into the CSV at ``path``, replacing rows with the same key (written atomically)."""
     old = []
     if path.exists():
         with open(path, newline="") as f:
             old = list(csv.DictReader(f))
-    keys = {_key(r) for r in rows}
-    merged = [r for r in old if _key(r) not in keys] + rows
+    keys = {key(r) for r in rows}
+    merged = [r for r in old if key(r) not in keys] + rows
     with atomic_write(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         for r in merged:
-            w.writerow({c: r.get(c, "") for c in COLUMNS})
+            w.writerow({c: r.get(c, "") for c in columns})
+
+
+def _merge_json(path: Path, details: list[dict], key) -> None:
+    old = json.loads(path.read_text()) if path.exists() else []
+    keys = {key(d) for d in details}
+    with atomic_write(path, "w") as fh:
+        fh.write(json.dumps([d for d in old if key(d) not in keys] + details, indent=1))

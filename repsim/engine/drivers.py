@@ -232,6 +232,9 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
         labels = store.labels
         if labels.size == 0:
             raise ValueError(f"store {name!r} has no examples")
+        if labels.ndim != 1 and (distances or req.collapse or req.spectra):
+            raise ValueError(f"store {name!r} holds multi-label targets {labels.shape}; class separation, "
+                             "collapse and spectra need one class per example")
         num_classes = int(labels.max()) + 1
         sizes = [state_bytes(c, req, num_classes, spatial) for c in columns]
         plans.append((store, name, num_classes, group_layers(columns, sizes, int(memory_budget))))
@@ -295,26 +298,43 @@ def _model_columns(store: Any) -> dict[str, Any]:
     return {"objective": model.get("objective", "") or "", "seed": "" if seed is None else seed}
 
 
+def estimator_columns(store: Any, spatial: str = "flatten") -> dict[str, Any]:
+    """The estimator metadata every row of separation/sparsity/collapse.csv ends with: the store's
+    ``dataset``, ``split``, ``n`` and extraction-time ``spatial`` reduction (attrs), ``method`` (``exact``:
+    statistics accumulated over all n examples in one streamed pass, so no batch size, epochs or seed)
+    and ``engine_spatial``, how the command reduced conv maps (``flatten``/``mean``)."""
+    attrs = getattr(store, "attrs", {}) or {}
+    dataset = attrs.get("dataset") or {}
+    return {"dataset": dataset.get("name") or "", "split": dataset.get("split") or "", "n": store.n,
+            "spatial": (attrs.get("extraction") or {}).get("spatial") or "", "method": "exact",
+            "engine_spatial": spatial}
+
+
 def separation_rows(stores: Any, layers: Any = None, distances: Iterable[str] = ("cosine",), **kw: Any) -> list[dict]:
-    """Rows ``store, objective, seed, layer, distance, r2`` (separation.csv)."""
+    """Rows ``store, objective, seed, layer, distance, r2`` + :func:`estimator_columns` (separation.csv)."""
     res, lookup = _run(stores, layers, distances=distances, sparsity=False, collapse=False, spectra=False, **kw)
-    return [{"store": s, **_model_columns(lookup[s]), "layer": layer, "distance": d, "r2": r2}
+    sp = kw.get("spatial", "flatten")
+    return [{"store": s, **_model_columns(lookup[s]), "layer": layer, "distance": d, "r2": r2,
+             **estimator_columns(lookup[s], sp)}
             for (s, layer), m in res.items() for d, r2 in m["separation"].items()]
 
 
 def sparsity_rows(stores: Any, layers: Any = None, **kw: Any) -> list[dict]:
-    """Rows ``store, objective, seed, layer, nonzero_fraction`` (sparsity.csv)."""
+    """Rows ``store, objective, seed, layer, nonzero_fraction`` + :func:`estimator_columns` (sparsity.csv)."""
     res, lookup = _run(stores, layers, distances=(), sparsity=True, collapse=False, spectra=False, **kw)
-    return [{"store": s, **_model_columns(lookup[s]), "layer": layer, "nonzero_fraction": m["sparsity"]}
-            for (s, layer), m in res.items()]
+    sp = kw.get("spatial", "flatten")
+    return [{"store": s, **_model_columns(lookup[s]), "layer": layer, "nonzero_fraction": m["sparsity"],
+             **estimator_columns(lookup[s], sp)} for (s, layer), m in res.items()]
 
 
 def collapse_rows(stores: Any, layers: Any = ("pool",), *, spectra: bool = False, **kw: Any
                   ) -> tuple[list[dict], dict[str, np.ndarray]]:
-    """Rows ``store, objective, seed, layer, <collapse keys>`` (collapse.csv) and, with ``spectra``,
-    the ``{"<store>/<layer>/<kind>": singular values}`` dict of spectra.npz."""
+    """Rows ``store, objective, seed, layer, <collapse keys>`` + :func:`estimator_columns` (collapse.csv)
+    and, with ``spectra``, the ``{"<store>/<layer>/<kind>": singular values}`` dict of spectra.npz."""
     res, lookup = _run(stores, layers, distances=(), sparsity=False, collapse=True, spectra=spectra, **kw)
-    rows = [{"store": s, **_model_columns(lookup[s]), "layer": layer, **m["collapse"]} for (s, layer), m in res.items()]
+    sp = kw.get("spatial", "flatten")
+    rows = [{"store": s, **_model_columns(lookup[s]), "layer": layer, **m["collapse"],
+             **estimator_columns(lookup[s], sp)} for (s, layer), m in res.items()]
     arrays = {f"{s}/{layer}/{kind}": sv for (s, layer), m in res.items() for kind, sv in m.get("spectra", {}).items()}
     return rows, arrays
 

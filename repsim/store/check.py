@@ -1,7 +1,8 @@
 """Validation of activation stores (behind `repsim check`).
 
 Checks, per store: the schema (repsim store version, required arrays, shapes and chunking along
-examples only, dimension names, dtypes, head/logits consistency), completeness (every ``written``
+examples only, dimension names, dtypes — labels (N,) int32, or (N, K) bool in a multi-label store —,
+head/logits consistency), completeness (every ``written``
 flag set and ``complete`` true), unique example ids, the checksum of every chunk of ``example_ids``,
 ``labels`` and ``head``, and NaN/Inf counts per layer and in the logits (streamed chunk by chunk, so
 memory is one chunk whatever the store size; a chunk that fails its crc32c checksum is reported by
@@ -66,7 +67,10 @@ def _schema_problems(label: str, store: Any) -> list[str]:
 
     out: list[str] = []
     g = store._group
-    expect = {"example_ids": (np.int64, ("example",)), "labels": (np.int32, ("example",)), "written": (np.bool_, ("chunk",))}
+    multilabel = g["labels"].ndim == 2  # multi-label targets (N, K) bool, else one int32 class per example
+    expect = {"example_ids": (np.int64, ("example",)),
+              "labels": (np.bool_, ("example", "class")) if multilabel else (np.int32, ("example",)),
+              "written": (np.bool_, ("chunk",))}
     for name, (dtype, dims) in expect.items():
         arr = g[name]
         if arr.dtype != np.dtype(dtype):
@@ -229,8 +233,14 @@ def _check_alignment(opened: Sequence[tuple[str, Any]], rows_ok: dict[str, Any],
             report.problems.append(f"store {label}: example_ids differ from store {ref_label} (first mismatch at row {row})")
             continue
         try:
-            row = _first_mismatch(np.where(both, ref.labels, 0), np.where(both, store.labels, 0))
+            la, lb = ref.labels, store.labels
         except StoreError:
             continue
+        if la.shape != lb.shape:
+            report.problems.append(f"store {label}: labels have shape {lb.shape} but store {ref_label} has {la.shape}")
+            continue
+        mask = both.reshape((-1,) + (1,) * (la.ndim - 1))  # multi-label targets: whole rows
+        row = _first_mismatch(np.where(mask, la, 0), np.where(mask, lb, 0))  # flat index for (N, K)
+        row = row if la.ndim == 1 or row < 0 else row // la.shape[1]
         if row >= 0:
             report.problems.append(f"store {label}: labels differ from store {ref_label} (first mismatch at row {row})")

@@ -5,7 +5,8 @@ Layout (docs/architecture.md "The activation store")::
     <store>.zarr/            attrs: repsim_store_version, model{...}, dataset{...}, layers[...],
                                     created, complete, repsim_version
       example_ids   (N,)         int64    dims (example,)
-      labels        (N,)         int32    dims (example,)
+      labels        (N,)         int32    dims (example,)             one class per example, or
+                    (N, K)       bool     dims (example, class)       multi-label targets (CheXpert)
       logits        (N, K)       float32  dims (example, class)             optional
       layers/<name> (N, ...)     float16/float32/float64, dims (example, channel, y, x) for 4-D,
                                           (example, feature) for 2-D
@@ -186,6 +187,9 @@ def _validate(path: str, group: Any) -> None:
     for req in ("labels", "logits"):
         if req in group and (group[req].shape[0] != n or group[req].chunks[0] != rows):
             raise StoreError(f"store {name} ({path}): {req} has shape {group[req].shape} / chunks {group[req].chunks}, expected {n} rows in chunks of {rows}")
+    labels = group["labels"]
+    if labels.ndim > 2 or tuple(labels.chunks[1:]) != tuple(labels.shape[1:]):
+        raise StoreError(f"store {name} ({path}): labels has shape {labels.shape} / chunks {labels.chunks}, expected (N,) or multi-label (N, K) chunked along examples only")
     if group["written"].shape != (-(-n // rows),) or group["written"].chunks != (1,):
         raise StoreError(f"store {name} ({path}): written has shape {group['written'].shape} / chunks {group['written'].chunks}, expected ({-(-n // rows)},) / (1,)")
     layers = attrs.get("layers")

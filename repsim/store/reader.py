@@ -201,9 +201,16 @@ class ActivationStore:
         return self._cache["example_ids"]
 
     @property
+    def multilabel(self) -> bool:
+        """True when ``labels`` holds multi-label targets ``(N, K)`` bool rather than one class per example."""
+        return self._group["labels"].ndim == 2
+
+    @property
     def labels(self) -> np.ndarray:
+        """``(N,)`` int32 classes, or ``(N, K)`` bool targets of a multi-label store (:attr:`multilabel`)."""
         if "labels" not in self._cache:
-            labels = self._read_all("labels").astype(np.int32, copy=False)
+            labels = self._read_all("labels")
+            labels = labels.astype(bool if labels.ndim == 2 else np.int32, copy=False)
             labels.flags.writeable = False
             self._cache["labels"] = labels
         return self._cache["labels"]

@@ -69,6 +69,8 @@ class StoreWriter:
         self.layer_names: list[str] = list(attrs["layers"])
         self.n: int = int(group["example_ids"].shape[0])
         self.chunk_rows: int = int(group["example_ids"].chunks[0])
+        # multi-label stores: labels (N, K) bool; otherwise (N,) int32
+        self.label_dim: int | None = int(group["labels"].shape[1]) if group["labels"].ndim == 2 else None
         self.n_chunks: int = -(-self.n // self.chunk_rows)
         # every chunk becomes an object, even an all-zero one, so a missing object means data loss
         full = lambda key: group[key].with_config({"write_empty_chunks": True})  # noqa: E731
@@ -95,6 +97,7 @@ class StoreWriter:
         meta: Mapping[str, Any] | None = None,
         overwrite: bool = False,
         compression: str = "zstd",
+        label_dim: int | None = None,
     ) -> "StoreWriter":
         """Create an empty store for ``n`` examples.
 
@@ -104,6 +107,8 @@ class StoreWriter:
         :func:`default_chunk_rows`. ``meta`` may carry ``model``/``dataset`` dicts and extra attributes.
         ``compression``: ``"zstd"`` (default, level 1) or ``"none"`` for the layer arrays (the
         attribute ``compression`` records it); every chunk keeps its crc32c either way.
+        ``label_dim=K`` makes a multi-label store: ``labels`` is ``(N, K)`` bool (dims example, class),
+        one column per target (e.g. CheXpert's findings), instead of one int32 class per example.
         """
         import zarr
 
@@ -154,7 +159,13 @@ class StoreWriter:
         group = zarr.open_group(path, mode="w-", zarr_format=3)
         codecs = _codecs()
         group.create_array("example_ids", shape=(n,), chunks=(chunk_rows,), dtype="int64", fill_value=0, dimension_names=["example"], **codecs)
-        group.create_array("labels", shape=(n,), chunks=(chunk_rows,), dtype="int32", fill_value=0, dimension_names=["example"], **codecs)
+        if label_dim is None:
+            group.create_array("labels", shape=(n,), chunks=(chunk_rows,), dtype="int32", fill_value=0, dimension_names=["example"], **codecs)
+        else:
+            kl = int(label_dim)
+            if kl <= 0:
+                raise ValueError(f"store {store_name(path)}: label_dim must be positive, got {label_dim}")
+            group.create_array("labels", shape=(n, kl), chunks=(chunk_rows, kl), dtype="bool", fill_value=False, dimension_names=["example", "class"], **codecs)
         if logits_dim is not None:
             k = int(logits_dim)
             if k <= 0:
@@ -237,12 +248,15 @@ class StoreWriter:
             prepared.append((arr, _cast(x, arr.dtype, f"store {self.name}: layer {name!r} chunk {i} (rows {start}:{stop})")))
         ids = np.asarray(example_ids)
         lab = np.asarray(labels)
-        if ids.shape != (m,) or lab.shape != (m,):
-            raise ValueError(f"store {self.name}: chunk {i}: example_ids {ids.shape} / labels {lab.shape}, expected ({m},)")
+        want = (m,) if self.label_dim is None else (m, self.label_dim)
+        if ids.shape != (m,) or lab.shape != want:
+            raise ValueError(f"store {self.name}: chunk {i}: example_ids {ids.shape} / labels {lab.shape}, expected ({m},) / {want}")
         if ids.dtype.kind not in "iu" or lab.dtype.kind not in "iub":
             raise ValueError(f"store {self.name}: chunk {i}: example_ids and labels must be integers (got {ids.dtype}, {lab.dtype})")
+        if self.label_dim is not None and lab.dtype.kind != "b" and not np.isin(lab, (0, 1)).all():
+            raise ValueError(f"store {self.name}: chunk {i}: multi-label targets must be bool or 0/1")
         prepared.append((self._ids, ids.astype(np.int64)))
-        prepared.append((self._labels, lab.astype(np.int32)))
+        prepared.append((self._labels, lab.astype(np.int32) if self.label_dim is None else lab.astype(bool)))
         if self._logits is not None:
             if logits is None:
                 raise ValueError(f"store {self.name}: chunk {i}: this store has logits; pass logits=")
@@ -332,7 +346,8 @@ def save_store(
     streamed: chunk ``i`` of every input is computed together (so shared upstream work is done once)
     and written before the next, so peak memory is about one chunk of rows across layers,
     independent of N. ``dtype=None`` keeps float16/float32/float64 as given (integer inputs are
-    refused); a dtype applies to every layer (a dict maps layer -> dtype). ``example_ids`` defaults
+    refused); a dtype applies to every layer (a dict maps layer -> dtype). ``labels``: ``(N,)``
+    integer classes, or ``(N, K)`` bool / 0-1 multi-label targets (a multi-label store). ``example_ids`` defaults
     to ``arange(N)``, with a warning when ``meta`` names no dataset: such rows align with those of
     any other N-row store; with ``meta={"dataset": {"name": ..., "split": ...}}`` stores of
     different datasets are refused when combined (``cka_matrix``, ``repsim check``). ``head=(W, b)`` stores the final layer. ``logits`` are stored as float32.
@@ -370,8 +385,10 @@ def save_store(
         example_ids = np.arange(n, dtype=np.int64)
     example_ids = _rowwise(example_ids, f"store {sname}: example_ids", n)
     for what, x in (("labels", labels), ("example_ids", example_ids)):
-        if x.ndim != 1 or np.dtype(x.dtype).kind not in "iu" + ("b" if what == "labels" else ""):
-            raise ValueError(f"store {sname}: {what} must be a 1-D integer array, got shape {x.shape} dtype {x.dtype}")
+        multi = what == "labels" and x.ndim == 2
+        if (x.ndim != 1 and not multi) or np.dtype(x.dtype).kind not in "iu" + ("b" if what == "labels" else ""):
+            raise ValueError(f"store {sname}: {what} must be a 1-D integer array" + (" or (N, K) multi-label targets" if what == "labels" else "")
+                             + f", got shape {x.shape} dtype {x.dtype}")
     if logits is not None:
         logits = _rowwise(logits, f"store {sname}: logits", n)
         if logits.ndim != 2:
@@ -390,7 +407,7 @@ def save_store(
     writer = StoreWriter.create(
         path, n=n, layers=spec, chunk_rows=chunk_rows,
         logits_dim=None if logits is None else logits.shape[1], meta=meta, overwrite=overwrite,
-        compression=compression,
+        compression=compression, label_dim=labels.shape[1] if labels.ndim == 2 else None,
     )
     try:
         _fill(writer, arrays, labels, example_ids, logits, head, progress)

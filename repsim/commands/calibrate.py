@@ -1,0 +1,94 @@
+"""`repsim calibrate`: NLL and ECE before and after temperature scaling, from stores' logits (Table C.3).
+
+    repsim calibrate --test A_test.zarr B_test.zarr --holdout A_holdout.zarr B_holdout.zarr \
+        [--kind auto|softmax|sigmoid] [--bins 15] --out results/calibration.csv
+
+Test and holdout stores are paired in order (one pair per network: the same checkpoint evaluated on
+the evaluation split and on the holdout split it never trained on; App. C.2 uses the 50,046-image
+ImageNet holdout). For each network (``repsim.probes.calibration``, after Guo et al. 2017):
+
+- probabilities ``p = softmax(z / T)``; for sigmoid-trained networks ``σ(z_k / T) / Σ_j σ(z_j / T)``
+  (Table C.3: "we normalize the probability distribution by summing probabilities over all classes").
+  ``--kind auto`` (default) takes ``sigmoid`` for objectives whose loss is sigmoid cross-entropy.
+- ``NLL = −(1/N) Σ_i log p_{i, y_i}``;
+- ``ECE = Σ_b (|B_b| / N) |acc(B_b) − conf(B_b)|`` over 15 equal-width bins of the confidence
+  ``max_k p_ik``, bin b = ((b−1)/15, b/15];
+- ``T`` minimises the NLL on the holdout store; NLL and ECE are reported at T = 1 and at that T.
+
+Writes one row per network: store, objective, seed, kind, top1, nll, ece, temperature, nll_ts, ece_ts,
+holdout_top1, then the estimator metadata: dataset, split, n, holdout_store, holdout_split, holdout_n,
+bins. T is searched in [0.01, 100]; a holdout the network classifies perfectly drives it to 0.01 (the
+NLL of correct predictions only falls as T → 0), which Table C.3's caption points out.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "NLL and ECE before/after temperature scaling from stores' logits (calibration.csv, Table C.3)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--test", nargs="+", required=True, metavar="STORE",
+                        help="stores of the evaluation split (with logits), one per network")
+    parser.add_argument("--holdout", nargs="+", required=True, metavar="STORE",
+                        help="stores of the holdout split of the same networks, paired in order; the "
+                             "temperature is fit on these")
+    parser.add_argument("--kind", choices=["auto", "softmax", "sigmoid"], default="auto",
+                        help="how logits become probabilities (auto: sigmoid for sigmoid-loss objectives)")
+    parser.add_argument("--bins", type=int, default=15, help="ECE bins (default 15, Table C.3)")
+    parser.add_argument("--out", default="calibration.csv", help="CSV to write (default calibration.csv)")
+
+
+def kind_for(objective: str | None) -> str:
+    """``sigmoid`` when the objective's loss is sigmoid cross-entropy (also in a ``+`` combination)."""
+    return "sigmoid" if "sigmoid" in str(objective or "").split("+") else "softmax"
+
+
+def _identity(store) -> str | None:
+    model = store.model or {}
+    return model.get("checkpoint_sha256") or model.get("weights_sha256")
+
+
+def run(args) -> int:
+    import numpy as np
+
+    from repsim.engine.drivers import write_csv
+    from repsim.probes.calibration import calibration_report
+    from repsim.store.reader import open_store
+
+    # expected failures raise ValueError: one line and exit status 2 (repsim.commands.main)
+    if len(args.test) != len(args.holdout):
+        raise ValueError(f"{len(args.test)} test stores but {len(args.holdout)} holdout stores; they are paired in order")
+    if args.bins < 1:
+        raise ValueError(f"--bins must be >= 1, got {args.bins}")
+    rows = []
+    for te_path, ho_path in zip(args.test, args.holdout):
+        te, ho = open_store(te_path), open_store(ho_path)
+        for s in (te, ho):
+            if not s.has_logits:
+                raise ValueError(f"store {s.name} has no logits (extract them with `repsim extract`)")
+            if s.multilabel:
+                raise ValueError(f"store {s.name} holds multi-label targets; calibration needs one class per example")
+        if _identity(te) and _identity(ho) and _identity(te) != _identity(ho):
+            raise ValueError(f"stores {te.name} and {ho.name} come from different networks (checkpoint digests differ)")
+        objective = (te.model or {}).get("objective", "")
+        kind = kind_for(objective) if args.kind == "auto" else args.kind
+        z, y = np.asarray(te.logits.compute()), np.asarray(te.labels)
+        zh, yh = np.asarray(ho.logits.compute()), np.asarray(ho.labels)
+        try:
+            rep = calibration_report(z, y, zh, yh, kind=kind, bins=args.bins)
+        except ValueError as e:
+            raise ValueError(f"store {te.name}: {e}") from e
+        seed = (te.model or {}).get("seed", "")
+        rows.append({"store": te.name, "objective": objective or "", "seed": "" if seed is None else seed,
+                     "kind": kind, "top1": float(np.mean(z.argmax(1) == y)), **rep,
+                     "holdout_top1": float(np.mean(zh.argmax(1) == yh)),
+                     "dataset": (te.dataset or {}).get("name", ""), "split": (te.dataset or {}).get("split", ""),
+                     "n": te.n, "holdout_store": ho.name, "holdout_split": (ho.dataset or {}).get("split", ""),
+                     "holdout_n": ho.n, "bins": args.bins})
+        print(f"{te.name} ({kind}): NLL {rep['nll']:.4f} ECE {rep['ece']:.4f} | T={rep['temperature']:.3f}: "
+              f"NLL {rep['nll_ts']:.4f} ECE {rep['ece_ts']:.4f}", flush=True)
+    path = write_csv(rows, args.out)
+    print(f"repsim calibrate: {len(rows)} rows -> {path}", file=sys.stderr)
+    return 0
