@@ -254,7 +254,7 @@ class Demo:
 
     def group_members(self, group: str) -> list[tuple[str, Path]]:
         """(store name stem, checkpoint) of every store of ``group``."""
-        if group in self.dynamics_groups:
+        if group in self.profile.dynamics:  # empty when the profile keeps no checkpoints
             return self.dynamics_checkpoints()
         return [(n, self.checkpoint(n)) for n in self.run_names]
 
