@@ -16,6 +16,10 @@
    8 other objectives have a higher penultimate R² than softmax (all other objectives present, if fewer
    than 9); (b) predicts worse transfer: Spearman ρ(R², mean linear transfer) < 0 with p < 0.05 across
    objectives. REPRODUCED when (a) and (b); PARTIAL when one holds; else NOT REPRODUCED.
+
+Uncertainty reported beside each verdict (it does not enter the criteria): means ± standard error over
+seeds and t-test p-values (1); 95 % percentile-bootstrap intervals of the early and late CKA gaps and of
+their difference, resampling objectives (2); R² mean ± s.d. over seeds and Spearman's p (3).
 """
 from __future__ import annotations
 
@@ -33,6 +37,24 @@ from analyses.summary import as_percent, bold_set
 EARLY_GAP_MAX = 0.02
 LATE_MINUS_EARLY_MIN = 0.05
 ALPHA = 0.05
+N_BOOT = 2000
+
+
+def _pm(values: np.ndarray, digits: int = 1) -> str:
+    """'mean ± s.e.' over seeds ('mean' alone for one seed)."""
+    v = np.asarray(values, float)
+    if len(v) < 2:
+        return f"{v.mean():.{digits}f}"
+    return f"{v.mean():.{digits}f} ± {v.std(ddof=1) / np.sqrt(len(v)):.{digits}f}"
+
+
+def _p(a: np.ndarray, b: np.ndarray) -> str:
+    """Two-sided t-test p of a vs b over seeds (the bold rule's test), or 'n/a' with < 2 seeds."""
+    from repsim.probes.stats import ttest
+
+    if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
+        return "n/a"
+    return f"{ttest(a, b)[1]:.2g}"
 
 
 @dataclass
@@ -61,17 +83,57 @@ def finding_transfer(inputs: Inputs) -> Finding:
                "partial" if softmax_best or better_worse else "not reproduced")
     best = transfer[common].idxmax()
     rho, p = spearman(acc[common], transfer[common]) if len(common) >= 3 else (float("nan"), float("nan"))
-    ev = (f"Softmax: {acc['softmax']:.1f}% source top-1, {transfer['softmax']:.1f}% mean linear transfer; best "
-          f"transfer {display(best)} ({transfer[best]:.1f}%); softmax "
+    src_runs = as_percent(src["top1"]).groupby(src["label"])
+    src_of = {l: src_runs.get_group(l).to_numpy(float) for l in common}
+    n_seeds = sorted({len(v) for v in groups.values()})
+    vs_best = "" if best == "softmax" else f", p = {_p(groups['softmax'], groups[best])} vs {display(best)}"
+    details = "; ".join(f"{display(l)} source {_pm(src_of[l])}% (p = {_p(src_of[l], src_of['softmax'])}), "
+                        f"transfer {_pm(groups[l])}% (p = {_p(groups[l], groups['softmax'])})" for l in beat)
+    ev = (f"Softmax: {_pm(src_of['softmax'])}% source top-1, {_pm(groups['softmax'])}% mean linear transfer "
+          f"(mean ± s.e. over {'/'.join(map(str, n_seeds))} seeds); best "
+          f"transfer {display(best)} ({_pm(groups[best])}%{vs_best}); softmax "
           f"{'is' if softmax_best else 'is not'} best or tied with the best (t-test over seeds). "
           f"{len(beat)} of {len(common) - 1} objectives beat softmax on source accuracy"
-          + (f", {len(worse)} of them transfer worse ({', '.join(display(l) for l in beat)})" if beat else "")
+          + (f", {len(worse)} of them transfer worse ({details}; p: t-test vs softmax)" if beat else "")
           + f". Descriptive: Spearman ρ(source top-1, transfer) = {rho:.2f} (p = {p:.3g}, n = {len(common)}).")
     return Finding(name, verdict, ev)
 
 
+def _pair_means(inputs: Inputs) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+    """(layers, objectives, S, C): per layer, S[l, o] = mean CKA between different seeds of objective o
+    (NaN with one seed) and C[l, o, p] = mean CKA between networks of objectives o and p (o ≠ p)."""
+    from analyses.items.layers import _cka_groups
+
+    cka, groups, layers = _cka_groups(inputs)
+    labels = sorted(groups)
+    S = np.full((len(layers), len(labels)), np.nan)
+    C = np.full((len(layers), len(labels), len(labels)), np.nan)
+    for k, layer in enumerate(layers):
+        for i, a in enumerate(labels):
+            for j, b in enumerate(labels[i:], start=i):
+                vals = [float(v[0, 0]) for x in groups[a] for y in groups[b] if a != b or x < y
+                        for v in [cka.block(x, y, [layer], [layer])] if v is not None]
+                if vals and a == b:
+                    S[k, i] = np.mean(vals)
+                elif vals:
+                    C[k, i, j] = C[k, j, i] = np.mean(vals)
+    return layers, labels, S, C
+
+
+def _gap(S: np.ndarray, C: np.ndarray, pick: np.ndarray) -> np.ndarray:
+    """Per layer: mean same-objective CKA − mean cross-objective CKA over the objectives ``pick`` (indices,
+    repeats allowed; pairs of an objective with itself are not cross pairs). Objectives weigh equally, as
+    do objective pairs — with equal seeds per objective, the mean over all network pairs of each kind."""
+    same = np.nanmean(S[:, pick], axis=1)
+    a, b = np.meshgrid(pick, pick, indexing="ij")
+    off = a != b
+    cross = np.nanmean(C[:, a[off], b[off]], axis=1)
+    return same - cross
+
+
 def cka_gaps(inputs: Inputs) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Per corresponding layer: (layers, mean same-objective CKA, mean cross-objective CKA)."""
+    """Per corresponding layer: (layers, mean same-objective CKA, mean cross-objective CKA), each the mean
+    over all pairs of networks of that kind."""
     from analyses.items.layers import _cka_groups
 
     cka, groups, layers = _cka_groups(inputs)
@@ -91,6 +153,31 @@ def cka_gaps(inputs: Inputs) -> tuple[list[str], np.ndarray, np.ndarray]:
     return layers, same, cross
 
 
+def gap_bootstrap(inputs: Inputs, early: list[int], late: list[int], n_boot: int = N_BOOT,
+                  seed: int = 0) -> dict[str, tuple[float, float]] | None:
+    """95 % percentile-bootstrap intervals of the mean early gap, the mean late gap and late − early,
+    resampling the objectives (with replacement; each draw keeps an objective's seed pairs and its
+    pairs with the other drawn objectives). None when fewer than 3 objectives have ≥ 2 seeds."""
+    import warnings
+
+    layers, labels, S, C = _pair_means(inputs)
+    ok = np.flatnonzero(~np.isnan(S).any(axis=0))
+    if len(ok) < 3:
+        return None
+    rng = np.random.default_rng(seed)
+    draws = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a draw of one repeated objective has no cross pair
+        for _ in range(n_boot):
+            g = _gap(S, C, rng.choice(ok, size=len(ok), replace=True))
+            e, l = np.nanmean(g[early]), np.nanmean(g[late])
+            draws.append((e, l, l - e))
+    d = np.asarray(draws)
+    d = d[~np.isnan(d).any(axis=1)]
+    lo, hi = np.percentile(d, [2.5, 97.5], axis=0)
+    return {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(("early", "late", "late-early"))}
+
+
 def finding_late_blocks(inputs: Inputs) -> Finding:
     name = "Objectives differ only in late blocks"
     layers, same, cross = cka_gaps(inputs)
@@ -102,6 +189,10 @@ def finding_late_blocks(inputs: Inputs) -> Finding:
     late = [i for i in range(len(layers)) if i not in early]
     gap = same - cross
     e, l = float(gap[early].mean()), float(gap[late].mean())
+    ci = gap_bootstrap(inputs, early, late)
+    ci_text = (f" 95 % bootstrap intervals (objectives resampled): early [{ci['early'][0]:.3f}, {ci['early'][1]:.3f}], "
+               f"late [{ci['late'][0]:.3f}, {ci['late'][1]:.3f}], late − early [{ci['late-early'][0]:.3f}, "
+               f"{ci['late-early'][1]:.3f}]." if ci else " (no bootstrap interval: fewer than 3 objectives with ≥ 2 seeds)")
     if e <= EARLY_GAP_MAX and l >= e + LATE_MINUS_EARLY_MIN:
         verdict = "reproduced"
     elif l > e:
@@ -111,15 +202,17 @@ def finding_late_blocks(inputs: Inputs) -> Finding:
     ev = (f"CKA gap (same objective − different objectives) at corresponding layers: early "
           f"({layers[early[0]]}–{layers[early[-1]]}) {e:.3f}, late ({layers[late[0]]}–{layers[late[-1]]}) {l:.3f}; "
           f"cross-objective CKA early {cross[early].mean():.3f}, late {cross[late].mean():.3f}; "
-          f"largest gap at {layers[int(np.argmax(gap))]} ({gap.max():.3f}). Criterion: early ≤ {EARLY_GAP_MAX} and "
-          f"late ≥ early + {LATE_MINUS_EARLY_MIN}.")
+          f"largest gap at {layers[int(np.argmax(gap))]} ({gap.max():.3f}).{ci_text} Criterion: early ≤ "
+          f"{EARLY_GAP_MAX} and late ≥ early + {LATE_MINUS_EARLY_MIN}.")
     return Finding(name, verdict, ev)
 
 
 def finding_separation(inputs: Inputs) -> Finding:
     name = "Class separation rises and predicts worse transfer"
     sep = penultimate_r2(inputs)
-    r2 = one_r2_per_run(sep).groupby("label")["r2"].mean()
+    per_run = one_r2_per_run(sep)
+    r2 = per_run.groupby("label")["r2"].mean()
+    r2_sd = per_run.groupby("label")["r2"].std(ddof=1)
     transfer = mean_transfer(probe_rows(inputs, "linear")).groupby("label")["transfer"].mean()
     if "softmax" not in r2:
         raise Missing("no softmax R²")
@@ -134,8 +227,13 @@ def finding_separation(inputs: Inputs) -> Finding:
     predicts = rho < 0 and p < ALPHA
     verdict = "reproduced" if rises and predicts else "partial" if rises or predicts else "not reproduced"
     lower = [display(l) for l in others if l not in higher]
+    n_runs = per_run.groupby("label").size()
+    sd = lambda l: f" ± {r2_sd[l]:.3f}" if n_runs[l] > 1 else ""  # noqa: E731
     ev = (f"{len(higher)} of {len(others)} objectives have higher penultimate R² than softmax "
-          f"({r2['softmax']:.3f})" + (f"; not higher: {', '.join(lower)}" if lower else "")
+          f"({r2['softmax']:.3f}{sd('softmax')}, mean ± s.d. over {n_runs['softmax']} seed(s))"
+          + (f"; not higher: {', '.join(f'{display(l)} ({r2[l]:.3f}{sd(l)})' for l in others if l not in higher)}"
+             if lower else "")
+          + (f"; others {r2[others].min():.3f}–{r2[others].max():.3f}" if others else "")
           + f". Spearman ρ(R², mean linear transfer) = {rho:.2f} (p = {p:.3g}, n = {len(common)}); "
           f"paper: ρ = −0.93, p = 0.002.")
     return Finding(name, verdict, ev)

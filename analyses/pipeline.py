@@ -1,9 +1,10 @@
-"""The end-to-end demo pipeline behind `repsim demo` (train → extract → analyse → report) on sklearn digits.
+"""The end-to-end demo pipeline behind `repsim demo` (train → extract → analyse → report) for one study
+profile (:mod:`analyses.profiles`: sklearn digits by default, Fashion-MNIST with ``--profile fashion``).
 
 Layout of the output directory (each stage reuses what a previous run finished)::
 
     OUT/runs/<objective>-s<seed>/   `repsim train` output; DONE marks a finished run (keyed on its command);
-                                    epoch-EEEE.pt every KEEP_EVERY epochs (training dynamics)
+                                    epoch-EEEE.pt every profile.keep_every epochs (training dynamics)
     OUT/stores/<group>/<run>-<group>.zarr   `repsim extract` stores; reused when complete and newer than
                                     the checkpoint
     OUT/stores/<dyn group>/<run>-epoch-EEEE-<dyn group>.zarr   earlier checkpoints of the seed-0 runs,
@@ -16,6 +17,9 @@ Layout of the output directory (each stage reuses what a previous run finished):
 Torch work (train, extract) runs in subprocesses through the public command line, two at a time on
 a 2-core machine; the analyses run in this process through the torch-free ``repsim`` API, one store at a
 time, so memory stays bounded by one store's largest layer.
+
+The log has one line per stage and network (``[demo] train 3/18 softmax-s1: ...`` when a network
+finishes training, likewise for extraction); ``verbose`` streams every line of the subprocesses.
 """
 from __future__ import annotations
 
@@ -35,27 +39,8 @@ from pathlib import Path
 from typing import Callable
 
 from analyses.objectives import OBJECTIVES
+from analyses.profiles import DIGITS, Profile
 
-# store group -> (dataset spec, split, --layers for extract, what it is for)
-GROUPS: dict[str, tuple[str, str, str | None, str]] = {
-    "src-test": ("digits-source", "test", None, "every block: CKA, R², sparsity, predictions, relearned heads, "
-                 "calibration (Figs. 2–4, 6, C.4–C.7, Table C.3)"),
-    "src-train": ("digits-source", "train", "pool", "R², collapse, spectra on the training set (Table 3, E.1, E.2)"),
-    "src-holdout": ("digits-source", "holdout", "pool", "temperature scaling (Table C.3)"),
-    "tgt-train": ("digits-target", "train", "pool", "transfer probes: fit (Table 1)"),
-    "tgt-test": ("digits-target", "test", "pool", "transfer probes: score; class overlap (Table 1, F.1)"),
-}
-# training dynamics (Figs. D.2, E.4): the kept checkpoints before the analysed one, of one network per
-# objective (seed 0, as the paper plots "a single ResNet-50 model of each loss function"), penultimate only
-KEEP_EVERY = 5
-DYNAMICS_GROUPS: dict[str, tuple[str, str, str, str]] = {
-    "dyn-src-train": ("digits-source", "train", "pool", "R² over training, training set (Fig. E.4)"),
-    "dyn-src-test": ("digits-source", "test", "pool", "R² over training, evaluation set (Fig. E.4)"),
-    "dyn-tgt-train": ("digits-target", "train", "pool", "linear transfer over training: fit (Fig. D.2)"),
-    "dyn-tgt-test": ("digits-target", "test", "pool", "linear transfer over training: score (Fig. D.2)"),
-}
-TRANSFER_TASK = "digits-target"
-RELEARN_TASK = "relearn"  # Fig. 6 by the paper's protocol (`repsim probe --relearn` on the src-test stores)
 ANALYSIS_VERSION = "4"  # bump when the analysis settings below change, to invalidate old results
 
 
@@ -75,45 +60,84 @@ def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _pump(stream, prefix: str, tail: collections.deque) -> None:
+def _pump(stream, prefix: str, tail: collections.deque, stream_lines: bool) -> None:
     for line in iter(stream.readline, ""):
-        line = line.rstrip("\r\n")
-        tail.append(line)
+        line = line.rstrip("\r\n").split("\r")[-1]
         if line.strip():
-            print(f"  [{prefix}] {line.split(chr(13))[-1]}", flush=True)
+            tail.append(line)
+            if stream_lines:
+                print(f"  [{prefix}] {line}", flush=True)
     stream.close()
 
 
-def run_tasks(tasks: list[Task], jobs: int, stage: str) -> None:
-    """Run subprocesses ``jobs`` at a time, streaming their output with a prefix; fail on the first error."""
+def train_summary(tail) -> str:
+    """One line from `repsim train`'s epoch lines: the last epoch's accuracies and the epoch with the best
+    holdout accuracy (the checkpoint the demo analyses, best.pt)."""
+    import re
+
+    epochs = [l.strip() for l in tail if l.strip().startswith("epoch ")]
+    if not epochs:
+        return ""
+    last = re.sub(r" \(.*\)$", "", epochs[-1])  # drop the timing of the last epoch
+    hold = [(float(m.group(1)), e.split()[1].split("/")[0]) for e in epochs
+            for m in [re.search(r"holdout ([0-9.]+)%", e)] if m]
+    if not hold:
+        return last
+    best = max(hold, key=lambda h: h[0])  # first maximum, as best.pt keeps
+    return f"{last}; best holdout {best[0]:.1f}% at epoch {best[1]}"
+
+
+def last_line(tail, prefix: str = "") -> str:
+    """The last line of a task's output that starts with ``prefix`` ('' when none)."""
+    return next((l.strip() for l in reversed(tail) if l.strip().startswith(prefix)), "")
+
+
+def run_tasks(tasks: list[Task], jobs: int, stage: str, summary: Callable[[Task], str] = lambda t: "",
+              verbose: bool = False) -> None:
+    """Run subprocesses ``jobs`` at a time; one line per finished task (``[demo] STAGE k/n NAME:
+    summary(task) (seconds)``), every output line too when ``verbose``; fail on the first error with
+    the task's last lines."""
     env = dict(os.environ)
     if jobs > 1:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(var, "1")
-    pending, running = list(tasks), {}
+    pending, running, finished = list(tasks), {}, 0
     try:
         while pending or running:
             while pending and len(running) < jobs:
                 t = pending.pop(0)
                 p = subprocess.Popen(t.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env, bufsize=1)
-                th = threading.Thread(target=_pump, args=(p.stdout, t.name, t.tail), daemon=True)
+                th = threading.Thread(target=_pump, args=(p.stdout, t.name, t.tail, verbose), daemon=True)
                 th.start()
-                running[p] = (t, th)
+                running[p] = (t, th, time.perf_counter())
             time.sleep(0.1)
             for p in [p for p in running if p.poll() is not None]:
-                t, th = running.pop(p)
+                t, th, t0 = running.pop(p)
                 th.join()
                 if p.returncode != 0:
                     tail = list(t.tail)
                     raise DemoError(f"{stage}: {t.name} failed (exit {p.returncode}): {' '.join(t.argv)}\n"
                                     + "\n".join(tail[-15:]))
                 t.done()
+                finished += 1
+                text = summary(t)
+                _say(f"[demo] {stage} {finished}/{len(tasks)} {t.name}: {text + '; ' if text else ''}"
+                     f"{time.perf_counter() - t0:.0f} s")
     finally:
         for p in running:  # only the processes started here
             p.terminate()
         for p in running:
             p.wait()
+
+
+def shortfall(findings, profile: Profile) -> str:
+    """The report's sentence when fewer than 2 of the 3 findings are reproduced (the issue's bar for a
+    study profile): how many, and where the profile's limits are explained ('' otherwise)."""
+    n = sum(f.verdict == "reproduced" for f in findings)
+    if n >= 2:
+        return ""
+    return f"This run reproduces {n} of the paper's 3 findings. {profile.shortfall}".strip()
 
 
 def _repsim(*args: str) -> list[str]:
@@ -122,12 +146,28 @@ def _repsim(*args: str) -> list[str]:
 
 @dataclass
 class Demo:
+    """One end-to-end run of ``profile``. ``sets``: extra ``--set key=value`` for every `repsim train`
+    (e.g. smaller data for a quick run); ``data_root``/``download``: where the profile's data is."""
     out: Path
     objectives: tuple[str, ...] = OBJECTIVES
     seeds: int = 2
     epochs: int | None = None
     jobs: int = 2
+    profile: Profile = DIGITS
+    sets: tuple[str, ...] = ()
+    data_root: str | None = None
+    download: bool = False
+    verbose: bool = False
     timings: dict[str, float] = field(default_factory=dict)  # stage -> seconds (OUT/timings.json)
+
+    @property
+    def groups(self) -> dict[str, tuple[str, str, str | None, str]]:
+        return self.profile.groups
+
+    @property
+    def dynamics_groups(self) -> dict[str, tuple[str, str, str | None, str]]:
+        """Store groups of the seed-0 runs' earlier checkpoints (none when the profile keeps none)."""
+        return self.profile.dynamics if self.profile.keep_every else {}
 
     @property
     def run_names(self) -> list[str]:
@@ -138,14 +178,31 @@ class Demo:
 
     # ------------------------------------------------------------------ train
     def train_argv(self, objective: str, seed: int) -> list[str]:
-        argv = _repsim("train", "--preset", f"digits-{objective}", "--seed", str(seed),
-                       "--out", str(self.run_dir(f"{objective}-s{seed}")), "--no-progress",
-                       "--keep-every", str(KEEP_EVERY))
+        argv = _repsim("train", "--preset", self.profile.preset.format(objective=objective), "--seed", str(seed),
+                       "--out", str(self.run_dir(f"{objective}-s{seed}")), "--no-progress")
+        if self.profile.keep_every:
+            argv += ["--keep-every", str(self.profile.keep_every)]
         if self.epochs is not None:
             argv += ["--set", f"epochs={self.epochs}"]
+        if self.data_root:
+            argv += ["--set", "data.root=" + json.dumps(str(self.data_root))]
+        if self.download:
+            argv += ["--set", "data.download=true"]
+        for s in self.sets:
+            argv += ["--set", s]
         return argv
 
+    def check_data(self) -> None:
+        """Fail before any training when the profile's data cannot be found (the message says how)."""
+        if self.profile.check_data is None:
+            return
+        try:
+            self.profile.check_data(self.data_root, self.download)
+        except FileNotFoundError as exc:
+            raise DemoError(f"data: {exc}") from None
+
     def stage_train(self) -> bool:
+        self.check_data()
         tasks = []
         for o in self.objectives:
             for s in range(self.seeds):
@@ -165,10 +222,10 @@ class Demo:
                 def mark(done=done, key=key):
                     done.write_text(json.dumps({"key": key, "finished": time.time()}))
 
-                tasks.append(Task(f"train {name}", argv + (["--resume"] if resume else []), mark))
+                tasks.append(Task(name, argv + (["--resume"] if resume else []), mark))
         _say(f"[demo] train: {len(self.run_names) - len(tasks)} of {len(self.run_names)} networks already "
              f"trained; training {len(tasks)} ({self.jobs} at a time)")
-        run_tasks(tasks, self.jobs, "train")
+        run_tasks(tasks, self.jobs, "train", lambda t: train_summary(t.tail), self.verbose)
         return bool(tasks)
 
     def checkpoint(self, name: str) -> Path:
@@ -184,7 +241,7 @@ class Demo:
         from repsim.commands.runs import best_epoch
 
         out = []
-        for name in self.run_names:
+        for name in self.run_names if self.profile.keep_every else ():
             if not name.endswith("-s0"):
                 continue
             d = self.run_dir(name)
@@ -197,7 +254,7 @@ class Demo:
 
     def group_members(self, group: str) -> list[tuple[str, Path]]:
         """(store name stem, checkpoint) of every store of ``group``."""
-        if group in DYNAMICS_GROUPS:
+        if group in self.profile.dynamics:  # empty when the profile keeps no checkpoints
             return self.dynamics_checkpoints()
         return [(n, self.checkpoint(n)) for n in self.run_names]
 
@@ -217,33 +274,39 @@ class Demo:
             return False
         return (path / "zarr.json").stat().st_mtime >= ckpt.stat().st_mtime
 
+    def extract_args(self, group: str, name: str, ckpt: Path) -> list[str]:
+        """`repsim extract` arguments of one store (store name stem ``name``, store group ``group``)."""
+        spec, split, layers, _ = {**self.groups, **self.dynamics_groups}[group]
+        args = ["--checkpoint", str(ckpt), "--data", spec, "--split", split,
+                "--out", str(self.store_path(group, name)), "--no-progress", "--workers", "0"]
+        if self.data_root:
+            args += ["--data-root", str(self.data_root)]
+        return args + (["--layers", layers] if layers else [])
+
     def stage_extract(self) -> bool:
+        """Every network's missing stores (its store groups, and for the seed-0 runs the dynamics groups'
+        stores of its earlier checkpoints), one process per network (one torch import for all of them)."""
         tasks, n_todo, n_all = [], 0, 0
-        for group, (spec, split, layers, _) in {**GROUPS, **DYNAMICS_GROUPS}.items():
+        dynamics = self.dynamics_checkpoints()
+        for name in self.run_names:
             todo = []
-            members = self.group_members(group)
+            members = [(g, name, self.checkpoint(name)) for g in self.groups]
+            members += [(g, n, ck) for n, ck in dynamics if n.startswith(name + "-epoch-") for g in self.dynamics_groups]
             n_all += len(members)
-            for name, ckpt in members:
-                path = self.store_path(group, name)
+            for group, store, ckpt in members:
+                path = self.store_path(group, store)
                 if self._store_ok(path, ckpt):
                     continue
                 if path.exists():
                     shutil.rmtree(path)
-                todo.append(str(ckpt))
-            if not todo:
-                continue
-            n_todo += len(todo)
-            (self.out / "stores" / group).mkdir(parents=True, exist_ok=True)
-            template = ("{parent}-{stem}-" if group in DYNAMICS_GROUPS else "{parent}-") + group
-            argv = _repsim("extract", "--data", spec, "--split", split, "--out-dir", str(self.out / "stores" / group),
-                           "--name", template, "--no-progress", "--workers", "0")
-            if layers:
-                argv += ["--layers", layers]
-            for c in todo:
-                argv += ["--checkpoint", c]
-            tasks.append(Task(f"extract {group} ({len(todo)})", argv))
-        _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo}")
-        run_tasks(tasks, self.jobs, "extract")
+                path.parent.mkdir(parents=True, exist_ok=True)
+                todo.append(self.extract_args(group, store, ckpt))
+            if todo:
+                n_todo += len(todo)
+                tasks.append(Task(name, [sys.executable, "-m", "analyses.extract_runs", json.dumps(todo)]))
+        _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo} "
+             f"({self.jobs} networks at a time)")
+        run_tasks(tasks, self.jobs, "extract", lambda t: last_line(t.tail).split(" in ")[0], self.verbose)
         return bool(tasks)
 
     # ---------------------------------------------------------------- analyse
@@ -280,23 +343,25 @@ class Demo:
         worked = False
         paths = self.group_paths
         runs = [(n, self.run_dir(n), self.checkpoint(n)) for n in self.run_names]
-        probe_tasks = [(TRANSFER_TASK, paths("tgt-train"), paths("tgt-test"), ["linear", "knn"])]
+        probe_tasks = [(self.profile.transfer_task, paths("tgt-train"), paths("tgt-test"), ["linear", "knn"])]
         if paths("dyn-tgt-train"):  # Fig. D.2: linear transfer at the earlier checkpoints
-            probe_tasks.append((TRANSFER_TASK, paths("dyn-tgt-train"), paths("dyn-tgt-test"), ["linear"]))
+            probe_tasks.append((self.profile.transfer_task, paths("dyn-tgt-train"), paths("dyn-tgt-test"), ["linear"]))
         steps = [
             ("training.csv", [], lambda: A.training_csv(runs, res / "training.csv")),
-            ("cka_demo.npz", ["src-test"], lambda: A.cka(paths("src-test"), res / "cka_demo.npz")),
+            ("cka_demo.npz", ["src-test"],
+             lambda: A.cka(paths("src-test"), res / "cka_demo.npz", batch_size=self.profile.cka_batch)),
             ("separation.csv", ["src-test", "src-train", "dyn-src-train", "dyn-src-test"],
              lambda: A.layer_metrics(paths("src-test"), paths("src-train"), res,
                                      dynamics=paths("dyn-src-train") + paths("dyn-src-test"))),
             ("accuracy.csv", ["src-train"], lambda: A.accuracy(paths("src-train"), res / "accuracy.csv")),
             ("probes.csv", ["src-test", "tgt-train", "tgt-test", "dyn-tgt-train", "dyn-tgt-test"],
-             lambda: A.probes(probe_tasks, res / "probes.csv", relearn=paths("src-test"), relearn_task=RELEARN_TASK)),
+             lambda: A.probes(probe_tasks, res / "probes.csv", relearn=paths("src-test"),
+                                       relearn_task=self.profile.relearn_task)),
             ("calibration.csv", ["src-test", "src-holdout"],
              lambda: A.calibration(paths("src-test"), paths("src-holdout"), res / "calibration.csv")),
         ]
         for fname, groups, fn in steps:
-            extra = json.dumps([self.run_names, self.epochs]) if not groups else ""
+            extra = json.dumps([self.run_names, self.epochs, list(self.sets)]) if not groups else ""
             fp = self._fingerprint(groups, extra) if groups else hashlib.sha256(
                 (extra + "".join(str((self.run_dir(n) / "DONE").stat().st_mtime) for n in self.run_names)).encode()
             ).hexdigest()[:16]
@@ -322,33 +387,40 @@ class Demo:
         from analyses.findings import evaluate, findings_html, findings_text
 
         # not stores of earlier, larger runs
-        names = {Path(p).name.removesuffix(".zarr") for g in (*GROUPS, *DYNAMICS_GROUPS) for p in self.group_paths(g)}
+        names = {Path(p).name.removesuffix(".zarr") for g in (*self.groups, *self.dynamics_groups)
+                 for p in self.group_paths(g)}
         findings = evaluate(Inputs(self.out / "stores", self.out / "results", names))
         timing = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
         import html
 
         epochs = f"{self.epochs} epochs (--epochs)" if self.epochs else "the presets' epochs"
         stores = "".join(f"<li><code>{g}</code>: {spec} {split}, {'every layer' if layers is None else layers}"
-                         f" — {html.escape(why)}</li>" for g, (spec, split, layers, why) in GROUPS.items())
+                         f" — {html.escape(why)}</li>" for g, (spec, split, layers, why) in self.groups.items())
         stores += "".join(f"<li><code>{g}</code>: {spec} {split}, {layers}, seed-0 networks' checkpoints every "
-                          f"{KEEP_EVERY} epochs before the analysed one — {html.escape(why)}</li>"
-                          for g, (spec, split, layers, why) in DYNAMICS_GROUPS.items())
-        pre = (f"<p class='caption'>{len(self.objectives)} objectives × {self.seeds} seed(s) = "
-               f"{len(self.run_names)} mini-ResNets (train/presets/digits-&lt;objective&gt;.toml, {epochs}; "
-               f"the checkpoint with the best holdout accuracy is analysed) pretrained on sklearn digits 0–4 "
-               f"(digits-source); transfer task: digits 5–9 (digits-target). Stage times (last run that did "
-               f"the stage's work): {timing}. "
+                          f"{self.profile.keep_every} epochs before the analysed one — {html.escape(why)}</li>"
+                          for g, (spec, split, layers, why) in self.dynamics_groups.items() if self.profile.keep_every)
+        p = self.profile
+        preset = html.escape(p.preset.format(objective="<objective>"))
+        sets = f" with --set {html.escape(' '.join(self.sets))}" if self.sets else ""
+        pre = (f"<p class='caption'>Profile <code>{p.name}</code>: {len(self.objectives)} objectives × "
+               f"{self.seeds} seed(s) = {len(self.run_names)} mini-ResNets (train/presets/{preset}.toml, "
+               f"{epochs}{sets}; the checkpoint with the best holdout accuracy is analysed) pretrained on "
+               f"{html.escape(p.source_text)}; transfer task: {html.escape(p.target_text)}. Stage times (last "
+               f"run that did the stage's work): {timing}. "
                f"Stores per network:</p><ul class='caption'>{stores}</ul>")
+        short = shortfall(findings, p)
+        if short:
+            pre += f"<p class='caption'><b>{html.escape(short)}</b></p>"
         outcomes, report = make_figures(self.out / "stores", self.out / "results", self.out / "report",
-                                        title="repsim demo: sklearn digits, 9 objectives",
+                                        title=p.title,
                                         intro_html=findings_html(findings, pre), progress=True,
                                         only_stores=names)
-        (self.out / "report" / "findings.md").write_text(findings_text(findings) + "\n")
+        (self.out / "report" / "findings.md").write_text(findings_text(findings) + (f"\n\n{short}" if short else "") + "\n")
         return findings, outcomes, report
 
     def report_key(self) -> str:
         """What the report depends on: the results (their fingerprints), the analyses code, the run set."""
-        h = hashlib.sha256(json.dumps([self.run_names, self.epochs]).encode())
+        h = hashlib.sha256(json.dumps([self.profile.name, self.run_names, self.epochs, self.sets]).encode())
         h.update((self.out / "results" / "fingerprints.json").read_bytes())
         for f in sorted(Path(__file__).parent.rglob("*.py")):
             h.update(f.read_bytes())

@@ -3,6 +3,7 @@ training and extraction subprocesses, real stores; then a rerun that reuses ever
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -29,8 +30,10 @@ def test_demo_smoke_and_rerun(tmp_path):
         assert f"<h2 id='{item}'>" in report, item
     assert "on the held-out examples of probes.csv" in report
     findings = (out / "report" / "findings.md").read_text().splitlines()
-    assert len(findings) == 3 and all(": " in line for line in findings)
-    assert "[train softmax-s0] epoch 1/1" in first.stdout  # progress is streamed
+    verdicts = [line for line in findings if line.startswith("- ")]
+    assert len(verdicts) == 3 and all(": " in line for line in verdicts)
+    assert findings[-1].startswith("This run reproduces") and "Digits saturates" in findings[-1] or len(findings) == 3
+    assert re.search(r"^\[demo\] train [12]/2 softmax-s0: epoch 1/1 ", first.stdout, re.M)  # one line per network
     stores = sorted(p.name for p in (out / "stores").glob("*/*.zarr"))
     assert len(stores) == 2 * 5 and "softmax-s0-src-test.zarr" in stores
     fps = json.loads((out / "results" / "fingerprints.json").read_text())
@@ -56,7 +59,7 @@ def test_fresh_removes_only_the_demo_outputs(tmp_path):
 
 def test_dynamics_checkpoints_stop_before_the_analysed_epoch(tmp_path):
     """Figs. D.2/E.4 in the demo: the seed-0 runs' kept checkpoints before best.pt's epoch."""
-    from analyses.pipeline import DYNAMICS_GROUPS, Demo
+    from analyses.pipeline import Demo
 
     demo = Demo(tmp_path, ("softmax",), seeds=2)
     for seed in (0, 1):
@@ -69,4 +72,4 @@ def test_dynamics_checkpoints_stop_before_the_analysed_epoch(tmp_path):
     got = demo.dynamics_checkpoints()
     assert [n for n, _ in got] == ["softmax-s0-epoch-0001", "softmax-s0-epoch-0002"]  # best epoch 3 (first max)
     assert demo.group_paths("dyn-src-train")[0].endswith("dyn-src-train/softmax-s0-epoch-0001-dyn-src-train.zarr")
-    assert set(DYNAMICS_GROUPS) == {"dyn-src-train", "dyn-src-test", "dyn-tgt-train", "dyn-tgt-test"}
+    assert set(demo.dynamics_groups) == {"dyn-src-train", "dyn-src-test", "dyn-tgt-train", "dyn-tgt-test"}

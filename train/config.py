@@ -60,6 +60,9 @@ DEFAULTS: dict[str, Any] = {
         "download": False,
         "synthetic_n": 512,       # synthetic spec only
         "synthetic_classes": 10,
+        "train_per_class": -1,    # Fashion-MNIST specs: training images per class (0: all; -1: default, all)
+        "holdout_per_class": -1,  # Fashion-MNIST specs: holdout images per class (-1: default, 500)
+        "test_per_class": -1,     # Fashion-MNIST specs: test images per class (0 or -1: all 1,000)
     },
     "optim": {
         "lr": 1.6,                # peak learning rate at batch ref_batch; scaled linearly with batch

@@ -4,6 +4,10 @@ Specs
   ``digits``          scikit-learn's 8×8 handwritten digits (1,797 images, 10 classes; no network)
   ``digits-source``   digits 0–4 (pretraining task of the demo), labels 0–4
   ``digits-target``   digits 5–9 (transfer task of the demo), labels 5–9 mapped to 0–4
+  ``fashion``, ``fashion-source``, ``fashion-target``, ``fashion:C,C,...``
+                      Fashion-MNIST (all classes, the study's source/target classes, any classes) from
+                      its idx files: ``root``, the Debian package, or torchvision's downloader
+                      (``download=True``); see :mod:`train.fashion`
   a directory         ImageFolder tree; ``DIR/train`` + ``DIR/val`` (ImageNet layout) or a flat tree
   a CSV, or a dir     multi-label images labelled by a CSV in CheXpert's layout (``train.csvdata``):
   with train.csv      targets (N, K) bool, uncertain/unmentioned findings negative (App. D.3)
@@ -47,10 +51,10 @@ class SplitDataset(Dataset):
 
     def __init__(self, base: Any, indices: np.ndarray, targets: np.ndarray, *, classes: Sequence[str],
                  name: str, split: str, transform: Callable | None, transform_desc: str,
-                 loader: Callable[[Any, int], Any]):
+                 loader: Callable[[Any, int], Any], example_ids: np.ndarray | None = None):
         self.base, self.indices = base, np.asarray(indices, dtype=np.int64)
         self.targets = np.asarray(targets, dtype=np.int64)
-        self.example_ids = self.indices
+        self.example_ids = self.indices if example_ids is None else np.asarray(example_ids, dtype=np.int64)
         self.classes, self.num_classes = list(classes), len(classes)
         self.name, self.split, self.transform, self.transform_desc = name, split, transform, transform_desc
         self._loader = loader
@@ -245,25 +249,90 @@ def _torchvision(name: str, split: str, root: str | None, download: bool, augmen
                         transform=tf, transform_desc=desc, loader=_pil_loader)
 
 
+# -- Fashion-MNIST ---------------------------------------------------------------------------------------
+class _Flip:
+    """Random horizontal flip with probability ½."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return x.flip(-1) if torch.rand(()) < 0.5 else x
+
+
+class _Compose:
+    def __init__(self, *fns: Callable):
+        self.fns = fns
+
+    def __call__(self, x):
+        for f in self.fns:
+            x = f(x)
+        return x
+
+
+def _fashion(spec: str, classes: tuple[int, ...], split: str, augment: Any, root: str | None, download: bool,
+             image_size: int | None, per_class: dict[str, int]) -> SplitDataset:
+    """Fashion-MNIST ``classes`` (labels renumbered 0..K−1 in the spec's order), resized to
+    ``image_size`` (default 28) by area averaging, standardised with the training set's pixel mean/std.
+    ``augment``: True or ``"shift"`` — random shift by up to size/14 px (zero fill); ``"shift+flip"``
+    adds a random horizontal flip; train split only."""
+    from . import fashion as fm
+
+    arrays = fm.load_arrays(str(root) if root else None, bool(download))
+    images, labels = arrays["test" if split == "test" else "train"]
+    n_train = fm.spec_train_per_class(spec)
+    if n_train is not None:  # at most N per class (every image not held out, when a class has fewer)
+        hold = per_class.get("holdout_per_class", fm.DEFAULT_HOLDOUT_PER_CLASS)
+        fewest = min(int((labels == c).sum()) for c in classes) - hold
+        per_class = {**per_class, "train_per_class": max(1, min(n_train, fewest))}
+    idx = fm.split_indices(labels, classes, split, **per_class)
+    size = int(image_size or 28)
+    x = torch.from_numpy((fm.resize(images[idx], size) - fm.MEAN) / fm.STD).unsqueeze(1)
+    remap = np.full(len(fm.CLASSES), -1, np.int64)
+    remap[list(classes)] = np.arange(len(classes))
+    ids = idx + (fm.N_TRAIN_OFFICIAL if split == "test" else 0)
+    parts = str(augment).split("+") if augment and augment is not True else (["shift"] if augment else [])
+    unknown = set(parts) - {"shift", "flip"}
+    if unknown:
+        raise ValueError(f"Fashion-MNIST augmentation {augment!r}: use shift, flip or shift+flip")
+    pad = max(1, round(size / 14))
+    fns = ([_Shift(pad)] if "shift" in parts else []) + ([_Flip()] if "flip" in parts else [])
+    desc = "; ".join(["area resize to %d px, standardise" % size]
+                     + (["random shift ±%d px" % pad] if "shift" in parts else [])
+                     + (["horizontal flip"] if "flip" in parts else []))
+    return SplitDataset(x, np.arange(len(idx)), remap[labels[idx]], classes=[fm.CLASSES[c] for c in classes],
+                        name=spec, split=split, transform=_Compose(*fns) if fns else None, transform_desc=desc,
+                        loader=lambda base, i: base[i], example_ids=ids)
+
+
 def build_dataset(spec: str, split: str, *, augment: Any = False, root: str | os.PathLike | None = None,
                   image_size: int | None = None, eval_resize: int | None = None,
                   holdout_size: int | None = None, download: bool = False,
-                  num_classes: int = 10, n: int = 512, channels: int = 3, autoaugment: bool = False) -> SplitDataset:
+                  num_classes: int = 10, n: int = 512, channels: int = 3, autoaugment: bool = False,
+                  per_class: dict[str, int] | None = None) -> SplitDataset:
     """Dataset ``spec`` (see module docstring), split ``train``/``holdout``/``test``/``train+holdout``.
 
     ``augment``: False, True (the dataset's standard training augmentation), ``"imagenet"`` or
     ``"cifar"``; applied to the train split only. ``root``: the directory for ImageFolder/torchvision
     specs (a spec that is itself a directory needs none). ``num_classes``, ``n``, ``channels`` apply to
-    ``synthetic`` only. ``autoaugment``: add AutoAugment (ImageNet policy) to the training augmentation.
+    ``synthetic`` only; ``per_class`` (train_per_class, holdout_per_class, test_per_class) to the
+    Fashion-MNIST specs only. ``autoaugment``: add AutoAugment (ImageNet policy) to the training augmentation.
     """
     if split == TRAIN_ALL:
         return _train_and_holdout(spec, augment=augment, root=root, image_size=image_size, eval_resize=eval_resize,
-                                  holdout_size=holdout_size, download=download, autoaugment=autoaugment)
+                                  holdout_size=holdout_size, download=download, autoaugment=autoaugment,
+                                  per_class=per_class)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS + (TRAIN_ALL,))}")
     spec = str(spec)
     if spec in ("digits", "digits-source", "digits-target"):
         return _digits(spec, split, bool(augment) and split == "train", autoaugment)
+    from .fashion import parse_spec
+
+    fashion_classes = parse_spec(spec)
+    if fashion_classes is not None:
+        if autoaugment:
+            raise ValueError(f"{spec}: AutoAugment is not available for Fashion-MNIST (use data.augment = "
+                             "\"shift\", \"flip\" or \"shift+flip\")")
+        return _fashion(spec, fashion_classes, split, augment if split == "train" else False, root, download,
+                        image_size, per_class or {})
     if spec == "synthetic":
         return _synthetic(split, image_size or 32, num_classes, n, channels)
     if spec.lower() in TORCHVISION_DATASETS:
@@ -320,4 +389,15 @@ def dataset_from_config(config: dict[str, Any], split: str, *, spec: str | None 
                          image_size=d.get("image_size"), eval_resize=d.get("eval_resize") or None,
                          holdout_size=None if hold is None or hold < 0 else hold,
                          download=d.get("download", False), num_classes=d.get("synthetic_classes", 10),
-                         n=d.get("synthetic_n", 512), channels=int(config.get("in_channels", 3)))
+                         n=d.get("synthetic_n", 512), channels=int(config.get("in_channels", 3)),
+                         per_class=fashion_sizes(d))
+
+
+def fashion_sizes(data: dict[str, Any]) -> dict[str, int]:
+    """The Fashion-MNIST per-class sizes of a run config's ``data`` table (absent or < 0: defaults)."""
+    out = {}
+    for key in ("train_per_class", "holdout_per_class", "test_per_class"):
+        v = data.get(key, -1)
+        if v is not None and v >= 0:
+            out[key] = int(v)
+    return out

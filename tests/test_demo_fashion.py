@@ -1,0 +1,103 @@
+"""`repsim demo --profile fashion` on tiny idx files written here (no real data, no download): the whole
+pipeline (train, extract, analyse, report) for 2 objectives × 1 seed × 1 epoch of a 4-block network,
+one log line per stage and network; and the missing-data error before any training."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from train import fashion as fm
+
+
+def _tiny_fashion(root, per_class=(30, 12)):
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    for split, per in zip(("train", "t10k"), per_class):
+        labels = np.repeat(np.arange(10), per).astype(np.uint8)
+        # class-dependent mean brightness, so one epoch learns something
+        images = np.clip(rng.normal(20 + 20 * labels[:, None, None], 40, (len(labels), 28, 28)), 0, 255)
+        fm.write_idx(root / f"{split}-images-idx3-ubyte.gz", images.astype(np.uint8))
+        fm.write_idx(root / f"{split}-labels-idx1-ubyte", labels)  # raw: both encodings in one set
+    return root
+
+
+TINY = ["data.train_per_class=20", "data.holdout_per_class=5", "data.test_per_class=12", "batch_size=20",
+        "arch_params.layers=[1,1,1,1]", "arch_params.width=4"]
+
+
+@pytest.mark.slow
+def test_fashion_profile_tiny(tmp_path):
+    root = _tiny_fashion(tmp_path / "data")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "repsim", "demo", "--profile", "fashion", "--out", str(out), "--data-root",
+           str(root), "--objectives", "softmax", "sigmoid", "--seeds", "1", "--epochs", "1"]
+    for s in TINY:
+        cmd += ["--set", s]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # hang guard (slow at high load)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    log = run.stdout
+    assert "[demo] train: 0 of 2 networks already trained" in log  # the stage's header
+    assert re.findall(r"^\[demo\] train (\d)/2 ", log, re.M) == ["1", "2"]  # then one line per network
+    assert "[demo] extract 2/2 " in log and "5 store(s)" in log
+    assert "estimated store size" not in log and "epoch 1/1" in log  # summaries, not every line
+    stores = sorted(p.name for p in (out / "stores").glob("*/*.zarr"))
+    assert len(stores) == 2 * 5 and "sigmoid-s0-tgt-test.zarr" in stores
+    from repsim import open_store
+
+    tgt = open_store(out / "stores" / "tgt-test" / "softmax-s0-tgt-test.zarr")
+    assert tgt.attrs["dataset"]["name"] == "fashion-target" and tgt.n == 5 * 12
+    src = open_store(out / "stores" / "src-test" / "softmax-s0-src-test.zarr")
+    assert len(src.layers) >= 6  # every block, pool, logits
+    report = (out / "report" / "report.html").read_text()
+    assert "Profile <code>fashion</code>" in report and "fashion-target" in report
+    findings = (out / "report" / "findings.md").read_text().splitlines()
+    assert sum(l.startswith("- ") for l in findings) == 3  # one line per finding
+    assert findings[-1].startswith("This run reproduces") or len(findings) == 3  # and the shortfall, if any
+
+
+def test_fashion_profile_missing_data_fails_before_training(tmp_path, monkeypatch):
+    from analyses.pipeline import Demo, DemoError
+    from analyses.profiles import FASHION
+
+    monkeypatch.setattr(fm, "DEBIAN_DIR", tmp_path / "no-debian")
+    demo = Demo(tmp_path / "out", ("softmax",), 1, profile=FASHION, data_root=str(tmp_path / "empty"))
+    with pytest.raises(DemoError) as exc:
+        demo.stage_train()
+    msg = str(exc.value)
+    assert "--data-root" in msg and "dataset-fashion-mnist" in msg and "--download" in msg
+    assert not (tmp_path / "out" / "runs").exists()
+
+
+def test_train_argv_carries_profile_and_data_options(tmp_path):
+    from analyses.pipeline import Demo
+    from analyses.profiles import DIGITS, FASHION
+
+    d = Demo(tmp_path, ("softmax",), 1, 3, profile=FASHION, sets=("data.train_per_class=50",),
+             data_root="/data/fm", download=True)
+    argv = d.train_argv("softmax", 0)
+    assert argv[argv.index("--preset") + 1] == "fashion-softmax"
+    assert 'data.root="/data/fm"' in argv and "data.download=true" in argv and "data.train_per_class=50" in argv
+    assert "epochs=3" in argv
+    assert Demo(tmp_path).train_argv("sigmoid", 1)[4:6] == ["--preset", "digits-sigmoid"]
+    assert DIGITS.groups["tgt-train"][0] == "digits-target" and FASHION.groups["src-test"][0] == "fashion-source"
+    (tmp_path / "runs" / "softmax-s0").mkdir(parents=True)
+    (tmp_path / "runs" / "softmax-s0" / "best.pt").write_text("not read")
+    args = d.extract_args("tgt-test", "softmax-s0", d.checkpoint("softmax-s0"))
+    assert args[args.index("--data") + 1] == "fashion-target" and args[args.index("--data-root") + 1] == "/data/fm"
+
+
+def test_report_says_when_fewer_than_two_findings_reproduce():
+    from analyses.findings import Finding
+    from analyses.pipeline import shortfall
+    from analyses.profiles import DIGITS, FASHION
+
+    two = [Finding("a", "reproduced", ""), Finding("b", "reproduced", ""), Finding("c", "partial", "")]
+    assert shortfall(two, FASHION) == ""
+    one = [Finding("a", "reproduced", ""), Finding("b", "partial", ""), Finding("c", "not reproduced", "")]
+    text = shortfall(one, FASHION)
+    assert text.startswith("This run reproduces 1 of the paper's 3 findings.") and "search record" in text
+    assert "profile fashion" in shortfall(one[1:], DIGITS) and "reproduces 0 of" in shortfall(one[1:], DIGITS)
