@@ -101,7 +101,7 @@ FASHION = Profile(
     target_fit="fashion-target@2000",
     # no kept checkpoints (Figs. D.2, E.4): within the hour's budget, seeds come first
     shortfall="The configurations tried for this profile within its budget (one hour on 2 CPU cores) and the "
-              "verdicts each reached are in analyses/README.md, 'Fashion-MNIST profile: search record'.",
+              "verdicts each reached are in analyses/README.md (section 'The Fashion-MNIST profile', 'Search record').",
 )
 
 PROFILES: dict[str, Profile] = {p.name: p for p in (DIGITS, FASHION)}
