@@ -99,5 +99,5 @@ def test_report_says_when_fewer_than_two_findings_reproduce():
     assert shortfall(two, FASHION) == ""
     one = [Finding("a", "reproduced", ""), Finding("b", "partial", ""), Finding("c", "not reproduced", "")]
     text = shortfall(one, FASHION)
-    assert text.startswith("This run reproduces 1 of the paper's 3 findings.") and "search record" in text
+    assert text.startswith("This run reproduces 1 of the paper's 3 findings.") and "Search record" in text
     assert "profile fashion" in shortfall(one[1:], DIGITS) and "reproduces 0 of" in shortfall(one[1:], DIGITS)
