@@ -15,6 +15,8 @@ EXTRAS: dict[str, str] = {
     "torch": "torch",
     "torchvision": "torch",
     "PIL": "torch",
+    "train": "torch",  # repsim's own torch packages: train/ and extract/ need the [torch] extra
+    "extract": "torch",
     "timm": "timm",
     "transformers": "hf",
     "tokenizers": "hf",

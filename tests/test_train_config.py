@@ -8,7 +8,7 @@ from train.config import ConfigError, apply_set, finetune_grid, list_presets, lo
 from train.models import build_backbone
 from train.objectives import OBJECTIVES, make_objective
 
-NUM_CLASSES = {"imagenet": 1000, "cifar10": 10, "cifar100": 100, "digits": 5, "finetune": 10}
+NUM_CLASSES = {"imagenet": 1000, "cifar10": 10, "cifar100": 100, "digits": 5, "fashion": 5, "finetune": 10}
 
 
 def _classes(name: str) -> int:
@@ -20,7 +20,7 @@ def _classes(name: str) -> int:
 
 def test_every_preset_builds():
     names = list_presets()
-    for family in ("resnet50-imagenet", "inception_v3-imagenet", "cifar10-allcnn", "cifar100-wrn", "digits"):
+    for family in ("resnet50-imagenet", "inception_v3-imagenet", "cifar10-allcnn", "cifar100-wrn", "digits", "fashion"):
         assert {f"{family}-{o}" for o in OBJECTIVES} <= set(names), family
     assert {f"resnet50-imagenet-cosine_softmax-tau0.0{i}" for i in range(1, 9)} <= set(names)
     backbones: dict = {}
