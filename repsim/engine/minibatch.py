@@ -72,7 +72,8 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
         reader = BlockReader(columns, plan.n, plan.block_rows, spatial=spec["spatial"], prefetch=spec["prefetch"],
                              threads=spec["threads"])
     names = [f"{c.store}/{c.layer}" for c in columns]
-    acc = MinibatchCKA(L, debiased=spec["debiased"], keep_batches=True, names=names)
+    acc = MinibatchCKA(L, debiased=spec["debiased"], keep_batches=True, names=names,
+                       compute_dtype=spec.get("compute_dtype"))
     dtypes = [gram_dtype(c.dtype, xp, spec.get("compute_dtype")) for c in columns]
 
     def reduce(x: Any, c: int) -> Any:
@@ -166,9 +167,10 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     deletes it once the output is written).  ``prefetch``/``threads``: reads in flight / reader
     threads (on the CPU the reader threads also cast and reduce wide columns to centred Grams, so
     ``threads`` is the compute parallelism as well).
-    ``compute_dtype``: precision of the wide columns' batch Grams; ``None`` (default) picks float32
-    for float16 columns (and on a GPU for all but float64 ones), float64 otherwise — see
-    :func:`gram_dtype`; per-batch HSIC values are always summed in float64.
+    ``compute_dtype``: precision of the batch Grams, wide and narrow columns alike; ``None``
+    (default) picks float32 for float16/float32 columns and float64 for float64 ones on every
+    device (:func:`repsim._xp.gram_dtype`, the error bound of ``repsim.kernels.cka``); centring
+    means, slab sums, U-centring and HSIC sums are float64 either way.
     Tasks run here, or on the ``dask.distributed`` cluster set by :func:`repsim.set_scheduler`.
     """
     if spatial not in ("flatten", "mean"):
