@@ -311,9 +311,11 @@ def save_store(
     """Write activations to a new store ("bring your own activations") and return it opened.
 
     ``layers`` maps names (kept in order) to NumPy or Dask arrays ``(N, ...)``. Dask inputs are
-    streamed: chunk ``i`` of every input is computed together (so shared upstream work is done once)
-    and written before the next, so peak memory is about one chunk of rows across layers,
-    independent of N. ``dtype=None`` keeps float16/float32/float64 as given (integer inputs are
+    streamed (:func:`_stream_chunks`): every chunk of every Dask input is computed exactly once,
+    whatever its chunking relative to the store's, inputs that need new rows at the same store
+    chunk are computed together (so upstream work they share is done once), and the next inputs'
+    chunks are computed while the current ones' store chunks are written; peak memory is about one
+    input chunk (two while overlapping) plus one store chunk, independent of N. ``dtype=None`` keeps float16/float32/float64 as given (integer inputs are
     refused); a dtype applies to every layer (a dict maps layer -> dtype). ``example_ids`` defaults
     to ``arange(N)``. ``head=(W, b)`` stores the final layer. ``logits`` are stored as float32.
     ``compression``: ``"zstd"`` (default) or ``"none"`` for the layers (see ``StoreWriter.create``).
@@ -376,34 +378,143 @@ def save_store(
 
 def _fill(writer: StoreWriter, arrays: dict[str, Any], labels: Any, example_ids: Any, logits: Any,
           head: tuple[Any, Any] | None, progress: bool | None) -> None:
-    """Write every chunk of ``save_store``'s inputs, computing dask chunks one at a time."""
+    """Write every chunk of ``save_store``'s inputs (Dask inputs through :func:`_stream_chunks`)."""
     import sys
 
-    import dask
     from tqdm.auto import tqdm
 
-    rows = writer.chunk_rows
     sources: dict[tuple[str, str], Any] = {("layer", name): x for name, x in arrays.items()}
     sources[("labels", "")], sources[("ids", "")] = labels, example_ids
     if logits is not None:
         sources[("logits", "")] = logits
-    lazy = {k: v for k, v in sources.items() if _is_dask(v)}
-    # one Delayed per chunk: computing it returns the block itself (no finalize/concatenate copy)
-    lazy = {k: v.rechunk((rows,) + v.shape[1:]).to_delayed().ravel() for k, v in lazy.items()}
     show = sys.stderr.isatty() if progress is None else bool(progress)
-    for i in tqdm(range(writer.n_chunks), desc=f"save {writer.name}", unit="chunk", disable=not show):
-        start, stop = writer.rows(i)
-        keys = list(lazy)
-        computed = dask.compute(*[lazy[k][i] for k in keys]) if keys else ()
-        block = {k: v[start:stop] for k, v in sources.items() if k not in lazy}
-        block.update(zip(keys, computed))
-        writer.write_chunk(
-            i,
-            layers={name: block[("layer", name)] for name in arrays},
-            labels=block[("labels", "")],
-            example_ids=block[("ids", "")],
-            logits=block.get(("logits", "")),
-        )
-        del block, computed
+    bar = tqdm(total=writer.n_chunks, desc=f"save {writer.name}", unit="chunk", disable=not show)
+    try:
+        for i, block in _stream_chunks(sources, [writer.rows(i) for i in range(writer.n_chunks)]):
+            writer.write_chunk(
+                i,
+                layers={name: block[("layer", name)] for name in arrays},
+                labels=block[("labels", "")],
+                example_ids=block[("ids", "")],
+                logits=block.get(("logits", "")),
+            )
+            del block
+            bar.update(1)
+    finally:
+        bar.close()
     if head is not None:
         writer.set_head(*head)
+
+
+def _row_blocks(x: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A Dask array as (one Delayed per block of rows, the blocks' end rows): chunks along the
+    other axes are merged first (each of their pieces feeds exactly one row block)."""
+    if x.ndim > 1 and any(len(c) > 1 for c in x.chunks[1:]):
+        x = x.rechunk({ax: -1 for ax in range(1, x.ndim)})
+    # unoptimised: keys shared with other sources stay shared, so one ``dask.compute`` runs them once
+    return x.to_delayed(optimize_graph=False).reshape(-1), np.cumsum(x.chunks[0])
+
+
+def _stream_chunks(sources: Mapping[Any, Any], chunk_rows: list[tuple[int, int]]) -> Any:
+    """Yield ``(i, {key: rows of chunk i})`` for the chunks ``chunk_rows[i] = (start, stop)`` (in
+    order, covering the rows), computing every block of every Dask source exactly once, whatever
+    its chunking; NumPy sources are sliced.
+
+    A *step* starts at each chunk that needs rows no computed block holds yet: it computes, in one
+    ``dask.compute`` (so work shared by sources with the same row chunking runs once), the blocks
+    of every source up to the end of that chunk, and it serves the chunks from there until the
+    next step.  A chunk that straddles blocks is assembled from them (its rows from the older block
+    are copied out and that block released before the new ones are computed).  Memory: the blocks
+    of one step plus one chunk — about one source chunk plus one store chunk.  When a step serves
+    two or more chunks, the next step is computed on a background thread while they are written
+    (compute and compression then overlap, at the cost of one more step's blocks in memory).
+    """
+    import dask
+
+    lazy = {k: _row_blocks(v) for k, v in sources.items() if _is_dask(v)}
+    # the plan: steps (first chunk, last chunk, {key: (first block, last block)}) from the chunkings alone
+    steps: list[list[Any]] = []
+    nxt = {k: 0 for k in lazy}
+    for i, (_, stop) in enumerate(chunk_rows):
+        need = {}
+        for k, (_, ends) in lazy.items():
+            last = int(np.searchsorted(ends, stop, side="left"))  # first block ending at or after ``stop``
+            if last >= nxt[k]:
+                need[k] = (nxt[k], last)
+                nxt[k] = last + 1
+        if need or not steps:
+            steps.append([i, i, need])
+        else:
+            steps[-1][1] = i
+
+    def compute(step: list[Any]) -> dict[Any, list[tuple[int, np.ndarray]]]:
+        want = [(k, j) for k, (j0, j1) in step[2].items() for j in range(j0, j1 + 1)]
+        values = dask.compute(*[lazy[k][0][j] for k, j in want]) if want else ()
+        out: dict[Any, list[tuple[int, np.ndarray]]] = {}
+        for (k, j), v in zip(want, values):
+            ends = lazy[k][1]
+            out.setdefault(k, []).append((int(ends[j - 1]) if j else 0, np.asarray(v)))
+        return out
+
+    held: dict[Any, list[tuple[int, np.ndarray]]] = {k: [] for k in lazy}  # (first row, block) alive
+    partial: dict[Any, np.ndarray] = {}
+
+    def take(k: Any, start: int, stop: int) -> np.ndarray:
+        """Rows start:stop of source k from its held blocks (a view when one block holds them)."""
+        parts = [(r0, b) for r0, b in held[k] if r0 < stop and r0 + b.shape[0] > start]
+        if len(parts) == 1 and k not in partial:
+            r0, b = parts[0]
+            return b[start - r0:stop - r0]
+        out = partial.pop(k, None)
+        for r0, b in parts:
+            lo, hi = max(start, r0), min(stop, r0 + b.shape[0])
+            if out is None:
+                out = np.empty((stop - start,) + b.shape[1:], dtype=b.dtype)
+            out[lo - start:hi - start] = b[lo - r0:hi - r0]
+        return out
+
+    pool = None
+    ahead = None
+    try:
+        for s, step in enumerate(steps):
+            first, last, need = step
+            a, b = chunk_rows[first]
+            if ahead is not None:
+                got = ahead.result()
+                ahead = None
+            else:
+                # the chunk's rows from blocks computed earlier are copied out first, so those
+                # blocks are released before the new ones exist
+                for k in need:
+                    old = [(r0, blk) for r0, blk in held[k] if r0 + blk.shape[0] > a]
+                    if old:
+                        r0, blk = old[-1]
+                        hi = r0 + blk.shape[0]
+                        buf = np.empty((b - a,) + blk.shape[1:], dtype=blk.dtype)
+                        buf[:hi - a] = blk[a - r0:]
+                        partial[k] = buf
+                        del blk, buf
+                    held[k] = []
+                    del old
+                got = compute(step)
+            for k in got:
+                held[k] = [(r0, blk) for r0, blk in held[k] if r0 + blk.shape[0] > a] + got[k]
+            del got  # (no loop variable may keep a block alive: memory is the point here)
+            if last > first and s + 1 < len(steps):  # overlap the next step's compute with these writes
+                if pool is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="repsim-save")
+                ahead = pool.submit(compute, steps[s + 1])
+            for i in range(first, last + 1):
+                a, b = chunk_rows[i]
+                block = {k: (take(k, a, b) if k in lazy else v[a:b]) for k, v in sources.items()}
+                for k in lazy:  # release the blocks that later chunks do not need (views stay valid)
+                    held[k] = [(r0, blk) for r0, blk in held[k] if r0 + blk.shape[0] > b]
+                yield i, block
+                del block
+    finally:
+        if ahead is not None:
+            ahead.cancel()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
