@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from repsim.store.format import (STORE_VERSION, StoreError, _cast, _codecs, _float_dtype, _open_group, _validate,
-                                 default_chunk_rows, dimension_names, store_name)
+from repsim.store.format import (STORE_VERSION, StoreError, _cast, _codecs, _float_dtype, _Members, _open_group,
+                                 _validate, default_chunk_rows, dimension_names, store_name)
 from repsim.store.reader import ActivationStore, open_store
 
 
@@ -48,25 +48,26 @@ class StoreWriter:
     chunks concurrently (each chunk is its own object in every array, flags included).
     """
 
-    def __init__(self, path: str, group: Any):
+    def __init__(self, path: str, group: Any, members: Any = None):
         self.path = str(path)
         self.name = store_name(self.path)
         self._group = group
         attrs = dict(group.attrs)
+        nodes = _Members(group) if members is None else members  # one concurrent metadata fetch
         self.layer_names: list[str] = list(attrs["layers"])
-        self.n: int = int(group["example_ids"].shape[0])
-        self.chunk_rows: int = int(group["example_ids"].chunks[0])
+        self.n: int = int(nodes["example_ids"].shape[0])
+        self.chunk_rows: int = int(nodes["example_ids"].chunks[0])
         self.n_chunks: int = -(-self.n // self.chunk_rows)
         # every chunk becomes an object, even an all-zero one, so a missing object means data loss
-        full = lambda key: group[key].with_config({"write_empty_chunks": True})  # noqa: E731
+        full = lambda key: nodes[key].with_config({"write_empty_chunks": True})  # noqa: E731
         self._layers = {name: full(f"layers/{name}") for name in self.layer_names}
-        self._logits = full("logits") if "logits" in group else None
+        self._logits = full("logits") if "logits" in nodes else None
         self._ids, self._labels, self._written = full("example_ids"), full("labels"), full("written")
         # data chunks bypass zarr's codec pipeline on local disks (repsim.store._chunkio; byte-identical)
         from repsim.store._chunkio import fast_chunks
 
         self._fast = {id(a): fast_chunks(self.path, a.path, a)
-                      for a in [*self._layers.values(), self._ids, self._labels]
+                      for a in [*self._layers.values(), self._ids, self._labels, self._written]
                       + ([self._logits] if self._logits is not None else [])}
 
     # construction --------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ class StoreWriter:
         for name, (tail, dtype) in spec.items():
             lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail))), **layer_codecs)
         group.create_array("written", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, dimension_names=["chunk"], **codecs)
-        group.attrs.update(
+        group.update_attributes(  # one metadata write (attrs.update writes once per key)
             {
                 "repsim_store_version": STORE_VERSION,
                 "model": model,
@@ -169,8 +170,7 @@ class StoreWriter:
         if not os.path.exists(path) and "://" not in path:
             raise StoreError(f"store {store_name(path)}: {path} does not exist")
         group = _open_group(path, "r+")
-        _validate(path, group)
-        return cls(path, group)
+        return cls(path, group, _validate(path, group))
 
     # state --------------------------------------------------------------------------------------
     def written(self) -> np.ndarray:
@@ -240,7 +240,11 @@ class StoreWriter:
                 fast.write(data, (i,) + (0,) * (data.ndim - 1))
             else:
                 arr[sel] = data
-        self._written[i] = True
+        fast = self._fast.get(id(self._written))
+        if fast is not None:
+            fast.write(np.ones(1, dtype=bool), (i,))
+        else:
+            self._written[i] = True
 
     def set_head(self, W: Any, b: Any) -> None:
         """Store the final layer ``W (K, M)``, ``b (K,)`` as float32 under ``head/``."""
