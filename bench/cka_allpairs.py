@@ -42,7 +42,6 @@ import importlib
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,7 +54,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from repsim.kernels.cka import MinibatchCKA, batch_hsic, hsic_to_cka  # noqa: E402
+from bench._peers import install_peers  # noqa: E402
+from repsim.kernels.cka import MinibatchCKA  # noqa: E402
 
 
 def best_time(fn, repeats: int) -> float:
@@ -66,20 +66,6 @@ def best_time(fn, repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def install_peers(target: str) -> dict[str, str]:
-    """pip install the two peers into ``target`` (no dependencies: torch, tqdm, matplotlib are already here)."""
-    status = {}
-    for pkg in ("torch_cka", "pytorch-cka"):
-        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", target, pkg]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
-            status[pkg] = "installed" if r.returncode == 0 else f"pip failed: {r.stderr.strip()[-200:]}"
-        except Exception as e:  # noqa: BLE001
-            status[pkg] = f"pip failed: {e}"
-    sys.path.insert(0, target)
-    return status
 
 
 # --- faithful re-implementations, used only when the real package cannot be installed ---------
