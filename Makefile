@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 PYTEST_WORKERS ?= auto
 DEMO_OUT ?= demo-out
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench check-core clean
 
 install: $(STAMP)
 
@@ -26,8 +26,13 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/repsim demo --out $(DEMO_OUT)
 
+# the analysis core alone (`pip install .`, no torch) in a fresh venv: a few minutes; the suite's
+# tests/test_install_split.py checks the same cheaply
+check-core:
+	PYTHON=$(PYTHON) bash tests/check_core_install.sh
+
 bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis $(DEMO_OUT)
+	rm -rf $(VENV) .venv-core .pytest_cache .hypothesis $(DEMO_OUT)

@@ -45,13 +45,17 @@ def run(args) -> int:
     if args.list:
         from analyses.render import ordered_items
 
+        from analyses.item import NOT_PRODUCED
+
         for it in ordered_items():
             print(f"{it.id:8s} {it.kind:6s} {it.title}  [needs: {', '.join(it.needs)}]")
+        for key, (title, why) in NOT_PRODUCED.items():
+            print(f"{key:8s} {'-':6s} {title}  [not an item: {why}]")
         return 0
     for name in ("stores", "results"):
         path = getattr(args, name)
         if path is not None and not path.is_dir():
-            raise SystemExit(f"repsim figures: --{name} {path} is not a directory")
+            raise ValueError(f"--{name} {path} is not a directory")
     outcomes, report = make_figures(args.stores, args.results, args.out, only=args.only, progress=not args.quiet)
     failed = [o for o in outcomes if o.status == "failed"]
     done = sum(o.status == "done" for o in outcomes)

@@ -33,17 +33,31 @@ def natural_key(name: str) -> tuple:
     return (tail,) + tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
 
 
+def split_label(label: str) -> tuple[str, str, str]:
+    """``"cosine_softmax (tau=0.05) [autoaugment]"`` → ("cosine_softmax", "tau=0.05", "autoaugment")."""
+    head, _, variant = str(label).partition(" [")
+    objective, _, params = head.partition(" (")
+    return objective, params.removesuffix(")"), variant.removesuffix("]")
+
+
+def compose_label(objective: str, params: str, variant: str, settings: int) -> str:
+    """A group label: the objective, its parameters when it appears with ``settings`` > 1 parameter
+    settings (a sweep), and the training variant (AutoAugment, Mixup, ...) when not the standard one."""
+    label = f"{objective} ({params})" if params and settings > 1 else objective
+    return f"{label} [{variant}]" if variant else label
+
+
 def objective_key(label: str) -> tuple:
-    """Sort key for labels: paper order of the objective, then its parameter values numerically."""
-    objective = label.split(" (")[0]
+    """Sort key for labels: paper order of the objective, then the variant, then its parameter values numerically."""
+    objective, params, variant = split_label(label)
     rank = OBJECTIVES.index(objective) if objective in OBJECTIVES else len(OBJECTIVES)
-    nums = [float(x) for x in re.findall(r"=([-+]?[0-9.]+(?:[eE][-+]?\d+)?)", label)]
-    return (rank, objective, nums, label)
+    nums = [float(x) for x in re.findall(r"=([-+]?[0-9.]+(?:[eE][-+]?\d+)?)", params)]
+    return (rank, objective, variant, nums, label)
 
 
 def display(label: str) -> str:
-    objective, _, rest = label.partition(" (")
-    return DISPLAY.get(objective, objective) + (f" ({rest}" if rest else "")
+    objective, params, variant = split_label(label)
+    return DISPLAY.get(objective, objective) + (f" ({params})" if params else "") + (f" [{variant}]" if variant else "")
 
 
 def _params_text(params: Any) -> str:
@@ -60,11 +74,23 @@ def _params_text(params: Any) -> str:
 def _attrs_row(name: str, attrs: dict, n: int | None) -> dict:
     """One row of :attr:`Inputs.runs` from a store's attrs (docs/architecture.md "The activation store")."""
     model, dataset = attrs.get("model") or {}, attrs.get("dataset") or {}
+    source = model.get("finetuned_from") or {}
     return dict(store=name, objective=model.get("objective") or "", seed=model.get("seed"),
                 params=_params_text(model.get("params")), arch=model.get("arch") or "",
                 epoch=model.get("epoch"), dataset=dataset.get("name") or "",
                 split=dataset.get("split") or "", n=dataset.get("n", n),
-                spatial=(attrs.get("extraction") or {}).get("spatial") or "")
+                spatial=(attrs.get("extraction") or {}).get("spatial") or "",
+                variant=model.get("variant") or "", sha256=model.get("checkpoint_sha256") or "",
+                finetuned_from=source.get("sha256") or "" if isinstance(source, dict) else "")
+
+
+def _text(values: pd.Series) -> pd.Series:
+    """A column as strings, missing values as "" (CSV columns of empty strings read as float NaN)."""
+    return values.astype(object).where(values.notna(), "").astype(str)
+
+
+RUN_COLUMNS = ["store", "objective", "seed", "params", "arch", "epoch", "dataset", "split", "n", "spatial",
+               "variant", "sha256", "finetuned_from"]
 
 
 class Inputs:
@@ -79,6 +105,15 @@ class Inputs:
     # ----------------------------------------------------------------- stores
     @cached_property
     def stores(self) -> dict[str, Any]:
+        """The stores of the end-of-training items: every complete store except those of fine-tuned
+        networks (``model.finetuned_from``) and those of earlier checkpoints of a run that has a later
+        one on the same data (training dynamics, Figs. D.2, E.4); :attr:`all_stores` has them all."""
+        final = self.runs.loc[self.runs["final"] & (self.runs["finetuned_from"] == ""), "store"]
+        keep = set(final)
+        return {k: v for k, v in self.all_stores.items() if k in keep}
+
+    @cached_property
+    def all_stores(self) -> dict[str, Any]:
         """Complete stores under the stores directory, by name (incomplete ones are ignored)."""
         if self.stores_dir is None or not self.stores_dir.is_dir():
             return {}
@@ -108,7 +143,7 @@ class Inputs:
         the results CSVs. ``label`` is the objective, with its parameters appended when one objective
         appears with several parameter settings (e.g. a temperature sweep).
         """
-        rows = [_attrs_row(name, store.attrs, store.n) for name, store in self.stores.items()]
+        rows = [_attrs_row(name, store.attrs, store.n) for name, store in self.all_stores.items()]
         known = {r["store"] for r in rows}
         try:  # CKAResult.meta["stores"] records every store's attrs (engine provenance)
             for name, prov in self.cka.provenance().items():
@@ -126,18 +161,22 @@ class Inputs:
                     known.add(rec["store"])
                     rows.append(dict(store=rec["store"], objective=rec.get("objective", ""),
                                      seed=rec.get("seed"), params=rec.get("params", "") or "",
-                                     arch="", epoch=rec.get("epoch"), dataset="", split="", n=None, spatial=""))
-        runs = pd.DataFrame(rows, columns=["store", "objective", "seed", "params", "arch", "epoch",
-                                           "dataset", "split", "n", "spatial"])
-        runs["objective"] = runs["objective"].fillna("").astype(str)
-        runs["params"] = runs["params"].fillna("").astype(str)
+                                     arch="", epoch=rec.get("epoch"), dataset="", split="", n=None, spatial="",
+                                     variant=rec.get("variant", "") or ""))
+        runs = pd.DataFrame(rows, columns=RUN_COLUMNS)
+        for col in ("objective", "params", "variant", "sha256", "finetuned_from"):
+            runs[col] = _text(runs[col])
+        runs["params"] = runs["params"].map(_params_text)
         runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce")
         runs["epoch"] = pd.to_numeric(runs["epoch"], errors="coerce")
         n_settings = runs.groupby("objective")["params"].nunique()
-        runs["label"] = [
-            f"{o} ({p})" if p and n_settings.get(o, 0) > 1 else o
-            for o, p in zip(runs["objective"], runs["params"])
-        ]
+        runs["label"] = [compose_label(o, p, v, n_settings.get(o, 0))
+                         for o, p, v in zip(runs["objective"], runs["params"], runs["variant"])]
+        runs["base_label"] = [compose_label(o, p, "", n_settings.get(o, 0)) for o, p in zip(runs["objective"], runs["params"])]
+        # the last checkpoint of each run on each dataset split (earlier ones: training dynamics)
+        keys = ["objective", "params", "variant", "seed", "arch", "dataset", "split", "finetuned_from"]
+        last = runs.fillna({"seed": -1}).groupby(keys, dropna=False)["epoch"].transform("max")
+        runs["final"] = runs["epoch"].isna() | last.isna() | (runs["epoch"] >= last)
         return runs
 
     # --------------------------------------------------------------- results
@@ -167,18 +206,42 @@ class Inputs:
         if "objective" in df:
             df["objective"] = df["objective"].fillna("").astype(str)
         if "store" in df:
-            meta = self.runs[["store", "label", "epoch", "dataset", "split", "n", "spatial"]]
+            meta = self.runs[["store", "label", "base_label", "epoch", "dataset", "split", "n", "spatial",
+                              "finetuned_from"] + (["variant"] if "variant" not in df else [])]
             df = df.merge(meta, on="store", how="left", suffixes=("", "_store"))
-            if "epoch_store" in df:
-                df["epoch"] = pd.to_numeric(df["epoch"], errors="coerce").fillna(df.pop("epoch_store"))
-            fallback = df["objective"] if "objective" in df else df["store"]
-            df["label"] = df["label"].fillna(fallback)
+            for col in ("epoch", "dataset", "split", "n"):
+                if f"{col}_store" in df:
+                    extra = df.pop(f"{col}_store")
+                    df[col] = (pd.to_numeric(df[col], errors="coerce") if col in ("epoch", "n") else df[col]).fillna(extra)
+            known = df["label"].notna()
+            df.loc[~known, ["label", "base_label"]] = self._csv_labels(df[~known]).to_numpy()
+            df["finetuned_from"] = _text(df["finetuned_from"])
+            if name not in ("finetune",):
+                df = df[df["finetuned_from"] == ""]  # fine-tuned networks only enter Table 2 / Fig. D.3
         elif "objective" in df:
-            df["label"] = df["objective"]
+            df[["label", "base_label"]] = self._csv_labels(df).to_numpy()
+        if "variant" in df:
+            df["variant"] = _text(df["variant"])
         if not all_epochs and name != "training" and "epoch" in df and df["epoch"].notna().any():
             last = df.groupby(["label", "seed"], dropna=False)["epoch"].transform("max")
             df = df[df["epoch"].isna() | (df["epoch"] == last)]
         return df
+
+    def _csv_labels(self, df: pd.DataFrame) -> pd.DataFrame:
+        """(label, base_label) of CSV rows naming no known store, from their objective, params (JSON
+        or k=v text) and variant columns, with the sweep rule of :attr:`runs` over runs and rows alike."""
+        if df.empty:
+            return pd.DataFrame({"label": [], "base_label": []})
+        blank = pd.Series("", index=df.index)
+        obj = _text(df["objective"]) if "objective" in df else df["store"].astype(str)
+        params = _text(df["params"]).map(_params_text) if "params" in df else blank
+        variant = _text(df["variant"]) if "variant" in df else blank
+        settings: dict[str, set] = {}
+        for o, p in list(zip(self.runs["objective"], self.runs["params"])) + list(zip(obj, params)):
+            settings.setdefault(o, set()).add(p)
+        return pd.DataFrame({
+            "label": [compose_label(o, p, v, len(settings[o])) for o, p, v in zip(obj, params, variant)],
+            "base_label": [compose_label(o, p, "", len(settings[o])) for o, p in zip(obj, params)]}, index=df.index)
 
     @cached_property
     def cka(self) -> "CKACollection":
@@ -221,7 +284,8 @@ class Inputs:
             raise Missing(f"training.csv has no evaluation split ({', '.join(EVAL_SPLITS)})")
         ev = tr[tr["split"] == split]
         last = ev.loc[ev.groupby(["label", "seed"], dropna=False)["epoch"].idxmax()]
-        out = last[["label", "seed", "top1"] + (["top5"] if "top5" in last else [])].copy()
+        cols = ["label", "base_label", "variant", "seed", "epoch", "top1", "top5"]
+        out = last[[c for c in cols if c in last]].copy()
         out["split"] = split
         return out.reset_index(drop=True)
 

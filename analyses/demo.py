@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 HELP = "end-to-end demo on the scikit-learn digits set (train, extract, analyse, report)"
@@ -32,9 +31,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from analyses.pipeline import Demo, DemoError, fresh
+    from repsim.commands.main import CommandError
+    from repsim.extras import require
+
+    require("torch", "the demo (it trains and extracts)")
 
     if args.seeds < 1:
-        raise SystemExit("repsim demo: --seeds must be >= 1")
+        raise ValueError("--seeds must be >= 1")
     jobs = args.jobs or max(1, min(2, os.cpu_count() or 1))
     out = args.out.resolve()
     if args.fresh:
@@ -43,6 +46,5 @@ def run(args) -> int:
     demo = Demo(out, tuple(args.objectives), args.seeds, args.epochs, jobs)
     try:
         return demo.run()
-    except DemoError as exc:
-        print(f"repsim demo: {exc}", file=sys.stderr)
-        return 2
+    except DemoError as exc:  # a stage cannot run: one line, exit 2 (repsim.commands.main)
+        raise CommandError(str(exc)) from None

@@ -6,7 +6,6 @@ decides which those are. Failures raise :class:`AnalysisError`.
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Sequence
 
@@ -18,30 +17,15 @@ class AnalysisError(RuntimeError):
 
 
 def training_csv(runs: Sequence[tuple[str, Path, Path]], path: Path) -> None:
-    """training.csv from each run's metrics.csv, up to the epoch of the extracted checkpoint.
+    """training.csv from each run's metrics.csv (`repsim runs`), up to the epoch of best.pt when the run
+    saved one (best holdout top-1, first maximum, App. A.1 early stopping), as in Figs. C.1–C.3.
 
-    ``runs``: (name ``<objective>-s<seed>``, run directory, extracted checkpoint) per run. The
-    extracted checkpoint is best.pt (best holdout top-1, first maximum, App. A.1 early stopping)
-    when the run saved one, else the last epoch; curves stop there, as in Figs. C.1–C.3.
+    ``runs``: (name ``<objective>-s<seed>``, run directory, extracted checkpoint) per run.
     """
+    from repsim.commands.runs import training_rows
     from repsim.engine.drivers import write_csv
 
-    rows = []
-    for name, run_dir, checkpoint in runs:
-        with (run_dir / "metrics.csv").open() as f:
-            metrics = list(csv.DictReader(f))
-        objective, seed = name.rsplit("-s", 1)
-        last = len(metrics)
-        if checkpoint.name == "best.pt" and metrics and metrics[0].get("holdout_top1", "") != "":
-            hold = [float(m["holdout_top1"]) if m.get("holdout_top1") else -1.0 for m in metrics]
-            last = int(np.argmax(hold)) + 1
-        for m in metrics[:last]:
-            for split in ("train", "holdout", "test"):
-                top1 = m.get(f"{split}_top1", "")
-                if top1 != "":
-                    rows.append(dict(store=name, objective=objective, seed=int(seed), epoch=int(m["epoch"]),
-                                     split=split, top1=float(top1), top5=m.get(f"{split}_top5", "")))
-    write_csv(rows, path)
+    write_csv(training_rows([d for _, d, _ in runs], [n for n, _, _ in runs]), path)
 
 
 def cka(paths: Sequence[str], path: Path) -> None:
@@ -59,9 +43,10 @@ def cka(paths: Sequence[str], path: Path) -> None:
     result.save(str(path))
 
 
-def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path) -> None:
+def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path, dynamics: Sequence[str] = ()) -> None:
     """separation.csv (every layer of the ``test`` stores, cosine; the penultimate layer under all
-    three distances on the ``test`` and ``train`` stores), sparsity.csv (every layer, ``test``),
+    three distances on the ``test`` and ``train`` stores; the penultimate layer, cosine, of the
+    ``dynamics`` stores of earlier checkpoints, Fig. E.4), sparsity.csv (every layer, ``test``),
     collapse.csv and spectra.npz (penultimate layer, ``train``), by the engine's streaming drivers."""
     from repsim.engine.drivers import DISTANCES, collapse_rows, separation_rows, sparsity_rows, write_csv
     from repsim.store.reader import open_store
@@ -71,6 +56,8 @@ def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path) -> None:
     sep = separation_rows(test, blocks, distances=("cosine",), **kw)
     sep += [r for r in separation_rows(test, ["pool"], distances=DISTANCES, **kw) if r["distance"] != "cosine"]
     sep += separation_rows(train, ["pool"], distances=DISTANCES, **kw)
+    if dynamics:
+        sep += separation_rows(dynamics, ["pool"], distances=("cosine",), **kw)
     write_csv(sep, res / "separation.csv")
     write_csv(sparsity_rows(test, blocks, **kw), res / "sparsity.csv")
     rows, spectra = collapse_rows(train, ["pool"], spectra=True, **kw)
@@ -78,6 +65,15 @@ def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path) -> None:
     tmp = res / "spectra.tmp.npz"
     np.savez(tmp, **spectra)
     tmp.replace(res / "spectra.npz")
+
+
+def accuracy(paths: Sequence[str], path: Path) -> None:
+    """accuracy.csv (`repsim accuracy`): each network's own top-1 / top-5 on the stores' split (the
+    training split: Table C.1)."""
+    from repsim.commands.accuracy import accuracy_rows
+    from repsim.engine.drivers import write_csv
+
+    write_csv(accuracy_rows(list(paths)), path)
 
 
 def probes(tasks: Sequence[tuple[str, Sequence[str], Sequence[str], Sequence[str]]], path: Path) -> None:

@@ -44,6 +44,19 @@ class Item:
 
 REGISTRY: list[Item] = []
 
+# Paper tables and figures that are not items, and why (`repsim figures --list` shows them).
+NOT_PRODUCED: dict[str, tuple[str, str]] = {
+    "tableA1": ("Table A.1: ResNet-50 hyperparameters and epochs per objective",
+                "a hyperparameter table, shipped as presets: train/presets/resnet50-imagenet-<objective>.toml"),
+    "tableA2": ("Table A.2: the transfer datasets",
+                "a list of datasets (classes, sizes, accuracy measure); give each to repsim probe / repsim finetune "
+                "with --metric top1 or mean_per_class"),
+    "tableB1": ("Table B.1: Table 1 for Inception v3",
+                "the table1 item, rendered from Inception v3 runs (presets inception_v3-imagenet-<objective>)"),
+    "figB1": ("Fig. B.1: Fig. 2 for Inception v3",
+              "the fig2a/fig2b items, rendered from Inception v3 stores (presets inception_v3-imagenet-<objective>)"),
+}
+
 
 def item(id: str, title: str, kind: str, needs: tuple[str, ...]):
     """Register an item function under ``id`` (also its file stem)."""

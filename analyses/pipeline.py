@@ -2,9 +2,12 @@
 
 Layout of the output directory (each stage reuses what a previous run finished)::
 
-    OUT/runs/<objective>-s<seed>/   `repsim train` output; DONE marks a finished run (keyed on its command)
+    OUT/runs/<objective>-s<seed>/   `repsim train` output; DONE marks a finished run (keyed on its command);
+                                    epoch-EEEE.pt every KEEP_EVERY epochs (training dynamics)
     OUT/stores/<group>/<run>-<group>.zarr   `repsim extract` stores; reused when complete and newer than
                                     the checkpoint
+    OUT/stores/<dyn group>/<run>-epoch-EEEE-<dyn group>.zarr   earlier checkpoints of the seed-0 runs,
+                                    penultimate layer only (Figs. D.2, E.4)
     OUT/results/                    results files (docs/architecture.md "Results files"); each keyed in
                                     results/fingerprints.json on the stores it was computed from
     OUT/report/                     figures, tables, report.html, findings.md; rewritten when the results
@@ -17,8 +20,10 @@ time, so memory stays bounded by one store's largest layer.
 from __future__ import annotations
 
 import collections
+import csv
 import hashlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -39,9 +44,18 @@ GROUPS: dict[str, tuple[str, str, str | None, str]] = {
     "tgt-train": ("digits-target", "train", "pool", "transfer probes: fit (Table 1)"),
     "tgt-test": ("digits-target", "test", "pool", "transfer probes: score; class overlap (Table 1, F.1)"),
 }
+# training dynamics (Figs. D.2, E.4): the kept checkpoints before the analysed one, of one network per
+# objective (seed 0, as the paper plots "a single ResNet-50 model of each loss function"), penultimate only
+KEEP_EVERY = 5
+DYNAMICS_GROUPS: dict[str, tuple[str, str, str, str]] = {
+    "dyn-src-train": ("digits-source", "train", "pool", "R² over training, training set (Fig. E.4)"),
+    "dyn-src-test": ("digits-source", "test", "pool", "R² over training, evaluation set (Fig. E.4)"),
+    "dyn-tgt-train": ("digits-target", "train", "pool", "linear transfer over training: fit (Fig. D.2)"),
+    "dyn-tgt-test": ("digits-target", "test", "pool", "linear transfer over training: score (Fig. D.2)"),
+}
 TRANSFER_TASK = "digits-target"
 RELEARN_TASK = "source-relearn"
-ANALYSIS_VERSION = "2"  # bump when the analysis settings below change, to invalidate old results
+ANALYSIS_VERSION = "3"  # bump when the analysis settings below change, to invalidate old results
 
 
 class DemoError(RuntimeError):
@@ -124,7 +138,8 @@ class Demo:
     # ------------------------------------------------------------------ train
     def train_argv(self, objective: str, seed: int) -> list[str]:
         argv = _repsim("train", "--preset", f"digits-{objective}", "--seed", str(seed),
-                       "--out", str(self.run_dir(f"{objective}-s{seed}")), "--no-progress")
+                       "--out", str(self.run_dir(f"{objective}-s{seed}")), "--no-progress",
+                       "--keep-every", str(KEEP_EVERY))
         if self.epochs is not None:
             argv += ["--set", f"epochs={self.epochs}"]
         return argv
@@ -162,9 +177,35 @@ class Demo:
                 return d / f
         raise DemoError(f"train: no checkpoint in {d} (expected best.pt or checkpoint.pt)")
 
+    def dynamics_checkpoints(self) -> list[tuple[str, Path]]:
+        """(``<run>-epoch-EEEE``, kept checkpoint) of the seed-0 runs, for the epochs before the analysed
+        checkpoint (best.pt: curves end there, as in Figs. D.2 and E.4)."""
+        from repsim.commands.runs import best_epoch
+
+        out = []
+        for name in self.run_names:
+            if not name.endswith("-s0"):
+                continue
+            d = self.run_dir(name)
+            with (d / "metrics.csv").open(newline="") as f:
+                last = best_epoch(list(csv.DictReader(f))) if (d / "best.pt").is_file() else math.inf
+            for ck in sorted(d.glob("epoch-*.pt")):
+                if int(ck.stem.split("-")[1]) < last:
+                    out.append((f"{name}-{ck.stem}", ck))
+        return out
+
+    def group_members(self, group: str) -> list[tuple[str, Path]]:
+        """(store name stem, checkpoint) of every store of ``group``."""
+        if group in DYNAMICS_GROUPS:
+            return self.dynamics_checkpoints()
+        return [(n, self.checkpoint(n)) for n in self.run_names]
+
     # ---------------------------------------------------------------- extract
     def store_path(self, group: str, name: str) -> Path:
         return self.out / "stores" / group / f"{name}-{group}.zarr"
+
+    def group_paths(self, group: str) -> list[str]:
+        return [str(self.store_path(group, n)) for n, _ in self.group_members(group)]
 
     def _store_ok(self, path: Path, ckpt: Path) -> bool:
         from repsim import open_store
@@ -176,11 +217,13 @@ class Demo:
         return (path / "zarr.json").stat().st_mtime >= ckpt.stat().st_mtime
 
     def stage_extract(self) -> bool:
-        tasks, n_todo = [], 0
-        for group, (spec, split, layers, _) in GROUPS.items():
+        tasks, n_todo, n_all = [], 0, 0
+        for group, (spec, split, layers, _) in {**GROUPS, **DYNAMICS_GROUPS}.items():
             todo = []
-            for name in self.run_names:
-                path, ckpt = self.store_path(group, name), self.checkpoint(name)
+            members = self.group_members(group)
+            n_all += len(members)
+            for name, ckpt in members:
+                path = self.store_path(group, name)
                 if self._store_ok(path, ckpt):
                     continue
                 if path.exists():
@@ -190,14 +233,14 @@ class Demo:
                 continue
             n_todo += len(todo)
             (self.out / "stores" / group).mkdir(parents=True, exist_ok=True)
+            template = ("{parent}-{stem}-" if group in DYNAMICS_GROUPS else "{parent}-") + group
             argv = _repsim("extract", "--data", spec, "--split", split, "--out-dir", str(self.out / "stores" / group),
-                           "--name", "{parent}-" + group, "--no-progress", "--workers", "0")
+                           "--name", template, "--no-progress", "--workers", "0")
             if layers:
                 argv += ["--layers", layers]
             for c in todo:
                 argv += ["--checkpoint", c]
             tasks.append(Task(f"extract {group} ({len(todo)})", argv))
-        n_all = len(GROUPS) * len(self.run_names)
         _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo}")
         run_tasks(tasks, self.jobs, "extract")
         return bool(tasks)
@@ -206,7 +249,7 @@ class Demo:
     def stores(self, group: str) -> list:
         from repsim import open_store
 
-        return [open_store(self.store_path(group, n)) for n in self.run_names]
+        return [open_store(p) for p in self.group_paths(group)]
 
     def _fingerprint(self, groups: list[str], extra: str = "") -> str:
         h = hashlib.sha256((ANALYSIS_VERSION + extra).encode())
@@ -234,16 +277,20 @@ class Demo:
         fp_path = res / "fingerprints.json"
         fps = json.loads(fp_path.read_text()) if fp_path.is_file() else {}
         worked = False
-        paths = lambda group: [str(self.store_path(group, n)) for n in self.run_names]  # noqa: E731
+        paths = self.group_paths
         runs = [(n, self.run_dir(n), self.checkpoint(n)) for n in self.run_names]
         probe_tasks = [(TRANSFER_TASK, paths("tgt-train"), paths("tgt-test"), ["linear", "knn"]),
                        (RELEARN_TASK, paths("src-holdout"), paths("src-test"), ["linear"])]
+        if paths("dyn-tgt-train"):  # Fig. D.2: linear transfer at the earlier checkpoints
+            probe_tasks.append((TRANSFER_TASK, paths("dyn-tgt-train"), paths("dyn-tgt-test"), ["linear"]))
         steps = [
             ("training.csv", [], lambda: A.training_csv(runs, res / "training.csv")),
             ("cka_demo.npz", ["src-test"], lambda: A.cka(paths("src-test"), res / "cka_demo.npz")),
-            ("separation.csv", ["src-test", "src-train"],
-             lambda: A.layer_metrics(paths("src-test"), paths("src-train"), res)),
-            ("probes.csv", ["src-holdout", "src-test", "tgt-train", "tgt-test"],
+            ("separation.csv", ["src-test", "src-train", "dyn-src-train", "dyn-src-test"],
+             lambda: A.layer_metrics(paths("src-test"), paths("src-train"), res,
+                                     dynamics=paths("dyn-src-train") + paths("dyn-src-test"))),
+            ("accuracy.csv", ["src-train"], lambda: A.accuracy(paths("src-train"), res / "accuracy.csv")),
+            ("probes.csv", ["src-holdout", "src-test", "tgt-train", "tgt-test", "dyn-tgt-train", "dyn-tgt-test"],
              lambda: A.probes(probe_tasks, res / "probes.csv")),
         ]
         for fname, groups, fn in steps:
@@ -272,7 +319,8 @@ class Demo:
         from analyses.data import Inputs
         from analyses.findings import evaluate, findings_html, findings_text
 
-        names = {f"{n}-{g}" for n in self.run_names for g in GROUPS}  # not stores of earlier, larger runs
+        # not stores of earlier, larger runs
+        names = {Path(p).name.removesuffix(".zarr") for g in (*GROUPS, *DYNAMICS_GROUPS) for p in self.group_paths(g)}
         findings = evaluate(Inputs(self.out / "stores", self.out / "results", names))
         timing = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
         import html
@@ -280,6 +328,9 @@ class Demo:
         epochs = f"{self.epochs} epochs (--epochs)" if self.epochs else "the presets' epochs"
         stores = "".join(f"<li><code>{g}</code>: {spec} {split}, {'every layer' if layers is None else layers}"
                          f" — {html.escape(why)}</li>" for g, (spec, split, layers, why) in GROUPS.items())
+        stores += "".join(f"<li><code>{g}</code>: {spec} {split}, {layers}, seed-0 networks' checkpoints every "
+                          f"{KEEP_EVERY} epochs before the analysed one — {html.escape(why)}</li>"
+                          for g, (spec, split, layers, why) in DYNAMICS_GROUPS.items())
         pre = (f"<p class='caption'>{len(self.objectives)} objectives × {self.seeds} seed(s) = "
                f"{len(self.run_names)} mini-ResNets (train/presets/digits-&lt;objective&gt;.toml, {epochs}; "
                f"the checkpoint with the best holdout accuracy is analysed) pretrained on sklearn digits 0–4 "

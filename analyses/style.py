@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from analyses.data import OBJECTIVES, objective_key
+from analyses.data import OBJECTIVES, objective_key, split_label
 
 _TAB10 = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
           "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -23,15 +23,16 @@ _VARIANTS: dict[str, str] = {}
 
 
 def set_palette(labels) -> None:
-    """Give parameter variants of one objective (``"cosine_softmax (tau=0.05)"``, ...) distinct shades
-    of the objective's colour, darkest for the first in sorted order."""
+    """Give parameter settings and training variants of one objective (``"cosine_softmax (tau=0.05)"``,
+    ``"softmax [autoaugment]"``, ...) distinct shades of the objective's colour, darkest first in sorted order."""
     from matplotlib.colors import to_rgb
 
     _VARIANTS.clear()
     by_objective: dict[str, list[str]] = {}
     for label in sorted(set(labels), key=objective_key):
-        if " (" in label:
-            by_objective.setdefault(label.split(" (")[0], []).append(label)
+        objective, params, variant = split_label(label)
+        if params or variant:
+            by_objective.setdefault(objective, []).append(label)
     for objective, variants in by_objective.items():
         base = to_rgb(_base(objective))
         for i, label in enumerate(variants):
@@ -49,7 +50,7 @@ def _base(objective: str) -> str:
 
 def color(label: str) -> str:
     """Fixed colour of an objective; parameter variants get shades of it (see :func:`set_palette`)."""
-    return _VARIANTS.get(label) or _base(label.split(" (")[0])
+    return _VARIANTS.get(label) or _base(split_label(label)[0])
 
 
 def fmt(mean: float, sd: float | None = None, digits: int = 3) -> str:

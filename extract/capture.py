@@ -1,12 +1,24 @@
 """Forward hooks that copy layer outputs into host buffers as the forward pass runs.
 
-A hook fires when its module returns; it reduces the output spatially (``flatten`` keeps
-``(N, C, H, W)``, ``mean`` averages over space to ``(N, C)``, ``pool<k>`` is a k×k adaptive average
-pool to ``(N, C, k, k)``; ``pool`` and ``logits`` are flattened to ``(N, M)``), casts it to the store
-dtype and copies it into the destination slice at once. Copying inside the hook matters: a later
-in-place op (torchvision's ``ReLU(inplace=True)``, ``out += identity``) may overwrite the tensor a
-module returned before ``forward`` ends. On CUDA the copy is a non-blocking device-to-pinned-host
-copy, ordered on the stream before any later kernel can touch the source.
+A hook fires when its module returns (or, for a ``<qualname>:input`` tap, when it is called, with its
+first input); it picks the tensor (:func:`output_tensor`), reduces it, casts it to the store dtype
+and copies it into the destination slice at once. Reductions by shape:
+
+* ``(N, C, H, W)`` maps: ``--spatial`` (``flatten`` keeps ``(N, C, H, W)``, ``mean`` averages over
+  space to ``(N, C)``, ``pool<k>`` is a k×k adaptive average pool to ``(N, C, k, k)``). In a
+  channels-last model (``layout="NHWC"``: torchvision Swin, timm models with ``output_fmt`` NHWC) a
+  4-D output is ``(N, H, W, C)`` and is permuted to ``(N, C, H, W)`` first.
+* ``(N, T, D)`` token sequences: ``--tokens`` (:class:`Tokens`: ``cls`` the first token, ``mean``
+  over tokens, ``last`` the last token, ``flatten`` keeps ``(N, T, D)``); with an attention mask
+  (text), padding is left out of ``mean``, ``cls``/``last`` take the first/last real token, and
+  ``flatten`` zeroes padded positions.
+* ``pool`` and ``logits`` of a classifier are flattened to ``(N, M)`` (a token ``pool`` of a
+  headless model is reduced as tokens); other shapes are stored as they are.
+
+Copying inside the hook matters: a later in-place op (torchvision's ``ReLU(inplace=True)``, ``out +=
+identity``) may overwrite the tensor a module returned before ``forward`` ends. On CUDA the copy is
+a non-blocking device-to-pinned-host copy, ordered on the stream before any later kernel can touch
+the source.
 
 Every hook also records ``max |y|`` of the un-cast value (a device scalar, no synchronisation); the
 writer checks it before writing, so that NaN/inf, and in float16 layers values at or beyond
@@ -54,38 +66,110 @@ class Spatial:
         return F.adaptive_avg_pool2d(y, self.k)
 
 
-def _output_tensor(name: str, out) -> torch.Tensor:
+TOKEN_REDUCTIONS = ("cls", "mean", "last", "flatten")
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Reduction of ``(N, T, D)`` token outputs: ``cls`` | ``mean`` | ``last`` | ``flatten``."""
+
+    kind: str
+
+    @classmethod
+    def parse(cls, spec: "str | Tokens") -> "Tokens":
+        if isinstance(spec, Tokens):
+            return spec
+        if spec not in TOKEN_REDUCTIONS:
+            raise ValueError(f"extract: --tokens must be one of {', '.join(TOKEN_REDUCTIONS)}, got {spec!r}")
+        return cls(spec)
+
+    def __str__(self) -> str:
+        return self.kind
+
+    def apply(self, y: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``y`` (N, T, D) reduced; ``mask`` (N, T), 1 for real tokens, 0 for padding, or None."""
+        if mask is None:
+            if self.kind == "cls":
+                return y[:, 0]
+            if self.kind == "last":
+                return y[:, -1]
+            return y.mean(dim=1) if self.kind == "mean" else y
+        m = mask.to(device=y.device)
+        if self.kind == "mean":
+            w = m.to(torch.float32).unsqueeze(-1)
+            return (y.float() * w).sum(dim=1) / w.sum(dim=1).clamp_min(1.0)
+        if self.kind == "flatten":
+            return y * m.to(y.dtype).unsqueeze(-1)
+        pos = torch.arange(m.shape[1], device=m.device)
+        real = m > 0
+        # first / last real token (tokenizers pad on the right or, for some decoders, the left)
+        idx = torch.where(real, pos, m.shape[1]).amin(dim=1) if self.kind == "cls" else torch.where(real, pos, -1).amax(dim=1)
+        return y[torch.arange(y.shape[0], device=y.device), idx.clamp(0, m.shape[1] - 1)]
+
+
+def output_tensor(name: str, out) -> torch.Tensor:
+    """The tensor a layer stores from its module's output: a tensor as is; a tuple/list's first
+    element (Hugging Face layers return ``(hidden_states, ...)``; torchvision's Inception returns
+    ``(logits, aux)`` in training mode); a dict/``ModelOutput``'s ``logits`` if it has them, else its
+    ``last_hidden_state``, else its first tensor."""
     if isinstance(out, torch.Tensor):
         return out
-    # torchvision's Inception3 returns a namedtuple (logits, aux_logits) in training mode
-    if isinstance(out, tuple) and out and isinstance(out[0], torch.Tensor):
+    if isinstance(out, dict):
+        for key in ("logits", "last_hidden_state"):
+            if isinstance(out.get(key), torch.Tensor):
+                return out[key]
+        out = tuple(out.values())
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
         return out[0]
     raise TypeError(f"extract: layer {name!r} returned {type(out).__name__}, not a tensor")
 
 
+def _input_hook(hook):
+    """A forward pre-hook handing the module's first input (positional, else keyword) to ``hook``."""
+
+    def pre_hook(module, args, kwargs):
+        first = args[0] if args else next(iter(kwargs.values()), None)
+        hook(module, args, first)
+
+    return pre_hook
+
+
 class Capture:
-    """Hooks on ``modules`` ({store name: qualname}) of ``model``.
+    """Hooks on ``modules`` ({store name: tap}, see :func:`extract.layers.tap_module`) of ``model``.
 
     Use ``with Capture(...) as cap:``; before each forward set ``cap.target = (buffers, lo, hi)``
-    where ``buffers[name]`` is a host tensor and rows ``lo:hi`` receive this batch. In ``probe``
-    mode (``cap.target = None``) the processed outputs are kept in ``cap.probe`` instead.
+    where ``buffers[name]`` is a host tensor and rows ``lo:hi`` receive this batch, and ``cap.mask``
+    to the batch's attention mask (or None). In ``probe`` mode (``cap.target = None``) the processed
+    outputs are kept in ``cap.probe`` instead.
     """
 
-    def __init__(self, model: nn.Module, modules: dict[str, str], spatial: Spatial, dtype: torch.dtype):
+    def __init__(self, model: nn.Module, modules: dict[str, str], spatial: Spatial, dtype: torch.dtype,
+                 tokens: "Tokens | str" = "flatten", layout: str = "NCHW"):
         self.model = model
         self.modules = modules
         self.spatial = spatial
+        self.tokens = Tokens.parse(tokens)
+        self.layout = layout
         self.dtype = dtype
         self.target: tuple[dict[str, torch.Tensor], int, int] | None = None
+        self.mask: torch.Tensor | None = None
         self.probe: dict[str, torch.Tensor] = {}
+        self.token_layers: set[str] = set()  # layers stored as whole token sequences (T, D)
         self.amax: dict[str, list[torch.Tensor]] = {name: [] for name in modules}
         self.fired: set[str] = set()
         self._handles: list = []
 
     def __enter__(self) -> "Capture":
+        from .layers import tap_module
+
         named = dict(self.model.named_modules())
-        for name, qual in self.modules.items():
-            self._handles.append(named[qual].register_forward_hook(self._hook(name)))
+        for name, tap in self.modules.items():
+            qual, where = tap_module(tap)
+            hook = self._hook(name)
+            if where == "input":
+                self._handles.append(named[qual].register_forward_pre_hook(_input_hook(hook), with_kwargs=True))
+            else:
+                self._handles.append(named[qual].register_forward_hook(hook))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -95,7 +179,16 @@ class Capture:
 
     def process(self, name: str, out) -> torch.Tensor:
         """The value stored for layer ``name`` given its module output (before the cast)."""
-        y = _output_tensor(name, out)
+        y = output_tensor(name, out)
+        if y.ndim == 4 and self.layout == "NHWC" and name != "logits":
+            y = y.permute(0, 3, 1, 2)
+        if y.ndim == 3 and name != "logits":
+            if self.mask is not None and tuple(self.mask.shape) != tuple(y.shape[:2]):
+                raise RuntimeError(f"extract: layer {name!r} has {y.shape[1]} tokens but the attention mask has "
+                                   f"{self.mask.shape[1]}; choose other layers")
+            if self.tokens.kind == "flatten":
+                self.token_layers.add(name)
+            return self.tokens.apply(y, self.mask)
         if name in _FLAT_LAYERS:
             return y.reshape(y.shape[0], -1)
         return self.spatial.apply(y)

@@ -18,35 +18,53 @@ each store exactly as a lone run writes it; on a GPU or under torchrun one at a 
 
 Sharded over processes (GPUs): ``torchrun --nproc_per_node=N -m extract --checkpoint ...``.
 A rerun of the same command resumes an interrupted store; a complete store is left as it is.
+
+Any PyTorch model (extract/models): ``--checkpoint torchvision:vit_b_16[:DEFAULT]``, ``timm:<name>``,
+``hf:<model id or dir>``, ``module:<package.module>:<factory>[:<state dict>]``;
+``--list-layers`` prints the layers a model offers, with shapes, and exits.
 """
 from __future__ import annotations
 
 import argparse
 import glob
 import os
-import sys
+import re
 from pathlib import Path
+
+from .specs import is_model_spec
 
 HELP = "extract per-block activations into a Zarr store"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", action="append", required=True, metavar="CKPT",
-                        help="train checkpoint (repeatable; globs expanded), or torchvision:<name>[:weights]")
+                        help="train checkpoint (repeatable; globs expanded) or a model source: "
+                        "torchvision:<name>[:weights], timm:<name>[:pretrained], hf:<model id or dir>, "
+                        "module:<package.module>:<factory>[:<state dict>]")
     parser.add_argument("--data", default=None, metavar="NAME_OR_PATH",
                         help="dataset spec (digits, an ImageFolder path, a torchvision dataset name, ...), "
                         "built with the run's evaluation transform; default: the run's own dataset")
     parser.add_argument("--split", default="test", help="dataset split (train, holdout, test; default test)")
     parser.add_argument("--data-root", default=None, help="where dataset files live (for named datasets)")
-    dest = parser.add_mutually_exclusive_group(required=True)
+    dest = parser.add_mutually_exclusive_group()
     dest.add_argument("--out", metavar="STORE", help="store path (one checkpoint)")
     dest.add_argument("--out-dir", metavar="DIR", help="directory of stores, one per checkpoint")
     parser.add_argument("--name", default="{stem}",
                         help="store name template with --out-dir: {stem}, {parent} (default {stem})")
     parser.add_argument("--layers", default=None,
-                        help="comma-separated layer names or globs (default: all, e.g. block1..block16,pool,logits)")
+                        help="comma-separated layer names, module qualnames or globs (default: the registry's, "
+                        "e.g. block1..block16,pool,logits; see --list-layers)")
+    parser.add_argument("--list-layers", action="store_true",
+                        help="print the layers and modules the model offers, with shapes, and exit")
     parser.add_argument("--spatial", default="flatten",
                         help="conv maps: flatten (keep C,H,W), mean (global average) or pool<k> (k x k average)")
+    parser.add_argument("--tokens", default=None, choices=("cls", "mean", "last", "flatten"),
+                        help="token outputs (N, T, D): first token, mean over (real) tokens, last (real) token, "
+                        "or keep all (default: mean for text, flatten for images)")
+    parser.add_argument("--image-size", type=int, default=None, metavar="PX",
+                        help="resize images to PX x PX for the model (default: only when the model needs it)")
+    parser.add_argument("--max-length", type=int, default=None, metavar="TOKENS",
+                        help="text datasets: tokens per example, truncated/padded (default 128)")
     parser.add_argument("--dtype", default="float16", choices=("float16", "float32"),
                         help="layer dtype (logits are always float32); default float16")
     parser.add_argument("--compression", default="zstd", choices=("zstd", "none"),
@@ -80,7 +98,7 @@ def expand_checkpoints(patterns: list[str]) -> list[str]:
     """Checkpoint paths in the order given; glob patterns expand sorted; a pattern matching nothing is an error."""
     out: list[str] = []
     for pattern in patterns:
-        if pattern.startswith("torchvision:") or os.path.exists(pattern) or not glob.has_magic(pattern):
+        if is_model_spec(pattern) or os.path.exists(pattern) or not glob.has_magic(pattern):
             out.append(pattern)
             continue
         hits = sorted(glob.glob(pattern))
@@ -95,7 +113,7 @@ def store_paths(checkpoints: list[str], out_dir: str, template: str) -> list[Pat
     paths: list[Path] = []
     seen: dict[Path, str] = {}
     for ckpt in checkpoints:
-        p = Path(ckpt.replace(":", "_")) if ckpt.startswith("torchvision:") else Path(ckpt)
+        p = Path(re.sub(r"[^A-Za-z0-9._-]+", "_", ckpt)) if is_model_spec(ckpt) else Path(ckpt)
         try:
             name = template.format(stem=p.stem, parent=p.resolve().parent.name)
         except (KeyError, IndexError) as exc:
@@ -112,22 +130,23 @@ def store_paths(checkpoints: list[str], out_dir: str, template: str) -> list[Pat
 
 
 def run(args) -> int:
-    from .pipeline import ExtractError, extract_store, init_distributed_from_env
+    """Extract every checkpoint; failures raise (``repsim.commands.main`` reports them, exit 2 or 3)."""
+    from .pipeline import extract_store, init_distributed_from_env
 
     import torch
 
-    try:
-        checkpoints = expand_checkpoints(args.checkpoint)
-        if args.out is not None:
-            if len(checkpoints) != 1:
-                raise ValueError(f"extract: {len(checkpoints)} checkpoints need --out-dir, not --out")
-            outs = [Path(args.out)]
-        else:
-            outs = store_paths(checkpoints, args.out_dir, args.name)
-            Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    except ValueError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+    if args.list_layers:
+        return _list_layers(args)
+    checkpoints = expand_checkpoints(args.checkpoint)
+    if args.out is None and args.out_dir is None:
+        raise ValueError("extract: one of --out or --out-dir is required (or --list-layers)")
+    if args.out is not None:
+        if len(checkpoints) != 1:
+            raise ValueError(f"extract: {len(checkpoints)} checkpoints need --out-dir, not --out")
+        outs = [Path(args.out)]
+    else:
+        outs = store_paths(checkpoints, args.out_dir, args.name)
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     started = init_distributed_from_env(args.device)
     options = dict(
         split=args.split, data_root=args.data_root, layers=args.layers, spatial=args.spatial,
@@ -135,6 +154,7 @@ def run(args) -> int:
         amp=args.amp, chunk_rows=args.chunk_rows, write_threads=args.write_threads,
         overwrite=args.overwrite, check_space=not args.no_space_check, progress=args.progress,
         order=args.order, order_seed=args.order_seed, compression=args.compression,
+        tokens=args.tokens, image_size=args.image_size, max_length=args.max_length,
     )
     try:
         jobs = _jobs(getattr(args, "jobs", None), len(checkpoints), args.device, started)
@@ -143,12 +163,20 @@ def run(args) -> int:
         else:
             for ckpt, out in zip(checkpoints, outs):
                 extract_store(ckpt, args.data, out, **options)
-    except (ExtractError, ValueError) as exc:
-        print(exc if str(exc).startswith("extract") else f"extract: {exc}", file=sys.stderr)
-        return 1
     finally:
         if started:
             torch.distributed.destroy_process_group()
+    return 0
+
+
+def _list_layers(args) -> int:
+    """``--list-layers``: print what each model offers (extract/listing.py); failures raise."""
+    from .listing import list_layers
+
+    for ckpt in expand_checkpoints(args.checkpoint):
+        print(list_layers(ckpt, args.data, split=args.split, data_root=args.data_root, spatial=args.spatial,
+                          tokens=args.tokens, layers=args.layers, image_size=args.image_size,
+                          max_length=args.max_length))
     return 0
 
 

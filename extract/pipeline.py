@@ -37,15 +37,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from torch import nn
 
-from .capture import FLOAT16_OVERFLOW, Capture, Spatial
-from .layers import layer_modules, select_layers
-from .sources import example_ids, head_weights, load_dataset, load_model
+from .adapt import adapt_dataset
+from .capture import FLOAT16_OVERFLOW, Capture, Spatial, Tokens
+from .inputs import attention_mask, batch_of_one, check_example, default_tokens, forward, shape_of, to_device
+from .layers import head_module, is_classic, layer_modules, model_layout, select_layers
+from .sources import example_ids, head_weights, load_dataset, load_source
 
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -136,11 +138,12 @@ class _Buffers:
 class Plan:
     """What one extraction will do (shapes from one probe forward pass)."""
 
-    layers: dict[str, tuple[tuple[int, ...], str]]  # store layer -> (tail shape, dtype)
-    logits_dim: int
+    layers: dict[str, tuple[tuple[int, ...], str, str]]  # store layer -> (tail shape, dtype, kind)
+    logits_dim: int | None  # None: the model has no classification head (no logits stored)
     n: int
     chunk_rows: int
     row_bytes: int
+    head: str | None = None  # qualname of the final layer whose weights are stored (verified by the probe)
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -179,14 +182,24 @@ def extract_store(
     order: str = "shuffled",
     order_seed: int = 0,
     compression: str = "zstd",
+    tokens: str | None = None,
+    image_size: int | None = None,
+    max_length: int | None = None,
 ):
     """Extract ``model``'s layers over ``data`` into the Zarr store ``out``; returns the opened store.
 
-    ``model``: a ``train`` checkpoint path, ``"torchvision:<name>[:weights]"`` or an ``nn.Module``.
+    ``model``: a ``train`` checkpoint path, a model source (``torchvision:<name>[:weights]``,
+    ``timm:<name>[:pretrained]``, ``hf:<id or dir>``, ``module:<module>:<factory>[:<state dict>]``;
+    extract/models) or an ``nn.Module``.
     ``data``: a ``train.data.build_dataset`` spec (with ``split``; built with the run's evaluation
-    transform when the model carries its run config; None = the run's own dataset) or a ``Dataset``
-    yielding ``(image, label)``. ``layers``: names or fnmatch patterns of ``layer_modules(model)`` (default
-    all). ``spatial``: ``flatten`` (keep ``(C, H, W)``), ``mean`` or ``pool<k>``. ``dtype``: store
+    transform when the model carries its run config; None = the run's own dataset), a text file/CSV
+    for a text model (extract/text.py; ``max_length`` tokens, default 128) or a ``Dataset`` yielding
+    ``(image, label)`` or ``(dict of token tensors, label)``; images are adapted to the model
+    (extract/adapt.py: its own preprocessing, channel repeat, resize; ``image_size`` forces a size).
+    ``layers``: names or fnmatch patterns of ``layer_modules(model)``, or module qualnames/globs
+    (default all registry layers). ``spatial``: ``flatten`` (keep ``(C, H, W)``), ``mean`` or
+    ``pool<k>``. ``tokens``: ``cls``, ``mean``, ``last`` or ``flatten`` for ``(N, T, D)`` outputs
+    (default: ``mean`` for text, ``flatten`` for images; extract/capture.py). ``dtype``: store
     dtype of the layers (``float16`` default, ``float32``); logits are always float32. ``amp``:
     ``auto`` (float16 autocast on CUDA, off on CPU), ``off``, ``float16``, ``bfloat16``.
     ``write_threads``/``overlap``: compression/writing threads and whether they run during the
@@ -220,23 +233,30 @@ def extract_store(
     amp_dtype = _resolve_amp(amp, dev)
     store_dtype = DTYPES[dtype]
 
-    net, mmeta = load_model(model)
-    dataset, dmeta = load_dataset(data, split, data_root, net)
+    loaded = load_source(model)
+    net, mmeta = loaded.model, loaded.meta
+    dataset, dmeta = load_dataset(data, split, data_root, net, loaded.tokenizer, max_length)
     n = len(dataset)
     if n < 1:
         raise ExtractError("extract: the dataset is empty")
+    dataset, dmeta = adapt_dataset(dataset, dmeta, loaded, image_size)
     dmeta["n"] = n
     if order not in ("shuffled", "dataset"):
         raise ExtractError(f"extract: --order must be 'shuffled' or 'dataset', got {order!r}")
     dmeta["order"] = f"shuffled(seed={order_seed})" if order == "shuffled" else "dataset"
     net = net.to(dev).eval()
     registry = layer_modules(net)
-    chosen = select_layers(registry, layers)
-    hooked = {**chosen, "logits": registry["logits"]}
+    chosen = select_layers(registry, layers, (q for q, _ in net.named_modules()))
+    hooked = {**chosen, **({"logits": registry["logits"]} if "logits" in registry else {})}
+    x0 = dataset[0][0]
+    check_example(x0)
+    tokens_ = Tokens.parse(tokens or default_tokens(x0))
+    layout = model_layout(net)
 
-    plan = _plan(net, dataset, chosen, hooked, spatial_, dtype, dev, amp_dtype, batch_size, chunk_rows, n)
+    plan = _plan(net, x0, registry, chosen, hooked, spatial_, tokens_, layout, dtype, dev, amp_dtype,
+                 batch_size, chunk_rows, n)
     plan.settings = {
-        "layers": list(chosen), "spatial": str(spatial_), "dtype": dtype,
+        "layers": list(chosen), "spatial": str(spatial_), "tokens": str(tokens_), "dtype": dtype,
         "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
         "batch_size": batch_size, "chunk_rows": plan.chunk_rows, "device_type": dev.type,
         "order": dmeta["order"],
@@ -246,19 +266,22 @@ def extract_store(
         "model": {**mmeta, **(meta or {}).get("model", {})},
         "dataset": {**dmeta, **(meta or {}).get("dataset", {})},
         "extraction": {
-            **plan.settings, "module_names": hooked, "world_size": world,
+            **plan.settings, "module_names": hooked, "layout": layout, "world_size": world,
             "torch": torch.__version__, "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
             "compression": compression,
         },
     }
     out = Path(out)
 
+    def row_ids() -> np.ndarray:  # the example id of every store row, in this run's order
+        return example_ids(reorder_rows(dataset, n, order, order_seed), n)
+
     # rank 0 prepares the store; the others learn the pending chunks (or the error) from it
     status: list[Any] = [None, None]
     error: Exception | None = None
     if rank == 0:
         try:
-            status = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store)
+            status = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store, row_ids)
         except Exception as exc:  # noqa: BLE001 - forwarded to the other ranks, then re-raised
             if world == 1:
                 raise
@@ -279,12 +302,12 @@ def extract_store(
     dataset = reorder_rows(dataset, n, order, order_seed)
     ids = example_ids(dataset, n)
     t0 = time.perf_counter()
-    _run(net, dataset, writer, mine, plan, hooked, chosen, spatial_, store_dtype, dev, amp_dtype,
+    _run(net, dataset, writer, mine, plan, hooked, chosen, spatial_, tokens_, layout, store_dtype, dev, amp_dtype,
          batch_size, workers, write_threads, overlap, ids, progress, rank)
     if world > 1:
         torch.distributed.barrier()
     if rank == 0:
-        head = head_weights(net, registry["logits"])
+        head = head_weights(net, plan.head) if plan.head else None
         if head is not None:
             writer.set_head(*head)
         store = writer.finalize()
@@ -319,28 +342,33 @@ def reorder_rows(dataset, n: int, order: str, seed: int):
 # ----------------------------------------------------------------------------- planning
 
 
-def _plan(net, dataset, chosen, hooked, spatial, dtype, dev, amp_dtype, batch_size, chunk_rows, n) -> Plan:
-    """Shapes of every layer from one forward pass on the first example.
+def _plan(net, x0, registry, chosen, hooked, spatial, tokens, layout, dtype, dev, amp_dtype, batch_size,
+          chunk_rows, n) -> Plan:
+    """Shapes of every layer from one forward pass on the first example ``x0``.
 
-    ``logits`` are stored float32 at the root (always) and, when selected, also as the float32
-    layer ``layers/logits`` so that layer-wise analyses (CKA across all layers) can name it.
+    ``logits`` are stored float32 at the root (always, when the model has a head) and, when
+    selected, also as the float32 layer ``layers/logits`` so that layer-wise analyses (CKA across
+    all layers) can name it. The head's weights are stored when its final layer maps ``pool`` to
+    the logits (checked on this example for models outside the classic registry).
     """
     from repsim.store.format import default_chunk_rows as store_chunk_rows
 
-    x0 = dataset[0][0]
-    if not isinstance(x0, torch.Tensor):
-        raise ExtractError(f"extract: the dataset must yield (tensor, label), got {type(x0).__name__}")
-    cap = _probe(net, x0.unsqueeze(0), hooked, spatial, dev, amp_dtype)
-    logits_shape = tuple(cap.probe["logits"].shape[1:])
-    if len(logits_shape) != 1:
-        raise ExtractError(f"extract: logits must be (N, K), got (N, {logits_shape})")
+    probe_taps = {**hooked, **({"pool": registry["pool"]} if "pool" in registry else {})}
+    cap = _probe(net, batch_of_one(x0), probe_taps, spatial, tokens, layout, dev, amp_dtype)
+    logits_dim = None
+    if "logits" in hooked:
+        logits_shape = tuple(cap.probe["logits"].shape[1:])
+        if len(logits_shape) != 1:
+            raise ExtractError(f"extract: logits must be (N, K), got (N, {logits_shape})")
+        logits_dim = logits_shape[0]
     layers = {
-        name: (tuple(cap.probe[name].shape[1:]), "float32" if name == "logits" else dtype)
+        name: (tuple(cap.probe[name].shape[1:]), "float32" if name == "logits" else dtype,
+               "tokens" if name in cap.token_layers else "layer")
         for name in chosen
     }
     itemsize = {"float16": 2, "float32": 4}
-    layer_bytes = [math.prod(tail) * itemsize[dt] for tail, dt in layers.values()]
-    row = sum(layer_bytes) + 4 * logits_shape[0] + 8 + 4
+    layer_bytes = [math.prod(tail) * itemsize[dt] for tail, dt, _ in layers.values()]
+    row = sum(layer_bytes) + 4 * (logits_dim or 0) + 8 + 4
     if chunk_rows is not None and chunk_rows < 1:
         raise ExtractError(f"extract: --chunk-rows must be >= 1, got {chunk_rows}")
     if chunk_rows is None:
@@ -350,45 +378,105 @@ def _plan(net, dataset, chosen, hooked, spatial, dtype, dev, amp_dtype, batch_si
         # ... and at least MIN_CHUNKS chunks when the data allows, so that writing overlaps computing
         chunk_rows = min(chunk_rows, math.ceil(n / MIN_CHUNKS))
         chunk_rows = max(batch_size, chunk_rows - chunk_rows % batch_size)
-    return Plan(layers=layers, logits_dim=logits_shape[0], n=n, chunk_rows=min(chunk_rows, n), row_bytes=row)
+    return Plan(layers=layers, logits_dim=logits_dim, n=n, chunk_rows=min(chunk_rows, n), row_bytes=row,
+                head=_verified_head(net, registry, cap.probe))
 
 
-def _probe(net, x, hooked, spatial, dev, amp_dtype) -> Capture:
+def _verified_head(net, registry, probe: dict[str, torch.Tensor]) -> str | None:
+    """The final layer to store as ``head/``: the classic registry's, or a generic model's when its
+    weights map the probed ``pool`` to the probed logits (not so for, e.g., a distilled two-head
+    model or a classifier applied per token); None otherwise."""
+    head = head_module(net)
+    if head is None or "logits" not in registry:
+        return None
+    if is_classic(net):
+        return head
+    hw = head_weights(net, head)
+    if hw is None or "pool" not in probe:
+        return None
+    W, b = (torch.from_numpy(a).double() for a in hw)
+    pool, logits = probe["pool"].double().cpu(), probe["logits"].double().cpu()
+    if pool.ndim != 2 or pool.shape[1] != W.shape[1] or logits.shape[1] != W.shape[0]:
+        return None
+    scale = float(logits.abs().max()) + 1.0
+    return head if torch.allclose(pool @ W.T + b, logits, rtol=1e-2, atol=1e-2 * scale) else None
+
+
+def _probe(net, x, hooked, spatial, tokens, layout, dev, amp_dtype) -> Capture:
     """Layer outputs for one example (a real forward pass: meta-device shape inference would import
     torch's compiler stack, ~2 s, and not every head runs on the meta device)."""
-    with Capture(net, hooked, spatial, torch.float32) as cap, torch.inference_mode(), _autocast(dev, amp_dtype):
+    with Capture(net, hooked, spatial, torch.float32, tokens, layout) as cap, torch.inference_mode(), \
+            _autocast(dev, amp_dtype):
         cap.begin_batch()
-        net(x.to(dev))
+        xb = to_device(x, dev)
+        cap.mask = attention_mask(xb)
+        try:
+            forward(net, xb)
+        except (RuntimeError, ValueError, TypeError, AssertionError) as exc:
+            msg = " ".join(str(exc).split())
+            if msg.startswith("extract:"):
+                raise ExtractError(msg) from None
+            raise ExtractError(
+                f"extract: the model failed on the first example (input {shape_of(xb)}): {msg[:500]}; "
+                "give the images another size with --image-size, or check --data"
+            ) from None
         cap.end_batch()
     return cap
+
+
+# Every setting that changes a store's bytes, by attrs group: a store is resumed only when all of
+# them match (a rerun with any other value would write its remaining chunks differently).
+RESUME_KEYS: dict[str, tuple[str, ...]] = {
+    "extraction": ("layers", "spatial", "tokens", "dtype", "amp", "batch_size", "chunk_rows", "device_type",
+                   "compression", "order"),
+    "model": ("arch", "checkpoint_sha256", "weights_sha256"),
+    "dataset": ("name", "split", "n", "transform", "order"),
+}
+# what a store written before a key existed recorded implicitly
+_IMPLIED = {"compression": "zstd", "order": "dataset", "tokens": "flatten"}
 
 
 def _compatible(attrs: dict, meta: dict) -> list[str]:
     """Settings of an existing store that differ from this run's (empty: safe to resume)."""
     diffs = []
-    old, new = attrs.get("extraction", {}), meta["extraction"]
-    for key in ("layers", "spatial", "dtype", "amp", "batch_size", "chunk_rows", "device_type", "compression"):
-        if old.get(key, "zstd" if key == "compression" else None) != new.get(key):
-            diffs.append(f"{key}: store {old.get(key)!r} vs now {new.get(key)!r}")
-    for group, keys in (("model", ("arch", "checkpoint_sha256", "weights_sha256")),
-                        ("dataset", ("name", "split", "n", "transform"))):
+    for group, keys in RESUME_KEYS.items():
+        old, new = attrs.get(group) or {}, meta.get(group) or {}
         for key in keys:
-            a, b = attrs.get(group, {}).get(key), meta[group].get(key)
+            a, b = old.get(key, _IMPLIED.get(key)), new.get(key, _IMPLIED.get(key))
             if a != b:
-                diffs.append(f"{group}.{key}: store {a!r} vs now {b!r}")
+                diffs.append(f"{key if group == 'extraction' else f'{group}.{key}'}: store {a!r} vs now {b!r}")
     return diffs
 
 
-def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bool, StoreWriter, open_store) -> list:
-    """Create, resume or skip the store; print the size estimate; refuse when the disk is short."""
+def _same_rows(store, ids: np.ndarray) -> str | None:
+    """Where the rows already written to ``store`` hold other examples than this run would write there."""
+    written = np.repeat(store.written(), store.chunk_rows)[: store.n]
+    stored = np.asarray(store.example_ids)
+    bad = np.flatnonzero(written & (stored != ids))
+    if not bad.size:
+        return None
+    r = int(bad[0])
+    return f"row {r} holds example {int(stored[r])} but this run puts example {int(ids[r])} there"
+
+
+def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bool, StoreWriter, open_store,
+             row_ids: Callable[[], np.ndarray]) -> list:
+    """Create, resume or skip the store; print the size estimate; refuse when the disk is short.
+    ``row_ids()``: the example ids this run writes, row by row (compared with a resumed store's)."""
     pending: range | list[int] = range(plan.n_chunks)
     if out.exists() and not overwrite:
         store = open_store(str(out), allow_incomplete=True)
         diffs = _compatible(store.attrs, meta)
         if diffs:
             raise ExtractError(
-                f"extract: {out} exists with other settings ({'; '.join(diffs)}); "
-                "pass --overwrite to replace it or choose another --out"
+                f"extract: {out} exists with other settings ({'; '.join(diffs)}); rerun with the store's settings "
+                "to resume it, pass --overwrite to replace it, or choose another --out"
+            )
+        moved = None if store.complete else _same_rows(store, row_ids())
+        if moved:
+            raise ExtractError(
+                f"extract: {out} was written in another row order ({moved}); rerun with the store's dataset and "
+                "--order/--order-seed to resume it, pass --overwrite to replace it, or choose another --out"
             )
         if store.complete:
             _msg(f"{out} is already complete; nothing to do (--overwrite recomputes it)")
@@ -436,7 +524,7 @@ def _batches(chunks: list[int], rows: int, batch_size: int, n: int) -> list[tupl
     return plan
 
 
-def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtype, dev, amp_dtype,
+def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, layout, store_dtype, dev, amp_dtype,
          batch_size, workers, write_threads, overlap, ids, progress, rank) -> None:
     from torch.utils.data import DataLoader
 
@@ -465,7 +553,8 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
             name: torch.empty((rows, *plan.layers[name][0]), dtype=DTYPES[plan.layers[name][1]], pin_memory=cuda)
             for name in hooked if name != "logits"
         }
-        layers["logits"] = torch.empty((rows, plan.logits_dim), dtype=torch.float32, pin_memory=cuda)
+        if plan.logits_dim is not None:
+            layers["logits"] = torch.empty((rows, plan.logits_dim), dtype=torch.float32, pin_memory=cuda)
         return _Buffers(layers, np.empty(rows, np.int32), torch.empty(len(hooked), pin_memory=cuda))
 
     # buffer sets: one being filled plus one per writer thread, fewer when chunks are huge; a
@@ -506,7 +595,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
             writer.write_chunk(
                 c, layers={k: buf.layers[k][: hi - lo].numpy() for k in chosen},
                 labels=buf.labels[: hi - lo], example_ids=ids[lo:hi],
-                logits=buf.layers["logits"][: hi - lo].numpy(),
+                logits=buf.layers["logits"][: hi - lo].numpy() if plan.logits_dim is not None else None,
             )
         finally:
             free.put(buf)
@@ -524,7 +613,8 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
     bar = tqdm(total=len(chunks), unit="chunk", desc="extract", disable=not show)
     pool = ThreadPoolExecutor(max_workers=write_threads, thread_name_prefix="extract-write") if write_threads else None
     try:
-        with Capture(net, hooked, spatial, store_dtype) as cap, torch.inference_mode(), _autocast(dev, amp_dtype):
+        with Capture(net, hooked, spatial, store_dtype, tokens, layout) as cap, torch.inference_mode(), \
+                _autocast(dev, amp_dtype):
             buf: _Buffers | None = None
 
             def flush() -> None:
@@ -562,7 +652,9 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, store_dtyp
                 buf.labels[off: off + hi - lo] = np.asarray(y, dtype=np.int32)
                 cap.target = (buf.layers, off, off + hi - lo)
                 cap.begin_batch()
-                net(x.to(dev, non_blocking=cuda))
+                xb = to_device(x, dev, non_blocking=cuda)
+                cap.mask = attention_mask(xb)
+                forward(net, xb)
                 cap.end_batch()
             flush()
             if held:

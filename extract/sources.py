@@ -1,14 +1,13 @@
 """Where a model and a dataset come from, and their provenance for the store's attrs.
 
 A model is a ``train`` checkpoint path (rebuilt with ``train.load_model``, EMA weights, eval mode),
-``torchvision:<name>[:<weights>]`` (e.g. ``torchvision:resnet50``, random init unless weights are
-named, e.g. ``torchvision:resnet50:DEFAULT``), or an ``nn.Module`` passed from Python. A dataset is
-a ``train.data.build_dataset`` spec plus split (always built with ``augment=False``: deterministic
-evaluation transforms, fixed order) or a ``torch.utils.data.Dataset`` passed from Python.
+a ``prefix:...`` source of extract/models (``torchvision:``, ``timm:``, ``hf:``, ``module:``), or an
+``nn.Module`` passed from Python. A dataset is a ``train.data.build_dataset`` spec plus split (always
+built with ``augment=False``: deterministic evaluation transforms, fixed order), a text file or CSV
+for a text model (extract/text.py), or a ``torch.utils.data.Dataset`` passed from Python.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -18,35 +17,23 @@ import numpy as np
 import torch
 from torch import nn
 
-TORCHVISION_PREFIX = "torchvision:"
+from .models import LoadedModel, from_module, is_model_spec, load_spec
+from .models._common import clean as _clean
+from .models._common import sha256_file, weights_sha256
+
+__all__ = ["sha256_file", "weights_sha256", "model_meta", "load_model", "load_source", "load_dataset",
+           "example_ids", "head_weights"]
 
 
-def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _clean(d: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in d.items() if v is not None}
-
-
-def weights_sha256(model: nn.Module) -> str:
-    """sha256 over the state dict (names, dtypes, shapes, raw bytes): the identity of an in-memory
-    model, so that a resumed store never mixes two models' rows."""
-    h = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        t = t.detach().cpu().contiguous().reshape(-1)
-        h.update(f"{name}|{t.dtype}|{t.numel()}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+def _run_config(model: nn.Module) -> dict[str, Any]:
+    """A ``train`` Network's run config (a dict), or {} (a Hugging Face config object is not one)."""
+    config = getattr(model, "config", None)
+    return dict(config) if isinstance(config, dict) else {}
 
 
 def model_meta(model: nn.Module) -> dict[str, Any]:
     """Provenance of a model: arch, objective, params, seed (from a ``train`` Network)."""
-    config = dict(getattr(model, "config", None) or {})
+    config = _run_config(model)
     return _clean({
         "arch": getattr(model, "arch", None) or config.get("arch") or type(model).__name__,
         "objective": getattr(model, "objective", None) or config.get("objective"),
@@ -56,23 +43,22 @@ def model_meta(model: nn.Module) -> dict[str, Any]:
 
 
 def load_model(source: str | os.PathLike | nn.Module) -> tuple[nn.Module, dict[str, Any]]:
-    """(model in eval mode, attrs["model"]) for a checkpoint path, a torchvision spec or a module."""
-    if isinstance(source, nn.Module):
-        return source.eval(), {**model_meta(source), "weights_sha256": weights_sha256(source)}
-    spec = str(source)
-    if spec.startswith(TORCHVISION_PREFIX):
-        import torchvision
+    """(model in eval mode, attrs["model"]) for a checkpoint path, a model source spec or a module."""
+    loaded = load_source(source)
+    return loaded.model, loaded.meta
 
-        name, _, weights = spec[len(TORCHVISION_PREFIX):].partition(":")
-        try:
-            model = torchvision.models.get_model(name, weights=weights or None)
-        except ValueError as exc:
-            raise ValueError(f"extract: unknown torchvision model {spec!r}: {exc}") from None
-        meta = {"arch": name, "params": {"weights": weights or None}, "weights_sha256": weights_sha256(model)}
-        return model.eval(), _clean(meta)
+
+def load_source(source: str | os.PathLike | nn.Module) -> LoadedModel:
+    """The model with its provenance and input requirements (extract/models) for any model source."""
+    if isinstance(source, nn.Module):
+        return from_module(source, {**model_meta(source), "weights_sha256": weights_sha256(source)})
+    spec = str(source)
+    if is_model_spec(spec):
+        return load_spec(spec)
     path = Path(spec)
     if not path.is_file():
-        raise ValueError(f"extract: checkpoint {spec!r} does not exist")
+        raise ValueError(f"extract: checkpoint {spec!r} does not exist (model sources: a checkpoint path, "
+                         "torchvision:<name>, timm:<name>, hf:<id or dir>, module:<module>:<factory>)")
     from train.checkpoint import load_checkpoint, network_from_checkpoint
 
     ckpt = load_checkpoint(path)  # read once: the weights and the metadata below
@@ -91,25 +77,38 @@ def load_model(source: str | os.PathLike | nn.Module) -> tuple[nn.Module, dict[s
         "epoch": ckpt.get("epoch") if isinstance(ckpt, dict) else None,
         "preset": config.get("preset"),
         "train_dataset": config.get("dataset"),
+        "variant": config.get("variant") or None,  # training recipe beyond the objective (App. C.4)
+        "finetuned_from": (config.get("finetune") or {}).get("source"),  # App. A.3 / D.4: the source network
     }))
-    return model.eval(), _clean(meta)
+    return from_module(model, meta)
 
 
 _DATASETS: dict[str, Any] = {}  # the last few datasets built, so a batch of checkpoints shares one
 
 
-def load_dataset(source, split: str | None, root: str | None = None, model: nn.Module | None = None):
+def load_dataset(source, split: str | None, root: str | None = None, model: nn.Module | None = None,
+                 tokenizer: Any = None, max_length: int | None = None):
     """(dataset, attrs["dataset"] without n) for a spec (or None) + split, or a Dataset object.
 
     A spec is built with ``augment=False`` (deterministic evaluation transform, fixed order). When
     ``model`` carries its run config (``train`` Network), the dataset is built the way the run built
     its evaluation sets (``train.data.dataset_from_config``: image size, resize, holdout, root), and
-    ``source=None`` means the run's own dataset.
+    ``source=None`` means the run's own dataset. A ``.txt``/``.csv``/``.tsv`` file is a text dataset
+    tokenised with ``tokenizer`` (extract/text.py; ``max_length`` tokens, default 128).
     """
+    from .text import DEFAULT_MAX_LENGTH, TextDataset, is_text_spec
+
+    if is_text_spec(source):
+        if tokenizer is None:
+            raise ValueError(f"extract: {source} is a text dataset; it needs a text model with a tokenizer "
+                             "(hf:<model id or dir>)")
+        source = TextDataset(source, tokenizer, max_length or DEFAULT_MAX_LENGTH)
+    elif tokenizer is not None and (source is None or isinstance(source, (str, os.PathLike))):
+        raise ValueError(f"extract: the model is a text model; --data must be a .txt, .csv or .tsv file, got {source!r}")
     if source is None or isinstance(source, (str, os.PathLike)):
         if not split:
             raise ValueError("extract: --split is required with a dataset name or path")
-        config = dict(getattr(model, "config", None) or {})
+        config = _run_config(model) if model is not None else {}
         if config.get("data"):
             config["data"] = {**config["data"], **({"root": str(root)} if root else {})}
             key = json.dumps(["config", source and str(source), split, config["data"], config.get("in_channels")],
@@ -141,6 +140,7 @@ def load_dataset(source, split: str | None, root: str | None = None, model: nn.M
         "split": split or getattr(dataset, "split", None),
         "transform": transform,
         "num_classes": getattr(dataset, "num_classes", None),
+        "classes": dataset.classes if isinstance(dataset, TextDataset) else None,  # label numbering of a CSV
     })
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 __all__ = [
     "array_namespace",
+    "as_array",
     "to_numpy",
     "asarray_like",
     "is_gpu_namespace",
@@ -138,6 +139,14 @@ def array_namespace(*arrays: Any, xp: Any = None) -> Any:
                 "convert them to one namespace first"
             )
     return np if found is None else found
+
+
+def as_array(x: Any, xp: Any = None) -> Any:
+    """``x`` itself when it is an array (has ``shape`` and ``dtype``), else ``xp.asarray(x)``
+    (NumPy by default): the kernels accept nested lists and tuples like NumPy does."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return x
+    return (np if xp is None else xp).asarray(x)
 
 
 def to_numpy(x: Any) -> np.ndarray:
@@ -276,6 +285,7 @@ def astype(x: Any, dtype: Any, xp: Any) -> Any:
 
 def flatten_examples(x: Any, xp: Any, dtype: Any = None, what: str = "X") -> Any:
     """(n, ...) -> (n, prod(...)) in ``dtype``; 1-D input is one feature per example."""
+    x = as_array(x, xp)
     if x.ndim == 0:
         raise ValueError(f"{what} must have an example axis, got a scalar")
     if x.ndim == 1:

@@ -21,7 +21,7 @@ def test_demo_smoke_and_rerun(tmp_path):
     first = _demo(out)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     for f in ("training.csv", "cka_demo.npz", "separation.csv", "sparsity.csv", "collapse.csv", "probes.csv",
-              "spectra.npz"):
+              "spectra.npz", "accuracy.csv"):
         assert (out / "results" / f).stat().st_size > 0, f
     report = (out / "report" / "report.html").read_text()
     assert "Does this run reproduce the paper's findings?" in report
@@ -36,7 +36,7 @@ def test_demo_smoke_and_rerun(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "2 of 2 networks already trained" in second.stdout
     assert "10 of 10 stores already complete" in second.stdout
-    assert second.stdout.count("up to date") == 5  # four results steps and the report
+    assert second.stdout.count("up to date") == 6  # five results steps and the report
     assert json.loads((out / "results" / "fingerprints.json").read_text()) == fps
 
 
@@ -49,3 +49,21 @@ def test_fresh_removes_only_the_demo_outputs(tmp_path):
     (tmp_path / "timings.json").write_text("{}")
     fresh(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_dynamics_checkpoints_stop_before_the_analysed_epoch(tmp_path):
+    """Figs. D.2/E.4 in the demo: the seed-0 runs' kept checkpoints before best.pt's epoch."""
+    from analyses.pipeline import DYNAMICS_GROUPS, Demo
+
+    demo = Demo(tmp_path, ("softmax",), seeds=2)
+    for seed in (0, 1):
+        d = demo.run_dir(f"softmax-s{seed}")
+        d.mkdir(parents=True)
+        rows = ["epoch,holdout_top1"] + [f"{e},{h}" for e, h in ((1, 70), (2, 80), (3, 90), (4, 90))]
+        (d / "metrics.csv").write_text("\n".join(rows) + "\n")
+        for f in ("best.pt", "epoch-0001.pt", "epoch-0002.pt", "epoch-0003.pt", "epoch-0004.pt"):
+            (d / f).write_bytes(b"")
+    got = demo.dynamics_checkpoints()
+    assert [n for n, _ in got] == ["softmax-s0-epoch-0001", "softmax-s0-epoch-0002"]  # best epoch 3 (first max)
+    assert demo.group_paths("dyn-src-train")[0].endswith("dyn-src-train/softmax-s0-epoch-0001-dyn-src-train.zarr")
+    assert set(DYNAMICS_GROUPS) == {"dyn-src-train", "dyn-src-test", "dyn-tgt-train", "dyn-tgt-test"}

@@ -13,7 +13,7 @@ import pytest
 
 from repsim.commands.main import main
 from repsim.engine.result import CKAResult
-from test_engine_helpers import correlated_layers, make_store
+from test_engine_helpers import checkpoint_segments as _done, correlated_layers, make_store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -36,14 +36,6 @@ def nets(tmp_path_factory):
                    labels=np.arange(n) % 6, meta={"model": {"objective": name[-1], "seed": 1}}, chunk_rows=100,
                    head=(rng.normal(size=(6, 300)), np.zeros(6)))
     return root
-
-
-def _done(ckpt: str) -> int:
-    try:
-        with np.load(ckpt) as z:
-            return int(z["done"])
-    except (OSError, ValueError, KeyError, EOFError):
-        return -1
 
 
 def test_cka_killed_mid_epoch_resumes_to_the_uninterrupted_result(nets, tmp_path):

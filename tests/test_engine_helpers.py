@@ -45,3 +45,12 @@ def consecutive_batches(n: int, b: int) -> list[np.ndarray]:
     """[0:b], [b:2b], ...; a trailing batch of fewer than 4 rows is dropped (docs/architecture.md, engine.blocks)."""
     out = [np.arange(s, min(n, s + b)) for s in range(0, n, b)]
     return [r for r in out if r.size >= 4]
+
+
+def checkpoint_segments(path) -> int:
+    """Segments done in a ``cka_matrix`` checkpoint file, -1 while it does not exist or is being replaced."""
+    try:
+        with np.load(path) as z:
+            return int(z["done"])
+    except (OSError, ValueError, KeyError, EOFError):
+        return -1

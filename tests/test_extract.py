@@ -253,8 +253,22 @@ def test_checkpoints_side_by_side_write_the_stores_one_at_a_time_writes(ckpts, t
         one, two = tmp_path / "one" / name, tmp_path / "two" / name
         assert _chunk_files(one) == _chunk_files(two) and _chunk_files(one)
         a, b = open_store(one).attrs, open_store(two).attrs
-        assert {k: v for k, v in a.items() if k != "created"} == {k: v for k, v in b.items() if k != "created"}
-    assert repsim_main(["extract", *common, "--out-dir", str(tmp_path / "bad"), "--jobs", "0"]) == 1
+        own = ("created", "store_uuid")  # when and which store: differ between any two writes
+        assert {k: v for k, v in a.items() if k not in own} == {k: v for k, v in b.items() if k not in own}
+    assert repsim_main(["extract", *common, "--out-dir", str(tmp_path / "bad"), "--jobs", "0"]) == 2
+
+
+def test_a_failing_side_by_side_job_is_one_line(ckpts, tmp_path, capsys):
+    """An error in a forked job reaches the one CLI error path as the lone run would raise it."""
+    fake = tmp_path / "fake" / "checkpoint.pt"
+    fake.parent.mkdir()
+    fake.write_bytes(b"not a checkpoint at all")
+    argv = ["extract", "--checkpoint", str(ckpts[0]), "--checkpoint", str(fake), "--name", "{parent}",
+            "--split", "test", "--layers", "pool", "--batch-size", "64", "--workers", "0", "--device", "cpu",
+            "--out-dir", str(tmp_path / "out"), "--jobs", "2"]
+    assert repsim_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a readable repsim checkpoint" in err[0], err
 
 
 # ----------------------------------------------------------------------------------- resume
@@ -266,14 +280,14 @@ def _cli(ckpt, out, *extra) -> list[str]:
             "--write-threads", "1", *extra]
 
 
-def test_sigkill_then_rerun_is_byte_identical(ckpts, tmp_path, capsys):
-    whole, killed = tmp_path / "whole.zarr", tmp_path / "killed.zarr"
-    proc = subprocess.Popen([sys.executable, "-m", "extract", *_cli(ckpts[0], killed)],
+def _killed_mid_run(ckpt, out, *extra) -> np.ndarray:
+    """Run ``python -m extract`` into ``out`` and SIGKILL it once 2 chunks are written; the flags."""
+    proc = subprocess.Popen([sys.executable, "-m", "extract", *_cli(ckpt, out, *extra)],
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         try:
-            done = int(np.count_nonzero(zarr.open_array(str(killed / "written"), mode="r")[...]))
+            done = int(np.count_nonzero(zarr.open_array(str(out / "written"), mode="r")[...]))
         except Exception:  # noqa: BLE001 - the store is not created yet
             done = 0
         if done >= 2:
@@ -282,10 +296,16 @@ def test_sigkill_then_rerun_is_byte_identical(ckpts, tmp_path, capsys):
         time.sleep(0.005)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, f"finished before the kill: {proc.stderr.read()}"
-    flags = zarr.open_array(str(killed / "written"), mode="r")[...]
+    flags = zarr.open_array(str(out / "written"), mode="r")[...]
     assert 0 < flags.sum() < flags.size, "the kill must land mid-run"
     with pytest.raises(ValueError, match="incomplete"):
-        open_store(killed)
+        open_store(out)
+    return flags
+
+
+def test_sigkill_then_rerun_is_byte_identical(ckpts, tmp_path, capsys):
+    whole, killed = tmp_path / "whole.zarr", tmp_path / "killed.zarr"
+    flags = _killed_mid_run(ckpts[0], killed)
 
     # the same command again (in this process, same thread count) resumes; a fresh run for reference
     assert repsim_main(["extract", *_cli(ckpts[0], killed)]) == 0
@@ -302,9 +322,64 @@ def test_sigkill_then_rerun_is_byte_identical(ckpts, tmp_path, capsys):
     capsys.readouterr()
     assert repsim_main(["extract", *_cli(ckpts[0], whole)]) == 0
     assert "already complete" in capsys.readouterr().err
-    assert repsim_main(["extract", *_cli(ckpts[0], killed, "--dtype", "float32")]) == 1
+    assert repsim_main(["extract", *_cli(ckpts[0], killed, "--dtype", "float32")]) == 2
     err = capsys.readouterr().err
     assert "other settings" in err and "dtype: store 'float16' vs now 'float32'" in err
+
+
+def test_resume_in_another_row_order_is_refused_not_mixed(ckpts, tmp_path, capsys):
+    """Issue 15, reproduction 1: a rerun with another --order-seed used to finish the store with rows of
+    two permutations (297 duplicate ids) and exit 0."""
+    out = tmp_path / "b.zarr"
+    flags = _killed_mid_run(ckpts[0], out)
+    before = _chunk_files(out)
+    capsys.readouterr()
+    assert repsim_main(["extract", *_cli(ckpts[0], out, "--order-seed", "3")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "other settings" in err[0], err
+    assert "order: store 'shuffled(seed=0)' vs now 'shuffled(seed=3)'" in err[0]
+    assert "dataset.order: store 'shuffled(seed=0)' vs now 'shuffled(seed=3)'" in err[0]
+    assert _chunk_files(out) == before and not open_store(out, allow_incomplete=True).complete
+    # a store from before the order was recorded (no attribute) is checked on its rows instead
+    g = zarr.open_group(str(out), mode="r+")
+    g.attrs.update({"extraction": {k: v for k, v in g.attrs["extraction"].items() if k != "order"},
+                    "dataset": {k: v for k, v in g.attrs["dataset"].items() if k != "order"}})
+    assert repsim_main(["extract", *_cli(ckpts[0], out, "--order", "dataset")]) == 2
+    err = capsys.readouterr().err
+    assert "was written in another row order" in err and "but this run puts example" in err, err
+    assert np.array_equal(zarr.open_array(str(out / "written"), mode="r")[...], flags)
+
+
+def test_overwrite_never_deletes_a_file_that_is_not_a_store(ckpts, tmp_path, capsys):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("precious")
+    assert repsim_main(["extract", *_cli(ckpts[0], notes, "--overwrite")]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("extract: ")]  # (notes)
+    assert len(err) == 1 and "refusing to overwrite" in err[0] and "not a directory" in err[0], err
+    assert notes.read_text() == "precious"
+
+
+@pytest.mark.parametrize("content", [b"not a checkpoint at all", bytes(range(256)) * 8])
+def test_a_fake_checkpoint_is_one_line_without_torch_advice(tmp_path, capsys, content):
+    fake = tmp_path / "fake.pt"
+    fake.write_bytes(content)
+    assert repsim_main(["extract", *_cli(fake, tmp_path / "s.zarr")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a readable repsim checkpoint" in err[0], err
+    assert "file an issue" not in err[0] and "weights_only" not in err[0]
+
+
+def test_a_full_disk_is_one_line_and_the_store_stays_resumable(ckpts, tmp_path):
+    import resource
+
+    out = tmp_path / "full" / "s.zarr"
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # noqa: E731
+    run = subprocess.run([sys.executable, "-m", "extract", *_cli(ckpts[0], out)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                         capture_output=True, text=True, timeout=240, preexec_fn=limit)
+    err = [line for line in run.stderr.splitlines() if not line.startswith("extract: ")]  # (progress notes)
+    assert run.returncode == 3 and len(err) == 1, run.stderr
+    assert err[0].startswith(f"repsim extract: error: {out}/") and "File too large" in err[0], err
+    assert not list(out.rglob("*.part"))  # no temporary chunk file left behind
 
 
 # ----------------------------------------------------------------------------------- refusals

@@ -159,8 +159,8 @@ def test_generic_resnet_style_and_declared_blocks():
     bb = Backbone()
     bb.extract_layers = {"conv_a": "blocks.0", "conv_b": "blocks.2"}
     assert list(layer_modules(Network(bb))) == ["conv_a", "conv_b", "pool", "logits"]
-    with pytest.raises(ValueError, match="no layer registry entry"):
-        layer_modules(Network(nn.Linear(3, 4)))
+    # no blocks by any rule: the penultimate and final layers remain
+    assert layer_modules(Network(nn.Linear(3, 4))) == {"pool": "backbone", "logits": "head"}
 
 
 def test_select_layers():

@@ -282,7 +282,7 @@ def test_overwrite_rules(tmp_path):
     save_store(tmp_path / "s.zarr", *args, overwrite=True)
     (tmp_path / "notzarr").mkdir()
     (tmp_path / "notzarr" / "precious.txt").write_text("x")
-    with pytest.raises(StoreError, match="not a Zarr store"):
+    with pytest.raises(StoreError, match="not a repsim activation store"):
         save_store(tmp_path / "notzarr", *args, overwrite=True)
     assert (tmp_path / "notzarr" / "precious.txt").exists()
     with pytest.raises(StoreError, match="does not exist"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -160,6 +161,8 @@ def _cli(capsys, *argv):
     (["--preset", "digits-softmax", "--set", "optim.lrr=1"], "unknown config key 'optim.lrr'"),
     (["--preset", "digits-softmax", "--set", "objective_params.tauu=1"], "unknown hyperparameter(s) tauu"),
     (["--preset", "resnet50-imagenet-softmax", "--data", "/no/such/imagenet"], "does not exist"),
+    (["--preset", "digits-softmax", "--set", "batch_size=-8"], "config key 'batch_size' must be >= 1, got -8"),
+    (["--preset", "digits-softmax", "--set", "optim.lr=0"], "config key 'optim.lr' must be > 0"),
 ])
 def test_cli_bad_input_one_line_error(capsys, tmp_path, argv, match):
     rc, err = _cli(capsys, *argv, "--out", str(tmp_path / "o"), "--no-progress")
@@ -176,7 +179,7 @@ def test_cli_checkpoint_from_another_architecture(capsys, tmp_path, trained):
     assert rc != 0 and len(err) == 1 and "mini_resnet14" in err[0], err
     # --resume into a run directory of another architecture / objective
     rc, err = _cli(capsys, "--preset", "digits-softmax", "--out", str(trained[0]), "--resume", "--no-progress")
-    assert rc != 0 and len(err) == 1 and "from another run: arch 'mini_resnet14' there, 'mini_resnet' here" in err[0], err
+    assert rc != 0 and len(err) == 1 and "other settings" in err[0] and "arch 'mini_resnet14' there, 'mini_resnet' here" in err[0], err
     # an existing run without --resume
     rc, err = _cli(capsys, "--preset", "digits-sigmoid", "--out", str(trained[0]), *sum([["--set", s] for s in SMALL], []))
     assert rc != 0 and len(err) == 1 and "--resume" in err[0]
@@ -184,6 +187,40 @@ def test_cli_checkpoint_from_another_architecture(capsys, tmp_path, trained):
     bad.write_bytes(b"not a checkpoint")
     rc, err = _cli(capsys, *base, "--init-from", str(bad), "--out", str(tmp_path / "c"))
     assert rc != 0 and len(err) == 1 and "not a readable repsim checkpoint" in err[0]
+
+
+def test_resume_with_other_hyperparameters_is_refused_more_epochs_are_not(capsys, tmp_path, trained):
+    """Issue 15, reproduction 5: ``--resume --set optim.lr=0.5`` used to continue silently, and config.json
+    then claimed lr 0.5 for epochs that ran at 0.1."""
+    run = tmp_path / "run"
+    shutil.copytree(trained[0], run)
+    sets = [a for s in SMALL for a in ("--set", s)]
+    base = ["--preset", "digits-sigmoid", "--out", str(run), "--resume", "--no-progress", *sets]
+    rc, err = _cli(capsys, *base, "--set", "optim.lr=0.5", "--set", "optim.momentum=0.5")
+    assert rc == 2 and len(err) == 1, err
+    assert "was trained with other settings: optim.lr 0.1 there, 0.5 here; optim.momentum 0.9 there, 0.5 here" in err[0]
+    assert load_checkpoint(run / "checkpoint.pt")["epoch"] == 2
+    assert json.loads((run / "config.json").read_text())["optim"]["lr"] == 0.1
+    # more epochs (and other resumable settings) continue the run
+    rc, err = _cli(capsys, *base, "--set", "epochs=3", "--set", "threads=1", "--set", "eval_every=2")
+    assert rc == 0, err
+    assert load_checkpoint(run / "checkpoint.pt")["epoch"] == 3
+    assert json.loads((run / "config.json").read_text())["epochs"] == 3
+
+
+def test_a_full_disk_is_one_line_naming_the_file(tmp_path):
+    import resource
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "train", "--preset", "digits-softmax", "--out", str(out), "--no-progress",
+           *[a for s in SMALL + ["max_steps=1"] for a in ("--set", s)]]
+    limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))  # noqa: E731
+    r = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"), capture_output=True,
+                       text=True, timeout=240, preexec_fn=limit)
+    err = [line for line in r.stderr.splitlines() if line.startswith("repsim train")]
+    assert r.returncode == 3 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert err[0].startswith(f"repsim train: error: {out}/") and "File too large" in err[0], err
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp") or ".tmp-" in p.name]
 
 
 def test_cli_fine_tunes_from_a_checkpoint(capsys, tmp_path, trained):

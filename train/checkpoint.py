@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from repsim._io import naming
 
 from .models import Network, build_network
 
@@ -34,15 +38,36 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with naming(path), os.fdopen(fd, "wb") as f:
             torch.save({"format": FORMAT, **state}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        cause = _os_error(exc)
+        if cause is not None and cause is not exc:  # torch.save turns a failed write into a RuntimeError
+            raise OSError(cause.errno, cause.strerror, str(path)) from exc
         raise
+
+
+def _os_error(exc: BaseException | None) -> OSError | None:
+    """The ``OSError`` (disk full, read-only, ...) behind ``exc``, following its context chain."""
+    while exc is not None and not isinstance(exc, OSError):
+        exc = exc.__context__
+    return exc
+
+
+def _why_unreadable(exc: Exception) -> str:
+    """A short reason why ``torch.load`` failed, without torch's advice to load untrusted pickles or
+    to file an issue with PyTorch (neither applies to a file that is not a repsim checkpoint)."""
+    text = str(exc)
+    if "Weights only load failed" in text:
+        found = re.search(r"Unsupported (?:global: GLOBAL \S+|[^\n.]*)", text)
+        detail = found.group(0).strip().rstrip(".") if found else "objects other than tensors and plain values"
+        return f"not a torch.save file of tensors and plain values: {detail}"
+    return f"{type(exc).__name__}: {' '.join(text.split())[:200]}"
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
@@ -50,9 +75,12 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # torch's pickle-protocol warning on foreign files
+            warnings.simplefilter("ignore")
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure is "not a checkpoint"
-        raise CheckpointError(f"{path} is not a readable repsim checkpoint ({type(e).__name__}: {e})") from None
+        raise CheckpointError(f"{path} is not a readable repsim checkpoint ({_why_unreadable(e)}); give a "
+                              "checkpoint.pt or best.pt written by `repsim train`") from None
     if not isinstance(ckpt, dict) or "config" not in ckpt or "model" not in ckpt:
         raise CheckpointError(f"{path} is not a repsim training checkpoint (no config/model keys)")
     return ckpt

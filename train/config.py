@@ -42,12 +42,17 @@ DEFAULTS: dict[str, Any] = {
     "eval_every": 1,              # evaluate holdout/test every k epochs (and at the last one)
     "eval_batch_size": 0,         # 0: same as the per-process training batch
     "save_best": True,            # keep best.pt by holdout top-1 (early stopping, App. A.1)
+    "stop_epoch": 0,              # > 0: stop after this epoch, schedule unchanged (an early-stopping epoch chosen on the holdout)
+    "keep_every": 0,              # > 0: also keep epoch-EEEE.pt every K epochs (training dynamics, Figs. D.2, E.4)
+    "variant": "",                # recipe label beyond the objective; "" derives it: autoaugment, mixup (App. C.4)
     "data": {
         "spec": "",               # dataset spec of train.data.build_dataset (--data overrides)
         "root": "",
         "image_size": 224,
         "eval_resize": 256,
         "augment": "imagenet",    # imagenet | cifar | digits | none
+        "autoaugment": False,     # + torchvision AutoAugment, ImageNet policy (Tables C.5, C.6, E.3)
+        "train_split": "train",   # "train+holdout": retrain on both after tuning (App. A.1, A.3)
         "holdout_size": -1,       # -1: dataset default (ImageNet 50,046; torchvision sets 5,000)
         "eval_holdout": True,
         "eval_test": True,
@@ -70,6 +75,9 @@ DEFAULTS: dict[str, Any] = {
         "warmup_epochs": 10.0,
         "decay": 0.975,
     },
+    "mixup": {
+        "alpha": 0.0,             # > 0: Mixup with λ ~ Beta(α, α) per batch (Table C.5; train.augment)
+    },
     "ema": {
         "enabled": True,
         "decay": 0.9999,
@@ -79,9 +87,10 @@ DEFAULTS: dict[str, Any] = {
         "init_from": "",          # checkpoint whose (EMA) backbone initialises this run (A.3)
         "freeze_backbone": False,
     },
+    "tune_grid": {},              # {"dotted.key": [values, ...]}: the grid `repsim tune` searches by default
 }
 
-_FREE = ("objective_params", "arch_params")
+_FREE = ("objective_params", "arch_params", "tune_grid")
 
 
 class ConfigError(ValueError):
@@ -170,22 +179,71 @@ def apply_set(cfg: dict[str, Any], assignment: str) -> None:
     node[last] = value
 
 
+# numeric keys with their smallest allowed value (">" marks a strict bound); integers must be whole
+BOUNDS: dict[str, tuple[str, float]] = {
+    "batch_size": (">=", 1), "epochs": (">=", 0), "max_steps": (">=", 0), "threads": (">=", 0),
+    "eval_every": (">=", 1), "eval_batch_size": (">=", 0), "num_classes": (">=", 0), "in_channels": (">=", 1),
+    "data.image_size": (">=", 0), "data.eval_resize": (">=", 0), "data.holdout_size": (">=", -1),
+    "data.workers": (">=", 0), "data.synthetic_n": (">=", 1), "data.synthetic_classes": (">=", 1),
+    "optim.lr": (">", 0), "optim.ref_batch": (">", 0), "optim.momentum": (">=", 0), "optim.weight_decay": (">=", 0),
+    "schedule.warmup_epochs": (">=", 0), "schedule.decay": (">", 0), "ema.decay": (">=", 0),
+    "keep_every": (">=", 0), "stop_epoch": (">=", 0), "mixup.alpha": (">=", 0),
+}
+
+
+def validate(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Refuse out-of-range values (:data:`BOUNDS`; ``ema.decay`` at most 1) with a ConfigError naming
+    the key, before they surface as an obscure error deep inside torch. Returns ``cfg``."""
+    for key, (op, low) in BOUNDS.items():
+        node: Any = cfg
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            continue
+        default = DEFAULTS
+        for part in key.split("."):
+            default = default[part]
+        whole = isinstance(default, int) and not isinstance(default, bool)
+        if isinstance(node, bool) or not isinstance(node, (int, float)) or (whole and node != int(node)):
+            raise ConfigError(f"config key {key!r} must be {'an integer' if whole else 'a number'}, got {node!r}")
+        if node < low or (op == ">" and node == low):
+            raise ConfigError(f"config key {key!r} must be {op} {low:g}, got {node!r}")
+    if float(cfg.get("ema", {}).get("decay", 0)) > 1:
+        raise ConfigError(f"config key 'ema.decay' must be <= 1, got {cfg['ema']['decay']!r}")
+    return cfg
+
+
 def load_config(preset: str | None = None, sets: Iterable[str] = ()) -> dict[str, Any]:
-    """DEFAULTS ← preset (with inheritance) ← ``--set`` overrides."""
+    """DEFAULTS ← preset (with inheritance) ← ``--set`` overrides, then :func:`validate`."""
     cfg = copy.deepcopy(DEFAULTS)
     if preset:
         _merge(cfg, _read_preset(preset), f"preset {preset!r}")
         cfg["preset"] = preset
     for s in sets:
         apply_set(cfg, s)
-    return cfg
+    return validate(cfg)
 
 
-def finetune_grid() -> list[dict[str, float]]:
-    """App. A.3 grid: 8 log-spaced learning rates in [10^-5.5, 10^-1] × (8 log-spaced weight decays in
-    [10^-6.5, 10^-3] and no decay); decays are λ values divided by the learning rate (wd_over_lr)."""
+A3_LR = (-5.5, -1.0, 8)   # App. A.3: 8 log-spaced learning rates in [10^-5.5, 10^-1]
+A3_WD = (-6.5, -3.0, 8)   # App. A.3: 8 log-spaced weight decays in [10^-6.5, 10^-3], plus none
+
+
+def finetune_grid(lr: tuple[float, float, int] = A3_LR, wd: tuple[float, float, int] = A3_WD,
+                  no_decay: bool = True) -> list[dict[str, float]]:
+    """The fine-tuning grid of App. A.3, learning rate major: ``lr`` and ``wd`` are (log10 low, log10 high,
+    count) of log-spaced values (count 1: the low end); ``no_decay`` adds weight decay 0 first.
+
+    Weight decays are "divided by the learning rate" (A.3; ICLR version Table A.2: λ is the product of the
+    learning rate and the decay coefficient added to the loss), so runs set ``optim.wd_over_lr`` and the
+    SGD decay coefficient is λ/η: every grid value is the per-step shrink factor η·(λ/η) = λ at the peak
+    learning rate, whatever η is.
+    """
     import numpy as np
 
-    lrs = np.logspace(-5.5, -1, 8)
-    wds = [0.0, *np.logspace(-6.5, -3, 8)]
-    return [{"optim.lr": float(lr), "optim.weight_decay": float(wd)} for lr in lrs for wd in wds]
+    def space(lo: float, hi: float, n: int) -> list[float]:
+        if n < 1:
+            raise ValueError(f"a grid needs at least one value, got count {n}")
+        return [float(10 ** lo)] if n == 1 else [float(v) for v in np.logspace(lo, hi, int(n))]
+
+    wds = ([0.0] if no_decay else []) + space(*wd)
+    return [{"optim.lr": lr_, "optim.weight_decay": wd_} for lr_ in space(*lr) for wd_ in wds]

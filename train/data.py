@@ -9,7 +9,8 @@ Specs
   a torchvision name  ``cifar10``, ``cifar100``, ``mnist``, ``fashionmnist``, ``svhn`` (``root``
                       required; downloaded only with ``download=True``)
 
-Splits ``train``, ``holdout``, ``test``. The holdout is a deterministic subset of the training set
+Splits ``train``, ``holdout``, ``test``, and ``train+holdout`` (both, with the training transform: the
+retraining set after hyperparameters are chosen on the holdout, App. A.1, A.3). The holdout is a deterministic subset of the training set
 (a fixed-seed permutation, independent of the run seed): ``holdout_size`` images (ImageNet, App. A.1:
 50,046), and ``train`` is the rest. Digits: per class, a fixed permutation (seed 0) puts 25 % of each
 class in ``test``, 10 % in ``holdout``, the rest in ``train``; rows are in increasing original index.
@@ -31,6 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 SPLITS = ("train", "holdout", "test")
+TRAIN_ALL = "train+holdout"
 IMAGENET_HOLDOUT = 50_046
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 TORCHVISION_DATASETS = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST",
@@ -115,7 +117,10 @@ class _Shift:
         return torch.nn.functional.pad(x, (p, p, p, p))[..., dy:dy + h, dx:dx + w]
 
 
-def _digits(spec: str, split: str, augment: bool) -> SplitDataset:
+DIGITS_RANGE = ((0.0 - 4.884) / 6.017, (16.0 - 4.884) / 6.017)  # standardised pixel range
+
+
+def _digits(spec: str, split: str, augment: bool, autoaugment: bool = False) -> SplitDataset:
     images, labels = load_digits_arrays()
     # standardise with the fixed constants of the whole set (mean 4.88, std 6.02 of pixel values)
     x = torch.from_numpy((images - 4.884) / 6.017).unsqueeze(1)
@@ -123,10 +128,15 @@ def _digits(spec: str, split: str, augment: bool) -> SplitDataset:
     keep = {"digits": range(10), "digits-source": range(5), "digits-target": range(5, 10)}[spec]
     idx = idx[np.isin(labels[idx], list(keep))]
     offset = keep[0]
+    transform, desc = (_Shift(1), "standardise; random shift ±1 px") if augment else (None, "standardise")
+    if augment and autoaugment:
+        from torchvision import transforms as T
+
+        from .augment import FloatAutoAugment
+
+        transform, desc = T.Compose([_Shift(1), FloatAutoAugment(*DIGITS_RANGE)]), desc + " + AutoAugment (ImageNet policy)"
     return SplitDataset(x, idx, labels[idx] - offset, classes=[str(c) for c in keep], name=spec,
-                        split=split, transform=_Shift(1) if augment else None,
-                        transform_desc="standardise; random shift ±1 px" if augment else "standardise",
-                        loader=lambda base, i: base[i])
+                        split=split, transform=transform, transform_desc=desc, loader=lambda base, i: base[i])
 
 
 # -- synthetic -------------------------------------------------------------------------------------
@@ -151,10 +161,11 @@ def _synthetic(split: str, image_size: int, num_classes: int, n: int, channels: 
 
 # -- images ----------------------------------------------------------------------------------------
 def image_transforms(augment: str | bool, image_size: int, eval_resize: int | None,
-                     mean=IMAGENET_MEAN, std=IMAGENET_STD) -> tuple[Callable, str]:
+                     mean=IMAGENET_MEAN, std=IMAGENET_STD, autoaugment: bool = False) -> tuple[Callable, str]:
     """App. A.1: RandomResizedCrop(size, 0.1–1, 3/4–4/3) + flip for training; resize to
     ``eval_resize`` (256 for 224) on the short side + centre crop for evaluation. ``augment='cifar'``:
-    pad-4 random crop + flip (ICLR App. A.1 standard CIFAR augmentation)."""
+    pad-4 random crop + flip (ICLR App. A.1 standard CIFAR augmentation). ``autoaugment`` (training
+    only): torchvision's AutoAugment ImageNet policy after the crop and flip (App. C.4)."""
     from torchvision import transforms as T
 
     norm = [T.ToTensor(), T.Normalize(mean, std)]
@@ -169,6 +180,10 @@ def image_transforms(augment: str | bool, image_size: int, eval_resize: int | No
         desc = f"Resize({eval_resize}) + CenterCrop({image_size})"
     else:
         t, desc = [], "none"
+    if autoaugment and augment:
+        from .augment import autoaugment_policy
+
+        t, desc = t + [autoaugment_policy()], desc + " + AutoAugment (ImageNet policy)"
     return T.Compose(t + norm), desc + "; normalise"
 
 
@@ -177,7 +192,7 @@ def _pil_loader(base: Any, i: int):
 
 
 def _image_folder(path: Path, split: str, augment: Any, image_size: int, eval_resize: int | None,
-                  holdout_size: int | None) -> SplitDataset:
+                  holdout_size: int | None, autoaugment: bool = False) -> SplitDataset:
     from torchvision.datasets import ImageFolder
 
     train_dir = path / "train" if (path / "train").is_dir() else path
@@ -196,13 +211,14 @@ def _image_folder(path: Path, split: str, augment: Any, image_size: int, eval_re
     if idx is None:
         idx = np.arange(len(base))
     targets = np.asarray(base.targets, dtype=np.int64)[idx]
-    tf, desc = image_transforms(augment if split == "train" else False, image_size, eval_resize)
+    tf, desc = image_transforms(augment if split == "train" else False, image_size, eval_resize,
+                                autoaugment=autoaugment)
     return SplitDataset(base, idx, targets, classes=base.classes, name=path.name, split=split,
                         transform=tf, transform_desc=desc, loader=_pil_loader)
 
 
 def _torchvision(name: str, split: str, root: str | None, download: bool, augment: Any, image_size: int,
-                 holdout_size: int | None) -> SplitDataset:
+                 holdout_size: int | None, autoaugment: bool = False) -> SplitDataset:
     import torchvision.datasets as tvd
 
     if not root:
@@ -222,7 +238,7 @@ def _torchvision(name: str, split: str, root: str | None, download: bool, augmen
     gray = name in ("mnist", "fashionmnist")
     mean, std = ((0.5,), (0.5,)) if gray else ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
     aug = ("cifar" if augment is True else augment) if split == "train" else False
-    tf, desc = image_transforms(aug, image_size, None, mean, std)
+    tf, desc = image_transforms(aug, image_size, None, mean, std, autoaugment=autoaugment)
     return SplitDataset(base, idx, raw_targets[idx], classes=classes, name=name, split=split,
                         transform=tf, transform_desc=desc, loader=_pil_loader)
 
@@ -230,30 +246,56 @@ def _torchvision(name: str, split: str, root: str | None, download: bool, augmen
 def build_dataset(spec: str, split: str, *, augment: Any = False, root: str | os.PathLike | None = None,
                   image_size: int | None = None, eval_resize: int | None = None,
                   holdout_size: int | None = None, download: bool = False,
-                  num_classes: int = 10, n: int = 512, channels: int = 3) -> SplitDataset:
-    """Dataset ``spec`` (see module docstring), split ``train``/``holdout``/``test``.
+                  num_classes: int = 10, n: int = 512, channels: int = 3, autoaugment: bool = False) -> SplitDataset:
+    """Dataset ``spec`` (see module docstring), split ``train``/``holdout``/``test``/``train+holdout``.
 
     ``augment``: False, True (the dataset's standard training augmentation), ``"imagenet"`` or
     ``"cifar"``; applied to the train split only. ``root``: the directory for ImageFolder/torchvision
     specs (a spec that is itself a directory needs none). ``num_classes``, ``n``, ``channels`` apply to
-    ``synthetic`` only.
+    ``synthetic`` only. ``autoaugment``: add AutoAugment (ImageNet policy) to the training augmentation.
     """
+    if split == TRAIN_ALL:
+        return _train_and_holdout(spec, augment=augment, root=root, image_size=image_size, eval_resize=eval_resize,
+                                  holdout_size=holdout_size, download=download, autoaugment=autoaugment)
     if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+        raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS + (TRAIN_ALL,))}")
     spec = str(spec)
     if spec in ("digits", "digits-source", "digits-target"):
-        return _digits(spec, split, bool(augment) and split == "train")
+        return _digits(spec, split, bool(augment) and split == "train", autoaugment)
     if spec == "synthetic":
         return _synthetic(split, image_size or 32, num_classes, n, channels)
     if spec.lower() in TORCHVISION_DATASETS:
         return _torchvision(spec.lower(), split, str(root) if root else None, download, augment,
-                            image_size or 32, holdout_size)
+                            image_size or 32, holdout_size, autoaugment)
     path = Path(root) / spec if root and not Path(spec).is_absolute() and (Path(root) / spec).is_dir() else Path(spec)
     if not path.is_dir():
         raise ValueError(f"data directory {str(path)!r} does not exist (and {spec!r} is not a known dataset name)")
     size = image_size or 224
     resize = eval_resize if eval_resize is not None else round(size * 256 / 224)
-    return _image_folder(path, split, augment, size, resize, holdout_size)
+    return _image_folder(path, split, augment, size, resize, holdout_size, autoaugment)
+
+
+def _train_and_holdout(spec: str, **kw: Any) -> SplitDataset:
+    """The ``train`` and ``holdout`` splits as one training set (the training transform on every row):
+    after tuning on the holdout, the paper retrains on both (App. A.1, A.3). A dataset without a
+    holdout (size 0) gives its training split."""
+    if str(spec) == "synthetic":
+        raise ValueError("the synthetic dataset has no train+holdout split")
+    train = build_dataset(spec, "train", **kw)
+    try:
+        hold = build_dataset(spec, "holdout", **{**kw, "augment": False, "autoaugment": False})
+    except ValueError as e:
+        if "holdout_size is 0" in str(e):
+            return train
+        raise
+    if len(hold) == 0:
+        return train
+    idx = np.concatenate([train.indices, hold.indices])
+    targets = np.concatenate([train.targets, hold.targets])
+    order = np.argsort(idx, kind="stable")
+    return SplitDataset(train.base, idx[order], targets[order], classes=train.classes, name=train.name,
+                        split=TRAIN_ALL, transform=train.transform, transform_desc=train.transform_desc,
+                        loader=train._loader)
 
 
 def dataset_from_config(config: dict[str, Any], split: str, *, spec: str | None = None,
@@ -265,6 +307,7 @@ def dataset_from_config(config: dict[str, Any], split: str, *, spec: str | None 
     d = config["data"]
     hold = d.get("holdout_size", -1)
     return build_dataset(spec or d["spec"], split, augment=augment, root=d.get("root") or None,
+                         autoaugment=bool(augment) and bool(d.get("autoaugment", False)),
                          image_size=d.get("image_size"), eval_resize=d.get("eval_resize") or None,
                          holdout_size=None if hold is None or hold < 0 else hold,
                          download=d.get("download", False), num_classes=d.get("synthetic_classes", 10),

@@ -2,7 +2,12 @@
 
 ``train_run(config, out)`` trains ``config`` (see :mod:`train.config`) and writes to ``out``:
 ``checkpoint.pt`` (every epoch, atomic), ``best.pt`` (best holdout top-1, when ``save_best``),
+``epoch-EEEE.pt`` (every ``keep_every`` epochs, for training dynamics, Figs. D.2, E.4),
 ``metrics.jsonl`` / ``metrics.csv`` (one row per epoch) and ``config.json`` (the resolved config).
+
+Options beyond the App. A.1 recipe: AutoAugment (``data.autoaugment``) and Mixup (``mixup.alpha``),
+App. C.4 (:mod:`train.augment`); ``data.train_split = "train+holdout"`` retrains on the training and
+holdout splits together once hyperparameters are chosen (A.1, A.3; the holdout is then not evaluated).
 
 Distributed: launched by ``torchrun`` (``WORLD_SIZE`` > 1) the process group is initialised from
 ``env://`` with NCCL on CUDA and gloo on CPU; ``batch_size`` is the global batch, split evenly over
@@ -29,15 +34,22 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from repsim._io import atomic_write
+
+from .augment import mixup_batch, variant_of
 from .checkpoint import (CheckpointError, load_checkpoint, load_state_strict, rng_state, save_checkpoint,
                          set_rng_state)
-from .data import dataset_from_config
+from .config import validate
+from .data import TRAIN_ALL, dataset_from_config
 from .models import Network, build_network
 
 _NORM = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
-# keys that define a run: resuming with different values is an error
-IDENTITY_KEYS = ("arch", "arch_params", "in_channels", "objective", "objective_params", "num_classes",
-                 "batch_size", "seed")
+# config keys that may change on --resume: they do not change what the finished epochs computed
+# (more epochs or steps, evaluation and I/O settings); any other difference is refused
+RESUMABLE_KEYS = ("epochs", "max_steps", "threads", "eval_every", "eval_batch_size", "save_best", "compile",
+                  "data.root", "data.workers", "data.download", "data.eval_holdout", "data.eval_test",
+                  "keep_every", "stop_epoch", "tune_grid")
+_RUN_FILLED = ("finetune.source",)  # written by the run itself (copied from the checkpoint on resume)
 
 
 class TrainError(ValueError):
@@ -108,8 +120,9 @@ class _TrainStep(nn.Module):
         super().__init__()
         self.net = net
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor):
-        return self.net.head.loss_and_logits(self.net.backbone(x), y)
+    def forward(self, x: torch.Tensor, y: torch.Tensor, y_b: torch.Tensor | None = None, lam: float = 1.0):
+        mix = None if y_b is None else (y_b, lam)
+        return self.net.head.loss_and_logits(self.net.backbone(x), y, mix)
 
 
 # -- helpers -------------------------------------------------------------------------------------------
@@ -144,12 +157,16 @@ def _topk_correct(logits: torch.Tensor, y: torch.Tensor, ks: tuple[int, ...]) ->
 @torch.no_grad()
 def evaluate(net: nn.Module, dataset, *, batch_size: int, device: torch.device, rank: int, world: int,
              autocast: Callable[[], Any], channels_last: bool, workers: int = 0) -> dict[str, float]:
-    """Top-1 / top-5 accuracy (%) of ``net`` on ``dataset``, sharded over processes."""
+    """Top-1 / top-5 and mean per-class top-1 accuracy (%) of ``net`` on ``dataset``, sharded over
+    processes. Mean per-class: the average over classes present of each class's top-1 accuracy (the
+    measure App. A.2 uses for Pets and Flowers)."""
     was = net.training
     net.eval()
     loader = DataLoader(dataset, batch_size=batch_size, sampler=_ShardSampler(len(dataset), rank, world),
                         num_workers=workers, pin_memory=device.type == "cuda")
     stats = torch.zeros(3, dtype=torch.float64, device=device)
+    K = int(getattr(getattr(net, "head", None), "num_classes", 0) or getattr(dataset, "num_classes", 0))
+    per_class = torch.zeros(2, max(K, 1), dtype=torch.float64, device=device)  # correct, count
     n_local = 0
     for x, y in loader:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -161,40 +178,70 @@ def evaluate(net: nn.Module, dataset, *, batch_size: int, device: torch.device, 
         stats[0] += c1
         stats[1] += c5
         n_local += len(y)
+        if K:
+            hit = logits.float().argmax(1) == y
+            per_class[0] += torch.bincount(y[hit], minlength=K).double()
+            per_class[1] += torch.bincount(y, minlength=K).double()
     stats[2] = n_local
     if world > 1:
         dist.all_reduce(stats)
+        dist.all_reduce(per_class)
     net.train(was)
     n = max(stats[2].item(), 1.0)
-    return {"top1": 100.0 * stats[0].item() / n, "top5": 100.0 * stats[1].item() / n}
+    present = per_class[1] > 0
+    mpc = (per_class[0][present] / per_class[1][present]).mean().item() if K and present.any() else float("nan")
+    return {"top1": 100.0 * stats[0].item() / n, "top5": 100.0 * stats[1].item() / n, "mean_per_class": 100.0 * mpc}
 
 
 def _write_metrics(out: Path, metrics: list[dict[str, Any]]) -> None:
-    tmp = out / ".metrics.jsonl.tmp"
-    tmp.write_text("".join(json.dumps(m) + "\n" for m in metrics))
-    os.replace(tmp, out / "metrics.jsonl")
+    with atomic_write(out / "metrics.jsonl", "w") as f:
+        f.write("".join(json.dumps(m) + "\n" for m in metrics))
     keys: list[str] = []
     for m in metrics:
         keys += [k for k in m if k not in keys]
-    tmp = out / ".metrics.csv.tmp"
-    with open(tmp, "w", newline="") as f:
+    with atomic_write(out / "metrics.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(metrics)
-    os.replace(tmp, out / "metrics.csv")
 
 
-def _identity(cfg: dict[str, Any]) -> dict[str, Any]:
-    return {k: cfg.get(k) for k in IDENTITY_KEYS} | {"data.spec": cfg.get("data", {}).get("spec")}
+def _flat(cfg: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"optim": {"lr": 0.1}}`` -> ``{"optim.lr": 0.1}`` (lists stay values)."""
+    out: dict[str, Any] = {}
+    for k, v in cfg.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def config_differences(saved: dict[str, Any], cfg: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, value in ``saved``, value in ``cfg``) for every dotted key that differs, except
+    :data:`RESUMABLE_KEYS`; a key the saved config lacks (an older repsim) counts at its default."""
+    from .config import DEFAULTS
+
+    a, b, defaults = _flat(saved), _flat(cfg), _flat(DEFAULTS)
+    missing = object()
+    out = []
+    for key in list(a) + [k for k in b if k not in a]:
+        if any(key == k or key.startswith(k + ".") for k in RESUMABLE_KEYS + _RUN_FILLED):  # tables: every key below
+            continue
+        x, y = a.get(key, defaults.get(key, missing)), b.get(key, defaults.get(key, missing))
+        if x != y:
+            out.append((key, None if x is missing else x, None if y is missing else y))
+    return out
 
 
 def _check_same_run(saved: dict[str, Any], cfg: dict[str, Any], path: Path) -> None:
-    a, b = _identity(saved), _identity(cfg)
-    diff = [k for k in a if a[k] != b[k] and not (k == "num_classes" and not b[k])]
+    """Refuse to resume a checkpoint trained with other settings, naming every differing key."""
+    diff = config_differences(saved, cfg)
     if diff:
-        k = diff[0]
-        raise CheckpointError(f"checkpoint {path} is from another run: {k} {a[k]!r} there, {b[k]!r} here"
-                              + (f" (+{len(diff) - 1} more differences)" if len(diff) > 1 else ""))
+        shown = "; ".join(f"{k} {a!r} there, {b!r} here" for k, a, b in diff[:6])
+        more = f" (+{len(diff) - 6} more: {', '.join(k for k, _, _ in diff[6:])})" if len(diff) > 6 else ""
+        raise CheckpointError(
+            f"checkpoint {path} was trained with other settings: {shown}{more}; resume with the run's settings "
+            f"(its config.json) or choose another --out; only {', '.join(RESUMABLE_KEYS)} may change on --resume")
 
 
 def _init_from(net: Network, path: str) -> dict[str, Any]:
@@ -208,14 +255,33 @@ def _init_from(net: Network, path: str) -> dict[str, Any]:
     state = ckpt.get("ema") or ckpt["model"]
     backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
     load_state_strict(net.backbone, backbone, f"checkpoint {path}")
-    return {"checkpoint": str(path), "epoch": ckpt.get("epoch"), "objective": src.get("objective")}
+    from extract.sources import sha256_file  # the identity extract records as model.checkpoint_sha256
+
+    # what the analyses need to pair the fine-tuned network with its source (Table 2, Fig. D.3)
+    return {"checkpoint": str(Path(path).resolve()), "sha256": sha256_file(path), "epoch": ckpt.get("epoch"),
+            "objective": src.get("objective"), "objective_params": src.get("objective_params", {}),
+            "seed": src.get("seed"), "variant": src.get("variant", ""), "preset": src.get("preset", "")}
+
+
+def _keep(ckpt: Path, dest: Path) -> None:
+    """Keep the checkpoint just written as ``dest`` (``--keep-every``): a hard link when the file system
+    allows (checkpoint.pt is later replaced by rename, so the link keeps this epoch's file), else a copy."""
+    import shutil
+
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(ckpt, tmp)
+    except OSError:
+        shutil.copyfile(ckpt, tmp)
+    os.replace(tmp, dest)
 
 
 # -- the run -------------------------------------------------------------------------------------------
 def train_run(config: dict[str, Any], out: str | os.PathLike, *, resume: bool = False, progress: bool = True,
               stop_after_epoch: int | None = None, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Train ``config`` into ``out``; returns the per-epoch metrics. See the module docstring."""
-    cfg = copy.deepcopy(config)
+    cfg = validate(copy.deepcopy(config))
     out = Path(out)
     rank, world, local_rank = dist_info()
     own_pg = False
@@ -226,6 +292,8 @@ def train_run(config: dict[str, Any], out: str | os.PathLike, *, resume: bool = 
         dist.init_process_group(backend=backend, init_method="env://")
         own_pg = True
     say = (log or (lambda s: print(s, file=sys.stderr, flush=True))) if rank == 0 else (lambda s: None)
+    if cfg.get("stop_epoch") and stop_after_epoch is None:
+        stop_after_epoch = int(cfg["stop_epoch"])
     try:
         return _run(cfg, out, rank, world, local_rank, resume, progress, stop_after_epoch, say)
     finally:
@@ -258,9 +326,17 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
     if not d["spec"]:
         raise TrainError("no dataset: pass --data (a directory, 'digits', a torchvision name, 'synthetic')")
     aug = {"none": False, "digits": True}.get(d["augment"], d["augment"])
-    train_set = dataset_from_config(cfg, "train", augment=aug)
+    train_split = d.get("train_split", "train")
+    if train_split not in ("train", TRAIN_ALL):
+        raise TrainError(f"data.train_split must be 'train' or '{TRAIN_ALL}', not {train_split!r}")
+    if d.get("autoaugment") and not aug:
+        raise TrainError("data.autoaugment needs a training augmentation (data.augment is 'none')")
+    alpha = float(cfg.get("mixup", {}).get("alpha", 0.0))  # >= 0 (config.BOUNDS)
+    cfg["variant"] = variant_of(cfg)
+    keep_every = int(cfg.get("keep_every", 0) or 0)
+    train_set = dataset_from_config(cfg, train_split, augment=aug)
     eval_sets = {}
-    if d["eval_holdout"] and d["holdout_size"] != 0:
+    if d["eval_holdout"] and d["holdout_size"] != 0 and train_split == "train":
         eval_sets["holdout"] = dataset_from_config(cfg, "holdout")
     if d["eval_test"]:
         try:
@@ -270,7 +346,7 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
     if cfg["num_classes"] and cfg["num_classes"] != train_set.num_classes:
         raise TrainError(f"num_classes {cfg['num_classes']} but {d['spec']} has {train_set.num_classes} classes")
     cfg["num_classes"] = train_set.num_classes
-    cfg["dataset"] = {"spec": d["spec"], "name": train_set.name, "n_train": len(train_set),
+    cfg["dataset"] = {"spec": d["spec"], "name": train_set.name, "n_train": len(train_set), "train_split": train_split,
                       "classes": list(train_set.classes), "transform": train_set.transform_desc}
     if len(train_set) < cfg["batch_size"]:
         raise TrainError(f"training set of {len(train_set)} examples is smaller than batch_size {cfg['batch_size']}")
@@ -343,13 +419,16 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
         if "source" in ck["config"].get("finetune", {}):
             cfg["finetune"]["source"] = ck["config"]["finetune"]["source"]
         say(f"resuming {out} after epoch {start_epoch} (step {step})")
+        if rank == 0 and keep_every and start_epoch % keep_every == 0:  # killed between save and keep
+            _keep(ckpt_path, out / f"epoch-{start_epoch:04d}.pt")
     elif resume:
         say(f"--resume: no checkpoint in {out}; starting from scratch")
     else:
         torch.manual_seed(cfg["seed"] * 1000 + rank + 1)  # data augmentation / dropout streams per rank
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(cfg, indent=2, default=str) + "\n")
+        with atomic_write(out / "config.json", "w") as f:
+            f.write(json.dumps(cfg, indent=2, default=str) + "\n")
 
     # epochs ----------------------------------------------------------------------------------------
     use_bar = progress and rank == 0 and sys.stderr.isatty()
@@ -379,10 +458,14 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
             for g in opt.param_groups:
                 g["lr"] = lr
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            mix: tuple = ()
+            if alpha > 0:  # Mixup (train.augment): one λ per batch, the loss at the mixed target
+                x, y_b, lam = mixup_batch(x, y, alpha)
+                mix = (y_b, lam)
             if channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             with autocast():
-                loss, logits = step_module(x, y)
+                loss, logits = step_module(x, y, *mix)
             opt.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -414,6 +497,7 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
                 r = evaluate(eval_net, ds, batch_size=eval_bs, device=device, rank=rank, world=world,
                              autocast=autocast, channels_last=channels_last, workers=d["workers"])
                 rec[f"{split}_top1"], rec[f"{split}_top5"] = r["top1"], r["top5"]
+                rec[f"{split}_mean_per_class"] = r["mean_per_class"]
         rec["train_seconds"] = train_s
         rec["images_per_second"] = seen * world / train_s if train_s > 0 else 0.0
         metrics.append(rec)
@@ -427,6 +511,8 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
                      "scaler": scaler.state_dict() if scaler.is_enabled() else {}, "rng": rngs,
                      "epoch": epoch + 1, "metrics": metrics}
             save_checkpoint(state, ckpt_path)
+            if keep_every and (epoch + 1) % keep_every == 0:
+                _keep(ckpt_path, out / f"epoch-{epoch + 1:04d}.pt")
             h = rec.get("holdout_top1")
             if cfg["save_best"] and h is not None and h > best:
                 best = h

@@ -169,9 +169,28 @@ class Head(nn.Module):
         return self._logits(x)
 
     # -- loss -----------------------------------------------------------------------------------
-    def loss_and_logits(self, x: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch-mean loss and the logits it was computed from (one forward through the head)."""
+    def loss_and_logits(self, x: torch.Tensor, targets: torch.Tensor,
+                        mix: tuple[torch.Tensor, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch-mean loss and the logits it was computed from (one forward through the head).
+
+        ``mix=(targets_b, lam)`` (Mixup, :mod:`train.augment`): the per-example loss is
+        lam·L(z, targets) + (1 − lam)·L(z, targets_b) from one set of logits (one dropout mask), i.e. the
+        loss at the mixed target, since every loss here is linear in the one-hot target.
+        """
         z = self._logits(x)
+        per = self._per_example(z, targets)
+        if mix is not None:
+            targets_b, lam = mix
+            per = lam * per + (1.0 - lam) * self._per_example(z, targets_b)
+        loss = per.mean()
+        if self.scale_by_tau:
+            loss = loss * self.tau
+        if self.lambda_final:  # Eq. 4, once per batch
+            loss = loss + self.lambda_final * (_up(self.weight) ** 2).sum()
+        return loss, z
+
+    def _per_example(self, z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Per-example loss (Eqs. 1, 2, 8, 9, plus the logit penalty Eq. 5) at integer ``targets``."""
         K = self.num_classes
         if self.loss_name == "softmax":
             # F.cross_entropy's label_smoothing uses targets (1−α) t + α/K, i.e. Eq. 2 times (1−α).
@@ -186,12 +205,7 @@ class Head(nn.Module):
             per = (self.kappa * t * (z - self.M) ** 2 + (1 - t) * z**2).mean(1) * self.loss_scale
         if self.beta:  # Eq. 5
             per = per + self.beta * (z**2).sum(1)
-        loss = per.mean()
-        if self.scale_by_tau:
-            loss = loss * self.tau
-        if self.lambda_final:  # Eq. 4, once per batch
-            loss = loss + self.lambda_final * (_up(self.weight) ** 2).sum()
-        return loss, z
+        return per
 
     def loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.loss_and_logits(x, targets)[0]

@@ -15,10 +15,22 @@ from analyses.summary import as_percent, seed_summary
 
 
 def _cka_groups(inputs: Inputs) -> tuple[object, dict[str, list[str]], list[str]]:
-    """CKA collection, stores grouped by label, and the layers every store shares."""
+    """CKA collection, stores grouped by label, and the layers every store shares.
+
+    Only final checkpoints of networks that were not fine-tuned enter, on one dataset split (the one
+    with most such stores): the stores of Fig. D.3 (before/after fine-tuning, on a transfer dataset) and
+    of earlier checkpoints may share the results directory."""
     cka = inputs.cka
+    runs = inputs.runs.drop_duplicates("store").set_index("store")
+    ok = [s for s in cka.stores if s not in runs.index
+          or (bool(runs.loc[s, "final"]) and not runs.loc[s, "finetuned_from"])]
+    data = {s: (runs.loc[s, "dataset"], runs.loc[s, "split"]) if s in runs.index else ("", "") for s in ok}
+    counts: dict[tuple, int] = {}
+    for d in data.values():
+        counts[d] = counts.get(d, 0) + 1
+    main = max(counts, key=lambda d: (counts[d], d[1] == "test", d)) if counts else None
     groups: dict[str, list[str]] = {}
-    for s in cka.stores:
+    for s in [s for s in ok if data[s] == main]:
         try:
             groups.setdefault(inputs.label_of(s), []).append(s)
         except Missing:
@@ -53,7 +65,8 @@ def fig2a(inputs: Inputs) -> Figure:
         m, n = _mean_block(cka, groups["softmax"], groups[label], layers, layers)
         if m is not None:
             panels.append((f"Softmax vs. {display(label)}", m, n))
-    unknown = len(cka.stores) - sum(len(v) for v in groups.values())
+    used = [x for v in groups.values() for x in v]
+    other = len(cka.stores) - len(used)
     if not panels:
         raise Missing("no softmax-vs-objective pair of stores with CKA values (softmax needs ≥ 2 seeds for its control)")
     fig, used, axes = panel_grid(len(panels), 5, (2.7, 2.8), 0.9)
@@ -70,11 +83,12 @@ def fig2a(inputs: Inputs) -> Figure:
             ax.set_ylabel("Layer (softmax net)", fontsize=8)
     fig.tight_layout()
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="linear CKA")
+    ignored = (f"{other} other store(s) in the CKA files ignored (unknown objective, another dataset split, "
+               "earlier checkpoints or fine-tuned networks). ") if other else ""
     cap = (f"Rows: layers of softmax networks; columns: the same layers of a network trained with the "
            f"objective in the panel title, averaged over all pairs of distinct networks (the Softmax vs. "
            f"Softmax panel is the seed-to-seed control; stores with objective init give the untrained control). "
-           f"{f'{unknown} store(s) of unknown objective ignored. ' if unknown else ''}"
-           f"{inputs.describe(cka.stores)}. {cka.meta_text()}.")
+           f"{ignored}{inputs.describe(used)}. {cka.meta_text()}.")
     return Figure(fig, cap)
 
 
@@ -108,7 +122,7 @@ def fig2b(inputs: Inputs) -> Figure:
     fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.7, label="linear CKA")
     cap = (f"Entry (i, j): CKA between the named layer of networks trained with objectives i and j, averaged "
            f"over pairs of distinct networks; the diagonal compares different seeds of one objective (blank "
-           f"when an objective has one seed). Layers shown: {', '.join(chosen)}. {inputs.describe(cka.stores)}. "
+           f"when an objective has one seed). Layers shown: {', '.join(chosen)}. {inputs.describe([x for v in groups.values() for x in v])}. "
            f"{cka.meta_text()}.")
     return Figure(fig, cap)
 
@@ -240,6 +254,7 @@ def figE4(inputs: Inputs) -> Figure:
     sep = penultimate_r2(inputs, all_epochs=True)
     if "epoch" not in sep or sep.groupby(["label", "seed"])["epoch"].nunique().max() < 2:
         raise Missing("separation.csv results for ≥ 2 checkpoints (epochs) of one run are needed")
+    sep = sep[sep.groupby(["label", "seed"])["epoch"].transform("nunique") >= 2]  # runs followed over training
     splits = sorted(sep["split"].fillna("").unique()) if "split" in sep else [""]
     plt = pyplot()
     fig, axes = plt.subplots(1, len(splits), figsize=(4.6 * len(splits) + 2, 3.8), squeeze=False)

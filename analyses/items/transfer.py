@@ -307,6 +307,7 @@ def figD2(inputs: Inputs) -> Figure:
     lin = probe_rows(inputs, "linear", all_epochs=True)
     if "epoch" not in lin or lin.groupby(["label", "seed"])["epoch"].nunique().max() < 2:
         raise Missing("probes.csv results for ≥ 2 checkpoints (epochs) of one run are needed")
+    lin = lin[lin.groupby(["label", "seed"])["epoch"].transform("nunique") >= 2]  # runs followed over training
     tasks = sorted(lin["task"].astype(str).unique())
     fig, used, axes = panel_grid(len(tasks), 4, (3.3, 2.9), 2.2)
     for ax, task in zip(used, tasks):

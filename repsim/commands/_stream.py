@@ -31,14 +31,3 @@ def layers_arg(value: str | None) -> list[str] | None:
 def progress_arg(args: argparse.Namespace) -> bool | None:
     return False if args.no_progress else None
 
-
-def report_errors(command: str, fn, args: argparse.Namespace) -> int:
-    """Run ``fn(args)``; bad input (ValueError, e.g. misaligned stores) and a missing optional
-    dependency (ImportError, e.g. CuPy) become one ``repsim COMMAND: error: ...`` line and exit 2."""
-    import sys
-
-    try:
-        return fn(args)
-    except (ValueError, ImportError, KeyError) as exc:
-        print(f"repsim {command}: error: {exc}", file=sys.stderr)
-        return 2

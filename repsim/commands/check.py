@@ -12,13 +12,15 @@ from typing import Sequence
 
 from repsim.store.check import ArrayReport, check_stores
 
-HELP = "validate activation stores: schema, completeness, alignment, NaN/Inf"
+HELP = "validate activation stores: schema, checksums, completeness, alignment, NaN/Inf"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("stores", nargs="+", metavar="STORE", help="activation store directories (.zarr)")
     parser.add_argument("--no-values", dest="scan_values", action="store_false",
-                        help="skip the NaN/Inf scan (reads metadata and ids only; fast)")
+                        help="skip the NaN/Inf scan of layers and logits (reads metadata, ids and labels only; fast)")
+    parser.add_argument("--allow-mixed-datasets", action="store_true",
+                        help="do not report stores whose dataset name/split differ from the first store's")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar (default: shown when stderr is a terminal)")
 
@@ -45,7 +47,8 @@ def format_table(arrays: Sequence[ArrayReport]) -> str:
 
 
 def run(args) -> int:
-    report = check_stores(args.stores, scan_values=args.scan_values, progress=args.progress)
+    report = check_stores(args.stores, scan_values=args.scan_values, progress=args.progress,
+                          allow_mixed_datasets=args.allow_mixed_datasets)
     if report.arrays:
         print(format_table(report.arrays))
     for problem in report.problems:

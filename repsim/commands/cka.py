@@ -5,7 +5,8 @@ import argparse
 import os
 import sys
 
-from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg, report_errors
+from repsim.commands.main import CommandError
+from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg
 
 HELP = "minibatch CKA between every (store, layer) pair"
 
@@ -33,17 +34,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint for resuming (default: OUT.ckpt.npz next to the output)")
     parser.add_argument("--checkpoint-every", type=int, default=8, metavar="BATCHES",
                         help="batches per checkpointed segment (default 8)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    parser.add_argument("--allow-mixed-datasets", action="store_true",
+                        help="combine stores whose dataset name/split or labels differ (default: refused; "
+                             "their example_ids only align by coincidence)")
 
 
 def run(args: argparse.Namespace) -> int:
-    return report_errors('cka', _run, args)
-
-
-def _run(args: argparse.Namespace) -> int:
     from repsim.engine.minibatch import cka_matrix
     from repsim.engine.scheduler import scheduler
 
     out = args.out if args.out.endswith(".npz") else args.out + ".npz"
+    if os.path.isdir(out) or (os.path.exists(out) and not args.overwrite):
+        raise CommandError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
     ckpt = args.checkpoint or (out[:-4] + ".ckpt.npz")
     with scheduler(args.scheduler):
         result = cka_matrix(args.stores, layers=layers_arg(args.layers), batch_size=args.batch_size,
@@ -51,7 +54,8 @@ def _run(args: argparse.Namespace) -> int:
                             debiased=not args.biased, method=args.method, shuffle_window=args.shuffle_window,
                             device=args.device, checkpoint=ckpt if args.method == "minibatch" else None,
                             checkpoint_every=args.checkpoint_every, progress=progress_arg(args),
-                            threads=args.threads, compute_dtype=args.compute_dtype)
+                            threads=args.threads, compute_dtype=args.compute_dtype,
+                            allow_mixed_datasets=args.allow_mixed_datasets)
     path = result.save(out)
     if os.path.exists(ckpt):
         os.remove(ckpt)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg, report_errors
+from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg
 
 HELP = "neural-collapse metrics (and spectra) of the penultimate layer (collapse.csv, spectra.npz)"
 
@@ -17,10 +17,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return report_errors('collapse', _run, args)
-
-
-def _run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from repsim.engine.drivers import collapse_rows, write_csv

@@ -1,19 +1,33 @@
-"""The ``repsim`` command line: one entry point, one module per subcommand.
+"""The ``repsim`` command line: one entry point, one module per subcommand, one error path.
 
 Each subcommand module defines ``HELP`` (one line), ``configure(parser)`` and ``run(args) -> int``.
 Modules are imported only to build their parser; anything heavy (torch, dask, zarr) is imported
 inside ``run`` so that ``repsim --help`` is fast and ``import repsim`` never pulls in torch.
+
+Errors (:func:`main`): a subcommand reports an expected failure by raising; :func:`main` turns it
+into one line ``repsim COMMAND: error: MESSAGE`` on stderr and an exit status from :data:`EXIT_CODES`.
+Expected failures are :class:`CommandError`, bad input (``ValueError`` and its subclasses —
+``StoreError``, ``ExtractError``, ``ConfigError``, ``CheckpointError`` … —, ``KeyError``, a missing
+optional dependency ``ImportError``, whose message names the pip extra to install: repsim.extras) and I/O failures (``OSError``: permission denied, read-only
+file system, disk full). Anything else is a bug: its traceback is printed with exit status 70.
+``--debug`` (before or after the subcommand, or ``REPSIM_DEBUG=1``) lets every exception
+propagate with its traceback.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import sys
+import traceback
 from typing import Sequence
 
 # subcommand -> module implementing it
 SUBCOMMANDS: dict[str, str] = {
     "train": "train.cli",
+    "tune": "train.tune_cli",
+    "finetune": "train.finetune_cli",
     "extract": "extract.cli",
     "check": "repsim.commands.check",
     "cka": "repsim.commands.cka",
@@ -21,9 +35,37 @@ SUBCOMMANDS: dict[str, str] = {
     "sparsity": "repsim.commands.sparsity",
     "collapse": "repsim.commands.collapse",
     "probe": "repsim.commands.probe",
+    "accuracy": "repsim.commands.accuracy",
+    "runs": "repsim.commands.runs",
     "figures": "analyses.cli",
     "demo": "analyses.demo",
 }
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1  # the command ran and found problems (`repsim check`, failed figure items)
+EXIT_REFUSED = 2  # bad arguments or input, incompatible stores, a resume that does not match (argparse's code too)
+EXIT_IO = 3  # a file could not be read or written (permission, read-only file system, disk full)
+EXIT_BUG = 70  # an unexpected exception: a bug in repsim (EX_SOFTWARE); the traceback is printed
+EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_CODES: dict[int, str] = {
+    EXIT_OK: "success",
+    EXIT_PROBLEMS: "the command ran and found problems (repsim check; repsim figures with failed items)",
+    EXIT_REFUSED: "refused: bad arguments or input, incompatible stores, a resume with other settings",
+    EXIT_IO: "a file could not be read or written (permission, read-only file system, disk full)",
+    EXIT_BUG: "an unexpected error (a bug in repsim: the traceback is printed; please report it)",
+    EXIT_INTERRUPTED: "interrupted",
+}
+
+_NO_ROOM = {errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", errno.ENOSPC)}
+_NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+class CommandError(Exception):
+    """An expected failure a subcommand reports as one line with exit status ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_REFUSED):
+        super().__init__(message)
+        self.code = code
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,25 +75,89 @@ def build_parser() -> argparse.ArgumentParser:
         prog="repsim",
         description="Train, extract, and analyse neural-network representations "
         "(CKA, class separation, sparsity, neural collapse, transfer probes).",
+        epilog="exit status: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()),
     )
     parser.add_argument("--version", action="version", version=f"repsim {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of any error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
         sp = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.configure(sp)
+        # SUPPRESS: given only after the subcommand, it must not reset a --debug given before it
+        sp.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback of any error")
         sp.set_defaults(_run=module.run)
     return parser
 
 
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line (a ``KeyError``'s without the quotes ``str`` adds)."""
+    text = exc.args[0] if isinstance(exc, KeyError) and len(exc.args) == 1 else str(exc)
+    return " ".join(str(text).split()) or type(exc).__name__
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``cannot write PATH: No space left on device (free some space ...)`` and the like."""
+    what = exc.strerror or one_line(exc)
+    path = exc.filename if exc.filename is not None else None
+    text = f"{path}: {what}" if path is not None else what
+    if exc.filename2 is not None:
+        text += f" (-> {exc.filename2})"
+    if exc.errno in _NO_ROOM:
+        text += "; free some space or choose another output location"
+    elif exc.errno in _NOT_WRITABLE:
+        text += "; check the permissions or choose another location"
+    elif exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        text += " (a file stands where a directory is needed)"
+    return text
+
+
+def classify(exc: BaseException) -> tuple[int, str] | None:
+    """(exit status, one-line message) for an expected failure, None for a bug."""
+    if isinstance(exc, CommandError):
+        return exc.code, one_line(exc)
+    if isinstance(exc, OSError):
+        return EXIT_IO, describe_os_error(exc)
+    if isinstance(exc, ImportError):  # a missing optional part names the extra that installs it
+        from repsim.extras import explain
+
+        return EXIT_REFUSED, explain(exc) or one_line(exc)
+    if isinstance(exc, (ValueError, KeyError)):
+        return EXIT_REFUSED, one_line(exc)
+    return None
+
+
+def _strip_prefix(message: str, command: str) -> str:
+    """Messages raised as ``extract: ...`` need no second command name after ``repsim extract: error:``."""
+    for prefix in (f"repsim {command}: ", f"{command}: "):
+        if message.startswith(prefix):
+            return message[len(prefix):]
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    debug = bool(getattr(args, "debug", False)) or os.environ.get("REPSIM_DEBUG", "") not in ("", "0")
+    command = args.command
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
-        print("repsim: interrupted", file=sys.stderr)
-        return 130
+        print(f"repsim {command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - the one place where errors become exit statuses
+        if debug:
+            raise
+        known = classify(exc)
+        if known is None:
+            traceback.print_exc()
+            print(f"repsim {command}: internal error ({type(exc).__name__}); this is a bug in repsim, "
+                  "please report it with the traceback above", file=sys.stderr)
+            return EXIT_BUG
+        code, message = known
+        print(f"repsim {command}: error: {_strip_prefix(message, command)}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import sys
 from pathlib import Path
+
+from repsim._io import atomic_write
 
 HELP = "linear and kNN transfer probes on stored features"
 COLUMNS = ["store", "objective", "seed", "task", "probe", "metric", "accuracy", "best_param"]
@@ -52,29 +53,20 @@ def run(args) -> int:
 
     from repsim.probes.knn import knn_probe
     from repsim.probes.linear import linear_probe
-    from repsim.store.format import StoreError
     from repsim.store.reader import open_store
 
     train = list(args.stores) + list(args.train)
     if not train:
-        print("repsim probe: give training stores (positional or --train)", file=sys.stderr)
-        return 2
+        raise ValueError("give training stores (positional or --train)")
     if len(train) != len(args.test):
-        print(f"repsim probe: {len(train)} training stores but {len(args.test)} test stores; "
-              "they are paired in order", file=sys.stderr)
-        return 2
+        raise ValueError(f"{len(train)} training stores but {len(args.test)} test stores; they are paired in order")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, details = [], []
     lambdas = np.logspace(-6, 5, args.lambdas)
     for tr_path, te_path in zip(train, args.test):
-        try:
-            tr, te = open_store(tr_path), open_store(te_path)
-            Xtr = np.asarray(tr.layer(args.layer).compute())
-            Xte = np.asarray(te.layer(args.layer).compute())
-        except (StoreError, KeyError, ValueError) as e:
-            print(f"repsim probe: {e}", file=sys.stderr)
-            return 2
+        tr, te = open_store(tr_path), open_store(te_path)
+        Xtr, Xte = _features(tr, args.layer), _features(te, args.layer)
         task = args.task or (te.dataset or {}).get("name") or te.name
         objective, seed = _meta(tr)
         for kind in args.probe:
@@ -96,8 +88,21 @@ def run(args) -> int:
     jpath = out / "probes.json"
     old = json.loads(jpath.read_text()) if jpath.exists() else []
     keys = {_key(d) for d in details}
-    jpath.write_text(json.dumps([d for d in old if _key(d) not in keys] + details, indent=1))
+    with atomic_write(jpath, "w") as fh:
+        fh.write(json.dumps([d for d in old if _key(d) not in keys] + details, indent=1))
     return 0
+
+
+def _features(store, layer: str):
+    """Layer ``layer`` of ``store`` in memory; NaN/Inf refused naming the store (no probe fits them)."""
+    import numpy as np
+
+    X = np.asarray(store.layer(layer).compute())
+    bad = int(np.count_nonzero(~np.isfinite(X)))
+    if bad:
+        raise ValueError(f"store {store.name}: layer {layer!r} holds {bad} NaN/Inf value(s); a probe cannot be fit "
+                         f"on them (`repsim check {store.path}` counts them per layer)")
+    return X
 
 
 def _key(row: dict) -> tuple:
@@ -112,7 +117,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
             old = list(csv.DictReader(f))
     keys = {_key(r) for r in rows}
     merged = [r for r in old if _key(r) not in keys] + rows
-    with open(path, "w", newline="") as f:
+    with atomic_write(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         for r in merged:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg, report_errors
+from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg
 
 HELP = "class separation R^2 by layer, streamed from stores (separation.csv)"
 
@@ -16,10 +16,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return report_errors('separation', _run, args)
-
-
-def _run(args: argparse.Namespace) -> int:
     from repsim.engine.drivers import DISTANCES, separation_rows, write_csv
     from repsim.engine.scheduler import scheduler
 

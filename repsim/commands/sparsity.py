@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg, report_errors
+from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg
 
 HELP = "fraction of non-zero activations by layer, streamed from stores (sparsity.csv)"
 
@@ -14,10 +14,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return report_errors('sparsity', _run, args)
-
-
-def _run(args: argparse.Namespace) -> int:
     from repsim.engine.drivers import sparsity_rows, write_csv
     from repsim.engine.scheduler import scheduler
 

@@ -121,6 +121,12 @@ def open_stores(stores: Any) -> list[Any]:
     return opened
 
 
+def store_location(store: Any) -> str:
+    """A store's path as the engine records it: absolute (workers may run elsewhere), URLs as given."""
+    path = os.fspath(store.path)
+    return path if "://" in path else os.path.abspath(path)
+
+
 def store_names(stores: Sequence[Any]) -> list[str]:
     """Display names: the store's basename, or its path where two stores share a basename."""
     names = [s.name for s in stores]
@@ -145,13 +151,16 @@ def ids_digest(example_ids: np.ndarray) -> str:
     return hashlib.sha1(np.ascontiguousarray(example_ids, dtype=np.int64).tobytes()).hexdigest()
 
 
-def resolve_columns(stores: Any, layers: Any = None) -> tuple[list[Any], list[Column], np.ndarray]:
+def resolve_columns(stores: Any, layers: Any = None, *, allow_mixed_datasets: bool = False
+                    ) -> tuple[list[Any], list[Column], np.ndarray]:
     """Open and validate stores; return ``(stores, columns, example_ids)``.
 
     ``layers``: ``None`` (every layer of every store), a list applied to every store, or a dict
     ``{store name: [layers]}``.  Raises one ``ValueError`` naming every offending store for:
     incomplete stores, missing layers, different ``n`` or ``example_ids`` (compared with the
-    first store).  Nothing is computed before these checks pass.
+    first store) and, unless ``allow_mixed_datasets``, a different dataset name or split (where
+    both stores record one) or different labels on the same rows: ids that match across datasets
+    match by coincidence.  Nothing is computed before these checks pass.
     """
     opened = open_stores(stores)
     names = store_names(opened)
@@ -183,17 +192,37 @@ def resolve_columns(stores: Any, layers: Any = None) -> tuple[list[Any], list[Co
                               f"(id {int(ids[first])} vs {int(ref_ids[first])})")
     if misaligned:
         problems.append("misaligned example_ids: " + "; ".join(misaligned))
+    elif not allow_mixed_datasets and len(opened) > 1:
+        mixed = _other_data(names, opened)
+        if mixed:
+            problems.append("different datasets: " + "; ".join(mixed) + " (if they hold the same examples in the "
+                            "same order, pass allow_mixed_datasets=True / --allow-mixed-datasets)")
     if problems:
         raise ValueError("cannot combine these stores: " + " | ".join(problems))
     columns = []
     for nm, s, want in zip(names, opened, chosen):
         for layer in want:
             arr = s.zarr_array(layer)
-            path = os.fspath(s.path)
-            path = path if "://" in path else os.path.abspath(path)  # workers may run elsewhere
-            columns.append(Column(store=nm, path=path, layer=layer, shape=tuple(int(d) for d in arr.shape[1:]),
-                                  dtype=str(arr.dtype), chunk_rows=int(arr.chunks[0])))
+            columns.append(Column(store=nm, path=store_location(s), layer=layer,
+                                  shape=tuple(int(d) for d in arr.shape[1:]), dtype=str(arr.dtype),
+                                  chunk_rows=int(arr.chunks[0])))
     return opened, columns, ref_ids
+
+
+def _other_data(names: Sequence[str], opened: Sequence[Any]) -> list[str]:
+    """Stores whose dataset name/split or labels differ from the first store's (one entry each)."""
+    from repsim.store.format import dataset_difference
+
+    out = []
+    ref_labels = opened[0].labels
+    for nm, s in zip(names[1:], opened[1:]):
+        diff = dataset_difference(s.dataset, opened[0].dataset)
+        if diff:
+            out.append(f"{nm!r} vs {names[0]!r}: {diff}")
+        elif not np.array_equal(s.labels, ref_labels):
+            first = int(np.flatnonzero(s.labels != ref_labels)[0])
+            out.append(f"{nm!r} has other labels than {names[0]!r} on the same example_ids (first at row {first})")
+    return out
 
 
 def block_rows_for(columns: Sequence[Column], n: int) -> int:
@@ -353,7 +382,7 @@ class BlockReader:
         self.spatial = spatial
         self.prefetch = max(0, int(prefetch))
         # stores this process opened already (``resolve_columns``) are reused: no second metadata pass
-        known = {os.path.abspath(os.fspath(s.path)): s for s in opened if "://" not in os.fspath(s.path)}
+        known = {store_location(s): s for s in opened}
         stores = {p: known.get(p) or open_store(p) for p in dict.fromkeys(c.path for c in self.columns)}
         self._stores = [stores[c.path] for c in self.columns]
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="repsim-read")

@@ -34,6 +34,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from repsim._io import atomic_write
 from repsim.engine.blocks import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
 from repsim.engine.scheduler import array_module, device_name, get_client, run_tasks
 
@@ -324,6 +325,19 @@ def spectra_arrays(stores: Any, layers: Any = ("pool",), **kw: Any) -> dict[str,
     return {f"{s}/{layer}/{kind}": sv for (s, layer), m in res.items() for kind, sv in m["spectra"].items()}
 
 
+def merge_csv(rows: Sequence[dict], path: str | os.PathLike, key: Sequence[str]) -> str:
+    """Merge ``rows`` into the CSV at ``path`` (atomically): existing rows whose ``key`` columns equal
+    those of a new row are replaced, the others kept, new rows last. A missing file is created."""
+    path = os.fspath(path)
+    old: list[dict] = []
+    if os.path.isfile(path):
+        with open(path, newline="") as fh:
+            old = list(csv.DictReader(fh))
+    new_keys = {tuple(str(r.get(k, "")) for k in key) for r in rows}
+    kept = [r for r in old if tuple(str(r.get(k, "")) for k in key) not in new_keys]
+    return write_csv(kept + list(rows), path)
+
+
 def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> str:
     """Write rows (header = union of keys in first-seen order) atomically; ``-`` writes to stdout."""
     header: list[str] = []
@@ -335,11 +349,8 @@ def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> str:
         writer.writerows(rows)
         return "-"
     path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", newline="") as fh:
+    with atomic_write(path, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=header, restval="")
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(tmp, path)
     return path

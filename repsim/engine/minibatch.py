@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim.engine.blocks import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
-                                  resolve_columns, to_device)
+                                  resolve_columns, store_location, to_device)
 from repsim.engine.checkpoint import Checkpoint
 from repsim.engine.grams import REDUCE_FACTOR, centred_gram, gram_dtype
 from repsim.engine.result import CKAResult, _json_default
@@ -141,7 +141,7 @@ def _provenance(stores: Sequence[Any], names: Sequence[str], columns: Sequence[C
     out = {}
     for s, name in zip(stores, names):
         out[name] = {
-            "path": os.path.abspath(os.fspath(s.path)),
+            "path": store_location(s),
             "attrs": json.loads(json.dumps(dict(s.attrs), default=_json_default)),
             "layers": [c.layer for c in columns if c.store == name],
         }
@@ -153,10 +153,12 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
                method: str = "minibatch", shuffle_window: int | None = None, device: Any = "cpu",
                checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
                progress: bool | None = None, prefetch: int = 2, threads: int = 2,
-               memory_budget: int = 512 * 2**20, compute_dtype: str | None = None) -> CKAResult:
+               memory_budget: int = 512 * 2**20, compute_dtype: str | None = None,
+               allow_mixed_datasets: bool = False) -> CKAResult:
     """CKA between every (store, layer) column and every other, streamed from activation stores.
 
-    ``stores``: paths, globs or ``ActivationStore``s (aligned on ``example_ids``; checked first).
+    ``stores``: paths, globs or ``ActivationStore``s (aligned on ``example_ids``; checked first;
+    stores whose dataset name/split or labels differ are refused unless ``allow_mixed_datasets``).
     ``layers``: ``None`` (all), a list for every store, or ``{store: [layers]}``.
     ``shuffle``: ``False``/"none" (consecutive batches ``[0:b], [b:2b], ...``), ``True``/"window"
     (default: blocks of whole chunks permuted per epoch, rows permuted within windows of about
@@ -172,9 +174,11 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     the kernels run there, float32 Grams with float64 sums) — or an array-API namespace.
     ``checkpoint``: path of a resumable checkpoint, written atomically after each segment of
     ``checkpoint_every`` batches (the last one included, so a rerun returns at once; the CLI
-    deletes it once the output is written).  ``prefetch``/``threads``: reads in flight / reader
-    threads (on the CPU the reader threads also cast and reduce wide columns to centred Grams, so
-    ``threads`` is the compute parallelism as well).
+    deletes it once the output is written).  A checkpoint whose stores were replaced since it was
+    written (same paths, other :attr:`~repsim.store.reader.ActivationStore.identity`) raises
+    :class:`~repsim.engine.checkpoint.StaleCheckpointError` rather than mix their data.
+    ``prefetch``/``threads``: reads in flight / reader threads (on the CPU the reader threads also
+    cast and reduce wide columns to centred Grams, so ``threads`` is the compute parallelism as well).
     ``compute_dtype``: precision of the batch Grams, wide and narrow columns alike; ``None``
     (default) picks float32 for float16/float32 columns and float64 for float64 ones on every
     device (:func:`repsim._xp.gram_dtype`, the error bound of ``repsim.kernels.cka``); centring
@@ -187,7 +191,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
         raise ValueError(f"method must be 'minibatch' or 'exact', got {method!r}")
     if compute_dtype not in (None, "float32", "float64"):
         raise ValueError(f"compute_dtype must be None, 'float32' or 'float64', got {compute_dtype!r}")
-    opened, columns, example_ids = resolve_columns(stores, layers)
+    opened, columns, example_ids = resolve_columns(stores, layers, allow_mixed_datasets=allow_mixed_datasets)
     names = list(dict.fromkeys(c.store for c in columns))
     xp = array_module(device)
     n = int(example_ids.shape[0])
@@ -255,7 +259,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
         fingerprint = {k: meta[k] for k in ("debiased", "spatial", "n", "device", "example_ids_sha1")}
         fingerprint.update(plan=asdict(plan), columns=[(c.path, c.layer) for c in columns],
                            segment_batches=seg, compute_dtype=compute_dtype)
-        ckpt = Checkpoint(checkpoint, fingerprint)
+        ckpt = Checkpoint(checkpoint, fingerprint, {store_location(s): s.identity for s in opened})
         done, state = ckpt.load()
         if done > len(tasks):  # made by a run with more epochs: cannot be cut back
             done, state = 0, None

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from repsim._io import atomic_write
+
 
 _STATE_PREFIX = "state__"
 
@@ -121,14 +123,8 @@ def _atomic_savez(path: str | os.PathLike, arrays: dict[str, Any]) -> str:
     path = os.fspath(path)
     if not path.endswith(".npz"):
         path += ".npz"
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as fh:
+    with atomic_write(path) as fh:
         np.savez(fh, **arrays)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
     return path
 
 

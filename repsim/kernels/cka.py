@@ -79,8 +79,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import (array_namespace, asarray_like, check_finite, diagonal, flatten_examples, gram_dtype,
-                        row_sq_norms, to_numpy)
+from repsim._xp import (array_namespace, as_array, asarray_like, check_finite, diagonal, flatten_examples,
+                        gram_dtype, row_sq_norms, to_numpy)
 from repsim._xp import astype as _astype
 
 __all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA", "CentredGram", "GRAM_SLAB"]
@@ -239,6 +239,7 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
     Precision as in :class:`MinibatchCKA` (module docstring): the feature-space products of
     float32 layers are summed over slabs of ``GRAM_SLAB`` rows in float64.
     """
+    X, Y = as_array(X), as_array(Y)
     xp = array_namespace(X, Y, xp=xp)
     n = X.shape[0]
     _check_n(n, debiased, "X")
@@ -407,14 +408,22 @@ def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
     return _batch_hsic(layers, debiased, xp, compute_dtype, block_bytes, block_rows, names, _centred)[0]
 
 
+def _layer_input(X: Any) -> Any:
+    """A layer's batch as given (an array or a :class:`CentredGram`), nested lists as NumPy arrays."""
+    return X if isinstance(X, CentredGram) else as_array(X)
+
+
 def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: Any, block_bytes: int,
-                block_rows: int, names: Sequence[str] | None, centred: bool) -> tuple[np.ndarray, int]:
+                block_rows: int, names: Sequence[str] | None, centred: bool,
+                widths: Sequence[int | None] | None = None) -> tuple[np.ndarray, int, list[int | None]]:
+    """(HSIC matrix, n, features per layer: None for a :class:`CentredGram`). ``widths``: the
+    features each layer had in earlier batches (None: not known); another width is refused."""
     L = len(layers)
     if L == 0:
         raise ValueError("batch_hsic needs at least one layer")
     names = list(names) if names is not None else [f"layer {i}" for i in range(L)]
 
-    first = layers[0]
+    first = _layer_input(layers[0])
     first_ns = array_namespace(first.K if isinstance(first, CentredGram) else first)
     xp = first_ns if xp is None else array_namespace(xp=xp)
     n = first.shape[0]
@@ -422,6 +431,7 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * 8), 1))
     kept: list[Any] | None = [None] * L if len(groups) > 1 else None
     diags: list[Any] = [None] * L
+    seen: list[int | None] = [None] * L
 
     def column(l_: int, X: Any, A: Any, group: list[tuple[int, int, int]], first_group: bool) -> None:
         """Layer l's part of group ``group``: prepared on first sight, then its row of A."""
@@ -445,9 +455,16 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
             if not first_group:
                 yield l_, None
                 continue
-            X = first if l_ == 0 else layers[l_]
-            if l_ and array_namespace(X.K if isinstance(X, CentredGram) else X) is not first_ns:
+            X = first if l_ == 0 else _layer_input(layers[l_])
+            gram = isinstance(X, CentredGram)
+            if l_ and array_namespace(X.K if gram else X) is not first_ns:
                 raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
+            if not gram:
+                seen[l_] = math.prod(int(d) for d in X.shape[1:])
+                before = widths[l_] if widths is not None else None
+                if before is not None and seen[l_] != before:
+                    raise ValueError(f"{names[l_]} has {seen[l_]} features in this batch but {before} in earlier "
+                                     "ones; each layer must keep its features across updates")
             yield l_, X
 
     H = None
@@ -465,7 +482,7 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
         D = xp.stack(diags)
         H = (2 * H + D @ xp.matrix_transpose(D)) / ((n - 1) ** 2)
     out = np.array(to_numpy(H), dtype=np.float64)
-    return (out + out.T) / 2, n  # exact symmetry (GEMM rounding may differ by an ulp)
+    return (out + out.T) / 2, n, seen  # exact symmetry (GEMM rounding may differ by an ulp)
 
 
 def _each_column(items: Any, work: Any, parallel: bool) -> None:
@@ -561,14 +578,16 @@ class MinibatchCKA:
         self.n_examples = 0
         self._batches: list[np.ndarray] = []
         self._iu = np.triu_indices(self.n_layers)
+        self._widths: list[int | None] = [None] * self.n_layers  # features per layer, once seen
 
     # -- protocol ------------------------------------------------------------------------------
     def update(self, layers: Sequence[Any], *, xp: Any = None) -> "MinibatchCKA":
         """Add one minibatch: a list of L arrays (b, ...) of activations on the same b examples."""
         if len(layers) != self.n_layers:
             raise ValueError(f"update got {len(layers)} layers, expected {self.n_layers}")
-        h, n = _batch_hsic(layers, self.debiased, xp, self.compute_dtype, self.block_bytes, 128,
-                           self._names(), False)
+        h, n, seen = _batch_hsic(layers, self.debiased, xp, self.compute_dtype, self.block_bytes, 128,
+                                 self._names(), False, self._widths)
+        self._widths = [w if w is not None else s for w, s in zip(self._widths, seen)]
         self.hsic += h
         self.n_batches += 1
         self.n_examples += n
@@ -585,6 +604,11 @@ class MinibatchCKA:
                 f"cannot merge MinibatchCKA(n_layers={other.n_layers}, debiased={other.debiased}) into "
                 f"MinibatchCKA(n_layers={self.n_layers}, debiased={self.debiased})"
             )
+        names = self._names()
+        for i, (a, b) in enumerate(zip(self._widths, other._widths)):
+            if a is not None and b is not None and a != b:
+                raise ValueError(f"cannot merge: {names[i]} has {b} features there but {a} here")
+        self._widths = [a if a is not None else b for a, b in zip(self._widths, other._widths)]
         self.hsic += other.hsic
         self.n_batches += other.n_batches
         self.n_examples += other.n_examples
@@ -646,6 +670,7 @@ class MinibatchCKA:
             "n_batches": self.n_batches,
             "n_examples": self.n_examples,
             "batches": batches,
+            "widths": np.array([-1 if w is None else w for w in self._widths], dtype=np.int64),
         }
 
     @classmethod
@@ -661,6 +686,8 @@ class MinibatchCKA:
         acc.n_batches = int(state["n_batches"])
         acc.n_examples = int(state["n_examples"])
         acc._batches = [np.array(r, dtype=np.float64) for r in np.asarray(state["batches"])]
+        if "widths" in state:  # (states written before widths were recorded have none)
+            acc._widths = [None if int(w) < 0 else int(w) for w in np.asarray(state["widths"]).reshape(-1)]
         return acc
 
     # -- helpers -------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from repsim.kernels._moments import ClassMoments
-from repsim._xp import array_namespace, check_finite, compute_dtype, flatten_examples, host_labels, to_numpy
+from repsim._xp import array_namespace, as_array, check_finite, compute_dtype, flatten_examples, host_labels, to_numpy
 
 __all__ = ["COLLAPSE_KEYS", "CollapseStats", "collapse_metrics"]
 
@@ -180,6 +180,7 @@ def collapse_metrics(H: Any, labels: Any, W: Any = None, *, num_classes: int | N
 
     ``num_classes`` defaults to max(label) + 1 (labels index the rows of W); every class must occur.
     """
+    H = as_array(H)
     y = host_labels(labels, H.shape[0], num_classes)
     if num_classes is None:
         num_classes = int(y.max()) + 1 if y.size else 0

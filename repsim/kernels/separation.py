@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from repsim.kernels._moments import ClassMoments
-from repsim._xp import (array_namespace, asarray_like, check_finite, compute_dtype,
+from repsim._xp import (array_namespace, as_array, asarray_like, check_finite, compute_dtype,
                         flatten_examples, host_labels, to_numpy, unit_rows)
 
 __all__ = ["DISTANCES", "ClassSeparation", "class_separation"]
@@ -168,6 +168,7 @@ def class_separation(X: Any, labels: Any, distance: str = "cosine", *,
     Without ``num_classes`` the classes are the distinct labels present; with it, labels must lie
     in [0, num_classes) and every class must occur.
     """
+    X = as_array(X)
     xp = array_namespace(X, xp=xp)
     y = host_labels(labels, X.shape[0], num_classes)
     if num_classes is None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._xp import array_namespace, check_finite, to_numpy
+from repsim._xp import array_namespace, as_array, check_finite, to_numpy
 
 __all__ = ["Sparsity", "nonzero_fraction", "nonzero_fraction_per_channel"]
 
@@ -26,6 +26,7 @@ class Sparsity:
 
     def update(self, X: Any, *, xp: Any = None) -> "Sparsity":
         """Add a batch X (b, C, ...) or (b, C); 1-D input is one channel."""
+        X = as_array(X)
         xp = array_namespace(X, xp=xp)
         what = self.name or "X"
         if X.ndim == 1:

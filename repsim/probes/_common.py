@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._xp import array_namespace, to_numpy
+from repsim._xp import array_namespace, as_array, to_numpy
 
 
 METRICS = ("top1", "mean_per_class")
@@ -97,6 +97,7 @@ def stratified_split(labels: np.ndarray, val_fraction: float, seed: int = 0
 
 
 def _as_2d(X: Any, name: str) -> Any:
+    X = as_array(X)
     if X.ndim < 2:
         raise ValueError(f"{name} must have shape (N, features...), got {tuple(X.shape)}")
     if X.ndim > 2:

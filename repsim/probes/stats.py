@@ -6,9 +6,12 @@
   from the best at ``alpha`` (Table 1/B.1/D.1 bold-facing: "values not significantly different than the
   best are bold-faced (p < 0.05, t-test)").
 - :func:`spearman`: Spearman's ρ with its two-sided p-value (Fig. 5a: ρ = −0.93, p = 0.002).
+- :func:`anova_two_way`: p-value of the main effect of the row factor in a balanced two-way ANOVA
+  (Table 2's "Avg." column: "two-way ANOVA for average"), and :func:`not_significantly_worse_anova`.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -40,23 +43,22 @@ def not_significantly_worse(groups: Mapping[str, Sequence[float]], alpha: float 
     """Names to bold-face: the group with the best mean and every group whose t-test against it has
     p ≥ ``alpha``. Groups of one value cannot be tested: they are included only if they are the best
     (or equal to it). Identical constant groups count as tied (p = 1)."""
+    def tied(v, best) -> bool:
+        a, b = np.asarray(v, float), np.asarray(best, float)
+        if a.size < 2 or b.size < 2 or (np.all(a == a[0]) and np.all(b == b[0])):
+            return False                       # untestable, or zero variance with different means
+        return ttest(a, b, equal_var)[1] >= alpha
+
+    return _best_and_ties(groups, higher_is_better, tied)
+
+
+def _best_and_ties(groups: Mapping[str, Sequence[float]], higher_is_better: bool, tied) -> set[str]:
+    """The group with the best mean, groups with an equal mean, and those ``tied(values, best values)``."""
     if not groups:
         return set()
     means = {k: float(np.mean(v)) for k, v in groups.items()}
     best = (max if higher_is_better else min)(means, key=means.get)
-    out = {best}
-    for k, v in groups.items():
-        if k == best:
-            continue
-        a, b = np.asarray(v, float), np.asarray(groups[best], float)
-        if means[k] == means[best]:
-            out.add(k)
-        elif a.size >= 2 and b.size >= 2:
-            if np.all(a == a[0]) and np.all(b == b[0]):
-                continue                       # zero variance, different means: significant
-            if ttest(a, b, equal_var)[1] >= alpha:
-                out.add(k)
-    return out
+    return {k for k, v in groups.items() if k == best or means[k] == means[best] or tied(v, groups[best])}
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
@@ -68,4 +70,41 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     return float(r.statistic), float(r.pvalue)
 
 
-__all__ = ["mean_se", "ttest", "not_significantly_worse", "spearman"]
+def anova_two_way(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """(F, p) of the main effect "a vs b" in a balanced two-way ANOVA with replication.
+
+    ``a`` and ``b`` are (n, T) arrays: n replicates (seeds) × T levels of the second factor (tasks) for
+    each of the two groups (objectives). Sums of squares of the balanced design: SS_group = nT Σ_g (ḡ −
+    m)²; with n ≥ 2 the error is the within-cell sum of squares (df 2T(n − 1), the model with
+    interaction); with n = 1 the interaction is the error (df T − 1, the additive model). F = SS_group /
+    MS_error on (1, df) degrees of freedom. With T = 1 this is the pooled two-sample t-test (F = t²).
+    """
+    if np.ndim(a) != 2 or np.shape(a) != np.shape(b) or min(np.shape(a)) < 1:
+        raise ValueError(f"anova_two_way needs two equal (n, T) arrays, got {np.shape(a)} and {np.shape(b)}")
+    x = np.stack([np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)])  # (2, n, T)
+    _, n, T = x.shape
+    m = x.mean()
+    cell = x.mean(axis=1)                                   # (2, T)
+    g, t = cell.mean(axis=1), cell.mean(axis=0)             # (2,), (T,)
+    ss_group = n * T * ((g - m) ** 2).sum()
+    if n >= 2:
+        ss_err, df = ((x - cell[:, None, :]) ** 2).sum(), 2 * T * (n - 1)
+    else:
+        ss_err, df = (n * (cell - g[:, None] - t[None, :] + m) ** 2).sum(), T - 1
+    if df < 1:
+        raise ValueError("anova_two_way needs at least 2 replicates or 2 levels of the second factor")
+    if ss_err == 0:
+        return (math.inf, 0.0) if ss_group > 0 else (math.nan, 1.0)
+    F = ss_group / (ss_err / df)
+    return float(F), float(_st.f.sf(F, 1, df))
+
+
+def not_significantly_worse_anova(groups: Mapping[str, np.ndarray], alpha: float = 0.05,
+                                  higher_is_better: bool = True) -> set[str]:
+    """:func:`not_significantly_worse` for (n, T) arrays (seeds × tasks), comparing the average over
+    tasks: the group with the best mean and every group whose :func:`anova_two_way` against it has
+    p ≥ ``alpha`` (Table 2, "Avg.")."""
+    return _best_and_ties(groups, higher_is_better, lambda v, best: anova_two_way(v, best)[1] >= alpha)
+
+
+__all__ = ["mean_se", "ttest", "not_significantly_worse", "spearman", "anova_two_way", "not_significantly_worse_anova"]

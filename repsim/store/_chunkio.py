@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from repsim._io import naming
+
 __all__ = ["FastChunks", "fast_chunks", "remove_stale_parts"]
 
 TMP_PREFIX = ".repsim-tmp-"
@@ -164,7 +166,7 @@ class FastChunks:
         # the temporary file sits in the array's folder, outside its chunk tree ``c/``
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=TMP_PREFIX, suffix=".part")
         try:
-            with os.fdopen(fd, "wb") as fh:
+            with naming(path), os.fdopen(fd, "wb") as fh:
                 fh.write(memoryview(body))
                 fh.write(crc)
             os.replace(tmp, path)

@@ -60,14 +60,22 @@ def store_name(path: str | os.PathLike) -> str:
     return base[:-5] if base.endswith(".zarr") else base
 
 
+TOKEN_DIMS = ("example", "token", "feature")  # a token sequence kept whole (extract --tokens flatten)
+
+
 def dimension_names(ndim: int, kind: str = "layer") -> tuple[str, ...]:
     """Dimension names of an array with ``ndim`` dimensions whose first axis is examples.
 
     Layers: 2-D ``(example, feature)``, 3-D ``(example, channel, x)``, 4-D ``(example, channel, y,
-    x)``, otherwise ``(example, dim1, ...)``. Logits: ``(example, class)``.
+    x)``, otherwise ``(example, dim1, ...)``; ``kind="tokens"``: ``(example, token, feature)``.
+    Logits: ``(example, class)``.
     """
     if kind == "logits":
         return ("example", "class")
+    if kind == "tokens":
+        if ndim != 3:
+            raise ValueError(f"a token layer is (example, token, feature), not {ndim}-D")
+        return TOKEN_DIMS
     tails = {1: (), 2: ("feature",), 3: ("channel", "x"), 4: ("channel", "y", "x")}
     tail = tails.get(ndim, tuple(f"dim{k}" for k in range(1, ndim)))
     return ("example", *tail)
@@ -109,6 +117,15 @@ def default_chunk_rows(
     rows = math.ceil(min_chunk_bytes / min(sizes))
     rows = min(rows, max(1, max_chunk_bytes // max(sizes)))
     return int(max(1, min(rows, max(n, 1))))
+
+
+def dataset_difference(store: dict[str, Any], ref: dict[str, Any]) -> str | None:
+    """How a store's ``dataset`` attributes say it holds other data than the reference store's: the
+    ``name`` or ``split`` differ where both record one (``"name 'imagenet' vs 'cifar10'"``, the
+    store's value first); None otherwise."""
+    diffs = [f"{key} {store.get(key)!r} vs {ref.get(key)!r}" for key in ("name", "split")
+             if store.get(key) is not None and ref.get(key) is not None and store.get(key) != ref.get(key)]
+    return "; ".join(diffs) or None
 
 
 def _float_dtype(dtype: Any, what: str) -> np.dtype:

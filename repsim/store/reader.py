@@ -6,6 +6,8 @@ undecodable or missing object); :func:`open_store` refuses incomplete stores. Th
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from typing import Any
 
@@ -155,6 +157,20 @@ class ActivationStore:
         return dict(self.attrs.get("dataset") or {})
 
     @property
+    def identity(self) -> str:
+        """What tells this store from any other written at the same path: its ``store_uuid`` (a random
+        id written at creation), or for a store written before repsim recorded one, a digest of its
+        attributes and of the modification time of its metadata (``zarr.json``, local stores)."""
+        uid = self.attrs.get("store_uuid")
+        if uid:
+            return str(uid)
+        h = hashlib.sha256(json.dumps(self.attrs, sort_keys=True, default=str).encode())
+        meta = os.path.join(self.path, "zarr.json")
+        if os.path.isfile(meta):
+            h.update(str(os.stat(meta).st_mtime_ns).encode())
+        return "attrs-" + h.hexdigest()[:32]
+
+    @property
     def n_chunks(self) -> int:
         return -(-self.n // self.chunk_rows)
 
@@ -263,7 +279,7 @@ class ActivationStore:
 
         arr = self._group[array]
         reader = self._reader(array)
-        token = tokenize(os.path.abspath(self.path), array, arr.shape, str(arr.dtype), self.chunk_rows, self.attrs.get("created"))
+        token = tokenize(os.path.abspath(self.path), array, arr.shape, str(arr.dtype), self.chunk_rows, self.identity)
         return da.from_array(
             reader,
             chunks=(self.chunk_rows,) + tuple(arr.shape[1:]),

@@ -12,6 +12,8 @@ import json
 import math
 import os
 import shutil
+import uuid
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
@@ -25,18 +27,29 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def _is_repsim_store(path: str) -> bool:
+    """True when ``path`` is a directory whose root ``zarr.json`` carries ``repsim_store_version``."""
+    try:
+        with open(os.path.join(path, "zarr.json"), encoding="utf-8") as fh:
+            return "repsim_store_version" in (json.load(fh).get("attributes") or {})
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _prepare_path(path: str, overwrite: bool) -> None:
-    if not os.path.exists(path):
+    """Make room for a new store at ``path``: refuse an existing one unless ``overwrite``, and never
+    delete anything that is not a repsim store (a file, another Zarr group, a non-empty directory)."""
+    if not os.path.lexists(path):
         return
     if not overwrite:
         raise StoreError(f"store {store_name(path)}: {path} already exists (pass overwrite=True to replace it)")
-    is_zarr = os.path.isfile(os.path.join(path, "zarr.json"))
-    if os.path.isdir(path) and not is_zarr and os.listdir(path):
-        raise StoreError(f"store {store_name(path)}: refusing to overwrite {path}: it is a non-empty directory that is not a Zarr store")
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    else:
-        os.remove(path)
+    if not os.path.isdir(path) or os.path.islink(path):
+        raise StoreError(f"store {store_name(path)}: refusing to overwrite {path}: it is not a directory, so not "
+                         "an activation store; remove it yourself or choose another path")
+    if os.listdir(path) and not _is_repsim_store(path):
+        raise StoreError(f"store {store_name(path)}: refusing to overwrite {path}: it is a non-empty directory that "
+                         "is not a repsim activation store; remove it yourself or choose another path")
+    shutil.rmtree(path)
 
 
 class StoreWriter:
@@ -87,7 +100,8 @@ class StoreWriter:
         """Create an empty store for ``n`` examples.
 
         ``layers`` maps each layer name (in registry order) to ``(tail_shape, dtype)``, the per-example
-        shape and the stored dtype (float16/float32/float64). ``chunk_rows=None`` picks
+        shape and the stored dtype (float16/float32/float64), or ``(tail_shape, dtype, kind)`` with
+        ``kind="tokens"`` for a ``(token, feature)`` sequence (its dimension names). ``chunk_rows=None`` picks
         :func:`default_chunk_rows`. ``meta`` may carry ``model``/``dataset`` dicts and extra attributes.
         ``compression``: ``"zstd"`` (default, level 1) or ``"none"`` for the layer arrays (the
         attribute ``compression`` records it); every chunk keeps its crc32c either way.
@@ -102,7 +116,9 @@ class StoreWriter:
         if not layers:
             raise ValueError(f"store {store_name(path)}: at least one layer is required")
         spec: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
-        for name, (tail, dtype) in layers.items():
+        kinds: dict[str, str] = {}
+        for name, (tail, dtype, *kind) in layers.items():
+            kinds[name] = kind[0] if kind else "layer"
             if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
                 raise ValueError(f"store {store_name(path)}: invalid layer name {name!r}")
             tail = tuple(int(s) for s in tail)
@@ -124,7 +140,8 @@ class StoreWriter:
         dataset.setdefault("n", n)
         if dataset["n"] != n:
             raise ValueError(f"store {store_name(path)}: meta dataset.n = {dataset['n']} but n = {n}")
-        reserved = {"repsim_store_version", "layers", "created", "complete", "repsim_version", "compression"} & set(meta)
+        reserved = {"repsim_store_version", "layers", "created", "complete", "repsim_version", "compression",
+                    "store_uuid"} & set(meta)
         if reserved:
             raise ValueError(f"store {store_name(path)}: meta may not set reserved attributes {sorted(reserved)}")
 
@@ -146,7 +163,7 @@ class StoreWriter:
             group.create_array("logits", shape=(n, k), chunks=(chunk_rows, k), dtype="float32", fill_value=0.0, dimension_names=list(dimension_names(2, "logits")), **codecs)
         lg = group.create_group("layers")
         for name, (tail, dtype) in spec.items():
-            lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail))), **layer_codecs)
+            lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail), kinds[name])), **layer_codecs)
         group.create_array("written", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, dimension_names=["chunk"], **codecs)
         group.update_attributes(  # one metadata write (attrs.update writes once per key)
             {
@@ -156,6 +173,7 @@ class StoreWriter:
                 "layers": list(spec),
                 "compression": compression,
                 "created": _now(),
+                "store_uuid": uuid.uuid4().hex,  # this store's identity (a resumed cka checks it)
                 "repsim_version": __version__,
                 **meta,
                 "complete": False,
@@ -321,7 +339,9 @@ def save_store(
     chunks are computed while the current ones' store chunks are written; peak memory is about one
     input chunk (two while overlapping) plus one store chunk, independent of N. ``dtype=None`` keeps float16/float32/float64 as given (integer inputs are
     refused); a dtype applies to every layer (a dict maps layer -> dtype). ``example_ids`` defaults
-    to ``arange(N)``. ``head=(W, b)`` stores the final layer. ``logits`` are stored as float32.
+    to ``arange(N)``, with a warning when ``meta`` names no dataset: such rows align with those of
+    any other N-row store; with ``meta={"dataset": {"name": ..., "split": ...}}`` stores of
+    different datasets are refused when combined (``cka_matrix``, ``repsim check``). ``head=(W, b)`` stores the final layer. ``logits`` are stored as float32.
     ``compression``: ``"zstd"`` (default) or ``"none"`` for the layers (see ``StoreWriter.create``).
     """
     path = str(path)
@@ -346,7 +366,15 @@ def save_store(
             want = x.dtype
         spec[name] = (tuple(x.shape[1:]), _float_dtype(want, f"store {sname}: layer {name!r}"))
     labels = _rowwise(labels, f"store {sname}: labels", n)
-    example_ids = _rowwise(np.arange(n, dtype=np.int64) if example_ids is None else example_ids, f"store {sname}: example_ids", n)
+    if example_ids is None:
+        if not ((meta or {}).get("dataset") or {}).get("name"):
+            warnings.warn(
+                f"store {sname}: example_ids default to 0..{n - 1} and no dataset is named, so its rows align "
+                f"with those of any other {n}-row store; pass example_ids= (dataset indices) or "
+                "meta={'dataset': {'name': ..., 'split': ...}} so that repsim can refuse stores of other data",
+                UserWarning, stacklevel=2)
+        example_ids = np.arange(n, dtype=np.int64)
+    example_ids = _rowwise(example_ids, f"store {sname}: example_ids", n)
     for what, x in (("labels", labels), ("example_ids", example_ids)):
         if x.ndim != 1 or np.dtype(x.dtype).kind not in "iu" + ("b" if what == "labels" else ""):
             raise ValueError(f"store {sname}: {what} must be a 1-D integer array, got shape {x.shape} dtype {x.dtype}")

@@ -1,0 +1,44 @@
+"""Atomic file writes shared by every result file repsim writes (``.npz``, CSV, JSON).
+
+:func:`atomic_write` writes to ``PATH.tmp-PID`` next to the target and renames it into place only
+once the data is flushed to disk, so readers see the old file or the new one, never a torn one; on
+any failure (disk full, a read-only directory, an exception while writing) the temporary file is
+removed and the error propagates, naming ``PATH`` (:func:`naming`).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import IO, Any, Iterator
+
+
+@contextlib.contextmanager
+def naming(path: str | os.PathLike, temporary: str | None = None) -> Iterator[None]:
+    """Re-raise an ``OSError`` that names no file (a failed write to an open handle: disk full, file
+    too large) or names the ``temporary`` file standing in for ``path`` as the same error naming
+    ``path``, so that its message says which output failed."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno is None or exc.filename not in (None, temporary):
+            raise
+        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from exc
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) -> Iterator[IO]:
+    """Open a temporary file for writing ``path``; on success it replaces ``path`` atomically."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with naming(path, tmp):
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(tmp, mode, **open_kwargs) as fh:
+                yield fh
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise

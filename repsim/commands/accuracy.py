@@ -1,0 +1,65 @@
+"""`repsim accuracy`: top-1, top-5 and mean per-class accuracy of each network's own final layer, from the
+logits in its stores (Table C.1: accuracy on the training set; any split).
+
+    repsim accuracy 'stores/*-src-train.zarr' --out results/accuracy.csv
+
+Rows (accuracy.csv): store, objective, seed, epoch, dataset, split, n, top1, top5, mean_per_class
+(fractions; :mod:`repsim.kernels.accuracy`). The logits are read chunk by chunk. Rows for the same store
+already in ``--out`` are replaced, others kept, so splits can be added one call at a time.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import sys
+
+HELP = "top-1/top-5/mean per-class accuracy from stores' logits (accuracy.csv, Table C.1)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("stores", nargs="+", metavar="STORE_OR_GLOB", help="activation stores with logits, or quoted globs")
+    parser.add_argument("--out", required=True, metavar="FILE", help="CSV to write (merged by store)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress line per store")
+
+
+def accuracy_rows(paths: list[str], progress: bool = False) -> list[dict]:
+    """One accuracy.csv row per store (see the module docstring)."""
+    from repsim.kernels.accuracy import TopKAccuracy
+    from repsim.store.reader import open_store
+
+    rows = []
+    for path in paths:
+        s = open_store(path)
+        if not s.has_logits:
+            raise ValueError(f"store {s.name} ({s.path}) holds no logits")
+        K = int(s.zarr_array("/logits").shape[1])
+        acc = TopKAccuracy(K, ks=(1, 5))
+        labels = s.labels
+        for i in range(s.n_chunks):
+            lo = i * s.chunk_rows
+            z = s.read_chunk("/logits", i)
+            acc.update(z, labels[lo:lo + len(z)])
+        r = acc.result()
+        model, data = s.model, s.dataset
+        rows.append({"store": s.name, "objective": model.get("objective", "") or "",
+                     "seed": "" if model.get("seed") is None else model.get("seed"),
+                     "epoch": "" if model.get("epoch") is None else model.get("epoch"),
+                     "dataset": data.get("name", ""), "split": data.get("split", ""), "n": s.n, **r})
+        if progress:
+            print(f"{s.name}: top-1 {r['top1']:.4f} top-5 {r['top5']:.4f} (n={s.n})", file=sys.stderr, flush=True)
+    return rows
+
+
+def run(args: argparse.Namespace) -> int:
+    from repsim.engine.drivers import merge_csv
+
+    paths: list[str] = []
+    for p in args.stores:
+        hits = sorted(glob.glob(p)) if glob.has_magic(p) else [p]
+        if not hits:
+            raise ValueError(f"{p!r} matches no store")
+        paths += hits
+    rows = accuracy_rows(paths, progress=not args.no_progress)
+    merge_csv(rows, args.out, key=("store",))
+    print(f"repsim accuracy: {len(rows)} rows -> {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,95 @@
+"""`repsim accuracy` (top-1/top-5/mean per-class from stores' logits, Table C.1) against a brute-force
+sort, and `repsim runs` (training.csv from run directories)."""
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from repsim import save_store
+from repsim.commands.main import main
+from repsim.kernels.accuracy import TopKAccuracy, topk_ranks
+
+
+def _brute(z, y, k):
+    """Label among the first k of a stable descending sort (ties: lower class index first)."""
+    order = [sorted(range(len(row)), key=lambda j: (-row[j], j)) for row in z.tolist()]
+    return np.array([int(y[i]) in order[i][:k] for i in range(len(y))])
+
+
+def test_topk_against_brute_force_with_ties_and_merging():
+    rng = np.random.default_rng(0)
+    z = rng.integers(0, 4, size=(300, 7)).astype(np.float32)  # many ties
+    y = rng.integers(0, 6, size=300)  # class 6 never occurs
+    for k in (1, 2, 5):
+        rank = topk_ranks(z, y)
+        assert np.array_equal(rank < k, _brute(z, y, k))
+    assert np.array_equal(topk_ranks(z, y) == 0, z.argmax(1) == y)
+    one = TopKAccuracy(7, ks=(1, 5)).update(z, y).result()
+    parts = TopKAccuracy(7, ks=(1, 5)).update(z[:100], y[:100]).merge(TopKAccuracy(7, ks=(1, 5)).update(z[100:], y[100:]))
+    assert parts.result() == one
+    assert one["top1"] == pytest.approx(_brute(z, y, 1).mean()) and one["top5"] == pytest.approx(_brute(z, y, 5).mean())
+    hit = z.argmax(1) == y
+    assert one["mean_per_class"] == pytest.approx(np.mean([hit[y == c].mean() for c in range(6)]))
+    with pytest.raises(ValueError, match="NaN"):
+        topk_ranks(np.full((2, 3), np.nan), [0, 1])
+    with pytest.raises(ValueError, match="labels must be in"):
+        topk_ranks(np.zeros((2, 3)), [0, 3])
+
+
+def test_accuracy_command_streams_chunks_and_merges(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 10, size=250)
+    z = rng.normal(size=(250, 10)).astype(np.float32)
+    z[np.arange(250), y] += 1.5
+    for split in ("train", "test"):
+        save_store(tmp_path / f"net-{split}.zarr", {"pool": rng.normal(size=(250, 4)).astype(np.float32)}, y, logits=z,
+                   chunk_rows=64, meta={"model": {"objective": "sigmoid", "seed": 2, "epoch": 7},
+                                        "dataset": {"name": "digits-source", "split": split}})
+    out = tmp_path / "accuracy.csv"
+    assert main(["accuracy", str(tmp_path / "net-train.zarr"), "--out", str(out), "--no-progress"]) == 0
+    assert main(["accuracy", str(tmp_path / "net-*.zarr"), "--out", str(out), "--no-progress"]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert sorted(r["split"] for r in rows) == ["test", "train"]  # merged by store, not duplicated
+    r = rows[0]
+    assert (r["objective"], r["seed"], r["epoch"], r["n"]) == ("sigmoid", "2", "7", "250")
+    assert float(r["top1"]) == pytest.approx(_brute(z, y, 1).mean()) and float(r["top5"]) == pytest.approx(_brute(z, y, 5).mean())
+    save_store(tmp_path / "nologits.zarr", {"pool": np.ones((4, 2), np.float32)}, [0, 1, 0, 1])
+    capsys.readouterr()
+    assert main(["accuracy", str(tmp_path / "nologits.zarr"), "--out", str(out)]) == 2
+    assert "holds no logits" in capsys.readouterr().err
+
+
+def _run_dir(path, cfg, metrics, best=False):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    with open(path / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(metrics[0]))
+        w.writeheader()
+        w.writerows(metrics)
+    if best:
+        (path / "best.pt").write_bytes(b"")
+
+
+def test_runs_collects_training_csv(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    m = [{"epoch": e, "step": 10 * e, "train_top1": 50 + e, "holdout_top1": h, "holdout_top5": 99, "test_top1": 60 + e,
+          "test_top5": 98, "test_mean_per_class": 59 + e} for e, h in ((1, 70), (2, 80), (3, 80), (4, 75))]
+    cfg = {"objective": "logit_penalty", "objective_params": {"beta": 6e-4}, "seed": 1, "variant": "autoaugment",
+           "preset": "p", "schedule": {"decay": 0.975}, "mixup": {"alpha": 0.0}}
+    _run_dir(tmp_path / "runs" / "a" / "lp-s1", cfg, m, best=True)
+    _run_dir(tmp_path / "runs" / "b" / "lp-s1", {**cfg, "seed": 2, "variant": ""}, m, best=False)
+    out = tmp_path / "training.csv"
+    assert main(["runs", str(tmp_path / "runs" / "*" / "*"), "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    a = [r for r in rows if r["store"] == "runs/a/lp-s1"]
+    b = [r for r in rows if r["store"] == "runs/b/lp-s1"]
+    # best.pt: the curve stops at the first best holdout epoch (2); without it, at the last epoch
+    assert sorted({int(r["epoch"]) for r in a}) == [1, 2] and sorted({int(r["epoch"]) for r in b}) == [1, 2, 3, 4]
+    t = next(r for r in a if r["split"] == "test" and r["epoch"] == "2")
+    assert (float(t["top1"]), float(t["top5"]), float(t["mean_per_class"])) == (62, 98, 61)
+    assert (t["objective"], t["seed"], t["variant"], json.loads(t["params"])) == ("logit_penalty", "1", "autoaugment",
+                                                                                    {"beta": 6e-4})
+    assert {r["split"] for r in a} == {"train", "holdout", "test"} and t["schedule_decay"] == "0.975"

@@ -1,0 +1,193 @@
+"""The tuning protocol of App. A.1/A.3 (train.tune): the selection rule on planted holdout accuracies, the
+grid, and `repsim finetune` / `repsim tune` end to end on digits (real training subprocesses)."""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+
+import pytest
+
+from repsim.commands.main import main
+from train.config import finetune_grid, load_config
+from train.tune import Run, select_point, toml_literal
+
+SMALL = ['arch="mini_resnet14"', "arch_params.width=4", "batch_size=32", "optim.ref_batch=32",
+         "schedule.warmup_epochs=1", "threads=1"]
+
+
+# -- the rule --------------------------------------------------------------------------------------
+def test_select_last_averages_over_replicates_not_the_best_single_run():
+    curves = [[{5: 90.0}, {5: 50.0}],   # best single run, mean 70
+              [{5: 80.0}, {5: 70.0}],   # mean 75: first of the tie
+              [{5: 75.0}, {5: 75.0}],   # mean 75
+              [{5: 99.0}, {5: math.nan}]]  # diverged replicate: never selected
+    sel = select_point(curves, "last")
+    assert sel.point == 1 and sel.score == 75.0 and sel.epoch is None
+    assert sel.means[:3] == [70.0, 75.0, 75.0] and math.isnan(sel.means[3])
+    # only the last epoch counts
+    assert select_point([[{1: 99.0, 2: 10.0}], [{1: 0.0, 2: 20.0}]], "last").point == 1
+
+
+def test_select_best_uses_the_replicate_averaged_curve_and_its_epoch():
+    curves = [[{1: 60.0, 2: 90.0, 3: 70.0}, {1: 60.0, 2: 40.0, 3: 70.0}],  # mean curve 60, 65, 70
+              [{1: 50.0, 2: 80.0, 3: 60.0}, {1: 50.0, 2: 78.0, 4: 99.0}]]  # common epochs 1, 2: 50, 79
+    sel = select_point(curves, "best")
+    assert (sel.point, sel.epoch, sel.score) == (1, 2, 79.0) and sel.means == [70.0, 79.0]
+    tie = select_point([[{1: 70.0, 2: 70.0}]], "best")
+    assert tie.epoch == 1  # first epoch reaching the maximum
+
+
+@pytest.mark.parametrize("curves,match", [
+    ([], "empty grid"),
+    ([[{1: 1.0}], [{1: 1.0}, {1: 2.0}]], "same, non-zero number of replicates"),
+    ([[{}]], "no holdout score"),
+    ([[{1: math.nan}]], "every grid point has a NaN"),
+])
+def test_select_refuses_bad_grids(curves, match):
+    with pytest.raises(ValueError, match=match):
+        select_point(curves, "last")
+
+
+def test_finetune_grid_options_and_literals():
+    g = finetune_grid((-2, -1, 2), (-4, -3, 3), no_decay=False)
+    assert len(g) == 6 and [p["optim.lr"] for p in g[:3]] == [0.01] * 3
+    assert [p["optim.weight_decay"] for p in g[:3]] == pytest.approx([1e-4, 10**-3.5, 1e-3])
+    assert finetune_grid((-3, -3, 1), (-5, -5, 1))[0] == {"optim.lr": 0.001, "optim.weight_decay": 0.0}
+    # every literal the protocol writes is read back by --set as the same value
+    for v in (3.1622776601683795e-06, 0.0, 12, True, "digits-target", [1, 2, 3], {"width": 4, "layers": [1, 1]}):
+        cfg = load_config("digits-softmax", [f"arch_params={toml_literal({'v': v})}"])
+        assert cfg["arch_params"] == {"v": v}
+    assert Run(__import__("pathlib").Path("x"), "p", [("a", 1.5)], "l", "grid").key == \
+        Run(__import__("pathlib").Path("y"), "p", [("a", 1.5)], "m", "final").key
+
+
+# -- end to end ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    from train.loop import train_run
+
+    root = tmp_path_factory.mktemp("pre")
+    for s in (0, 1):
+        train_run(load_config("digits-softmax", SMALL + ["epochs=1", f"seed={s}"]), root / f"softmax-s{s}",
+                  progress=False, log=lambda m: None)
+    return root
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.slow
+def test_finetune_grid_selection_retraining_and_resume(pretrained, tmp_path, capsys):
+    out, res = tmp_path / "ft", tmp_path / "results"
+    argv = ["finetune", "--preset", "finetune-digits", "--init-from", str(pretrained / "softmax-s*" / "checkpoint.pt"),
+            "--out", str(out), "--results", str(res), "--steps", "6", "--lr-grid", "-2", "-1", "2",
+            "--wd-grid", "-4", "-4", "1", "--no-zero-decay", "--jobs", "2", "--task", "digits-target"]
+    assert main(argv) == 0, capsys.readouterr().err
+    grid = _rows(out / "softmax" / "grid.csv")
+    assert len(grid) == 4 and {r["replicate"] for r in grid} == {"s0", "s1"}
+    # the selection, recomputed from the runs' own metrics files: highest mean of the last holdout top-1
+    means = {}
+    for r in grid:
+        last = _rows(f"{r['run']}/metrics.csv")[-1]
+        assert "test_top1" not in last or last["test_top1"] == ""  # the grid never looks at test
+        means.setdefault(int(r["point"]), []).append(float(last["holdout_top1"]))
+    best = max(sorted(means), key=lambda p: sum(means[p]) / 2)
+    sel = json.loads((out / "softmax" / "selection.json").read_text())
+    assert sel["point"] == best and sel["score"] == pytest.approx(sum(means[best]) / 2)
+    lr = finetune_grid((-2, -1, 2), (-4, -4, 1), no_decay=False)[best]["optim.lr"]
+    rows = _rows(res / "finetune.csv")
+    assert sorted(r["seed"] for r in rows) == ["0", "1"] and {r["objective"] for r in rows} == {"softmax"}
+    for r in rows:
+        final = json.loads(open(f"{r['run']}/config.json").read())
+        assert final["data"]["train_split"] == "train+holdout" and final["optim"]["lr"] == lr
+        assert final["optim"]["weight_decay"] == 1e-4 and final["optim"]["wd_over_lr"]
+        src = final["finetune"]["source"]
+        assert src["sha256"] == hashlib.sha256(open(r["source_checkpoint"], "rb").read()).hexdigest()
+        assert float(r["accuracy"]) == float(_rows(f"{r['run']}/metrics.csv")[-1]["test_top1"])
+        assert r["task"] == "digits-target" and float(r["lr"]) == lr and int(r["steps"]) == 6
+    assert not list((out / "softmax" / "grid").glob("*/checkpoint.pt"))  # grid checkpoints removed
+    # a rerun trains nothing; a final run interrupted after its checkpoint resumes
+    capsys.readouterr()
+    (out / "softmax" / "final" / "s1" / "DONE").unlink()
+    assert main(argv) == 0
+    log = capsys.readouterr().out
+    assert "4 of 4 runs already done" not in log and "1 of 2 runs already done; running 1" in log
+    assert "resuming" in (out / "softmax" / "final" / "s1" / "train.log").read_text()
+    assert len(_rows(res / "finetune.csv")) == 2
+    # Fig. D.3 from real stores: extract source and fine-tuned checkpoints on the target test split, CKA, figures
+    stores = tmp_path / "stores"
+    for r in rows:
+        for kind, ck in (("pre", r["source_checkpoint"]), ("post", r["checkpoint"])):
+            assert main(["extract", "--checkpoint", ck, "--data", "digits-target", "--split", "test", "--layers",
+                         "block1,block3,pool", "--out", str(stores / f"{kind}-s{r['seed']}.zarr"), "--workers", "0",
+                         "--no-progress"]) == 0
+    from repsim import open_store
+
+    post = open_store(stores / "post-s0.zarr").model
+    assert post["finetuned_from"]["sha256"] == open_store(stores / "pre-s0.zarr").model["checkpoint_sha256"]
+    assert main(["cka", *map(str, sorted(stores.glob("*.zarr"))), "--method", "exact", "--out",
+                 str(res / "cka_finetune.npz"), "--no-progress"]) == 0
+    fig = tmp_path / "fig"
+    assert main(["figures", "--stores", str(stores), "--results", str(res), "--out", str(fig), "--quiet",
+                 "--only", "table2", "figD3"]) == 0
+    assert (fig / "figD3.png").exists() and (fig / "table2.md").exists()
+    assert "digits-target/test" in (fig / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_tune_selects_mixup_alpha_and_stopping_epoch(tmp_path, capsys):
+    out = tmp_path / "tune"
+    sets = sum([["--set", s] for s in SMALL + ["epochs=3"]], [])
+    argv = ["tune", "--preset", "digits-softmax-mixup", "--seeds", "0", "--grid", "mixup.alpha=0.1,0.4",
+            "--out", str(out), "--results", str(tmp_path / "res"), "--jobs", "2", *sets]
+    assert main(argv) == 0, capsys.readouterr().err
+    sel = json.loads((out / "softmax-mixup" / "selection.json").read_text())
+    # recompute: mean over seeds of each epoch's holdout top-1, best (point, epoch)
+    grid = _rows(out / "softmax-mixup" / "grid.csv")
+    curves = {}
+    for r in grid:
+        for m in _rows(f"{r['run']}/metrics.csv"):
+            curves.setdefault((int(r["point"]), int(m["epoch"])), []).append(float(m["holdout_top1"]))
+    best = max(sorted(curves), key=lambda k: sum(curves[k]) / len(curves[k]))
+    assert (sel["point"], sel["epoch"]) == best and sel["selected"] == {"mixup.alpha": [0.1, 0.4][best[0]]}
+    rows = _rows(tmp_path / "res" / "tune.csv")
+    assert len(rows) == 1 and {r["variant"] for r in rows} == {"mixup"}
+    for r in rows:
+        assert int(r["epochs_trained"]) == best[1] and r["selected_epoch"] == str(best[1])
+    # training.csv of the retrained runs
+    assert main(["runs", str(out / "softmax-mixup" / "final" / "*"), "--out", str(tmp_path / "training.csv")]) == 0
+    tr = _rows(tmp_path / "training.csv")
+    assert {r["store"].split("/")[-1] for r in tr} == {"s0"} and {r["variant"] for r in tr} == {"mixup"}
+    assert {r["mixup_alpha"] for r in tr} == {str([0.1, 0.4][best[0]])}
+
+
+def test_cli_errors_are_one_line(capsys, tmp_path):
+    rc = main(["finetune", "--preset", "finetune-digits", "--init-from", str(tmp_path / "none*.pt"), "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "matches no file" in err[0]
+    rc = main(["finetune", "--preset", "finetune-digits", "--init-from", "x.pt", "--out", str(tmp_path),
+               "--lr-grid", "-1", "-2", "3"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "LO <= HI" in err[0]
+    rc = main(["tune", "--preset", "digits-softmax", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "no grid" in err[0]
+    rc = main(["tune", "--preset", "digits-softmax", "--out", str(tmp_path), "--grid", "optim.lrr=1,2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "unknown config key" in err[0]
+
+
+@pytest.mark.slow
+def test_runs_under_torchrun(tmp_path):
+    """--nproc-per-node 2: a run is a 2-process (gloo) torchrun job, marked done, its log kept."""
+    from train.checkpoint import load_checkpoint
+    from train.tune import parse_sets, run_all
+
+    run = Run(tmp_path / "ddp", "digits-softmax", parse_sets(SMALL + ["epochs=1"]), "ddp", "final")
+    run_all([run], nproc=2, say=lambda m: None)
+    assert json.loads((run.dir / "DONE").read_text())["key"] == run.key and (run.dir / "train.log").is_file()
+    assert len(load_checkpoint(run.dir / "checkpoint.pt")["rng"]) == 2  # one RNG state per rank

@@ -1,0 +1,61 @@
+"""Small models for the model-source tests, built by factories as a user's ``module:`` source would be
+(``repsim extract --checkpoint module:tiny_models:vit``), plus Hugging Face checkpoint directories
+written from configs (random weights, nothing downloaded)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def vit():
+    """torchvision's VisionTransformer: 2 blocks of width 32 on 32-px images (4x4 patches of 8 px + CLS)."""
+    from torchvision.models import VisionTransformer
+
+    return VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
+                             mlp_dim=64, num_classes=10)
+
+
+def swin():
+    """torchvision's SwinTransformer (channels-last stages): 2 + 2 blocks, window 4, any image size."""
+    from torchvision.models import SwinTransformer
+
+    return SwinTransformer(patch_size=[4, 4], embed_dim=16, depths=[2, 2], num_heads=[2, 2],
+                           window_size=[4, 4], num_classes=10)
+
+
+def convnext():
+    """torchvision's ConvNeXt: 2 + 2 CNBlocks of width 16 and 32."""
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    return ConvNeXt([CNBlockConfig(16, 32, 2), CNBlockConfig(32, None, 2)], num_classes=10)
+
+
+def hf_vit_dir(path: Path, num_labels: int = 10) -> Path:
+    """A Hugging Face ViT image classifier checkpoint directory holding only its config."""
+    import transformers
+
+    config = transformers.ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=32,
+                                    num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                                    num_labels=num_labels, architectures=["ViTForImageClassification"])
+    config.save_pretrained(path)
+    return path
+
+
+WORDS = "the a cat dog sat on mat ran fast slow good bad movie film was is not very".split()
+
+
+def hf_text_dir(path: Path) -> Path:
+    """A Hugging Face BERT base model (no head) with a small word-level tokenizer, config only."""
+    import transformers
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", *WORDS])}
+    tk = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tk.normalizer = normalizers.Lowercase()
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tok = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="[UNK]", pad_token="[PAD]",
+                                               cls_token="[CLS]", sep_token="[SEP]")
+    tok.save_pretrained(path)
+    transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=32, max_position_embeddings=64).save_pretrained(path)
+    return path
