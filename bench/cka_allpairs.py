@@ -356,7 +356,8 @@ def big_p_section(widths: list[int], n: int, batched_of, from_features, torch) -
 
 
 def write_results_md(res: dict) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
+    from bench._results import replace_section
+
     c, m, sp, ag = res["config"], res["machine"], res["speedup"], res["agreement"]
     A, O = res["seconds"]["all_cores"], res["seconds"]["one_thread"]
     ff = A.get("from_features")
@@ -411,14 +412,7 @@ def write_results_md(res: dict) -> None:
         "",
     ]
     section = "\n".join(lines)
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    start = text.find("## cka_allpairs")
-    if start >= 0:
-        nxt = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[nxt + 1:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    replace_section("cka_allpairs", section)
 
 
 if __name__ == "__main__":

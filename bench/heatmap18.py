@@ -428,7 +428,8 @@ def report(r: dict) -> None:
 
 
 def write_results_md(res: dict) -> None:
-    path = ROOT / "bench" / "RESULTS.md"
+    from bench._results import replace_section
+
     m, st = res["machine"], res["startup_seconds"]
     lines = ["## heatmap18", "",
              f"`python bench/heatmap18.py --scale both` — {m['cpus']} CPUs, torch {m.get('torch')}, pytorch-cka "
@@ -476,14 +477,7 @@ def write_results_md(res: dict) -> None:
     lines += ["", "Before (issue 19, quiet box): digits 23.9 s extract + 15.5 s cka = 39.4 s against pytorch-cka's 121.1 s "
               "(3.1×). Goal ≥ 10× on digits.", ""]
     section = "\n".join(lines)
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    start = text.find("## heatmap18")
-    if start >= 0:
-        nxt = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[nxt + 1:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    replace_section("heatmap18", section)
 
 
 if __name__ == "__main__":

@@ -132,7 +132,8 @@ def main() -> int:
 
 
 def write_results_md(res: dict) -> None:
-    path = os.path.join(HERE, "RESULTS.md")
+    from bench._results import replace_section
+
     c, s, r = res["config"], res["seconds"], res["megabytes_per_second"]
     comp = res["source_chunk_computations"]
     rows = "".join(
@@ -154,15 +155,7 @@ def write_results_md(res: dict) -> None:
         f"while the current one's store chunks are written. Goal (≥ 50 % of the NumPy rate, each chunk once): "
         f"{'met' if res['goal_met'] else 'NOT met'}.\n"
     )
-    text = open(path).read() if os.path.exists(path) else "# Benchmark results\n"
-    start = text.find("## save_store")
-    if start >= 0:
-        nxt = text.find("\n## ", start + 1)
-        text = text[:start] + section + (text[nxt + 1:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    with open(path, "w") as fh:
-        fh.write(text)
+    replace_section("save_store", section)
 
 
 if __name__ == "__main__":
