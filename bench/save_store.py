@@ -87,7 +87,8 @@ def main() -> int:
     def save(tag: str, src, compression: str):
         nonlocal chunk_rows
         path = os.path.join(tmp, f"{tag}.zarr")
-        s = save_store(path, {"block": src}, labels, compression=compression, progress=False, overwrite=True)
+        s = save_store(path, {"block": src}, labels, meta={"dataset": {"name": "bench-random", "split": "none"}},
+                       compression=compression, progress=False, overwrite=True)
         chunk_rows = s.chunk_rows
         shutil.rmtree(path)
 
