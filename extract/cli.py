@@ -13,6 +13,9 @@ each, named by ``--name`` (default ``{stem}``: the checkpoint file name without 
 
     repsim extract --checkpoint 'runs/*/last.pt' --name '{parent}' --data digits --split test --out-dir stores/
 
+On the CPU the checkpoints are extracted side by side, one forked process per core (``--jobs``),
+each store exactly as a lone run writes it; on a GPU or under torchrun one at a time.
+
 Sharded over processes (GPUs): ``torchrun --nproc_per_node=N -m extract --checkpoint ...``.
 A rerun of the same command resumes an interrupted store; a complete store is left as it is.
 
@@ -77,6 +80,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (default min(4, cpus-1))")
     parser.add_argument("--write-threads", type=int, default=None, help="compression/writing threads (0: write each chunk inline; default: up to 4, overlapping "
                         "the forward passes on GPU or spare CPU cores, else in bursts between them)")
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="checkpoints extracted side by side in forked processes, each with its share of the "
+                        "cores (default: on the CPU, as many as there are cores and checkpoints; 1 on a GPU or "
+                        "under torchrun)")
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--amp", default="auto", choices=("auto", "off", "float16", "bfloat16"),
                         help="autocast dtype for the forward pass (auto: float16 on CUDA, off on CPU)")
@@ -141,16 +148,21 @@ def run(args) -> int:
         outs = store_paths(checkpoints, args.out_dir, args.name)
         Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     started = init_distributed_from_env(args.device)
+    options = dict(
+        split=args.split, data_root=args.data_root, layers=args.layers, spatial=args.spatial,
+        dtype=args.dtype, batch_size=args.batch_size, workers=args.workers, device=args.device,
+        amp=args.amp, chunk_rows=args.chunk_rows, write_threads=args.write_threads,
+        overwrite=args.overwrite, check_space=not args.no_space_check, progress=args.progress,
+        order=args.order, order_seed=args.order_seed, compression=args.compression,
+        tokens=args.tokens, image_size=args.image_size, max_length=args.max_length,
+    )
     try:
-        for ckpt, out in zip(checkpoints, outs):
-            extract_store(
-                ckpt, args.data, out, split=args.split, data_root=args.data_root, layers=args.layers, spatial=args.spatial,
-                dtype=args.dtype, batch_size=args.batch_size, workers=args.workers, device=args.device,
-                amp=args.amp, chunk_rows=args.chunk_rows, write_threads=args.write_threads,
-                overwrite=args.overwrite, check_space=not args.no_space_check, progress=args.progress,
-                order=args.order, order_seed=args.order_seed, compression=args.compression,
-                tokens=args.tokens, image_size=args.image_size, max_length=args.max_length,
-            )
+        jobs = _jobs(getattr(args, "jobs", None), len(checkpoints), args.device, started)
+        if jobs > 1:
+            _extract_side_by_side(checkpoints, outs, args.data, options, jobs)
+        else:
+            for ckpt, out in zip(checkpoints, outs):
+                extract_store(ckpt, args.data, out, **options)
     finally:
         if started:
             torch.distributed.destroy_process_group()
@@ -166,3 +178,66 @@ def _list_layers(args) -> int:
                           tokens=args.tokens, layers=args.layers, image_size=args.image_size,
                           max_length=args.max_length))
     return 0
+
+
+def _jobs(requested: int | None, n_checkpoints: int, device: str | None, distributed: bool) -> int:
+    """Checkpoints extracted at once: ``--jobs``, else one per core (at most one per checkpoint) on
+    the CPU, and 1 on a GPU or under torch.distributed (ranks share each store's chunks instead)."""
+    import torch
+
+    if requested is not None:
+        if requested < 1:
+            raise ValueError(f"extract: --jobs must be >= 1, got {requested}")
+        return min(requested, max(1, n_checkpoints))
+    on_gpu = str(device or "auto") == "auto" and torch.cuda.is_available() or str(device).startswith("cuda")
+    if distributed or on_gpu or n_checkpoints < 2:
+        return 1
+    return min(n_checkpoints, os.cpu_count() or 1)
+
+
+def _job_init(cpus: int) -> None:
+    """A forked job: its share of the cores for torch's intra-op threads, the DataLoader default
+    and the chunk-buffer budget (extract.pipeline.cpu_share)."""
+    import torch
+
+    from . import pipeline
+
+    pipeline._CPUS = cpus
+    torch.set_num_threads(cpus)
+
+
+def _extract_one(ckpt: str, data, out: Path, options: dict) -> str:
+    from .pipeline import extract_store
+
+    extract_store(ckpt, data, out, **options)
+    return str(out)
+
+
+def _extract_side_by_side(checkpoints: list[str], outs: list[Path], data, options: dict, jobs: int) -> None:
+    """Extract several checkpoints at once, each store by one forked process (small networks leave
+    most of a core idle between their small ops, and each checkpoint has its own fixed costs:
+    loading, store creation, the probe pass).  Each store is written exactly as a lone
+    ``extract_store`` would write it (resume and checksums unchanged); the first error, in
+    checkpoint order, is raised once the running jobs have finished."""
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+
+    # fork shares the imported torch with the jobs (no re-import); it is safe while this process
+    # runs no other thread (no OpenMP pool or zarr I/O loop started yet), else spawn
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1 else "spawn"
+    cpus = max(1, (os.cpu_count() or 1) // jobs)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method),
+                             initializer=_job_init, initargs=(cpus,)) as pool:
+        futures = [pool.submit(_extract_one, ckpt, data, out, options) for ckpt, out in zip(checkpoints, outs)]
+        error = None
+        for f in futures:
+            try:
+                f.result()
+            except BaseException as exc:  # noqa: BLE001 - the first one is re-raised below
+                if error is None:
+                    error = exc
+                    for g in futures:
+                        g.cancel()
+        if error is not None:
+            raise error

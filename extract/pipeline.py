@@ -53,6 +53,12 @@ DTYPES = {"float16": torch.float16, "float32": torch.float32}
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 MIN_CHUNKS = 8  # default chunking keeps at least this many chunks (pipelining, sharding, resume)
 INFLIGHT_BYTES = 2 << 30  # host memory for chunk buffers (filled + queued for writing), soft cap
+_CPUS: int | None = None  # cores this process may use (None: all); `repsim extract --jobs` sets it per job
+
+
+def cpu_share() -> int:
+    """CPU cores this extraction may use: all of them, or its share when several run side by side."""
+    return _CPUS or os.cpu_count() or 1
 
 
 class ExtractError(ValueError):
@@ -530,7 +536,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
     if not chunks:
         return
     cuda = dev.type == "cuda"
-    cpus = os.cpu_count() or 1
+    cpus = cpu_share()
     workers = min(4, max(0, cpus - 1)) if workers is None else workers
     # overlap: chunks are compressed/written while later batches compute (GPU, or spare CPU cores);
     # burst (CPU without spare cores): the forward pass fills every buffer set, then all of them are
@@ -559,7 +565,8 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
 
     # buffer sets: one being filled plus one per writer thread, fewer when chunks are huge; a
     # forward pass waits for a free set, so host memory stays bounded whatever the dataset size
-    budget = max(1, INFLIGHT_BYTES // max(1, rows * plan.row_bytes))
+    inflight = INFLIGHT_BYTES * cpus // max(cpus, os.cpu_count() or 1)  # this process's share
+    budget = max(1, inflight // max(1, rows * plan.row_bytes))
     if write_threads == 0:  # inline: each chunk written as soon as it is full
         n_sets = 1
     elif overlap:

@@ -59,12 +59,12 @@ def load_source(source: str | os.PathLike | nn.Module) -> LoadedModel:
     if not path.is_file():
         raise ValueError(f"extract: checkpoint {spec!r} does not exist (model sources: a checkpoint path, "
                          "torchvision:<name>, timm:<name>, hf:<id or dir>, module:<module>:<factory>)")
-    from train import load_model as train_load_model
+    from train.checkpoint import load_checkpoint, network_from_checkpoint
 
-    model = train_load_model(path)
+    ckpt = load_checkpoint(path)  # read once: the weights and the metadata below
+    model = network_from_checkpoint(ckpt, path)
     meta = model_meta(model)
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # metadata only; cheap
-    config = dict(ckpt.get("config") or {}) if isinstance(ckpt, dict) else {}
+    config = dict(ckpt.get("config") or {})
     meta.setdefault("arch", config.get("arch"))
     meta.setdefault("objective", config.get("objective"))
     if "params" not in meta and config.get("objective_params") is not None:

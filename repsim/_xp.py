@@ -24,6 +24,7 @@ __all__ = [
     "is_gpu_namespace",
     "is_cupy_namespace",
     "compute_dtype",
+    "gram_dtype",
     "flatten_examples",
     "check_finite",
     "host_labels",
@@ -182,20 +183,47 @@ def is_gpu_namespace(xp: Any, x: Any = None) -> bool:
 
 
 def compute_dtype(xp: Any, x: Any, requested: Any = None) -> Any:
-    """Working floating dtype for Gram-type kernels (docs/architecture.md "Numerics").
+    """Working floating dtype of the moment-type kernels (separation, collapse, spectra).
 
     ``requested`` ("float32"/"float64"/an xp dtype) wins. Otherwise float64 on the CPU, and on a
-    GPU float32 unless the input already is float64.
+    GPU float32 unless the input already is float64.  (CKA's Grams follow :func:`gram_dtype`.)
     """
     if requested is not None:
-        if isinstance(requested, str):
-            if requested not in ("float32", "float64"):
-                raise ValueError(f"compute_dtype must be 'float32' or 'float64', got {requested!r}")
-            return getattr(xp, requested)
-        return requested
+        return _requested_dtype(xp, requested)
     if is_gpu_namespace(xp, x) and x.dtype != xp.float64:
         return xp.float32
     return xp.float64
+
+
+def _requested_dtype(xp: Any, requested: Any) -> Any:
+    if isinstance(requested, str):
+        if requested not in ("float32", "float64"):
+            raise ValueError(f"compute_dtype must be None, 'float32' or 'float64', got {requested!r}")
+        return getattr(xp, requested)
+    return requested
+
+
+def gram_dtype(dtype: Any, xp: Any, requested: Any = None) -> Any:
+    """Precision of a column's centred batch Gram in linear CKA: the one rule of the in-memory
+    kernels (``repsim.kernels.cka``) and the out-of-core engine (docs/architecture.md "Numerics").
+
+    ``requested`` ("float32" | "float64" | an xp dtype) wins.  Otherwise float32 for columns
+    given or stored in a floating dtype of at most 4 bytes (float16, bfloat16, float32) and float64
+    for everything else (float64, integers), on every device.  float32 Grams keep the error bound of
+    ``repsim.kernels.cka`` (module docstring, "Error bound"): features are centred in float64 and
+    rounded once, products are summed in float32 over feature slabs of at most
+    ``GRAM_SLAB`` (2048) and the slabs in float64, and every later sum (U-centring, the L × L
+    HSIC product, the sums over batches) is float64.  ``dtype`` is the column's dtype (or its
+    name, as stores record it).
+    """
+    if requested is not None:
+        return _requested_dtype(xp, requested)
+    try:
+        small_float = xp.isdtype(dtype, "real floating") and xp.finfo(dtype).bits <= 32
+    except (TypeError, ValueError, AttributeError):  # a name, or a dtype of another namespace
+        nd = np.dtype(dtype)
+        small_float = nd.kind == "f" and nd.itemsize <= 4
+    return xp.float32 if small_float else xp.float64
 
 
 _HALF_TABLES: dict[str, np.ndarray] = {}

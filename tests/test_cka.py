@@ -369,3 +369,79 @@ def test_float32_post_relu_matches_float64():
     with np.errstate(all="ignore"):
         naive = song_hsic_gram(K32, L32) / np.sqrt(song_hsic_gram(K32, K32) * song_hsic_gram(L32, L32))
     assert not abs(naive - ref) <= 2 * abs(ref)
+
+
+# --- default precision: float32 Grams, float64 sums (module docstring, "Precision and error bound") ---
+def _kappas(layers: list[np.ndarray], acc64: MinibatchCKA) -> np.ndarray:
+    """κ_l = tr K_l / ‖U(K_l)‖_F of one batch, with ‖U(K)‖²_F = n(n-3)·HSIC₁(K, K) from the float64
+    accumulator and tr K = ‖X_c‖²_F in float64."""
+    n = layers[0].shape[0]
+    tr = np.array([np.sum((x.reshape(n, -1) - x.reshape(n, -1).mean(axis=0, dtype=np.float64)) ** 2) for x in layers])
+    return tr / np.sqrt(n * (n - 3) * np.diag(acc64.hsic))
+
+
+def _hard_case(name: str, rng: np.random.Generator) -> list[np.ndarray]:
+    f32 = np.float32
+    if name == "relu_mean_1e4_spread_1":  # post-ReLU, mean ≫ spread: uncentred float32 Grams cancel
+        n, p = 256, 512
+        z = rng.standard_normal((n, 8)).astype(f32)
+        return [np.maximum(1e4 + z @ rng.standard_normal((8, p), dtype=f32) + rng.standard_normal((n, p), dtype=f32), 0)
+                for _ in range(3)]
+    if name == "p_1e5":  # wide: float32 sums over 10^5 features (slabs), and an isotropic layer (κ ~ √p)
+        n, p = 64, 100_000
+        z = rng.standard_normal((n, 4)).astype(f32)
+        relu = [np.maximum(rng.standard_normal((n, p), dtype=f32) + 3 + 0.03 * (z @ rng.standard_normal((4, p), dtype=f32)), 0)
+                for _ in range(2)]
+        return relu + [rng.standard_normal((n, p), dtype=f32)]
+    if name == "sigmoid_logits":  # every logit near -9, spread ~0.05: what a sigmoid network emits
+        n, k = 2000, 10
+        z = rng.standard_normal((n, 3)).astype(f32)
+        return [(-9 + 0.05 * (z @ rng.standard_normal((3, k), dtype=f32)) + 0.01 * rng.standard_normal((n, k), dtype=f32)
+                 ).astype(f32) for _ in range(3)]
+    if name == "many_pairs":  # n = 600: A Aᵀ sums 179,700 products per entry (float32 sums erred by ~1e-6 here)
+        n, p = 600, 384
+        z = rng.standard_normal((n, 16)).astype(f32)
+        return [np.maximum(z @ (0.5 * rng.standard_normal((16, p), dtype=f32)) + rng.standard_normal((n, p), dtype=f32) + 0.5, 0)
+                for _ in range(6)]
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("case", ["relu_mean_1e4_spread_1", "p_1e5", "sigmoid_logits", "many_pairs"])
+def test_default_float32_grams_keep_float64_accuracy_on_hard_cases(case):
+    """float32 layers get float32 Grams by default; against the float64 computation of the same
+    inputs the CKA error is far inside the derived bound 2(εκ_i + εκ_j) and below 1e-7."""
+    from repsim.kernels.cka import GRAM_SLAB
+
+    layers = _hard_case(case, np.random.default_rng(sum(map(ord, case))))
+    acc64 = MinibatchCKA(len(layers), compute_dtype="float64").update(layers)
+    ref = acc64.result()
+    got = MinibatchCKA(len(layers)).update(layers).result()
+    assert not np.array_equal(got, ref)  # the float32 path really ran
+    err = np.abs(got - ref)
+    assert err.max() <= 1e-7, err.max()
+    u = 2.0 ** -24
+    s = min(int(np.prod(layers[0].shape[1:])), GRAM_SLAB)
+    eps = s * u / (1 - s * u) + 4 * u
+    kap = _kappas(layers, acc64)
+    bound = 2 * eps * (kap[:, None] + kap[None, :])
+    assert np.all(err <= bound)
+    if case == "p_1e5":
+        assert kap[2] > 100  # the isotropic layer: the bound is loose, the error still tiny
+        return
+    # the same through linear_cka (the feature route for narrow layers)
+    for debiased in (False, True):
+        assert linear_cka(layers[0], layers[1], debiased=debiased) == pytest.approx(
+            linear_cka(layers[0], layers[1], debiased=debiased, compute_dtype="float64"), abs=1e-7)
+
+
+def test_hard_cases_are_hard_for_uncentred_float32_grams():
+    """What the peers compute (Song's formula on uncentred float32 Grams) is far off on these cases."""
+    for case in ("relu_mean_1e4_spread_1", "sigmoid_logits"):
+        X, Y = _hard_case(case, np.random.default_rng(sum(map(ord, case))))[:2]
+        if X.shape[0] > 400:
+            X, Y = X[:400], Y[:400]
+        ref = linear_cka(X, Y, debiased=True, compute_dtype="float64")
+        K, L = X @ X.T, Y @ Y.T
+        with np.errstate(all="ignore"):
+            naive = song_hsic_gram(K, L) / np.sqrt(song_hsic_gram(K, K) * song_hsic_gram(L, L))
+        assert not abs(naive - ref) <= 1e-2, (case, naive, ref)

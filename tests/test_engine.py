@@ -345,12 +345,18 @@ def test_wide_columns_enter_as_centred_grams_without_changing_the_result(tmp_pat
     rng = np.random.default_rng(6)
     layers = correlated_layers(rng, 120, {"wide": (400,), "conv": (8, 5, 5), "narrow": (9,)})
     store = make_store(tmp_path / "wide.zarr", {k: v.astype(np.float32) for k, v in layers.items()}, chunk_rows=10)
-    res = cka_matrix(store, batch_size=30, epochs=1, shuffle=False, progress=False)
+    res = cka_matrix(store, batch_size=30, epochs=1, shuffle=False, progress=False, compute_dtype="float64")
     cols = [stored(store, k) for k in layers]
-    np.testing.assert_allclose(res.values, minibatch_reference(cols, consecutive_batches(120, 30)), rtol=1e-9)
-    biased = cka_matrix(store, batch_size=30, epochs=1, shuffle=False, debiased=False, progress=False)
+    ref = minibatch_reference(cols, consecutive_batches(120, 30))
+    np.testing.assert_allclose(res.values, ref, rtol=1e-9)
+    biased = cka_matrix(store, batch_size=30, epochs=1, shuffle=False, debiased=False, progress=False,
+                        compute_dtype="float64")
     np.testing.assert_allclose(biased.values, minibatch_reference(cols, consecutive_batches(120, 30), debiased=False),
                                rtol=1e-9)
+    # the default (float32 Grams of these float32 columns, float64 sums) within 1e-7 of it
+    default = cka_matrix(store, batch_size=30, epochs=1, shuffle=False, progress=False)
+    assert default.meta["gram_dtypes"] == {"float32": "float32"}
+    np.testing.assert_allclose(default.values, ref, rtol=0, atol=1e-7)
 
 
 @pytest.mark.parametrize("p", [300, 2 * 2048 + 777])  # one slab / the blocked path with a ragged last slab

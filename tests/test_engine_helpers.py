@@ -32,9 +32,10 @@ def stored(store, layer: str) -> np.ndarray:
     return np.asarray(store.zarr_array(layer)[...])
 
 
-def minibatch_reference(arrays: list[np.ndarray], batches: list[np.ndarray], debiased: bool = True) -> np.ndarray:
-    """In-memory MinibatchCKA over the given row batches, arrays as given."""
-    acc = repsim.MinibatchCKA(len(arrays), debiased=debiased)
+def minibatch_reference(arrays: list[np.ndarray], batches: list[np.ndarray], debiased: bool = True,
+                        compute_dtype: str | None = "float64") -> np.ndarray:
+    """In-memory MinibatchCKA over the given row batches, arrays as given (float64 by default)."""
+    acc = repsim.MinibatchCKA(len(arrays), debiased=debiased, compute_dtype=compute_dtype)
     for rows in batches:
         acc.update([a[rows] for a in arrays])
     return acc.result()

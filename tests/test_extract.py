@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -229,6 +230,45 @@ def test_two_networks_stores_align_batch_cli(ckpts, tmp_path):
     rc = repsim_main(["extract", "--checkpoint", str(ckpts[0]), "--checkpoint", str(ckpts[1]), "--data", "digits",
                       "--out-dir", str(tmp_path / "x")])
     assert rc == 2
+
+
+@contextmanager
+def torch_threads(k: int):
+    before = torch.get_num_threads()
+    torch.set_num_threads(k)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_checkpoints_side_by_side_write_the_stores_one_at_a_time_writes(ckpts, tmp_path):
+    """--jobs 2 (one forked process per checkpoint) writes byte-identical stores to --jobs 1."""
+    common = ["--checkpoint", str(ckpts[0]), "--checkpoint", str(ckpts[1]), "--name", "{parent}", "--split", "test",
+              "--layers", "block1,block16,pool", "--batch-size", "64", "--workers", "0", "--device", "cpu"]
+    with torch_threads(max(1, (os.cpu_count() or 1) // 2)):  # as each of the 2 jobs gets: same intra-op threads
+        assert repsim_main(["extract", *common, "--out-dir", str(tmp_path / "one"), "--jobs", "1"]) == 0
+        assert repsim_main(["extract", *common, "--out-dir", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    for name in ("seed0.zarr", "seed1.zarr"):
+        one, two = tmp_path / "one" / name, tmp_path / "two" / name
+        assert _chunk_files(one) == _chunk_files(two) and _chunk_files(one)
+        a, b = open_store(one).attrs, open_store(two).attrs
+        own = ("created", "store_uuid")  # when and which store: differ between any two writes
+        assert {k: v for k, v in a.items() if k not in own} == {k: v for k, v in b.items() if k not in own}
+    assert repsim_main(["extract", *common, "--out-dir", str(tmp_path / "bad"), "--jobs", "0"]) == 2
+
+
+def test_a_failing_side_by_side_job_is_one_line(ckpts, tmp_path, capsys):
+    """An error in a forked job reaches the one CLI error path as the lone run would raise it."""
+    fake = tmp_path / "fake" / "checkpoint.pt"
+    fake.parent.mkdir()
+    fake.write_bytes(b"not a checkpoint at all")
+    argv = ["extract", "--checkpoint", str(ckpts[0]), "--checkpoint", str(fake), "--name", "{parent}",
+            "--split", "test", "--layers", "pool", "--batch-size", "64", "--workers", "0", "--device", "cpu",
+            "--out-dir", str(tmp_path / "out"), "--jobs", "2"]
+    assert repsim_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a readable repsim checkpoint" in err[0], err
 
 
 # ----------------------------------------------------------------------------------- resume

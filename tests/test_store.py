@@ -97,6 +97,52 @@ def test_round_trip_dask_streamed(tmp_path):
     assert store.attrs["layers"] == ["conv", "pool"]
 
 
+class CountingSource:
+    """A Dask array whose blocks are produced by a function that counts its calls per block."""
+
+    def __init__(self, data: np.ndarray, row_chunks: tuple[int, ...], col_chunks: tuple[int, ...] | None = None):
+        import collections
+        import threading
+
+        self.data, self.calls, self._lock = data, collections.Counter(), threading.Lock()
+        chunks = (row_chunks,) + ((col_chunks,) if col_chunks else tuple((s,) for s in data.shape[1:]))
+
+        def block(block_info=None):
+            info = block_info[None]
+            with self._lock:
+                self.calls[tuple(info["chunk-location"])] += 1
+            return self.data[tuple(slice(a, b) for a, b in info["array-location"])].copy()
+
+        self.array = da.map_blocks(block, chunks=chunks, dtype=data.dtype, meta=np.empty((0,) * data.ndim, data.dtype))
+
+    def n_blocks(self) -> int:
+        return int(np.prod(self.array.numblocks))
+
+
+@pytest.mark.parametrize("rows, cols, chunk_rows", [
+    ((100,) * 7 + (50,), None, 32),        # source chunks straddle store chunks, both ways
+    ((10,) * 75, None, 32),                # many source chunks per store chunk
+    ((250, 1, 499), (2, 4), 64),           # irregular rows, chunked along features too
+    ((750,), None, 100),                   # one source chunk for the whole array
+])
+def test_save_store_computes_each_source_chunk_once(tmp_path, rows, cols, chunk_rows):
+    """save_store streams a Dask source reading each of its chunks exactly once, whatever the
+    source chunking relative to the store's, and computes work shared by layers once."""
+    rng = np.random.default_rng(sum(rows))
+    x = rng.standard_normal((750, 6)).astype(np.float32)
+    src = CountingSource(x, rows, cols)
+    lab = CountingSource(rng.integers(0, 5, 750).astype(np.int32), (300, 300, 150))
+    store = save_store(tmp_path / "s.zarr", {"a": src.array, "b": src.array * 2, "c": src.array[:, :3] + 1},
+                       lab.array, chunk_rows=chunk_rows)
+    assert len(src.calls) == src.n_blocks() and set(src.calls.values()) == {1}, src.calls
+    assert len(lab.calls) == lab.n_blocks() and set(lab.calls.values()) == {1}, lab.calls
+    np.testing.assert_array_equal(store.layer("a").compute(), x)
+    np.testing.assert_array_equal(store.layer("b").compute(), x * 2)
+    np.testing.assert_array_equal(store.layer("c").compute(), x[:, :3] + 1)
+    np.testing.assert_array_equal(store.labels, lab.data)
+    assert store.chunk_rows == chunk_rows
+
+
 def test_dtypes_and_default_ids(tmp_path):
     x64 = np.random.default_rng(2).standard_normal((50, 3))
     s = save_store(tmp_path / "a.zarr", {"f": x64}, np.zeros(50, int))

@@ -13,6 +13,7 @@ from train.objectives import OBJECTIVES, make_objective
 # arch -> (build params, input channels, input size)
 SHAPES = {
     "resnet50": ({}, 3, 32),
+    "resnet18": ({}, 3, 32),
     "inception_v3": ({}, 3, 75),
     "allcnn_c": ({}, 3, 32),
     "wrn16_8": ({}, 3, 32),
@@ -42,6 +43,17 @@ def test_resnet50_is_torchvision_v15_with_zero_init_residual(backbones):
     assert all(torch.all(b.bn1.weight == 1) for b in blocks)
     # v1.5: the stride sits in the 3×3 conv of the first block of a stage
     assert net.layer2[0].conv2.stride == (2, 2) and net.layer2[0].conv1.stride == (1, 1)
+
+
+def test_resnet18_is_torchvision_with_zero_init_residual(backbones):
+    import torchvision
+
+    net, m = backbones["resnet18"]
+    assert m == 512 and isinstance(net, torchvision.models.ResNet) and isinstance(net.fc, nn.Identity)
+    blocks = _blocks(net)
+    assert len(blocks) == 8 and all(torch.count_nonzero(b.bn2.weight) == 0 for b in blocks)
+    gray, _ = build_backbone("resnet18", in_channels=1)
+    assert gray.conv1.in_channels == 1 and gray(torch.randn(2, 1, 32, 32)).shape == (2, 512)
 
 
 def test_mini_resnet_has_resnet50_block_structure():

@@ -98,10 +98,15 @@ def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], w
 def load_model(checkpoint: str | os.PathLike, *, ema: bool = True, map_location: Any = "cpu") -> Network:
     """The :class:`~train.models.Network` of ``checkpoint`` in eval mode, with the EMA weights (the
     ones the paper evaluates, App. A.1) unless ``ema=False`` or the run kept no EMA."""
-    ckpt = load_checkpoint(checkpoint, map_location)
+    return network_from_checkpoint(load_checkpoint(checkpoint, map_location), checkpoint, ema=ema)
+
+
+def network_from_checkpoint(ckpt: dict[str, Any], name: Any = "checkpoint", *, ema: bool = True) -> Network:
+    """:func:`load_model` for a checkpoint dict already read by :func:`load_checkpoint` (so a caller
+    that also wants its metadata reads the file once)."""
     net = build_network(ckpt["config"])
     state = ckpt.get("ema") if ema and ckpt.get("ema") else ckpt["model"]
-    load_state_strict(net, state, f"checkpoint {checkpoint}")
+    load_state_strict(net, state, f"checkpoint {name}")
     return net.eval()
 
 

@@ -196,16 +196,26 @@ class WideResNet(nn.Module):
 
 
 # ------------------------------------------------------------------------------------------------
-def _resnet50(in_channels: int = 3) -> tuple[nn.Module, int]:
-    from torchvision.models import resnet50
+def _torchvision_resnet(name: str, in_channels: int = 3) -> tuple[nn.Module, int]:
+    """torchvision's ResNet ``name`` (zero-init residual, no fc); conv1 rebuilt for other channel counts."""
+    import torchvision.models
 
-    net = resnet50(weights=None, zero_init_residual=True)
+    net = getattr(torchvision.models, name)(weights=None, zero_init_residual=True)
     if in_channels != 3:
         net.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
         nn.init.kaiming_normal_(net.conv1.weight, mode="fan_out", nonlinearity="relu")
     m = net.fc.in_features
     net.fc = nn.Identity()
     return net, m
+
+
+def _resnet50(in_channels: int = 3) -> tuple[nn.Module, int]:
+    return _torchvision_resnet("resnet50", in_channels)
+
+
+def _resnet18(in_channels: int = 3) -> tuple[nn.Module, int]:
+    """torchvision's ResNet-18 (8 basic blocks), the same way as :func:`_resnet50`."""
+    return _torchvision_resnet("resnet18", in_channels)
 
 
 def _inception_v3(in_channels: int = 3) -> tuple[nn.Module, int]:
@@ -238,6 +248,7 @@ def _wrn(in_channels: int = 3, depth: int = 16, widen: int = 8) -> tuple[nn.Modu
 
 ARCHS: dict[str, Callable[..., tuple[nn.Module, int]]] = {
     "resnet50": _resnet50,
+    "resnet18": _resnet18,
     "inception_v3": _inception_v3,
     "allcnn_c": _allcnn,
     "wrn16_8": _wrn,

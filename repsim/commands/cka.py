@@ -28,8 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="rows per shuffle window (default 4 x batch size)")
     parser.add_argument("--biased", action="store_true", help="biased HSIC (default: debiased, as in the paper)")
     parser.add_argument("--compute-dtype", choices=("float32", "float64"), default=None,
-                        help="precision of the batch Grams of wide layers (default: float32 for float16 "
-                             "stores and on GPUs, float64 otherwise; sums are float64 either way)")
+                        help="precision of the batch Grams (default: float32 for float16/float32 layers, "
+                             "float64 for float64 ones; centring, slab and HSIC sums are float64 either way)")
     parser.add_argument("--checkpoint", default=None, metavar="FILE",
                         help="checkpoint for resuming (default: OUT.ckpt.npz next to the output)")
     parser.add_argument("--checkpoint-every", type=int, default=8, metavar="BATCHES",

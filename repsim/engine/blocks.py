@@ -373,7 +373,7 @@ class BlockReader:
     """
 
     def __init__(self, columns: Sequence[Column], n: int, block_rows: int, *, spatial: str = "flatten",
-                 prefetch: int = 2, threads: int = 2) -> None:
+                 prefetch: int = 2, threads: int = 2, opened: Sequence[Any] = ()) -> None:
         from repsim.store.reader import open_store
 
         self.columns = list(columns)
@@ -381,7 +381,9 @@ class BlockReader:
         self.block_rows = int(block_rows)
         self.spatial = spatial
         self.prefetch = max(0, int(prefetch))
-        stores = {p: open_store(p) for p in dict.fromkeys(c.path for c in self.columns)}
+        # stores this process opened already (``resolve_columns``) are reused: no second metadata pass
+        known = {store_location(s): s for s in opened}
+        stores = {p: known.get(p) or open_store(p) for p in dict.fromkeys(c.path for c in self.columns)}
         self._stores = [stores[c.path] for c in self.columns]
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="repsim-read")
 

@@ -72,7 +72,8 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
         reader = BlockReader(columns, plan.n, plan.block_rows, spatial=spec["spatial"], prefetch=spec["prefetch"],
                              threads=spec["threads"])
     names = [f"{c.store}/{c.layer}" for c in columns]
-    acc = MinibatchCKA(L, debiased=spec["debiased"], keep_batches=True, names=names)
+    acc = MinibatchCKA(L, debiased=spec["debiased"], keep_batches=True, names=names,
+                       compute_dtype=spec.get("compute_dtype"))
     dtypes = [gram_dtype(c.dtype, xp, spec.get("compute_dtype")) for c in columns]
 
     def reduce(x: Any, c: int) -> Any:
@@ -91,25 +92,33 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
         # reduce on the consumer thread, which owns the device.
         return [reduce(a, c) for a in arrays] if host else arrays
 
+    # On the host the reader threads are the parallelism (decoding and the wide columns' Grams run on
+    # them, and MinibatchCKA.update spreads its columns over the BLAS budget): BLAS itself runs one
+    # thread meanwhile (repsim._blas), so no thread spin-waits on a busy core at a BLAS barrier.
+    from contextlib import nullcontext
+
+    from repsim._blas import blas_thread_split
+
     try:
-        parts: list[list[Any]] = []
-        # On the host a finished load holds only what the accumulator keeps (b × b Grams or narrow
-        # rows), so it may run further ahead: a slow wide column at the head of the queue then no
-        # longer idles the other reader threads (about 8 % faster on 2 cores, bench/ooc.py).
-        # Memory per load in progress is unchanged; at most ``threads`` run at once.
-        ahead = max(reader.prefetch, 4 * spec["threads"]) if host else None
-        units = [(g, c) for g in range(len(groups)) for c in range(L)]
-        for (g, c), arrays in reader.prefetched(units, load, ahead):
-            if c == 0:
-                parts = [[None] * L for _ in arrays]
-            for i, a in enumerate(arrays):
-                parts[i][c] = a if host else reduce(to_device(a, xp), c)
-            if c == L - 1:
-                for batch in parts:
-                    acc.update(batch)
-                if progress is not None:
-                    progress(len(parts))
-                parts = []
+        with blas_thread_split() if host else nullcontext():
+            parts: list[list[Any]] = []
+            # On the host a finished load holds only what the accumulator keeps (b × b Grams or
+            # narrow rows), so it may run further ahead: a slow wide column at the head of the queue
+            # then no longer idles the other reader threads (about 8 % faster on 2 cores,
+            # bench/ooc.py).  Memory per load in progress is unchanged; at most ``threads`` run at once.
+            ahead = max(reader.prefetch, 4 * spec["threads"]) if host else None
+            units = [(g, c) for g in range(len(groups)) for c in range(L)]
+            for (g, c), arrays in reader.prefetched(units, load, ahead):
+                if c == 0:
+                    parts = [[None] * L for _ in arrays]
+                for i, a in enumerate(arrays):
+                    parts[i][c] = a if host else reduce(to_device(a, xp), c)
+                if c == L - 1:
+                    for batch in parts:
+                        acc.update(batch)
+                    if progress is not None:
+                        progress(len(parts))
+                    parts = []
     finally:
         if own:
             reader.close()
@@ -170,9 +179,10 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     :class:`~repsim.engine.checkpoint.StaleCheckpointError` rather than mix their data.
     ``prefetch``/``threads``: reads in flight / reader threads (on the CPU the reader threads also
     cast and reduce wide columns to centred Grams, so ``threads`` is the compute parallelism as well).
-    ``compute_dtype``: precision of the wide columns' batch Grams; ``None`` (default) picks float32
-    for float16 columns (and on a GPU for all but float64 ones), float64 otherwise — see
-    :func:`gram_dtype`; per-batch HSIC values are always summed in float64.
+    ``compute_dtype``: precision of the batch Grams, wide and narrow columns alike; ``None``
+    (default) picks float32 for float16/float32 columns and float64 for float64 ones on every
+    device (:func:`repsim._xp.gram_dtype`, the error bound of ``repsim.kernels.cka``); centring
+    means, slab sums, U-centring and HSIC sums are float64 either way.
     Tasks run here, or on the ``dask.distributed`` cluster set by :func:`repsim.set_scheduler`.
     """
     if spatial not in ("flatten", "mean"):
@@ -266,7 +276,8 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     reader = None
     try:
         if client is None:
-            reader = BlockReader(columns, n, block_rows, spatial=spatial, prefetch=prefetch, threads=threads)
+            reader = BlockReader(columns, n, block_rows, spatial=spatial, prefetch=prefetch, threads=threads,
+                                 opened=opened)
             results = run_tasks(lambda e, a, b: _cka_segment(spec, e, a, b, reader=reader, progress=bar.update, xp=xp),
                                 remaining)
         else:

@@ -33,8 +33,44 @@ Implementation of one batch (:func:`batch_hsic`):
 3. H = 2 A Aᵀ / (n(n-3)) (debiased; symmetric product, a SYRK in NumPy), or, biased,
    H = (2 A Aᵀ + diag·diagᵀ) / (n-1)² from the raw Gram triangles and diagonals.
 
-Numerics (docs/architecture.md): float64 on the CPU; on a GPU float32 Grams (unless the input is float64)
-with the per-batch L×L HSIC values accumulated in float64 on the host.
+With NumPy the L layers are spread over the BLAS thread budget (:mod:`repsim._blas`): k threads,
+each forming whole layers with single-threaded BLAS; the final A Aᵀ uses all BLAS threads.
+
+Precision and error bound (docs/architecture.md "Numerics")
+-------------------------------------------------------------
+Each column's Gram precision comes from its dtype (:func:`repsim._xp.gram_dtype`, also used by the
+out-of-core engine): float32 for float16/float32 layers, float64 for float64 (and integer) ones;
+``compute_dtype`` overrides it.  A float32 column is computed as
+
+(a) centred with float64 column means, rounded once (:func:`centre_rounded`):
+    |X̂_c - X_c| <= 2u|X_c| + 2u²|x̄| elementwise, u = 2⁻²⁴ — the mean/spread ratio does not enter;
+(b) Gram entries are float32 dot products over slabs of s <= ``GRAM_SLAB`` = 2048 features, the
+    slabs summed in float64 (:func:`gram64`).  By the standard bound for inner products and
+    matrix products (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed. 2002,
+    Eq. (3.5) and §3.5: |fl(xᵀy) - xᵀy| <= γ_s |x|ᵀ|y|, γ_s = su/(1 - su)), together with (a),
+    |K̂_ij - K_ij| <= ε |x_i|ᵀ|x_j| <= ε ‖x_i‖ ‖x_j‖,  ε = γ_s + 4u + O(u²);
+(c) everything after the Gram in float64: U-centring, A (L × n(n-1)/2), the product A Aᵀ
+    (|error| <= γ_m |A||A|ᵀ with m = n(n-1)/2 and u₆₄ = 2⁻⁵³: ~2e-11 relative at n = 600, against
+    ~1e-6 in CKA when A Aᵀ was summed in float32) and the sums over batches.
+
+U-centring is an orthogonal projection (for ⟨A, B⟩ = Σ_{i≠j} A_ij B_ij): K_ij - U(K)_ij = a_i + a_j
+with a_i = r_i/(n-2) - S/(2(n-1)(n-2)) (r_i, S the row and total sums of ucenter's docstring),
+and U(K) has zero row sums, so ⟨U(K), [a_i + a_j]⟩ = 2 Σ_i a_i Σ_j U(K)_ij = 0.  Hence an error E
+in K moves h_KL = ⟨U(K), U(L)⟩ = n(n-3)·HSIC₁ by ⟨U(E_K), U(L)⟩ + ⟨U(K), U(E_L)⟩ +
+⟨U(E_K), U(E_L)⟩, with ‖U(E)‖_F <= ‖E‖_F <= ε Σ_i ‖x_i‖² = ε tr K (Cauchy–Schwarz).  With
+κ_K = tr K / ‖U(K)‖_F (>= 1; 3-6 for the post-ReLU layers of bench/cka_allpairs.py, about √p for
+isotropic noise),
+
+    |ΔCKA(K, L)| <= 2 (ε_K κ_K + ε_L κ_L) + O(ε² κ²)
+
+(first order: the cross term contributes ε_Kκ_K + ε_Lκ_L, the two normalisers half of 2ε_Kκ_K and
+2ε_Lκ_L).  Errors of the form [a_i + a_j] (a wrong diagonal, a residual column mean) are
+projected out exactly.  The bound is a worst case: ε is ~2.3e-5 at s = 384, so κ = 6 gives
+5.5e-4; under the probabilistic model of rounding errors (Higham & Mary 2019, SIAM J. Sci.
+Comput. 41(5)), γ_s shrinks to about λ√s·u with failure probability about 2s·exp(-λ²/2), and the
+errors of the n² entries also average out in ⟨U(E), U(L)⟩.  Measured against float64 on the hard
+cases (tests/test_cka.py, bench/cka_allpairs.py: post-ReLU layers with mean/spread up to 10⁴,
+p up to 10⁶ with κ ~ 1000, logits of sigmoid networks) the error stays below 1e-7.
 """
 from __future__ import annotations
 
@@ -44,12 +80,84 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim._xp import (array_namespace, as_array, asarray_like, check_finite, diagonal, flatten_examples,
-                        row_sq_norms, to_numpy)
-from repsim._xp import compute_dtype as _compute_dtype
+                        gram_dtype, row_sq_norms, to_numpy)
+from repsim._xp import astype as _astype
 
-__all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA", "CentredGram"]
+__all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA", "CentredGram", "GRAM_SLAB"]
 
 _STATE_VERSION = 1
+
+GRAM_SLAB = 2048  # features per float32 slab of a Gram product; the slabs are summed in float64
+
+
+# ----------------------------------------------------------------------------------------------
+# precision helpers (module docstring, "Error bound")
+# ----------------------------------------------------------------------------------------------
+def _is_numpy(xp: Any) -> bool:
+    return getattr(xp, "__name__", "") == "numpy"
+
+
+def centre_rounded(X: Any, xp: Any, dt: Any, *, fresh: bool = False) -> tuple[Any, Any]:
+    """``(X - x̄, x̄)`` for X (n, p) with float64 column means x̄, returned as (1, p) float64.
+
+    In float32 the mean is split into two float32 terms, x̄ = hi + lo + O(u²|x̄|) (hi = fl(x̄),
+    lo = fl(x̄ - hi)), and X_c = fl(fl(X - hi) - lo): |X_c - (X - x̄)| <= 2u|X - x̄| + 2u²|x̄|
+    elementwise (u = 2⁻²⁴), so the centred values are right to a few units of their own last place
+    however far the mean lies from zero, and their column means are at most ~2u times their
+    spread — no float64 temporary of X.  ``fresh``: X is a temporary that may be overwritten.
+    """
+    n = X.shape[0]
+    mean = xp.sum(X, axis=0, keepdims=True, dtype=xp.float64) / n
+    if dt == xp.float64 or X.dtype == xp.float64:
+        Y = X if X.dtype == dt else _astype(X, dt, xp)
+        if fresh or Y is not X:
+            Y -= _astype(mean, dt, xp)
+            return Y, mean
+        return Y - _astype(mean, dt, xp), mean
+    hi = _astype(mean, dt, xp)
+    lo = _astype(mean - _astype(hi, xp.float64, xp), dt, xp)
+    with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN: reported by the caller
+        if fresh:
+            X -= hi
+        else:
+            X = X - hi
+        X -= lo
+    return X, mean
+
+
+def constant_tolerance(n: int, mean_sq: float) -> float:
+    """A layer whose centred rows have Σ_i ‖x_i - x̄‖² at most this is constant to working
+    precision: the float64 column means of n rows are exact to about n·eps₆₄·|x̄|, so
+    (4 n eps₆₄)² · n · ‖x̄‖² is the spread that rounding alone could leave."""
+    return (4 * n * float(np.finfo(np.float64).eps)) ** 2 * n * mean_sq
+
+
+def _slabs(p: int) -> list[slice]:
+    return [slice(s, min(p, s + GRAM_SLAB)) for s in range(0, p, GRAM_SLAB)] if p > GRAM_SLAB else [slice(None)]
+
+
+def sq_norms64(Xc: Any, xp: Any) -> Any:
+    """Squared row norms of Xc (the Gram's diagonal) in float64: float32 dot products over feature
+    slabs of at most :data:`GRAM_SLAB`, the slabs summed in float64."""
+    out = None
+    for s in _slabs(Xc.shape[1]):
+        part = row_sq_norms(Xc[:, s], xp)
+        part = part if part.dtype == xp.float64 else _astype(part, xp.float64, xp)
+        out = part if out is None else out + part
+    return out
+
+
+def gram64(A: Any, B: Any, xp: Any) -> Any:
+    """A Bᵀ (rows · rows) with float32 products summed over feature slabs of at most
+    :data:`GRAM_SLAB` and the slabs in float64; a single product (in the inputs' dtype) when the
+    features fit one slab.  Same buffer for A and B: a SYRK in NumPy."""
+    if A.shape[1] <= GRAM_SLAB or A.dtype == xp.float64:
+        return A @ B.T
+    out = None
+    for s in _slabs(A.shape[1]):
+        part = _astype(A[:, s] @ B[:, s].T, xp.float64, xp)
+        out = part if out is None else out + part
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -78,36 +186,35 @@ def ucenter(K: Any, *, xp: Any = None) -> Any:
 
 
 def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str) -> Any:
-    """Flatten, cast, validate and column-centre one layer's batch (three passes over X).
+    """Flatten, cast, validate and column-centre one layer's batch (:func:`centre_rounded`).
 
     NaN/inf anywhere in X makes its column mean non-finite, so the finiteness check runs on the
     (p,) mean. X is constant to working precision when the centred rows' squared norms are all
-    within the rounding of the mean: Σ_i ‖x_i - x̄‖² <= (4 n eps)² · n · ‖x̄‖².
+    within the rounding of the (float64) mean: Σ_i ‖x_i - x̄‖² <= (4 n eps₆₄)² · n · ‖x̄‖²
+    (:func:`constant_tolerance`).
     """
+    fresh = X.dtype != dtype
     X = flatten_examples(X, xp, dtype, what)
     if n is not None and X.shape[0] != n:
         raise ValueError(f"{what} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
-    mean = xp.mean(X, axis=0, keepdims=True)
+    Xc, mean = centre_rounded(X, xp, dtype, fresh=fresh)
     check_finite(mean, xp, what)
-    Xc = X - mean
-    spread = float(xp.sum(row_sq_norms(Xc, xp)))
-    tol = (4 * X.shape[0] * float(xp.finfo(X.dtype).eps)) ** 2 * X.shape[0] * float(xp.sum(mean * mean))
-    if spread <= tol:
+    spread = float(xp.sum(sq_norms64(Xc, xp)))
+    if spread <= constant_tolerance(X.shape[0], float(xp.sum(mean * mean))):
         raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
     return Xc
 
 
-def _prepare_gram(G: "CentredGram", xp: Any, dtype: Any, n: int | None, what: str) -> "CentredGram":
-    """Cast and validate a :class:`CentredGram` (the counterpart of :func:`_prepare`)."""
+def _prepare_gram(G: "CentredGram", xp: Any, n: int | None, what: str) -> "CentredGram":
+    """Validate a :class:`CentredGram` (the counterpart of :func:`_prepare`); K is kept as given."""
     if n is not None and G.shape[0] != n:
         raise ValueError(f"{what} has {G.shape[0]} examples, expected {n} (all layers must share examples)")
-    K = G.K if G.K.dtype == dtype else xp.astype(G.K, dtype)
-    tr = float(xp.sum(diagonal(K, xp)))
+    tr = float(xp.sum(diagonal(G.K, xp)))
     if not math.isfinite(tr):
         raise ValueError(f"{what} contains NaN or infinite values")
     if tr <= 0:
         raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
-    return CentredGram(K)
+    return G
 
 
 def _check_n(n: int, debiased: bool, what: str = "batch") -> None:
@@ -129,25 +236,31 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
     form (cost ~ n²(p1 + p2)) is used; the debiased feature-space form
     n(n-3)·HSIC₁ = ‖Ycᵀ Xc‖² - (n/(n-2)) Σ_i ‖x_i‖²‖y_i‖² + tr K · tr L / ((n-1)(n-2))
     (rows of centred data) is used only in float64, where its cancellation is harmless.
+    Precision as in :class:`MinibatchCKA` (module docstring): the feature-space products of
+    float32 layers are summed over slabs of ``GRAM_SLAB`` rows in float64.
     """
     X, Y = as_array(X), as_array(Y)
     xp = array_namespace(X, Y, xp=xp)
-    dt = _compute_dtype(xp, X, compute_dtype)
     n = X.shape[0]
     _check_n(n, debiased, "X")
-    Xc = _prepare(X, xp, dt, None, "X")
-    Yc = _prepare(Y, xp, dt, n, "Y")
+    Xc = _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), None, "X")
+    Yc = _prepare(Y, xp, gram_dtype(Y.dtype, xp, compute_dtype), n, "Y")
     p1, p2 = Xc.shape[1], Yc.shape[1]
     feature_cost = p1 * p2 + p1 * p1 + p2 * p2
     gram_cost = n * (p1 + p2) + 3 * n
-    use_features = feature_cost <= gram_cost and (not debiased or dt == xp.float64)
+    exact64 = Xc.dtype == xp.float64 and Yc.dtype == xp.float64
+    use_features = feature_cost <= gram_cost and (not debiased or exact64)
     if not use_features:
-        h = batch_hsic([Xc, Yc], debiased=debiased, xp=xp, compute_dtype=dt, _centred=True)
+        h = batch_hsic([Xc, Yc], debiased=debiased, xp=xp, _centred=True)
         return float(hsic_to_cka(h, names=["X", "Y"])[0, 1])
     T = xp.matrix_transpose
-    hxy = xp.sum((T(Xc) @ Yc) ** 2)
-    hxx = xp.sum((T(Xc) @ Xc) ** 2)
-    hyy = xp.sum((T(Yc) @ Yc) ** 2)
+
+    def cross_sq(A: Any, B: Any) -> Any:  # ‖Aᵀ B‖²_F, products summed over row slabs in float64
+        C = gram64(T(A), T(B), xp)
+        C = C if C.dtype == xp.float64 else xp.astype(C, xp.float64)
+        return xp.sum(C * C)
+
+    hxy, hxx, hyy = cross_sq(Xc, Yc), cross_sq(Xc, Xc), cross_sq(Yc, Yc)
     if debiased:
         k = row_sq_norms(Xc, xp)
         l_ = row_sq_norms(Yc, xp)
@@ -194,11 +307,11 @@ class CentredGram:
 
 
 def _gram_block(Xc: Any, a: int, b: int, c: int, e: int, xp: Any) -> Any:
-    """A fresh (writable) copy of block [a:b, c:e] of layer's centred Gram: from the rows Xc, or
-    sliced from a :class:`CentredGram`."""
+    """Block [a:b, c:e] of a layer's centred Gram: from the rows Xc (:func:`gram64`), or a view
+    of a :class:`CentredGram`'s matrix."""
     if isinstance(Xc, CentredGram):
-        return xp.astype(Xc.K[a:b, c:e], Xc.K.dtype, copy=True)
-    return Xc[a:b, :] @ xp.matrix_transpose(Xc[c:e, :])
+        return Xc.K[a:b, c:e]
+    return gram64(Xc[a:b, :], Xc[c:e, :], xp)
 
 
 _INDEX_CACHE: dict[tuple, Any] = {}
@@ -239,29 +352,42 @@ def _pair_groups(n: int, block_rows: int, cap: int) -> list[list[tuple[int, int,
 
 def _write_triangle(A: Any, l_: int, Xc: Any, d: Any, group: list[tuple[int, int, int]],
                     debiased: bool, xp: Any) -> None:
-    """Write layer l's (U-centred) Gram pairs i < j of the row blocks in ``group`` into row A[l]."""
+    """Write layer l's (U-centred) Gram pairs i < j of the row blocks in ``group`` into row A[l]
+    (float64: the U-centring sums and everything after them are float64)."""
     n = Xc.shape[0]
+    f64 = xp.float64
+    u = v = None
     if debiased:  # U(K)_ij = K_ij + u_i + v_j (i != j): u = diag/(n-2), v = u - tr/((n-1)(n-2))
         u = d / (n - 2)
         v = u - xp.sum(d) / ((n - 1) * (n - 2))
+    host = _is_numpy(xp)
     off = 0
     for a, b, _ in group:
         r = b - a
         if r > 1:  # strict upper triangle of the diagonal block (X Xᵀ of one buffer: SYRK)
-            G = _gram_block(Xc, a, b, a, b, xp)
+            G = xp.astype(_gram_block(Xc, a, b, a, b, xp), f64, copy=True)
             if debiased:
                 G += u[a:b][:, None]
                 G += v[a:b][None, :]
             k = r * (r - 1) // 2
             A[l_, off:off + k] = xp.take(xp.reshape(G, (-1,)), _upper_index(xp, Xc, r))
             off += k
-        if b < n:  # the rectangle right of it, contiguous
+        if b < n:  # the rectangle right of it, contiguous in A's row
             G = _gram_block(Xc, a, b, b, n, xp)
-            if debiased:
-                G += u[a:b][:, None]
-                G += v[b:][None, :]
             k = r * (n - b)
-            A[l_, off:off + k] = xp.reshape(G, (-1,))
+            if host:  # cast and first add in one pass, straight into A's row
+                V = A[l_, off:off + k].reshape(r, n - b)
+                if debiased:
+                    np.add(G, u[a:b][:, None], out=V)
+                    V += v[b:][None, :]
+                else:
+                    V[...] = G
+            else:
+                G = xp.astype(G, f64, copy=True)
+                if debiased:
+                    G += u[a:b][:, None]
+                    G += v[b:][None, :]
+                A[l_, off:off + k] = xp.reshape(G, (-1,))
             off += k
 
 
@@ -300,52 +426,96 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     first = _layer_input(layers[0])
     first_ns = array_namespace(first.K if isinstance(first, CentredGram) else first)
     xp = first_ns if xp is None else array_namespace(xp=xp)
-    dt = _compute_dtype(xp, first, compute_dtype)
     n = first.shape[0]
     _check_n(n, debiased, f"batch of {names[0]}")
-    itemsize = 8 if dt == xp.float64 else 4
-    groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * itemsize), 1))
+    groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * 8), 1))
     kept: list[Any] | None = [None] * L if len(groups) > 1 else None
+    diags: list[Any] = [None] * L
     seen: list[int | None] = [None] * L
-    diags: list[Any] = []
+
+    def column(l_: int, X: Any, A: Any, group: list[tuple[int, int, int]], first_group: bool) -> None:
+        """Layer l's part of group ``group``: prepared on first sight, then its row of A."""
+        if first_group:
+            if isinstance(X, CentredGram):
+                Xc = _prepare_gram(X, xp, n, names[l_])
+                d = diagonal(Xc.K, xp)
+            else:
+                Xc = X if centred else _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), n, names[l_])
+                d = sq_norms64(Xc, xp)
+            diags[l_] = d if d.dtype == xp.float64 else xp.astype(d, xp.float64)
+            if kept is not None:
+                kept[l_] = Xc
+        else:
+            Xc = kept[l_]
+        _write_triangle(A, l_, Xc, diags[l_], group, debiased, xp)
+
+    def source(first_group: bool) -> Any:
+        """Layers in order (read once, on the calling thread), namespace-checked."""
+        for l_ in range(L):
+            if not first_group:
+                yield l_, None
+                continue
+            X = first if l_ == 0 else _layer_input(layers[l_])
+            gram = isinstance(X, CentredGram)
+            if l_ and array_namespace(X.K if gram else X) is not first_ns:
+                raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
+            if not gram:
+                seen[l_] = math.prod(int(d) for d in X.shape[1:])
+                before = widths[l_] if widths is not None else None
+                if before is not None and seen[l_] != before:
+                    raise ValueError(f"{names[l_]} has {seen[l_]} features in this batch but {before} in earlier "
+                                     "ones; each layer must keep its features across updates")
+            yield l_, X
+
     H = None
     for gi, group in enumerate(groups):
-        A = xp.empty((L, sum(m for _, _, m in group)), dtype=dt)
-        for l_ in range(L):
-            if gi == 0:
-                X = first if l_ == 0 else _layer_input(layers[l_])
-                gram = isinstance(X, CentredGram)
-                if l_ and array_namespace(X.K if gram else X) is not first_ns:
-                    raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
-                if not gram:
-                    seen[l_] = math.prod(int(d) for d in X.shape[1:])
-                    before = widths[l_] if widths is not None else None
-                    if before is not None and seen[l_] != before:
-                        raise ValueError(f"{names[l_]} has {seen[l_]} features in this batch but {before} in earlier "
-                                         "ones; each layer must keep its features across updates")
-                if gram:
-                    Xc = _prepare_gram(X, xp, dt, n, names[l_])
-                    diags.append(diagonal(Xc.K, xp))
-                else:
-                    Xc = X if centred else _prepare(X, xp, dt, n, names[l_])
-                    diags.append(row_sq_norms(Xc, xp))
-                if kept is not None:
-                    kept[l_] = Xc
-            else:
-                Xc = kept[l_]
-            _write_triangle(A, l_, Xc, diags[l_], group, debiased, xp)
-            del Xc
+        A = xp.empty((L, sum(m for _, _, m in group)), dtype=xp.float64)
+        _each_column(source(gi == 0), lambda l_, X: column(l_, X, A, group, gi == 0),
+                     parallel=_is_numpy(xp) and L > 1)
         first = None
-        P = xp.astype(A @ xp.matrix_transpose(A), xp.float64)  # A Aᵀ: a SYRK in NumPy
+        P = A @ xp.matrix_transpose(A)  # float64 A Aᵀ (a SYRK in NumPy), on all BLAS threads
         H = P if H is None else H + P
         del A
     if debiased:
         H = 2 * H / (n * (n - 3))
     else:
-        D = xp.astype(xp.stack(diags), xp.float64)
+        D = xp.stack(diags)
         H = (2 * H + D @ xp.matrix_transpose(D)) / ((n - 1) ** 2)
     out = np.array(to_numpy(H), dtype=np.float64)
     return (out + out.T) / 2, n, seen  # exact symmetry (GEMM rounding may differ by an ulp)
+
+
+def _each_column(items: Any, work: Any, parallel: bool) -> None:
+    """``work(l, X)`` for each ``(l, X)`` of ``items`` (consumed in order on this thread).
+
+    With ``parallel`` (NumPy) the BLAS thread budget is spent across columns: k worker threads,
+    each with single-threaded BLAS (:func:`repsim._blas.blas_thread_split`), at most k columns in
+    flight, errors raised in column order.  Each column writes only its own row of A, so the
+    result does not depend on the split.
+    """
+    if parallel:
+        from repsim._blas import blas_thread_split
+
+        with blas_thread_split() as k:
+            if k > 1:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(max_workers=k, thread_name_prefix="repsim-hsic") as pool:
+                    pending: list[Any] = []
+                    try:
+                        for l_, X in items:
+                            pending.append(pool.submit(work, l_, X))
+                            del X
+                            if len(pending) >= k:
+                                pending.pop(0).result()
+                        while pending:
+                            pending.pop(0).result()
+                    finally:
+                        for f in pending:
+                            f.cancel()
+                return
+    for l_, X in items:
+        work(l_, X)
 
 
 def hsic_to_cka(hsic: np.ndarray, names: Sequence[str] | None = None) -> np.ndarray:
@@ -380,11 +550,12 @@ class MinibatchCKA:
     depend on the merge order either.
 
     ``names`` (e.g. "store/layer") label layers in error messages; ``compute_dtype`` None picks
-    float64 on the CPU and float32 on a GPU (docs/architecture.md "Numerics"); ``block_bytes`` bounds the
-    per-batch triangle buffer A (L × n(n-1)/2 in the compute dtype, split into groups of row
-    blocks beyond it). Peak extra memory per update: A plus one centred layer when A fits in
-    ``block_bytes`` (default 1 GiB: e.g. up to 238 layers at n = 1500 in float32), else A's
-    group plus all centred layers of the batch.
+    each layer's Gram precision from its dtype (float32 Grams for float16/float32 layers, float64
+    otherwise; module docstring, "Precision and error bound"); ``block_bytes`` bounds the
+    per-batch triangle buffer A (L × n(n-1)/2, float64, split into groups of row blocks beyond
+    it). Peak extra memory per update: A plus one centred layer per BLAS thread when A fits in
+    ``block_bytes`` (default 1 GiB: e.g. up to 119 layers at n = 1500), else A's group plus all
+    centred layers of the batch.
     """
 
     def __init__(self, n_layers: int, debiased: bool = True, keep_batches: bool = True, *,

@@ -129,10 +129,12 @@ class _ChunkReader:
 class ActivationStore:
     """A read-only view of an activation store (see module docstring for the layout)."""
 
-    def __init__(self, path: str | os.PathLike, group: Any):
+    def __init__(self, path: str | os.PathLike, group: Any, members: Any = None):
         self.path = str(path)
         self.name = store_name(self.path)
-        self._group = group
+        # nodes by path, fetched once (format._Members); a store is read-only, so they stay valid
+        self._group = group if members is None else members
+        self._readers: dict[str, _ChunkReader] = {}
         self.attrs: dict[str, Any] = dict(group.attrs)
         self.layers: list[str] = list(self.attrs.get("layers", []))
         ids = group["example_ids"]
@@ -178,10 +180,17 @@ class ActivationStore:
 
     # arrays ------------------------------------------------------------------------------------
     def _reader(self, array: str) -> _ChunkReader:
-        arr = self._group[array]
-        if "written" not in self._cache:  # complete: every chunk must exist; else only written ones
-            self._cache["written"] = None if self.complete else self.written()
-        return _ChunkReader(self.path, array, arr.shape, arr.dtype, self.chunk_rows, self._cache["written"])
+        """The (cached) chunk reader of ``array``: its zarr array and fast-path lookup are made once
+        per store, not once per chunk read."""
+        reader = self._readers.get(array)
+        if reader is None:
+            arr = self._group[array]
+            if "written" not in self._cache:  # complete: every chunk must exist; else only written ones
+                self._cache["written"] = None if self.complete else self.written()
+            reader = _ChunkReader(self.path, array, arr.shape, arr.dtype, self.chunk_rows, self._cache["written"])
+            reader._arr = arr
+            self._readers[array] = reader
+        return reader
 
     def _read_all(self, name: str) -> np.ndarray:
         if name in ("example_ids", "labels"):
@@ -299,8 +308,8 @@ def open_store(path: str | os.PathLike, *, allow_incomplete: bool = False) -> Ac
     if not os.path.exists(path) and "://" not in path:
         raise StoreError(f"store {store_name(path)}: {path} does not exist")
     group = _open_group(path, "r")
-    _validate(path, group)
-    store = ActivationStore(path, group)
+    members = _validate(path, group)
+    store = ActivationStore(path, group, members)
     if not store.complete and not allow_incomplete:
         flags = store.written()
         raise StoreError(

@@ -18,8 +18,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from repsim.store.format import (STORE_VERSION, StoreError, _cast, _codecs, _float_dtype, _open_group, _validate,
-                                 default_chunk_rows, dimension_names, store_name)
+from repsim.store.format import (STORE_VERSION, StoreError, _cast, _codecs, _float_dtype, _Members, _open_group,
+                                 _validate, default_chunk_rows, dimension_names, store_name)
 from repsim.store.reader import ActivationStore, open_store
 
 
@@ -61,27 +61,28 @@ class StoreWriter:
     chunks concurrently (each chunk is its own object in every array, flags included).
     """
 
-    def __init__(self, path: str, group: Any):
+    def __init__(self, path: str, group: Any, members: Any = None):
         self.path = str(path)
         self.name = store_name(self.path)
         self._group = group
         attrs = dict(group.attrs)
+        nodes = _Members(group) if members is None else members  # one concurrent metadata fetch
         self.layer_names: list[str] = list(attrs["layers"])
-        self.n: int = int(group["example_ids"].shape[0])
-        self.chunk_rows: int = int(group["example_ids"].chunks[0])
+        self.n: int = int(nodes["example_ids"].shape[0])
+        self.chunk_rows: int = int(nodes["example_ids"].chunks[0])
         # multi-label stores: labels (N, K) bool; otherwise (N,) int32
-        self.label_dim: int | None = int(group["labels"].shape[1]) if group["labels"].ndim == 2 else None
+        self.label_dim: int | None = int(nodes["labels"].shape[1]) if nodes["labels"].ndim == 2 else None
         self.n_chunks: int = -(-self.n // self.chunk_rows)
         # every chunk becomes an object, even an all-zero one, so a missing object means data loss
-        full = lambda key: group[key].with_config({"write_empty_chunks": True})  # noqa: E731
+        full = lambda key: nodes[key].with_config({"write_empty_chunks": True})  # noqa: E731
         self._layers = {name: full(f"layers/{name}") for name in self.layer_names}
-        self._logits = full("logits") if "logits" in group else None
+        self._logits = full("logits") if "logits" in nodes else None
         self._ids, self._labels, self._written = full("example_ids"), full("labels"), full("written")
         # data chunks bypass zarr's codec pipeline on local disks (repsim.store._chunkio; byte-identical)
         from repsim.store._chunkio import fast_chunks
 
         self._fast = {id(a): fast_chunks(self.path, a.path, a)
-                      for a in [*self._layers.values(), self._ids, self._labels]
+                      for a in [*self._layers.values(), self._ids, self._labels, self._written]
                       + ([self._logits] if self._logits is not None else [])}
 
     # construction --------------------------------------------------------------------------------
@@ -175,7 +176,7 @@ class StoreWriter:
         for name, (tail, dtype) in spec.items():
             lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail), kinds[name])), **layer_codecs)
         group.create_array("written", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, dimension_names=["chunk"], **codecs)
-        group.attrs.update(
+        group.update_attributes(  # one metadata write (attrs.update writes once per key)
             {
                 "repsim_store_version": STORE_VERSION,
                 "model": model,
@@ -198,8 +199,7 @@ class StoreWriter:
         if not os.path.exists(path) and "://" not in path:
             raise StoreError(f"store {store_name(path)}: {path} does not exist")
         group = _open_group(path, "r+")
-        _validate(path, group)
-        return cls(path, group)
+        return cls(path, group, _validate(path, group))
 
     # state --------------------------------------------------------------------------------------
     def written(self) -> np.ndarray:
@@ -272,7 +272,11 @@ class StoreWriter:
                 fast.write(data, (i,) + (0,) * (data.ndim - 1))
             else:
                 arr[sel] = data
-        self._written[i] = True
+        fast = self._fast.get(id(self._written))
+        if fast is not None:
+            fast.write(np.ones(1, dtype=bool), (i,))
+        else:
+            self._written[i] = True
 
     def set_head(self, W: Any, b: Any) -> None:
         """Store the final layer ``W (K, M)``, ``b (K,)`` as float32 under ``head/``."""
@@ -343,11 +347,14 @@ def save_store(
     """Write activations to a new store ("bring your own activations") and return it opened.
 
     ``layers`` maps names (kept in order) to NumPy or Dask arrays ``(N, ...)``. Dask inputs are
-    streamed: chunk ``i`` of every input is computed together (so shared upstream work is done once)
-    and written before the next, so peak memory is about one chunk of rows across layers,
-    independent of N. ``dtype=None`` keeps float16/float32/float64 as given (integer inputs are
-    refused); a dtype applies to every layer (a dict maps layer -> dtype). ``labels``: ``(N,)``
-    integer classes, or ``(N, K)`` bool / 0-1 multi-label targets (a multi-label store). ``example_ids`` defaults
+    streamed (:func:`_stream_chunks`): every chunk of every Dask input is computed exactly once,
+    whatever its chunking relative to the store's, inputs that need new rows at the same store
+    chunk are computed together (so upstream work they share is done once), and the next inputs'
+    chunks are computed while the current ones' store chunks are written; peak memory is about one
+    input chunk (two while overlapping) plus one store chunk, independent of N. ``dtype=None`` keeps
+    float16/float32/float64 as given (integer inputs are refused); a dtype applies to every layer (a
+    dict maps layer -> dtype). ``labels``: ``(N,)`` integer classes, or ``(N, K)`` bool / 0-1
+    multi-label targets (a multi-label store). ``example_ids`` defaults
     to ``arange(N)``, with a warning when ``meta`` names no dataset: such rows align with those of
     any other N-row store; with ``meta={"dataset": {"name": ..., "split": ...}}`` stores of
     different datasets are refused when combined (``cka_matrix``, ``repsim check``). ``head=(W, b)`` stores the final layer. ``logits`` are stored as float32.
@@ -421,34 +428,143 @@ def save_store(
 
 def _fill(writer: StoreWriter, arrays: dict[str, Any], labels: Any, example_ids: Any, logits: Any,
           head: tuple[Any, Any] | None, progress: bool | None) -> None:
-    """Write every chunk of ``save_store``'s inputs, computing dask chunks one at a time."""
+    """Write every chunk of ``save_store``'s inputs (Dask inputs through :func:`_stream_chunks`)."""
     import sys
 
-    import dask
     from tqdm.auto import tqdm
 
-    rows = writer.chunk_rows
     sources: dict[tuple[str, str], Any] = {("layer", name): x for name, x in arrays.items()}
     sources[("labels", "")], sources[("ids", "")] = labels, example_ids
     if logits is not None:
         sources[("logits", "")] = logits
-    lazy = {k: v for k, v in sources.items() if _is_dask(v)}
-    # one Delayed per chunk: computing it returns the block itself (no finalize/concatenate copy)
-    lazy = {k: v.rechunk((rows,) + v.shape[1:]).to_delayed().ravel() for k, v in lazy.items()}
     show = sys.stderr.isatty() if progress is None else bool(progress)
-    for i in tqdm(range(writer.n_chunks), desc=f"save {writer.name}", unit="chunk", disable=not show):
-        start, stop = writer.rows(i)
-        keys = list(lazy)
-        computed = dask.compute(*[lazy[k][i] for k in keys]) if keys else ()
-        block = {k: v[start:stop] for k, v in sources.items() if k not in lazy}
-        block.update(zip(keys, computed))
-        writer.write_chunk(
-            i,
-            layers={name: block[("layer", name)] for name in arrays},
-            labels=block[("labels", "")],
-            example_ids=block[("ids", "")],
-            logits=block.get(("logits", "")),
-        )
-        del block, computed
+    bar = tqdm(total=writer.n_chunks, desc=f"save {writer.name}", unit="chunk", disable=not show)
+    try:
+        for i, block in _stream_chunks(sources, [writer.rows(i) for i in range(writer.n_chunks)]):
+            writer.write_chunk(
+                i,
+                layers={name: block[("layer", name)] for name in arrays},
+                labels=block[("labels", "")],
+                example_ids=block[("ids", "")],
+                logits=block.get(("logits", "")),
+            )
+            del block
+            bar.update(1)
+    finally:
+        bar.close()
     if head is not None:
         writer.set_head(*head)
+
+
+def _row_blocks(x: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A Dask array as (one Delayed per block of rows, the blocks' end rows): chunks along the
+    other axes are merged first (each of their pieces feeds exactly one row block)."""
+    if x.ndim > 1 and any(len(c) > 1 for c in x.chunks[1:]):
+        x = x.rechunk({ax: -1 for ax in range(1, x.ndim)})
+    # unoptimised: keys shared with other sources stay shared, so one ``dask.compute`` runs them once
+    return x.to_delayed(optimize_graph=False).reshape(-1), np.cumsum(x.chunks[0])
+
+
+def _stream_chunks(sources: Mapping[Any, Any], chunk_rows: list[tuple[int, int]]) -> Any:
+    """Yield ``(i, {key: rows of chunk i})`` for the chunks ``chunk_rows[i] = (start, stop)`` (in
+    order, covering the rows), computing every block of every Dask source exactly once, whatever
+    its chunking; NumPy sources are sliced.
+
+    A *step* starts at each chunk that needs rows no computed block holds yet: it computes, in one
+    ``dask.compute`` (so work shared by sources with the same row chunking runs once), the blocks
+    of every source up to the end of that chunk, and it serves the chunks from there until the
+    next step.  A chunk that straddles blocks is assembled from them (its rows from the older block
+    are copied out and that block released before the new ones are computed).  Memory: the blocks
+    of one step plus one chunk — about one source chunk plus one store chunk.  When a step serves
+    two or more chunks, the next step is computed on a background thread while they are written
+    (compute and compression then overlap, at the cost of one more step's blocks in memory).
+    """
+    import dask
+
+    lazy = {k: _row_blocks(v) for k, v in sources.items() if _is_dask(v)}
+    # the plan: steps (first chunk, last chunk, {key: (first block, last block)}) from the chunkings alone
+    steps: list[list[Any]] = []
+    nxt = {k: 0 for k in lazy}
+    for i, (_, stop) in enumerate(chunk_rows):
+        need = {}
+        for k, (_, ends) in lazy.items():
+            last = int(np.searchsorted(ends, stop, side="left"))  # first block ending at or after ``stop``
+            if last >= nxt[k]:
+                need[k] = (nxt[k], last)
+                nxt[k] = last + 1
+        if need or not steps:
+            steps.append([i, i, need])
+        else:
+            steps[-1][1] = i
+
+    def compute(step: list[Any]) -> dict[Any, list[tuple[int, np.ndarray]]]:
+        want = [(k, j) for k, (j0, j1) in step[2].items() for j in range(j0, j1 + 1)]
+        values = dask.compute(*[lazy[k][0][j] for k, j in want]) if want else ()
+        out: dict[Any, list[tuple[int, np.ndarray]]] = {}
+        for (k, j), v in zip(want, values):
+            ends = lazy[k][1]
+            out.setdefault(k, []).append((int(ends[j - 1]) if j else 0, np.asarray(v)))
+        return out
+
+    held: dict[Any, list[tuple[int, np.ndarray]]] = {k: [] for k in lazy}  # (first row, block) alive
+    partial: dict[Any, np.ndarray] = {}
+
+    def take(k: Any, start: int, stop: int) -> np.ndarray:
+        """Rows start:stop of source k from its held blocks (a view when one block holds them)."""
+        parts = [(r0, b) for r0, b in held[k] if r0 < stop and r0 + b.shape[0] > start]
+        if len(parts) == 1 and k not in partial:
+            r0, b = parts[0]
+            return b[start - r0:stop - r0]
+        out = partial.pop(k, None)
+        for r0, b in parts:
+            lo, hi = max(start, r0), min(stop, r0 + b.shape[0])
+            if out is None:
+                out = np.empty((stop - start,) + b.shape[1:], dtype=b.dtype)
+            out[lo - start:hi - start] = b[lo - r0:hi - r0]
+        return out
+
+    pool = None
+    ahead = None
+    try:
+        for s, step in enumerate(steps):
+            first, last, need = step
+            a, b = chunk_rows[first]
+            if ahead is not None:
+                got = ahead.result()
+                ahead = None
+            else:
+                # the chunk's rows from blocks computed earlier are copied out first, so those
+                # blocks are released before the new ones exist
+                for k in need:
+                    old = [(r0, blk) for r0, blk in held[k] if r0 + blk.shape[0] > a]
+                    if old:
+                        r0, blk = old[-1]
+                        hi = r0 + blk.shape[0]
+                        buf = np.empty((b - a,) + blk.shape[1:], dtype=blk.dtype)
+                        buf[:hi - a] = blk[a - r0:]
+                        partial[k] = buf
+                        del blk, buf
+                    held[k] = []
+                    del old
+                got = compute(step)
+            for k in got:
+                held[k] = [(r0, blk) for r0, blk in held[k] if r0 + blk.shape[0] > a] + got[k]
+            del got  # (no loop variable may keep a block alive: memory is the point here)
+            if last > first and s + 1 < len(steps):  # overlap the next step's compute with these writes
+                if pool is None:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="repsim-save")
+                ahead = pool.submit(compute, steps[s + 1])
+            for i in range(first, last + 1):
+                a, b = chunk_rows[i]
+                block = {k: (take(k, a, b) if k in lazy else v[a:b]) for k, v in sources.items()}
+                for k in lazy:  # release the blocks that later chunks do not need (views stay valid)
+                    held[k] = [(r0, blk) for r0, blk in held[k] if r0 + blk.shape[0] > b]
+                yield i, block
+                del block
+    finally:
+        if ahead is not None:
+            ahead.cancel()
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,484 @@
+"""The users' workflow: an 18-network CKA heatmap, repsim against pytorch-cka (issue 19).
+
+18 networks (the demo's nine objectives × 2 seeds, ``digits-<objective>`` presets trained for
+``--epochs`` 2), every block + pool + logits (18 layers each, 324 columns), flattened conv maps, on
+the 1,168 images of ``--data digits --split train``, batch 256, one epoch, debiased CKA:
+
+* **repsim** — what a user runs: ``repsim extract`` of all 18 checkpoints (one command, fresh
+  process) and one ``repsim cka`` over the 18 stores (fresh process, ``--batch-size 256 --epochs 1
+  --shuffle none``: consecutive batches of the stores' row order).  Wall time of both commands.
+* **pytorch-cka** (installed at run time into a temporary directory, never a dependency) — what a
+  user of it runs: load the 18 networks, then ``CKA(model_i, model_j, layers)._compare(loader)``
+  for the 171 pairs i <= j (the same-model path for i == j), live forward passes over the same
+  images in the same batches (the stores' row order, batch 256).  Wall time of that process.
+
+Agreement: both 324 × 324 matrices against an independent float64 reference (Song et al.'s
+unbiased HSIC on per-batch centred float64 Grams, summed over the same five batches) computed
+from the float32 activations of the live networks, and repsim's also against the same reference
+computed from its float16 stores (which isolates its arithmetic from the storage rounding);
+the sigmoid networks' logits are reported apart (their mean is far from zero: the case where
+uncentred float32 Grams fail).
+
+Where the time goes: process start-up (the imports of each command, measured alone), the
+extraction's per-store times, the CKA pass; the peer's model loading, forward passes (one pass of
+each model over the batches, measured alone, × the 324 passes the 171 pairs make) and the rest.
+
+Checkpoints are trained on the first run into ``--cache`` (about a minute per network on 2 cores)
+and reused afterwards.  ``--scale resnet18`` (or ``both``) runs the same comparison with
+``--nets`` torchvision ResNet-18s (random init, seeded; no training) at 64 px on synthetic images.
+
+    python bench/heatmap18.py                     # digits (the issue's workload)
+    python bench/heatmap18.py --scale both        # + ResNet-18 at 64 px
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+OBJECTIVES = ("softmax", "sigmoid", "squared_error", "label_smoothing", "extra_l2", "dropout", "logit_penalty",
+              "logit_norm", "cosine_softmax")
+
+
+def _py(*args: str) -> list[str]:
+    return [sys.executable, *args]
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+# ------------------------------------------------------------------------------------------ networks
+
+
+def digits_checkpoints(cache: Path, epochs: int, seeds: int = 2) -> list[str]:
+    """The 18 checkpoints, trained into ``cache`` when missing (two at a time)."""
+    runs = [(o, s) for o in OBJECTIVES for s in range(seeds)]
+    todo, procs = [], []
+    for o, s in runs:
+        d = cache / f"{o}-s{s}"
+        done = d / "BENCH_DONE"
+        if done.is_file() and json.loads(done.read_text()).get("epochs") == epochs:
+            continue
+        todo.append((o, s, d))
+    if todo:
+        print(f"training {len(todo)} networks into {cache} ({epochs} epochs each) ...", file=sys.stderr)
+    for o, s, d in todo:
+        if d.exists():
+            shutil.rmtree(d)
+        argv = _py("-m", "repsim", "train", "--preset", f"digits-{o}", "--seed", str(s), "--out", str(d),
+                   "--no-progress", "--set", f"epochs={epochs}")
+        procs.append((subprocess.Popen(argv, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True), d))
+        while sum(p.poll() is None for p, _ in procs) >= 2:
+            time.sleep(0.5)
+    for p, d in procs:
+        _, err = p.communicate()
+        if p.returncode:
+            raise SystemExit(f"training {d.name} failed: {err[-2000:]}")
+        (d / "BENCH_DONE").write_text(json.dumps({"epochs": epochs}))
+    return [str(cache / f"{o}-s{s}" / "checkpoint.pt") for o, s in runs]
+
+
+def resnet18_checkpoints(cache: Path, nets: int, image_size: int, n: int) -> list[str]:
+    """``nets`` torchvision ResNet-18s (random init, seed i), saved as ``train`` checkpoints of the
+    ``resnet18`` arch on ``n`` ``synthetic`` images of ``image_size`` px, so ``repsim extract``
+    reads them (``--data synthetic`` then builds those images)."""
+    import torch
+
+    from train.checkpoint import save_checkpoint
+    from train.config import load_config
+    from train.models import build_network
+
+    out = []
+    for i in range(nets):
+        path = cache / f"resnet18-{image_size}px-n{n}-s{i}" / "checkpoint.pt"
+        if not path.is_file():
+            cfg = load_config(None, [f"arch=\"resnet18\"", "arch_params={}", "in_channels=3", "num_classes=10",
+                                     "objective=\"softmax\"", f"seed={i}", "data.spec=\"synthetic\"",
+                                     f"data.image_size={image_size}", f"data.synthetic_n={n}",
+                                     "data.eval_resize=0"])
+            torch.manual_seed(i)
+            net = build_network(cfg)
+            save_checkpoint({"config": cfg, "model": net.state_dict(), "ema": {}, "epoch": 0}, path)
+        out.append(str(path))
+    return out
+
+
+# ------------------------------------------------------------------------------------------- repsim
+
+
+def run_repsim(ckpts: list[str], data: str, split: str, batch: int, work: Path) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    stores = work / "stores"
+    t0 = time.perf_counter()
+    ex = subprocess.run(_py("-m", "repsim", "extract", *sum([["--checkpoint", c] for c in ckpts], []),
+                            "--name", "{parent}", "--data", data, "--split", split, "--out-dir", str(stores),
+                            "--batch-size", str(batch), "--no-progress"),
+                        env=_env(), capture_output=True, text=True)
+    t_extract = time.perf_counter() - t0
+    if ex.returncode:
+        raise SystemExit(f"repsim extract failed:\n{ex.stderr[-3000:]}")
+    paths = sorted(glob.glob(str(stores / "*.zarr")), key=lambda p: [Path(c).parent.name for c in ckpts].index(Path(p).stem))
+    t0 = time.perf_counter()
+    ck = subprocess.run(_py("-m", "repsim", "cka", *paths, "--batch-size", str(batch), "--epochs", "1",
+                            "--shuffle", "none", "--out", str(work / "cka.npz"), "--no-progress"),
+                        env=_env(), capture_output=True, text=True)
+    t_cka = time.perf_counter() - t0
+    if ck.returncode:
+        raise SystemExit(f"repsim cka failed:\n{ck.stderr[-3000:]}")
+    per_store = [float(m) for m in re.findall(r"wrote .* in ([0-9.]+) s", ex.stderr)]
+    from repsim.engine.result import CKAResult
+
+    res = CKAResult.load(work / "cka.npz")
+    return {"seconds": {"extract": t_extract, "cka": t_cka, "total": t_extract + t_cka},
+            "store_seconds": per_store, "values": res.values, "stores": paths,
+            "jobs_line": next((ln for ln in ex.stderr.splitlines() if "jobs" in ln), "")}
+
+
+def startup_seconds(repeats: int = 3) -> dict:
+    """Wall time of each command's imports alone, in a fresh process (best of ``repeats``)."""
+    out = {}
+    for key, code in (("extract", "import extract.cli, extract.pipeline, train.data, repsim.store.writer"),
+                      ("cka", "import repsim.commands.cka, repsim.engine.minibatch, zarr")):
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            subprocess.run(_py("-c", code), env=_env(), check=True)
+            best = min(best, time.perf_counter() - t0)
+        out[key] = best
+    return out
+
+
+# --------------------------------------------------------------------------------------------- peer
+
+
+def peer_job(spec: dict) -> None:
+    """Runs in its own process: pytorch-cka's pairwise comparisons with live forwards."""
+    t_start = time.perf_counter()
+    sys.path.insert(0, spec["peers"])
+    import torch
+    from cka import CKA
+
+    models, loader, qualnames = load_models_and_loader(spec)
+    t_loaded = time.perf_counter()
+    N = len(models)
+    L = len(qualnames[0])
+    out = np.zeros((N * L, N * L))
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        for m in models:  # one forward pass of every model, to say how much of the pairs is forwards
+            for x, _ in loader:
+                m(x)
+        t_one_pass_each = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(N):
+        for j in range(i, N):
+            with CKA(models[i], models[j], layers=qualnames[i], model2_layers=qualnames[j], device="cpu") as c:
+                M = c._compare(loader, progress=False).double().cpu().numpy()
+            out[i * L:(i + 1) * L, j * L:(j + 1) * L] = M
+            out[j * L:(j + 1) * L, i * L:(i + 1) * L] = M.T
+    t_pairs = time.perf_counter() - t0
+    np.save(spec["out"], out)
+    print(json.dumps({"load": t_loaded - t_start, "pairs": t_pairs, "one_pass_each": t_one_pass_each,
+                      "torch_threads": torch.get_num_threads()}))
+
+
+def load_models_and_loader(spec: dict):
+    """The networks (as ``repsim extract`` loads them) and a DataLoader over the stores' rows."""
+    import torch
+
+    from extract.layers import layer_modules
+    from extract.pipeline import reorder_rows
+    from extract.sources import load_dataset, load_model
+
+    models, qualnames = [], []
+    for c in spec["checkpoints"]:
+        net, _ = load_model(c)
+        models.append(net.eval())
+        reg = layer_modules(net)
+        qualnames.append([reg[name] for name in spec["layers"]])
+    dataset, _ = load_dataset(spec["data"], spec["split"], None, models[0])
+    rows = reorder_rows(dataset, len(dataset), "shuffled", 0)
+    loader = torch.utils.data.DataLoader(rows, batch_size=spec["batch"], shuffle=False)
+    return models, loader, qualnames
+
+
+def run_peer(ckpts: list[str], layers: list[str], data: str, split: str, batch: int, work: Path, peers: str) -> dict:
+    spec = {"checkpoints": ckpts, "layers": layers, "data": data, "split": split, "batch": batch,
+            "out": str(work / "peer.npy"), "peers": peers}
+    t0 = time.perf_counter()
+    r = subprocess.run(_py(str(Path(__file__).resolve()), "--peer-job", json.dumps(spec)), env=_env(),
+                       capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode:
+        raise SystemExit(f"pytorch-cka run failed:\n{r.stderr[-3000:]}")
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    # the timed workflow is loading + the pairs; the one-pass-each measurement is excluded
+    total = wall - info["one_pass_each"]
+    return {"seconds": {"total": total, "load": info["load"], "pairs": info["pairs"],
+                        "one_pass_each_model": info["one_pass_each"]},
+            "torch_threads": info["torch_threads"], "values": np.load(work / "peer.npy")}
+
+
+# ---------------------------------------------------------------------------------------- reference
+
+
+def song_hsic64(feats: list[np.ndarray]) -> np.ndarray:
+    """Song et al.'s unbiased HSIC for every pair of one batch, in float64: features centred (the
+    estimator is invariant to it; it keeps the float64 Grams free of cancellation), Grams with
+    zeroed diagonals, HSIC = [tr(K̃L̃) + 1ᵀK̃1·1ᵀL̃1/((n-1)(n-2)) - 2/(n-2)·1ᵀK̃L̃1] / (n(n-3))."""
+    n = feats[0].shape[0]
+    T, S, R = [], [], []
+    for x in feats:
+        x = x.reshape(n, -1).astype(np.float64)
+        x = x - x.mean(axis=0)
+        K = x @ x.T
+        np.fill_diagonal(K, 0.0)
+        T.append(K.reshape(-1))
+        R.append(K.sum(axis=1))
+    T, R = np.stack(T), np.stack(R)
+    S = R.sum(axis=1)
+    return (T @ T.T + np.outer(S, S) / ((n - 1) * (n - 2)) - 2 / (n - 2) * (R @ R.T)) / (n * (n - 3))
+
+
+def to_cka(h: np.ndarray) -> np.ndarray:
+    d = np.sqrt(np.diag(h))
+    return h / np.outer(d, d)
+
+
+def reference_live(ckpts: list[str], layers: list[str], data: str, split: str, batch: int) -> np.ndarray:
+    """float64 reference from the float32 activations of the live networks (same batches)."""
+    import torch
+
+    models, loader, qualnames = load_models_and_loader({"checkpoints": ckpts, "layers": layers, "data": data,
+                                                        "split": split, "batch": batch})
+    H = None
+    with torch.inference_mode():
+        for x, _ in loader:
+            feats = []
+            for m, q in zip(models, qualnames):
+                got, hooks = {}, []
+                mods = dict(m.named_modules())
+                for name in q:
+                    hooks.append(mods[name].register_forward_hook(
+                        lambda mod, inp, out, name=name: got.__setitem__(name, out.detach().float().flatten(1).clone())))
+                m(x)
+                for h in hooks:
+                    h.remove()
+                feats += [got[name].numpy() for name in q]
+            h = song_hsic64(feats)
+            H = h if H is None else H + h
+    return to_cka(H)
+
+
+def reference_stored(paths: list[str], batch: int) -> np.ndarray:
+    """The same float64 reference from the float16 values in the stores."""
+    from repsim.store.reader import open_store
+
+    stores = [open_store(p) for p in paths]
+    n = stores[0].n
+    H = None
+    for a in range(0, n, batch):
+        feats = [np.asarray(s.zarr_array(layer)[a:a + batch]) for s in stores for layer in s.layers]
+        h = song_hsic64(feats)
+        H = h if H is None else H + h
+    return to_cka(H)
+
+
+# -------------------------------------------------------------------------------------------- main
+
+
+def compare(scale: str, ckpts: list[str], data: str, split: str, batch: int, peers: str, skip_peer: bool) -> dict:
+    layers = None
+    work = Path(tempfile.mkdtemp(prefix=f"repsim-heatmap-{scale}-"))
+    try:
+        load0 = os.getloadavg()
+        ours = run_repsim(ckpts, data, split, batch, work / "a")
+        from repsim.store.reader import open_store
+
+        layers = open_store(ours["stores"][0]).layers
+        peer = None if skip_peer else run_peer(ckpts, layers, data, split, batch, work, peers)
+        # repsim again after the peer (fresh stores): load drift hits both sides; the faster run counts
+        again = run_repsim(ckpts, data, split, batch, work / "b")
+        runs = [ours["seconds"], again["seconds"]]
+        if again["seconds"]["total"] < ours["seconds"]["total"]:
+            ours = again
+        load1 = os.getloadavg()
+        ref_live = reference_live(ckpts, layers, data, split, batch)
+        ref_stored = reference_stored(ours["stores"], batch)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    N, L = len(ckpts), len(layers)
+    sig = [i for i, c in enumerate(ckpts) if "sigmoid" in Path(c).parent.name]
+    logit_cols = [i * L + layers.index("logits") for i in sig] if "logits" in layers else []
+
+    def err(M: np.ndarray, R: np.ndarray, cols: list[int] | None = None) -> float:
+        if cols:
+            return float(np.max(np.abs(M[cols] - R[cols])))
+        return float(np.max(np.abs(M - R)))
+
+    out = {
+        "scale": scale, "networks": N, "layers": layers, "columns": N * L, "batch": batch,
+        "data": f"{data}:{split}", "loadavg_start": load0, "loadavg_end": load1,
+        "repsim": {"seconds": ours["seconds"], "store_seconds": ours["store_seconds"], "runs": runs},
+        "agreement": {
+            "repsim_vs_float64_of_stored_values": err(ours["values"], ref_stored),
+            "repsim_vs_float64_of_live_float32": err(ours["values"], ref_live),
+            "float16_storage_effect": err(ref_stored, ref_live),
+        },
+    }
+    if logit_cols:
+        out["agreement"]["sigmoid_logits_rows"] = {"repsim_vs_live": err(ours["values"], ref_live, logit_cols)}
+    if peer is not None:
+        out["peer"] = {"seconds": peer["seconds"], "torch_threads": peer["torch_threads"],
+                       "pairs": N * (N + 1) // 2,
+                       "model_passes": N * (N + 1) - N}
+        out["agreement"]["peer_vs_float64_of_live_float32"] = err(peer["values"], ref_live)
+        # pytorch-cka clamps CKA to [0, 1]; compare it also with the reference clamped the same way
+        out["agreement"]["peer_vs_clamped_reference"] = err(peer["values"], np.clip(ref_live, 0, 1))
+        if logit_cols:
+            out["agreement"]["sigmoid_logits_rows"]["peer_vs_live"] = err(peer["values"], ref_live, logit_cols)
+        out["ratio"] = peer["seconds"]["total"] / ours["seconds"]["total"]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cache", default=str(ROOT / "bench" / ".cache" / "heatmap18"))
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--scale", choices=("digits", "resnet18", "both"), default="digits")
+    ap.add_argument("--nets", type=int, default=18, help="networks at the ResNet-18 scale")
+    ap.add_argument("--image-size", type=int, default=64)
+    ap.add_argument("--resnet-n", type=int, default=512, help="synthetic images at the ResNet-18 scale")
+    ap.add_argument("--resnet-batch", type=int, default=128, help="batch size at the ResNet-18 scale")
+    ap.add_argument("--skip-peer", action="store_true")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "heatmap18.json"))
+    ap.add_argument("--peer-job", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.peer_job:
+        peer_job(json.loads(args.peer_job))
+        return 0
+
+    from bench._peers import install_peers
+
+    cache = Path(args.cache)
+    peers_dir = tempfile.mkdtemp(prefix="repsim-peers-")
+    pip = install_peers(peers_dir, ("pytorch-cka",))
+    if pip.get("pytorch-cka") != "installed" and not args.skip_peer:
+        raise SystemExit(f"could not install pytorch-cka: {pip}")
+    res: dict = {"benchmark": "heatmap18", "machine": {
+        "python": platform.python_version(), "cpus": os.cpu_count(), "numpy": np.__version__,
+        "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE")}, "runs": []}
+    import torch
+
+    res["machine"]["torch"] = torch.__version__
+    try:
+        import cka
+
+        res["machine"]["pytorch_cka"] = getattr(cka, "__version__", "?")
+    except ImportError:
+        pass
+    res["startup_seconds"] = startup_seconds()
+    if args.scale in ("digits", "both"):
+        ckpts = digits_checkpoints(cache / "digits", args.epochs)
+        res["runs"].append(compare("digits", ckpts, "digits", "train", args.batch_size, peers_dir, args.skip_peer))
+        res["runs"][-1]["training_epochs"] = args.epochs
+        report(res["runs"][-1])
+    if args.scale in ("resnet18", "both"):
+        ckpts = resnet18_checkpoints(cache / "resnet18", args.nets, args.image_size, args.resnet_n)
+        res["runs"].append(compare("resnet18", ckpts, "synthetic", "test", args.resnet_batch, peers_dir, args.skip_peer))
+        res["runs"][-1]["images"] = args.resnet_n
+        res["runs"][-1]["image_size"] = args.image_size
+        report(res["runs"][-1])
+    shutil.rmtree(peers_dir, ignore_errors=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+    write_results_md(res)
+    return 0
+
+
+def report(r: dict) -> None:
+    s = r["repsim"]["seconds"]
+    print(f"[{r['scale']}] {r['networks']} networks x {len(r['layers'])} layers = {r['columns']} columns, batch {r['batch']}; "
+          f"load {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}")
+    print(f"  repsim: extract {s['extract']:.1f} s + cka {s['cka']:.1f} s = {s['total']:.1f} s "
+          f"(runs before/after the peer: {', '.join('%.1f' % x['total'] for x in r['repsim']['runs'])} s)")
+    if "peer" in r:
+        p = r["peer"]["seconds"]
+        print(f"  pytorch-cka: {p['total']:.1f} s (loading {p['load']:.1f} s, {r['peer']['pairs']} pairs {p['pairs']:.1f} s; "
+              f"one forward pass of each model alone {p['one_pass_each_model']:.1f} s)")
+        print(f"  ratio: {r['ratio']:.1f}x")
+    print("  agreement (max |ΔCKA|): " + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
+                                                  for k, v in r["agreement"].items()))
+
+
+def write_results_md(res: dict) -> None:
+    from bench._results import replace_section
+
+    m, st = res["machine"], res["startup_seconds"]
+    lines = ["## heatmap18", "",
+             f"`python bench/heatmap18.py --scale both` — {m['cpus']} CPUs, torch {m.get('torch')}, pytorch-cka "
+             f"{m.get('pytorch_cka', '?')}, OPENBLAS_CORETYPE={m['openblas_coretype_env'] or 'unset'} (environment); "
+             "every command in a fresh process, wall clock; repsim runs before and after the peer and the "
+             "faster run counts (both are in the JSON).", "",
+             "| workload | repsim extract + cka (s) | pytorch-cka pairwise (s) | ratio | load avg (start → end) |",
+             "|---|---:|---:|---:|---|"]
+    for r in res["runs"]:
+        s = r["repsim"]["seconds"]
+        what = (f"{r['networks']} digits mini ResNets ({r.get('training_epochs')} epochs), {r['columns']} columns, "
+                f"1,168 images, batch {r['batch']}" if r["scale"] == "digits" else
+                f"{r['networks']} ResNet-18s (random init) at {r.get('image_size')} px, {r['columns']} columns, "
+                f"{r.get('images')} synthetic images, batch {r['batch']}")
+        peer = r.get("peer", {}).get("seconds", {}).get("total")
+        lines.append(f"| {what} | {s['extract']:.1f} + {s['cka']:.1f} = **{s['total']:.1f}** | "
+                     f"{peer:.1f} | **{r['ratio']:.1f}×** | {r['loadavg_start'][0]:.1f} → {r['loadavg_end'][0]:.1f} |"
+                     if peer is not None else f"| {what} | {s['total']:.1f} | – | – | |")
+    lines += ["", "Where the time goes:", ""]
+    for r in res["runs"]:
+        s = r["repsim"]["seconds"]
+        ss = r["repsim"]["store_seconds"]
+        lines.append(f"- **{r['scale']}**, repsim: `repsim extract` {s['extract']:.1f} s, of which process start-up "
+                     f"(imports of torch, zarr, the extractor) {st['extract']:.1f} s; {len(ss)} stores written in "
+                     f"{sum(ss):.1f} s of store time (median {np.median(ss) if ss else float('nan'):.2f} s each, "
+                     f"several at once: one forked job per core); `repsim cka` {s['cka']:.1f} s, of which start-up "
+                     f"{st['cka']:.1f} s.")
+        if "peer" in r:
+            p = r["peer"]["seconds"]
+            lines.append(f"- **{r['scale']}**, pytorch-cka: loading the networks {p['load']:.1f} s; the "
+                         f"{r['peer']['pairs']} pairs {p['pairs']:.1f} s, of which forward passes ≈ "
+                         f"{p['one_pass_each_model'] / r['networks'] * r['peer']['model_passes']:.1f} s "
+                         f"({r['peer']['model_passes']} model passes at the measured "
+                         f"{p['one_pass_each_model'] / r['networks']:.2f} s each) and the rest its Grams and HSIC "
+                         f"({r['peer']['torch_threads']} torch threads).")
+        a = r["agreement"]
+        lines.append(f"- **{r['scale']}**, agreement (max |ΔCKA| against float64): repsim vs the float64 of its stored "
+                     f"values {a['repsim_vs_float64_of_stored_values']:.1e}, vs the live float32 activations "
+                     f"{a['repsim_vs_float64_of_live_float32']:.1e} (float16 storage alone: {a['float16_storage_effect']:.1e})"
+                     + (f"; pytorch-cka {a['peer_vs_float64_of_live_float32']:.1e} ({a['peer_vs_clamped_reference']:.1e} "
+                        "against the reference clamped to [0, 1] as it clamps)" if "peer_vs_float64_of_live_float32" in a else "")
+                     + (f"; sigmoid networks' logits rows: repsim {a['sigmoid_logits_rows']['repsim_vs_live']:.1e}"
+                        + (f", pytorch-cka {a['sigmoid_logits_rows']['peer_vs_live']:.1e}" if "peer_vs_live" in a["sigmoid_logits_rows"] else "")
+                        if "sigmoid_logits_rows" in a else "") + ".")
+    lines += ["", "Before (issue 19, quiet box): digits 23.9 s extract + 15.5 s cka = 39.4 s against pytorch-cka's 121.1 s "
+              "(3.1×). Goal ≥ 10× on digits.", ""]
+    section = "\n".join(lines)
+    replace_section("heatmap18", section)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""The BLAS thread budget spent across columns (repsim._blas): set, shared and restored."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from threadpoolctl import ThreadpoolController, threadpool_limits
+
+from repsim._blas import blas_thread_split
+from repsim.kernels.cka import MinibatchCKA, batch_hsic
+
+
+def blas_threads() -> int:
+    libs = ThreadpoolController().select(user_api="blas").lib_controllers
+    if not libs:
+        pytest.skip("no BLAS library under threadpoolctl's control")
+    return max(lib.num_threads for lib in libs)
+
+
+def test_split_hands_out_the_budget_and_restores_it():
+    with threadpool_limits(limits=3, user_api="blas"):
+        if blas_threads() != 3:
+            pytest.skip("this BLAS does not take a thread count")
+        with blas_thread_split() as k:
+            assert k == 3 and blas_threads() == 1
+            with blas_thread_split() as k2:  # nested: the same budget, still one BLAS thread
+                assert k2 == 3 and blas_threads() == 1
+            assert blas_threads() == 1
+        assert blas_threads() == 3
+
+
+def test_concurrent_users_share_one_setting():
+    if blas_threads() < 2:
+        pytest.skip("BLAS runs one thread here")
+    before = blas_threads()
+    inside, leave = threading.Barrier(3), threading.Event()
+    seen = []
+
+    def user():
+        with blas_thread_split() as k:
+            seen.append(k)
+            inside.wait(timeout=60)
+            leave.wait(timeout=60)
+
+    threads = [threading.Thread(target=user) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        inside.wait(timeout=60)  # both inside: one BLAS thread
+        during = blas_threads()
+    finally:
+        leave.set()
+        for t in threads:
+            t.join()
+    assert during == 1 and seen == [before, before]
+    assert blas_threads() == before  # restored once the last one left
+
+
+def test_no_split_while_another_thread_controls_blas():
+    """threadpoolctl lets one thread at a time resize OpenBLAS's shared pool: when the setting does
+    not take, the split is 1 (sequential), never k threads of k-threaded BLAS."""
+    with threadpool_limits(limits=2, user_api="blas"):  # this thread now controls the pool
+        if blas_threads() != 2:
+            pytest.skip("this BLAS does not take a thread count")
+        got = []
+
+        def other():
+            with blas_thread_split() as k:
+                got.append((k, blas_threads()))
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert blas_threads() == 2
+    lib = ThreadpoolController().select(user_api="blas").lib_controllers[0]
+    if lib.internal_api != "openblas" or lib.threading_layer == "openmp":
+        pytest.skip("per-thread BLAS limits: nothing to arbitrate")
+    assert got == [(1, 2)]
+
+
+def test_columns_in_parallel_give_the_sequential_result():
+    rng = np.random.default_rng(3)
+    layers = [np.maximum(rng.standard_normal((90, p)).astype(np.float32) + 1, 0) for p in (5, 40, 300, 7, 64)]
+    with threadpool_limits(limits=1, user_api="blas"):
+        seq = batch_hsic(layers)
+    with threadpool_limits(limits=2, user_api="blas"):
+        if blas_threads() != 2:
+            pytest.skip("this BLAS does not take a thread count")
+        par = batch_hsic(layers)
+        # an error names the first bad layer, as in the sequential loop
+        bad = [x.copy() for x in layers]
+        bad[3][0, 0] = np.nan
+        bad[1][:] = 2.0
+        with pytest.raises(ValueError, match="layer 1 is constant"):
+            MinibatchCKA(5).update(bad)
+    np.testing.assert_allclose(par, seq, rtol=1e-13, atol=0)
