@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,8 +74,6 @@ def _pump(stream, prefix: str, tail: collections.deque, stream_lines: bool) -> N
 def train_summary(tail) -> str:
     """One line from `repsim train`'s epoch lines: the last epoch's accuracies and the epoch with the best
     holdout accuracy (the checkpoint the demo analyses, best.pt)."""
-    import re
-
     epochs = [l.strip() for l in tail if l.strip().startswith("epoch ")]
     if not epochs:
         return ""
@@ -398,7 +397,7 @@ class Demo:
                          f" — {html.escape(why)}</li>" for g, (spec, split, layers, why) in self.groups.items())
         stores += "".join(f"<li><code>{g}</code>: {spec} {split}, {layers}, seed-0 networks' checkpoints every "
                           f"{self.profile.keep_every} epochs before the analysed one — {html.escape(why)}</li>"
-                          for g, (spec, split, layers, why) in self.dynamics_groups.items() if self.profile.keep_every)
+                          for g, (spec, split, layers, why) in self.dynamics_groups.items())
         p = self.profile
         preset = html.escape(p.preset.format(objective="<objective>"))
         sets = f" with --set {html.escape(' '.join(self.sets))}" if self.sets else ""
