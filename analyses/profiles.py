@@ -56,7 +56,6 @@ class Profile:
     seeds: int = 2
     cka_batch: int | None = None
     check_data: Callable[[str | None, bool], None] | None = None
-    needs_data: bool = False  # takes --data-root / --download
     relearn_task: str = "relearn"  # Fig. 6 by the paper's protocol (`repsim probe --relearn` on src-test)
     target_fit: str = ""
     shortfall: str = ""  # said in the report when fewer than 2 findings are reproduced: why, where to read more
@@ -95,7 +94,7 @@ FASHION = Profile(
     title="repsim demo --profile fashion: Fashion-MNIST, 9 objectives",
     source_text="Fashion-MNIST T-shirt/top, pullover, coat, shirt and bag (fashion-source)",
     target_text="the other five classes: trouser, dress, sandal, sneaker, ankle boot (fashion-target)",
-    seeds=2, cka_batch=1000, check_data=_check_fashion, needs_data=True,
+    seeds=2, cka_batch=1000, check_data=_check_fashion,
     # 2,000 images per class to fit the probes: with 500, the λ chosen on the 20 % validation split moved
     # linear transfer by up to 1.5 points between validation seeds of one network (search record)
     target_fit="fashion-target@2000",
