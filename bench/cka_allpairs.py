@@ -125,6 +125,9 @@ def main() -> int:
     ap.add_argument("--p", type=int, default=384)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--pairwise-rows", type=int, default=2)
+    ap.add_argument("--pause", type=float, default=0.25,
+                    help="seconds of sleep before each timing, so the previous candidate's idle BLAS/OpenMP "
+                         "worker threads (OpenBLAS busy-waits ~0.1 s after a threaded call) have parked")
     ap.add_argument("--big-p", default="100000,1000000", help="comma-separated widths for the accuracy section ('' skips it)")
     ap.add_argument("--big-n", type=int, default=128)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "cka_allpairs.json"))
@@ -218,6 +221,7 @@ def main() -> int:
         for m, cands in modes.items():
             with threads(None if m == "all" else 1):
                 for k, f in cands.items():
+                    time.sleep(args.pause)
                     t0 = time.perf_counter()
                     f()
                     best[m][k] = min(best[m][k], time.perf_counter() - t0)

@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "collapse_metrics": "kernels.collapse",
     "CollapseStats": "kernels.collapse",
     "batch_hsic": "kernels.cka",
+    "release_buffers": "kernels.cka",
     "activation_spectrum": "kernels.spectra",
     "ActivationSpectrum": "kernels.spectra",
     "weight_spectrum": "kernels.spectra",

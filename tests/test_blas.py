@@ -95,3 +95,41 @@ def test_columns_in_parallel_give_the_sequential_result():
         with pytest.raises(ValueError, match="layer 1 is constant"):
             MinibatchCKA(5).update(bad)
     np.testing.assert_allclose(par, seq, rtol=1e-13, atol=0)
+
+
+def test_batches_in_concurrent_threads_share_the_buffer_cache_safely():
+    """batch_hsic keeps one triangle buffer between batches (repsim.kernels.cka._BufferCache) and
+    hands it to one caller at a time: batches run at once from several threads — held inside
+    their column phase together by a barrier — give their serial results, before and after the
+    cache is released (float64 layers, so that the Grams do not depend on how BLAS splits them)."""
+    from repsim.kernels.cka import _A_CACHE, release_buffers
+
+    rng = np.random.default_rng(8)
+    jobs = [[np.maximum(rng.standard_normal((60, p)) + 1, 0) for p in (6, 30, 80)] for _ in range(3)]
+    want = [batch_hsic(layers) for layers in jobs]
+    assert _A_CACHE._buf is not None  # the last batch's buffer is kept ...
+    release_buffers()
+    assert _A_CACHE._buf is None  # ... until released
+    together = threading.Barrier(len(jobs))
+
+    class Held(list):
+        """The layers, read lazily; reading the last one waits until every job has got there."""
+
+        def __getitem__(self, i):
+            if i == len(self) - 1:
+                together.wait(timeout=60)
+            return list.__getitem__(self, i)
+
+    got: dict[int, np.ndarray] = {}
+
+    def run(i):
+        got[i] = batch_hsic(Held(jobs[i]))
+
+    for _ in range(2):  # the second round starts with a cached buffer
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, ref in enumerate(want):
+            np.testing.assert_allclose(got[i], ref, rtol=1e-12, atol=0)

@@ -21,20 +21,26 @@ Implementation of one batch (:func:`batch_hsic`):
 
 1. centre each layer's features in the batch (column means). HSIC₀ and HSIC₁ are invariant to
    it, and it removes the float32 cancellation that breaks peers on post-ReLU layers whose mean
-   dwarfs their spread. With centred X every row of K sums to zero, so the row sums of K̃ are
-   -diag(K) and U(K)_ij = K_ij + (K_ii + K_jj)/(n-2) - tr(K)/((n-1)(n-2)) for i ≠ j: U-centering
-   needs only the Gram's diagonal, and any block of U(K) can be formed from the same block of K.
-2. only the strict upper triangle (i < j) of each Gram is formed: the example rows are cut into
-   blocks [a, b) of ``block_rows``; block [a, b) contributes the triangle of its diagonal block
-   X_a X_aᵀ (a SYRK in NumPy) and the whole rectangle X_a X_{b:}ᵀ to the right of it, so the Gram
-   FLOPs are those of one SYRK (n²p, half a GEMM) and the triangle needs no large gather. Each
-   piece is U-centred in place (two broadcast adds) and copied into layer l's row of A (L, m),
-   m = n(n-1)/2 (split into column groups when A would exceed ``block_bytes``).
-3. H = 2 A Aᵀ / (n(n-3)) (debiased; symmetric product, a SYRK in NumPy), or, biased,
-   H = (2 A Aᵀ + diag·diagᵀ) / (n-1)² from the raw Gram triangles and diagonals.
+   dwarfs their spread.
+2. form each layer's Gram K and copy its entries K_ij, i < j, as float64 into layer l's row of
+   A (L, m). The example rows are cut into panels of ``block_rows``: panel [a, b) is K[a:b, a:],
+   stored with zeros on and below the diagonal of its leading (b-a) × (b-a) block, so a panel is
+   one contiguous copy and the zeros add nothing to A Aᵀ (m = Σ (b-a)(n-a) ≈ n(n + block_rows)/2;
+   A is split into groups of panels when it would exceed ``block_bytes``). The row sums
+   R_l = K̃1 of the Gram with zeroed diagonal are summed from the same float64 copies. With NumPy
+   the whole Gram is one SYRK (n²p FLOPs, half a GEMM) into a reused buffer when A holds every
+   panel, else one GEMM per panel.
+3. all pairs at once by Song's formula: tr(K̃L̃) = 2 A Aᵀ (symmetric product, a SYRK in NumPy),
+   1ᵀK̃L̃1 = R Rᵀ, so H = [2 A Aᵀ + t tᵀ/((n-1)(n-2)) - 2/(n-2) R Rᵀ] / (n(n-3)) with t = R1;
+   biased, H = (2 A Aᵀ + diag·diagᵀ) / (n-1)² with the Grams' diagonals. Song's formula holds
+   for any symmetric K, so this is ⟨U(K), U(L)⟩ of the Grams exactly as computed — nothing
+   assumes that their rows sum to zero.
 
 With NumPy the L layers are spread over the BLAS thread budget (:mod:`repsim._blas`): k threads,
-each forming whole layers with single-threaded BLAS; the final A Aᵀ uses all BLAS threads.
+each forming whole layers with single-threaded BLAS in reused buffers; A Aᵀ is likewise split into
+k column slabs, so no call runs multi-threaded BLAS (OpenBLAS's idle workers busy-wait ~0.1 s after
+one, taking cores from whatever runs next). A itself is kept for the next batch
+(:class:`_BufferCache`, :func:`release_buffers`): a fresh one costs page faults and TLB flushes.
 
 Precision and error bound (docs/architecture.md "Numerics")
 -------------------------------------------------------------
@@ -49,9 +55,12 @@ out-of-core engine): float32 for float16/float32 layers, float64 for float64 (an
     matrix products (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed. 2002,
     Eq. (3.5) and §3.5: |fl(xᵀy) - xᵀy| <= γ_s |x|ᵀ|y|, γ_s = su/(1 - su)), together with (a),
     |K̂_ij - K_ij| <= ε |x_i|ᵀ|x_j| <= ε ‖x_i‖ ‖x_j‖,  ε = γ_s + 4u + O(u²);
-(c) everything after the Gram in float64: U-centring, A (L × n(n-1)/2), the product A Aᵀ
-    (|error| <= γ_m |A||A|ᵀ with m = n(n-1)/2 and u₆₄ = 2⁻⁵³: ~2e-11 relative at n = 600, against
-    ~1e-6 in CKA when A Aᵀ was summed in float32) and the sums over batches.
+(c) everything after the Gram in float64: A (the float32 Gram entries, copied exactly), the row
+    sums, the products A Aᵀ (|error| <= γ_m |A||A|ᵀ with m ≈ n²/2 and u₆₄ = 2⁻⁵³) and R Rᵀ, the
+    sums over batches. A holds raw Gram entries, whose common off-diagonal part (≈ -tr K/n² for a
+    noise-like layer with p ≫ n) can make |A||A|ᵀ exceed n(n-3)·HSIC₁ by about p/n²: 61 at
+    p = 10⁶, n = 128, i.e. ~1e-10 relative; ~2e-11 at n = 600 (against ~1e-6 in CKA when A Aᵀ
+    was summed in float32).
 
 U-centring is an orthogonal projection (for ⟨A, B⟩ = Σ_{i≠j} A_ij B_ij): K_ij - U(K)_ij = a_i + a_j
 with a_i = r_i/(n-2) - S/(2(n-1)(n-2)) (r_i, S the row and total sums of ucenter's docstring),
@@ -75,6 +84,7 @@ p up to 10⁶ with κ ~ 1000, logits of sigmoid networks) the error stays below 
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Sequence
 
 import numpy as np
@@ -83,7 +93,8 @@ from repsim._xp import (array_namespace, as_array, asarray_like, check_finite, d
                         gram_dtype, row_sq_norms, to_numpy)
 from repsim._xp import astype as _astype
 
-__all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA", "CentredGram", "GRAM_SLAB"]
+__all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA", "CentredGram", "GRAM_SLAB",
+           "release_buffers"]
 
 _STATE_VERSION = 1
 
@@ -97,7 +108,7 @@ def _is_numpy(xp: Any) -> bool:
     return getattr(xp, "__name__", "") == "numpy"
 
 
-def centre_rounded(X: Any, xp: Any, dt: Any, *, fresh: bool = False) -> tuple[Any, Any]:
+def centre_rounded(X: Any, xp: Any, dt: Any, *, fresh: bool = False, out: Any = None) -> tuple[Any, Any]:
     """``(X - x̄, x̄)`` for X (n, p) with float64 column means x̄, returned as (1, p) float64.
 
     In float32 the mean is split into two float32 terms, x̄ = hi + lo + O(u²|x̄|) (hi = fl(x̄),
@@ -105,9 +116,21 @@ def centre_rounded(X: Any, xp: Any, dt: Any, *, fresh: bool = False) -> tuple[An
     elementwise (u = 2⁻²⁴), so the centred values are right to a few units of their own last place
     however far the mean lies from zero, and their column means are at most ~2u times their
     spread — no float64 temporary of X.  ``fresh``: X is a temporary that may be overwritten.
+    ``out`` (NumPy only): an (n, p) ``dt`` buffer that receives the centred values (the same
+    arithmetic; no new array).
     """
     n = X.shape[0]
     mean = xp.sum(X, axis=0, keepdims=True, dtype=xp.float64) / n
+    if out is not None:
+        with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN: reported by the caller
+            if dt == xp.float64 or X.dtype == xp.float64:
+                out[...] = X
+                out -= _astype(mean, dt, xp)
+            else:
+                hi = _astype(mean, dt, xp)
+                np.subtract(X, hi, out=out)
+                out -= _astype(mean - _astype(hi, xp.float64, xp), dt, xp)
+        return out, mean
     if dt == xp.float64 or X.dtype == xp.float64:
         Y = X if X.dtype == dt else _astype(X, dt, xp)
         if fresh or Y is not X:
@@ -147,10 +170,24 @@ def sq_norms64(Xc: Any, xp: Any) -> Any:
     return out
 
 
-def gram64(A: Any, B: Any, xp: Any) -> Any:
+def gram64(A: Any, B: Any, xp: Any, scratch: "_HostScratch | None" = None, key: str = "gram") -> Any:
     """A Bᵀ (rows · rows) with float32 products summed over feature slabs of at most
     :data:`GRAM_SLAB` and the slabs in float64; a single product (in the inputs' dtype) when the
-    features fit one slab.  Same buffer for A and B: a SYRK in NumPy."""
+    features fit one slab.  Same buffer for A and B: a SYRK in NumPy.  With ``scratch`` (NumPy)
+    the products land in reused buffers (the result is a view of one, valid until its next use)."""
+    if scratch is not None:
+        shape = (A.shape[0], B.shape[0])
+        if A.shape[1] <= GRAM_SLAB or A.dtype == np.float64:
+            return np.matmul(A, B.T, out=scratch.take(key, shape, A.dtype))
+        acc = scratch.take(key + "64", shape, np.float64)
+        part = scratch.take(key, shape, A.dtype)
+        for i, s in enumerate(_slabs(A.shape[1])):
+            np.matmul(A[:, s], B[:, s].T, out=part)
+            if i:
+                acc += part
+            else:
+                acc[...] = part
+        return acc
     if A.shape[1] <= GRAM_SLAB or A.dtype == xp.float64:
         return A @ B.T
     out = None
@@ -185,24 +222,34 @@ def ucenter(K: Any, *, xp: Any = None) -> Any:
     return U * off
 
 
-def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str) -> Any:
-    """Flatten, cast, validate and column-centre one layer's batch (:func:`centre_rounded`).
+def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str,
+             scratch: "_HostScratch | None" = None) -> tuple[Any, Any]:
+    """Flatten, cast, validate and column-centre one layer's batch (:func:`centre_rounded`);
+    returns the centred rows and their float64 squared norms (:func:`sq_norms64`, the centred
+    Gram's diagonal).  With ``scratch`` (NumPy) the centred rows are written into a reused buffer.
 
     NaN/inf anywhere in X makes its column mean non-finite, so the finiteness check runs on the
     (p,) mean. X is constant to working precision when the centred rows' squared norms are all
     within the rounding of the (float64) mean: Σ_i ‖x_i - x̄‖² <= (4 n eps₆₄)² · n · ‖x̄‖²
     (:func:`constant_tolerance`).
     """
-    fresh = X.dtype != dtype
-    X = flatten_examples(X, xp, dtype, what)
+    if scratch is not None:
+        X = flatten_examples(X, xp, None, what)
+        out = scratch.take("centred", X.shape, dtype)
+    else:
+        fresh = X.dtype != dtype
+        X = flatten_examples(X, xp, dtype, what)
+        out = None
     if n is not None and X.shape[0] != n:
         raise ValueError(f"{what} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
-    Xc, mean = centre_rounded(X, xp, dtype, fresh=fresh)
+    Xc, mean = (centre_rounded(X, xp, dtype, out=out) if out is not None
+                else centre_rounded(X, xp, dtype, fresh=fresh))
     check_finite(mean, xp, what)
-    spread = float(xp.sum(sq_norms64(Xc, xp)))
+    d = sq_norms64(Xc, xp)
+    spread = float(xp.sum(d))
     if spread <= constant_tolerance(X.shape[0], float(xp.sum(mean * mean))):
         raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
-    return Xc
+    return Xc, d
 
 
 def _prepare_gram(G: "CentredGram", xp: Any, n: int | None, what: str) -> "CentredGram":
@@ -243,8 +290,8 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
     xp = array_namespace(X, Y, xp=xp)
     n = X.shape[0]
     _check_n(n, debiased, "X")
-    Xc = _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), None, "X")
-    Yc = _prepare(Y, xp, gram_dtype(Y.dtype, xp, compute_dtype), n, "Y")
+    Xc, k = _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), None, "X")
+    Yc, l_ = _prepare(Y, xp, gram_dtype(Y.dtype, xp, compute_dtype), n, "Y")
     p1, p2 = Xc.shape[1], Yc.shape[1]
     feature_cost = p1 * p2 + p1 * p1 + p2 * p2
     gram_cost = n * (p1 + p2) + 3 * n
@@ -262,9 +309,6 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
 
     hxy, hxx, hyy = cross_sq(Xc, Yc), cross_sq(Xc, Xc), cross_sq(Yc, Yc)
     if debiased:
-        k = row_sq_norms(Xc, xp)
-        l_ = row_sq_norms(Yc, xp)
-
         def unbiased(t: Any, a: Any, b: Any) -> Any:
             return t - (n / (n - 2)) * xp.sum(a * b) + xp.sum(a) * xp.sum(b) / ((n - 1) * (n - 2))
 
@@ -306,42 +350,113 @@ class CentredGram:
         return 2
 
 
-def _gram_block(Xc: Any, a: int, b: int, c: int, e: int, xp: Any) -> Any:
-    """Block [a:b, c:e] of a layer's centred Gram: from the rows Xc (:func:`gram64`), or a view
-    of a :class:`CentredGram`'s matrix."""
+class _HostScratch(threading.local):
+    """Reused NumPy buffers, one set per worker thread, for the duration of one batch.
+
+    Allocating each layer's centred copy and Gram blocks afresh costs more than the arithmetic
+    on them when several threads do it: every large temporary is a fresh mapping whose pages
+    fault in on first touch and whose release flushes every core's TLB, and both serialise the
+    threads (measured: k threads forming fresh Grams ran no faster than one).  ``take`` returns a
+    view of a buffer that only grows, so after the first layer no memory is mapped."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[str, np.ndarray] = {}
+
+    def take(self, key: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        size = math.prod(shape)
+        buf = self.bufs.get(key)
+        if buf is None or buf.dtype != dtype or buf.size < size:
+            buf = self.bufs[key] = np.empty(size, dtype=dtype)
+        return buf[:size].reshape(shape)
+
+
+def _gram_block(Xc: Any, a: int, b: int, c: int, e: int, xp: Any,
+                scratch: _HostScratch | None = None, key: str = "gram") -> Any:
+    """Block [a:b, c:e] of a layer's centred Gram: from the rows Xc (:func:`gram64`, into
+    ``scratch`` when given), or a view of a :class:`CentredGram`'s matrix."""
     if isinstance(Xc, CentredGram):
         return Xc.K[a:b, c:e]
-    return gram64(Xc[a:b, :], Xc[c:e, :], xp)
+    return gram64(Xc[a:b, :], Xc[c:e, :], xp, scratch, key)
 
 
-_INDEX_CACHE: dict[tuple, Any] = {}
+class _BufferCache:
+    """The triangle buffer A of the last batch, kept for the next one (NumPy).
+
+    A is the largest temporary of a batch (L × ~n²/2 float64: 111 MB at L = 64, n = 600), and a
+    fresh one costs more than filling it: its pages fault in and are zeroed on first touch, and
+    freeing it flushes every core's TLB while the worker threads run — about a tenth of a batch's
+    time at that size.  So one buffer of at most ``max_bytes`` (default 256 MiB; larger ones are
+    freed as before) is kept between batches and handed out to one caller at a time (thread-safe:
+    a second concurrent batch allocates its own).  :func:`release_buffers` frees it.
+    """
+
+    def __init__(self, max_bytes: int = 256 << 20) -> None:
+        self.max_bytes = int(max_bytes)
+        self._buf: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    def take(self, shape: tuple[int, int]) -> np.ndarray:
+        size = math.prod(shape)
+        with self._lock:
+            buf, self._buf = self._buf, None
+        if buf is None or buf.size < size:
+            buf = np.empty(size, dtype=np.float64)  # (a smaller cached one is dropped)
+        return buf[:size].reshape(shape)
+
+    def give(self, view: np.ndarray) -> None:
+        buf = view.base if view.base is not None else view
+        if buf.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            if self._buf is None or self._buf.size < buf.size:
+                self._buf = buf
+
+    def release(self) -> None:
+        with self._lock:
+            self._buf = None
 
 
-def _upper_index(xp: Any, ref: Any, r: int) -> Any:
-    """Flat indices of the strict upper triangle (i < j) of an r × r matrix, row by row."""
-    key = (xp.__name__, str(getattr(ref, "device", "")), r)
-    idx = _INDEX_CACHE.get(key)
-    if idx is None:
-        i, j = np.triu_indices(r, 1)
-        idx = asarray_like(i * r + j, ref, xp, dtype=xp.int64)
-        if len(_INDEX_CACHE) > 64:
-            _INDEX_CACHE.clear()
-        _INDEX_CACHE[key] = idx
-    return idx
+_A_CACHE = _BufferCache()
+
+
+def release_buffers() -> None:
+    """Free the buffer that :func:`batch_hsic` / :meth:`MinibatchCKA.update` keep between batches
+    (at most 256 MiB; see ``_BufferCache``)."""
+    _A_CACHE.release()
+
+
+_MASK_CACHE: dict[tuple, Any] = {}
+
+
+def _panel_mask(xp: Any, ref: Any, r: int, width: int) -> Any:
+    """(r, width) float64 mask of a row panel U(K)[a:a+r, a:]: 0 on and below the diagonal of its
+    leading r × r block (pairs i >= j), 1 elsewhere (the pairs i < j the panel owns)."""
+    key = (xp.__name__, str(getattr(ref, "device", "")), r, width)
+    mask = _MASK_CACHE.get(key)
+    if mask is None:
+        m = np.ones((r, width))
+        m[:, :r] = np.triu(m[:, :r], 1)
+        mask = asarray_like(m, ref, xp, dtype=xp.float64)
+        if len(_MASK_CACHE) > 64:
+            _MASK_CACHE.clear()
+        _MASK_CACHE[key] = mask
+    return mask
 
 
 def _pair_groups(n: int, block_rows: int, cap: int) -> list[list[tuple[int, int, int]]]:
-    """Row blocks [a, b) with their pair counts, grouped so each group holds <= ``cap`` pairs.
+    """Row panels [a, b) with their lengths in A, grouped so each group holds <= ``cap`` values.
 
-    Block [a, b) owns the pairs i < j with a <= i < b: the strict upper triangle of its diagonal
-    block K[a:b, a:b] and the whole rectangle K[a:b, b:].
+    Panel [a, b) is the block K[a:b, a:] of rows a..b-1 from column a on, r (n - a) values
+    (r = b - a): it owns the pairs i < j with a <= i < b, which are the whole rectangle
+    K[a:b, b:] and the strict upper triangle of its leading r × r block; the rest of that block
+    (i >= j) is stored as zeros, so a panel is one contiguous product and one contiguous write,
+    and the zeros add nothing to A Aᵀ.
     """
     bounds = list(range(0, n, block_rows)) + [n]
     groups: list[list[tuple[int, int, int]]] = [[]]
     size = 0
     for a, b in zip(bounds[:-1], bounds[1:]):
-        r = b - a
-        m = r * (r - 1) // 2 + r * (n - b)
+        m = (b - a) * (n - a)
         if groups[-1] and size + m > cap:
             groups.append([])
             size = 0
@@ -350,45 +465,37 @@ def _pair_groups(n: int, block_rows: int, cap: int) -> list[list[tuple[int, int,
     return groups
 
 
-def _write_triangle(A: Any, l_: int, Xc: Any, d: Any, group: list[tuple[int, int, int]],
-                    debiased: bool, xp: Any) -> None:
-    """Write layer l's (U-centred) Gram pairs i < j of the row blocks in ``group`` into row A[l]
-    (float64: the U-centring sums and everything after them are float64)."""
+def _write_panels(A: Any, l_: int, Xc: Any, group: list[tuple[int, int, int]], want_sums: bool, xp: Any,
+                  scratch: _HostScratch | None = None) -> Any:
+    """Write layer l's Gram entries K_ij, i < j, of the panels in ``group`` (:func:`_pair_groups`)
+    into row A[l] as float64, and return (``want_sums``) their share of the row sums of K̃ (the
+    Gram with its diagonal zeroed), float64 (n,): entry (i, j) adds to r_i and r_j.  ``scratch``
+    (NumPy): the Gram is formed in reused buffers, whole (one SYRK) when ``group`` holds every
+    panel, else panel by panel."""
     n = Xc.shape[0]
-    f64 = xp.float64
-    u = v = None
-    if debiased:  # U(K)_ij = K_ij + u_i + v_j (i != j): u = diag/(n-2), v = u - tr/((n-1)(n-2))
-        u = d / (n - 2)
-        v = u - xp.sum(d) / ((n - 1) * (n - 2))
-    host = _is_numpy(xp)
+    host = scratch is not None
+    whole = None
+    if host and not isinstance(Xc, CentredGram) and group[0][0] == 0 and group[-1][1] == n:
+        whole = gram64(Xc, Xc, np, scratch, "gram")  # every panel: one SYRK (Xc Xcᵀ of one buffer)
+    sums = xp.zeros((n,), dtype=xp.float64) if want_sums else None
+    ref = Xc.K if isinstance(Xc, CentredGram) else Xc
     off = 0
-    for a, b, _ in group:
+    for a, b, k in group:
         r = b - a
-        if r > 1:  # strict upper triangle of the diagonal block (X Xᵀ of one buffer: SYRK)
-            G = xp.astype(_gram_block(Xc, a, b, a, b, xp), f64, copy=True)
-            if debiased:
-                G += u[a:b][:, None]
-                G += v[a:b][None, :]
-            k = r * (r - 1) // 2
-            A[l_, off:off + k] = xp.take(xp.reshape(G, (-1,)), _upper_index(xp, Xc, r))
-            off += k
-        if b < n:  # the rectangle right of it, contiguous in A's row
-            G = _gram_block(Xc, a, b, b, n, xp)
-            k = r * (n - b)
-            if host:  # cast and first add in one pass, straight into A's row
-                V = A[l_, off:off + k].reshape(r, n - b)
-                if debiased:
-                    np.add(G, u[a:b][:, None], out=V)
-                    V += v[b:][None, :]
-                else:
-                    V[...] = G
-            else:
-                G = xp.astype(G, f64, copy=True)
-                if debiased:
-                    G += u[a:b][:, None]
-                    G += v[b:][None, :]
-                A[l_, off:off + k] = xp.reshape(G, (-1,))
-            off += k
+        if host:
+            G = whole[a:b, a:] if whole is not None else _gram_block(Xc, a, b, a, n, np, scratch, "panel")
+            V = A[l_, off:off + k].reshape(r, n - a)
+            np.multiply(G[:, :r], _panel_mask(np, V, r, r), out=V[:, :r])  # cast; i >= j -> 0
+            V[:, r:] = G[:, r:]
+        else:
+            V = xp.astype(_gram_block(Xc, a, b, a, n, xp), xp.float64, copy=True)
+            V = V * _panel_mask(xp, ref, r, n - a)
+            A[l_, off:off + k] = xp.reshape(V, (-1,))
+        if sums is not None:
+            sums[a:b] = sums[a:b] + xp.sum(V, axis=1)
+            sums[a:] = sums[a:] + xp.sum(V, axis=0)
+        off += k
+    return sums
 
 
 def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
@@ -397,13 +504,14 @@ def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
     """HSIC between every pair of ``layers`` (each (n, ...), the same n examples) for one batch.
 
     Returns an (L, L) float64 NumPy array of HSIC₁ (``debiased``) or HSIC₀ values; algorithm in
-    the module docstring. ``block_bytes`` bounds the triangle buffer A (L × pairs of a group of
-    row blocks); ``block_rows`` is the height of a row block.
+    the module docstring. ``block_bytes`` bounds the buffer A (L × the values of a group of
+    panels); ``block_rows`` is the height of a panel.
 
     ``layers`` is read item by item, in order: when A fits in ``block_bytes`` (one group) every
     layer is read once and dropped after its row of A is written, so a lazy sequence (whose
-    ``__getitem__`` loads layer l's batch) keeps one layer's batch in memory at a time. With
-    several groups the centred layers are kept for the later groups.
+    ``__getitem__`` loads layer l's batch) keeps at most k + 1 layers' batches in memory (k the
+    BLAS thread budget; one without threads). With several groups the centred layers are kept
+    for the later groups.
     """
     return _batch_hsic(layers, debiased, xp, compute_dtype, block_bytes, block_rows, names, _centred)[0]
 
@@ -430,7 +538,10 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     _check_n(n, debiased, f"batch of {names[0]}")
     groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * 8), 1))
     kept: list[Any] | None = [None] * L if len(groups) > 1 else None
-    diags: list[Any] = [None] * L
+    # one group: each centred layer is dropped after its row of A, so its buffers can be reused
+    scratch = _HostScratch() if kept is None and _is_numpy(xp) else None
+    diags: list[Any] = [None] * L  # biased HSIC: the Grams' diagonals
+    sums: list[Any] = [None] * L  # debiased HSIC: row sums of K̃, accumulated over groups
     seen: list[int | None] = [None] * L
 
     def column(l_: int, X: Any, A: Any, group: list[tuple[int, int, int]], first_group: bool) -> None:
@@ -438,16 +549,19 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
         if first_group:
             if isinstance(X, CentredGram):
                 Xc = _prepare_gram(X, xp, n, names[l_])
-                d = diagonal(Xc.K, xp)
+                d = diagonal(Xc.K, xp) if not debiased else None
+            elif centred:
+                Xc, d = X, (sq_norms64(X, xp) if not debiased else None)
             else:
-                Xc = X if centred else _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), n, names[l_])
-                d = sq_norms64(Xc, xp)
-            diags[l_] = d if d.dtype == xp.float64 else xp.astype(d, xp.float64)
+                Xc, d = _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), n, names[l_], scratch)
+            if not debiased:
+                diags[l_] = d if d.dtype == xp.float64 else xp.astype(d, xp.float64)
             if kept is not None:
                 kept[l_] = Xc
         else:
             Xc = kept[l_]
-        _write_triangle(A, l_, Xc, diags[l_], group, debiased, xp)
+        part = _write_panels(A, l_, Xc, group, debiased, xp, scratch)
+        sums[l_] = part if sums[l_] is None else sums[l_] + part
 
     def source(first_group: bool) -> Any:
         """Layers in order (read once, on the calling thread), namespace-checked."""
@@ -469,50 +583,94 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
 
     H = None
     for gi, group in enumerate(groups):
-        A = xp.empty((L, sum(m for _, _, m in group)), dtype=xp.float64)
+        shape = (L, sum(m for _, _, m in group))
+        A = _A_CACHE.take(shape) if _is_numpy(xp) else xp.empty(shape, dtype=xp.float64)
         _each_column(source(gi == 0), lambda l_, X: column(l_, X, A, group, gi == 0),
                      parallel=_is_numpy(xp) and L > 1)
         first = None
-        P = A @ xp.matrix_transpose(A)  # float64 A Aᵀ (a SYRK in NumPy), on all BLAS threads
+        P = _row_products(A, xp)
         H = P if H is None else H + P
+        if _is_numpy(xp):
+            _A_CACHE.give(A)
         del A
-    if debiased:
-        H = 2 * H / (n * (n - 3))
+    if debiased:  # Song et al.: tr(K̃L̃) + 1ᵀK̃1·1ᵀL̃1/((n-1)(n-2)) - 2/(n-2)·(K̃1)ᵀ(L̃1), over n(n-3)
+        R = xp.stack(sums)
+        t = xp.sum(R, axis=1)
+        H = 2 * H + t[:, None] * t[None, :] / ((n - 1) * (n - 2)) - (2 / (n - 2)) * _row_products(R, xp)
+        H = H / (n * (n - 3))
     else:
         D = xp.stack(diags)
-        H = (2 * H + D @ xp.matrix_transpose(D)) / ((n - 1) ** 2)
+        H = (2 * H + _row_products(D, xp)) / ((n - 1) ** 2)
     out = np.array(to_numpy(H), dtype=np.float64)
     return (out + out.T) / 2, n, seen  # exact symmetry (GEMM rounding may differ by an ulp)
+
+
+def _row_products(A: Any, xp: Any) -> Any:
+    """A Aᵀ in float64.  NumPy: split along A's long axis into k column slabs, one per thread of the
+    BLAS budget, each a single-threaded SYRK, and the k (L, L) parts summed — the same sums in
+    another order.  Unlike one k-threaded BLAS call this leaves no BLAS worker threads
+    busy-waiting (OpenBLAS spins ~0.1 s after a threaded call) to slow the next batch's columns."""
+    if not _is_numpy(xp):
+        return A @ xp.matrix_transpose(A)
+    from repsim._blas import blas_thread_split
+
+    with blas_thread_split() as k:
+        m = A.shape[1]
+        k = max(1, min(k, m // 4096))
+        if k == 1:
+            return A @ A.T
+        from concurrent.futures import ThreadPoolExecutor
+
+        cuts = [m * i // k for i in range(k + 1)]
+        with ThreadPoolExecutor(max_workers=k, thread_name_prefix="repsim-hsic") as pool:
+            parts = list(pool.map(lambda i: A[:, cuts[i]:cuts[i + 1]] @ A[:, cuts[i]:cuts[i + 1]].T, range(k)))
+    return sum(parts[1:], parts[0])
 
 
 def _each_column(items: Any, work: Any, parallel: bool) -> None:
     """``work(l, X)`` for each ``(l, X)`` of ``items`` (consumed in order on this thread).
 
     With ``parallel`` (NumPy) the BLAS thread budget is spent across columns: k worker threads,
-    each with single-threaded BLAS (:func:`repsim._blas.blas_thread_split`), at most k columns in
-    flight, errors raised in column order.  Each column writes only its own row of A, so the
-    result does not depend on the split.
+    each with single-threaded BLAS (:func:`repsim._blas.blas_thread_split`).  At most k + 1
+    columns are in flight (the next one is read while k are computed) and a finished column
+    frees its slot whichever it is, so no worker waits for a slower neighbour.  After a failure
+    no new column starts and the error of the lowest failed column is raised.  Each column
+    writes only its own row of A, so the result does not depend on the split.
     """
     if parallel:
         from repsim._blas import blas_thread_split
 
         with blas_thread_split() as k:
             if k > 1:
-                from concurrent.futures import ThreadPoolExecutor
+                from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
                 with ThreadPoolExecutor(max_workers=k, thread_name_prefix="repsim-hsic") as pool:
-                    pending: list[Any] = []
+                    pending: dict[Any, int] = {}
+                    failed: list[tuple[int, BaseException]] = []
+
+                    def settle(block: bool) -> None:
+                        done, _ = wait(list(pending), return_when=FIRST_COMPLETED) if block else (
+                            [f for f in pending if f.done()], None)
+                        for f in done:
+                            err = f.exception()
+                            if err is not None:
+                                failed.append((pending[f], err))
+                            del pending[f]
+
                     try:
                         for l_, X in items:
-                            pending.append(pool.submit(work, l_, X))
+                            pending[pool.submit(work, l_, X)] = l_
                             del X
-                            if len(pending) >= k:
-                                pending.pop(0).result()
+                            settle(block=len(pending) > k)
+                            if failed:
+                                break
                         while pending:
-                            pending.pop(0).result()
+                            settle(block=True)
                     finally:
                         for f in pending:
                             f.cancel()
+                    if failed:
+                        raise min(failed, key=lambda e: e[0])[1]
                 return
     for l_, X in items:
         work(l_, X)
@@ -552,10 +710,11 @@ class MinibatchCKA:
     ``names`` (e.g. "store/layer") label layers in error messages; ``compute_dtype`` None picks
     each layer's Gram precision from its dtype (float32 Grams for float16/float32 layers, float64
     otherwise; module docstring, "Precision and error bound"); ``block_bytes`` bounds the
-    per-batch triangle buffer A (L × n(n-1)/2, float64, split into groups of row blocks beyond
-    it). Peak extra memory per update: A plus one centred layer per BLAS thread when A fits in
-    ``block_bytes`` (default 1 GiB: e.g. up to 119 layers at n = 1500), else A's group plus all
-    centred layers of the batch.
+    per-batch buffer A (L × ≈ n(n + 128)/2 float64, split into groups of panels beyond it).
+    Peak extra memory per update: A plus, per BLAS thread, one centred layer and its Gram when A
+    fits in ``block_bytes`` (default 1 GiB: e.g. up to 110 layers at n = 1500), else A's group
+    plus all centred layers of the batch.  An A of at most 256 MiB is kept for the next update
+    (:func:`release_buffers` frees it).
     """
 
     def __init__(self, n_layers: int, debiased: bool = True, keep_batches: bool = True, *,
