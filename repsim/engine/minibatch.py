@@ -106,7 +106,7 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
             # narrow rows), so it may run further ahead: a slow wide column at the head of the queue
             # then no longer idles the other reader threads (about 8 % faster on 2 cores,
             # bench/ooc.py).  Memory per load in progress is unchanged; at most ``threads`` run at once.
-            ahead = max(reader.prefetch, 4 * spec["threads"]) if host else None
+            ahead = _read_ahead(columns, groups, spec) if host else None
             units = [(g, c) for g in range(len(groups)) for c in range(L)]
             for (g, c), arrays in reader.prefetched(units, load, ahead):
                 if c == 0:
@@ -123,6 +123,25 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
         if own:
             reader.close()
     return acc.to_state()
+
+
+AHEAD_BYTES = 512 << 20  # reduced columns the host readers may hold ahead of the batch being updated
+
+
+def _read_ahead(columns: Sequence[Column], groups: Sequence[Any], spec: dict[str, Any]) -> int:
+    """(group, column) loads queued ahead of the consumer on the host: at least ``4 × threads`` (and
+    ``prefetch``), and as many more as fit :data:`AHEAD_BYTES` of reduced columns (b·min(p, 4b)
+    float64 per batch, an upper bound) — so that the reader threads go on with the next group's
+    columns while ``MinibatchCKA.update`` runs on the last one's, instead of idling once a few
+    loads are queued (a third of ``repsim cka``'s time on the 18-network digits heatmap,
+    bench/heatmap18.py).  Peak memory grows by at most that budget."""
+    floor = max(int(spec["prefetch"]), 4 * int(spec["threads"]))
+    if not groups:
+        return floor
+    rows = max(sum(len(r) for r in g.batches) for g in groups)
+    b = max(len(r) for g in groups for r in g.batches)
+    unit = max(rows * min(c.features_after(spec["spatial"]), REDUCE_FACTOR * b) * 8 for c in columns)
+    return max(floor, int(AHEAD_BYTES // max(unit, 1)))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -233,13 +233,10 @@ def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str,
     within the rounding of the (float64) mean: Σ_i ‖x_i - x̄‖² <= (4 n eps₆₄)² · n · ‖x̄‖²
     (:func:`constant_tolerance`).
     """
-    if scratch is not None:
-        X = flatten_examples(X, xp, None, what)
-        out = scratch.take("centred", X.shape, dtype)
-    else:
-        fresh = X.dtype != dtype
-        X = flatten_examples(X, xp, dtype, what)
-        out = None
+    X = flatten_examples(X, xp, None, what)
+    fresh = X.dtype != dtype  # a cast (float16: the exact fast upcast of _xp.astype) makes a new array
+    out = scratch.take("centred", X.shape, dtype) if scratch is not None and not fresh else None
+    X = flatten_examples(X, xp, dtype, what)
     if n is not None and X.shape[0] != n:
         raise ValueError(f"{what} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
     Xc, mean = (centre_rounded(X, xp, dtype, out=out) if out is not None
