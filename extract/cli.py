@@ -94,8 +94,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="progress bar (default: when stderr is a terminal)")
 
 
-def expand_checkpoints(patterns: list[str]) -> list[str]:
-    """Checkpoint paths in the order given; glob patterns expand sorted; a pattern matching nothing is an error."""
+def expand_checkpoints(patterns: list[str], what: str = "extract: --checkpoint") -> list[str]:
+    """Checkpoint paths in the order given; glob patterns expand sorted; a pattern matching nothing is
+    an error naming ``what`` (the command and option the patterns came from)."""
     out: list[str] = []
     for pattern in patterns:
         if is_model_spec(pattern) or os.path.exists(pattern) or not glob.has_magic(pattern):
@@ -103,7 +104,7 @@ def expand_checkpoints(patterns: list[str]) -> list[str]:
             continue
         hits = sorted(glob.glob(pattern))
         if not hits:
-            raise ValueError(f"extract: --checkpoint {pattern!r} matches no file")
+            raise ValueError(f"{what} {pattern!r} matches no file")
         out.extend(hits)
     return out
 

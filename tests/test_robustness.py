@@ -169,6 +169,11 @@ def test_robustness_refusals(bench, tmp_path, capsys):
     assert main(args + ["--set", "imagenet-a"]) == 2
     err = capsys.readouterr().err   # one line through the CLI's one error path
     assert err.startswith("repsim robustness: error: --set 'imagenet-a': expected NAME=DIR") and err.count("\n") == 1
+    # a --checkpoint pattern that matches nothing names this command's option, not extract's
+    assert main(["robustness", "--checkpoint", str(tmp_path / "none*.pt"), "--set", f"imagenet-a={root / 'a'}",
+                 "--out", str(tmp_path / "r.csv"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("repsim robustness: error: --checkpoint") and "matches no file" in err and "extract" not in err
 
 
 def test_table_c2_item(bench, tmp_path):

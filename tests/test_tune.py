@@ -168,7 +168,7 @@ def test_tune_selects_mixup_alpha_and_stopping_epoch(tmp_path, capsys):
 def test_cli_errors_are_one_line(capsys, tmp_path):
     rc = main(["finetune", "--preset", "finetune-digits", "--init-from", str(tmp_path / "none*.pt"), "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "matches no file" in err[0]
+    assert rc == 2 and len(err) == 1 and err[0].startswith("repsim finetune: error: --init-from") and "matches no file" in err[0]
     rc = main(["finetune", "--preset", "finetune-digits", "--init-from", "x.pt", "--out", str(tmp_path),
                "--lr-grid", "-1", "-2", "3"])
     err = capsys.readouterr().err.strip().splitlines()

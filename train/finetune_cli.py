@@ -101,7 +101,7 @@ def source_groups(patterns: list[str]):
     from .checkpoint import load_checkpoint
     from .tune import Group, Replicate, TuneError
 
-    paths = expand_checkpoints(patterns)
+    paths = expand_checkpoints(patterns, "finetune: --init-from")
     groups: dict[str, Group] = {}
     arch = None
     for path in paths:

@@ -44,7 +44,7 @@ def run(args) -> int:
     from train.robustness import RobustnessError, evaluate
 
     # expected failures raise (RobustnessError, CheckpointError: ValueErrors): one line, exit status 2
-    ckpts = expand_checkpoints(args.checkpoint)
+    ckpts = expand_checkpoints(args.checkpoint, "robustness: --checkpoint")
     sets = {}
     for spec in args.sets:
         name, sep, root = spec.partition("=")
