@@ -15,6 +15,7 @@ so that k threads never run k-threaded BLAS each.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -26,8 +27,12 @@ _state: dict[str, Any] = {"depth": 0, "threads": 1, "limiter": None, "controller
 
 
 def _controller() -> Any:
+    """threadpoolctl's view of the loaded thread pools, rebuilt when modules were imported since it
+    was taken: an import can load another BLAS (SciPy ships its own OpenBLAS beside NumPy's), which
+    an older view would leave multi-threaded inside the caller's threads."""
     ctl = _state["controller"]
-    if ctl is None:
+    if ctl is None or _state.get("modules") != len(sys.modules):
+        _state["modules"] = len(sys.modules)
         try:
             from threadpoolctl import ThreadpoolController
 

@@ -133,3 +133,31 @@ def test_batches_in_concurrent_threads_share_the_buffer_cache_safely():
             t.join()
         for i, ref in enumerate(want):
             np.testing.assert_allclose(got[i], ref, rtol=1e-12, atol=0)
+
+
+def test_split_also_limits_a_blas_loaded_after_its_first_use():
+    """SciPy ships its own OpenBLAS beside NumPy's: a split entered after ``import scipy.linalg``
+    must limit that one too, though the first split of the process saw only NumPy's."""
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np
+from threadpoolctl import ThreadpoolController, threadpool_limits
+from repsim._blas import blas_thread_split
+with blas_thread_split():
+    pass
+import scipy.linalg  # loads SciPy's BLAS
+with threadpool_limits(limits=2, user_api="blas"):
+    libs = ThreadpoolController().select(user_api="blas").lib_controllers
+    if len(libs) < 2 or min(lib.num_threads for lib in libs) < 2:
+        print("skip"); raise SystemExit
+    with blas_thread_split() as k:
+        inside = [lib.num_threads for lib in ThreadpoolController().select(user_api="blas").lib_controllers]
+print(k, max(inside))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.strip() == "skip":
+        pytest.skip("one BLAS library here, or it takes no thread count")
+    assert out.stdout.split() == ["2", "1"]

@@ -243,6 +243,36 @@ def test_minibatch_cka_matches_definition(xp):
         linear_cka(*as_xp(xp, batches[1][0], batches[1][2])), rel=1e-10)
 
 
+@pytest.mark.parametrize("debiased", [True, False])
+def test_wide_layers_take_the_slab_gram_path_with_the_same_answers(debiased):
+    """A host layer with p > 2·GRAM_SLAB features and p >= 4n enters batch_hsic as its centred Gram,
+    formed slab by slab (kernels.cka.centred_gram_slabs); HSIC matches Song's/the biased formula in
+    float64 (float32 input: to the float32 Gram bound), in any mix with narrow layers and groups,
+    and NaN or constant wide layers are refused by name."""
+    from repsim.kernels.cka import GRAM_SLAB, _is_wide
+
+    rng = np.random.default_rng(21)
+    n = 36
+    layers = planted(rng, n, [3 * GRAM_SLAB + 7, 12, 2 * GRAM_SLAB + 1], mean=2.5)
+    assert _is_wide(layers[0].shape) and not _is_wide(layers[1].shape) and _is_wide(layers[2].shape)
+    h = song_hsic if debiased else biased_hsic
+    ref = np.array([[h(a, b) for b in layers] for a in layers])
+    for block_bytes, block_rows in ((1 << 28, 128), (1500, 8)):
+        got = batch_hsic(layers, debiased=debiased, block_bytes=block_bytes, block_rows=block_rows)
+        np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-12 * np.abs(ref).max())
+    f32 = batch_hsic([a.astype(np.float32) for a in layers], debiased=debiased)
+    cka = lambda H: H / np.sqrt(np.outer(np.diag(H), np.diag(H)))  # noqa: E731
+    assert np.max(np.abs(cka(f32) - cka(ref))) < 1e-5
+    bad = [a.copy() for a in layers]
+    bad[2][5, GRAM_SLAB + 3] = np.nan
+    with pytest.raises(ValueError, match="layer 2 contains NaN"):
+        batch_hsic(bad, debiased=debiased)
+    bad = [a.copy() for a in layers]
+    bad[0][:] = 1.5
+    with pytest.raises(ValueError, match="layer 0 is constant"):
+        batch_hsic(bad, debiased=debiased)
+
+
 class LazyLayers:
     """A sequence that 'loads' a layer's batch on access and counts the loads."""
 

@@ -29,7 +29,9 @@ Implementation of one batch (:func:`batch_hsic`):
    A is split into groups of panels when it would exceed ``block_bytes``). The row sums
    R_l = K̃1 of the Gram with zeroed diagonal are summed from the same float64 copies. With NumPy
    the whole Gram is one SYRK (n²p FLOPs, half a GEMM) into a reused buffer when A holds every
-   panel, else one GEMM per panel.
+   panel, else one GEMM per panel; a wide layer (p > 2·``GRAM_SLAB``, p >= 4n) becomes its
+   centred Gram first, slab by slab (:func:`centred_gram_slabs`), and enters as a
+   :class:`CentredGram`.
 3. all pairs at once by Song's formula: tr(K̃L̃) = 2 A Aᵀ (symmetric product, a SYRK in NumPy),
    1ᵀK̃L̃1 = R Rᵀ, so H = [2 A Aᵀ + t tᵀ/((n-1)(n-2)) - 2/(n-2) R Rᵀ] / (n(n-3)) with t = R1;
    biased, H = (2 A Aᵀ + diag·diagᵀ) / (n-1)² with the Grams' diagonals. Song's formula holds
@@ -195,6 +197,47 @@ def gram64(A: Any, B: Any, xp: Any, scratch: "_HostScratch | None" = None, key: 
         part = _astype(A[:, s] @ B[:, s].T, xp.float64, xp)
         out = part if out is None else out + part
     return out
+
+
+def centred_gram_slabs(X: np.ndarray, dtype: Any) -> tuple[np.ndarray, float]:
+    """K_c = Σ_slabs X_c[:, s] X_c[:, s]ᵀ over slabs of :data:`GRAM_SLAB` features (NumPy), summed
+    in float64; returns (K_c float64 (n, n), ‖x̄‖²).
+
+    Centring is per feature, so each slab is cast, centred (:func:`centre_rounded`: the same values
+    as centring X whole) and multiplied while it sits in cache (n × 2048 float32 = 2 MiB at n = 256),
+    instead of several passes over the whole n × p batch in memory and a centred copy of it: for
+    wide layers (p ≫ n) one pass over the data does it all.
+    """
+    dtype = np.dtype(dtype)
+    n, p = X.shape
+    K = np.zeros((n, n), dtype=np.float64)
+    mean_sq = 0.0
+    with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN input: reported by the caller
+        for s in range(0, p, GRAM_SLAB):
+            slab = X[:, s:s + GRAM_SLAB]
+            fresh = slab.dtype != dtype
+            S = _astype(slab, dtype, np) if fresh else slab
+            S, m = centre_rounded(S, np, dtype, fresh=fresh)
+            K += S @ S.T
+            mean_sq += float(np.sum(m * m))
+    return K, mean_sq
+
+
+def _is_wide(shape: tuple[int, ...]) -> bool:
+    """A host layer whose centred Gram is formed slab by slab (:func:`centred_gram_slabs`): more
+    than two slabs of features and at least 4 features per example."""
+    p = math.prod(int(d) for d in shape[1:])
+    return p > 2 * GRAM_SLAB and p >= 4 * shape[0]
+
+
+def check_gram(K: Any, xp: Any, mean_sq: float, what: str) -> None:
+    """The checks of :func:`_prepare` on a centred Gram: NaN/inf anywhere in the layer make its trace
+    non-finite; a layer is constant when the trace is within the rounding of the mean."""
+    tr = float(xp.sum(diagonal(K, xp)))
+    if not math.isfinite(tr):
+        raise ValueError(f"{what} contains NaN or infinite values")
+    if tr <= constant_tolerance(K.shape[0], mean_sq):
+        raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -536,7 +579,8 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * 8), 1))
     kept: list[Any] | None = [None] * L if len(groups) > 1 else None
     # one group: each centred layer is dropped after its row of A, so its buffers can be reused
-    scratch = _HostScratch() if kept is None and _is_numpy(xp) else None
+    host = _is_numpy(xp)
+    scratch = _HostScratch() if kept is None and host else None
     diags: list[Any] = [None] * L  # biased HSIC: the Grams' diagonals
     sums: list[Any] = [None] * L  # debiased HSIC: row sums of K̃, accumulated over groups
     seen: list[int | None] = [None] * L
@@ -549,6 +593,14 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
                 d = diagonal(Xc.K, xp) if not debiased else None
             elif centred:
                 Xc, d = X, (sq_norms64(X, xp) if not debiased else None)
+            elif host and X.ndim >= 2 and _is_wide(X.shape):  # p ≫ n: its centred Gram, in one pass
+                dt = gram_dtype(X.dtype, xp, compute_dtype)
+                K, mean_sq = centred_gram_slabs(flatten_examples(X, xp, None, names[l_]), dt)
+                if K.shape[0] != n:
+                    raise ValueError(f"{names[l_]} has {K.shape[0]} examples, expected {n} (all layers must share examples)")
+                check_gram(K, xp, mean_sq, names[l_])
+                Xc = CentredGram(K)
+                d = diagonal(K, xp) if not debiased else None
             else:
                 Xc, d = _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), n, names[l_], scratch)
             if not debiased:
@@ -581,13 +633,13 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     H = None
     for gi, group in enumerate(groups):
         shape = (L, sum(m for _, _, m in group))
-        A = _A_CACHE.take(shape) if _is_numpy(xp) else xp.empty(shape, dtype=xp.float64)
-        _each_column(source(gi == 0), lambda l_, X: column(l_, X, A, group, gi == 0),
-                     parallel=_is_numpy(xp) and L > 1)
+        A = _A_CACHE.take(shape) if host else xp.empty(shape, dtype=xp.float64)
+        _each_column(source(gi == 0), lambda l_, X, A=A, group=group, first_group=gi == 0:
+                     column(l_, X, A, group, first_group), parallel=host and L > 1)
         first = None
         P = _row_products(A, xp)
         H = P if H is None else H + P
-        if _is_numpy(xp):
+        if host:
             _A_CACHE.give(A)
         del A
     if debiased:  # Song et al.: tr(K̃L̃) + 1ᵀK̃1·1ᵀL̃1/((n-1)(n-2)) - 2/(n-2)·(K̃1)ᵀ(L̃1), over n(n-3)
