@@ -531,7 +531,10 @@ def _write_panels(A: Any, l_: int, Xc: Any, group: list[tuple[int, int, int]], w
             V = xp.astype(_gram_block(Xc, a, b, a, n, xp), xp.float64, copy=True)
             V = V * _panel_mask(xp, ref, r, n - a)
             A[l_, off:off + k] = xp.reshape(V, (-1,))
-        if sums is not None:
+        if sums is not None and host:  # float64 GEMVs: ~2x numpy's axis sums here
+            sums[a:b] += V @ np.ones(n - a)
+            sums[a:] += np.ones(r) @ V
+        elif sums is not None:
             sums[a:b] = sums[a:b] + xp.sum(V, axis=1)
             sums[a:] = sums[a:] + xp.sum(V, axis=0)
         off += k
