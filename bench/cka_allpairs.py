@@ -413,10 +413,12 @@ def write_results_md(res: dict) -> None:
         "buffers), so the element-wise work runs in parallel too and no BLAS worker is left busy-waiting; the peer's "
         "threads work inside each torch op (which also does twice the Gram FLOPs: full GEMMs).",
         "",
-        f"The floor: 2× the peer means {A['batched'] * 1e3 / 2:.0f} ms, and the L Grams alone take "
-        f"{A['syrk_floor_float32'] * 1e3:.0f} ms on all cores, which would leave "
-        f"{(A['batched'] / 2 - A['syrk_floor_float32']) * 1e3:.0f} ms for the centring, the copies and A Aᵀ "
-        "(together about a third of repsim's one-thread time). Each candidate is timed after a "
+        f"What 2× takes: at most {A['batched'] * 1e3 / 2:.0f} ms. repsim's one-thread time is "
+        f"{O['ours_default'] * 1e3:.0f} ms (the Grams at the measured one-thread float32 GEMM rate: "
+        f"{res['flop_bound']['bound_seconds_one_thread'] * 1e3:.0f} ms of it), so on {m['cpus']} cores 2× needs a parallel "
+        f"efficiency of at least {O['ours_default'] / (m['cpus'] * A['batched'] / 2):.0%} over the whole update; "
+        f"measured: {O['ours_default'] / (m['cpus'] * A['ours_default']):.0%} (one-thread time ÷ ({m['cpus']} × all-core time)). "
+        "Each candidate is timed after a "
         f"{res['config'].get('pause', 0):.2f} s pause, so that the previous one's idle worker threads (OpenBLAS busy-waits "
         "~0.1 s after a threaded call) have parked: without it each candidate ran on cores still spun by the one before.",
         "",
