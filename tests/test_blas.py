@@ -161,3 +161,21 @@ print(k, max(inside))
     if out.stdout.strip() == "skip":
         pytest.skip("one BLAS library here, or it takes no thread count")
     assert out.stdout.split() == ["2", "1"]
+
+
+def test_row_products_split_over_threads_equal_one_product():
+    """A Aᵀ as k column slabs on k threads with single-threaded BLAS (kernels.cka._row_products)
+    equals the single product (to float64 rounding), for an A long enough to be split."""
+    from repsim.kernels.cka import _row_products
+
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((7, 50_003))
+    want = A @ A.T
+    with threadpool_limits(limits=2, user_api="blas"):
+        if blas_threads() != 2:
+            pytest.skip("this BLAS does not take a thread count")
+        got = _row_products(A, np)
+        assert blas_threads() == 2  # the budget is handed back
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
+    with threadpool_limits(limits=1, user_api="blas"):
+        np.testing.assert_allclose(_row_products(A, np), want, rtol=1e-12, atol=1e-9)

@@ -427,3 +427,21 @@ def test_cuda_device_matches_cpu(two_stores):
     for key in cpu:
         assert res[key]["sparsity"] == cpu[key]["sparsity"]
         assert res[key]["separation"]["cosine"] == pytest.approx(cpu[key]["separation"]["cosine"], rel=1e-4)
+
+
+def test_readers_run_ahead_within_the_byte_budget():
+    """The host readers queue loads ahead of the batch being updated: at least 4 × threads (and
+    prefetch), more while the reduced columns fit AHEAD_BYTES (b·min(p, 4b) float64 per batch)."""
+    from repsim.engine.blocks import Column, Group
+    from repsim.engine.minibatch import AHEAD_BYTES, _read_ahead
+
+    spec = {"prefetch": 2, "threads": 2, "spatial": "flatten"}
+    groups = [Group(np.arange(2), [np.arange(256)])]
+    narrow = [Column("s", "p", f"l{i}", (64,), "float16", 256) for i in range(300)]
+    wide = [Column("s", "p", "w", (4096, 8, 8), "float16", 256)]  # reduced to its 256 x 256 Gram
+    assert _read_ahead(narrow, groups, spec) == AHEAD_BYTES // (256 * 64 * 8)  # a whole group and more
+    assert _read_ahead(narrow + wide, groups, spec) == AHEAD_BYTES // (256 * 1024 * 8)
+    huge = [Column("s", "p", "w", (4096, 8, 8), "float16", 256)]
+    big_groups = [Group(np.arange(40), [np.arange(6000)])]  # 6000-row batches: 6000 x 24000 float64 each
+    assert _read_ahead(huge, big_groups, spec) == 8  # the floor, 4 × threads
+    assert _read_ahead(huge, [], spec) == 8
