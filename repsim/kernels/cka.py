@@ -30,7 +30,7 @@ Implementation of one batch (:func:`batch_hsic`):
    R_l = K̃1 of the Gram with zeroed diagonal are summed from the same float64 copies. With NumPy
    the whole Gram is one SYRK (n²p FLOPs, half a GEMM) into a reused buffer when A holds every
    panel, else one GEMM per panel; a wide layer (p > 2·``GRAM_SLAB``, p >= 4n) becomes its
-   centred Gram first, slab by slab (:func:`centred_gram_slabs`), and enters as a
+   centred Gram first (:func:`centred_gram`, slab by slab), and enters as a
    :class:`CentredGram`.
 3. all pairs at once by Song's formula: tr(K̃L̃) = 2 A Aᵀ (symmetric product, a SYRK in NumPy),
    1ᵀK̃L̃1 = R Rᵀ, so H = [2 A Aᵀ + t tᵀ/((n-1)(n-2)) - 2/(n-2) R Rᵀ] / (n(n-3)) with t = R1;
@@ -224,20 +224,52 @@ def centred_gram_slabs(X: np.ndarray, dtype: Any) -> tuple[np.ndarray, float]:
 
 
 def _is_wide(shape: tuple[int, ...]) -> bool:
-    """A host layer whose centred Gram is formed slab by slab (:func:`centred_gram_slabs`): more
-    than two slabs of features and at least 4 features per example."""
+    """A host layer that enters :func:`batch_hsic` as its centred Gram (:func:`centred_gram`, formed
+    slab by slab): more than two slabs of features and at least 4 features per example."""
     p = math.prod(int(d) for d in shape[1:])
     return p > 2 * GRAM_SLAB and p >= 4 * shape[0]
 
 
 def check_gram(K: Any, xp: Any, mean_sq: float, what: str) -> None:
     """The checks of :func:`_prepare` on a centred Gram: NaN/inf anywhere in the layer make its trace
-    non-finite; a layer is constant when the trace is within the rounding of the mean."""
+    non-finite; a layer is constant when the trace is within the rounding of the mean (``mean_sq``
+    = ‖x̄‖², 0 when unknown: then a trace <= 0)."""
     tr = float(xp.sum(diagonal(K, xp)))
     if not math.isfinite(tr):
         raise ValueError(f"{what} contains NaN or infinite values")
     if tr <= constant_tolerance(K.shape[0], mean_sq):
         raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
+
+
+def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> CentredGram:
+    """The batch's centred Gram ``K_c = X_c X_cᵀ`` (b × b, float64), which is all that linear HSIC
+    sees of a layer: b² numbers instead of b·p, handed to ``MinibatchCKA.update`` as a
+    :class:`CentredGram`.
+
+    ``dtype`` (default :func:`gram_dtype` of ``x``; the engine passes it for the column) is the
+    precision of the products, with the rule of this module ("Precision and error bound"): X is
+    centred with float64 means and rounded once to ``dtype``, products are summed in ``dtype``
+    over feature slabs of at most ``GRAM_SLAB`` and the slabs in float64; K_c is float64.
+    NaN or infinite values make tr(K_c) non-finite: ``ValueError`` naming ``what``; so does a
+    layer that is constant over the batch (tr(K_c) within the rounding of the mean,
+    :func:`constant_tolerance`).
+    """
+    X = xp.reshape(x, (x.shape[0], -1))
+    if dtype is None:
+        dtype = gram_dtype(X.dtype, xp)
+    if isinstance(X, np.ndarray) and X.shape[1] > 2 * GRAM_SLAB:
+        K, mean_sq = centred_gram_slabs(X, dtype)
+    else:
+        fresh = X.dtype != dtype
+        X = _astype(X, dtype, xp) if fresh else X
+        with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN input: reported below, by name
+            X, mean = centre_rounded(X, xp, dtype, fresh=fresh)
+        K = gram64(X, X, xp)
+        K = K if K.dtype == xp.float64 else _astype(K, xp.float64, xp)
+        mean_sq = float(xp.sum(mean * mean))
+        del X
+    check_gram(K, xp, mean_sq, what)
+    return CentredGram(K)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -296,11 +328,7 @@ def _prepare_gram(G: "CentredGram", xp: Any, n: int | None, what: str) -> "Centr
     """Validate a :class:`CentredGram` (the counterpart of :func:`_prepare`); K is kept as given."""
     if n is not None and G.shape[0] != n:
         raise ValueError(f"{what} has {G.shape[0]} examples, expected {n} (all layers must share examples)")
-    tr = float(xp.sum(diagonal(G.K, xp)))
-    if not math.isfinite(tr):
-        raise ValueError(f"{what} contains NaN or infinite values")
-    if tr <= 0:
-        raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
+    check_gram(G.K, xp, 0.0, what)  # no mean is known: constant means a trace <= 0
     return G
 
 
@@ -420,7 +448,7 @@ def _gram_block(Xc: Any, a: int, b: int, c: int, e: int, xp: Any,
 
 
 class _BufferCache:
-    """The triangle buffer A of the last batch, kept for the next one (NumPy).
+    """The buffer A of the last batch, kept for the next one (NumPy).
 
     A is the largest temporary of a batch (L × ~n²/2 float64: 111 MB at L = 64, n = 600), and a
     fresh one costs more than filling it: its pages fault in and are zeroed on first touch, and
@@ -469,7 +497,7 @@ _MASK_CACHE: dict[tuple, Any] = {}
 
 
 def _panel_mask(xp: Any, ref: Any, r: int, width: int) -> Any:
-    """(r, width) float64 mask of a row panel U(K)[a:a+r, a:]: 0 on and below the diagonal of its
+    """(r, width) float64 mask of a row panel K[a:a+r, a:]: 0 on and below the diagonal of its
     leading r × r block (pairs i >= j), 1 elsewhere (the pairs i < j the panel owns)."""
     key = (xp.__name__, str(getattr(ref, "device", "")), r, width)
     mask = _MASK_CACHE.get(key)
@@ -518,7 +546,6 @@ def _write_panels(A: Any, l_: int, Xc: Any, group: list[tuple[int, int, int]], w
     if host and not isinstance(Xc, CentredGram) and group[0][0] == 0 and group[-1][1] == n:
         whole = gram64(Xc, Xc, np, scratch, "gram")  # every panel: one SYRK (Xc Xcᵀ of one buffer)
     sums = xp.zeros((n,), dtype=xp.float64) if want_sums else None
-    ref = Xc.K if isinstance(Xc, CentredGram) else Xc
     off = 0
     for a, b, k in group:
         r = b - a
@@ -529,7 +556,7 @@ def _write_panels(A: Any, l_: int, Xc: Any, group: list[tuple[int, int, int]], w
             V[:, r:] = G[:, r:]
         else:
             V = xp.astype(_gram_block(Xc, a, b, a, n, xp), xp.float64, copy=True)
-            V = V * _panel_mask(xp, ref, r, n - a)
+            V = V * _panel_mask(xp, V, r, n - a)
             A[l_, off:off + k] = xp.reshape(V, (-1,))
         if sums is not None and host:  # float64 GEMVs: ~2x numpy's axis sums here
             sums[a:b] += V @ np.ones(n - a)
@@ -597,13 +624,10 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
             elif centred:
                 Xc, d = X, (sq_norms64(X, xp) if not debiased else None)
             elif host and X.ndim >= 2 and _is_wide(X.shape):  # p ≫ n: its centred Gram, in one pass
-                dt = gram_dtype(X.dtype, xp, compute_dtype)
-                K, mean_sq = centred_gram_slabs(flatten_examples(X, xp, None, names[l_]), dt)
-                if K.shape[0] != n:
-                    raise ValueError(f"{names[l_]} has {K.shape[0]} examples, expected {n} (all layers must share examples)")
-                check_gram(K, xp, mean_sq, names[l_])
-                Xc = CentredGram(K)
-                d = diagonal(K, xp) if not debiased else None
+                if X.shape[0] != n:
+                    raise ValueError(f"{names[l_]} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
+                Xc = centred_gram(X, xp, names[l_], gram_dtype(X.dtype, xp, compute_dtype))
+                d = diagonal(Xc.K, xp) if not debiased else None
             else:
                 Xc, d = _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), n, names[l_], scratch)
             if not debiased:
