@@ -40,10 +40,14 @@ sys.path.append(str(ROOT))  # run from a checkout without installing
 from extract import extract_store  # noqa: E402
 
 
-def forward_only(model, dataset, batch_size: int, workers: int, device: str) -> tuple[float, float]:
-    """(wall s, process CPU s) to push the dataset through ``model`` with the extractor's loader settings."""
+def forward_only(model, dataset, batch_size: int, workers: int, device: str,
+                 channels_last: bool = False) -> tuple[float, float]:
+    """(wall s, process CPU s) to push the dataset through ``model`` with the extractor's loader
+    settings, in the memory format the extraction uses (``channels_last``: NHWC weights and batches)."""
     from torch.utils.data import DataLoader
 
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=fmt)
     dev = torch.device(device)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=workers,
                         pin_memory=dev.type == "cuda")
@@ -51,7 +55,7 @@ def forward_only(model, dataset, batch_size: int, workers: int, device: str) -> 
     t0, c0 = time.perf_counter(), time.process_time()
     with torch.inference_mode(), amp:
         for x, _ in loader:
-            model(x.to(dev, non_blocking=True))
+            model(x.to(dev, non_blocking=True).contiguous(memory_format=fmt))
     if dev.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - t0, time.process_time() - c0
@@ -80,10 +84,16 @@ def measure(label: str, model, dataset, *, batch_size: int, workers: int, device
     of these paired ratios is reported next to the ratio of the best times."""
     if ONLY and not any(o in label for o in ONLY):
         return None
+    from extract.pipeline import _resolve_memory_format
+
     model = model.to(device).eval()
+    cl = _resolve_memory_format(kw.get("memory_format"), model, dataset[0][0]) == "channels_last"
+    # the contiguous forward (how the model runs as written), for the gain of the layout alone
     forward_only(model, dataset, batch_size, workers, device)  # warm-up (allocator, oneDNN kernels)
+    contiguous = min(forward_only(model, dataset, batch_size, workers, device)[0] for _ in range(2))
+    forward_only(model, dataset, batch_size, workers, device, cl)  # warm-up in the extraction's layout
     fwds, ext, fwd_cpu, ext_cpu = [], [], [], []
-    wall, cpu = forward_only(model, dataset, batch_size, workers, device)
+    wall, cpu = forward_only(model, dataset, batch_size, workers, device, cl)
     fwds.append(wall)
     fwd_cpu.append(cpu)
     for r in range(repeats):
@@ -93,7 +103,7 @@ def measure(label: str, model, dataset, *, batch_size: int, workers: int, device
                               progress=False, **kw)
         ext.append(time.perf_counter() - t0)
         ext_cpu.append(time.process_time() - c0)
-        wall, cpu = forward_only(model, dataset, batch_size, workers, device)
+        wall, cpu = forward_only(model, dataset, batch_size, workers, device, cl)
         fwds.append(wall)
         fwd_cpu.append(cpu)
         if r < repeats - 1:
@@ -107,7 +117,8 @@ def measure(label: str, model, dataset, *, batch_size: int, workers: int, device
         "label": label, "n": n, "batch_size": batch_size, "workers": workers, "device": device,
         "layers": store.layers, "spatial": kw.get("spatial", "flatten"), "dtype": kw.get("dtype", "float16"),
         "compression_codec": kw.get("compression", "zstd"),
-        "chunk_rows": store.chunk_rows, "forward_s": fwd, "extract_s": min(ext),
+        "chunk_rows": store.chunk_rows, "memory_format": store.attrs["extraction"]["memory_format"],
+        "forward_s": fwd, "forward_contiguous_s": contiguous, "extract_s": min(ext),
         "ratio": float(np.median(paired)), "ratio_of_best": min(ext) / fwd,
         "cpu_ratio": float(np.median(paired_cpu)), "paired_ratios": paired,
         "forward_runs_s": fwds, "extract_runs_s": ext, "forward_cpu_s": fwd_cpu, "extract_cpu_s": ext_cpu,
@@ -116,7 +127,8 @@ def measure(label: str, model, dataset, *, batch_size: int, workers: int, device
         "store_stored_mb": sum(c["stored_mb"] for c in comp.values()),
         "compression": comp,
     }
-    print(f"{label}: n={n} batch={batch_size} forward {fwd:.2f} s, extract {min(ext):.2f} s (best); "
+    print(f"{label}: n={n} batch={batch_size} forward {fwd:.2f} s ({res['memory_format']}; contiguous "
+          f"{contiguous:.2f} s), extract {min(ext):.2f} s (best); "
           f"paired ratio {res['ratio']:.2f} (runs {', '.join(f'{x:.2f}' for x in paired)}), CPU-time ratio "
           f"{res['cpu_ratio']:.2f}; store {res['store_uncompressed_mb']:.1f} MiB -> {res['store_stored_mb']:.1f} MiB",
           flush=True)
@@ -183,10 +195,13 @@ def write_results(results: list[dict], cmd: str) -> None:
              "the same loader batches through the model with nothing captured. Runs alternate forward, extract, "
              "forward, ...; ratio = median over extractions of extract / mean(forward before, forward after). "
              "Goal: ratio <= 1.2.", "",
-             "| configuration | n | batch | best forward s | best extract s | ratio (wall, paired median) | ratio of best times | ratio (process CPU time) | img/s | store MiB (raw -> stored) |",
+             "Forward and extraction run in the memory format extraction picks (`--memory-format auto`: "
+             "channels_last for conv nets); the contiguous column is the same forward with the model as written.", "",
+             "| configuration | n | batch | best forward s (contiguous) | best extract s | ratio (wall, paired median) | ratio of best times | ratio (process CPU time) | img/s | store MiB (raw -> stored) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"| {r['label']} ({r['device']}) | {r['n']} | {r['batch_size']} | {r['forward_s']:.2f} | "
+        lines.append(f"| {r['label']} ({r['device']}) | {r['n']} | {r['batch_size']} | {r['forward_s']:.2f} "
+                     f"{r.get('memory_format', 'contiguous')} ({r.get('forward_contiguous_s', r['forward_s']):.2f}) | "
                      f"{r['extract_s']:.2f} | **{r['ratio']:.2f}** | {r['ratio_of_best']:.2f} | {r['cpu_ratio']:.2f} | {r['extract_img_per_s']:.0f} | "
                      f"{r['store_uncompressed_mb']:.1f} -> {r['store_stored_mb']:.1f} |")
     lines += ["", "Compression ratio per layer (uncompressed / stored, float16 + zstd level 1 unless the row says "

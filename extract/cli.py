@@ -87,6 +87,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--amp", default="auto", choices=("auto", "off", "float16", "bfloat16"),
                         help="autocast dtype for the forward pass (auto: float16 on CUDA, off on CPU)")
+    parser.add_argument("--memory-format", default="auto", choices=("auto", "channels_last", "contiguous"),
+                        help="memory layout of the weights and image batches (auto: channels_last for conv nets, "
+                             "the layout of the fast CPU/GPU convolution kernels; a store resumes only with its own)")
     parser.add_argument("--overwrite", action="store_true", help="replace existing stores instead of resuming")
     parser.add_argument("--no-space-check", action="store_true",
                         help="do not refuse when the uncompressed size estimate exceeds the free disk space")
@@ -156,6 +159,7 @@ def run(args) -> int:
         overwrite=args.overwrite, check_space=not args.no_space_check, progress=args.progress,
         order=args.order, order_seed=args.order_seed, compression=args.compression,
         tokens=args.tokens, image_size=args.image_size, max_length=args.max_length,
+        memory_format=args.memory_format,
     )
     try:
         jobs = _jobs(getattr(args, "jobs", None), len(checkpoints), args.device, started)

@@ -33,6 +33,14 @@ def to_device(x: Any, device: torch.device, non_blocking: bool = False) -> Any:
     return x.to(device, non_blocking=non_blocking)
 
 
+def in_memory_format(x: Any, channels_last: bool) -> Any:
+    """An image batch ``(N, C, H, W)`` in channels-last memory (NHWC strides, same shape and values)
+    when ``channels_last``; anything else unchanged."""
+    if channels_last and isinstance(x, torch.Tensor) and x.ndim == 4:
+        return x.contiguous(memory_format=torch.channels_last)
+    return x
+
+
 def forward(model: nn.Module, x: Any) -> Any:
     """``model(**x)`` for token dicts, ``model(x)`` for images."""
     return model(**x) if is_text(x) else model(x)

@@ -45,7 +45,8 @@ from torch import nn
 
 from .adapt import adapt_dataset
 from .capture import FLOAT16_OVERFLOW, Capture, Spatial, Tokens
-from .inputs import attention_mask, batch_of_one, check_example, default_tokens, forward, shape_of, to_device
+from .inputs import (attention_mask, batch_of_one, check_example, default_tokens, forward, in_memory_format, shape_of,
+                     to_device)
 from .layers import head_module, is_classic, layer_modules, model_layout, select_layers
 from .sources import example_ids, head_weights, load_dataset, load_source
 
@@ -103,6 +104,28 @@ def _resolve_amp(amp: str | None, device: torch.device) -> torch.dtype | None:
     if amp not in AMP_DTYPES:
         raise ExtractError(f"extract: --amp must be auto, off, float16 or bfloat16, got {amp!r}")
     return AMP_DTYPES[amp]
+
+
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+
+
+def _resolve_memory_format(requested: str | None, net: nn.Module, x0: Any) -> str:
+    """``channels_last`` or ``contiguous``: the memory layout of the model's 4-D weights and of the
+    image batches during extraction.  ``auto``: channels-last for image models with 2-D convolutions
+    (NHWC is the layout oneDNN's and cuDNN's fast convolution kernels use: torchvision ResNets run
+    1.2-1.75x faster on CPU, bench/RESULTS.md "extract_throughput"), contiguous otherwise.  Values
+    are the same up to float rounding (other summation orders), so it is a resume setting."""
+    requested = "auto" if requested is None else str(requested)
+    if requested not in MEMORY_FORMATS:
+        raise ExtractError(f"extract: --memory-format must be one of {', '.join(MEMORY_FORMATS)}, got {requested!r}")
+    images = isinstance(x0, torch.Tensor) and x0.ndim == 3
+    if requested == "channels_last" and not images:
+        raise ExtractError("extract: --memory-format channels_last needs image inputs (C, H, W); this dataset "
+                           f"yields {shape_of(x0)}")
+    if requested == "auto":
+        has_conv = any(isinstance(m, nn.Conv2d) for m in net.modules())
+        return "channels_last" if images and has_conv else "contiguous"
+    return requested
 
 
 def _human(nbytes: float) -> str:
@@ -186,6 +209,7 @@ def extract_store(
     tokens: str | None = None,
     image_size: int | None = None,
     max_length: int | None = None,
+    memory_format: str = "auto",
 ):
     """Extract ``model``'s layers over ``data`` into the Zarr store ``out``; returns the opened store.
 
@@ -208,6 +232,9 @@ def extract_store(
     ``compression``: ``zstd`` (default, level 1) or ``none`` for the layer arrays: uncompressed
     chunks take no CPU to write (or read), at 1.5-2x the disk space of post-ReLU float16 — the
     choice for full conv maps on a machine with few cores and a fast disk (bench/RESULTS.md).
+    ``memory_format``: ``auto`` (default: channels-last for image models with 2-D convolutions, the
+    layout of the fast CPU and GPU convolution kernels), ``channels_last`` or ``contiguous``; the
+    stored values are the same up to float rounding, so a store resumes only with its own setting.
     ``order``: ``shuffled`` (default) writes rows in the fixed pseudo-random permutation
     ``default_rng(order_seed).permutation(n)`` of the dataset (``example_ids`` record each row's
     dataset index); ``dataset`` keeps dataset order. Every store of one dataset written with the same
@@ -234,92 +261,114 @@ def extract_store(
     amp_dtype = _resolve_amp(amp, dev)
     store_dtype = DTYPES[dtype]
 
-    loaded = load_source(model)
-    net, mmeta = loaded.model, loaded.meta
-    dataset, dmeta = load_dataset(data, split, data_root, net, loaded.tokenizer, max_length)
-    n = len(dataset)
-    if n < 1:
-        raise ExtractError("extract: the dataset is empty")
-    dataset, dmeta = adapt_dataset(dataset, dmeta, loaded, image_size)
-    dmeta["n"] = n
-    if order not in ("shuffled", "dataset"):
-        raise ExtractError(f"extract: --order must be 'shuffled' or 'dataset', got {order!r}")
-    dmeta["order"] = f"shuffled(seed={order_seed})" if order == "shuffled" else "dataset"
-    net = net.to(dev).eval()
-    registry = layer_modules(net)
-    chosen = select_layers(registry, layers, (q for q, _ in net.named_modules()))
-    hooked = {**chosen, **({"logits": registry["logits"]} if "logits" in registry else {})}
-    x0, y0 = dataset[0]
-    check_example(x0)
-    if np.ndim(y0) > 1:
-        raise ExtractError(f"extract: labels must be ints or (K,) multi-label vectors, got shape {tuple(np.shape(y0))}")
-    label_dim = None if np.ndim(y0) == 0 else int(np.shape(y0)[0])  # (K,) targets: a multi-label store
-    tokens_ = Tokens.parse(tokens or default_tokens(x0))
-    layout = model_layout(net)
+    given = model if isinstance(model, nn.Module) else None  # the caller's module: put back as it was
+    fmt = "contiguous"
+    try:
+        loaded = load_source(model)
+        net, mmeta = loaded.model, loaded.meta
+        dataset, dmeta = load_dataset(data, split, data_root, net, loaded.tokenizer, max_length)
+        n = len(dataset)
+        if n < 1:
+            raise ExtractError("extract: the dataset is empty")
+        dataset, dmeta = adapt_dataset(dataset, dmeta, loaded, image_size)
+        dmeta["n"] = n
+        if order not in ("shuffled", "dataset"):
+            raise ExtractError(f"extract: --order must be 'shuffled' or 'dataset', got {order!r}")
+        dmeta["order"] = f"shuffled(seed={order_seed})" if order == "shuffled" else "dataset"
+        net = net.to(dev).eval()
+        registry = layer_modules(net)
+        chosen = select_layers(registry, layers, (q for q, _ in net.named_modules()))
+        hooked = {**chosen, **({"logits": registry["logits"]} if "logits" in registry else {})}
+        x0, y0 = dataset[0]
+        check_example(x0)
+        if np.ndim(y0) > 1:
+            raise ExtractError("extract: labels must be ints or (K,) multi-label vectors, got shape "
+                               f"{tuple(np.shape(y0))}")
+        label_dim = None if np.ndim(y0) == 0 else int(np.shape(y0)[0])  # (K,) targets: a multi-label store
+        tokens_ = Tokens.parse(tokens or default_tokens(x0))
+        layout = model_layout(net)
+        fmt = _resolve_memory_format(memory_format, net, x0)
 
-    plan = _plan(net, x0, registry, chosen, hooked, spatial_, tokens_, layout, dtype, dev, amp_dtype,
-                 batch_size, chunk_rows, n, label_dim)
-    plan.settings = {
-        "layers": list(chosen), "spatial": str(spatial_), "tokens": str(tokens_), "dtype": dtype,
-        "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
-        "batch_size": batch_size, "chunk_rows": plan.chunk_rows, "device_type": dev.type,
-        "order": dmeta["order"],
-    }
-    full_meta = {
-        **(meta or {}),
-        "model": {**mmeta, **(meta or {}).get("model", {})},
-        "dataset": {**dmeta, **(meta or {}).get("dataset", {})},
-        "extraction": {
-            **plan.settings, "module_names": hooked, "layout": layout, "world_size": world,
-            "torch": torch.__version__, "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-            "compression": compression,
-        },
-    }
-    out = Path(out)
+        def plan_in(fmt: str) -> Plan:
+            nonlocal net
+            net = net.to(memory_format=torch.channels_last if fmt == "channels_last" else torch.contiguous_format)
+            return _plan(net, x0, registry, chosen, hooked, spatial_, tokens_, layout, dtype, dev, amp_dtype,
+                         batch_size, chunk_rows, n, label_dim, channels_last=fmt == "channels_last")
 
-    def row_ids() -> np.ndarray:  # the example id of every store row, in this run's order
-        return example_ids(reorder_rows(dataset, n, order, order_seed), n)
-
-    # rank 0 prepares the store; the others learn the pending chunks (or the error) from it
-    status: list[Any] = [None, None]
-    error: Exception | None = None
-    if rank == 0:
         try:
-            status = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store, row_ids)
-        except Exception as exc:  # noqa: BLE001 - forwarded to the other ranks, then re-raised
-            if world == 1:
+            plan = plan_in(fmt)
+        except ExtractError:
+            if fmt == "contiguous" or memory_format not in (None, "auto"):
                 raise
-            status, error = ["error", f"{type(exc).__name__}: {exc}"], exc
-    if world > 1:
-        torch.distributed.broadcast_object_list(status, src=0)
-    kind, payload = status
-    if error is not None:
-        raise error
-    if kind == "error":
-        raise ExtractError(f"extract: rank 0 could not prepare {out}: {payload}")
-    if kind == "complete":
-        return open_store(str(out))
-    pending: list[int] = payload
-    mine = pending[rank::world]
+            # a model that reshapes its activations with .view() fails on NHWC strides: run it as it was written
+            fmt = "contiguous"
+            plan = plan_in(fmt)
+        plan.settings = {
+            "layers": list(chosen), "spatial": str(spatial_), "tokens": str(tokens_), "dtype": dtype,
+            "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
+            "batch_size": batch_size, "chunk_rows": plan.chunk_rows, "device_type": dev.type,
+            "order": dmeta["order"], "memory_format": fmt,
+        }
+        full_meta = {
+            **(meta or {}),
+            "model": {**mmeta, **(meta or {}).get("model", {})},
+            "dataset": {**dmeta, **(meta or {}).get("dataset", {})},
+            "extraction": {
+                **plan.settings, "module_names": hooked, "layout": layout, "world_size": world,
+                "torch": torch.__version__, "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+                "compression": compression,
+            },
+        }
+        out = Path(out)
 
-    writer = StoreWriter.open(str(out))
-    dataset = reorder_rows(dataset, n, order, order_seed)
-    ids = example_ids(dataset, n)
-    t0 = time.perf_counter()
-    _run(net, dataset, writer, mine, plan, hooked, chosen, spatial_, tokens_, layout, store_dtype, dev, amp_dtype,
-         batch_size, workers, write_threads, overlap, ids, progress, rank)
-    if world > 1:
-        torch.distributed.barrier()
-    if rank == 0:
-        head = head_weights(net, plan.head) if plan.head else None
-        if head is not None:
-            writer.set_head(*head)
-        store = writer.finalize()
-        dt = time.perf_counter() - t0
-        _msg(f"wrote {out} ({len(pending)} chunks, {n} examples) in {dt:.1f} s")
-    if world > 1:
-        torch.distributed.barrier()
-    return store if rank == 0 else open_store(str(out))
+        def row_ids() -> np.ndarray:  # the example id of every store row, in this run's order
+            return example_ids(reorder_rows(dataset, n, order, order_seed), n)
+
+        # rank 0 prepares the store; the others learn the pending chunks (or the error) from it
+        status: list[Any] = [None, None]
+        created = None  # the writer rank 0 created the store with (reused: no second open)
+        error: Exception | None = None
+        if rank == 0:
+            try:
+                status, created = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store,
+                                           row_ids)
+            except Exception as exc:  # noqa: BLE001 - forwarded to the other ranks, then re-raised
+                if world == 1:
+                    raise
+                status, error = ["error", f"{type(exc).__name__}: {exc}"], exc
+        if world > 1:
+            torch.distributed.broadcast_object_list(status, src=0)
+        kind, payload = status
+        if error is not None:
+            raise error
+        if kind == "error":
+            raise ExtractError(f"extract: rank 0 could not prepare {out}: {payload}")
+        if kind == "complete":
+            return open_store(str(out))
+        pending: list[int] = payload
+        mine = pending[rank::world]
+
+        writer = created if created is not None else StoreWriter.open(str(out))
+        dataset = reorder_rows(dataset, n, order, order_seed)
+        ids = example_ids(dataset, n)
+        t0 = time.perf_counter()
+        _run(net, dataset, writer, mine, plan, hooked, chosen, spatial_, tokens_, layout, store_dtype, dev, amp_dtype,
+             batch_size, workers, write_threads, overlap, ids, progress, rank, channels_last=fmt == "channels_last")
+        if world > 1:
+            torch.distributed.barrier()
+        if rank == 0:
+            head = head_weights(net, plan.head) if plan.head else None
+            if head is not None:
+                writer.set_head(*head)
+            store = writer.finalize()
+            dt = time.perf_counter() - t0
+            _msg(f"wrote {out} ({len(pending)} chunks, {n} examples) in {dt:.1f} s")
+        if world > 1:
+            torch.distributed.barrier()
+        return store if rank == 0 else open_store(str(out))
+    finally:
+        if given is not None and fmt == "channels_last":
+            given.to(memory_format=torch.contiguous_format)
 
 
 class _Reordered(torch.utils.data.Dataset):
@@ -347,9 +396,10 @@ def reorder_rows(dataset, n: int, order: str, seed: int):
 
 
 def _plan(net, x0, registry, chosen, hooked, spatial, tokens, layout, dtype, dev, amp_dtype, batch_size,
-          chunk_rows, n, label_dim=None) -> Plan:
+          chunk_rows, n, label_dim=None, channels_last: bool = False) -> Plan:
     """Shapes of every layer from one forward pass on the first example ``x0`` (``label_dim``: K for
-    multi-label targets, None for one class per example).
+    multi-label targets, None for one class per example; ``channels_last``: the example is fed in
+    NHWC memory, as the batches will be).
 
     ``logits`` are stored float32 at the root (always, when the model has a head) and, when
     selected, also as the float32 layer ``layers/logits`` so that layer-wise analyses (CKA across
@@ -359,7 +409,7 @@ def _plan(net, x0, registry, chosen, hooked, spatial, tokens, layout, dtype, dev
     from repsim.store.format import default_chunk_rows as store_chunk_rows
 
     probe_taps = {**hooked, **({"pool": registry["pool"]} if "pool" in registry else {})}
-    cap = _probe(net, batch_of_one(x0), probe_taps, spatial, tokens, layout, dev, amp_dtype)
+    cap = _probe(net, batch_of_one(x0), probe_taps, spatial, tokens, layout, dev, amp_dtype, channels_last)
     logits_dim = None
     if "logits" in hooked:
         logits_shape = tuple(cap.probe["logits"].shape[1:])
@@ -407,13 +457,13 @@ def _verified_head(net, registry, probe: dict[str, torch.Tensor]) -> str | None:
     return head if torch.allclose(pool @ W.T + b, logits, rtol=1e-2, atol=1e-2 * scale) else None
 
 
-def _probe(net, x, hooked, spatial, tokens, layout, dev, amp_dtype) -> Capture:
+def _probe(net, x, hooked, spatial, tokens, layout, dev, amp_dtype, channels_last: bool = False) -> Capture:
     """Layer outputs for one example (a real forward pass: meta-device shape inference would import
     torch's compiler stack, ~2 s, and not every head runs on the meta device)."""
     with Capture(net, hooked, spatial, torch.float32, tokens, layout) as cap, torch.inference_mode(), \
             _autocast(dev, amp_dtype):
         cap.begin_batch()
-        xb = to_device(x, dev)
+        xb = in_memory_format(to_device(x, dev), channels_last)
         cap.mask = attention_mask(xb)
         try:
             forward(net, xb)
@@ -433,12 +483,12 @@ def _probe(net, x, hooked, spatial, tokens, layout, dev, amp_dtype) -> Capture:
 # them match (a rerun with any other value would write its remaining chunks differently).
 RESUME_KEYS: dict[str, tuple[str, ...]] = {
     "extraction": ("layers", "spatial", "tokens", "dtype", "amp", "batch_size", "chunk_rows", "device_type",
-                   "compression", "order"),
+                   "compression", "order", "memory_format"),
     "model": ("arch", "checkpoint_sha256", "weights_sha256"),
     "dataset": ("name", "split", "n", "transform", "order"),
 }
 # what a store written before a key existed recorded implicitly
-_IMPLIED = {"compression": "zstd", "order": "dataset", "tokens": "flatten"}
+_IMPLIED = {"compression": "zstd", "order": "dataset", "tokens": "flatten", "memory_format": "contiguous"}
 
 
 def _compatible(attrs: dict, meta: dict) -> list[str]:
@@ -465,10 +515,13 @@ def _same_rows(store, ids: np.ndarray) -> str | None:
 
 
 def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bool, StoreWriter, open_store,
-             row_ids: Callable[[], np.ndarray]) -> list:
+             row_ids: Callable[[], np.ndarray]) -> tuple[list, Any]:
     """Create, resume or skip the store; print the size estimate; refuse when the disk is short.
-    ``row_ids()``: the example ids this run writes, row by row (compared with a resumed store's)."""
+    ``row_ids()``: the example ids this run writes, row by row (compared with a resumed store's).
+    Returns (status, writer): status ``["complete", None]`` or ``["pending", chunks]`` (what rank 0
+    broadcasts), and the ``StoreWriter`` it created or opened (None when complete)."""
     pending: range | list[int] = range(plan.n_chunks)
+    created = None
     if out.exists() and not overwrite:
         store = open_store(str(out), allow_incomplete=True)
         diffs = _compatible(store.attrs, meta)
@@ -485,8 +538,9 @@ def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bo
             )
         if store.complete:
             _msg(f"{out} is already complete; nothing to do (--overwrite recomputes it)")
-            return ["complete", None]
-        pending = StoreWriter.open(str(out)).pending()
+            return ["complete", None], None
+        created = StoreWriter.open(str(out))
+        pending = created.pending()
         _msg(f"resuming {out}: {plan.n_chunks - len(pending)} of {plan.n_chunks} chunks already written")
     rows = plan.n if isinstance(pending, range) else sum(min(plan.n, (c + 1) * plan.chunk_rows) - c * plan.chunk_rows for c in pending)
     need = plan.row_bytes * rows
@@ -503,12 +557,12 @@ def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bo
             "float16, or pass --no-space-check to rely on compression"
         )
     if not out.exists() or overwrite:
-        StoreWriter.create(
+        created = StoreWriter.create(
             str(out), n=plan.n, layers=plan.layers, chunk_rows=plan.chunk_rows,
             logits_dim=plan.logits_dim, meta=meta, overwrite=overwrite,
             compression=meta["extraction"].get("compression", "zstd"), label_dim=plan.label_dim,
         )
-    return ["pending", list(pending)]
+    return ["pending", list(pending)], created
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -530,7 +584,7 @@ def _batches(chunks: list[int], rows: int, batch_size: int, n: int) -> list[tupl
 
 
 def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, layout, store_dtype, dev, amp_dtype,
-         batch_size, workers, write_threads, overlap, ids, progress, rank) -> None:
+         batch_size, workers, write_threads, overlap, ids, progress, rank, channels_last: bool = False) -> None:
     from torch.utils.data import DataLoader
 
     if not chunks:
@@ -658,7 +712,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
                 buf.labels[off: off + hi - lo] = np.asarray(y, dtype=buf.labels.dtype)
                 cap.target = (buf.layers, off, off + hi - lo)
                 cap.begin_batch()
-                xb = to_device(x, dev, non_blocking=cuda)
+                xb = in_memory_format(to_device(x, dev, non_blocking=cuda), channels_last)
                 cap.mask = attention_mask(xb)
                 forward(net, xb)
                 cap.end_batch()

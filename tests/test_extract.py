@@ -68,8 +68,11 @@ def digits():
     return build_dataset("digits", "test")
 
 
-def _reference(model, dataset, batch_size: int) -> dict[str, np.ndarray]:
-    """Direct forward passes with plain hooks, batches [0:b], [b:2b], ...: every registry layer."""
+def _reference(model, dataset, batch_size: int, channels_last: bool = False) -> dict[str, np.ndarray]:
+    """Direct forward passes with plain hooks, batches [0:b], [b:2b], ...: every registry layer
+    (``channels_last``: weights and batches in NHWC memory, as extraction runs conv nets by default)."""
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=fmt)
     modules = dict(model.named_modules())
     got: dict[str, list] = {name: [] for name in layer_modules(model)}
     handles = [
@@ -79,7 +82,7 @@ def _reference(model, dataset, batch_size: int) -> dict[str, np.ndarray]:
     x = torch.stack([dataset[i][0] for i in range(len(dataset))])
     with torch.inference_mode():
         for lo in range(0, len(x), batch_size):
-            model(x[lo: lo + batch_size])
+            model(x[lo: lo + batch_size].contiguous(memory_format=fmt))
     for h in handles:
         h.remove()
     return {name: torch.cat(v).numpy() for name, v in got.items()}
@@ -108,11 +111,15 @@ def test_schema_and_values_equal_direct_forward(ckpts, digits, tmp_path):
     model = load_model(ckpts[0])
     n = len(digits)
     perm = np.random.default_rng(0).permutation(n)  # default row order: fixed seeded permutation
-    ref = _reference(model, torch.utils.data.Subset(digits, perm), 32)
+    refs = {fmt: _reference(model, torch.utils.data.Subset(digits, perm), 32, channels_last=fmt == "channels_last")
+            for fmt in ("contiguous", "channels_last")}
     s32 = extract_store(ckpts[0], "digits", tmp_path / "f32.zarr", split="test", dtype="float32",
-                        batch_size=32, chunk_rows=64, **FAST)
+                        batch_size=32, chunk_rows=64, memory_format="contiguous", **FAST)
     s16 = extract_store(ckpts[0], digits, tmp_path / "f16.zarr", split="test", batch_size=32, chunk_rows=64, **FAST)
+    assert s32.attrs["extraction"]["memory_format"] == "contiguous"
+    assert s16.attrs["extraction"]["memory_format"] == "channels_last"  # the default for a conv net
     for store, dt in ((s32, np.float32), (s16, np.float16)):
+        ref = refs[store.attrs["extraction"]["memory_format"]]
         assert store.complete and store.n == n and store.chunk_rows == 64
         assert store.layers == BLOCKS + ["pool", "logits"]
         np.testing.assert_array_equal(store.example_ids, np.asarray(digits.example_ids)[perm])
@@ -151,7 +158,7 @@ def test_schema_and_values_equal_direct_forward(ckpts, digits, tmp_path):
 
 def test_dataset_order_keeps_rows_in_dataset_order(ckpts, digits, tmp_path):
     model = load_model(ckpts[0])
-    ref = _reference(model, digits, 32)
+    ref = _reference(model, digits, 32, channels_last=True)  # extraction's default for a conv net
     store = extract_store(ckpts[0], digits, tmp_path / "ordered.zarr", split="test", dtype="float32",
                           batch_size=32, chunk_rows=64, layers="pool", order="dataset", **FAST)
     np.testing.assert_array_equal(store.example_ids, digits.example_ids)
@@ -164,7 +171,7 @@ def test_dataset_order_keeps_rows_in_dataset_order(ckpts, digits, tmp_path):
 
 def test_spatial_reduction_and_layer_subset(ckpts, digits, tmp_path):
     model = load_model(ckpts[0])
-    ref = _reference(model, digits, 50)
+    ref = _reference(model, digits, 50, channels_last=True)  # extraction's default for a conv net
     common = dict(split="test", dtype="float32", batch_size=50, chunk_rows=100, order="dataset", **FAST)
     mean = extract_store(ckpts[0], digits, tmp_path / "mean.zarr", layers="block1,block1?,pool", spatial="mean", **common)
     assert mean.layers == ["block1"] + [f"block1{i}" for i in range(7)] + ["pool"]
@@ -383,6 +390,63 @@ def test_a_full_disk_is_one_line_and_the_store_stays_resumable(ckpts, tmp_path):
 
 
 # ----------------------------------------------------------------------------------- refusals
+
+
+class _ViewNet(torch.nn.Module):
+    """A conv net that flattens with ``.view`` (as older model code does): NHWC strides break it."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(4 * 8 * 8, 10)
+
+    def forward(self, x):
+        h = torch.relu(self.conv(x))
+        return self.fc(h.view(h.shape[0], -1))
+
+
+def test_memory_format_default_fallback_refusal_and_resume(ckpts, digits, tmp_path):
+    """channels_last by default for conv nets (values equal up to float rounding); a model that
+    cannot run NHWC falls back to contiguous under ``auto`` and is refused when it is asked for;
+    a store resumes only with its own memory format (stores from before the setting: contiguous)."""
+    cl = extract_store(ckpts[0], digits, tmp_path / "cl.zarr", batch_size=64, dtype="float32", **FAST)
+    co = extract_store(ckpts[0], digits, tmp_path / "co.zarr", batch_size=64, dtype="float32",
+                       memory_format="contiguous", **FAST)
+    assert (cl.attrs["extraction"]["memory_format"], co.attrs["extraction"]["memory_format"]) == (
+        "channels_last", "contiguous")
+    for name in cl.layers:
+        a, b = cl.layer(name).compute(), co.layer(name).compute()
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()), err_msg=name)
+    with pytest.raises(ExtractError, match="memory_format: store 'contiguous' vs now 'channels_last'"):
+        extract_store(ckpts[0], digits, tmp_path / "co.zarr", batch_size=64, dtype="float32", **FAST)
+    # a store written before the setting existed was contiguous
+    g = zarr.open_group(str(tmp_path / "co.zarr"), mode="r+")
+    g.attrs["extraction"] = {k: v for k, v in g.attrs["extraction"].items() if k != "memory_format"}
+    with pytest.raises(ExtractError, match="memory_format: store 'contiguous' vs now 'channels_last'"):
+        extract_store(ckpts[0], digits, tmp_path / "co.zarr", batch_size=64, dtype="float32", **FAST)
+    assert extract_store(ckpts[0], digits, tmp_path / "co.zarr", batch_size=64, dtype="float32",
+                         memory_format="contiguous", **FAST).complete
+
+    given = load_model(ckpts[0])  # a caller's module is run channels-last and handed back as it was
+    s = extract_store(given, digits, tmp_path / "given.zarr", layers="block1", batch_size=64, **FAST)
+    assert s.attrs["extraction"]["memory_format"] == "channels_last"
+    assert all(p.is_contiguous() for p in given.parameters())
+
+    torch.manual_seed(0)
+    net = _ViewNet().eval()
+    with pytest.raises(RuntimeError, match="view"):  # the premise: NHWC strides break .view here
+        net.to(memory_format=torch.channels_last)(torch.randn(2, 1, 8, 8).contiguous(memory_format=torch.channels_last))
+    s = extract_store(net, digits, tmp_path / "view.zarr", layers="conv", batch_size=64, dtype="float32", **FAST)
+    assert s.attrs["extraction"]["memory_format"] == "contiguous"
+    perm = np.random.default_rng(0).permutation(len(digits))  # the default row order
+    x = torch.stack([digits[int(i)][0] for i in perm[:64]])
+    with torch.inference_mode():
+        want = net.conv(x.contiguous()).numpy()
+    np.testing.assert_array_equal(s.read_chunk("conv", 0)[:64], want)
+    with pytest.raises(ExtractError, match="model failed on the first example"):
+        extract_store(net, digits, tmp_path / "view2.zarr", layers="conv", memory_format="channels_last", **FAST)
+    with pytest.raises(ExtractError, match="--memory-format must be one of"):
+        extract_store(net, digits, tmp_path / "view3.zarr", layers="conv", memory_format="nhwc", **FAST)
 
 
 def test_float16_overflow_is_refused_naming_the_layer(ckpts, digits, tmp_path):

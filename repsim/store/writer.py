@@ -159,23 +159,24 @@ class StoreWriter:
 
         group = zarr.open_group(path, mode="w-", zarr_format=3)
         codecs = _codecs()
-        group.create_array("example_ids", shape=(n,), chunks=(chunk_rows,), dtype="int64", fill_value=0, dimension_names=["example"], **codecs)
+        nodes: dict[str, Any] = {}  # what was created, by path: the writer needs no listing of the group
+        nodes["example_ids"] = group.create_array("example_ids", shape=(n,), chunks=(chunk_rows,), dtype="int64", fill_value=0, dimension_names=["example"], **codecs)
         if label_dim is None:
-            group.create_array("labels", shape=(n,), chunks=(chunk_rows,), dtype="int32", fill_value=0, dimension_names=["example"], **codecs)
+            nodes["labels"] = group.create_array("labels", shape=(n,), chunks=(chunk_rows,), dtype="int32", fill_value=0, dimension_names=["example"], **codecs)
         else:
             kl = int(label_dim)
             if kl <= 0:
                 raise ValueError(f"store {store_name(path)}: label_dim must be positive, got {label_dim}")
-            group.create_array("labels", shape=(n, kl), chunks=(chunk_rows, kl), dtype="bool", fill_value=False, dimension_names=["example", "class"], **codecs)
+            nodes["labels"] = group.create_array("labels", shape=(n, kl), chunks=(chunk_rows, kl), dtype="bool", fill_value=False, dimension_names=["example", "class"], **codecs)
         if logits_dim is not None:
             k = int(logits_dim)
             if k <= 0:
                 raise ValueError(f"store {store_name(path)}: logits_dim must be positive, got {logits_dim}")
-            group.create_array("logits", shape=(n, k), chunks=(chunk_rows, k), dtype="float32", fill_value=0.0, dimension_names=list(dimension_names(2, "logits")), **codecs)
+            nodes["logits"] = group.create_array("logits", shape=(n, k), chunks=(chunk_rows, k), dtype="float32", fill_value=0.0, dimension_names=list(dimension_names(2, "logits")), **codecs)
         lg = group.create_group("layers")
         for name, (tail, dtype) in spec.items():
-            lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail), kinds[name])), **layer_codecs)
-        group.create_array("written", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, dimension_names=["chunk"], **codecs)
+            nodes[f"layers/{name}"] = lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail), kinds[name])), **layer_codecs)
+        nodes["written"] = group.create_array("written", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, dimension_names=["chunk"], **codecs)
         group.update_attributes(  # one metadata write (attrs.update writes once per key)
             {
                 "repsim_store_version": STORE_VERSION,
@@ -190,7 +191,7 @@ class StoreWriter:
                 "complete": False,
             }
         )
-        return cls(path, group)
+        return cls(path, group, nodes)
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "StoreWriter":
