@@ -35,7 +35,7 @@ DEFAULTS: dict[str, Any] = {
     "threads": 0,                 # torch intra-op threads (0: torch's default)
     "deterministic": False,       # torch.use_deterministic_algorithms + no cudnn autotuning
     "amp": "auto",                # "auto" (bf16 on CUDA, off on CPU), "bf16", "fp16", "off"
-    "channels_last": "auto",      # "auto" (on CUDA), true, false
+    "channels_last": "auto",      # "auto" (conv nets, and anything on CUDA), true, false
     "compile": False,             # torch.compile the training module
     "sync_bn": False,             # SyncBatchNorm across processes (CUDA only)
     "freeze_bn": False,           # BN layers in eval mode while training (running statistics fixed)

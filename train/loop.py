@@ -360,7 +360,10 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
     if ft["freeze_backbone"]:
         net.backbone.requires_grad_(False)
     on_cuda = device.type == "cuda"
-    channels_last = on_cuda if cfg["channels_last"] == "auto" else bool(cfg["channels_last"])
+    # auto: NHWC for conv nets, the layout of cuDNN's and oneDNN's fast kernels (on the CPU a digits
+    # mini-ResNet step takes ~0.7x the contiguous time at one thread, bench/RESULTS.md train_throughput)
+    has_conv = any(isinstance(m, nn.Conv2d) for m in net.modules())
+    channels_last = (on_cuda or has_conv) if cfg["channels_last"] == "auto" else bool(cfg["channels_last"])
     if channels_last:
         net = net.to(memory_format=torch.channels_last)
     if cfg.get("sync_bn") and world > 1 and on_cuda:
