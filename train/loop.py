@@ -361,7 +361,7 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
         net.backbone.requires_grad_(False)
     on_cuda = device.type == "cuda"
     # auto: NHWC for conv nets, the layout of cuDNN's and oneDNN's fast kernels (on the CPU a digits
-    # mini-ResNet step takes ~0.7x the contiguous time at one thread, bench/RESULTS.md train_throughput)
+    # mini-ResNet step takes ~0.7x the contiguous time at one thread; a whole digits run ~0.95x)
     has_conv = any(isinstance(m, nn.Conv2d) for m in net.modules())
     channels_last = (on_cuda or has_conv) if cfg["channels_last"] == "auto" else bool(cfg["channels_last"])
     if channels_last:
