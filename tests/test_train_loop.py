@@ -84,7 +84,7 @@ def test_run_writes_checkpoint_metrics_and_load_model(trained):
     assert ck["epoch"] == 2 and ck["config"]["num_classes"] == 5 and ck["config"]["arch"] == "mini_resnet14"
     assert ck["config"]["dataset"]["spec"] == "digits-source" and ck["config"]["objective"] == "sigmoid"
     # channels_last = "auto": a conv net trains in NHWC memory on the CPU too (its saved conv weights keep it)
-    conv = [v for k, v in ck["model"].items() if v.ndim == 4 and v.shape[-1] > 1]
+    conv = [v for k, v in ck["model"].items() if v.ndim == 4 and v.shape[1] > 1 and v.shape[-1] > 1]
     assert conv and all(v.is_contiguous(memory_format=torch.channels_last) and not v.is_contiguous() for v in conv)
     net = load_model(out / "checkpoint.pt")
     assert isinstance(net, Network) and not net.training and net.objective == "sigmoid"
