@@ -113,7 +113,7 @@ def _resolve_memory_format(requested: str | None, net: nn.Module, x0: Any) -> st
     """``channels_last`` or ``contiguous``: the memory layout of the model's 4-D weights and of the
     image batches during extraction.  ``auto``: channels-last for image models with 2-D convolutions
     (NHWC is the layout oneDNN's and cuDNN's fast convolution kernels use: torchvision ResNets run
-    1.2-1.75x faster on CPU, bench/RESULTS.md "extract_throughput"), contiguous otherwise.  Values
+    1.1-1.75x faster forwards on 2 CPU cores: bench/RESULTS.md "extract_throughput"), contiguous otherwise.  Values
     are the same up to float rounding (other summation orders), so it is a resume setting."""
     requested = "auto" if requested is None else str(requested)
     if requested not in MEMORY_FORMATS:
