@@ -261,7 +261,7 @@ def extract_store(
     amp_dtype = _resolve_amp(amp, dev)
     store_dtype = DTYPES[dtype]
 
-    given = model if isinstance(model, nn.Module) else None  # the caller's module: put back as it was
+    given = model if isinstance(model, nn.Module) else None  # a caller's module is handed back contiguous
     fmt = "contiguous"
     try:
         loaded = load_source(model)

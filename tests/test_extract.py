@@ -427,7 +427,7 @@ def test_memory_format_default_fallback_refusal_and_resume(ckpts, digits, tmp_pa
     assert extract_store(ckpts[0], digits, tmp_path / "co.zarr", batch_size=64, dtype="float32",
                          memory_format="contiguous", **FAST).complete
 
-    given = load_model(ckpts[0])  # a caller's module is run channels-last and handed back as it was
+    given = load_model(ckpts[0])  # a caller's module is run channels-last and handed back contiguous
     s = extract_store(given, digits, tmp_path / "given.zarr", layers="block1", batch_size=64, **FAST)
     assert s.attrs["extraction"]["memory_format"] == "channels_last"
     assert all(p.is_contiguous() for p in given.parameters())
