@@ -37,7 +37,7 @@ __all__ = [
 
 # Names the kernels call that CuPy's main namespace lacked before it mirrored NumPy 2 (CuPy <= 13;
 # its ndarray has no ``__array_namespace__`` either, so CuPy arrays are recognised by type).
-_CUPY_GAPS = ("astype", "isdtype", "matrix_transpose", "acos")
+_CUPY_GAPS = ("astype", "isdtype", "matrix_transpose", "acos", "concat")
 _NAMESPACE_CACHE: dict[int, Any] = {}
 
 
@@ -74,7 +74,7 @@ def _cupy_namespace(cp: Any) -> Any:
 
 class CupyCompat(types.ModuleType):
     """CuPy's namespace plus the array-API names the kernels use and CuPy <= 13 lacks
-    (``astype``, ``isdtype``, ``matrix_transpose``, ``acos``); everything else is forwarded. It
+    (``astype``, ``isdtype``, ``matrix_transpose``, ``acos``, ``concat``); everything else is forwarded. It
     only relies on NumPy-style methods, so the tests check it wrapped around NumPy."""
 
     def __init__(self, cp: Any) -> None:
@@ -84,6 +84,8 @@ class CupyCompat(types.ModuleType):
             self.acos = cp.arccos
         if not hasattr(cp, "bool"):
             self.bool = cp.bool_
+        if not hasattr(cp, "concat"):
+            self.concat = cp.concatenate
 
     def __getattr__(self, name: str) -> Any:  # only called for names not set on the instance
         return getattr(self._cp, name)

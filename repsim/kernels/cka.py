@@ -252,7 +252,9 @@ def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Centred
     over feature slabs of at most ``GRAM_SLAB`` and the slabs in float64; K_c is float64.
     NaN or infinite values make tr(K_c) non-finite: ``ValueError`` naming ``what``; so does a
     layer that is constant over the batch (tr(K_c) within the rounding of the mean,
-    :func:`constant_tolerance`).
+    :func:`constant_tolerance`).  On an accelerator (any namespace but NumPy) the check is left to
+    :func:`batch_hsic`, which makes it with the batch's one device-to-host copy: the Gram keeps
+    ‖x̄‖² on the device (``CentredGram.mean_sq``) and nothing here waits for the device.
     """
     X = xp.reshape(x, (x.shape[0], -1))
     if dtype is None:
@@ -266,8 +268,11 @@ def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Centred
             X, mean = centre_rounded(X, xp, dtype, fresh=fresh)
         K = gram64(X, X, xp)
         K = K if K.dtype == xp.float64 else _astype(K, xp.float64, xp)
-        mean_sq = float(xp.sum(mean * mean))
+        mean_sq = xp.sum(mean * mean)
         del X
+        if not _is_numpy(xp):  # checked with the batch's one transfer (kernels/_cka_device.py)
+            return CentredGram(K, mean_sq=mean_sq)
+        mean_sq = float(mean_sq)
     check_gram(K, xp, mean_sq, what)
     return CentredGram(K)
 
@@ -328,7 +333,7 @@ def _prepare_gram(G: "CentredGram", xp: Any, n: int | None, what: str) -> "Centr
     """Validate a :class:`CentredGram` (the counterpart of :func:`_prepare`); K is kept as given."""
     if n is not None and G.shape[0] != n:
         raise ValueError(f"{what} has {G.shape[0]} examples, expected {n} (all layers must share examples)")
-    check_gram(G.K, xp, 0.0, what)  # no mean is known: constant means a trace <= 0
+    check_gram(G.K, xp, 0.0 if G.mean_sq is None else float(G.mean_sq), what)  # no mean: a trace <= 0
     return G
 
 
@@ -399,15 +404,18 @@ class CentredGram:
     it already (the out-of-core engine does, for layers with p ≫ b) hands it to :func:`batch_hsic` /
     :meth:`MinibatchCKA.update` in this wrapper instead of the b × p features: the result is the
     same (to rounding) as for X, and no b × b × p product is repeated.  ``K`` must be symmetric with
-    rows summing to zero (column-centred features); it is not re-centred.
+    rows summing to zero (column-centred features); it is not re-centred.  ``mean_sq`` (optional,
+    a float or a 0-d array of K's namespace): ‖x̄‖² of the features' column means, for the check
+    that the layer is not constant (:func:`constant_tolerance`; without it, a trace <= 0).
     """
 
-    __slots__ = ("K",)
+    __slots__ = ("K", "mean_sq")
 
-    def __init__(self, K: Any):
+    def __init__(self, K: Any, mean_sq: Any = None):
         if K.ndim != 2 or K.shape[0] != K.shape[1]:
             raise ValueError(f"CentredGram needs a square matrix, got shape {K.shape}")
         self.K = K
+        self.mean_sq = mean_sq
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -606,14 +614,21 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     xp = first_ns if xp is None else array_namespace(xp=xp)
     n = first.shape[0]
     _check_n(n, debiased, f"batch of {names[0]}")
+    host = _is_numpy(xp)
+    seen: list[int | None] = [None] * L
+    if not host:  # an accelerator's route: whole Grams, few large operations, one host transfer
+        from repsim.kernels._cka_device import device_batch_hsic
+
+        items = _checked_layers(layers, first, first_ns, names, seen, widths)
+        H = device_batch_hsic(items, L, n, debiased, xp, lambda X: gram_dtype(X.dtype, xp, compute_dtype),
+                              block_bytes, names, centred, GRAM_SLAB)
+        return H, n, seen
     groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * 8), 1))
     kept: list[Any] | None = [None] * L if len(groups) > 1 else None
     # one group: each centred layer is dropped after its row of A, so its buffers can be reused
-    host = _is_numpy(xp)
     scratch = _HostScratch() if kept is None and host else None
     diags: list[Any] = [None] * L  # biased HSIC: the Grams' diagonals
     sums: list[Any] = [None] * L  # debiased HSIC: row sums of K̃, accumulated over groups
-    seen: list[int | None] = [None] * L
 
     def column(l_: int, X: Any, A: Any, group: list[tuple[int, int, int]], first_group: bool) -> None:
         """Layer l's part of group ``group``: prepared on first sight, then its row of A."""
@@ -640,22 +655,9 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
         sums[l_] = part if sums[l_] is None else sums[l_] + part
 
     def source(first_group: bool) -> Any:
-        """Layers in order (read once, on the calling thread), namespace-checked."""
-        for l_ in range(L):
-            if not first_group:
-                yield l_, None
-                continue
-            X = first if l_ == 0 else _layer_input(layers[l_])
-            gram = isinstance(X, CentredGram)
-            if l_ and array_namespace(X.K if gram else X) is not first_ns:
-                raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
-            if not gram:
-                seen[l_] = math.prod(int(d) for d in X.shape[1:])
-                before = widths[l_] if widths is not None else None
-                if before is not None and seen[l_] != before:
-                    raise ValueError(f"{names[l_]} has {seen[l_]} features in this batch but {before} in earlier "
-                                     "ones; each layer must keep its features across updates")
-            yield l_, X
+        if first_group:
+            return _checked_layers(layers, first, first_ns, names, seen, widths)
+        return ((l_, None) for l_ in range(L))
 
     H = None
     for gi, group in enumerate(groups):
@@ -679,6 +681,25 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
         H = (2 * H + _row_products(D, xp)) / ((n - 1) ** 2)
     out = np.array(to_numpy(H), dtype=np.float64)
     return (out + out.T) / 2, n, seen  # exact symmetry (GEMM rounding may differ by an ulp)
+
+
+def _checked_layers(layers: Sequence[Any], first: Any, first_ns: Any, names: Sequence[str], seen: list[int | None],
+                    widths: Sequence[int | None] | None) -> Any:
+    """``(l, X)`` for the layers in order (read once, on the calling thread; ``first`` is layer 0,
+    read already), each checked to share layer 0's namespace and to keep its features across
+    updates (``widths``); the features of each are recorded in ``seen``."""
+    for l_ in range(len(layers)):
+        X = first if l_ == 0 else _layer_input(layers[l_])
+        gram = isinstance(X, CentredGram)
+        if l_ and array_namespace(X.K if gram else X) is not first_ns:
+            raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
+        if not gram:
+            seen[l_] = math.prod(int(d) for d in X.shape[1:])
+            before = widths[l_] if widths is not None else None
+            if before is not None and seen[l_] != before:
+                raise ValueError(f"{names[l_]} has {seen[l_]} features in this batch but {before} in earlier "
+                                 "ones; each layer must keep its features across updates")
+        yield l_, X
 
 
 def _row_products(A: Any, xp: Any) -> Any:

@@ -1,0 +1,156 @@
+"""The accelerator route of all-pairs CKA (repsim/kernels/_cka_device.py), run on array-api-strict.
+
+It must give the host route's numbers (itself tested against the brute-force definition in
+test_cka.py), keep its checks and messages, and have the shape a GPU needs: a number of matrix
+products per batch that grows with the layers, not with the examples (no row panels), and a
+single device-to-host transfer per update (no synchronisation per layer).
+"""
+from __future__ import annotations
+
+import math
+import types
+
+import array_api_strict
+import numpy as np
+import pytest
+
+from repsim.kernels.cka import GRAM_SLAB, CentredGram, MinibatchCKA, batch_hsic, centred_gram, linear_cka
+
+xs = array_api_strict
+
+
+def _layers(n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Float32 layers of several widths, a conv-shaped one, post-ReLU ones with a large mean, and
+    one wider than two Gram slabs."""
+    base = rng.standard_normal((n, 12))
+    relu = np.maximum(base @ rng.standard_normal((12, 40)), 0) + 50.0
+    conv = (base @ rng.standard_normal((12, 3 * 4 * 4))).reshape(n, 3, 4, 4)
+    wide = np.concatenate([base, rng.standard_normal((n, 2 * GRAM_SLAB + 500))], axis=1)
+    return [a.astype(np.float32) for a in (base, relu, conv, wide, base[:, :2] ** 2)]
+
+
+def _strict(arrays):
+    return [xs.asarray(a) for a in arrays]
+
+
+@pytest.mark.parametrize("debiased", [True, False])
+def test_device_route_equals_host_route(debiased):
+    rng = np.random.default_rng(0)
+    layers = _layers(37, rng)
+    host64 = batch_hsic([a.astype(np.float64) for a in layers], debiased=debiased)
+    host32 = batch_hsic(layers, debiased=debiased)
+    dev = batch_hsic(_strict(layers), debiased=debiased)
+    scale = np.abs(host64).max()
+    assert np.abs(dev - host32).max() / scale < 1e-6  # the same float32 Grams up to summation order
+    assert np.abs(dev - host64).max() / scale < 1e-6
+    dev64 = batch_hsic(_strict([a.astype(np.float64) for a in layers]), debiased=debiased)
+    np.testing.assert_allclose(dev64, host64, rtol=1e-11, atol=1e-11 * scale)
+    np.testing.assert_array_equal(dev, dev.T)
+
+
+@pytest.mark.parametrize("debiased", [True, False])
+def test_row_groups_add_up_to_the_whole_batch(debiased):
+    """A block_bytes that holds a few Gram rows cuts the examples into groups; the sums agree."""
+    rng = np.random.default_rng(1)
+    layers = [a.astype(np.float64) for a in _layers(23, rng)]
+    whole = batch_hsic(_strict(layers), debiased=debiased)
+    L, n = len(layers), 23
+    for rows in (1, 5, 22):
+        parts = batch_hsic(_strict(layers), debiased=debiased, block_bytes=L * rows * n * 8)
+        np.testing.assert_allclose(parts, whole, rtol=1e-11, atol=1e-11 * np.abs(whole).max())
+
+
+def test_centred_grams_enter_without_a_host_check():
+    """A wide layer reduced to its centred Gram on an accelerator is checked with the batch."""
+    rng = np.random.default_rng(2)
+    layers = _layers(30, rng)
+    gram = centred_gram(xs.asarray(layers[3]), xs, "wide")
+    assert isinstance(gram, CentredGram) and gram.mean_sq is not None
+    mixed = _strict(layers[:3]) + [gram] + _strict(layers[4:])
+    ref = batch_hsic(_strict(layers))
+    np.testing.assert_allclose(batch_hsic(mixed), ref, rtol=1e-9)
+    const = centred_gram(xs.asarray(np.full((30, 9000), 3.5, dtype=np.float32)), xs, "flat")
+    with pytest.raises(ValueError, match="flat is constant"):
+        batch_hsic([xs.asarray(layers[0]), const], names=["a", "flat"])
+
+
+def test_device_route_refuses_what_the_host_route_refuses():
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((20, 4)).astype(np.float32)
+    nan = X.copy()
+    nan[3, 1] = np.nan
+    inf = X.copy()
+    inf[0, 0] = np.inf
+    const = np.full((20, 3), 7.0, dtype=np.float32)
+    for bad, msg in ((nan, "b contains NaN"), (inf, "b contains NaN"), (const, "b is constant")):
+        for ns in (np, xs):
+            with pytest.raises(ValueError, match=msg):
+                batch_hsic([ns.asarray(X), ns.asarray(bad)], names=["a", "b"])
+    with pytest.raises(ValueError, match="has 10 examples, expected 20"):
+        batch_hsic(_strict([X, X[:10]]))
+    acc = MinibatchCKA(2).update(_strict([X, X[:, :2]]))
+    with pytest.raises(ValueError, match="3 features in this batch but 2"):
+        acc.update(_strict([X, X[:, :3]]))
+
+
+def test_minibatch_accumulator_and_linear_cka_on_the_device_route():
+    rng = np.random.default_rng(4)
+    batches = [_layers(25, rng) for _ in range(3)]
+    host, dev = MinibatchCKA(5), MinibatchCKA(5)
+    for b in batches:
+        host.update(b)
+        dev.update(_strict(b))
+    np.testing.assert_allclose(dev.result(), host.result(), atol=1e-6)
+    X, Y = batches[0][0], batches[0][1]
+    for deb in (True, False):
+        assert linear_cka(xs.asarray(X), xs.asarray(Y), debiased=deb) == pytest.approx(
+            linear_cka(X.astype(np.float64), Y.astype(np.float64), debiased=deb), abs=1e-6)
+
+
+class _Counting(types.ModuleType):
+    """array-api-strict, counting its matrix products."""
+
+    def __init__(self) -> None:
+        super().__init__("counting_strict")
+        self.matmuls = 0
+
+    def __getattr__(self, name: str):
+        return getattr(xs, name)
+
+    def matmul(self, a, b):
+        self.matmuls += 1
+        return xs.matmul(a, b)
+
+
+@pytest.fixture
+def host_copies(monkeypatch):
+    """Counts every way a strict array reaches the host (DLPack, buffer, Python scalars)."""
+    count = {"n": 0}
+    cls = type(xs.asarray(0.0))
+    for name in ("__dlpack__", "__array__", "__float__", "__bool__", "__int__", "__index__"):
+        orig = getattr(cls, name, None)
+        if orig is None:
+            continue
+
+        def counted(self, *a, _orig=orig, **k):
+            count["n"] += 1
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(cls, name, counted)
+    return count
+
+
+@pytest.mark.parametrize("n", [16, 300])
+def test_operations_per_update_grow_with_layers_not_examples(n, host_copies):
+    """One Gram per slab of each layer plus A Aᵀ and R Rᵀ — the same count at n = 16 and n = 300
+    (the host route's row panels would make it grow with n) — and one copy to the host."""
+    rng = np.random.default_rng(5)
+    layers = _strict(_layers(n, rng))
+    widths = [12, 40, 48, 12 + 2 * GRAM_SLAB + 500, 2]
+    slabs = sum(max(1, math.ceil(p / GRAM_SLAB)) for p in widths)
+    ns = _Counting()
+    acc = MinibatchCKA(len(layers))
+    before = host_copies["n"]
+    acc.update(layers, xp=ns)
+    assert ns.matmuls == slabs + 2
+    assert host_copies["n"] - before == 1
