@@ -17,7 +17,9 @@ def add_store_arguments(parser: argparse.ArgumentParser, *, out_help: str, layer
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
                         help="dask.distributed scheduler address (tcp://host:8786), or local:N for a local "
                              "cluster of N worker processes; default: this process")
-    parser.add_argument("--threads", type=int, default=2, help="reader threads (prefetch), default 2")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="reader threads (prefetch); default 2 with --device cpu, one per core (at most 16) "
+                             "with --device cuda, where decoding the chunks is the bound")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

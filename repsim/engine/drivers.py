@@ -36,7 +36,7 @@ import numpy as np
 
 from repsim._io import atomic_write
 from repsim.engine.blocks import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
-from repsim.engine.scheduler import array_module, device_name, get_client, run_tasks
+from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
 
 __all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "write_csv",
            "DISTANCES"]
@@ -123,13 +123,14 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
 
 
 def _scan_store(columns: list[Column], n: int, block_rows: int, accs: dict[str, dict[str, Any]], *, spatial: str,
-                device: Any, blocks_per_task: int, prefetch: int, threads: int, bar: Any) -> dict[str, dict[str, Any]]:
+                device: Any, blocks_per_task: int, prefetch: int, threads: int | None, bar: Any) -> dict[str, dict[str, Any]]:
     """Stream one store's blocks through ``accs`` (one layer -> metric -> accumulator), merging tasks in order."""
     if not accs:
         return accs
     xp = array_module(device)
     spec = {"columns": [asdict(c) for c in columns if c.layer in accs], "device": device_name(xp), "n": n,
-            "block_rows": block_rows, "spatial": spatial, "prefetch": prefetch, "threads": threads}
+            "block_rows": block_rows, "spatial": spatial, "prefetch": prefetch,
+            "threads": reader_threads(threads, xp)}
     templates = {layer: {m: a.to_state() for m, a in per.items()} for layer, per in accs.items()}
     n_blocks = -(-n // block_rows)
     ranges = [(a, min(n_blocks, a + blocks_per_task)) for a in range(0, n_blocks, blocks_per_task)]
@@ -160,7 +161,7 @@ def _check_matrix_width(col: Column, spatial: str, what: str) -> None:
 def layer_metrics(stores: Any, layers: Any = None, *, distances: Iterable[str] = (), sparsity: bool = False,
                   collapse: bool = False, spectra: bool = False, spatial: str = "flatten", device: Any = "cpu",
                   progress: bool | None = None, blocks_per_task: int = 16, prefetch: int = 2,
-                  threads: int = 2, memory_budget: int = 4 << 30) -> dict[tuple[str, str], dict[str, Any]]:
+                  threads: int | None = None, memory_budget: int = 4 << 30) -> dict[tuple[str, str], dict[str, Any]]:
     """Every requested metric for every (store, layer), one streaming pass per store (two for layers
     with ``cosine_centered``).  Returns ``{(store, layer): {...}}`` with keys
     ``"separation"`` ``{distance: R²}``, ``"sparsity"`` (fraction), ``"sparsity_per_channel"``,
@@ -207,7 +208,7 @@ def group_layers(columns: Sequence[Column], sizes: Sequence[int], budget: int) -
 
 def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, collapse: bool, spectra: bool,
          spatial: str = "flatten", device: Any = "cpu", progress: bool | None = None, blocks_per_task: int = 16,
-         prefetch: int = 2, threads: int = 2, memory_budget: int = 4 << 30
+         prefetch: int = 2, threads: int | None = None, memory_budget: int = 4 << 30
          ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
     from repsim.engine.blocks import open_stores, store_names
 

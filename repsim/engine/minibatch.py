@@ -36,11 +36,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim.engine.blocks import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
-                                  resolve_columns, store_location, to_device)
+                                  resolve_columns, store_location)
 from repsim.engine.checkpoint import Checkpoint
 from repsim.engine.grams import REDUCE_FACTOR, centred_gram, gram_dtype
 from repsim.engine.result import CKAResult, _json_default
-from repsim.engine.scheduler import array_module, device_name, get_client, run_tasks
+from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
+from repsim.engine.upload import DeviceUploader, HeldUploads
 
 __all__ = ["CKAResult", "cka_matrix"]
 
@@ -83,14 +84,17 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
         return centred_gram(x, xp, names[c], dtypes[c]) if wide else x
 
     host = getattr(xp, "__name__", "") == "numpy"
+    upload = None if host else DeviceUploader(xp)
+    held = HeldUploads()
 
     def load(unit: tuple[int, int]) -> list[Any]:
         g, c = unit
         arrays = reader.gather(c, groups[g])
         # NumPy: reduce on the reader thread as well, so that decoding, casting and the Gram GEMMs
         # of different columns run in parallel (each releases the GIL); other namespaces (GPU)
-        # reduce on the consumer thread, which owns the device.
-        return [reduce(a, c) for a in arrays] if host else arrays
+        # are copied to the device here (pinned, on this thread's stream: engine/upload.py) and
+        # reduced on the consumer thread, which computes on the device's default stream.
+        return [reduce(a, c) for a in arrays] if host else [upload(a) for a in arrays]
 
     # On the host the reader threads are the parallelism (decoding and the wide columns' Grams run on
     # them, and MinibatchCKA.update spreads its columns over the BLAS budget): BLAS itself runs one
@@ -106,16 +110,18 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
             # narrow rows), so it may run further ahead: a slow wide column at the head of the queue
             # then no longer idles the other reader threads (about 8 % faster on 2 cores,
             # bench/ooc.py).  Memory per load in progress is unchanged; at most ``threads`` run at once.
-            ahead = _read_ahead(columns, groups, spec) if host else None
+            # On a device every reader thread may hold one upload ahead (decoding is the bound there).
+            ahead = _read_ahead(columns, groups, spec) if host else max(int(spec["prefetch"]), int(spec["threads"]))
             units = [(g, c) for g in range(len(groups)) for c in range(L)]
             for (g, c), arrays in reader.prefetched(units, load, ahead):
                 if c == 0:
                     parts = [[None] * L for _ in arrays]
                 for i, a in enumerate(arrays):
-                    parts[i][c] = a if host else reduce(to_device(a, xp), c)
+                    parts[i][c] = a if host else reduce(held.hold(a), c)
                 if c == L - 1:
                     for batch in parts:
-                        acc.update(batch)
+                        acc.update(batch)  # ends with the batch's device-to-host copy (a sync)
+                    held.release()  # ... so the group's uploads are no longer read by the device
                     if progress is not None:
                         progress(len(parts))
                     parts = []
@@ -171,7 +177,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
                shuffle: bool | str = True, spatial: str = "flatten", debiased: bool = True, *,
                method: str = "minibatch", shuffle_window: int | None = None, device: Any = "cpu",
                checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
-               progress: bool | None = None, prefetch: int = 2, threads: int = 2,
+               progress: bool | None = None, prefetch: int = 2, threads: int | None = None,
                memory_budget: int = 512 * 2**20, compute_dtype: str | None = None,
                allow_mixed_datasets: bool = False) -> CKAResult:
     """CKA between every (store, layer) column and every other, streamed from activation stores.
@@ -197,7 +203,9 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     written (same paths, other :attr:`~repsim.store.reader.ActivationStore.identity`) raises
     :class:`~repsim.engine.checkpoint.StaleCheckpointError` rather than mix their data.
     ``prefetch``/``threads``: reads in flight / reader threads (on the CPU the reader threads also
-    cast and reduce wide columns to centred Grams, so ``threads`` is the compute parallelism as well).
+    cast and reduce wide columns to centred Grams, so ``threads`` is the compute parallelism as well;
+    on a device they decode and upload, :mod:`repsim.engine.upload`).  ``threads=None``: 2 on the
+    CPU, one per core (at most 16) on a device (:func:`~repsim.engine.scheduler.reader_threads`).
     ``compute_dtype``: precision of the batch Grams, wide and narrow columns alike; ``None``
     (default) picks float32 for float16/float32 columns and float64 for float64 ones on every
     device (:func:`repsim._xp.gram_dtype`, the error bound of ``repsim.kernels.cka``); centring
@@ -213,6 +221,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     opened, columns, example_ids = resolve_columns(stores, layers, allow_mixed_datasets=allow_mixed_datasets)
     names = list(dict.fromkeys(c.store for c in columns))
     xp = array_module(device)
+    threads = reader_threads(threads, xp)
     n = int(example_ids.shape[0])
     block_rows = block_rows_for(columns, n)
     meta: dict[str, Any] = {

@@ -16,6 +16,8 @@ so the result does not depend on where or in which order tasks ran:
 """
 from __future__ import annotations
 
+import os
+
 import contextlib
 import threading
 from typing import Any, Callable, Iterator, Sequence
@@ -170,6 +172,20 @@ def array_module(device: Any = "cpu") -> Any:
             return cupy
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     return device
+
+
+def reader_threads(threads: int | None, xp: Any) -> int:
+    """Reader threads of a streaming run: ``threads`` when given, else 2 on the CPU (where the reader
+    threads are also the compute parallelism and the BLAS budget is shared with them) and one per
+    core, at most 16, when the kernels run on a device: decoding the stores' chunks on the CPU is
+    then what bounds the run (bench/RESULTS.md "gpu")."""
+    if threads is not None:
+        if int(threads) < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        return int(threads)
+    if getattr(xp, "__name__", "") == "numpy":
+        return 2
+    return max(2, min(16, os.cpu_count() or 2))
 
 
 def device_name(xp: Any) -> str:

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from repsim._xp import astype, flatten_examples, to_numpy
+from repsim.kernels._precision import CentredGram, centre_rounded, constant_tolerance
 
 __all__ = ["device_batch_hsic", "gram_rows"]
 
@@ -69,8 +70,6 @@ def gram_rows(Xa: Any, Xc: Any, xp: Any, slab: int) -> Any:
 
 def raise_failed(what: str, trace: float, mean_sq: float, n: int) -> None:
     """The host route's errors for a layer whose (tr K, ‖x̄‖²) came back from the device."""
-    from repsim.kernels.cka import constant_tolerance
-
     if not math.isfinite(trace):
         raise ValueError(f"{what} contains NaN or infinite values")
     if trace <= constant_tolerance(n, mean_sq):
@@ -85,8 +84,6 @@ def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased
     ``items`` yields ``(l, X)`` in layer order, each X an (n, ...) array of ``xp`` or a
     :class:`~repsim.kernels.cka.CentredGram`, read once; ``dtype_of(X)`` is the Gram dtype of a
     layer; ``centred``: the rows are centred already (``linear_cka``, which checked them)."""
-    from repsim.kernels.cka import CentredGram, centre_rounded
-
     rows = max(1, min(n, int(block_bytes) // max(L * n * 8, 1)))
     bounds = list(range(0, n, rows)) + [n]
     kept: list[Any] | None = [None] * L if len(bounds) > 2 else None

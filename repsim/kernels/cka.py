@@ -94,13 +94,14 @@ import numpy as np
 from repsim._xp import (array_namespace, as_array, asarray_like, check_finite, diagonal, flatten_examples,
                         gram_dtype, row_sq_norms, to_numpy)
 from repsim._xp import astype as _astype
+from repsim.kernels._cka_device import device_batch_hsic
+from repsim.kernels._precision import GRAM_SLAB, CentredGram, centre_rounded, constant_tolerance
 
 __all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA", "CentredGram", "GRAM_SLAB",
            "release_buffers"]
 
 _STATE_VERSION = 1
 
-GRAM_SLAB = 2048  # features per float32 slab of a Gram product; the slabs are summed in float64
 
 
 # ----------------------------------------------------------------------------------------------
@@ -108,53 +109,6 @@ GRAM_SLAB = 2048  # features per float32 slab of a Gram product; the slabs are s
 # ----------------------------------------------------------------------------------------------
 def _is_numpy(xp: Any) -> bool:
     return getattr(xp, "__name__", "") == "numpy"
-
-
-def centre_rounded(X: Any, xp: Any, dt: Any, *, fresh: bool = False, out: Any = None) -> tuple[Any, Any]:
-    """``(X - x̄, x̄)`` for X (n, p) with float64 column means x̄, returned as (1, p) float64.
-
-    In float32 the mean is split into two float32 terms, x̄ = hi + lo + O(u²|x̄|) (hi = fl(x̄),
-    lo = fl(x̄ - hi)), and X_c = fl(fl(X - hi) - lo): |X_c - (X - x̄)| <= 2u|X - x̄| + 2u²|x̄|
-    elementwise (u = 2⁻²⁴), so the centred values are right to a few units of their own last place
-    however far the mean lies from zero, and their column means are at most ~2u times their
-    spread — no float64 temporary of X.  ``fresh``: X is a temporary that may be overwritten.
-    ``out`` (NumPy only): an (n, p) ``dt`` buffer that receives the centred values (the same
-    arithmetic; no new array).
-    """
-    n = X.shape[0]
-    mean = xp.sum(X, axis=0, keepdims=True, dtype=xp.float64) / n
-    if out is not None:
-        with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN: reported by the caller
-            if dt == xp.float64 or X.dtype == xp.float64:
-                out[...] = X
-                out -= _astype(mean, dt, xp)
-            else:
-                hi = _astype(mean, dt, xp)
-                np.subtract(X, hi, out=out)
-                out -= _astype(mean - _astype(hi, xp.float64, xp), dt, xp)
-        return out, mean
-    if dt == xp.float64 or X.dtype == xp.float64:
-        Y = X if X.dtype == dt else _astype(X, dt, xp)
-        if fresh or Y is not X:
-            Y -= _astype(mean, dt, xp)
-            return Y, mean
-        return Y - _astype(mean, dt, xp), mean
-    hi = _astype(mean, dt, xp)
-    lo = _astype(mean - _astype(hi, xp.float64, xp), dt, xp)
-    with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN: reported by the caller
-        if fresh:
-            X -= hi
-        else:
-            X = X - hi
-        X -= lo
-    return X, mean
-
-
-def constant_tolerance(n: int, mean_sq: float) -> float:
-    """A layer whose centred rows have Σ_i ‖x_i - x̄‖² at most this is constant to working
-    precision: the float64 column means of n rows are exact to about n·eps₆₄·|x̄|, so
-    (4 n eps₆₄)² · n · ‖x̄‖² is the spread that rounding alone could leave."""
-    return (4 * n * float(np.finfo(np.float64).eps)) ** 2 * n * mean_sq
 
 
 def _slabs(p: int) -> list[slice]:
@@ -397,35 +351,6 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
 # ----------------------------------------------------------------------------------------------
 # all pairs of one batch
 # ----------------------------------------------------------------------------------------------
-class CentredGram:
-    """A batch's centred Gram matrix ``K_c = X_c X_cᵀ`` (b × b), given in place of its rows X.
-
-    Linear HSIC (biased or debiased) sees a layer only through ``K_c``, so a driver that has formed
-    it already (the out-of-core engine does, for layers with p ≫ b) hands it to :func:`batch_hsic` /
-    :meth:`MinibatchCKA.update` in this wrapper instead of the b × p features: the result is the
-    same (to rounding) as for X, and no b × b × p product is repeated.  ``K`` must be symmetric with
-    rows summing to zero (column-centred features); it is not re-centred.  ``mean_sq`` (optional,
-    a float or a 0-d array of K's namespace): ‖x̄‖² of the features' column means, for the check
-    that the layer is not constant (:func:`constant_tolerance`; without it, a trace <= 0).
-    """
-
-    __slots__ = ("K", "mean_sq")
-
-    def __init__(self, K: Any, mean_sq: Any = None):
-        if K.ndim != 2 or K.shape[0] != K.shape[1]:
-            raise ValueError(f"CentredGram needs a square matrix, got shape {K.shape}")
-        self.K = K
-        self.mean_sq = mean_sq
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.K.shape)
-
-    @property
-    def ndim(self) -> int:
-        return 2
-
-
 class _HostScratch(threading.local):
     """Reused NumPy buffers, one set per worker thread, for the duration of one batch.
 
@@ -617,8 +542,6 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     host = _is_numpy(xp)
     seen: list[int | None] = [None] * L
     if not host:  # an accelerator's route: whole Grams, few large operations, one host transfer
-        from repsim.kernels._cka_device import device_batch_hsic
-
         items = _checked_layers(layers, first, first_ns, names, seen, widths)
         H = device_batch_hsic(items, L, n, debiased, xp, lambda X: gram_dtype(X.dtype, xp, compute_dtype),
                               block_bytes, names, centred, GRAM_SLAB)
