@@ -40,31 +40,49 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from repsim._xp import astype, flatten_examples, to_numpy
-from repsim.kernels._precision import CentredGram, centre_rounded, constant_tolerance
+from repsim._xp import astype, flatten_examples, row_sq_norms, to_numpy
+from repsim.kernels._precision import CentredGram, constant_tolerance
 
-__all__ = ["device_batch_hsic", "gram_rows"]
+__all__ = ["device_batch_hsic", "gram_rows", "centre_once"]
 
 _EPS64 = float(np.finfo(np.float64).eps)
 
 
-def gram_rows(Xa: Any, Xc: Any, xp: Any, slab: int) -> Any:
+def centre_once(X: Any, xp: Any) -> tuple[Any, Any]:
+    """``(X - fl(x̄), ‖x̄‖²)`` for X (n, p) in its (Gram) dtype: the column means x̄ summed in float64
+    and rounded once to X's dtype; ‖x̄‖² a 0-d float64 array.  Three passes over X and no float64
+    copy of it.
+
+    The host route also subtracts the rounding residue lo = x̄ - fl(x̄) (:func:`centre_rounded`);
+    here it stays in: a per-feature constant c (|c| <= u|x̄|/2) added to every row changes the Gram
+    by terms of the form a_i + a_j + const, which U-centring (and the biased estimator's centring
+    matrix) removes exactly (module docstring of :mod:`repsim.kernels.cka`), and it enlarges the
+    rows that the float32 products' rounding scales with by a factor of at most 1 + u·|x̄|/σ
+    (1 + 6e-4 at a mean 10⁴ times the spread σ).
+    """
+    n = X.shape[0]
+    mean = xp.sum(X, axis=0, dtype=xp.float64) / n
+    Xc = X - (mean if X.dtype == xp.float64 else astype(mean, X.dtype, xp))
+    return Xc, row_sq_norms(xp.reshape(mean, (1, -1)), xp)[0]
+
+
+def gram_rows(Xa: Any, Xc: Any, xp: Any, slab: int, out: Any = None) -> Any:
     """Xa Xcᵀ in float64: products in the inputs' dtype over feature slabs of at most ``slab``
     columns, each slab's product widened and the slabs summed in float64 (one product when the
-    features fit one slab, or the inputs are float64)."""
+    features fit one slab, or the inputs are float64).  ``out``: a float64 array of Xa Xcᵀ's size
+    (any shape, e.g. a row of A) that receives the result, widened as it is written."""
     p = Xc.shape[1]
-    T = xp.matrix_transpose
-    if p <= slab or Xc.dtype == xp.float64:
-        K = xp.matmul(Xa, T(Xc))
-        return K if K.dtype == xp.float64 else astype(K, xp.float64, xp)
-    out = None
-    for s in range(0, p, slab):
-        e = min(p, s + slab)
-        part = astype(xp.matmul(Xa[:, s:e], T(Xc[:, s:e])), xp.float64, xp)
+    cuts = [(0, p)] if p <= slab or Xc.dtype == xp.float64 else [(s, min(p, s + slab)) for s in range(0, p, slab)]
+    for i, (s, e) in enumerate(cuts):
+        part = Xa[:, s:e] @ Xc[:, s:e].T if len(cuts) > 1 else Xa @ Xc.T
         if out is None:
-            out = part
-        else:
+            out = part if part.dtype == xp.float64 else astype(part, xp.float64, xp)
+            continue
+        part = xp.reshape(part, out.shape)
+        if i:
             out += part
+        else:
+            out[...] = part
     return out
 
 
@@ -82,13 +100,17 @@ def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased
     """(L, L) float64 NumPy HSIC of one batch (module docstring).
 
     ``items`` yields ``(l, X)`` in layer order, each X an (n, ...) array of ``xp`` or a
-    :class:`~repsim.kernels.cka.CentredGram`, read once; ``dtype_of(X)`` is the Gram dtype of a
-    layer; ``centred``: the rows are centred already (``linear_cka``, which checked them)."""
+    :class:`~repsim.kernels._precision.CentredGram`, read once; ``dtype_of(X)`` is the Gram dtype of
+    a layer; ``centred``: the rows are centred already (``linear_cka``, which checked them).
+
+    Per layer: its centring (:func:`centre_once`) and one product per feature slab written into
+    its row of A; per group of rows, for all layers at once: the traces, the zeroed diagonals and
+    the row sums (strided views of A), and A Aᵀ."""
     rows = max(1, min(n, int(block_bytes) // max(L * n * 8, 1)))
     bounds = list(range(0, n, rows)) + [n]
     kept: list[Any] | None = [None] * L if len(bounds) > 2 else None
-    traces: list[Any] = [None] * L
     mean_sqs: list[Any] = [None] * L
+    traces = xp.zeros((L,), dtype=xp.float64)
     R = xp.zeros((L, n), dtype=xp.float64) if debiased else None
     H = None
     for gi, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
@@ -96,50 +118,42 @@ def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased
         source = items if gi == 0 else ((l_, kept[l_]) for l_ in range(L))
         for l_, X in source:
             if gi == 0:  # first sight: centre (rows) or take as is (a centred Gram)
-                ms = None
                 if isinstance(X, CentredGram):
-                    ms = X.mean_sq
+                    mean_sqs[l_] = X.mean_sq
                 else:
                     X = flatten_examples(X, xp, None, names[l_])
                     dt = dtype_of(X)
-                    fresh = X.dtype != dt
-                    X = astype(X, dt, xp) if fresh else X
+                    X = astype(X, dt, xp) if X.dtype != dt else X
                     if not centred:
-                        X, mean = centre_rounded(X, xp, dt, fresh=fresh)
-                        ms = xp.sum(mean * mean)
+                        X, mean_sqs[l_] = centre_once(X, xp)
                 if X.shape[0] != n:
                     raise ValueError(f"{names[l_]} has {X.shape[0]} examples, expected {n} "
                                      "(all layers must share examples)")
-                mean_sqs[l_] = ms
                 if kept is not None:
                     kept[l_] = X
             if isinstance(X, CentredGram):
-                K = X.K[a:b, :]
-                K = K if K.dtype == xp.float64 else astype(K, xp.float64, xp)
+                A[l_, :] = xp.reshape(X.K[a:b, :], (-1,))
             else:
-                K = gram_rows(X[a:b, :], X, xp, slab)
-            A[l_, :] = xp.reshape(K, (-1,))
-            del K
-            diag = A[l_, a::n + 1]  # entries (i, a + i) of the group's rows: the Gram's diagonal
-            tr = xp.sum(diag)
-            traces[l_] = tr if traces[l_] is None else traces[l_] + tr
-            if debiased:
-                A[l_, a::n + 1] = 0.0
-                R[l_, a:b] = xp.sum(xp.reshape(A[l_, :], (b - a, n)), axis=1)
+                gram_rows(X[a:b, :], X, xp, slab, out=A[l_, :])
             del X
-        P = xp.matmul(A, xp.matrix_transpose(A))
+        diag = A[:, a::n + 1]  # entries (i, a + i) of the group's rows: the Grams' diagonals
+        traces = traces + xp.sum(diag, axis=1)
+        del diag
+        if debiased:
+            A[:, a::n + 1] = 0.0
+            R[:, a:b] = xp.sum(xp.reshape(A, (L, b - a, n)), axis=2)
+        P = A @ A.T
         H = P if H is None else H + P
         del A
     if debiased:
         t = xp.sum(R, axis=1)
         H = (H + t[:, None] * t[None, :] / ((n - 1) * (n - 2))
-             - (2 / (n - 2)) * xp.matmul(R, xp.matrix_transpose(R))) / (n * (n - 3))
+             - (2 / (n - 2)) * (R @ R.T)) / (n * (n - 3))
     else:
         H = H / ((n - 1) ** 2)
     zero = xp.zeros((), dtype=xp.float64)
-    checks = xp.stack([traces[l_] for l_ in range(L)]
-                      + [zero if m is None else xp.asarray(m, dtype=xp.float64) for m in mean_sqs])
-    flat = to_numpy(xp.concat([xp.reshape(H, (-1,)), checks]))  # the batch's one device -> host copy
+    checks = xp.stack([zero if m is None else xp.asarray(m, dtype=xp.float64) for m in mean_sqs])
+    flat = to_numpy(xp.concat([xp.reshape(H, (-1,)), traces, checks]))  # the batch's one device -> host copy
     for l_ in range(L):
         raise_failed(names[l_], float(flat[L * L + l_]), float(flat[L * L + L + l_]), n)
     out = np.array(flat[:L * L], dtype=np.float64).reshape(L, L)

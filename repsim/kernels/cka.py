@@ -94,13 +94,15 @@ import numpy as np
 from repsim._xp import (array_namespace, as_array, asarray_like, check_finite, diagonal, flatten_examples,
                         gram_dtype, row_sq_norms, to_numpy)
 from repsim._xp import astype as _astype
-from repsim.kernels._cka_device import device_batch_hsic
+from repsim.kernels._cka_device import centre_once, device_batch_hsic, gram_rows
 from repsim.kernels._precision import GRAM_SLAB, CentredGram, centre_rounded, constant_tolerance
 
 __all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA", "CentredGram", "GRAM_SLAB",
            "release_buffers"]
 
 _STATE_VERSION = 1
+HOST_BLOCK_BYTES = 1 << 30  # default bound of the buffer A on NumPy (upper-triangle panels)
+DEVICE_BLOCK_BYTES = 4 << 30  # ... and on an accelerator (whole Gram rows; kernels/_cka_device.py)
 
 
 
@@ -206,14 +208,19 @@ def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Centred
     over feature slabs of at most ``GRAM_SLAB`` and the slabs in float64; K_c is float64.
     NaN or infinite values make tr(K_c) non-finite: ``ValueError`` naming ``what``; so does a
     layer that is constant over the batch (tr(K_c) within the rounding of the mean,
-    :func:`constant_tolerance`).  On an accelerator (any namespace but NumPy) the check is left to
-    :func:`batch_hsic`, which makes it with the batch's one device-to-host copy: the Gram keeps
+    :func:`constant_tolerance`).  On an accelerator (any namespace but NumPy) the rows are centred
+    and multiplied as in :func:`batch_hsic`'s accelerator route (``kernels/_cka_device.py``), and
+    the check is left to it, which makes it with the batch's one device-to-host copy: the Gram keeps
     ‖x̄‖² on the device (``CentredGram.mean_sq``) and nothing here waits for the device.
     """
     X = xp.reshape(x, (x.shape[0], -1))
     if dtype is None:
         dtype = gram_dtype(X.dtype, xp)
-    if isinstance(X, np.ndarray) and X.shape[1] > 2 * GRAM_SLAB:
+    if not _is_numpy(xp):  # the accelerator route's centring and products; checked with the batch
+        X = _astype(X, dtype, xp) if X.dtype != dtype else X
+        X, mean_sq = centre_once(X, xp)
+        return CentredGram(gram_rows(X, X, xp, GRAM_SLAB), mean_sq=mean_sq)
+    if X.shape[1] > 2 * GRAM_SLAB:
         K, mean_sq = centred_gram_slabs(X, dtype)
     else:
         fresh = X.dtype != dtype
@@ -222,11 +229,8 @@ def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Centred
             X, mean = centre_rounded(X, xp, dtype, fresh=fresh)
         K = gram64(X, X, xp)
         K = K if K.dtype == xp.float64 else _astype(K, xp.float64, xp)
-        mean_sq = xp.sum(mean * mean)
+        mean_sq = float(xp.sum(mean * mean))
         del X
-        if not _is_numpy(xp):  # checked with the batch's one transfer (kernels/_cka_device.py)
-            return CentredGram(K, mean_sq=mean_sq)
-        mean_sq = float(mean_sq)
     check_gram(K, xp, mean_sq, what)
     return CentredGram(K)
 
@@ -502,13 +506,15 @@ def _write_panels(A: Any, l_: int, Xc: Any, group: list[tuple[int, int, int]], w
 
 
 def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
-               compute_dtype: Any = None, block_bytes: int = 1 << 30, block_rows: int = 128,
+               compute_dtype: Any = None, block_bytes: int | None = None, block_rows: int = 128,
                names: Sequence[str] | None = None, _centred: bool = False) -> np.ndarray:
     """HSIC between every pair of ``layers`` (each (n, ...), the same n examples) for one batch.
 
     Returns an (L, L) float64 NumPy array of HSIC₁ (``debiased``) or HSIC₀ values; algorithm in
     the module docstring. ``block_bytes`` bounds the buffer A (L × the values of a group of
-    panels); ``block_rows`` is the height of a panel.
+    panels; default 1 GiB on NumPy, 4 GiB on an accelerator, where A holds whole Gram rows and
+    one group needs less memory than several: ``kernels/_cka_device.py``); ``block_rows`` is the
+    height of a panel (NumPy only).
 
     ``layers`` is read item by item, in order: when A fits in ``block_bytes`` (one group) every
     layer is read once and dropped after its row of A is written, so a lazy sequence (whose
@@ -524,7 +530,7 @@ def _layer_input(X: Any) -> Any:
     return X if isinstance(X, CentredGram) else as_array(X)
 
 
-def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: Any, block_bytes: int,
+def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: Any, block_bytes: int | None,
                 block_rows: int, names: Sequence[str] | None, centred: bool,
                 widths: Sequence[int | None] | None = None) -> tuple[np.ndarray, int, list[int | None]]:
     """(HSIC matrix, n, features per layer: None for a :class:`CentredGram`). ``widths``: the
@@ -544,8 +550,9 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     if not host:  # an accelerator's route: whole Grams, few large operations, one host transfer
         items = _checked_layers(layers, first, first_ns, names, seen, widths)
         H = device_batch_hsic(items, L, n, debiased, xp, lambda X: gram_dtype(X.dtype, xp, compute_dtype),
-                              block_bytes, names, centred, GRAM_SLAB)
+                              DEVICE_BLOCK_BYTES if block_bytes is None else block_bytes, names, centred, GRAM_SLAB)
         return H, n, seen
+    block_bytes = HOST_BLOCK_BYTES if block_bytes is None else int(block_bytes)
     groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * 8), 1))
     kept: list[Any] | None = [None] * L if len(groups) > 1 else None
     # one group: each centred layer is dropped after its row of A, so its buffers can be reused
@@ -732,14 +739,15 @@ class MinibatchCKA:
     otherwise; module docstring, "Precision and error bound"); ``block_bytes`` bounds the
     per-batch buffer A (L × ≈ n(n + 128)/2 float64, split into groups of panels beyond it).
     Peak extra memory per update: A plus, per BLAS thread, one centred layer and its Gram when A
-    fits in ``block_bytes`` (default 1 GiB: e.g. up to 110 layers at n = 1500), else A's group
+    fits in ``block_bytes`` (default 1 GiB: e.g. up to 110 layers at n = 1500; 4 GiB on an
+    accelerator, whose route is described in ``kernels/_cka_device.py``), else A's group
     plus all centred layers of the batch.  An A of at most 256 MiB is kept for the next update
     (:func:`release_buffers` frees it).
     """
 
     def __init__(self, n_layers: int, debiased: bool = True, keep_batches: bool = True, *,
                  names: Sequence[str] | None = None, compute_dtype: str | None = None,
-                 block_bytes: int = 1 << 30) -> None:
+                 block_bytes: int | None = None) -> None:
         if int(n_layers) < 1:
             raise ValueError(f"n_layers must be >= 1, got {n_layers}")
         self.n_layers = int(n_layers)
@@ -751,7 +759,7 @@ class MinibatchCKA:
         if compute_dtype not in (None, "float32", "float64"):
             raise ValueError(f"compute_dtype must be None, 'float32' or 'float64', got {compute_dtype!r}")
         self.compute_dtype = compute_dtype
-        self.block_bytes = int(block_bytes)
+        self.block_bytes = None if block_bytes is None else int(block_bytes)
         self.hsic = np.zeros((self.n_layers, self.n_layers), dtype=np.float64)
         self.n_batches = 0
         self.n_examples = 0
@@ -844,7 +852,7 @@ class MinibatchCKA:
             "names": np.array(self.names if self.names is not None else [], dtype=np.str_),
             "has_names": self.names is not None,
             "compute_dtype": self.compute_dtype or "",
-            "block_bytes": self.block_bytes,
+            "block_bytes": 0 if self.block_bytes is None else self.block_bytes,  # 0: the default
             "hsic": self.hsic.copy(),
             "n_batches": self.n_batches,
             "n_examples": self.n_examples,
@@ -860,7 +868,7 @@ class MinibatchCKA:
         acc = cls(int(state["n_layers"]), debiased=bool(state["debiased"]),
                   keep_batches=bool(state["keep_batches"]), names=names,
                   compute_dtype=str(state["compute_dtype"]) or None,
-                  block_bytes=int(state["block_bytes"]))
+                  block_bytes=int(state["block_bytes"]) or None)
         acc.hsic = np.array(state["hsic"], dtype=np.float64)
         acc.n_batches = int(state["n_batches"])
         acc.n_examples = int(state["n_examples"])
