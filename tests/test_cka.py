@@ -168,14 +168,51 @@ def test_bad_input_errors(xp):
     with pytest.raises(ValueError, match="examples"):
         linear_cka(*as_xp(xp, X, X[:8]))
     acc = MinibatchCKA(2, names=["storeA/block1", "storeA/block2"])
-    with pytest.raises(ValueError, match="storeA/block2.*constant"):
-        acc.update(as_xp(xp, X, np.full((10, 2), 3.0)))
+    with pytest.raises(ValueError, match="before any update"):
+        acc.result()
+    with pytest.raises(ValueError, match="storeA/block2 contains NaN"):
+        acc.update(as_xp(xp, X, Xn[:, :2]))
     with pytest.raises(ValueError, match="n >= 4"):
         acc.update(as_xp(xp, X[:3], X[:3]))
     with pytest.raises(ValueError, match="expected 2"):
         acc.update(as_xp(xp, X, X, X))
-    with pytest.raises(ValueError, match="before any update"):
-        acc.result()
+
+
+@pytest.mark.parametrize("xp", NAMESPACES)
+def test_constant_layers_give_nan_pairs_and_leave_the_others(xp):
+    """A layer constant over every batch has no CKA: NaN in its row and column, one warning naming
+    it, every other pair as without it; a layer constant in one batch only adds nothing there."""
+    rng = np.random.default_rng(6)
+    batches = [planted(rng, 12, [3, 5]) for _ in range(3)]
+    ref = MinibatchCKA(2).update(batches[0]).update(batches[1]).update(batches[2]).result()
+    acc = MinibatchCKA(3, names=["s/a", "s/flat", "s/b"])
+    for a, b in batches:
+        acc.update(as_xp(xp, a, np.full((12, 2, 2), 1e8 / 3), b))
+    assert acc.undefined() == ["s/flat"]
+    with pytest.warns(RuntimeWarning, match="undefined.*s/flat"):
+        got = acc.result()
+    assert np.isnan(got[1]).all() and np.isnan(got[:, 1]).all()
+    np.testing.assert_allclose(got[np.ix_([0, 2], [0, 2])], ref, rtol=1e-12)
+    with pytest.warns(RuntimeWarning):
+        _, lo, hi = acc.result(ci=0.9, n_boot=20)
+    assert np.isnan(lo[1]).all() and np.isfinite(lo[np.ix_([0, 2], [0, 2])]).all()
+    # constant in one batch only: that batch adds nothing to the layer's sums
+    part = MinibatchCKA(2)
+    part.update(as_xp(xp, batches[0][0], np.ones((12, 5))))
+    part.update(as_xp(xp, *batches[1]))
+    np.testing.assert_allclose(part.hsic, MinibatchCKA(2).update(batches[1]).hsic
+                               + np.diag([MinibatchCKA(1).update([batches[0][0]]).hsic[0, 0], 0.0]), rtol=1e-12)
+
+
+def test_a_bootstrap_over_one_batch_is_refused():
+    rng = np.random.default_rng(7)
+    acc = MinibatchCKA(2).update(planted(rng, 20, [3, 4]))
+    with pytest.raises(ValueError, match="only one.*lo = hi"):
+        acc.result(ci=0.95)
+    acc.update(planted(rng, 20, [3, 4]))
+    with pytest.raises(ValueError, match="each resample holds only one"):
+        acc.result(ci=0.95, draws=1)
+    assert acc.result(ci=0.95)[1].shape == (2, 2)
 
 
 # --- minibatch, all pairs ------------------------------------------------------------------------
@@ -248,7 +285,7 @@ def test_wide_layers_take_the_slab_gram_path_with_the_same_answers(debiased):
     """A host layer with p > 2·GRAM_SLAB features and p >= 4n enters batch_hsic as its centred Gram,
     formed slab by slab (kernels.cka.centred_gram_slabs); HSIC matches Song's/the biased formula in
     float64 (float32 input: to the float32 Gram bound), in any mix with narrow layers and groups,
-    and NaN or constant wide layers are refused by name."""
+    NaN wide layers are refused by name and constant ones give zero rows."""
     from repsim.kernels.cka import GRAM_SLAB, _is_wide
 
     rng = np.random.default_rng(21)
@@ -268,9 +305,10 @@ def test_wide_layers_take_the_slab_gram_path_with_the_same_answers(debiased):
     with pytest.raises(ValueError, match="layer 2 contains NaN"):
         batch_hsic(bad, debiased=debiased)
     bad = [a.copy() for a in layers]
-    bad[0][:] = 1.5
-    with pytest.raises(ValueError, match="layer 0 is constant"):
-        batch_hsic(bad, debiased=debiased)
+    bad[0][:] = 1.5  # constant: its row and column of the batch's HSIC are zero, the rest unchanged
+    got = batch_hsic(bad, debiased=debiased)
+    assert not got[0].any() and not got[:, 0].any()
+    np.testing.assert_allclose(got[1:, 1:], ref[1:, 1:], rtol=1e-9, atol=1e-12 * np.abs(ref).max())
 
 
 class LazyLayers:
@@ -307,7 +345,7 @@ def test_layers_are_read_once_in_order():
 def test_accumulators_any_split_any_merge_order(data):
     seed = data.draw(st.integers(0, 2**31 - 1))
     rng = np.random.default_rng(seed)
-    n_batches = data.draw(st.integers(1, 6))
+    n_batches = data.draw(st.integers(2, 6))  # (a bootstrap over one batch is refused)
     sizes = data.draw(st.lists(st.integers(4, 12), min_size=n_batches, max_size=n_batches))
     batches = [planted(rng, n, [3, 5], mean=2.0) for n in sizes]
     one_shot = MinibatchCKA(2)

@@ -33,12 +33,23 @@ def test_nonfinite_values_name_store_and_layer(tmp_path, layers, bad, value):
 
 
 @pytest.mark.parametrize("method", ["minibatch", "exact"])
-def test_constant_layer_names_store_and_layer(tmp_path, layers, method):
+@pytest.mark.parametrize("flat", ["wide", "narrow"])
+def test_constant_layer_gives_nan_pairs_and_one_line(tmp_path, layers, method, flat, capfd):
+    """A constant column's pairs are NaN (blank cells), every other pair is computed, and one line
+    names it (docs/architecture.md "Numerics")."""
     data = {k: v.astype(np.float32) for k, v in layers.items()}
-    data["wide"][:] = 2.5
+    good = repsim.cka_matrix(make_store(tmp_path / "ok.zarr", data, chunk_rows=10), batch_size=20, epochs=1,
+                             shuffle=False, method=method, progress=False)
+    data[flat][:] = 2.5
     store = make_store(tmp_path / "flat.zarr", data, chunk_rows=10)
-    with pytest.raises(ValueError, match="flat/wide.*constant|constant.*flat/wide"):
-        repsim.cka_matrix(store, batch_size=20, epochs=1, shuffle=False, method=method, progress=False)
+    got = repsim.cka_matrix(store, batch_size=20, epochs=1, shuffle=False, method=method, progress=False)
+    k = [c[1] for c in got.index].index(flat)
+    assert np.isnan(got.values[k]).all() and np.isnan(got.values[:, k]).all()
+    keep = [i for i in range(len(got.index)) if i != k]
+    np.testing.assert_allclose(got.values[np.ix_(keep, keep)], good.values[np.ix_(keep, keep)], rtol=1e-9)
+    assert got.meta["undefined_columns"] == [f"flat/{flat}"]
+    err = capfd.readouterr().err
+    assert err.count("CKA is undefined") == 1 and f"flat/{flat}" in err and "--dtype float32" in err
 
 
 def test_empty_class_names_store_and_layer(tmp_path, layers):

@@ -219,9 +219,9 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
     d = np.sqrt(np.clip(np.diag(hsic), 0.0, None))
     with np.errstate(invalid="ignore", divide="ignore"):
         values = hsic / np.outer(d, d)
-    zero = [f"{columns[k].store}/{columns[k].layer}" for k in range(L) if d[k] == 0.0]
-    if zero:
-        raise ValueError(f"constant features (zero HSIC with itself), CKA undefined: {zero}")
+    zero = d == 0.0  # constant features (zero HSIC with itself): no CKA, NaN in its row and column
+    values[zero, :] = np.nan
+    values[:, zero] = np.nan
     info = {
         "exact_routes": {f"{i},{j}": r for (i, j), r in routes.items()},
         "exact_passes": passes,

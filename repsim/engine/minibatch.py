@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import sys
+import warnings
 from dataclasses import asdict
 from typing import Any, Sequence
 
@@ -129,6 +130,19 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
         if own:
             reader.close()
     return acc.to_state()
+
+
+def _report_undefined(values: np.ndarray, columns: Sequence[Column], meta: dict[str, Any]) -> None:
+    """Columns constant over the examples have no CKA (NaN row and column; every other pair is
+    computed): one line on stderr naming them, and ``meta["undefined_columns"]``."""
+    bad = [f"{c.store}/{c.layer}" for k, c in enumerate(columns) if np.isnan(values[k, k])]
+    if not bad:
+        return
+    meta["undefined_columns"] = bad
+    print(f"repsim: CKA is undefined (NaN, blank in figures) for {len(bad)} column(s) constant over the "
+          f"examples: {', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''} — e.g. a zero-initialised head, "
+          "or float16 storage that rounded a tiny variance to zero (re-extract with --dtype float32)",
+          file=sys.stderr)
 
 
 AHEAD_BYTES = 512 << 20  # reduced columns the host readers may hold ahead of the batch being updated
@@ -244,6 +258,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
                                       progress=progress)
         meta.update(plan_info)
         meta["device"] = "cpu"  # exact CKA always runs in float64 NumPy, whatever ``device`` asked for
+        _report_undefined(values, columns, meta)
         return CKAResult(values=values, index=[(c.store, c.layer) for c in columns], meta=meta)
 
     if int(epochs) < 1:
@@ -326,6 +341,10 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     if acc is None:
         raise RuntimeError("no batches were computed")  # unreachable: plans have >= 1 batch
     meta["n_batches"] = int(acc.n_batches)
-    result = CKAResult(values=np.asarray(acc.result(), dtype=np.float64),
+    with warnings.catch_warnings():  # constant columns: reported once below, with advice
+        warnings.simplefilter("ignore", RuntimeWarning)
+        values = np.asarray(acc.result(), dtype=np.float64)
+    _report_undefined(values, columns, meta)
+    result = CKAResult(values=values,
                        index=[(c.store, c.layer) for c in columns], meta=meta, state=acc.to_state())
     return result

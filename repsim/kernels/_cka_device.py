@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from repsim._xp import astype, flatten_examples, row_sq_norms, to_numpy
-from repsim.kernels._precision import CentredGram, constant_tolerance
+from repsim.kernels._precision import CentredGram, constant_tolerance, zero_constant
 
 __all__ = ["device_batch_hsic", "gram_rows", "centre_once"]
 
@@ -86,12 +86,13 @@ def gram_rows(Xa: Any, Xc: Any, xp: Any, slab: int, out: Any = None) -> Any:
     return out
 
 
-def raise_failed(what: str, trace: float, mean_sq: float, n: int) -> None:
-    """The host route's errors for a layer whose (tr K, ‖x̄‖²) came back from the device."""
+def is_constant(what: str, trace: float, mean_sq: float, n: int) -> bool:
+    """The host route's checks for a layer whose (tr K, ‖x̄‖²) came back from the device: NaN or
+    infinity anywhere in it is a ``ValueError`` naming ``what``; returns whether it is constant
+    over the batch (tr K within the rounding of the mean)."""
     if not math.isfinite(trace):
         raise ValueError(f"{what} contains NaN or infinite values")
-    if trace <= constant_tolerance(n, mean_sq):
-        raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
+    return trace <= constant_tolerance(n, mean_sq)
 
 
 def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased: bool, xp: Any,
@@ -154,7 +155,5 @@ def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased
     zero = xp.zeros((), dtype=xp.float64)
     checks = xp.stack([zero if m is None else xp.asarray(m, dtype=xp.float64) for m in mean_sqs])
     flat = to_numpy(xp.concat([xp.reshape(H, (-1,)), traces, checks]))  # the batch's one device -> host copy
-    for l_ in range(L):
-        raise_failed(names[l_], float(flat[L * L + l_]), float(flat[L * L + L + l_]), n)
-    out = np.array(flat[:L * L], dtype=np.float64).reshape(L, L)
-    return (out + out.T) / 2
+    constant = [is_constant(names[l_], float(flat[L * L + l_]), float(flat[L * L + L + l_]), n) for l_ in range(L)]
+    return zero_constant(np.array(flat[:L * L], dtype=np.float64).reshape(L, L), constant)

@@ -5,13 +5,13 @@ float64 means rounded once, the tolerance below which a layer counts as constant
 derived in :mod:`repsim.kernels.cka`'s docstring ("Precision and error bound")."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from repsim._xp import astype as _astype
 
-__all__ = ["GRAM_SLAB", "CentredGram", "centre_rounded", "constant_tolerance"]
+__all__ = ["GRAM_SLAB", "CentredGram", "centre_rounded", "constant_tolerance", "zero_constant"]
 
 GRAM_SLAB = 2048  # features per float32 slab of a Gram product; the slabs are summed in float64
 
@@ -90,3 +90,15 @@ class CentredGram:
     @property
     def ndim(self) -> int:
         return 2
+
+
+def zero_constant(H: np.ndarray, constant: Sequence[bool]) -> np.ndarray:
+    """One batch's (L, L) HSIC, symmetrised exactly (GEMM rounding may differ by an ulp), with the
+    rows and columns of the layers that are ``constant`` over the batch set to 0: HSIC is bilinear in
+    the Grams, so that is the batch with those Grams exactly zero, i.e. with the rounding noise
+    of a constant layer's centring removed."""
+    out = (H + H.T) / 2
+    idx = [l_ for l_, c in enumerate(constant) if c]
+    out[idx, :] = 0.0
+    out[:, idx] = 0.0
+    return out

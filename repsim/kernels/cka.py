@@ -87,6 +87,7 @@ from __future__ import annotations
 
 import math
 import threading
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -95,7 +96,7 @@ from repsim._xp import (array_namespace, as_array, asarray_like, check_finite, d
                         gram_dtype, row_sq_norms, to_numpy)
 from repsim._xp import astype as _astype
 from repsim.kernels._cka_device import centre_once, device_batch_hsic, gram_rows
-from repsim.kernels._precision import GRAM_SLAB, CentredGram, centre_rounded, constant_tolerance
+from repsim.kernels._precision import GRAM_SLAB, CentredGram, centre_rounded, constant_tolerance, zero_constant
 
 __all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA", "CentredGram", "GRAM_SLAB",
            "release_buffers"]
@@ -186,15 +187,15 @@ def _is_wide(shape: tuple[int, ...]) -> bool:
     return p > 2 * GRAM_SLAB and p >= 4 * shape[0]
 
 
-def check_gram(K: Any, xp: Any, mean_sq: float, what: str) -> None:
+def check_gram(K: Any, xp: Any, mean_sq: float, what: str) -> bool:
     """The checks of :func:`_prepare` on a centred Gram: NaN/inf anywhere in the layer make its trace
-    non-finite; a layer is constant when the trace is within the rounding of the mean (``mean_sq``
-    = ‖x̄‖², 0 when unknown: then a trace <= 0)."""
+    non-finite (``ValueError`` naming ``what``); returns whether the layer is constant over the
+    batch: its trace within the rounding of the mean (``mean_sq`` = ‖x̄‖², 0 when unknown: then a
+    trace <= 0)."""
     tr = float(xp.sum(diagonal(K, xp)))
     if not math.isfinite(tr):
         raise ValueError(f"{what} contains NaN or infinite values")
-    if tr <= constant_tolerance(K.shape[0], mean_sq):
-        raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
+    return tr <= constant_tolerance(K.shape[0], mean_sq)
 
 
 def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> CentredGram:
@@ -206,9 +207,10 @@ def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Centred
     precision of the products, with the rule of this module ("Precision and error bound"): X is
     centred with float64 means and rounded once to ``dtype``, products are summed in ``dtype``
     over feature slabs of at most ``GRAM_SLAB`` and the slabs in float64; K_c is float64.
-    NaN or infinite values make tr(K_c) non-finite: ``ValueError`` naming ``what``; so does a
-    layer that is constant over the batch (tr(K_c) within the rounding of the mean,
-    :func:`constant_tolerance`).  On an accelerator (any namespace but NumPy) the rows are centred
+    NaN or infinite values make tr(K_c) non-finite: ``ValueError`` naming ``what``.  Whether the
+    layer is constant over the batch (tr(K_c) within the rounding of the mean,
+    :func:`constant_tolerance`) is decided by :func:`batch_hsic` from ``CentredGram.mean_sq``
+    (see :class:`MinibatchCKA` for what a constant layer gives).  On an accelerator (any namespace but NumPy) the rows are centred
     and multiplied as in :func:`batch_hsic`'s accelerator route (``kernels/_cka_device.py``), and
     the check is left to it, which makes it with the batch's one device-to-host copy: the Gram keeps
     ‖x̄‖² on the device (``CentredGram.mean_sq``) and nothing here waits for the device.
@@ -232,7 +234,7 @@ def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Centred
         mean_sq = float(xp.sum(mean * mean))
         del X
     check_gram(K, xp, mean_sq, what)
-    return CentredGram(K)
+    return CentredGram(K, mean_sq=mean_sq)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -261,10 +263,10 @@ def ucenter(K: Any, *, xp: Any = None) -> Any:
 
 
 def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str,
-             scratch: "_HostScratch | None" = None) -> tuple[Any, Any]:
+             scratch: "_HostScratch | None" = None) -> tuple[Any, Any, bool]:
     """Flatten, cast, validate and column-centre one layer's batch (:func:`centre_rounded`);
-    returns the centred rows and their float64 squared norms (:func:`sq_norms64`, the centred
-    Gram's diagonal).  With ``scratch`` (NumPy) the centred rows are written into a reused buffer.
+    returns the centred rows, their float64 squared norms (:func:`sq_norms64`, the centred
+    Gram's diagonal) and whether the layer is constant over the batch.  With ``scratch`` (NumPy) the centred rows are written into a reused buffer.
 
     NaN/inf anywhere in X makes its column mean non-finite, so the finiteness check runs on the
     (p,) mean. X is constant to working precision when the centred rows' squared norms are all
@@ -282,17 +284,19 @@ def _prepare(X: Any, xp: Any, dtype: Any, n: int | None, what: str,
     check_finite(mean, xp, what)
     d = sq_norms64(Xc, xp)
     spread = float(xp.sum(d))
-    if spread <= constant_tolerance(X.shape[0], float(xp.sum(mean * mean))):
-        raise ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
-    return Xc, d
+    return Xc, d, spread <= constant_tolerance(X.shape[0], float(xp.sum(mean * mean)))
 
 
-def _prepare_gram(G: "CentredGram", xp: Any, n: int | None, what: str) -> "CentredGram":
-    """Validate a :class:`CentredGram` (the counterpart of :func:`_prepare`); K is kept as given."""
+def _prepare_gram(G: "CentredGram", xp: Any, n: int | None, what: str) -> tuple["CentredGram", bool]:
+    """Validate a :class:`CentredGram` (the counterpart of :func:`_prepare`; K is kept as given) and
+    say whether its layer is constant over the batch."""
     if n is not None and G.shape[0] != n:
         raise ValueError(f"{what} has {G.shape[0]} examples, expected {n} (all layers must share examples)")
-    check_gram(G.K, xp, 0.0 if G.mean_sq is None else float(G.mean_sq), what)  # no mean: a trace <= 0
-    return G
+    return G, check_gram(G.K, xp, 0.0 if G.mean_sq is None else float(G.mean_sq), what)  # no mean: trace <= 0
+
+
+def _constant_error(what: str) -> ValueError:
+    return ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
 
 
 def _check_n(n: int, debiased: bool, what: str = "batch") -> None:
@@ -321,8 +325,12 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
     xp = array_namespace(X, Y, xp=xp)
     n = X.shape[0]
     _check_n(n, debiased, "X")
-    Xc, k = _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), None, "X")
-    Yc, l_ = _prepare(Y, xp, gram_dtype(Y.dtype, xp, compute_dtype), n, "Y")
+    Xc, k, const_x = _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), None, "X")
+    if const_x:
+        raise _constant_error("X")
+    Yc, l_, const_y = _prepare(Y, xp, gram_dtype(Y.dtype, xp, compute_dtype), n, "Y")
+    if const_y:
+        raise _constant_error("Y")
     p1, p2 = Xc.shape[1], Yc.shape[1]
     feature_cost = p1 * p2 + p1 * p1 + p2 * p2
     gram_cost = n * (p1 + p2) + 3 * n
@@ -559,22 +567,22 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     scratch = _HostScratch() if kept is None and host else None
     diags: list[Any] = [None] * L  # biased HSIC: the Grams' diagonals
     sums: list[Any] = [None] * L  # debiased HSIC: row sums of K̃, accumulated over groups
+    constant = [False] * L  # layers constant over this batch (their rows of H are zeroed)
 
     def column(l_: int, X: Any, A: Any, group: list[tuple[int, int, int]], first_group: bool) -> None:
         """Layer l's part of group ``group``: prepared on first sight, then its row of A."""
         if first_group:
+            if host and not centred and not isinstance(X, CentredGram) and X.ndim >= 2 and _is_wide(X.shape):
+                if X.shape[0] != n:  # p ≫ n: its centred Gram, in one pass
+                    raise ValueError(f"{names[l_]} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
+                X = centred_gram(X, xp, names[l_], gram_dtype(X.dtype, xp, compute_dtype))
             if isinstance(X, CentredGram):
-                Xc = _prepare_gram(X, xp, n, names[l_])
+                Xc, constant[l_] = _prepare_gram(X, xp, n, names[l_])
                 d = diagonal(Xc.K, xp) if not debiased else None
             elif centred:
                 Xc, d = X, (sq_norms64(X, xp) if not debiased else None)
-            elif host and X.ndim >= 2 and _is_wide(X.shape):  # p ≫ n: its centred Gram, in one pass
-                if X.shape[0] != n:
-                    raise ValueError(f"{names[l_]} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
-                Xc = centred_gram(X, xp, names[l_], gram_dtype(X.dtype, xp, compute_dtype))
-                d = diagonal(Xc.K, xp) if not debiased else None
             else:
-                Xc, d = _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), n, names[l_], scratch)
+                Xc, d, constant[l_] = _prepare(X, xp, gram_dtype(X.dtype, xp, compute_dtype), n, names[l_], scratch)
             if not debiased:
                 diags[l_] = d if d.dtype == xp.float64 else xp.astype(d, xp.float64)
             if kept is not None:
@@ -610,7 +618,7 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
         D = xp.stack(diags)
         H = (2 * H + _row_products(D, xp)) / ((n - 1) ** 2)
     out = np.array(to_numpy(H), dtype=np.float64)
-    return (out + out.T) / 2, n, seen  # exact symmetry (GEMM rounding may differ by an ulp)
+    return zero_constant(out, constant), n, seen
 
 
 def _checked_layers(layers: Sequence[Any], first: Any, first_ns: Any, names: Sequence[str], seen: list[int | None],
@@ -703,10 +711,17 @@ def _each_column(items: Any, work: Any, parallel: bool) -> None:
         work(l_, X)
 
 
-def hsic_to_cka(hsic: np.ndarray, names: Sequence[str] | None = None) -> np.ndarray:
-    """CKA matrix hsic_ij / sqrt(hsic_ii hsic_jj); ValueError when a self-HSIC is not positive."""
+def hsic_to_cka(hsic: np.ndarray, names: Sequence[str] | None = None, *, undefined: str = "raise") -> np.ndarray:
+    """CKA matrix hsic_ij / sqrt(hsic_ii hsic_jj).  A layer whose self-HSIC is not positive (constant
+    features) has no CKA: ``undefined="raise"`` gives a ValueError naming it, ``"nan"`` NaN in its
+    row and column (its diagonal too)."""
+    if undefined not in ("raise", "nan"):
+        raise ValueError(f"undefined must be 'raise' or 'nan', got {undefined!r}")
     d = np.diag(hsic)
     bad = np.flatnonzero(~(d > 0))
+    if bad.size and undefined == "nan":
+        s = np.sqrt(np.where(d > 0, d, np.nan))
+        return hsic / np.outer(s, s)
     if bad.size:
         label = [names[i] if names is not None else f"layer {i}" for i in bad[:5]]
         raise ValueError(
@@ -728,6 +743,12 @@ class MinibatchCKA:
     a lazy one lets a driver load one layer's batch at a time. ``.hsic`` holds the float64 (L, L) sums of per-batch HSIC, ``.n_batches``
     the number of batches. With ``keep_batches`` the per-batch upper triangles are kept so that
     ``result(ci=0.95)`` can give percentile-bootstrap intervals over batches.
+
+    Constant layers: NaN or infinity in a layer is refused (``ValueError`` naming it), but a layer
+    that is constant over a batch (zero variance to working precision, :func:`constant_tolerance`)
+    adds nothing to that batch's sums — its Gram is taken as exactly zero — and a layer constant
+    over every batch has no CKA: ``result()`` gives NaN in its row and column, with one
+    ``RuntimeWarning`` naming such layers (:meth:`undefined`), while every other pair is computed.
 
     ``merge`` adds sums and concatenates batch records, so accumulators built on any split of the
     batches combine to the one-shot result (to float64 rounding) in any merge order. The bootstrap
@@ -826,7 +847,12 @@ class MinibatchCKA:
         """
         if self.n_batches == 0:
             raise ValueError("MinibatchCKA.result() called before any update")
-        values = hsic_to_cka(self.hsic, self._names())
+        undefined = self.undefined()
+        if undefined:
+            warnings.warn(f"CKA is undefined (NaN) for {len(undefined)} layer(s) constant over every batch: "
+                          f"{', '.join(undefined[:8])}{' ...' if len(undefined) > 8 else ''}",
+                          RuntimeWarning, stacklevel=2)
+        values = hsic_to_cka(self.hsic, self._names(), undefined="nan")
         if ci is None:
             return values
         if not 0 < ci < 1:
@@ -835,7 +861,14 @@ class MinibatchCKA:
             raise ValueError("confidence intervals need keep_batches=True")
         if draws is not None and not 1 <= int(draws) <= self.n_batches:
             raise ValueError(f"draws must be in [1, {self.n_batches}], got {draws}")
-        lower, upper = self._bootstrap(ci, n_boot, seed, None if draws is None else int(draws))
+        if (self.n_batches if draws is None else int(draws)) < 2:
+            raise ValueError(
+                f"a bootstrap interval resamples batches, and {'there is' if draws is None else 'each resample holds'} "
+                f"only one ({self.n_examples // max(self.n_batches, 1)} examples): every resample would equal the "
+                "estimate (lo = hi). Use a batch size below half the examples for an interval")
+        with warnings.catch_warnings():  # undefined layers: all-NaN columns, named above
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lower, upper = self._bootstrap(ci, n_boot, seed, None if draws is None else int(draws))
         return values, lower, upper
 
     def to_state(self) -> dict[str, Any]:
@@ -878,6 +911,11 @@ class MinibatchCKA:
         return acc
 
     # -- helpers -------------------------------------------------------------------------------
+    def undefined(self) -> list[str]:
+        """Names of the layers with no CKA: constant over every batch (self-HSIC sum not positive;
+        a batch in which a layer is constant adds nothing to its sums, see :func:`zero_constant`)."""
+        return [self._names()[l_] for l_ in np.flatnonzero(~(np.diag(self.hsic) > 0))]
+
     def _names(self) -> list[str]:
         return self.names if self.names is not None else [f"layer {i}" for i in range(self.n_layers)]
 
