@@ -299,6 +299,13 @@ def flatten_examples(x: Any, xp: Any, dtype: Any = None, what: str = "X") -> Any
     return x
 
 
+class UndefinedMetric(ValueError):
+    """A metric that has no value on this data — a layer constant over the examples (zero total
+    distance for R², coinciding class means for collapse) — as opposed to bad data (NaN/inf), which
+    is a plain ``ValueError``.  Direct calls raise it; the streaming drivers report the layer's
+    metric as NaN, name the layer once, and compute every other layer."""
+
+
 def check_finite(x: Any, xp: Any, what: str = "X") -> None:
     """Raise ``ValueError`` when ``x`` holds NaN or infinity (never return a silent NaN)."""
     if not bool(xp.all(xp.isfinite(x))):

@@ -59,3 +59,20 @@ def test_empty_class_names_store_and_layer(tmp_path, layers):
     for kw in (dict(distances=("cosine",)), dict(collapse=True), dict(spectra=True)):
         with pytest.raises(ValueError, match="gap/narrow.*class 1"):
             repsim.layer_metrics(store.path, ["narrow"], progress=False, **kw)
+
+
+def test_constant_layer_gives_nan_metrics_and_one_line(tmp_path, layers, capfd):
+    """The same policy for the streaming drivers: a constant layer's R² and collapse metrics are
+    NaN, its sparsity and every other layer's metrics are computed, and one line names it."""
+    data = {k: v.astype(np.float32) for k, v in layers.items()}
+    data["narrow"][:] = 2.5
+    store = make_store(tmp_path / "flat.zarr", data, labels=np.arange(N) % 3, chunk_rows=10)
+    res = repsim.layer_metrics(store.path, distances=("cosine", "sqeuclidean"), sparsity=True, collapse=True,
+                               progress=False)
+    flat, ok = res[("flat", "narrow")], res[("flat", "wide")]
+    assert all(np.isnan(v) for v in flat["separation"].values())
+    assert all(np.isnan(v) for v in flat["collapse"].values()) and "nc1" in flat["collapse"]
+    assert flat["sparsity"] == 1.0  # (the fraction of non-zero activations: 2.5 everywhere)
+    assert np.isfinite(list(ok["separation"].values())).all() and np.isfinite(ok["collapse"]["nc1"])
+    err = capfd.readouterr().err
+    assert err.count("undefined (NaN)") == 1 and "flat/narrow" in err and "flat/wide" not in err

@@ -35,6 +35,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from repsim._io import atomic_write
+from repsim._xp import UndefinedMetric
 from repsim.engine.blocks import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
 from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
 
@@ -242,6 +243,7 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
     passes_per_group = 1 + ("cosine_centered" in distances)
     total = sum(-(-s.n // max(1, s.chunk_rows)) * len(g) * passes_per_group for s, _, _, g in plans)
     out: dict[tuple[str, str], dict[str, Any]] = {}
+    undefined: list[str] = []
     bar = progress_bar(total, "scan", progress, unit="block")
     try:
         for store, name, num_classes, groups in plans:
@@ -258,18 +260,40 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
                     for layer, per in _scan_store(columns, store.n, block_rows, second, **kw).items():
                         merged[layer].update(per)
                 for col in columns:
-                    out[(name, col.layer)] = _finish(merged.pop(col.layer), req, head, col)
+                    out[(name, col.layer)] = _finish(merged.pop(col.layer), req, head, col, undefined)
     finally:
         bar.close()
+    if undefined:
+        print(f"repsim: {len(undefined)} metric(s) undefined (NaN) on layers constant over the examples: "
+              f"{'; '.join(undefined[:10])}{' ...' if len(undefined) > 10 else ''} — e.g. float16 storage that "
+              "rounded a tiny variance to zero (re-extract with --dtype float32)", file=sys.stderr)
     return out, dict(zip(names, opened))
 
 
-def _finish(accs: dict[str, Any], req: Request, head: Any, col: Column) -> dict[str, Any]:
+def _defined(value: Any, undefined: list[str], what: str, nan: Any = float("nan")) -> Any:
+    """``value()``, or ``nan`` when the metric has no value on this layer (:class:`UndefinedMetric`,
+    e.g. a constant layer), recording ``what`` in ``undefined``."""
+    try:
+        return value()
+    except UndefinedMetric:
+        undefined.append(what)
+        return nan
+
+
+def _finish(accs: dict[str, Any], req: Request, head: Any, col: Column,
+            undefined: list[str] | None = None) -> dict[str, Any]:
+    """A layer's metrics from its merged accumulators.  One with no value on this layer (a constant
+    layer's R² or collapse metrics) is NaN, and ``"<metric> of <store>/<layer>"`` goes to
+    ``undefined`` (reported once by :func:`_run`); NaN/inf data and other errors still raise."""
+    from repsim.kernels.collapse import COLLAPSE_KEYS
     from repsim.kernels.spectra import weight_spectrum
 
+    undefined = [] if undefined is None else undefined
+    where = f"{col.store}/{col.layer}"
     res: dict[str, Any] = {}
     if req.distances:
-        res["separation"] = {d: float(accs[f"separation:{d}"].result()) for d in req.distances}
+        res["separation"] = {d: float(_defined(accs[f"separation:{d}"].result, undefined, f"R² ({d}) of {where}"))
+                             for d in req.distances}
     if req.sparsity:
         res["sparsity"] = float(accs["sparsity"].result())
         res["sparsity_per_channel"] = np.asarray(accs["sparsity"].result_per_channel())
@@ -279,7 +303,9 @@ def _finish(accs: dict[str, Any], req: Request, head: Any, col: Column) -> dict[
         if tuple(head[0].shape) == (accs["collapse"].num_classes, P):
             W = head[0]
     if req.collapse:
-        res["collapse"] = accs["collapse"].result(W=W)
+        keys = [k for k in COLLAPSE_KEYS if W is not None or not (k.endswith("_weights") or k == "self_duality")]
+        res["collapse"] = _defined(lambda: accs["collapse"].result(W=W), undefined, f"collapse of {where}",
+                                   {k: float("nan") for k in keys})
     if req.spectra:
         spec = {"activations": accs["spectrum"].result(),
                 "centroids": np.linalg.svd(accs["collapse"].centered_means(), compute_uv=False)}

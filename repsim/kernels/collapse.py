@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 
 from repsim.kernels._moments import ClassMoments
-from repsim._xp import array_namespace, as_array, check_finite, compute_dtype, flatten_examples, host_labels, to_numpy
+from repsim._xp import (UndefinedMetric, array_namespace, as_array, check_finite, compute_dtype, flatten_examples,
+                        host_labels, to_numpy)
 
 __all__ = ["COLLAPSE_KEYS", "CollapseStats", "collapse_metrics"]
 
@@ -48,7 +49,7 @@ COLLAPSE_KEYS = ("norm_cv_means", "norm_cv_weights", "cos_std_means", "cos_std_w
 def _pairwise_cos(V: np.ndarray, what: str) -> np.ndarray:
     norms = np.linalg.norm(V, axis=1)
     if np.any(norms == 0):
-        raise ValueError(f"{what}: a row has zero norm; cosine similarity is undefined")
+        raise UndefinedMetric(f"{what}: a row has zero norm; cosine similarity is undefined")
     U = V / norms[:, None]
     iu = np.triu_indices(V.shape[0], k=1)
     return (U @ U.T)[iu]
@@ -153,7 +154,7 @@ class CollapseStats:
         tol = (max(C, P) * np.finfo(np.float64).eps if rtol is None else float(rtol)) * scale
         keep = s > tol
         if not np.any(keep):
-            raise ValueError(f"{self._what()}: all class means coincide; Σ_B is zero and nc1 is undefined")
+            raise UndefinedMetric(f"{self._what()}: all class means coincide; Σ_B is zero and nc1 is undefined")
         V = Vt[keep]
         proj = np.einsum("kp,pq,kq->k", V, self.within_covariance(), V)
         return float(np.sum(C / s[keep] ** 2 * proj) / C)

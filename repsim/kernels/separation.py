@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from repsim.kernels._moments import ClassMoments
-from repsim._xp import (array_namespace, as_array, asarray_like, check_finite, compute_dtype,
+from repsim._xp import (UndefinedMetric, array_namespace, as_array, asarray_like, check_finite, compute_dtype,
                         flatten_examples, host_labels, to_numpy, unit_rows)
 
 __all__ = ["DISTANCES", "ClassSeparation", "class_separation"]
@@ -123,7 +123,7 @@ class ClassSeparation:
         total = within + between
         scale = within + float(np.mean(np.sum(m.means**2, axis=1)))
         if not total > 1e-12 * scale:
-            raise ValueError(f"{self._what()}: all embeddings are identical (zero total distance); R² is undefined")
+            raise UndefinedMetric(f"{self._what()}: all embeddings are identical (zero total distance); R² is undefined")
         return {"within": within, "between": between, "total": total, "r2": between / total}
 
     def result(self) -> float:
