@@ -280,6 +280,25 @@ class ActivationStore:
         self._check_layer(name)
         return self._dask(f"layers/{name}")
 
+    def to_xarray(self, name: str):
+        """Layer ``name`` as a lazy ``xarray.DataArray`` (the same checked dask array as
+        :meth:`layer`): dimensions from the store's ``dimension_names`` (``example``, ``channel``,
+        ``y``, ``x``, or ``feature``), the ``example`` axis labelled with ``example_ids`` and
+        carrying ``label`` (single-label stores) — the one-liner README.md gives.  Needs
+        ``pip install 'repsim[xarray]'``."""
+        try:
+            import xarray as xr
+        except ImportError as exc:
+            raise ImportError("to_xarray needs xarray: pip install 'repsim[xarray]'") from exc
+        data = self.layer(name)
+        dims = tuple(self.zarr_array(name).metadata.dimension_names or ()) or (
+            ("example",) + tuple(f"dim_{i}" for i in range(1, data.ndim)))
+        coords: dict[str, Any] = {dims[0]: self.example_ids}
+        if not self.multilabel:
+            coords["label"] = (dims[0], self.labels)
+        return xr.DataArray(data, dims=dims, coords=coords, name=name,
+                            attrs={"store": self.name, "path": str(self.path)})
+
     def _dask(self, array: str):
         import dask.array as da
         from dask.base import tokenize
