@@ -442,3 +442,16 @@ def test_hf_image_processor_and_module_state_dict(tmp_path):
                     "--layers", "pool")
     assert mine.attrs["model"]["weights_sha256"] == weights_sha256(net)
     assert mine.attrs["model"]["init"] == "state dict" and mine.attrs["model"]["checkpoint_sha256"]
+
+
+def test_hf_text_model_without_tokenizer_files_is_refused(tmp_path, capsys):
+    """A config-only directory gets a 5-token tokenizer from AutoTokenizer (every word [UNK]): refused."""
+    transformers = pytest.importorskip("transformers")
+    ckpt = tmp_path / "cfg-only"
+    transformers.BertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=32).save_pretrained(ckpt)
+    data = _reviews(tmp_path / "reviews.csv")
+    assert repsim_main(["extract", "--checkpoint", f"hf:{ckpt}", "--data", str(data),
+                        "--out", str(tmp_path / "t.zarr")]) == 2
+    assert "tokenizer has 5 tokens but the model's config declares vocab_size 30522" in capsys.readouterr().err
+    assert not (tmp_path / "t.zarr").exists()

@@ -25,6 +25,18 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
                 "pytorch_model.bin.index.json")
 
 
+def check_vocabulary(spec: str, tokens: int, vocab_size: int | None) -> None:
+    """Refuse a tokenizer that cannot cover the model's vocabulary: a directory holding only a
+    ``config.json`` makes ``AutoTokenizer`` build one with just its special tokens (5 for BERT), which
+    turns every word into ``[UNK]`` — every example would then be the same sequence.  The rule: fewer
+    tokens than half the config's ``vocab_size``."""
+    if vocab_size and tokens < int(vocab_size) // 2:
+        raise ValueError(
+            f"extract: {spec!r}: its tokenizer has {tokens} tokens but the model's config declares vocab_size "
+            f"{vocab_size}, so nearly every word would become the unknown token; put the tokenizer's files "
+            "(tokenizer.json, or vocab.txt/merges.txt) in the directory, or use a hub id")
+
+
 class ImageProcessorTransform:
     """A Hugging Face image processor as a per-image transform (picklable for DataLoader workers)."""
 
@@ -84,6 +96,7 @@ def load(spec: str) -> LoadedModel:
             tokenizer = AutoTokenizer.from_pretrained(source)
         except (OSError, ValueError, TypeError) as exc:
             raise ValueError(f"extract: {spec!r}: no tokenizer for this text model ({' '.join(str(exc).split())[:200]})") from None
+        check_vocabulary(spec, len(tokenizer), getattr(config, "vocab_size", None))
     meta = {
         "arch": type(model).__name__, "source": "hf", "model_id": source,
         "init": "pretrained" if pretrained else "random(seed=0)", "weights_sha256": weights_sha256(model),
