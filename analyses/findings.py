@@ -86,7 +86,7 @@ def finding_transfer(inputs: Inputs) -> Finding:
     src_runs = as_percent(src["top1"]).groupby(src["label"])
     src_of = {l: src_runs.get_group(l).to_numpy(float) for l in common}
     n_seeds = sorted({len(v) for v in groups.values()})
-    vs_best = "" if best == "softmax" else f", p = {_p(groups['softmax'], groups[best])} vs {display(best)}"
+    vs_best = "" if best == "softmax" else f", p = {_p(groups['softmax'], groups[best])} vs softmax"
     details = "; ".join(f"{display(l)} source {_pm(src_of[l])}% (p = {_p(src_of[l], src_of['softmax'])}), "
                         f"transfer {_pm(groups[l])}% (p = {_p(groups[l], groups['softmax'])})" for l in beat)
     ev = (f"Softmax: {_pm(src_of['softmax'])}% source top-1, {_pm(groups['softmax'])}% mean linear transfer "
@@ -233,10 +233,20 @@ def finding_separation(inputs: Inputs) -> Finding:
           f"({r2['softmax']:.3f}{sd('softmax')}, mean ± s.d. over {n_runs['softmax']} seed(s))"
           + (f"; not higher: {', '.join(f'{display(l)} ({r2[l]:.3f}{sd(l)})' for l in others if l not in higher)}"
              if lower else "")
-          + (f"; others {r2[others].min():.3f}–{r2[others].max():.3f}" if others else "")
+          + (f"; higher: {r2[higher].min():.3f}–{r2[higher].max():.3f}" if higher else "")
           + f". Spearman ρ(R², mean linear transfer) = {rho:.2f} (p = {p:.3g}, n = {len(common)}); "
           f"paper: ρ = −0.93, p = 0.002.")
     return Finding(name, verdict, ev)
+
+
+def source_range(inputs: Inputs) -> str:
+    """'a–b %': the lowest and highest mean source top-1 over the objectives of this run ('' if unknown)."""
+    try:
+        src = inputs.source_accuracy()
+    except Missing:
+        return ""
+    acc = as_percent(src["top1"]).groupby(src["label"]).mean()
+    return f"{acc.min():.0f}–{acc.max():.0f} %" if len(acc) else ""
 
 
 def evaluate(inputs: Inputs) -> list[Finding]:

@@ -130,13 +130,15 @@ def run_tasks(tasks: list[Task], jobs: int, stage: str, summary: Callable[[Task]
             p.wait()
 
 
-def shortfall(findings, profile: Profile) -> str:
+def shortfall(findings, profile: Profile, source_range: str = "") -> str:
     """The report's sentence when fewer than 2 of the 3 findings are reproduced (the issue's bar for a
-    study profile): how many, and where the profile's limits are explained ('' otherwise)."""
+    study profile): how many, and where the profile's limits are explained ('' otherwise), with this
+    run's source accuracy range (``source_range``, e.g. '96–98 %') where the profile's text cites it."""
     n = sum(f.verdict == "reproduced" for f in findings)
     if n >= 2:
         return ""
-    return f"This run reproduces {n} of the paper's 3 findings. {profile.shortfall}".strip()
+    why = profile.shortfall.replace("{source_range}", source_range or "similar")
+    return f"This run reproduces {n} of the paper's 3 findings. {why}".strip()
 
 
 def _repsim(*args: str) -> list[str]:
@@ -383,12 +385,13 @@ class Demo:
     def stage_report(self):
         from analyses.cli import make_figures
         from analyses.data import Inputs
-        from analyses.findings import evaluate, findings_html, findings_text
+        from analyses.findings import evaluate, findings_html, findings_text, source_range
 
         # not stores of earlier, larger runs
         names = {Path(p).name.removesuffix(".zarr") for g in (*self.groups, *self.dynamics_groups)
                  for p in self.group_paths(g)}
-        findings = evaluate(Inputs(self.out / "stores", self.out / "results", names))
+        inputs = Inputs(self.out / "stores", self.out / "results", names)
+        findings = evaluate(inputs)
         timing = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
         import html
 
@@ -407,7 +410,7 @@ class Demo:
                f"{html.escape(p.source_text)}; transfer task: {html.escape(p.target_text)}. Stage times (last "
                f"run that did the stage's work): {timing}. "
                f"Stores per network:</p><ul class='caption'>{stores}</ul>")
-        short = shortfall(findings, p)
+        short = shortfall(findings, p, source_range(inputs))
         if short:
             pre += f"<p class='caption'><b>{html.escape(short)}</b></p>"
         outcomes, report = make_figures(self.out / "stores", self.out / "results", self.out / "report",
@@ -447,9 +450,7 @@ class Demo:
         findings, outcomes, report = self.stage_report()
         self.timings["report"] = time.perf_counter() - t0
         timing_file.write_text(json.dumps(self.timings))
-        from analyses.findings import findings_text
-
-        _say("[demo] findings:\n" + findings_text(findings))
+        _say("[demo] findings:\n" + (rep / "findings.md").read_text().rstrip())  # as a rerun prints it
         failed = [o for o in outcomes if o.status == "failed"]
         _say(f"[demo] report: {report} ({sum(o.status == 'done' for o in outcomes)} items, "
              f"{len(failed)} failed); this run {time.perf_counter() - t_all:.0f} s; stage times (last run that "

@@ -58,7 +58,9 @@ class Profile:
     check_data: Callable[[str | None, bool], None] | None = None
     relearn_task: str = "relearn"  # Fig. 6 by the paper's protocol (`repsim probe --relearn` on src-test)
     target_fit: str = ""
-    shortfall: str = ""  # said in the report when fewer than 2 findings are reproduced: why, where to read more
+    # said in the report when fewer than 2 findings are reproduced: why, where to read more; "{source_range}"
+    # is replaced by this run's lowest–highest mean source top-1 (analyses.findings.source_range)
+    shortfall: str = ""
     keep_every: int = 0  # keep a checkpoint every K epochs (0: none) for the dynamics groups
     groups: Groups = field(default_factory=dict)
     dynamics: Groups = field(default_factory=dict)
@@ -85,7 +87,7 @@ DIGITS = Profile(
     title="repsim demo: sklearn digits, 9 objectives",
     source_text="sklearn digits 0–4 (digits-source)", target_text="digits 5–9 (digits-target)",
     keep_every=5,  # Figs. D.2 and E.4 render from the kept checkpoints
-    shortfall="Digits saturates (every objective reaches 96–98 % source accuracy), leaving the objectives "
+    shortfall="Digits saturates (the objectives reach {source_range} source accuracy), leaving them "
               "little to differ on; `repsim demo --profile fashion` runs the study on Fashion-MNIST.",
 )
 

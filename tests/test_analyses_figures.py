@@ -212,8 +212,25 @@ def test_findings_detect_a_contradiction(tmp_path):
     pro.to_csv(res / "probes.csv", index=False)
     f = {x.name: x for x in evaluate(Inputs(None, res))}
     assert f["Better objectives transfer worse"].verdict == "not reproduced"
+    ev = f["Better objectives transfer worse"].evidence  # the best's p is against softmax, and says so
+    assert re.search(r"best transfer \S.*?\(\d+\.\d ± \d+\.\d%, p = \S+ vs softmax\)", ev), ev
     # R² still rises for every objective, but no longer predicts worse transfer: one of two holds
     assert f["Class separation rises and predicts worse transfer"].verdict == "partial"
+
+
+def test_separation_evidence_ranges_only_the_higher_objectives(tmp_path):
+    """Finding 3 lists the objectives not above softmax, and the range it gives is of the others only."""
+    from analyses.data import Inputs
+    from analyses.findings import evaluate
+
+    res = write_results(tmp_path)
+    sep = pd.read_csv(res / "separation.csv")
+    sep.loc[sep.objective == OBJS[-1], "r2"] = 0.01  # the most separated objective now lies below softmax
+    sep.to_csv(res / "separation.csv", index=False)
+    ev = {x.name: x for x in evaluate(Inputs(None, res))}["Class separation rises and predicts worse transfer"].evidence
+    assert "not higher:" in ev and "0.010" in ev.split("not higher:")[1].split(";")[0]
+    low, high = (float(v) for v in re.search(r"; higher: (\d\.\d+)–(\d\.\d+)", ev).groups())
+    assert low > 0.01 and "others" not in ev
 
 
 def test_cka_objectives_from_engine_provenance(tmp_path):
