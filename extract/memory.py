@@ -65,6 +65,8 @@ class ImageTensor(torch.utils.data.Dataset):
             raise ValueError("extract: give both mean and std, or neither")
         self.mean = None if mean is None else torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
         self.std = None if std is None else torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        # mean/std per device, copied once: a copy from pageable memory per batch would synchronise
+        self._stats: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
         if self.mean is not None and self.mean.numel() != channels:
             raise ValueError(f"extract: mean/std have {self.mean.numel()} values for {channels} channels")
         labels = np.zeros(n, np.int64) if labels is None else np.asarray(labels)
@@ -112,7 +114,10 @@ class ImageTensor(torch.utils.data.Dataset):
         if x.dtype == torch.uint8:
             x = x.float().div_(255.0)
         if self.mean is not None:
-            x = (x - self.mean.to(x.device)).div_(self.std.to(x.device))
+            if x.device not in self._stats:
+                self._stats[x.device] = (self.mean.to(x.device), self.std.to(x.device))
+            mean, std = self._stats[x.device]
+            x = (x - mean).div_(std)
         return x
 
 
