@@ -2,10 +2,16 @@
 
 Pipeline, per rank::
 
-    DataLoader (workers, pinned memory, fixed order)  ->  forward under inference_mode (+ AMP on GPU)
-        hooks copy each layer's reduced, cast output into a host chunk buffer (non-blocking on GPU)
-    a full chunk  ->  writer thread: wait for its copies, check range, compress + write it,
+    in-memory images (extract/memory.py): gather thread -> pinned staging -> side stream: copy to
+        the GPU + normalise, one batch ahead          | other datasets: DataLoader (workers, pinned)
+    ->  forward under inference_mode (+ AMP on GPU), fixed row order
+        hooks reduce and cast each layer's output on the device; a copy stream moves it into a
+        pinned host chunk buffer (the compute stream never waits for a copy)
+    a full chunk  ->  writer thread: wait for its copies' event, check range, compress + write it,
                       mark written[i]                    (a bounded pool of buffers bounds memory)
+
+Nothing on the main thread synchronises with the GPU per batch: the range maxima stay on the device
+until the writer thread checks them, once per chunk.
 
 On GPU (or with CPU cores that torch's intra-op pool leaves free) the writer threads overlap the
 forward passes. On a CPU whose cores the forward pass already uses, overlapping would stall every
@@ -633,7 +639,8 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
         labels = np.empty(rows, np.int32) if plan.label_dim is None else np.empty((rows, plan.label_dim), bool)
         return _Buffers(layers, labels, torch.empty(len(hooked), pin_memory=cuda))
 
-    # buffer sets: one being filled plus one per writer thread, fewer when chunks are huge; a
+    # buffer sets: one being filled plus one per writer thread (GPU: 4 threads, so up to 4 chunks of
+    # whole batches queued or being written), fewer when chunks are huge; a
     # forward pass waits for a free set, so host memory stays bounded whatever the dataset size
     inflight = INFLIGHT_BYTES * cpus // max(cpus, os.cpu_count() or 1)  # this process's share
     budget = max(1, inflight // max(1, rows * plan.row_bytes))
