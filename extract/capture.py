@@ -16,16 +16,22 @@ and copies it into the destination slice at once. Reductions by shape:
   headless model is reduced as tokens); other shapes are stored as they are.
 
 Copying inside the hook matters: a later in-place op (torchvision's ``ReLU(inplace=True)``, ``out +=
-identity``) may overwrite the tensor a module returned before ``forward`` ends. On CUDA the copy is
-a non-blocking device-to-pinned-host copy, ordered on the stream before any later kernel can touch
-the source.
+identity``) may overwrite the tensor a module returned before ``forward`` ends. On CUDA the hook
+casts (or copies) the value into a private device tensor on the compute stream, and the
+non-blocking device-to-pinned-host copy runs on a side stream (``Capture.copy_stream``) that waits
+only for that cast: the copy engine drains a layer while the compute stream runs the next layers
+(and the next batch), instead of stalling the forward pass for every copy. ``record_stream`` keeps
+the private tensor's memory from reuse until its copy has run.
 
-Every hook also records ``max |y|`` of the un-cast value (a device scalar, no synchronisation); the
-writer checks it before writing, so that NaN/inf, and in float16 layers values at or beyond
-float16's range (|y| ≥ 65520 rounds to inf), are refused with the layer named instead of stored.
+Every hook also records ``max |y|`` of the un-cast value (``vector_norm(y, inf)``: one reduction
+kernel, a device scalar, NaN propagates, no synchronisation); the writer thread checks a chunk's
+maxima once the chunk's copies are done (one check per chunk of several batches, never on the main
+thread), so that NaN/inf, and in float16 layers values at or beyond float16's range (|y| ≥ 65520
+rounds to inf), are refused with the layer and the chunk's rows named instead of stored.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -157,6 +163,7 @@ class Capture:
         self.token_layers: set[str] = set()  # layers stored as whole token sequences (T, D)
         self.amax: dict[str, list[torch.Tensor]] = {name: [] for name in modules}
         self.fired: set[str] = set()
+        self.copy_stream: torch.cuda.Stream | None = None  # device-to-host copies (CUDA), made on first use
         self._handles: list = []
 
     def __enter__(self) -> "Capture":
@@ -207,12 +214,20 @@ class Capture:
                 return
             buffers, lo, hi = self.target
             dest = buffers[name][lo:hi]
-            lo_hi = torch.aminmax(y)  # one pass, NaN propagates; max |y| = max(-min, max)
-            self.amax[name].append(torch.maximum(-lo_hi.min, lo_hi.max).float())
+            self.amax[name].append(torch.linalg.vector_norm(y, math.inf, dtype=torch.float32))
             if dest.device == y.device:
                 dest.copy_(y)  # CPU: the cast happens inside the copy, no temporary
-            else:  # GPU: cast on the device (half the transfer), then a non-blocking copy to pinned host
-                dest.copy_(y.to(dest.dtype), non_blocking=dest.is_pinned())
+                return
+            # GPU: cast on the device (half the transfer) into a tensor no later op can touch, then
+            # copy it to pinned host memory on the side stream, after the cast and nothing else
+            private = y.to(dest.dtype, copy=True)
+            compute = torch.cuda.current_stream(y.device)
+            if self.copy_stream is None:
+                self.copy_stream = torch.cuda.Stream(y.device)
+            self.copy_stream.wait_stream(compute)
+            with torch.cuda.stream(self.copy_stream):
+                dest.copy_(private, non_blocking=True)
+            private.record_stream(self.copy_stream)
 
         return hook
 
@@ -225,7 +240,8 @@ class Capture:
             raise RuntimeError(f"extract: layers {sorted(missing)} were not computed by model.forward")
 
     def take_amax(self) -> dict[str, torch.Tensor]:
-        """Per layer, max |y| over the batches since the last call (device scalars, no sync)."""
+        """Per layer, max |y| over the batches since the last call (device scalars on the compute
+        stream, no sync)."""
         out = {name: torch.stack(vals).amax() for name, vals in self.amax.items() if vals}
         for vals in self.amax.values():
             vals.clear()

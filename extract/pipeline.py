@@ -2,10 +2,16 @@
 
 Pipeline, per rank::
 
-    DataLoader (workers, pinned memory, fixed order)  ->  forward under inference_mode (+ AMP on GPU)
-        hooks copy each layer's reduced, cast output into a host chunk buffer (non-blocking on GPU)
-    a full chunk  ->  writer thread: wait for its copies, check range, compress + write it,
+    in-memory images (extract/memory.py): gather thread -> pinned staging -> side stream: copy to
+        the GPU + normalise, one batch ahead          | other datasets: DataLoader (workers, pinned)
+    ->  forward under inference_mode (+ AMP on GPU), fixed row order
+        hooks reduce and cast each layer's output on the device; a copy stream moves it into a
+        pinned host chunk buffer (the compute stream never waits for a copy)
+    a full chunk  ->  writer thread: wait for its copies' event, check range, compress + write it,
                       mark written[i]                    (a bounded pool of buffers bounds memory)
+
+Nothing on the main thread synchronises with the GPU per batch: the range maxima stay on the device
+until the writer thread checks them, once per chunk.
 
 On GPU (or with CPU cores that torch's intra-op pool leaves free) the writer threads overlap the
 forward passes. On a CPU whose cores the forward pass already uses, overlapping would stall every
@@ -37,7 +43,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Generator
 
 import numpy as np
 import torch
@@ -583,10 +589,29 @@ def _batches(chunks: list[int], rows: int, batch_size: int, n: int) -> list[tupl
     return plan
 
 
-def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, layout, store_dtype, dev, amp_dtype,
-         batch_size, workers, write_threads, overlap, ids, progress, rank, channels_last: bool = False) -> None:
+def _inputs(dataset, batches: list[tuple[int, int, int]], dev: torch.device, workers: int,
+            channels_last: bool) -> Generator[tuple[Any, Any], None, None]:
+    """(model inputs on ``dev``, labels) for each batch. An in-memory image tensor (extract/memory.py,
+    possibly in the store's shuffled row order) is sliced directly, its host-to-device copies one
+    batch ahead on a side stream; anything else goes through a DataLoader (``workers`` processes,
+    pinned memory, non-blocking copies)."""
     from torch.utils.data import DataLoader
 
+    from .memory import MemoryFeed, as_image_tensor
+
+    perm = dataset.perm if isinstance(dataset, _Reordered) else None
+    source = as_image_tensor(dataset.dataset if isinstance(dataset, _Reordered) else dataset)
+    if source is not None:
+        return iter(MemoryFeed(source, perm, [(lo, hi) for _, lo, hi in batches], dev, channels_last))
+    loader = DataLoader(
+        dataset, batch_sampler=[list(range(lo, hi)) for _, lo, hi in batches], num_workers=workers,
+        pin_memory=dev.type == "cuda", persistent_workers=False,
+    )
+    return ((in_memory_format(to_device(x, dev, non_blocking=dev.type == "cuda"), channels_last), y) for x, y in loader)
+
+
+def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, layout, store_dtype, dev, amp_dtype,
+         batch_size, workers, write_threads, overlap, ids, progress, rank, channels_last: bool = False) -> None:
     if not chunks:
         return
     cuda = dev.type == "cuda"
@@ -602,10 +627,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
     write_threads = max(0, write_threads)
     rows, n = plan.chunk_rows, plan.n
     batches = _batches(chunks, rows, batch_size, n)
-    loader = DataLoader(
-        dataset, batch_sampler=[list(range(lo, hi)) for _, lo, hi in batches], num_workers=workers,
-        pin_memory=cuda, persistent_workers=False,
-    )
+    inputs = _inputs(dataset, batches, dev, workers, channels_last)
 
     def new_buffers() -> _Buffers:
         layers = {
@@ -617,7 +639,8 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
         labels = np.empty(rows, np.int32) if plan.label_dim is None else np.empty((rows, plan.label_dim), bool)
         return _Buffers(layers, labels, torch.empty(len(hooked), pin_memory=cuda))
 
-    # buffer sets: one being filled plus one per writer thread, fewer when chunks are huge; a
+    # buffer sets: one being filled plus one per writer thread (GPU: 4 threads, so up to 4 chunks of
+    # whole batches queued or being written), fewer when chunks are huge; a
     # forward pass waits for a free set, so host memory stays bounded whatever the dataset size
     inflight = INFLIGHT_BYTES * cpus // max(cpus, os.cpu_count() or 1)  # this process's share
     budget = max(1, inflight // max(1, rows * plan.row_bytes))
@@ -679,10 +702,16 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
 
             def flush() -> None:
                 amax = cap.take_amax()
-                buf.amax.copy_(torch.stack([amax[k] for k in names]), non_blocking=cuda)
-                if cuda:
-                    buf.event = torch.cuda.Event()
-                    buf.event.record()
+                stacked = torch.stack([amax[k] for k in names])
+                if cap.copy_stream is None:  # CPU: everything already ran
+                    buf.amax.copy_(stacked)
+                else:  # the chunk's last copy: its event marks all of the chunk's copies done
+                    cap.copy_stream.wait_stream(torch.cuda.current_stream(dev))
+                    with torch.cuda.stream(cap.copy_stream):
+                        buf.amax.copy_(stacked, non_blocking=True)
+                        buf.event = torch.cuda.Event()
+                        buf.event.record(cap.copy_stream)
+                    stacked.record_stream(cap.copy_stream)
                 if pool is None:
                     write(buf)
                 elif overlap:
@@ -699,7 +728,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
                 while futures:
                     futures.pop(0).result()
 
-            for (c, lo, hi), (x, y) in zip(batches, loader):
+            for (c, lo, hi), (xb, y) in zip(batches, inputs):
                 if buf is None or buf.chunk != c:
                     if buf is not None:
                         flush()
@@ -712,7 +741,6 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
                 buf.labels[off: off + hi - lo] = np.asarray(y, dtype=buf.labels.dtype)
                 cap.target = (buf.layers, off, off + hi - lo)
                 cap.begin_batch()
-                xb = in_memory_format(to_device(x, dev, non_blocking=cuda), channels_last)
                 cap.mask = attention_mask(xb)
                 forward(net, xb)
                 cap.end_batch()
@@ -722,6 +750,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
         for f in futures:
             f.result()
     finally:
+        inputs.close()  # stops an in-memory feed's gather thread
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         bar.close()

@@ -4,7 +4,8 @@ A model is a ``train`` checkpoint path (rebuilt with ``train.load_model``, EMA w
 a ``prefix:...`` source of extract/models (``torchvision:``, ``timm:``, ``hf:``, ``module:``), or an
 ``nn.Module`` passed from Python. A dataset is a ``train.data.build_dataset`` spec plus split (always
 built with ``augment=False``: deterministic evaluation transforms, fixed order), a text file or CSV
-for a text model (extract/text.py), or a ``torch.utils.data.Dataset`` passed from Python.
+for a text model (extract/text.py), a ``.npy``/``.npz`` array of images (extract/memory.py), or a
+``torch.utils.data.Dataset`` passed from Python.
 """
 from __future__ import annotations
 
@@ -94,10 +95,15 @@ def load_dataset(source, split: str | None, root: str | None = None, model: nn.M
     ``model`` carries its run config (``train`` Network), the dataset is built the way the run built
     its evaluation sets (``train.data.dataset_from_config``: image size, resize, holdout, root), and
     ``source=None`` means the run's own dataset. A ``.txt``/``.csv``/``.tsv`` file is a text dataset
-    tokenised with ``tokenizer`` (extract/text.py; ``max_length`` tokens, default 128).
+    tokenised with ``tokenizer`` (extract/text.py; ``max_length`` tokens, default 128). A ``.npy``
+    (images) or ``.npz`` (``images``, ``labels``) file is loaded into memory as an
+    ``extract.memory.ImageTensor`` (uint8 or float, NCHW or NHWC).
     """
+    from .memory import load_array
     from .text import DEFAULT_MAX_LENGTH, TextDataset, is_text_spec
 
+    if isinstance(source, (str, os.PathLike)) and str(source).endswith((".npy", ".npz")):
+        source = load_array(str(source))  # in-memory images (extract/memory.py): no DataLoader workers
     if is_text_spec(source):
         if tokenizer is None:
             raise ValueError(f"extract: {source} is a text dataset; it needs a text model with a tokenizer "

@@ -67,7 +67,7 @@ def weights_sha256(model: nn.Module) -> str:
     for name, t in model.state_dict().items():
         t = t.detach().cpu().contiguous().reshape(-1)
         h.update(f"{name}|{t.dtype}|{t.numel()}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes())
+        h.update(t.view(torch.uint8).numpy())  # the buffer itself, no bytes copy
     return h.hexdigest()
 
 
