@@ -152,9 +152,9 @@ def store_rows(n: int, batch_size: int) -> dict:
 
 
 def extract_rows(n: int) -> dict:
-    out = HERE / "results" / "extract_throughput_gpu.json"
-    r = subprocess.run([sys.executable, str(HERE / "extract_throughput.py"), "--device", "cuda", "--gpu-n", str(n),
-                        "--no-markdown", "--out", str(out)], capture_output=True, text=True, timeout=240)
+    out = HERE / "results" / "extract_throughput_gpu.json"  # (and its own ## extract_throughput_gpu section)
+    r = subprocess.run([sys.executable, str(HERE / "extract_throughput.py"), "--device", "cuda", "--gpu-n", str(n)],
+                       capture_output=True, text=True, timeout=240)
     print(r.stdout[-4000:], r.stderr[-3000:], sep="\n")
     return json.loads(out.read_text()) if out.is_file() else {"error": r.stderr[-2000:]}
 
