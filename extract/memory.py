@@ -123,9 +123,17 @@ class ImageTensor(torch.utils.data.Dataset):
 
 def as_image_tensor(dataset: Any) -> ImageTensor | None:
     """``dataset`` as an :class:`ImageTensor` when its images are one in-memory tensor (an
-    ``ImageTensor``, or a ``TensorDataset`` of float ``(N, C, H, W)`` images and labels), else None."""
+    ``ImageTensor``, a ``TensorDataset`` of float ``(N, C, H, W)`` images and labels, or a dataset
+    whose ``image_tensor()`` gives its images and labels — train.data's digits and synthetic
+    splits), else None."""
     if isinstance(dataset, ImageTensor):
         return dataset
+    get = getattr(dataset, "image_tensor", None)
+    got = get() if callable(get) else None
+    if got is not None:
+        images, labels = got
+        return ImageTensor(images, np.asarray(labels), name=str(getattr(dataset, "name", "images")),
+                           split=getattr(dataset, "split", None))
     if isinstance(dataset, torch.utils.data.TensorDataset) and len(dataset.tensors) == 2:
         x, y = dataset.tensors
         if x.ndim == 4 and x.is_floating_point() and y.ndim in (1, 2):

@@ -149,3 +149,29 @@ def test_image_tensor_refuses_what_it_cannot_hold():
         ImageTensor(torch.zeros(2, 3, 4, 4), np.zeros(3))
     with pytest.raises(ValueError, match="3 values for 1 channels"):
         ImageTensor(torch.zeros(2, 1, 4, 4), mean=(0, 0, 0), std=(1, 1, 1))
+
+
+def test_digits_and_synthetic_splits_take_the_in_memory_path(tmp_path, monkeypatch):
+    """train.data's digits and synthetic splits hand extraction their images as one tensor
+    (SplitDataset.image_tensor): the stores equal the DataLoader path's, bit for bit."""
+    from train.data import SplitDataset, build_dataset
+
+    from extract import extract_store
+    from extract.memory import as_image_tensor
+
+    for spec, kw in (("digits", {}), ("synthetic", {"image_size": 8, "n": 40})):
+        ds = build_dataset(spec, "test", **kw)
+        got = as_image_tensor(ds)
+        assert got is not None and len(got) == len(ds)
+        for i in (0, len(ds) - 1):
+            assert torch.equal(got[i][0], ds[i][0]) and int(got[i][1]) == ds[i][1]
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 10))
+    torch.manual_seed(0)
+    extract_store(model, "digits", tmp_path / "fast.zarr", split="test", batch_size=64, progress=False)
+    monkeypatch.setattr(SplitDataset, "image_tensor", lambda self, max_bytes=0: None)  # the DataLoader path
+    extract_store(model, "digits", tmp_path / "slow.zarr", split="test", batch_size=64, progress=False)
+    a, b = open_store(tmp_path / "fast.zarr"), open_store(tmp_path / "slow.zarr")
+    assert a.layers == b.layers
+    for layer in a.layers:
+        np.testing.assert_array_equal(np.asarray(a.layer(layer)), np.asarray(b.layer(layer)))
+    np.testing.assert_array_equal(np.asarray(a.logits), np.asarray(b.logits))

@@ -46,6 +46,9 @@ TORCHVISION_DATASETS = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "
 _SPLIT_SEED = 0  # fixed: holdout/test membership never depends on the run seed
 
 
+IN_MEMORY_BYTES = 2 << 30  # the largest split SplitDataset.image_tensor materialises
+
+
 class SplitDataset(Dataset):
     """A view of ``base`` restricted to ``indices`` with a per-item ``transform`` and label map."""
 
@@ -67,6 +70,19 @@ class SplitDataset(Dataset):
         if self.transform is not None:
             x = self.transform(x)
         return x, int(self.targets[i])
+
+    def image_tensor(self, max_bytes: int = IN_MEMORY_BYTES) -> tuple[torch.Tensor, np.ndarray] | None:
+        """Every image of the split as one ``(N, C, H, W)`` tensor with the labels — exactly the values
+        ``self[i]`` gives — when an image is a plain lookup in an in-memory base (no per-item
+        transform: digits, synthetic) and all of them fit ``max_bytes``; else None.  Extraction then
+        slices batches from it without DataLoader workers (extract/memory.py)."""
+        if self.transform is not None or not len(self) or not (
+                isinstance(self.base, torch.Tensor) or getattr(self.base, "in_memory", False)):
+            return None
+        first = self._loader(self.base, int(self.indices[0]))
+        if not isinstance(first, torch.Tensor) or first.ndim != 3 or len(self) * first.nbytes > max_bytes:
+            return None
+        return torch.stack([self._loader(self.base, int(i)) for i in self.indices]), self.targets
 
 
 def _holdout_split(n: int, holdout: int, split: str) -> np.ndarray:
@@ -147,6 +163,8 @@ def _digits(spec: str, split: str, augment: bool, autoaugment: bool = False) -> 
 
 # -- synthetic -------------------------------------------------------------------------------------
 class _SyntheticBase:
+    in_memory = True  # images are generated on demand, cheaply: SplitDataset.image_tensor may stack them
+
     def __init__(self, n: int, size: int, channels: int, seed: int):
         self.n, self.size, self.channels, self.seed = n, size, channels, seed
 
