@@ -26,10 +26,11 @@ Any PyTorch model (extract/models): ``--checkpoint torchvision:vit_b_16[:DEFAULT
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import re
 from pathlib import Path
+
+from repsim.commands._args import non_negative
 
 from .specs import is_model_spec
 
@@ -75,7 +76,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="row order: a fixed seeded permutation of the dataset (default; example_ids "
                         "keep dataset indices, and consecutive chunks are unbiased samples for "
                         "minibatch CKA) or dataset order")
-    parser.add_argument("--order-seed", type=int, default=0, help="seed of the row permutation (default 0)")
+    parser.add_argument("--order-seed", type=non_negative, default=0, help="seed of the row permutation (default 0)")
     parser.add_argument("--chunk-rows", type=int, default=None, help="examples per store chunk (default: automatic)")
     parser.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (default min(4, cpus-1))")
     parser.add_argument("--write-threads", type=int, default=None, help="compression/writing threads (0: write each chunk inline; default: up to 4, overlapping "
@@ -100,15 +101,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def expand_checkpoints(patterns: list[str], what: str = "extract: --checkpoint") -> list[str]:
     """Checkpoint paths in the order given; glob patterns expand sorted; a pattern matching nothing is
     an error naming ``what`` (the command and option the patterns came from)."""
+    from repsim._paths import expand_paths
+
     out: list[str] = []
-    for pattern in patterns:
-        if is_model_spec(pattern) or os.path.exists(pattern) or not glob.has_magic(pattern):
-            out.append(pattern)
-            continue
-        hits = sorted(glob.glob(pattern))
-        if not hits:
-            raise ValueError(f"{what} {pattern!r} matches no file")
-        out.extend(hits)
+    for pattern in patterns:  # a model source is never a path (the rule: repsim._paths)
+        out.extend([pattern] if is_model_spec(pattern) else expand_paths([pattern], "file", what))
     return out
 
 

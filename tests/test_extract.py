@@ -142,7 +142,7 @@ def test_schema_and_values_equal_direct_forward(ckpts, digits, tmp_path):
         np.testing.assert_array_equal(b, model.head.bias.detach().numpy())
         assert zarr.open_group(store.path)["written"][...].all()
     attrs = s16.attrs
-    assert attrs["repsim_store_version"] == 1 and attrs["complete"] is True and attrs["repsim_version"]
+    assert attrs["repsim_store_version"] == 2 and attrs["complete"] is True and attrs["repsim_version"]
     m = attrs["model"]
     assert (m["arch"], m["objective"], m["params"], m["seed"], m["epoch"]) == (
         "mini_resnet", "label_smoothing", {"alpha": 0.1}, 0, 7)

@@ -44,7 +44,6 @@ Shuffling schemes and their I/O cost (n rows, batch b, L columns):
 """
 from __future__ import annotations
 
-import glob
 import hashlib
 import math
 import os
@@ -54,6 +53,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from repsim._paths import expand_paths
 from repsim._xp import is_cupy_namespace
 
 MIN_BATCH = 4  # HSIC_1 (U-centering) needs at least 4 examples
@@ -87,19 +87,10 @@ class Column:
 
 
 def expand_store_paths(patterns: Iterable[str]) -> list[str]:
-    """Expand shell globs (``runs/*.zarr``) in order; a literal path is kept even if it is missing
-    (so that opening it produces the store's own error message)."""
-    out: list[str] = []
-    for pattern in patterns:
-        pattern = os.fspath(pattern)
-        if any(ch in pattern for ch in "*?["):
-            matches = sorted(glob.glob(pattern))
-            if not matches:
-                raise ValueError(f"no store matches {pattern!r}")
-            out.extend(matches)
-        else:
-            out.append(pattern)
-    return out
+    """Store arguments as paths: an existing one as given, a missing one with glob characters
+    expanded (``runs/*.zarr``, sorted); a missing literal path is kept (so that opening it produces
+    the store's own error message). The rule is :func:`repsim._paths.expand_paths`."""
+    return expand_paths(patterns, "store")
 
 
 def open_stores(stores: Any) -> list[Any]:

@@ -474,6 +474,7 @@ def save_store(
         spec[name] = (tuple(x.shape[1:]), _float_dtype(want, f"store {sname}: layer {name!r}"))
     labels = _rowwise(labels, f"store {sname}: labels", n)
     if example_ids is None:
+        _warn_unverifiable_rows(sname, labels, n, ((meta or {}).get("dataset") or {}).get("name"))
         if not ((meta or {}).get("dataset") or {}).get("name"):
             warnings.warn(
                 f"store {sname}: example_ids default to 0..{n - 1} and no dataset is named, so its rows align "
@@ -515,6 +516,21 @@ def save_store(
         shutil.rmtree(path, ignore_errors=True)
         raise
     return writer.finalize()
+
+
+def _warn_unverifiable_rows(sname: str, labels: Any, n: int, dataset: str | None) -> None:
+    """Warn when default ``example_ids`` (rows taken to be in the dataset's order) leave nothing that
+    could catch rows in another order: combining stores compares ids, then labels row by row, so with
+    a dataset named the labels are the only check, and labels that are all equal check nothing."""
+    if not dataset or n < 2:
+        return
+    y = np.asarray(labels.compute() if _is_dask(labels) else labels)
+    if (y == y[:1]).all():
+        warnings.warn(
+            f"store {sname}: no example_ids given, so rows are taken to be in the order of dataset {dataset!r}, and "
+            f"all {n} rows have the same label, so nothing can tell whether they are: rows in another order would "
+            "be paired with other stores' rows silently. Pass example_ids= (each row's dataset index)",
+            UserWarning, stacklevel=3)
 
 
 def _fill(writer: StoreWriter, arrays: dict[str, Any], labels: Any, example_ids: Any, logits: Any,
