@@ -129,3 +129,14 @@ def test_save_store_warns_when_nothing_can_check_the_row_order(tmp_path):
         warnings.simplefilter("error")
         save_store(tmp_path / "b.zarr", {"pool": X}, np.arange(20) % 2, meta=meta)  # labels can tell
         save_store(tmp_path / "c.zarr", {"pool": X}, np.zeros(20, int), example_ids=np.arange(20), meta=meta)
+
+
+@pytest.mark.parametrize("method", ["minibatch", "exact"])
+def test_overflowing_float64_layer_is_named_not_called_constant(tmp_path, capsys, method):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(64, 5)) * 1e160
+    save_store(tmp_path / "big.zarr", {"a": X, "b": rng.normal(size=(64, 5))}, np.arange(64) % 2)
+    code, err = run(capsys, "cka", tmp_path / "big.zarr", "--method", method, "--batch-size", "16", "--epochs", "1",
+                    "--out", tmp_path / "x.npz", "--no-progress")
+    assert code == 2 and "layer 'a': chunk 0 holds values up to" in err and "overflow float64" in err
+    assert "constant" not in err
