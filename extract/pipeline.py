@@ -551,10 +551,12 @@ def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bo
         f"{plan.n_chunks} chunks of {plan.chunk_rows}; {_human(free)} free"
     )
     if check_space and need > free:
+        smaller = "--spatial mean|pool<k>, --layers" + (  # (a float16 store is as small as dtypes go)
+            " or --dtype float16" if meta["extraction"].get("dtype") != "float16" else " or fewer examples")
         raise ExtractError(
             f"extract: not enough disk space for {out}: it needs up to {_human(need)} (uncompressed) and "
-            f"only {_human(free)} is free; reduce it with --spatial mean|pool<k>, --layers or --dtype "
-            "float16, or pass --no-space-check to rely on compression"
+            f"only {_human(free)} is free; reduce it with {smaller}, or pass --no-space-check to rely on "
+            "compression"
         )
     if not out.exists() or overwrite:
         created = StoreWriter.create(

@@ -474,10 +474,13 @@ def test_refuses_when_the_disk_lacks_room(ckpts, digits, tmp_path, capsys):
             return digits[i % len(digits)]
 
     out = tmp_path / "huge.zarr"
-    with pytest.raises(ExtractError, match="not enough disk space"):
-        extract_store(ckpts[0], Huge(), out, split="test", layers="pool", **FAST)
+    with pytest.raises(ExtractError, match="not enough disk space") as exc:
+        extract_store(ckpts[0], Huge(), out, split="test", layers="pool", **FAST)  # float16, the default
+    assert "--dtype" not in str(exc.value)  # already float16: no such advice
     assert not out.exists()
     assert "uncompressed (upper bound" in capsys.readouterr().err
+    with pytest.raises(ExtractError, match="not enough disk space.*or --dtype float16"):
+        extract_store(ckpts[0], Huge(), out, split="test", layers="pool", dtype="float32", **FAST)
 
 
 # ----------------------------------------------------------------------------------- sharding

@@ -110,8 +110,9 @@ def test_creation_interrupted_by_a_full_disk_leaves_nothing_and_reruns(tmp_path,
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(zarr.Group, "update_attributes", full)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(OSError, match="No space left") as exc:
         make(path)
+    assert exc.value.filename == str(path)  # the full path of the store, not a bare "No space left"
     monkeypatch.undo()
     assert os.listdir(tmp_path) == []  # neither the store nor its staging folder
     make(path)

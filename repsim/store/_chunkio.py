@@ -88,7 +88,7 @@ class FastChunks:
     def __init__(self, root: str, array_path: str, arr: Any, level: int | str):
         from numcodecs import Zstd
 
-        self.dir = os.path.join(root, *array_path.split("/"))
+        self.dir = os.path.join(os.path.abspath(root), *array_path.split("/"))  # errors name full paths
         self.shape = tuple(int(s) for s in arr.shape)
         self.chunks = tuple(int(c) for c in arr.metadata.chunk_grid.chunk_shape)
         self.dtype = np.dtype(arr.dtype)

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from repsim._io import naming
 from repsim.store.format import (STORE_VERSION, StoreError, _cast, _codecs, _float_dtype, _Members, _open_group,
                                  _validate, default_chunk_rows, dimension_names, full_path, interrupted_creation,
                                  store_name)
@@ -257,8 +258,9 @@ class StoreWriter:
         local = "://" not in path
         build = _staging_path(path) if local else path
         try:
-            group, nodes = _build(build, attrs, n, chunk_rows, n_chunks, spec, kinds, layer_codecs, label_dim,
-                                  logits_dim)
+            with naming(full_path(path)):  # an OSError that names no file (disk full) names the store
+                group, nodes = _build(build, attrs, n, chunk_rows, n_chunks, spec, kinds, layer_codecs, label_dim,
+                                      logits_dim)
             if local:
                 _publish(build, path)
         except BaseException:
@@ -396,7 +398,8 @@ class StoreWriter:
             from repsim.store._chunkio import remove_stale_parts
 
             remove_stale_parts(self.path)
-        self._group.attrs["complete"] = True
+        with naming(full_path(self.path)):
+            self._group.attrs["complete"] = True
         return open_store(self.path)
 
 
