@@ -85,7 +85,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="checkpoints extracted side by side in forked processes, each with its share of the "
                         "cores (default: on the CPU, as many as there are cores and checkpoints; 1 on a GPU or "
                         "under torchrun)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    parser.add_argument("--device", default=None, type=device_arg, help="cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--amp", default="auto", choices=("auto", "off", "float16", "bfloat16"),
                         help="autocast dtype for the forward pass (auto: float16 on CUDA, off on CPU)")
     parser.add_argument("--memory-format", default="auto", choices=("auto", "channels_last", "contiguous"),
@@ -96,6 +96,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="do not refuse when the uncompressed size estimate exceeds the free disk space")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                         help="progress bar (default: when stderr is a terminal)")
+
+
+def device_arg(text: str) -> str:
+    """``--device``: a device torch knows and this machine has (checked before any model is loaded, so a
+    typo or a missing GPU is one line naming the option, not a crash in the middle of the run)."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise argparse.ArgumentTypeError(f"{text!r}: no CUDA GPU is usable on this machine "
+                                             "(torch.cuda.is_available() is False); use --device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
+    return text
 
 
 def expand_checkpoints(patterns: list[str], what: str = "extract: --checkpoint") -> list[str]:
