@@ -148,3 +148,14 @@ def test_two_creators_of_one_store_the_second_is_told(tmp_path, monkeypatch):
     with pytest.raises(StoreError, match=rf"another process created {path} while this one was creating it"):
         make(path)
     assert open_store(path).complete and sorted(os.listdir(tmp_path)) == ["s.zarr"]
+
+
+def test_a_corrupt_written_flag_is_named_by_its_chunk(tmp_path, capsys):
+    s = tmp_path / "net.zarr"
+    make(s)
+    f = s / "written" / "c" / "2"
+    raw = bytearray(f.read_bytes())
+    raw[0] ^= 0xFF
+    f.write_bytes(bytes(raw))
+    code, err = check(capsys, s)
+    assert code == 1 and "store net: written: chunk 2 (rows 2:3) could not be read" in err
