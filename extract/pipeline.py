@@ -442,7 +442,8 @@ def _verified_head(net, registry, probe: dict[str, torch.Tensor]) -> str | None:
     weights map the probed ``pool`` to the probed logits (not so for, e.g., a distilled two-head
     model or a classifier applied per token); None otherwise."""
     head = head_module(net)
-    _msg(describe_pool(net))
+    if not is_classic(net):  # a generic model's taps come from a rule of thumb: say which
+        _msg(describe_pool(net))
     if head is None or "logits" not in registry:
         return None
     if is_classic(net):
