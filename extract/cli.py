@@ -26,10 +26,11 @@ Any PyTorch model (extract/models): ``--checkpoint torchvision:vit_b_16[:DEFAULT
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import re
 from pathlib import Path
+
+from repsim.commands._args import non_negative
 
 from .specs import is_model_spec
 
@@ -75,7 +76,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="row order: a fixed seeded permutation of the dataset (default; example_ids "
                         "keep dataset indices, and consecutive chunks are unbiased samples for "
                         "minibatch CKA) or dataset order")
-    parser.add_argument("--order-seed", type=int, default=0, help="seed of the row permutation (default 0)")
+    parser.add_argument("--order-seed", type=non_negative, default=0, help="seed of the row permutation (default 0)")
     parser.add_argument("--chunk-rows", type=int, default=None, help="examples per store chunk (default: automatic)")
     parser.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (default min(4, cpus-1))")
     parser.add_argument("--write-threads", type=int, default=None, help="compression/writing threads (0: write each chunk inline; default: up to 4, overlapping "
@@ -84,7 +85,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="checkpoints extracted side by side in forked processes, each with its share of the "
                         "cores (default: on the CPU, as many as there are cores and checkpoints; 1 on a GPU or "
                         "under torchrun)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    parser.add_argument("--device", default=None, type=device_arg, help="cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--amp", default="auto", choices=("auto", "off", "float16", "bfloat16"),
                         help="autocast dtype for the forward pass (auto: float16 on CUDA, off on CPU)")
     parser.add_argument("--memory-format", default="auto", choices=("auto", "channels_last", "contiguous"),
@@ -97,18 +98,33 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="progress bar (default: when stderr is a terminal)")
 
 
+def device_arg(text: str) -> str:
+    """``--device``: a device torch knows and this machine has (checked before any model is loaded, so a
+    typo or a missing GPU is one line naming the option, not a crash in the middle of the run)."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise argparse.ArgumentTypeError(f"{text!r}: no CUDA GPU is usable on this machine "
+                                             "(torch.cuda.is_available() is False); use --device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
+    return text
+
+
 def expand_checkpoints(patterns: list[str], what: str = "extract: --checkpoint") -> list[str]:
     """Checkpoint paths in the order given; glob patterns expand sorted; a pattern matching nothing is
     an error naming ``what`` (the command and option the patterns came from)."""
+    from repsim._paths import expand_paths
+
     out: list[str] = []
-    for pattern in patterns:
-        if is_model_spec(pattern) or os.path.exists(pattern) or not glob.has_magic(pattern):
-            out.append(pattern)
-            continue
-        hits = sorted(glob.glob(pattern))
-        if not hits:
-            raise ValueError(f"{what} {pattern!r} matches no file")
-        out.extend(hits)
+    for pattern in patterns:  # a model source is never a path (the rule: repsim._paths)
+        out.extend([pattern] if is_model_spec(pattern) else expand_paths([pattern], "file", what))
     return out
 
 

@@ -227,6 +227,40 @@ def head_module(model: nn.Module) -> str | None:
     return conv[-1] if conv else None
 
 
+def _linear_text(model: nn.Module, qual: str) -> str:
+    m = dict(model.named_modules()).get(qual)
+    if isinstance(m, nn.Linear):
+        return f"{qual!r} (Linear {m.in_features}->{m.out_features})"
+    return repr(qual)
+
+
+def describe_pool(model: nn.Module) -> str:
+    """One line saying what ``pool`` and ``logits`` tap and by which rule (printed by extraction, so
+    that a generic model's choice is never silent)."""
+    classic = _classic_split(model)
+    if classic is not None:
+        return f"pool = output of {classic[2]!r} (flattened), logits = output of {classic[3]!r}"
+    head = head_module(model)
+    if head is None:
+        return "pool = the model's output (no classifier found), no logits"
+    linears = [q for q, m in model.named_modules() if isinstance(m, nn.Linear)]
+    rule = "the last nn.Linear in definition order" if linears and head == linears[-1] else "the model's classifier"
+    return f"pool = input of {_linear_text(model, head)}, {rule}; logits = the model's output"
+
+
+def head_mismatch(model: nn.Module, head: str, pool_dim: int | None, logits_dim: int | None) -> str:
+    """The warning when ``head``'s weights do not map ``pool`` (its input) to the model's output: the
+    layer taken for the classifier probably is not it, so ``pool`` is not the penultimate layer
+    either. Names the layer and any Linear whose output width is the logits' (the likely classifier)."""
+    others = [q for q, m in model.named_modules()
+              if isinstance(m, nn.Linear) and q != head and logits_dim is not None and m.out_features == logits_dim]
+    hint = (f"; {', '.join(_linear_text(model, q) for q in others)} has the logits' width: if it is the classifier, "
+            f"extract its input with --layers and leave pool aside" if others else "")
+    return (f"warning: the head check failed: {_linear_text(model, head)} does not map pool "
+            f"({pool_dim}-d, its input) to the model's {logits_dim} outputs, so no head is stored and pool may "
+            f"not be the penultimate layer{hint}")
+
+
 def tap_module(tap: str) -> tuple[str, str]:
     """(module qualname, ``"output"`` | ``"input"``) of a registry tap."""
     qual, sep, where = tap.rpartition(":")

@@ -14,9 +14,10 @@ import torch
 
 from .adapt import adapt_dataset
 from .capture import Capture, Spatial, Tokens, output_tensor
-from .inputs import attention_mask, batch_of_one, check_example, default_tokens, forward, shape_of, to_device
+from .inputs import attention_mask, batch_of_one, check_example, default_tokens, shape_of, to_device
 from .layers import layer_modules, model_layout, select_layers
 from .models import LoadedModel
+from .pipeline import forward_first
 from .sources import load_dataset, load_source
 from .text import DEFAULT_MAX_LENGTH
 
@@ -80,7 +81,7 @@ def list_layers(source: Any, data: Any = None, *, split: str | None = "test", da
             xb = batch_of_one(x0)
             cap.mask = attention_mask(xb)
             cap.begin_batch()
-            forward(net, to_device(xb, torch.device("cpu")))
+            forward_first(net, to_device(xb, torch.device("cpu")))  # a failure: one line, not a crash
     finally:
         for h in handles:
             h.remove()

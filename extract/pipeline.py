@@ -53,7 +53,7 @@ from .adapt import adapt_dataset
 from .capture import FLOAT16_OVERFLOW, Capture, Spatial, Tokens
 from .inputs import (attention_mask, batch_of_one, check_example, default_tokens, forward, in_memory_format, shape_of,
                      to_device)
-from .layers import head_module, is_classic, layer_modules, model_layout, select_layers
+from .layers import describe_pool, head_mismatch, head_module, is_classic, layer_modules, model_layout, select_layers
 from .sources import example_ids, head_weights, load_dataset, load_source
 
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
@@ -448,6 +448,8 @@ def _verified_head(net, registry, probe: dict[str, torch.Tensor]) -> str | None:
     weights map the probed ``pool`` to the probed logits (not so for, e.g., a distilled two-head
     model or a classifier applied per token); None otherwise."""
     head = head_module(net)
+    if not is_classic(net):  # a generic model's taps come from a rule of thumb: say which
+        _msg(describe_pool(net))
     if head is None or "logits" not in registry:
         return None
     if is_classic(net):
@@ -457,10 +459,11 @@ def _verified_head(net, registry, probe: dict[str, torch.Tensor]) -> str | None:
         return None
     W, b = (torch.from_numpy(a).double() for a in hw)
     pool, logits = probe["pool"].double().cpu(), probe["logits"].double().cpu()
-    if pool.ndim != 2 or pool.shape[1] != W.shape[1] or logits.shape[1] != W.shape[0]:
+    if (pool.ndim != 2 or logits.ndim != 2 or pool.shape[1] != W.shape[1] or logits.shape[1] != W.shape[0]
+            or not torch.allclose(pool @ W.T + b, logits, rtol=1e-2, atol=1e-2 * (float(logits.abs().max()) + 1.0))):
+        _msg(head_mismatch(net, head, pool.shape[-1], logits.shape[-1]))  # never silent (extract.layers)
         return None
-    scale = float(logits.abs().max()) + 1.0
-    return head if torch.allclose(pool @ W.T + b, logits, rtol=1e-2, atol=1e-2 * scale) else None
+    return head
 
 
 def _probe(net, x, hooked, spatial, tokens, layout, dev, amp_dtype, channels_last: bool = False) -> Capture:
@@ -471,18 +474,24 @@ def _probe(net, x, hooked, spatial, tokens, layout, dev, amp_dtype, channels_las
         cap.begin_batch()
         xb = in_memory_format(to_device(x, dev), channels_last)
         cap.mask = attention_mask(xb)
-        try:
-            forward(net, xb)
-        except (RuntimeError, ValueError, TypeError, AssertionError) as exc:
-            msg = " ".join(str(exc).split())
-            if msg.startswith("extract:"):
-                raise ExtractError(msg) from None
-            raise ExtractError(
-                f"extract: the model failed on the first example (input {shape_of(xb)}): {msg[:500]}; "
-                "give the images another size with --image-size, or check --data"
-            ) from None
+        forward_first(net, xb)
         cap.end_batch()
     return cap
+
+
+def forward_first(net, xb) -> Any:
+    """The forward pass on the first example (probing, ``--list-layers``): a model that fails on it, or
+    a hook that refuses it (a shared module), is an :class:`ExtractError` (one line), not a crash."""
+    try:
+        return forward(net, xb)
+    except (RuntimeError, ValueError, TypeError, AssertionError, IndexError, KeyError) as exc:
+        msg = " ".join(str(exc).split())
+        if msg.startswith("extract:"):
+            raise ExtractError(msg) from None
+        raise ExtractError(
+            f"extract: the model failed on the first example (input {shape_of(xb)}): {msg[:500]}; "
+            "give the images another size with --image-size, or check --data"
+        ) from None
 
 
 # Every setting that changes a store's bytes, by attrs group: a store is resumed only when all of
@@ -557,10 +566,12 @@ def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bo
         f"{plan.n_chunks} chunks of {plan.chunk_rows}; {_human(free)} free"
     )
     if check_space and need > free:
+        smaller = "--spatial mean|pool<k>, --layers" + (  # (a float16 store is as small as dtypes go)
+            " or --dtype float16" if meta["extraction"].get("dtype") != "float16" else " or fewer examples")
         raise ExtractError(
             f"extract: not enough disk space for {out}: it needs up to {_human(need)} (uncompressed) and "
-            f"only {_human(free)} is free; reduce it with --spatial mean|pool<k>, --layers or --dtype "
-            "float16, or pass --no-space-check to rely on compression"
+            f"only {_human(free)} is free; reduce it with {smaller}, or pass --no-space-check to rely on "
+            "compression"
         )
     if not out.exists() or overwrite:
         created = StoreWriter.create(

@@ -114,3 +114,21 @@ def test_store_roundtrip_sanity(tmp_path):
     d = write_stores(tmp_path)
     s = open_store(d / "softmax-s0-test.zarr")
     assert s.attrs["model"]["objective"] == "softmax" and s.logits is not None and s.head is not None
+
+
+def test_prediction_figures_with_stores_of_different_class_counts(tmp_path):
+    """Networks with 5 and 1000 classes on one split: the figures compare the networks that share a
+    class count, whichever store name sorts first (issue 30: IndexError before)."""
+    d = tmp_path / "stores"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    y = np.arange(40) % 5
+    for name, k, obj, seed in (("a-wide", 1000, "softmax", 9), ("softmax-s0", 5, "softmax", 0),
+                               ("sigmoid-s0", 5, "sigmoid", 0), ("softmax-s1", 5, "softmax", 1)):
+        logits = rng.normal(size=(40, k)).astype(np.float32)
+        logits[np.arange(40), y] += 3
+        save_store(d / f"{name}.zarr", {"pool": rng.normal(size=(40, 4)).astype(np.float32)}, y, logits=logits,
+                   meta={"model": {"objective": obj, "seed": seed}, "dataset": {"name": "toy", "split": "test"}})
+    out = tmp_path / "out"
+    assert main(["figures", "--stores", str(d), "--out", str(out), "--only", "figC6", "figC7", "--quiet"]) == 0
+    assert (out / "figC6.png").stat().st_size > 0 and (out / "figC7.png").stat().st_size > 0

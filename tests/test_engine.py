@@ -284,7 +284,7 @@ def test_result_save_load_roundtrip_and_bootstrap_ci(two_stores, tmp_path):
     assert (meta["method"], meta["debiased"], meta["batch_size"], meta["epochs"], meta["seed"], meta["n"]) == \
         ("minibatch", True, 20, 2, 1, N)
     assert "window" in meta["shuffle_scheme"] and meta["batch_size_range"][1] <= 20 + 24
-    assert set(meta["stores"]) == {"a", "b"} and meta["stores"]["a"]["attrs"]["repsim_store_version"] == 1
+    assert set(meta["stores"]) == {"a", "b"} and meta["stores"]["a"]["attrs"]["repsim_store_version"] == 2
     lo, hi = back.ci(0.9)
     assert lo.shape == hi.shape == (3, 3)
     assert np.all(lo <= res.values + 1e-12) and np.all(res.values <= hi + 1e-12) and np.any(hi - lo > 1e-4)

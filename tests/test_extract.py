@@ -142,7 +142,7 @@ def test_schema_and_values_equal_direct_forward(ckpts, digits, tmp_path):
         np.testing.assert_array_equal(b, model.head.bias.detach().numpy())
         assert zarr.open_group(store.path)["written"][...].all()
     attrs = s16.attrs
-    assert attrs["repsim_store_version"] == 1 and attrs["complete"] is True and attrs["repsim_version"]
+    assert attrs["repsim_store_version"] == 2 and attrs["complete"] is True and attrs["repsim_version"]
     m = attrs["model"]
     assert (m["arch"], m["objective"], m["params"], m["seed"], m["epoch"]) == (
         "mini_resnet", "label_smoothing", {"alpha": 0.1}, 0, 7)
@@ -474,10 +474,13 @@ def test_refuses_when_the_disk_lacks_room(ckpts, digits, tmp_path, capsys):
             return digits[i % len(digits)]
 
     out = tmp_path / "huge.zarr"
-    with pytest.raises(ExtractError, match="not enough disk space"):
-        extract_store(ckpts[0], Huge(), out, split="test", layers="pool", **FAST)
+    with pytest.raises(ExtractError, match="not enough disk space") as exc:
+        extract_store(ckpts[0], Huge(), out, split="test", layers="pool", **FAST)  # float16, the default
+    assert "--dtype" not in str(exc.value)  # already float16: no such advice
     assert not out.exists()
     assert "uncompressed (upper bound" in capsys.readouterr().err
+    with pytest.raises(ExtractError, match="not enough disk space.*or --dtype float16"):
+        extract_store(ckpts[0], Huge(), out, split="test", layers="pool", dtype="float32", **FAST)
 
 
 # ----------------------------------------------------------------------------------- sharding

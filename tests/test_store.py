@@ -78,7 +78,7 @@ def test_round_trip_numpy(tmp_path):
     assert again.name == "net" and again.chunk_rows == 64
     assert again.model["objective"] == "softmax" and again.dataset == {"name": "digits", "split": "test", "n": 300}
     attrs = again.attrs
-    assert attrs["repsim_store_version"] == 1 and attrs["complete"] is True and attrs["layers"] == ["conv", "pool"]
+    assert attrs["repsim_store_version"] == 2 and attrs["complete"] is True and attrs["layers"] == ["conv", "pool"]
     assert {"created", "repsim_version"} <= set(attrs)
 
 
@@ -220,7 +220,7 @@ def test_flipped_byte_is_detected_naming_layer_and_chunk(tmp_path):
     raw = bytearray(f.read_bytes())
     raw[0] ^= 0xFF
     f.write_bytes(bytes(raw))
-    with pytest.raises(StoreError, match=r"store net: labels: chunks 0\.\.3"):
+    with pytest.raises(StoreError, match=r"store net: labels: chunk 1 \(rows 64:128\)"):
         open_store(tmp_path / "net.zarr").labels
 
 

@@ -29,6 +29,41 @@ def convnext():
     return ConvNeXt([CNBlockConfig(16, 32, 2), CNBlockConfig(32, None, 2)], num_classes=10)
 
 
+def classifier_first():
+    """A generic classifier whose ``nn.Linear`` head is defined before another Linear (``proj``): the
+    last-defined Linear is not the classifier, so ``pool`` taps the wrong input (issue 30)."""
+    import torch
+    from torch import nn
+
+    class ClassifierFirst(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.classifier = nn.Linear(16, 10)
+            self.body = nn.Linear(16, 32)
+            self.proj = nn.Linear(32, 16)
+
+        def forward(self, x):
+            x = nn.functional.adaptive_avg_pool2d(x.mean(1, keepdim=True), 4).flatten(1)
+            return self.classifier(torch.relu(self.proj(torch.relu(self.body(x)))))
+
+    return ClassifierFirst()
+
+
+def fails():
+    """A model that raises on every input (a user's bug, not repsim's)."""
+    from torch import nn
+
+    class Fails(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, x):
+            raise RuntimeError("this model refuses every input")
+
+    return Fails()
+
+
 def hf_vit_dir(path: Path, num_labels: int = 10) -> Path:
     """A Hugging Face ViT image classifier checkpoint directory holding only its config."""
     import transformers

@@ -21,13 +21,15 @@ class Models:
         cands = [s for s in stores.values() if s.logits is not None and (s.head is not None or not need_head)]
         if not cands:
             raise Missing("no store with logits" + (" and a final-layer head" if need_head else ""))
-        key = lambda s: (runs.loc[s.name, "dataset"], runs.loc[s.name, "split"])
+        # networks are compared class by class, so one group holds one class count (a 5-class and a
+        # 1000-class network on the same images have no common classes to agree on)
+        key = lambda s: (runs.loc[s.name, "dataset"], runs.loc[s.name, "split"], int(s.logits.shape[1]))
         groups: dict[tuple, list] = {}
         for s in cands:
             groups.setdefault(key(s), []).append(s)
         # ``prefer_split`` when ≥ 2 networks have it; else the split with most networks; ties: the one with
         # most layers (the main evaluation stores), then test
-        (self.dataset, self.split), chosen = max(
+        (self.dataset, self.split, self.n_classes), chosen = max(
             groups.items(), key=lambda kv: (kv[0][1] == prefer_split and len(kv[1]) >= 2, len(kv[1]),
                                             len(kv[1][0].layers), kv[0][1] == "test", kv[0]))
         if len(chosen) < 2:
@@ -43,7 +45,6 @@ class Models:
         self.labels = [runs.loc[s.name, "label"] for s in chosen]
         self.seeds = [runs.loc[s.name, "seed"] for s in chosen]
         self.y = np.asarray(chosen[0].labels)
-        self.n_classes = int(chosen[0].logits.shape[1])
         # top-1 prediction and its softmax probability per network, read chunk by chunk: (M, N) each
         self.pred = np.empty((len(chosen), len(self.y)), dtype=np.int64)
         self.conf = np.empty((len(chosen), len(self.y)), dtype=np.float32)

@@ -10,7 +10,6 @@ already in ``--out`` are replaced, others kept, so splits can be added one call 
 from __future__ import annotations
 
 import argparse
-import glob
 import sys
 
 HELP = "top-1/top-5/mean per-class accuracy from stores' logits (accuracy.csv, Table C.1)"
@@ -25,6 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def accuracy_rows(paths: list[str], progress: bool = False) -> list[dict]:
     """One accuracy.csv row per store (see the module docstring)."""
     from repsim.kernels.accuracy import TopKAccuracy
+    from repsim.store.finite import require_finite
     from repsim.store.reader import open_store
 
     rows = []
@@ -37,7 +37,7 @@ def accuracy_rows(paths: list[str], progress: bool = False) -> list[dict]:
         labels = s.labels
         for i in range(s.n_chunks):
             lo = i * s.chunk_rows
-            z = s.read_chunk("/logits", i)
+            z = require_finite(s.read_chunk("/logits", i), s, "logits", lo)
             acc.update(z, labels[lo:lo + len(z)])
         r = acc.result()
         model, data = s.model, s.dataset
@@ -53,12 +53,9 @@ def accuracy_rows(paths: list[str], progress: bool = False) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     from repsim.engine.drivers import merge_csv
 
-    paths: list[str] = []
-    for p in args.stores:
-        hits = sorted(glob.glob(p)) if glob.has_magic(p) else [p]
-        if not hits:
-            raise ValueError(f"{p!r} matches no store")
-        paths += hits
+    from repsim._paths import expand_paths
+
+    paths = expand_paths(args.stores, "store")
     rows = accuracy_rows(paths, progress=not args.no_progress)
     merge_csv(rows, args.out, key=("store",))
     print(f"repsim accuracy: {len(rows)} rows -> {args.out}", file=sys.stderr)

@@ -5,7 +5,8 @@
 
 Test and holdout stores are paired in order (one pair per network: the same checkpoint evaluated on
 the evaluation split and on the holdout split it never trained on; App. C.2 uses the 50,046-image
-ImageNet holdout). For each network (``repsim.probes.calibration``, after Guo et al. 2017):
+ImageNet holdout); each pair is verified as ``repsim probe``'s are (one network, different examples:
+``repsim.store.pairing``), and NaN/Inf logits are refused naming the store that holds them. For each network (``repsim.probes.calibration``, after Guo et al. 2017):
 
 - probabilities ``p = softmax(z / T)``; for sigmoid-trained networks ``σ(z_k / T) / Σ_j σ(z_j / T)``
   (Table C.3: "we normalize the probability distribution by summing probabilities over all classes").
@@ -37,6 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=["auto", "softmax", "sigmoid"], default="auto",
                         help="how logits become probabilities (auto: sigmoid for sigmoid-loss objectives)")
     parser.add_argument("--bins", type=int, default=15, help="ECE bins (default 15, Table C.3)")
+    parser.add_argument("--same-examples", action="store_true",
+                        help="allow a holdout store that shares examples with its test store (on purpose; a "
+                             "warning says so)")
     parser.add_argument("--out", default="calibration.csv", help="CSV to write (default calibration.csv)")
 
 
@@ -45,16 +49,13 @@ def kind_for(objective: str | None) -> str:
     return "sigmoid" if "sigmoid" in str(objective or "").split("+") else "softmax"
 
 
-def _identity(store) -> str | None:
-    model = store.model or {}
-    return model.get("checkpoint_sha256") or model.get("weights_sha256")
-
-
 def run(args) -> int:
     import numpy as np
 
     from repsim.engine.drivers import write_csv
     from repsim.probes.calibration import calibration_report
+    from repsim.store.finite import require_finite
+    from repsim.store.pairing import check_pair
     from repsim.store.reader import open_store
 
     # expected failures raise ValueError: one line and exit status 2 (repsim.commands.main)
@@ -70,16 +71,16 @@ def run(args) -> int:
                 raise ValueError(f"store {s.name} has no logits (extract them with `repsim extract`)")
             if s.multilabel:
                 raise ValueError(f"store {s.name} holds multi-label targets; calibration needs one class per example")
-        if _identity(te) and _identity(ho) and _identity(te) != _identity(ho):
-            raise ValueError(f"stores {te.name} and {ho.name} come from different networks (checkpoint digests differ)")
+        check_pair(te, ho, ("test", "holdout"), same_examples=args.same_examples)
         objective = (te.model or {}).get("objective", "")
         kind = kind_for(objective) if args.kind == "auto" else args.kind
-        z, y = np.asarray(te.logits.compute()), np.asarray(te.labels)
-        zh, yh = np.asarray(ho.logits.compute()), np.asarray(ho.labels)
+        # each store's values are checked on their own, so an error names the store that holds them
+        z, y = require_finite(te.logits.compute(), te, "logits"), np.asarray(te.labels)
+        zh, yh = require_finite(ho.logits.compute(), ho, "logits"), np.asarray(ho.labels)
         try:
             rep = calibration_report(z, y, zh, yh, kind=kind, bins=args.bins)
         except ValueError as e:
-            raise ValueError(f"store {te.name}: {e}") from e
+            raise ValueError(f"test store {te.name} / holdout store {ho.name}: {e}") from e
         seed = (te.model or {}).get("seed", "")
         rows.append({"store": te.name, "objective": objective or "", "seed": "" if seed is None else seed,
                      "kind": kind, "top1": float(np.mean(z.argmax(1) == y)), **rep,

@@ -51,6 +51,8 @@ def run(args) -> int:
                           allow_mixed_datasets=args.allow_mixed_datasets)
     if report.arrays:
         print(format_table(report.arrays))
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
     for problem in report.problems:
         print(problem, file=sys.stderr)
     if report.ok:

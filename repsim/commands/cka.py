@@ -6,6 +6,7 @@ import os
 import sys
 
 from repsim.commands.main import CommandError
+from repsim.commands._args import non_negative, positive
 from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg
 
 HELP = "minibatch CKA between every (store, layer) pair"
@@ -15,16 +16,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_store_arguments(parser, out_help="result file (.npz, CKAResult.save; e.g. cka_resnet50.npz)")
     parser.add_argument("--method", choices=("minibatch", "exact"), default="minibatch",
                         help="minibatch (paper: unbiased HSIC over batches) or exact (full-data, float64)")
-    parser.add_argument("--batch-size", type=int, default=1500, help="minibatch size (default 1500, paper)")
-    parser.add_argument("--epochs", type=int, default=10, help="passes over the data (default 10, paper)")
-    parser.add_argument("--seed", type=int, default=0, help="shuffling seed (default 0)")
+    parser.add_argument("--batch-size", type=positive, default=1500, help="minibatch size (default 1500, paper)")
+    parser.add_argument("--epochs", type=positive, default=10, help="passes over the data (default 10, paper)")
+    parser.add_argument("--seed", type=non_negative, default=0, help="shuffling seed (default 0)")
     parser.add_argument("--shuffle", choices=("window", "examples", "none"), default="window",
                         help="window: permute chunk blocks and rows within windows, each chunk read once per "
                              "epoch (default); examples: uniform permutation, ~n/batch reads per epoch; "
                              "none: consecutive batches")
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_const", const="none",
                         help="same as --shuffle none")
-    parser.add_argument("--shuffle-window", type=int, default=None, metavar="ROWS",
+    parser.add_argument("--shuffle-window", type=positive, default=None, metavar="ROWS",
                         help="rows per shuffle window (default 4 x batch size)")
     parser.add_argument("--biased", action="store_true", help="biased HSIC (default: debiased, as in the paper)")
     parser.add_argument("--compute-dtype", choices=("float32", "float64"), default=None,
@@ -32,7 +33,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "float64 for float64 ones; centring, slab and HSIC sums are float64 either way)")
     parser.add_argument("--checkpoint", default=None, metavar="FILE",
                         help="checkpoint for resuming (default: OUT.ckpt.npz next to the output)")
-    parser.add_argument("--checkpoint-every", type=int, default=8, metavar="BATCHES",
+    parser.add_argument("--checkpoint-every", type=positive, default=8, metavar="BATCHES",
                         help="batches per checkpointed segment (default 8)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     parser.add_argument("--allow-mixed-datasets", action="store_true",

@@ -5,7 +5,9 @@
     repsim probe --relearn A_val.zarr B_val.zarr [--per-class 10] --out DIR
 
 Train and test stores are paired in order (one pair per network; positional STOREs are more training
-stores, before those of --train). Three modes:
+stores, before those of --train), and each pair is verified: one network (checkpoint digests, or the
+``model`` metadata of stores written by ``save_store``) and different examples (``--same-examples``
+allows a shared one on purpose, with a warning; ``repsim.store.pairing``). Three modes:
 
 - **Single-label stores** (Table 1): the linear probe (L-BFGS, λ chosen on a validation split) and/or
   kNN. Writes ``DIR/probes.csv`` (store, objective, seed, task, probe, metric, accuracy, best_param,
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from repsim._io import atomic_write
+from repsim.commands._args import non_negative
 
 HELP = "transfer probes: linear / kNN (probes.csv), multi-label AUC (multilabel.csv), relearned heads"
 COLUMNS = ["store", "objective", "seed", "task", "probe", "metric", "accuracy", "best_param",
@@ -72,7 +75,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bins", type=int, default=1000,
                         help="multi-label stores: AUC from this many evenly spaced score bins (default "
                              "1000, App. D.3)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--same-examples", action="store_true",
+                        help="allow a test store that shares examples with its training store (a training-set "
+                             "score, on purpose; a warning says so)")
+    parser.add_argument("--seed", type=non_negative, default=0)
     parser.add_argument("--out", default=".", help="results directory (default: current)")
     parser.add_argument("--no-progress", action="store_true")
 
@@ -87,6 +93,7 @@ def _meta(store) -> tuple[str, str]:
 def run(args) -> int:
     import numpy as np
 
+    from repsim.store.pairing import check_pair
     from repsim.store.reader import open_store
 
     train = list(args.stores) + list(args.train)
@@ -108,6 +115,8 @@ def run(args) -> int:
     for tr_path, te_path in zip(train, args.test if not args.relearn else train):
         tr = open_store(tr_path)
         te = tr if args.relearn else open_store(te_path)
+        if not args.relearn:  # one network, different examples (repsim.store.pairing)
+            check_pair(tr, te, ("train", "test"), same_examples=args.same_examples)
         Xtr = _features(tr, args.layer)
         Xte = Xtr if args.relearn else _features(te, args.layer)
         if tr.multilabel != te.multilabel:
@@ -136,14 +145,9 @@ def run(args) -> int:
 
 def _features(store, layer: str):
     """Layer ``layer`` of ``store`` in memory; NaN/Inf refused naming the store (no probe fits them)."""
-    import numpy as np
+    from repsim.store.finite import require_finite
 
-    X = np.asarray(store.layer(layer).compute())
-    bad = int(np.count_nonzero(~np.isfinite(X)))
-    if bad:
-        raise ValueError(f"store {store.name}: layer {layer!r} holds {bad} NaN/Inf value(s); a probe cannot be fit "
-                         f"on them (`repsim check {store.path}` counts them per layer)")
-    return X
+    return require_finite(store.layer(layer).compute(), store, f"layer {layer!r}")
 
 
 def _common(args, tr, te, Xtr, Xte, lambdas) -> dict[str, Any]:
@@ -186,7 +190,9 @@ def _relearn(args, store, X, lambdas, common, task) -> tuple[list[dict], list[di
 
     from repsim.probes.transfer import relearn_head
 
-    logits = np.asarray(store.logits.compute()) if store.has_logits else None
+    from repsim.store.finite import require_finite
+
+    logits = require_finite(store.logits.compute(), store, "logits") if store.has_logits else None
     r = relearn_head(X, store.labels, logits=logits, head=None if logits is not None else store.head,
                      per_class=args.per_class, seed=args.seed, lambdas=lambdas, val_fraction=args.val_fraction,
                      metric=args.metric, progress=not args.no_progress)

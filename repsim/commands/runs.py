@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import glob
 import json
 import os
 import sys
@@ -33,10 +32,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from repsim.engine.drivers import merge_csv
 
-    dirs: list[Path] = []
-    for p in args.runs:
-        hits = sorted(glob.glob(p)) if glob.has_magic(p) else [p]
-        dirs += [Path(h) for h in hits if (Path(h) / "metrics.csv").is_file()]
+    from repsim._paths import expand_paths
+
+    dirs = [Path(h) for h in expand_paths(args.runs, "run directory") if (Path(h) / "metrics.csv").is_file()]
     if not dirs:
         raise ValueError(f"no run directory with a metrics.csv among {' '.join(args.runs)}")
     rows = training_rows(dirs)

@@ -44,7 +44,6 @@ Shuffling schemes and their I/O cost (n rows, batch b, L columns):
 """
 from __future__ import annotations
 
-import glob
 import hashlib
 import math
 import os
@@ -54,6 +53,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from repsim._paths import expand_paths
 from repsim._xp import is_cupy_namespace
 
 MIN_BATCH = 4  # HSIC_1 (U-centering) needs at least 4 examples
@@ -87,19 +87,10 @@ class Column:
 
 
 def expand_store_paths(patterns: Iterable[str]) -> list[str]:
-    """Expand shell globs (``runs/*.zarr``) in order; a literal path is kept even if it is missing
-    (so that opening it produces the store's own error message)."""
-    out: list[str] = []
-    for pattern in patterns:
-        pattern = os.fspath(pattern)
-        if any(ch in pattern for ch in "*?["):
-            matches = sorted(glob.glob(pattern))
-            if not matches:
-                raise ValueError(f"no store matches {pattern!r}")
-            out.extend(matches)
-        else:
-            out.append(pattern)
-    return out
+    """Store arguments as paths: an existing one as given, a missing one with glob characters
+    expanded (``runs/*.zarr``, sorted); a missing literal path is kept (so that opening it produces
+    the store's own error message). The rule is :func:`repsim._paths.expand_paths`."""
+    return expand_paths(patterns, "store")
 
 
 def open_stores(stores: Any) -> list[Any]:
@@ -329,6 +320,25 @@ class BatchPlan:
 # reading
 
 
+# |x| beyond this overflows float64 in CKA's sums of squares: (1e150)² · 1e8 terms is still finite
+# (max 1.8e308), while a layer of ~1e160 would overflow and read as "constant" or NaN downstream
+MAX_MAGNITUDE = 1e150
+
+
+def check_magnitude(x: np.ndarray, store: str, layer: str, chunk: int) -> np.ndarray:
+    """``x`` (chunk ``chunk`` of a layer) unchanged; ``ValueError`` naming store, layer and chunk when a
+    float64 value exceeds :data:`MAX_MAGNITUDE` (only float64 can: float32 and float16 stop far
+    below it).  The kernels' own checks would see the overflowed sums as a zero-variance
+    (constant) layer or as NaN, so the cause is named here, where the values are read."""
+    if x.dtype == np.float64 and x.size:
+        big = float(np.max(np.abs(x)))
+        if MAX_MAGNITUDE < big < math.inf:
+            raise ValueError(f"store {store}: layer {layer!r}: chunk {chunk} holds values up to {big:.3g} in "
+                             f"magnitude; their squares overflow float64 (CKA needs |x| <= {MAX_MAGNITUDE:.0e}): "
+                             "rescale the layer")
+    return x
+
+
 def progress_bar(total: int, desc: str, progress: bool | None, unit: str = "batch") -> Any:
     """A tqdm bar on stderr; ``progress=None`` shows it only when stderr is a terminal."""
     import sys
@@ -401,7 +411,8 @@ class BlockReader:
         """Chunks ``first..last`` of column ``c`` through ``ActivationStore.read_chunk``, which
         raises a ``StoreError`` naming store, layer and chunk for a missing or corrupt object."""
         store, layer = self._stores[c], self.columns[c].layer
-        parts = [np.asarray(store.read_chunk(layer, k)) for k in range(first, last + 1)]
+        parts = [check_magnitude(np.asarray(store.read_chunk(layer, k)), store.name, layer, k)
+                 for k in range(first, last + 1)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _read(self, c: int, a: int, b: int) -> np.ndarray:

@@ -21,6 +21,12 @@ writes whole chunks of its *own* arrays directly, byte-compatible with zarr:
 encoding exactly (:func:`fast_chunks`); anything else (another codec, a remote store, a big-endian
 host) returns ``None`` and the caller goes through zarr.  Tests check both directions against
 zarr byte for byte.
+
+A chunk's own crc32c proves only that its bytes are intact, not that they belong where they lie: a
+chunk file moved or swapped within an array, or copied from another store, checks out.  The store's
+checksum manifest (:mod:`repsim.store.manifest`) records, per array and chunk index, the crc32c
+written there; :meth:`FastChunks.read` compares the object's trailer with it (``expect``) and
+:func:`object_crc` reads the trailer of a chunk that goes through zarr instead.
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ import numpy as np
 
 from repsim._io import naming
 
-__all__ = ["FastChunks", "fast_chunks", "remove_stale_parts"]
+__all__ = ["FastChunks", "fast_chunks", "object_crc", "remove_stale_parts"]
 
 TMP_PREFIX = ".repsim-tmp-"
 
@@ -82,7 +88,7 @@ class FastChunks:
     def __init__(self, root: str, array_path: str, arr: Any, level: int | str):
         from numcodecs import Zstd
 
-        self.dir = os.path.join(root, *array_path.split("/"))
+        self.dir = os.path.join(os.path.abspath(root), *array_path.split("/"))  # errors name full paths
         self.shape = tuple(int(s) for s in arr.shape)
         self.chunks = tuple(int(c) for c in arr.metadata.chunk_grid.chunk_shape)
         self.dtype = np.dtype(arr.dtype)
@@ -103,11 +109,13 @@ class FastChunks:
         """The part of the full chunk ``index`` that lies inside the array."""
         return tuple(slice(0, min(c, s - i * c)) for i, c, s in zip(index, self.chunks, self.shape))
 
-    def read(self, index: tuple[int, ...]) -> np.ndarray | None:
+    def read(self, index: tuple[int, ...], expect: int | None = None) -> np.ndarray | None:
         """Chunk ``index`` cut to the array's extent; ``None`` when its object does not exist.
 
-        Raises ``ValueError`` on a checksum mismatch or an object that does not decode to the
-        chunk's size (the caller names store, array and chunk).
+        Raises ``ValueError`` on a checksum mismatch, an object that does not decode to the chunk's
+        size, or (``expect``: the crc32c the store's manifest recorded for this array and index) an
+        intact object whose crc32c is not the one written at this position (the caller names store,
+        array and chunk).
         """
         import google_crc32c
 
@@ -128,6 +136,8 @@ class FastChunks:
         body = buf[:-4]
         if np.uint32(google_crc32c.value(body)).tobytes() != buf[-4:].tobytes():
             raise ValueError("Stored and computed checksum do not match (crc32c)")
+        if expect is not None:
+            misplaced(int.from_bytes(buf[-4:].tobytes(), "little"), expect)
         if self._zstd is None:
             out = body.view(self.dtype).reshape(self.chunks)
         else:
@@ -157,8 +167,9 @@ class FastChunks:
             self._zstd.encode(data), dtype=np.uint8)
         return body, np.uint32(google_crc32c.value(body)).tobytes()
 
-    def write(self, data: np.ndarray, index: tuple[int, ...]) -> None:
-        """Encode and write chunk ``index`` atomically (temporary file + rename)."""
+    def write(self, data: np.ndarray, index: tuple[int, ...]) -> int:
+        """Encode and write chunk ``index`` atomically (temporary file + rename); returns its crc32c
+        (what the store's checksum manifest records for this array and index)."""
         self._check_grid(index)
         body, crc = self.encode(data, index)
         path = self.path(index)
@@ -176,6 +187,30 @@ class FastChunks:
             except OSError:
                 pass
             raise
+        return int.from_bytes(crc, "little")
+
+
+def misplaced(found: int, expect: int) -> None:
+    """Raise ``ValueError`` when an intact chunk object's crc32c ``found`` is not ``expect``, the one
+    the manifest recorded for its array and index: it was written elsewhere (moved or swapped within
+    the array, taken from another array, or copied from another store)."""
+    if found != expect:
+        raise ValueError(f"the chunk object is intact but is not the one written here: its crc32c {found:08x} "
+                         f"differs from {expect:08x}, recorded for this array and chunk index (moved, swapped or "
+                         "copied from elsewhere)")
+
+
+def object_crc(arr: Any, index: tuple[int, ...]) -> int | None:
+    """The crc32c trailer (the last 4 bytes, little endian) of chunk ``index``'s object of the zarr
+    array ``arr``, through zarr's store (any store); ``None`` when the object does not exist."""
+    from zarr.abc.store import SuffixByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    sp = arr.store_path
+    key = "/".join(p for p in (sp.path, arr.metadata.encode_chunk_key(tuple(index))) if p)
+    buf = sync(sp.store.get(key, prototype=default_buffer_prototype(), byte_range=SuffixByteRequest(4)))
+    return None if buf is None else int.from_bytes(buf.to_bytes(), "little")
 
 
 def fast_chunks(root: str, array_path: str, arr: Any) -> FastChunks | None:

@@ -5,8 +5,10 @@ examples only, dimension names, dtypes — labels (N,) int32, or (N, K) bool in 
 head/logits consistency), completeness (every ``written``
 flag set and ``complete`` true), unique example ids, the checksum of every chunk of ``example_ids``,
 ``labels`` and ``head``, and NaN/Inf counts per layer and in the logits (streamed chunk by chunk, so
-memory is one chunk whatever the store size; a chunk that fails its crc32c checksum is reported by
-array and chunk). Across stores: the same dataset name and split where both record them, and equal
+memory is one chunk whatever the store size; a chunk that fails its crc32c checksum, or whose object is
+intact but not the one the store's checksum manifest recorded for that array and index — moved,
+swapped or copied from elsewhere — is reported by array and chunk; a version-1 store, written before
+the manifest, gets a note that this second check is not possible). Across stores: the same dataset name and split where both record them, and equal
 ``example_ids`` (and labels) row by row, compared with the first store given. Problems are one line
 each, naming the store.
 """
@@ -37,6 +39,7 @@ class ArrayReport:
 class CheckReport:
     arrays: list[ArrayReport] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # worth knowing, not a problem
 
     @property
     def ok(self) -> bool:
@@ -140,6 +143,10 @@ def _check_one(label: str, store: Any, report: CheckReport, *, scan_values: bool
     from repsim.store.format import StoreError
 
     report.problems.extend(_schema_problems(label, store))
+    if store.version < 2:
+        report.notes.append(f"store {label}: store version {store.version} (written before repsim recorded where each "
+                            "chunk belongs): every chunk's own checksum is verified, but a chunk file moved or swapped "
+                            "on disk cannot be detected; rewrite the store to get that check")
     try:
         written = store.written()
     except StoreError as exc:

@@ -13,13 +13,19 @@ Layout (docs/architecture.md "The activation store")::
       head/weight   (K, M)       float32  dims (class, feature)             optional
       head/bias     (K,)         float32  dims (class,)                     optional
       written       (n_chunks,)  bool     dims (chunk,), one flag per storage object
+      checksums     (n_chunks, 1 + A) uint32  dims (chunk, entry): chunk i's index, then the crc32c of
+                                          chunk i of each array listed in its attribute ``arrays``
+                                          (version 2; repsim.store.manifest)
 
 Every per-example array is chunked along examples only, with the same ``chunk_rows``, so the
 writer of chunk ``i`` touches exactly one object per array and ranks writing disjoint chunks never
 race. ``chunk_rows`` defaults to :func:`default_chunk_rows` (every layer chunk >= 1 MiB, the widest
 <= 128 MiB). Chunks are compressed with zstd and followed by a crc32c checksum codec, so a corrupted
 chunk fails loudly on read; every chunk is stored as an object even when it is all zeros, so a
-deleted chunk is an error too, never silently read as zeros. Every read through
+deleted chunk is an error too, never silently read as zeros. The crc32c of every chunk is also
+recorded, per array and chunk index, in the ``checksums`` manifest, so a valid chunk file moved,
+swapped or copied in from elsewhere is refused too (:mod:`repsim.store.manifest`; stores of version
+1, written before it, are read and verified as before, by each chunk's own checksum). Every read through
 :class:`ActivationStore` names the store, the array and the chunk when it fails. ``complete`` is set
 last, after every ``written`` flag is true; an interrupted writer leaves ``complete = False`` and
 :func:`open_store` refuses the store until it is resumed (:meth:`StoreWriter.open`) and finalized,
@@ -41,7 +47,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-STORE_VERSION = 1
+STORE_VERSION = 2  # 2: the checksum manifest binds each chunk to its array and index
+READABLE_VERSIONS = (1, 2)  # version 1 stores (no manifest) are read and verified as before
 DEFAULT_CHUNK_BYTES = 1 << 20  # smallest layer chunk, default (>= 1 MB per chunk)
 MAX_CHUNK_BYTES = 128 << 20  # largest layer chunk, default cap (wide conv layers)
 ZSTD_LEVEL = 1  # level 1 compresses post-ReLU float16 ~2x faster than 3 (323 vs 163 MB/s/core) for ~1% larger chunks (extract bench)
@@ -197,10 +204,16 @@ def _validate(path: str, group: Any) -> "_Members":
     members = _Members(group)
     group = members  # every lookup below goes through the fetched nodes
     version = attrs.get("repsim_store_version")
+    shown = full_path(path)
     if version is None:
-        raise StoreError(f"store {name} ({path}): not a repsim activation store (no repsim_store_version attribute)")
-    if version != STORE_VERSION:
-        raise StoreError(f"store {name} ({path}): store version {version} is not supported (expected {STORE_VERSION})")
+        if interrupted_creation(path):
+            raise StoreError(f"store {name} ({shown}): not a repsim activation store but what an interrupted "
+                             "creation leaves (a Zarr group without attributes and without data); replace it "
+                             "with --overwrite (overwrite=True)")
+        raise StoreError(f"store {name} ({shown}): not a repsim activation store (no repsim_store_version attribute)")
+    if version not in READABLE_VERSIONS:
+        raise StoreError(f"store {name} ({shown}): store version {version} is not supported (expected one of "
+                         f"{READABLE_VERSIONS}; a newer repsim wrote it?)")
     for req in ("example_ids", "labels", "written"):
         if req not in group:
             raise StoreError(f"store {name} ({path}): missing array {req!r}")
@@ -223,4 +236,50 @@ def _validate(path: str, group: Any) -> "_Members":
         arr = group[key]
         if arr.shape[0] != n or arr.chunks[0] != rows or tuple(arr.chunks[1:]) != tuple(arr.shape[1:]):
             raise StoreError(f"store {name} ({path}): layer {layer!r} has shape {arr.shape} / chunks {arr.chunks}; expected {n} rows chunked by {rows} along examples only")
+    if version >= 2:
+        _validate_manifest(name, path, members, layers, n_chunks=-(-n // rows))
     return members
+
+
+def _validate_manifest(name: str, path: str, group: Any, layers: list[str], n_chunks: int) -> None:
+    """A version-2 store's ``checksums`` manifest lists every per-example array, one row per chunk."""
+    from repsim.store.manifest import MANIFEST, manifest_columns
+
+    if MANIFEST not in group:
+        raise StoreError(f"store {name} ({path}): missing array {MANIFEST!r} (the chunk checksum manifest of a "
+                         "version-2 store)")
+    arr = group[MANIFEST]
+    want = manifest_columns(layers, "logits" in group)
+    cols = list(arr.attrs.get("arrays") or [])
+    if sorted(cols) != sorted(want) or arr.shape != (n_chunks, 1 + len(cols)) or arr.chunks != (1, 1 + len(cols)):
+        raise StoreError(f"store {name} ({path}): {MANIFEST} has shape {arr.shape} / chunks {arr.chunks} for arrays "
+                         f"{cols}; expected ({n_chunks}, {1 + len(want)}) / (1, {1 + len(want)}) for {want}")
+
+
+def full_path(path: str) -> str:
+    """``path`` as messages show it: absolute for a local path, a URL as given."""
+    return path if "://" in str(path) else os.path.abspath(path)
+
+
+_LAYOUT = {"zarr.json", "example_ids", "labels", "logits", "layers", "written", "checksums", "head"}
+
+
+def interrupted_creation(path: str) -> bool:
+    """True when ``path`` is what an interrupted creation by an older repsim leaves behind (disk full
+    before the root attributes were written): a Zarr v3 group without attributes whose entries are
+    only the store layout's array and group names, none holding a chunk object. (A creation now
+    builds the store under a temporary name and renames it into place, so it leaves no such thing.)"""
+    import json
+
+    try:
+        with open(os.path.join(path, "zarr.json"), encoding="utf-8") as fh:
+            meta = json.load(fh)
+        entries = set(os.listdir(path))
+    except (OSError, ValueError):
+        return False
+    if meta.get("node_type") != "group" or meta.get("attributes") or not entries <= _LAYOUT:
+        return False
+    for folder, dirs, _ in os.walk(path):
+        if "c" in dirs and os.listdir(os.path.join(folder, "c")):
+            return False  # a chunk object: data someone wrote
+    return True

@@ -29,20 +29,24 @@ _TOP_LEVEL = ("example_ids", "labels", "logits", "written")
 
 
 class _ChunkReader:
-    """Array-like over one per-example zarr array whose reads raise :class:`StoreError` naming the
-    store, the array and the chunk: on a checksum mismatch or undecodable object, and (local stores)
-    on a chunk object that is missing from disk, which zarr would otherwise read as zeros.
+    """Array-like over one zarr array chunked along its first axis whose reads raise
+    :class:`StoreError` naming the store, the array and the chunk: on a checksum mismatch or
+    undecodable object, on an intact object that the store's checksum manifest says belongs
+    elsewhere (``manifest``; :mod:`repsim.store.manifest`), and (local stores, ``required``) on a
+    chunk object that is missing from disk, which zarr would otherwise read as zeros.
 
     Used as the source of the dask arrays returned by :meth:`ActivationStore.layer`; picklable
     (the zarr array is reopened lazily), so it travels to ``dask.distributed`` workers.
     """
 
     def __init__(self, path: str, array: str, shape: tuple[int, ...], dtype: np.dtype, chunk_rows: int,
-                 written: np.ndarray | None = None):
+                 written: np.ndarray | None = None, manifest: Any = None, required: bool = True):
         self.path, self.array = path, array
         self.shape, self.dtype, self.ndim = tuple(shape), np.dtype(dtype), len(shape)
         self.chunk_rows = chunk_rows
         self.written = written  # chunks that must exist (None: all); unwritten ones read as fill
+        self.manifest = manifest  # recorded crc32c per chunk (None: a version-1 store, not recorded)
+        self.required = required  # False: a missing object reads as the fill value (``written``)
         self._local = os.path.isdir(path)
         self._arr = None
         self._fast: Any = False  # False: not looked up yet; None: no fast path for this array
@@ -60,25 +64,33 @@ class _ChunkReader:
             self._fast = fast_chunks(self.path, self.array, arr) if self._local else None
         return self._fast
 
+    def _expect(self, c: int) -> int | None:
+        return None if self.manifest is None else self.manifest.expected(self.array, c)
+
+    def _error(self, exc: BaseException, start: int, stop: int) -> StoreError:
+        return _wrap_read_error(exc, store_name(self.path), self.array, start, stop, self.chunk_rows)
+
     def _read_fast(self, arr, key: tuple, start: int, stop: int):
-        """Rows ``start:stop`` (inside one chunk, other axes whole) straight from the chunk object;
-        ``None`` when the fast path does not apply (see :mod:`repsim.store._chunkio`)."""
+        """Rows ``start:stop`` (other axes whole) straight from the chunk objects, one chunk at a
+        time (a failure names its chunk); ``None`` when the fast path does not apply (see
+        :mod:`repsim.store._chunkio`) or an object is missing (zarr then gives the fill value)."""
         fast = self._fast_chunks(arr)
         if fast is None or stop <= start:
             return None
         if any(not (isinstance(k, slice) and k.indices(n) == (0, n, 1)) for k, n in zip(key[1:], self.shape[1:])):
             return None  # not whole along the other axes
-        c = start // self.chunk_rows
-        if (stop - 1) // self.chunk_rows != c:
-            return None
-        try:
-            data = fast.read((c,) + (0,) * (self.ndim - 1))
-        except ValueError as exc:
-            raise _wrap_read_error(exc, store_name(self.path), self.array, start, stop, self.chunk_rows) from exc
-        if data is None:
-            return None  # no object: zarr gives the fill value (or _check_present raised already)
-        off = c * self.chunk_rows
-        return data[start - off:stop - off]
+        parts = []
+        for c in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
+            a, b = max(start, c * self.chunk_rows), min(stop, (c + 1) * self.chunk_rows)
+            try:
+                data = fast.read((c,) + (0,) * (self.ndim - 1), expect=self._expect(c))
+            except ValueError as exc:
+                raise self._error(exc, a, b) from exc
+            if data is None:
+                return None
+            off = c * self.chunk_rows
+            parts.append(data[a - off:b - off])
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def _zarr(self):
         if self._arr is None:
@@ -88,7 +100,7 @@ class _ChunkReader:
         return self._arr
 
     def _check_present(self, arr, start: int, stop: int) -> None:
-        if not self._local or stop <= start:
+        if not self._local or stop <= start or not self.required:
             return
         for c in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
             if self.written is not None and not self.written[c]:
@@ -100,6 +112,33 @@ class _ChunkReader:
                     f"store {store_name(self.path)}: {self.array}: chunk {c} (rows {a}:{b}) is missing "
                     f"from disk ({key!r} not found: never written, or deleted)"
                 )
+
+    def _read_zarr(self, arr, key: tuple, start: int, stop: int):
+        """``arr[key]`` through zarr; every chunk it touches is checked against the manifest, and a
+        failure is named by the first chunk that fails on its own."""
+        from repsim.store._chunkio import misplaced, object_crc
+
+        chunks = range(start // self.chunk_rows, max(start, stop - 1) // self.chunk_rows + 1)
+        try:
+            out = arr[key]
+        except Exception as exc:  # zarr / numcodecs / OS errors -> named StoreError
+            for c in chunks if len(chunks) > 1 else ():
+                a, b = c * self.chunk_rows, min(self.shape[0], (c + 1) * self.chunk_rows)
+                try:
+                    arr[a:b]
+                except Exception as one:  # noqa: BLE001 - this chunk is the one to name
+                    raise self._error(one, a, b) from exc
+            raise self._error(exc, start, stop) from exc
+        for c in chunks if stop > start else ():
+            a, b = c * self.chunk_rows, min(self.shape[0], (c + 1) * self.chunk_rows)
+            try:
+                expect = self._expect(c)
+                found = None if expect is None else object_crc(arr, (c,) + (0,) * (self.ndim - 1))
+                if found is not None:
+                    misplaced(found, expect)
+            except (ValueError, OSError) as exc:
+                raise self._error(exc, a, b) from exc
+        return out
 
     def __getitem__(self, key):
         key = key if isinstance(key, tuple) else (key,)
@@ -116,10 +155,7 @@ class _ChunkReader:
             out = self._read_fast(arr, key, start, stop)
             if out is not None:
                 return out
-        try:
-            return arr[key]
-        except Exception as exc:  # zarr / numcodecs / OS errors -> named StoreError
-            raise _wrap_read_error(exc, store_name(self.path), self.array, start, stop, self.chunk_rows) from exc
+        return self._read_zarr(arr, key, start, stop)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,27 +215,52 @@ class ActivationStore:
         return self._read_all("written").astype(bool)
 
     # arrays ------------------------------------------------------------------------------------
+    @property
+    def version(self) -> int:
+        """The store format version (``repsim_store_version``): 1 for stores written before the
+        checksum manifest (:mod:`repsim.store.manifest`), whose chunk positions are not verified."""
+        return int(self.attrs.get("repsim_store_version", 1))
+
+    def _flags(self) -> np.ndarray | None:
+        """The ``written`` flags of an incomplete store (chunks that must exist), None when complete."""
+        if "written" not in self._cache:
+            self._cache["written"] = None if self.complete else self.written()
+        return self._cache["written"]
+
+    def _manifest(self) -> Any:
+        """The checksum manifest of a version-2 store (read on demand), None for version 1."""
+        if "manifest" not in self._cache:
+            from repsim.store.manifest import HEAD_ATTR, MANIFEST, Manifest
+
+            manifest = None
+            if self.version >= 2:
+                arr = self._group[MANIFEST]
+                rows = _ChunkReader(self.path, MANIFEST, arr.shape, arr.dtype, 1, self._flags())
+                rows._arr = arr
+                head = dict(self._group["head"].attrs).get(HEAD_ATTR) if "head" in self._group else None
+                manifest = Manifest(rows, list(arr.attrs.get("arrays", [])), head, self._flags())
+            self._cache["manifest"] = manifest
+        return self._cache["manifest"]
+
     def _reader(self, array: str) -> _ChunkReader:
         """The (cached) chunk reader of ``array``: its zarr array and fast-path lookup are made once
-        per store, not once per chunk read."""
+        per store, not once per chunk read. ``written`` (one flag per chunk; a flag never set has no
+        object) and the head (one chunk) are read through one too, so their failures are named."""
         reader = self._readers.get(array)
         if reader is None:
             arr = self._group[array]
-            if "written" not in self._cache:  # complete: every chunk must exist; else only written ones
-                self._cache["written"] = None if self.complete else self.written()
-            reader = _ChunkReader(self.path, array, arr.shape, arr.dtype, self.chunk_rows, self._cache["written"])
+            if array == "written":
+                reader = _ChunkReader(self.path, array, arr.shape, arr.dtype, 1, required=False)
+            else:
+                rows = arr.chunks[0] if array.startswith("head/") else self.chunk_rows
+                reader = _ChunkReader(self.path, array, arr.shape, arr.dtype, rows,
+                                      None if array.startswith("head/") else self._flags(), self._manifest())
             reader._arr = arr
             self._readers[array] = reader
         return reader
 
     def _read_all(self, name: str) -> np.ndarray:
-        if name in ("example_ids", "labels"):
-            return self._reader(name)[:]
-        arr = self._group[name]
-        try:
-            return arr[...]
-        except Exception as exc:
-            raise _wrap_read_error(exc, self.name, name, 0, arr.shape[0], arr.chunks[0]) from exc
+        return self._reader(name)[:]
 
     @property
     def example_ids(self) -> np.ndarray:

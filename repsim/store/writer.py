@@ -8,6 +8,7 @@ resumed. The layout is in :mod:`repsim.store.format`.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import math
 import os
@@ -18,8 +19,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from repsim._io import naming
 from repsim.store.format import (STORE_VERSION, StoreError, _cast, _codecs, _float_dtype, _Members, _open_group,
-                                 _validate, default_chunk_rows, dimension_names, store_name)
+                                 _validate, default_chunk_rows, dimension_names, full_path, interrupted_creation,
+                                 store_name)
+from repsim.store.manifest import HEAD_ATTR, MANIFEST, manifest_columns, manifest_row
 from repsim.store.reader import ActivationStore, open_store
 
 
@@ -38,18 +42,102 @@ def _is_repsim_store(path: str) -> bool:
 
 def _prepare_path(path: str, overwrite: bool) -> None:
     """Make room for a new store at ``path``: refuse an existing one unless ``overwrite``, and never
-    delete anything that is not a repsim store (a file, another Zarr group, a non-empty directory)."""
-    if not os.path.lexists(path):
+    delete anything that is not a repsim store (a file, another Zarr group, a non-empty directory)
+    or what an interrupted creation left (:func:`repsim.store.format.interrupted_creation`)."""
+    if "://" in path or not os.path.lexists(path):
         return
+    name, shown = store_name(path), full_path(path)
     if not overwrite:
-        raise StoreError(f"store {store_name(path)}: {path} already exists (pass overwrite=True to replace it)")
+        what = "holds an interrupted creation of a store" if interrupted_creation(path) else "already exists"
+        raise StoreError(f"store {name}: {shown} {what} (pass --overwrite / overwrite=True to replace it)")
     if not os.path.isdir(path) or os.path.islink(path):
-        raise StoreError(f"store {store_name(path)}: refusing to overwrite {path}: it is not a directory, so not "
+        raise StoreError(f"store {name}: refusing to overwrite {shown}: it is not a directory, so not "
                          "an activation store; remove it yourself or choose another path")
-    if os.listdir(path) and not _is_repsim_store(path):
-        raise StoreError(f"store {store_name(path)}: refusing to overwrite {path}: it is a non-empty directory that "
+    if os.listdir(path) and not (_is_repsim_store(path) or interrupted_creation(path)):
+        raise StoreError(f"store {name}: refusing to overwrite {shown}: it is a non-empty directory that "
                          "is not a repsim activation store; remove it yourself or choose another path")
     shutil.rmtree(path)
+
+
+STAGING = ".creating-"  # a store is built at ``.<name>.creating-<pid>-<hex>`` beside its path, then renamed
+
+
+def _staging_path(path: str) -> str:
+    """Where a new store is built before it is renamed to ``path`` (so that ``path`` is either absent
+    or a whole store); leftovers of killed creators (their process is gone) are removed first."""
+    parent, base = os.path.split(os.path.abspath(path))
+    prefix = f".{base}{STAGING}"
+    try:
+        for entry in os.listdir(parent):
+            pid = entry[len(prefix):].split("-", 1)[0] if entry.startswith(prefix) else ""
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+    except OSError:
+        pass  # the parent is missing: zarr creates it
+    return os.path.join(parent, f"{prefix}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process
+    return True
+
+
+def _publish(staging: str, path: str) -> None:
+    """Rename the finished ``staging`` store to ``path``; refuses when another process put a store
+    there meanwhile (two writers creating one store at once)."""
+    try:
+        os.rename(staging, path)
+    except OSError as exc:
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.EISDIR, errno.ENOTDIR):
+            raise
+        raise StoreError(f"store {store_name(path)}: another process created {full_path(path)} while this one "
+                         "was creating it (is another `repsim extract` or save_store writing it?); let that "
+                         "one finish, or choose another path") from exc
+
+
+def _build(path: str, attrs: dict[str, Any], n: int, chunk_rows: int, n_chunks: int,
+           spec: Mapping[str, tuple[tuple[int, ...], np.dtype]], kinds: Mapping[str, str],
+           layer_codecs: dict[str, Any], label_dim: int | None, logits_dim: int | None) -> tuple[Any, dict[str, Any]]:
+    """Create the group and every array of a new store at ``path`` (the staging path of a local
+    store, see :meth:`StoreWriter.create`); returns the group and its nodes by path."""
+    import zarr
+
+    from repsim import __version__
+
+    group = zarr.open_group(path, mode="w-", zarr_format=3)
+    codecs = _codecs()
+    nodes: dict[str, Any] = {}  # what was created, by path: the writer needs no listing of the group
+    nodes["example_ids"] = group.create_array("example_ids", shape=(n,), chunks=(chunk_rows,), dtype="int64", fill_value=0, dimension_names=["example"], **codecs)
+    if label_dim is None:
+        nodes["labels"] = group.create_array("labels", shape=(n,), chunks=(chunk_rows,), dtype="int32", fill_value=0, dimension_names=["example"], **codecs)
+    else:
+        kl = int(label_dim)
+        nodes["labels"] = group.create_array("labels", shape=(n, kl), chunks=(chunk_rows, kl), dtype="bool", fill_value=False, dimension_names=["example", "class"], **codecs)
+    if logits_dim is not None:
+        k = int(logits_dim)
+        nodes["logits"] = group.create_array("logits", shape=(n, k), chunks=(chunk_rows, k), dtype="float32", fill_value=0.0, dimension_names=list(dimension_names(2, "logits")), **codecs)
+    lg = group.create_group("layers")
+    for name, (tail, dtype) in spec.items():
+        nodes[f"layers/{name}"] = lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail), kinds[name])), **layer_codecs)
+    nodes["written"] = group.create_array("written", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, dimension_names=["chunk"], **codecs)
+    columns = manifest_columns(list(spec), logits_dim is not None)
+    nodes[MANIFEST] = group.create_array(MANIFEST, shape=(n_chunks, 1 + len(columns)), chunks=(1, 1 + len(columns)), dtype="uint32", fill_value=0, dimension_names=["chunk", "entry"], attributes={"arrays": columns}, **codecs)
+    group.update_attributes(  # one metadata write (attrs.update writes once per key)
+        {
+            "repsim_store_version": STORE_VERSION,
+            **attrs,
+            "created": _now(),
+            "store_uuid": uuid.uuid4().hex,  # this store's identity (a resumed cka checks it)
+            "repsim_version": __version__,
+            "complete": False,
+        }
+    )
+    return group, nodes
 
 
 class StoreWriter:
@@ -78,12 +166,16 @@ class StoreWriter:
         self._layers = {name: full(f"layers/{name}") for name in self.layer_names}
         self._logits = full("logits") if "logits" in nodes else None
         self._ids, self._labels, self._written = full("example_ids"), full("labels"), full("written")
+        # version 2: chunk i's checksums are recorded before its flag (repsim.store.manifest)
+        self._manifest = full(MANIFEST) if int(attrs.get("repsim_store_version", 1)) >= 2 else None
+        self._columns: list[str] = list(self._manifest.attrs.get("arrays", [])) if self._manifest is not None else []
         # data chunks bypass zarr's codec pipeline on local disks (repsim.store._chunkio; byte-identical)
         from repsim.store._chunkio import fast_chunks
 
         self._fast = {id(a): fast_chunks(self.path, a.path, a)
                       for a in [*self._layers.values(), self._ids, self._labels, self._written]
-                      + ([self._logits] if self._logits is not None else [])}
+                      + ([self._logits] if self._logits is not None else [])
+                      + ([self._manifest] if self._manifest is not None else [])}
 
     # construction --------------------------------------------------------------------------------
     @classmethod
@@ -110,9 +202,13 @@ class StoreWriter:
         attribute ``compression`` records it); every chunk keeps its crc32c either way.
         ``label_dim=K`` makes a multi-label store: ``labels`` is ``(N, K)`` bool (dims example, class),
         one column per target (e.g. CheXpert's findings), instead of one int32 class per example.
-        """
-        import zarr
 
+        A local store is built under a temporary name beside ``path`` (``.<name>.creating-<pid>-…``)
+        and renamed into place once its arrays and attributes exist, so ``path`` is either absent or
+        a whole (empty, incomplete) store: a creation interrupted by a full disk leaves nothing there
+        (the temporary folder is removed; a killed creator's is removed by the next creation), and two
+        processes creating one store at once cannot both succeed (the second is told so).
+        """
         path = str(path)
         n = int(n)
         if n <= 0:
@@ -154,43 +250,26 @@ class StoreWriter:
             json.dumps({"model": model, "dataset": dataset, **meta})
         except TypeError as exc:
             raise ValueError(f"store {store_name(path)}: meta must be JSON-serialisable: {exc}") from exc
+        for what, k in (("label_dim", label_dim), ("logits_dim", logits_dim)):
+            if k is not None and int(k) <= 0:
+                raise ValueError(f"store {store_name(path)}: {what} must be positive, got {k}")
         _prepare_path(path, overwrite)
-        from repsim import __version__
-
-        group = zarr.open_group(path, mode="w-", zarr_format=3)
-        codecs = _codecs()
-        nodes: dict[str, Any] = {}  # what was created, by path: the writer needs no listing of the group
-        nodes["example_ids"] = group.create_array("example_ids", shape=(n,), chunks=(chunk_rows,), dtype="int64", fill_value=0, dimension_names=["example"], **codecs)
-        if label_dim is None:
-            nodes["labels"] = group.create_array("labels", shape=(n,), chunks=(chunk_rows,), dtype="int32", fill_value=0, dimension_names=["example"], **codecs)
-        else:
-            kl = int(label_dim)
-            if kl <= 0:
-                raise ValueError(f"store {store_name(path)}: label_dim must be positive, got {label_dim}")
-            nodes["labels"] = group.create_array("labels", shape=(n, kl), chunks=(chunk_rows, kl), dtype="bool", fill_value=False, dimension_names=["example", "class"], **codecs)
-        if logits_dim is not None:
-            k = int(logits_dim)
-            if k <= 0:
-                raise ValueError(f"store {store_name(path)}: logits_dim must be positive, got {logits_dim}")
-            nodes["logits"] = group.create_array("logits", shape=(n, k), chunks=(chunk_rows, k), dtype="float32", fill_value=0.0, dimension_names=list(dimension_names(2, "logits")), **codecs)
-        lg = group.create_group("layers")
-        for name, (tail, dtype) in spec.items():
-            nodes[f"layers/{name}"] = lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail), kinds[name])), **layer_codecs)
-        nodes["written"] = group.create_array("written", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, dimension_names=["chunk"], **codecs)
-        group.update_attributes(  # one metadata write (attrs.update writes once per key)
-            {
-                "repsim_store_version": STORE_VERSION,
-                "model": model,
-                "dataset": dataset,
-                "layers": list(spec),
-                "compression": compression,
-                "created": _now(),
-                "store_uuid": uuid.uuid4().hex,  # this store's identity (a resumed cka checks it)
-                "repsim_version": __version__,
-                **meta,
-                "complete": False,
-            }
-        )
+        attrs = {"model": model, "dataset": dataset, "layers": list(spec), "compression": compression, **meta}
+        local = "://" not in path
+        build = _staging_path(path) if local else path
+        try:
+            with naming(full_path(path)):  # an OSError that names no file (disk full) names the store
+                group, nodes = _build(build, attrs, n, chunk_rows, n_chunks, spec, kinds, layer_codecs, label_dim,
+                                      logits_dim)
+            if local:
+                _publish(build, path)
+        except BaseException:
+            if local:
+                shutil.rmtree(build, ignore_errors=True)
+            raise
+        if local:  # the nodes were opened at the staging path: open them again where they now are
+            group = _open_group(path, "r+")
+            nodes = None
         return cls(path, group, nodes)
 
     @classmethod
@@ -267,17 +346,26 @@ class StoreWriter:
             prepared.append((self._logits, _cast(lg, np.dtype(np.float32), f"store {self.name}: logits chunk {i}")))
         elif logits is not None:
             raise ValueError(f"store {self.name}: chunk {i}: logits given but the store was created without logits_dim")
-        for arr, data in prepared:
-            fast = self._fast.get(id(arr))
-            if fast is not None:
-                fast.write(data, (i,) + (0,) * (data.ndim - 1))
-            else:
-                arr[sel] = data
+        crcs = {arr.path: self._put(arr, data, (i,) + (0,) * (data.ndim - 1), sel) for arr, data in prepared}
+        if self._manifest is not None:
+            self._put(self._manifest, manifest_row(i, self._columns, crcs), (i, 0), slice(i, i + 1))
         fast = self._fast.get(id(self._written))
         if fast is not None:
             fast.write(np.ones(1, dtype=bool), (i,))
         else:
             self._written[i] = True
+
+    def _put(self, arr: Any, data: np.ndarray, index: tuple[int, ...], sel: slice) -> int:
+        """Write chunk ``index`` (rows ``sel``) of ``arr``; returns the crc32c of its object."""
+        from repsim.store._chunkio import object_crc
+
+        fast = self._fast.get(id(arr))
+        if fast is not None:
+            return fast.write(data, index)
+        arr[sel] = data
+        crc = object_crc(arr, index)
+        assert crc is not None  # just written (write_empty_chunks)
+        return crc
 
     def set_head(self, W: Any, b: Any) -> None:
         """Store the final layer ``W (K, M)``, ``b (K,)`` as float32 under ``head/``."""
@@ -295,6 +383,10 @@ class StoreWriter:
         bb = hg.create_array("bias", shape=b.shape, chunks=b.shape, dtype="float32", fill_value=0.0, dimension_names=["class"], overwrite=True, **codecs)
         w.with_config({"write_empty_chunks": True})[...] = W32
         bb.with_config({"write_empty_chunks": True})[...] = b32
+        if self._manifest is not None:  # the head's two chunks are bound too (repsim.store.manifest)
+            from repsim.store._chunkio import object_crc
+
+            hg.attrs[HEAD_ATTR] = {"weight": object_crc(w, (0, 0)), "bias": object_crc(bb, (0,))}
 
     def finalize(self) -> ActivationStore:
         """Check that every chunk was written, then set ``complete = True`` (the last write)."""
@@ -306,7 +398,8 @@ class StoreWriter:
             from repsim.store._chunkio import remove_stale_parts
 
             remove_stale_parts(self.path)
-        self._group.attrs["complete"] = True
+        with naming(full_path(self.path)):
+            self._group.attrs["complete"] = True
         return open_store(self.path)
 
 
@@ -384,6 +477,7 @@ def save_store(
         spec[name] = (tuple(x.shape[1:]), _float_dtype(want, f"store {sname}: layer {name!r}"))
     labels = _rowwise(labels, f"store {sname}: labels", n)
     if example_ids is None:
+        _warn_unverifiable_rows(sname, labels, n, ((meta or {}).get("dataset") or {}).get("name"))
         if not ((meta or {}).get("dataset") or {}).get("name"):
             warnings.warn(
                 f"store {sname}: example_ids default to 0..{n - 1} and no dataset is named, so its rows align "
@@ -425,6 +519,21 @@ def save_store(
         shutil.rmtree(path, ignore_errors=True)
         raise
     return writer.finalize()
+
+
+def _warn_unverifiable_rows(sname: str, labels: Any, n: int, dataset: str | None) -> None:
+    """Warn when default ``example_ids`` (rows taken to be in the dataset's order) leave nothing that
+    could catch rows in another order: combining stores compares ids, then labels row by row, so with
+    a dataset named the labels are the only check, and labels that are all equal check nothing."""
+    if not dataset or n < 2:
+        return
+    y = np.asarray(labels.compute() if _is_dask(labels) else labels)
+    if (y == y[:1]).all():
+        warnings.warn(
+            f"store {sname}: no example_ids given, so rows are taken to be in the order of dataset {dataset!r}, and "
+            f"all {n} rows have the same label, so nothing can tell whether they are: rows in another order would "
+            "be paired with other stores' rows silently. Pass example_ids= (each row's dataset index)",
+            UserWarning, stacklevel=3)
 
 
 def _fill(writer: StoreWriter, arrays: dict[str, Any], labels: Any, example_ids: Any, logits: Any,
