@@ -83,5 +83,6 @@ def test_commands_refuse_with_one_line_before_training(tmp_path, capsys, monkeyp
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     rc = main(["train", "--preset", "digits-softmax", "--out", str(tmp_path / "t"), "--device", "cuda"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and err == ["repsim train: error: --device cuda: no GPU is visible (torch.cuda / CUDA_VISIBLE_DEVICES)"], err
+    assert rc == 2 and err == ["repsim train: error: --device cuda: no GPU is visible "
+                               "(torch.cuda / CUDA_VISIBLE_DEVICES)"], err
     assert not (tmp_path / "t").exists()

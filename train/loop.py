@@ -10,11 +10,11 @@ App. C.4 (:mod:`train.augment`); ``data.train_split = "train+holdout"`` retrains
 holdout splits together once hyperparameters are chosen (A.1, A.3; the holdout is then not evaluated).
 
 Distributed: launched by ``torchrun`` (``WORLD_SIZE`` > 1) the process group is initialised from
-``env://`` with NCCL on CUDA and gloo on CPU (one GPU per process; with fewer GPUs than processes on a
-node the run falls back to the CPU, saying so: :mod:`train.placement`); ``batch_size`` is the global batch, split evenly over
-processes; the DistributedSampler permutation depends on (seed, epoch) only, so the union of the
-per-rank batches at a step is the single-process batch. BatchNorm statistics are per process
-(as on the paper's TPU cores) unless ``sync_bn`` (CUDA only) or ``freeze_bn``.
+``env://`` with NCCL on CUDA and gloo on CPU (one GPU per process; with fewer GPUs than processes on
+a node the run falls back to the CPU, saying so: :mod:`train.placement`); ``batch_size`` is the global
+batch, split evenly over processes; the DistributedSampler permutation depends on (seed, epoch) only,
+so the union of the per-rank batches at a step is the single-process batch. BatchNorm statistics are
+per process (as on the paper's TPU cores) unless ``sync_bn`` (CUDA only) or ``freeze_bn``.
 """
 from __future__ import annotations
 
