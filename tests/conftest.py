@@ -1,6 +1,7 @@
 """Shared test configuration."""
 from __future__ import annotations
 
+import importlib.abc
 import os
 import sys
 
@@ -14,8 +15,20 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 # (pandas 3 then keeps str columns in Python objects), "pyarrow" turns on pandas 2's
 # future.infer_string (pandas 3's default with pyarrow installed). Checked in pytest_configure.
 PANDAS_STRINGS = os.environ.get("REPSIM_TEST_PANDAS_STRINGS", "")
+
+
+class _HidePyarrow(importlib.abc.MetaPathFinder):
+    """``import pyarrow`` raises ModuleNotFoundError, as where it is not installed (a None entry in
+    sys.modules would do the same for imports but not for code that looks it up there, e.g. sklearn)."""
+
+    def find_spec(self, name, path, target=None):  # noqa: ANN001 - the finder protocol
+        if name.split(".")[0] == "pyarrow":
+            raise ModuleNotFoundError(f"No module named {name!r} (REPSIM_TEST_PANDAS_STRINGS=python)", name=name)
+        return None
+
+
 if PANDAS_STRINGS == "python":
-    sys.modules["pyarrow"] = None  # type: ignore[assignment]  # import pyarrow now raises ImportError
+    sys.meta_path.insert(0, _HidePyarrow())
 
 
 def pandas_string_storage() -> str:
