@@ -311,8 +311,12 @@ class Inputs:
         return {name: tuple(store.layer(name).shape[1:]) for name in store.layers}
 
     def describe(self, stores: Iterable[str]) -> str:
-        """Caption fragment naming the data, n and seeds behind a set of stores."""
-        runs = self.runs[self.runs["store"].isin(set(stores))]
+        """Caption fragment naming the data, n and seeds behind a set of stores (their names)."""
+        names = list(stores)
+        bad = [type(s).__name__ for s in names if not isinstance(s, str)]
+        if bad:  # e.g. matplotlib axes passed by mistake: a wrong caption with pandas 2, ArrowInvalid with 3
+            raise TypeError(f"describe() takes store names, got {', '.join(sorted(set(bad)))}")
+        runs = self.runs[self.runs["store"].isin(names)]
         if runs.empty:
             return "data: not recorded"
         parts = []

@@ -1,14 +1,54 @@
 """Shared test configuration."""
 from __future__ import annotations
 
+import importlib.abc
 import os
+import sys
+
+import pytest
 
 # Keep BLAS single-threaded per xdist worker so parallel tests do not oversubscribe the 2 CI cores.
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
+# The storage of pandas' inferred strings, for tests/test_env_matrix.py's runs: "python" hides pyarrow
+# (pandas 3 then keeps str columns in Python objects), "pyarrow" turns on pandas 2's
+# future.infer_string (pandas 3's default with pyarrow installed). Checked in pytest_configure.
+PANDAS_STRINGS = os.environ.get("REPSIM_TEST_PANDAS_STRINGS", "")
+
+
+class _HidePyarrow(importlib.abc.MetaPathFinder):
+    """``import pyarrow`` raises ModuleNotFoundError, as where it is not installed (a None entry in
+    sys.modules would do the same for imports but not for code that looks it up there, e.g. sklearn)."""
+
+    def find_spec(self, name, path, target=None):  # noqa: ANN001 - the finder protocol
+        if name.split(".")[0] == "pyarrow":
+            raise ModuleNotFoundError(f"No module named {name!r} (REPSIM_TEST_PANDAS_STRINGS=python)", name=name)
+        return None
+
+
+if PANDAS_STRINGS == "python":
+    sys.meta_path.insert(0, _HidePyarrow())
+
+
+def pandas_string_storage() -> str:
+    """Where pandas keeps a column of strings it infers: "pyarrow", "python" or "object" (pandas 2)."""
+    import pandas as pd
+
+    dtype = pd.Series(["a"]).dtype
+    return str(getattr(dtype, "storage", "object"))
+
 
 def pytest_configure(config) -> None:
+    if PANDAS_STRINGS == "pyarrow":
+        import pandas as pd
+
+        if int(pd.__version__.split(".")[0]) < 3:
+            pd.options.future.infer_string = True
+    if PANDAS_STRINGS and pandas_string_storage() not in ((PANDAS_STRINGS, "object") if PANDAS_STRINGS == "python"
+                                                           else (PANDAS_STRINGS,)):
+        raise pytest.UsageError(f"REPSIM_TEST_PANDAS_STRINGS={PANDAS_STRINGS} did not take: pandas stores "
+                                f"strings as {pandas_string_storage()}")
     # Most test stores are anonymous on purpose (save_store without example_ids or a dataset name);
     # tests/test_refusals.py checks the warning that such stores get.
     config.addinivalue_line("filterwarnings", "ignore:store .* example_ids default to:UserWarning")

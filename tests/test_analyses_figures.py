@@ -251,6 +251,21 @@ def test_cka_objectives_from_engine_provenance(tmp_path):
     assert "4 objectives, 8 stores, seeds 0, 1" in (out / "report.html").read_text()
 
 
+def test_fig2a_caption_names_its_stores(tmp_path):
+    """Fig. 2a describes the stores it averaged (it once passed its matplotlib axes instead: a caption
+    of 'data: not recorded' under pandas 2, ArrowInvalid under pandas 3 with pyarrow); describe() takes
+    store names only."""
+    from analyses.data import Inputs
+    from analyses.items.layers import fig2a
+
+    inputs = Inputs(None, write_results(tmp_path))
+    fig = fig2a(inputs)
+    assert "objectives, 8 stores, seeds 0, 1" in fig.caption, fig.caption
+    fig.fig.clf()
+    with pytest.raises(TypeError, match="store names"):
+        inputs.describe([object()])
+
+
 def test_kde_bandwidths():
     """Fig. E.1's kernel: the paper's 5e-6 for 1,000 classes (rescaled by 1000/K); the density by its definition."""
     from analyses.items.predictions import avh_bandwidth, kde_density

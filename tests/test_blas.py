@@ -58,8 +58,11 @@ def test_concurrent_users_share_one_setting():
 
 
 def test_no_split_while_another_thread_controls_blas():
-    """threadpoolctl lets one thread at a time resize OpenBLAS's shared pool: when the setting does
-    not take, the split is 1 (sequential), never k threads of k-threaded BLAS."""
+    """While another thread holds a BLAS limit of 2, a split in this thread never gives k threads of
+    k-threaded BLAS: either the split's one-thread setting takes (k = 2 threads of 1-threaded BLAS)
+    or it does not (some OpenBLAS builds let one thread at a time resize the shared pool) and the
+    split is 1, sequential. Which of the two depends on the BLAS build and on what else loaded one
+    (torch, CuPy), so both are accepted; the other thread's limit holds again afterwards."""
     with threadpool_limits(limits=2, user_api="blas"):  # this thread now controls the pool
         if blas_threads() != 2:
             pytest.skip("this BLAS does not take a thread count")
@@ -73,10 +76,7 @@ def test_no_split_while_another_thread_controls_blas():
         t.start()
         t.join()
         assert blas_threads() == 2
-    lib = ThreadpoolController().select(user_api="blas").lib_controllers[0]
-    if lib.internal_api != "openblas" or lib.threading_layer == "openmp":
-        pytest.skip("per-thread BLAS limits: nothing to arbitrate")
-    assert got == [(1, 2)]
+    assert got in ([(1, 2)], [(2, 1)]), got
 
 
 def test_columns_in_parallel_give_the_sequential_result():

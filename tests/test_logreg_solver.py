@@ -21,9 +21,12 @@ def problem(n=300, p=12, k=4, seed=0, loss="softmax", dtype=np.float64):
 
 @pytest.mark.parametrize("loss,lam", [("softmax", 0.3), ("softmax", 1e-3), ("sigmoid", [0.1, 1.0, 10.0, 0.01])])
 def test_solver_matches_scipy_lbfgsb(loss, lam):
-    """Strictly convex problem: same optimum as scipy's L-BFGS-B run on the same objective."""
+    """Strictly convex problem: same optimum as scipy's L-BFGS-B run on the same objective. tol 1e-10:
+    the solver reached max|∇|/f of 5e-12 to 1.3e-11 on these problems with OpenBLAS's Haswell,
+    SkylakeX and Prescott kernels (its line search works on φ', whose sum over n·K terms rounds at
+    about that level); 1e-11 was met by the AVX-512 kernel only after a restart (see solve)."""
     obj, _ = problem(loss=loss)
-    sol = obj.solve(lam, tol=1e-11, max_iter=5000)
+    sol = obj.solve(lam, tol=1e-10, max_iter=5000)
     assert sol.converged, sol.message
     theta = obj.pack(sol.Wd, sol.b)
     f, g = obj(theta)
@@ -38,6 +41,33 @@ def test_solver_matches_scipy_lbfgsb(loss, lam):
     else:
         assert np.allclose(sol.b, b_ref, atol=1e-6 * max(1, scale))
     assert f <= res.fun * (1 + 1e-12)
+
+
+CASES = [("softmax", 0.3), ("softmax", 1e-3), ("sigmoid", [0.1, 1.0, 10.0, 0.01])]
+
+
+def _float64_twin(obj):
+    """The same objective (same rotated features, labels) computed in float64."""
+    rp = obj.rp
+    rp64 = _logreg.RotatedProblem(Xh=np.asarray(rp.Xh, dtype=np.float64), V=rp.V, mean=rp.mean, s=rp.s,
+                                  xp=rp.xp, dtype=np.float64)
+    y = np.asarray(obj.yrow[0]) if obj.loss == "softmax" else (np.asarray(obj.sign).T > 0).astype(np.float64)
+    return _logreg.LogisticObjective(rp64, y, obj.K, loss=obj.loss)
+
+
+@pytest.mark.parametrize("loss,lam", CASES)
+def test_gradient_floor_bounds_the_float32_gradient_error(loss, lam):
+    """gradient_floor bounds |g_float32 − g_float64| entrywise, at a random point and at the optimum
+    (measured: 0.2-1.6 % of the bound, which is a worst case), whatever the BLAS kernel."""
+    obj, rng = problem(loss=loss, dtype=np.float32)
+    twin = _float64_twin(obj)
+    obj.set_lambda(lam), twin.set_lambda(lam)
+    sol = obj.solve(lam, tol=1e-4)
+    for theta in (rng.normal(size=obj.r * obj.K + obj.K), obj.pack(sol.Wd, sol.b)):
+        (_, g), (_, g64) = obj(theta), twin(theta)
+        floor = obj.gradient_floor(theta)
+        assert np.all(np.abs(g - g64) <= floor)
+        assert np.max(np.abs(g - g64) / floor) > 1e-4  # a bound, not a number too large to matter
 
 
 @pytest.mark.parametrize("loss", ["softmax", "sigmoid"])
@@ -119,12 +149,15 @@ def test_refresh_recomputes_drifted_logits(monkeypatch):
 
 
 def test_unattainable_tol_in_float32_stops_early():
-    """A tolerance below float32's precision of the gradient stops on the stall / line-search rule,
-    not after max_iter, at (nearly) the float64 optimum."""
+    """A tolerance below float32's precision of the gradient stops early, not after max_iter, at
+    (nearly) the float64 optimum, converged: the gradient is within its rounding floor, which any
+    correct arithmetic reaches (a stall or a failed line search above the floor is not converged)."""
     obj64, _ = problem(seed=5)
-    ref = obj64.solve(0.1, tol=1e-11, max_iter=2000)
+    ref = obj64.solve(0.1, tol=1e-10, max_iter=2000)
     obj32, _ = problem(seed=5, dtype=np.float32)
     sol = obj32.solve(0.1, tol=1e-14, max_iter=1000)
-    assert sol.n_iter < 200 and not sol.converged
-    assert sol.message.startswith(("STOP: no progress", "ABNORMAL"))
+    assert sol.n_iter < 200 and sol.converged
+    assert sol.message == "CONVERGENCE: |gradient| within its rounding floor", sol.message
+    theta = obj32.pack(sol.Wd, sol.b)
+    assert np.all(np.abs(obj32(theta)[1]) <= obj32.gradient_floor(theta))
     np.testing.assert_allclose(sol.Wd, ref.Wd, rtol=0, atol=1e-4 * np.abs(ref.Wd).max())

@@ -133,10 +133,10 @@ def test_ddp_two_gloo_processes_match_one_process(tmp_path):
     (without freeze_bn it is 0.9), asserted < 1e-5."""
     sets = SMALL + ["freeze_bn=true", "data.augment=\"none\"", "eval_every=1"]
     ref = tmp_path / "one"
-    train_run(load_config("digits-softmax", sets), ref, progress=False, log=lambda s: None)
+    train_run(load_config("digits-softmax", sets), ref, progress=False, log=lambda s: None, device="cpu")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "train",
-           "--preset", "digits-softmax", "--out", str(tmp_path / "two"), "--no-progress"]
+           "--preset", "digits-softmax", "--out", str(tmp_path / "two"), "--no-progress", "--device", "cpu"]
     for s in sets:
         cmd += ["--set", s]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)

@@ -188,6 +188,6 @@ def test_runs_under_torchrun(tmp_path):
     from train.tune import parse_sets, run_all
 
     run = Run(tmp_path / "ddp", "digits-softmax", parse_sets(SMALL + ["epochs=1"]), "ddp", "final")
-    run_all([run], nproc=2, say=lambda m: None)
+    run_all([run], nproc=2, say=lambda m: None, device="cpu")  # the gloo path, on any machine
     assert json.loads((run.dir / "DONE").read_text())["key"] == run.key and (run.dir / "train.log").is_file()
     assert len(load_checkpoint(run.dir / "checkpoint.pt")["rng"]) == 2  # one RNG state per rank

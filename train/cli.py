@@ -24,6 +24,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "from this checkpoint's EMA weights; the head is new")
     parser.add_argument("--keep-every", type=int, metavar="K", help="also keep OUT/epoch-EEEE.pt every K epochs "
                         "(training dynamics, Figs. D.2, E.4; same as --set keep_every=K)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="auto: this process's own GPU when every process on the node has one, else the CPU "
+                             "(one line says so); cuda: refuse to fall back; cpu (default auto)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     make_objective(cfg["objective"], 8, 2, **cfg["objective_params"])  # fail fast on bad objective
     train_run(cfg, args.out, resume=args.resume, progress=not args.no_progress,
-              stop_after_epoch=args.stop_after_epoch)
+              stop_after_epoch=args.stop_after_epoch, device=args.device)
     return 0
 
 

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from .config import finetune_grid, load_config
     from .tune import check_jobs, parse_sets, toml_literal, tune, write_rows
 
-    check_jobs(args)
+    placement = check_jobs(args)
     for name, (lo, hi, n) in (("--lr-grid", args.lr_grid), ("--wd-grid", args.wd_grid)):
         if n < 1 or n != int(n) or hi < lo:
             raise ValueError(f"{name} wants LO <= HI and a whole count N >= 1, got {lo:g} {hi:g} {n:g}")
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     # fixed-length runs: the holdout is evaluated once, at the end
     rows = tune(preset=args.preset, base_sets=base, grid=grid, groups=groups, out=args.out, metric=args.metric,
                 select_on="last", jobs=args.jobs, nproc=args.nproc_per_node, keep_checkpoints=args.keep_checkpoints,
-                grid_sets=[("eval_every", 10**9)], say=lambda m: print(m, flush=True))
+                grid_sets=[("eval_every", 10**9)], say=lambda m: print(m, flush=True), placement=placement)
     for r in rows:
         point = json.loads(r["selected"])
         r["lr"], r["weight_decay"] = point["optim.lr"], point["optim.weight_decay"]

@@ -10,10 +10,11 @@ App. C.4 (:mod:`train.augment`); ``data.train_split = "train+holdout"`` retrains
 holdout splits together once hyperparameters are chosen (A.1, A.3; the holdout is then not evaluated).
 
 Distributed: launched by ``torchrun`` (``WORLD_SIZE`` > 1) the process group is initialised from
-``env://`` with NCCL on CUDA and gloo on CPU; ``batch_size`` is the global batch, split evenly over
-processes; the DistributedSampler permutation depends on (seed, epoch) only, so the union of the
-per-rank batches at a step is the single-process batch. BatchNorm statistics are per process
-(as on the paper's TPU cores) unless ``sync_bn`` (CUDA only) or ``freeze_bn``.
+``env://`` with NCCL on CUDA and gloo on CPU (one GPU per process; with fewer GPUs than processes on
+a node the run falls back to the CPU, saying so: :mod:`train.placement`); ``batch_size`` is the global
+batch, split evenly over processes; the DistributedSampler permutation depends on (seed, epoch) only,
+so the union of the per-rank batches at a step is the single-process batch. BatchNorm statistics are
+per process (as on the paper's TPU cores) unless ``sync_bn`` (CUDA only) or ``freeze_bn``.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from .checkpoint import (CheckpointError, load_checkpoint, load_state_strict, rn
 from .config import validate
 from .data import TRAIN_ALL, dataset_from_config
 from .models import Network, build_network
+from .placement import plan_process
 
 _NORM = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 # config keys that may change on --resume: they do not change what the finished epochs computed
@@ -279,31 +281,37 @@ def _keep(ckpt: Path, dest: Path) -> None:
 
 # -- the run -------------------------------------------------------------------------------------------
 def train_run(config: dict[str, Any], out: str | os.PathLike, *, resume: bool = False, progress: bool = True,
-              stop_after_epoch: int | None = None, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Train ``config`` into ``out``; returns the per-epoch metrics. See the module docstring."""
+              stop_after_epoch: int | None = None, log: Callable[[str], None] | None = None,
+              device: str = "auto") -> list[dict[str, Any]]:
+    """Train ``config`` into ``out``; returns the per-epoch metrics. See the module docstring. ``device``
+    (``auto``, ``cuda``, ``cpu``): where this process trains, by :func:`train.placement.plan_process`
+    (``auto``: its own GPU when every process on the node has one, else the CPU with one line saying so)."""
     cfg = validate(copy.deepcopy(config))
     out = Path(out)
     rank, world, local_rank = dist_info()
+    n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    where, note = plan_process(local_rank, local_world, n_gpus, device)  # PlacementError: one line
+    say = (log or (lambda s: print(s, file=sys.stderr, flush=True))) if rank == 0 else (lambda s: None)
+    if note:
+        say(f"[train] {note}")
     own_pg = False
     if world > 1 and not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if torch.cuda.is_available():
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend=backend, init_method="env://")
+        if where.startswith("cuda"):
+            torch.cuda.set_device(torch.device(where))
+        dist.init_process_group(backend="nccl" if where.startswith("cuda") else "gloo", init_method="env://")
         own_pg = True
-    say = (log or (lambda s: print(s, file=sys.stderr, flush=True))) if rank == 0 else (lambda s: None)
     if cfg.get("stop_epoch") and stop_after_epoch is None:
         stop_after_epoch = int(cfg["stop_epoch"])
     try:
-        return _run(cfg, out, rank, world, local_rank, resume, progress, stop_after_epoch, say)
+        return _run(cfg, out, rank, world, torch.device(where), resume, progress, stop_after_epoch, say)
     finally:
         if own_pg:
             dist.destroy_process_group()
 
 
-def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, progress: bool,
+def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bool, progress: bool,
          stop_after_epoch: int | None, say: Callable[[str], None]) -> list[dict[str, Any]]:
-    device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     if cfg["threads"]:
         torch.set_num_threads(int(cfg["threads"]))
     if cfg["deterministic"]:
@@ -385,7 +393,7 @@ def _run(cfg, out: Path, rank: int, world: int, local_rank: int, resume: bool, p
 
     step_module: nn.Module = _TrainStep(net)
     if world > 1:
-        step_module = nn.parallel.DistributedDataParallel(step_module, device_ids=[local_rank] if on_cuda else None)
+        step_module = nn.parallel.DistributedDataParallel(step_module, device_ids=[device.index] if on_cuda else None)
     if cfg["compile"]:
         step_module = torch.compile(step_module)
 

@@ -46,6 +46,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from repsim._io import atomic_write
 
+from .placement import DEVICES, Placement, plan_placement, visible_gpus
+
 METRICS = ("top1", "mean_per_class")
 
 
@@ -149,8 +151,10 @@ class Run:
     label: str
     phase: str  # "grid" | "final"
 
-    def argv(self, nproc: int = 1) -> list[str]:
+    def argv(self, nproc: int = 1, device: str = "auto") -> list[str]:
         args = ["--preset", self.preset, "--out", str(self.dir), "--no-progress"]
+        if device != "auto":
+            args += ["--device", device]
         for k, v in self.sets:
             args += ["--set", f"{k}={toml_literal(v)}"]
         if nproc > 1:
@@ -190,26 +194,17 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
-def _device_slots(jobs: int, nproc: int) -> list[dict[str, str]]:
-    """Environment per job slot: disjoint CUDA_VISIBLE_DEVICES when GPUs are visible, else nothing."""
-    env_list = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if env_list is not None:
-        devices = [d for d in env_list.split(",") if d.strip()]
-    else:
-        import torch
-
-        devices = [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
-    if not devices or jobs * nproc <= 1:
-        return [{} for _ in range(jobs)]
-    if jobs * nproc > len(devices):
-        raise TuneError(f"--jobs {jobs} x --nproc-per-node {nproc} needs {jobs * nproc} GPUs; {len(devices)} visible")
-    return [{"CUDA_VISIBLE_DEVICES": ",".join(devices[s * nproc:(s + 1) * nproc])} for s in range(jobs)]
-
-
 def run_all(runs: Sequence[Run], *, jobs: int = 1, nproc: int = 1, keep_checkpoints: bool = True,
-            say: Callable[[str], None] = print, on_done: Callable[[Run], None] | None = None) -> None:
+            say: Callable[[str], None] = print, on_done: Callable[[Run], None] | None = None,
+            device: str = "auto", placement: Placement | None = None) -> None:
     """Run every run not yet done, ``jobs`` at a time; stop at the first failure (its log tail in the
-    error). Phase-1 checkpoints are deleted once a run is done unless ``keep_checkpoints``."""
+    error). Phase-1 checkpoints are deleted once a run is done unless ``keep_checkpoints``. Where the
+    runs go: ``placement``, else :func:`train.placement.plan_placement` for ``device`` on the visible
+    GPUs (a request that cannot be placed raises before any run starts; a fallback says one line)."""
+    if placement is None:
+        placement = plan_placement(jobs, nproc, visible_gpus(), device)
+        if placement.note:
+            say(f"[tune] {placement.note}")
     todo = []
     for r in runs:
         state = run_state(r.dir, r.key)
@@ -220,7 +215,7 @@ def run_all(runs: Sequence[Run], *, jobs: int = 1, nproc: int = 1, keep_checkpoi
     say(f"[tune] {len(runs) - len(todo)} of {len(runs)} runs already done; running {len(todo)} "
         f"({jobs} at a time{f', {nproc} processes each' if nproc > 1 else ''})")
     slots: queue.Queue = queue.Queue()
-    for env in _device_slots(jobs, nproc):
+    for env in placement.slots:
         slots.put(env)
     base_env = dict(os.environ)
     if jobs > 1:
@@ -237,7 +232,7 @@ def run_all(runs: Sequence[Run], *, jobs: int = 1, nproc: int = 1, keep_checkpoi
             with lock:
                 if failed:
                     return
-            argv = run.argv(nproc) + (["--resume"] if state == "resume" else [])
+            argv = run.argv(nproc, placement.device) + (["--resume"] if state == "resume" else [])
             t0 = time.perf_counter()
             with open(run.dir / "train.log", "a") as log:
                 p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**base_env, **env})
@@ -299,14 +294,19 @@ def add_run_arguments(parser) -> None:
     """The options of ``repsim tune`` and ``repsim finetune`` about running the grid."""
     parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="processes per run (torchrun; default 1)")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="where the runs train: auto (the GPUs, shared when jobs outnumber them; the CPU "
+                             "when a run has more processes than there are GPUs, with one line saying so), "
+                             "cuda (refused when that cannot be placed) or cpu (default auto)")
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep the grid runs' checkpoints")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every run (as in repsim train)")
 
 
-def check_jobs(args) -> None:
-    if args.jobs < 1 or args.nproc_per_node < 1:
-        raise ValueError(f"--jobs and --nproc-per-node must be >= 1, got {args.jobs} and {args.nproc_per_node}")
+def check_jobs(args) -> Placement:
+    """The placement of the command's runs (:mod:`train.placement`), before anything starts: a request
+    that cannot be placed raises :class:`train.placement.PlacementError` (one line, exit 2)."""
+    return plan_placement(args.jobs, args.nproc_per_node, visible_gpus(), getattr(args, "device", "auto"))
 
 
 def parse_sets(sets: Sequence[str], data: str | None = None) -> list[tuple[str, Any]]:
@@ -348,10 +348,15 @@ def grid_label(point: Mapping[str, Any]) -> str:
 def tune(*, preset: str, base_sets: Sequence[tuple[str, Any]], grid: Sequence[Mapping[str, Any]],
          groups: Sequence[Group], out: Path, metric: str = "top1", select_on: str = "last", jobs: int = 1,
          nproc: int = 1, keep_checkpoints: bool = False, grid_sets: Sequence[tuple[str, Any]] = (),
-         say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+         say: Callable[[str], None] = print, placement: Placement | None = None) -> list[dict[str, Any]]:
     """Run the protocol of the module docstring for every group; returns one row per retrained replicate
     (also written to ``out/results.csv``): the group's ``info``, the replicate's ``info``, the selected
-    point, its mean holdout score, and the retrained network's test accuracies (%)."""
+    point, its mean holdout score, and the retrained network's test accuracies (%). ``placement``: where
+    the runs train (default: :func:`train.placement.plan_placement` on the visible GPUs)."""
+    if placement is None:
+        placement = plan_placement(jobs, nproc, visible_gpus())
+    if placement.note:
+        say(f"[tune] {placement.note}")
     if metric not in METRICS:
         raise TuneError(f"metric must be one of {', '.join(METRICS)}, not {metric!r}")
     if not grid:
@@ -381,7 +386,7 @@ def tune(*, preset: str, base_sets: Sequence[tuple[str, Any]], grid: Sequence[Ma
     say(f"[tune] phase 1: {len(grid)} grid point(s) x {', '.join(str(len(g.replicates)) for g in groups)} "
         f"replicate(s) in {len(groups)} group(s) = {n_grid} runs on the train split, scored on the holdout")
     run_all([r for runs in grid_runs.values() for p in runs for r in p], jobs=jobs, nproc=nproc,
-            keep_checkpoints=keep_checkpoints, say=say, on_done=score_note)
+            keep_checkpoints=keep_checkpoints, say=say, on_done=score_note, placement=placement)
 
     finals: list[tuple[Group, Replicate, Run, Selection]] = []
     for g in groups:
@@ -403,7 +408,8 @@ def tune(*, preset: str, base_sets: Sequence[tuple[str, Any]], grid: Sequence[Ma
                       f"{g.name} final {rep.name}", "final")
             finals.append((g, rep, run, sel))
     say(f"[tune] phase 2: retraining {len(finals)} network(s) on train+holdout at the selected points")
-    run_all([f[2] for f in finals], jobs=jobs, nproc=nproc, keep_checkpoints=True, say=say, on_done=score_note)
+    run_all([f[2] for f in finals], jobs=jobs, nproc=nproc, keep_checkpoints=True, say=say, on_done=score_note,
+            placement=placement)
 
     rows = []
     for g, rep, run, sel in finals:

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from .finetune_cli import check_holdout
     from .tune import Group, Replicate, check_jobs, parse_sets, toml_literal, tune, write_rows
 
-    check_jobs(args)
+    placement = check_jobs(args)
     sets = parse_sets(args.sets, args.data)
     cfg = load_config(args.preset, [f"{k}={toml_literal(v)}" for k, v in sets])
     axes = parse_grid(args.grid) if args.grid else {k: list(v) for k, v in cfg.get("tune_grid", {}).items()}
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                    "grid": json.dumps(axes, default=str)})
     rows = tune(preset=args.preset, base_sets=sets, grid=grid, groups=[group], out=args.out, metric=args.metric,
                 select_on=args.select_on, jobs=args.jobs, nproc=args.nproc_per_node,
-                keep_checkpoints=args.keep_checkpoints, say=lambda m: print(m, flush=True))
+                keep_checkpoints=args.keep_checkpoints, say=lambda m: print(m, flush=True), placement=placement)
     if args.results:
         write_rows(args.results / "tune.csv", rows, key=("preset", "objective", "params", "variant", "seed"))
     for r in rows:

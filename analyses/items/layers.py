@@ -69,11 +69,11 @@ def fig2a(inputs: Inputs) -> Figure:
     other = len(cka.stores) - len(used)
     if not panels:
         raise Missing("no softmax-vs-objective pair of stores with CKA values (softmax needs ≥ 2 seeds for its control)")
-    fig, used, axes = panel_grid(len(panels), 5, (2.7, 2.8), 0.9)
+    fig, shown_axes, axes = panel_grid(len(panels), 5, (2.7, 2.8), 0.9)
     vmin = min(0.9, np.floor(10 * min(float(np.nanmin(m)) for _, m, _ in panels)) / 10)  # shared colour scale
     ticks = np.arange(len(layers))
     step = max(1, len(layers) // 6)
-    for k, (ax, (title, m, n)) in enumerate(zip(used, panels)):
+    for k, (ax, (title, m, n)) in enumerate(zip(shown_axes, panels)):
         im = ax.imshow(m, vmin=vmin, vmax=1, cmap="magma", origin="lower")
         ax.set_title(f"{title}\n(mean of {n} pair{'s' if n > 1 else ''})", fontsize=9)
         ax.set_xticks(ticks[::step], [_short(l) for l in layers][::step], fontsize=8)
@@ -101,7 +101,7 @@ def fig2b(inputs: Inputs) -> Figure:
         raise Missing("CKA stores of ≥ 2 objectives are needed")
     chosen = sorted(set(np.linspace(0, len(layers) - 1, min(6, len(layers))).round().astype(int)))
     chosen = [layers[i] for i in chosen]
-    fig, used, axes = panel_grid(len(chosen), 3, (3.9, 3.7), 0.8)
+    fig, shown_axes, axes = panel_grid(len(chosen), 3, (3.9, 3.7), 0.8)
     vmin = 1.0
     mats = []
     for layer in chosen:
@@ -113,7 +113,7 @@ def fig2b(inputs: Inputs) -> Figure:
         mats.append(m)
         vmin = min(vmin, np.nanmin(m)) if np.isfinite(m).any() else vmin
     names = [display(l) for l in labels]
-    for ax, layer, m in zip(used, chosen, mats):
+    for ax, layer, m in zip(shown_axes, chosen, mats):
         im = ax.imshow(m, vmin=min(vmin, 0.9), vmax=1, cmap="viridis")
         ax.set_title(layer)
         ax.set_xticks(range(len(labels)), names, rotation=90, fontsize=7.5)

@@ -55,8 +55,8 @@ def figD1(inputs: Inputs) -> Figure:
         raise Missing("no (objective, seed) present in both training.csv and probes.csv")
     df["top1"] = as_percent(df["top1"])
     tasks = sorted(df["task"].astype(str).unique())
-    fig, used, axes = panel_grid(len(tasks), 4, (3.2, 2.9), 2.2)
-    for ax, task in zip(used, tasks):
+    fig, shown_axes, axes = panel_grid(len(tasks), 4, (3.2, 2.9), 2.2)
+    for ax, task in zip(shown_axes, tasks):
         _scatter_runs(ax, df[df["task"] == task], "top1", "accuracy")
         ax.set_title(task)
         ax.set_xlabel("Source top-1 (%)")
@@ -325,8 +325,8 @@ def figD2(inputs: Inputs) -> Figure:
         raise Missing("probes.csv results for ≥ 2 checkpoints (epochs) of one run are needed")
     lin = lin[lin.groupby(["label", "seed"])["epoch"].transform("nunique") >= 2]  # runs followed over training
     tasks = sorted(lin["task"].astype(str).unique())
-    fig, used, axes = panel_grid(len(tasks), 4, (3.3, 2.9), 2.2)
-    for ax, task in zip(used, tasks):
+    fig, shown_axes, axes = panel_grid(len(tasks), 4, (3.3, 2.9), 2.2)
+    for ax, task in zip(shown_axes, tasks):
         sub = lin[lin["task"] == task]
         for label in labels_in_order(sub["label"]):
             g = sub[sub["label"] == label].groupby("epoch")["accuracy"].mean()
