@@ -203,18 +203,19 @@ class MemoryFeed:
 
         def gather() -> None:  # host side: rows -> a pinned slot whose previous copy has finished
             try:
-                for lo, hi in self.spans:
-                    s = free.get()
-                    if s is None:
-                        return
-                    if copied[s] is not None:
-                        copied[s].synchronize()
-                    index = self._index(lo, hi)
-                    if isinstance(index, slice):
-                        slots[s][: hi - lo].copy_(images[index])
-                    else:
-                        torch.index_select(images, 0, index, out=slots[s][: hi - lo])
-                    filled.put((s, lo, hi))
+                with torch.inference_mode():  # thread-local, as the caller's: the slots may be inference tensors
+                    for lo, hi in self.spans:
+                        s = free.get()
+                        if s is None:
+                            return
+                        if copied[s] is not None:
+                            copied[s].synchronize()
+                        index = self._index(lo, hi)
+                        if isinstance(index, slice):
+                            slots[s][: hi - lo].copy_(images[index])
+                        else:
+                            torch.index_select(images, 0, index, out=slots[s][: hi - lo])
+                        filled.put((s, lo, hi))
             except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
                 filled.put(exc)
 

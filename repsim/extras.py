@@ -2,9 +2,9 @@
 command prints when one is missing.
 
 ``pip install repsim`` is the analysis core (NumPy, SciPy, Zarr, Dask, scikit-learn, matplotlib, ...);
-training and extraction need ``repsim[torch]``, the model sources ``timm:`` and ``hf:`` need
-``repsim[timm]`` / ``repsim[hf]``, ``--device cuda`` needs ``repsim[gpu]`` and ``xarray`` views need
-``repsim[xarray]`` (``pyproject.toml`` lists them). This module imports none of them.
+training and extraction need ``repsim-toolkit[torch]``, the model sources ``timm:`` and ``hf:`` need
+``repsim-toolkit[timm]`` / ``repsim-toolkit[hf]``, ``--device cuda`` needs ``repsim-toolkit[gpu]`` and ``xarray`` views need
+``repsim-toolkit[xarray]`` (``pyproject.toml`` lists them). This module imports none of them.
 """
 from __future__ import annotations
 
@@ -39,16 +39,16 @@ def extra_for(module: str | None) -> str | None:
 
 
 def missing_message(module: str, what: str) -> str:
-    """``"<what> needs <module>, which is not installed: pip install 'repsim[<extra>]'"``."""
+    """``"<what> needs <module>, which is not installed: pip install 'repsim-toolkit[<extra>]'"``."""
     top = module.split(".")[0]
     extra = extra_for(top)
-    hint = f"pip install 'repsim[{extra}]'" if extra else f"pip install {top}"
+    hint = f"pip install 'repsim-toolkit[{extra}]'" if extra else f"pip install {top}"
     return f"{what} needs {top}, which is not installed: {hint}"
 
 
 def explain(exc: ImportError) -> str | None:
     """The one-line message for ``exc`` when it is a missing optional dependency (``this command needs
-    torch, which is not installed: pip install 'repsim[torch]'``), else None (a missing module that no
+    torch, which is not installed: pip install 'repsim-toolkit[torch]'``), else None (a missing module that no
     extra provides is a broken install, reported as it is)."""
     if isinstance(exc, MissingExtra):
         return str(exc)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The analysis core in a real fresh venv (`make check-core`, a few minutes): `pip install .` without
 # extras must not bring torch, and `import repsim`, `repsim check` and `repsim cka` must work on a store
-# while `repsim extract` exits 2 naming repsim[torch]. tests/test_install_split.py is the fast
+# while `repsim extract` exits 2 naming repsim-toolkit[torch]. tests/test_install_split.py is the fast
 # equivalent the suite runs.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,6 +31,6 @@ rc=$?
 set -e
 cat err.txt
 if [ "$rc" -ne 2 ] || ! grep -q "pip install 'repsim\[torch\]'" err.txt || grep -q Traceback err.txt; then
-    echo "check-core: repsim extract should exit 2 naming repsim[torch] (rc $rc)" >&2; exit 1
+    echo "check-core: repsim extract should exit 2 naming repsim-toolkit[torch] (rc $rc)" >&2; exit 1
 fi
 echo "check-core: the analysis core installs and runs without torch"

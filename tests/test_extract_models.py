@@ -358,7 +358,7 @@ def test_missing_optional_library_names_its_extra(spec, module, extra, monkeypat
     assert repsim_main(["extract", "--checkpoint", spec, "--list-layers"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == (f"repsim extract: error: model source {spec!r} needs {module}, which is not installed: "
-                   f"pip install 'repsim[{extra}]'")
+                   f"pip install 'repsim-toolkit[{extra}]'")
 
 
 def test_text_data_and_image_models_do_not_mix(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""`pip install repsim` is the analysis core without torch (issue 16): checks that fail while torch (or
+"""`pip install repsim-toolkit` is the analysis core without torch (issue 16): checks that fail while torch (or
 any deep-learning framework) is a core dependency or is needed by the analysis commands.
 
 1. pyproject's core dependencies name no framework, and the extras hold them.
@@ -8,7 +8,7 @@ any deep-learning framework) is a core dependency or is needed by the analysis c
    import inside ``try: ... except ImportError`` has a fallback and may be absent.
 3. In a subprocess where torch, torchvision, timm and transformers cannot be imported, ``import
    repsim``, ``repsim --help``, ``repsim check`` and ``repsim cka`` work on a store, and ``repsim
-   extract``/``train``/``demo`` exit 2 (refused) with one line naming ``repsim[torch]`` and no traceback.
+   extract``/``train``/``demo`` exit 2 (refused) with one line naming ``repsim-toolkit[torch]`` and no traceback.
    (A real fresh venv with ``pip install .`` takes minutes; `make check-core` runs that one.)
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def test_core_dependencies_have_no_framework_and_extras_hold_them():
     assert "timm" in {_name(r) for r in extras["timm"]} and "transformers" in {_name(r) for r in extras["hf"]}
     dev = " ".join(extras["dev"])
     for extra in ("torch", "timm", "hf", "xarray"):
-        assert re.search(rf"repsim\[[^\]]*\b{extra}\b", dev), f"[dev] must install [{extra}] for the tests"
+        assert re.search(rf"repsim-toolkit\[[^\]]*\b{extra}\b", dev), f"[dev] must install [{extra}] for the tests"
     # every extra repsim.extras sends a user to exists
     assert set(EXTRAS.values()) <= set(extras)
 
@@ -174,4 +174,18 @@ def test_torch_commands_name_the_extra_without_a_traceback(core_store, args):
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
     assert lines[0].startswith(f"repsim {args[0]}: error: ") and lines[0].endswith(
-        "needs torch, which is not installed: pip install 'repsim[torch]'")
+        "needs torch, which is not installed: pip install 'repsim-toolkit[torch]'")
+
+
+def test_distribution_name_is_ours_and_every_hint_uses_it():
+    """'repsim' on PyPI is another project: the distribution is repsim-toolkit, and every install hint
+    (repsim.extras' messages, README) names it, so `pip install` never fetches the other one."""
+    import tomllib
+
+    from repsim.extras import missing_message
+
+    name = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["name"]
+    assert name == "repsim-toolkit"
+    assert f"pip install '{name}[torch]'" in missing_message("torch", "extract")
+    readme = (ROOT / "README.md").read_text()
+    assert f"pip install {name}" in readme and "pip install repsim[" not in readme and "'repsim[" not in readme

@@ -6,9 +6,9 @@ A source is a string (``repsim extract --checkpoint SPEC``, ``extract_store(SPEC
 ==========================================================  ===========================================
 ``path/to/checkpoint.pt``                                   a ``train`` checkpoint (extract/sources.py)
 ``torchvision:<name>[:<weights>]``                          torchvision classifiers (torchvision_source)
-``timm:<name>[:pretrained]``                                timm models, ``repsim[timm]`` (timm_source)
+``timm:<name>[:pretrained]``                                timm models, ``repsim-toolkit[timm]`` (timm_source)
 ``hf:<model id or local dir>``                              Hugging Face vision/text encoders,
-                                                            ``repsim[hf]`` (hf_source)
+                                                            ``repsim-toolkit[hf]`` (hf_source)
 ``module:<package.module>:<factory>[:<state dict path>]``   any ``nn.Module`` (module_source)
 ==========================================================  ===========================================
 

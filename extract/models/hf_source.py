@@ -1,5 +1,5 @@
 """``hf:<model id or local directory>``: Hugging Face ``transformers`` vision and text encoders
-(``pip install 'repsim[hf]'``).
+(``pip install 'repsim-toolkit[hf]'``).
 
 The class is the one the checkpoint's config declares when it is an image or sequence classifier
 (``*ForImageClassification``, ``*ForSequenceClassification``: blocks, ``pool`` = the classifier's

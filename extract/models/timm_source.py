@@ -1,4 +1,4 @@
-"""``timm:<name>[:pretrained]``: any model of timm (``pip install 'repsim[timm]'``).
+"""``timm:<name>[:pretrained]``: any model of timm (``pip install 'repsim-toolkit[timm]'``).
 
 Built with ``timm.create_model(name, pretrained=...)``: random weights (seeded) unless ``:pretrained``
 is given, in which case timm loads them through its own cache (Hugging Face hub cache). timm's data

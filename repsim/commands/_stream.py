@@ -13,7 +13,7 @@ def add_store_arguments(parser: argparse.ArgumentParser, *, out_help: str, layer
     parser.add_argument("--spatial", choices=("flatten", "mean"), default="flatten",
                         help="conv maps: flatten across space (paper, default) or average over space")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cpu: NumPy (default); cuda: CuPy on the GPU (needs repsim[gpu])")
+                        help="cpu: NumPy (default); cuda: CuPy on the GPU (needs repsim-toolkit[gpu])")
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
                         help="dask.distributed scheduler address (tcp://host:8786), or local:N for a local "
                              "cluster of N worker processes; default: this process")

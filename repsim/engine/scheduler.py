@@ -168,7 +168,7 @@ def array_module(device: Any = "cpu") -> Any:
             try:
                 import cupy
             except ImportError as exc:
-                raise ImportError("device='cuda' needs CuPy: pip install 'repsim[gpu]' (cupy-cuda12x)") from exc
+                raise ImportError("device='cuda' needs CuPy: pip install 'repsim-toolkit[gpu]' (cupy-cuda12x)") from exc
             return cupy
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     return device

@@ -346,11 +346,11 @@ class ActivationStore:
         :meth:`layer`): dimensions from the store's ``dimension_names`` (``example``, ``channel``,
         ``y``, ``x``, or ``feature``), the ``example`` axis labelled with ``example_ids`` and
         carrying ``label`` (single-label stores) — the one-liner README.md gives.  Needs
-        ``pip install 'repsim[xarray]'``."""
+        ``pip install 'repsim-toolkit[xarray]'``."""
         try:
             import xarray as xr
         except ImportError as exc:
-            raise ImportError("to_xarray needs xarray: pip install 'repsim[xarray]'") from exc
+            raise ImportError("to_xarray needs xarray: pip install 'repsim-toolkit[xarray]'") from exc
         data = self.layer(name)
         dims = tuple(self.zarr_array(name).metadata.dimension_names or ()) or (
             ("example",) + tuple(f"dim_{i}" for i in range(1, data.ndim)))
