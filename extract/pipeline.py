@@ -621,6 +621,42 @@ def _inputs(dataset, batches: list[tuple[int, int, int]], dev: torch.device, wor
     return ((in_memory_format(to_device(x, dev, non_blocking=dev.type == "cuda"), channels_last), y) for x, y in loader)
 
 
+class _ConstantLayers:
+    """Which layers hold the same value in every example: compared with the first row seen, chunk by
+    chunk on the writer threads, until a difference shows (usually in the first chunk; then the layer
+    costs nothing more).  Such a layer has no CKA, R² or collapse metric (they become NaN downstream);
+    in float16 storage it is often variation below float16's resolution rounded away (a random
+    network's late blocks: std ~1e-9), which ``--dtype float32`` keeps."""
+
+    def __init__(self, layers: list[str]) -> None:
+        import threading
+
+        self._first: dict[str, np.ndarray] = {}
+        self._varies: set[str] = set()
+        self._layers = list(layers)
+        self._lock = threading.Lock()
+
+    def undecided(self) -> list[str]:
+        return [k for k in self._layers if k not in self._varies]
+
+    def see(self, chunk: dict[str, np.ndarray]) -> None:
+        for k, x in chunk.items():
+            if not len(x):
+                continue
+            with self._lock:
+                first = self._first.setdefault(k, x[:1].copy())
+            if np.any(x != first):
+                self._varies.add(k)
+
+    def warn(self, float16: bool) -> None:
+        flat = self.undecided()
+        if flat:
+            print(f"extract: warning: {len(flat)} layer(s) hold the same value in every example: {', '.join(flat)}; "
+                  "CKA, R² and collapse are undefined for them (NaN)"
+                  + (" — float16 storage rounds variation below its resolution to zero: rerun with --dtype float32"
+                     " if they should vary" if float16 else ""), file=sys.stderr)
+
+
 def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, layout, store_dtype, dev, amp_dtype,
          batch_size, workers, write_threads, overlap, ids, progress, rank, channels_last: bool = False) -> None:
     if not chunks:
@@ -667,6 +703,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
         free.put(new_buffers())
     names = list(hooked)
     f16_limit = FLOAT16_OVERFLOW if store_dtype == torch.float16 else math.inf
+    flat = _ConstantLayers([k for k in chosen if k != "logits"])
 
     def write(buf: _Buffers) -> None:
         try:
@@ -686,6 +723,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
                         f"extract: layer {name!r} overflows float16 (max |value| {m:.6g} > 65504) in examples "
                         f"{lo}..{hi - 1}; refusing to store inf. Rerun with --dtype float32"
                     )
+            flat.see({k: buf.layers[k][: hi - lo].numpy() for k in flat.undecided()})
             writer.write_chunk(
                 c, layers={k: buf.layers[k][: hi - lo].numpy() for k in chosen},
                 labels=buf.labels[: hi - lo], example_ids=ids[lo:hi],
@@ -760,6 +798,8 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
                 drain()
         for f in futures:
             f.result()
+        if len(chunks) == -(-n // rows):  # this run wrote every chunk (not a resume, not one rank of several)
+            flat.warn(store_dtype == torch.float16)
     finally:
         inputs.close()  # stops an in-memory feed's gather thread
         if pool is not None:
