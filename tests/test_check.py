@@ -88,7 +88,7 @@ def test_incomplete_store_reported(tmp_path, capsys):
     w = StoreWriter.create(tmp_path / "half.zarr", n=300, layers={"conv": ((4, 3, 3), np.float16)}, chunk_rows=64)
     for i in (0, 1):
         a, b = w.rows(i)
-        w.write_chunk(i, layers={"conv": np.ones((b - a, 4, 3, 3))}, labels=np.arange(a, b) % 5, example_ids=np.arange(a, b))
+        w.write_chunk(i, layers={"conv": np.random.default_rng(i).standard_normal((b - a, 4, 3, 3))}, labels=np.arange(a, b) % 5, example_ids=np.arange(a, b))
     code, _, err = run_check(capsys, tmp_path / "A.zarr", tmp_path / "half.zarr")
     assert code == 1
     assert err[0].startswith("store half: incomplete: 2 of 5 chunks written")
