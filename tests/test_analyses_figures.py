@@ -278,3 +278,26 @@ def test_kde_bandwidths():
     np.testing.assert_allclose(kde_density(v, xs, h), ref, rtol=1e-10)
     scott = np.std(v, ddof=1) * len(v) ** -0.2            # Scott's rule when no bandwidth is given
     np.testing.assert_allclose(kde_density(v, xs), kde_density(v, xs, scott), rtol=1e-10)
+
+
+def test_tableC3_leaves_out_temperatures_at_the_search_bound(tmp_path):
+    """A T stopped at the search bound (0.01: a perfectly classified holdout) is no calibrated
+    temperature: that network's NLL (TS) / ECE (TS) are blank, and the caption says why."""
+    from analyses.data import Inputs
+    from analyses.items.evaluation import tableC3
+
+    res = write_results(tmp_path)
+    cal = pd.read_csv(res / "calibration.csv")
+    hit = cal.objective == OBJS[1]
+    cal.loc[hit, "temperature"] = 0.0100001
+    cal.loc[hit, "nll_ts"] = 57.0  # what temperature scaling at the bound gives: not a result
+    cal["holdout_top1"] = np.where(hit, 1.0, 0.97)
+    cal.to_csv(res / "calibration.csv", index=False)
+    t = tableC3(Inputs(None, res))
+    from analyses.data import display
+
+    row = t.shown.set_index("Objective").loc[display(OBJS[1])]
+    assert row["NLL (TS)"] == "–" and row["ECE (TS)"] == "–"
+    assert "57" not in t.shown.to_string()
+    assert f"for {int(hit.sum())} of {len(cal)} networks T stopped at the search bound" in t.caption
+    assert "classify their holdout perfectly" in t.caption

@@ -2,7 +2,10 @@
 (multi-label transfer, CheXpert). Each reads one results file (docs/architecture.md "Results files")."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
+
+from repsim.probes.calibration import TEMPERATURE_BOUNDS
 
 from analyses.data import Inputs, Missing, describe_rows, display
 from analyses.item import Table, item
@@ -64,10 +67,24 @@ def tableC2(inputs: Inputs) -> Table:
     return Table(numeric, shown, cap, bold)
 
 
+def _at_temperature_bound(df: pd.DataFrame) -> pd.Series:
+    """Rows whose fitted T lies within 1 % (in log T) of either end of the search range."""
+    if "temperature" not in df:
+        return pd.Series(False, index=df.index)
+    logT = np.log(pd.to_numeric(df["temperature"], errors="coerce").clip(lower=1e-300))
+    lo, hi = np.log(TEMPERATURE_BOUNDS[0]), np.log(TEMPERATURE_BOUNDS[1])
+    tol = 0.01 * (hi - lo)
+    return ((logT - lo).abs() <= tol) | ((hi - logT).abs() <= tol)
+
+
 @item("tableC3", "Table C.3: calibration (NLL, ECE) before and after temperature scaling", "table",
       ("calibration.csv",))
 def tableC3(inputs: Inputs) -> Table:
     df = inputs.csv("calibration")
+    # a T at the search bound is no calibrated temperature (a perfectly classified holdout drives it to
+    # 0.01): those networks' scaled columns are left blank rather than shown as results
+    at_bound = _at_temperature_bound(df)
+    df.loc[at_bound, [c for c in ("nll_ts", "ece_ts") if c in df]] = np.nan
     names = {"nll": "NLL", "ece": "ECE", "nll_ts": "NLL (TS)", "ece_ts": "ECE (TS)", "temperature": "T"}
     parts = [df.assign(column=shown, value=pd.to_numeric(df[key], errors="coerce"))
              for key, shown in names.items() if key in df]
@@ -85,12 +102,13 @@ def tableC3(inputs: Inputs) -> Table:
     if "holdout_split" in df:
         hs = df[["holdout_split", "holdout_n"]].drop_duplicates()
         holdout = " (" + "; ".join(f"{r.holdout_split}, n={r.holdout_n}" for r in hs.itertuples()) + ")"
-    if "holdout_top1" in df and "temperature" in df:  # a perfectly classified holdout has no finite best T
-        perfect = df[pd.to_numeric(df["holdout_top1"], errors="coerce") >= 1.0]
-        if len(perfect):
-            T = pd.to_numeric(perfect["temperature"], errors="coerce")
-            holdout += (f"; {len(perfect)} of {len(df)} networks classify their holdout perfectly, so its NLL falls "
-                        f"as T → 0 and T stops near the search bound 0.01 (T = {T.min():.3g}–{T.max():.3g})")
+    if at_bound.any():
+        perfect = (pd.to_numeric(df.get("holdout_top1", pd.Series(np.nan, index=df.index)), errors="coerce") >= 1.0)
+        why = (f" ({int((perfect & at_bound).sum())} of them classify their holdout perfectly, so its NLL falls "
+               "as T → 0)" if (perfect & at_bound).any() else "")
+        holdout += (f"; for {int(at_bound.sum())} of {len(df)} networks T stopped at the search bound "
+                    f"{TEMPERATURE_BOUNDS[0]:g}–{TEMPERATURE_BOUNDS[1]:g}{why}: no calibrated temperature, so their "
+                    "NLL (TS) and ECE (TS) are left out (blank where every seed is)")
     cap = (f"Mean ± s.e. over seeds. NLL = −mean log p(y); ECE over {', '.join(map(str, bins))} equal-width "
            f"confidence bins; TS: temperature T fit to minimise NLL on the holdout split{holdout}, as in Guo et al. "
            f"(2017). {bold_rule_text(_n_seeds(long))} "

@@ -76,8 +76,11 @@ def ece(logits: np.ndarray, labels: np.ndarray, kind: str = "softmax", temperatu
     return ece_from_probabilities(probabilities(z, kind, temperature), y, bins)
 
 
+TEMPERATURE_BOUNDS = (1e-2, 1e2)  # the search range of fit_temperature
+
+
 def fit_temperature(logits: np.ndarray, labels: np.ndarray, kind: str = "softmax",
-                    bounds: tuple[float, float] = (1e-2, 1e2)) -> float:
+                    bounds: tuple[float, float] = TEMPERATURE_BOUNDS) -> float:
     """argmin_T NLL(z/T) on a holdout set: a grid over log T, then bounded Brent around the best point.
 
     (For softmax the NLL is convex in 1/T; the grid guards the sigmoid-normalised case.)
