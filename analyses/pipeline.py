@@ -24,6 +24,7 @@ finishes training, likewise for extraction); ``verbose`` streams every line of t
 from __future__ import annotations
 
 import collections
+import contextlib
 import csv
 import hashlib
 import json
@@ -371,14 +372,20 @@ class Demo:
                 continue
             t0 = time.perf_counter()
             _say(f"[demo] analyse: computing {fname} ...")
+            log = res / f"{Path(fname).stem}.log"  # the commands' per-store lines: one line here, the rest there
             try:
-                fn()
+                with open(log, "w") as f, contextlib.redirect_stdout(f):
+                    fn()
             except A.AnalysisError as exc:
-                raise DemoError(f"analyse: {exc}") from exc
+                raise DemoError(f"analyse: {exc} (details: {log})") from exc
             worked = True
             fps[fname] = fp
             fp_path.write_text(json.dumps(fps, indent=1))
-            _say(f"[demo] analyse: {fname} done in {time.perf_counter() - t0:.1f} s")
+            lines = sum(1 for line in log.read_text().splitlines() if line.strip())
+            _say(f"[demo] analyse: {fname} done in {time.perf_counter() - t0:.1f} s"
+                 + (f" ({lines} line(s) of per-store results in {log})" if lines else ""))
+            if not lines:
+                log.unlink()
         return worked
 
     # ----------------------------------------------------------------- report

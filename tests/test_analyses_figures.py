@@ -301,3 +301,12 @@ def test_tableC3_leaves_out_temperatures_at_the_search_bound(tmp_path):
     assert "57" not in t.shown.to_string()
     assert f"for {int(hit.sum())} of {len(cal)} networks T stopped at the search bound" in t.caption
     assert "classify their holdout perfectly" in t.caption
+
+
+def test_training_curves_say_where_they_end(tmp_path):
+    from analyses.data import Inputs
+    from analyses.items.training import figC1, figC2, figC3
+
+    res = write_results(tmp_path)
+    for fn in (figC1, figC2, figC3):
+        assert "ends at the network's analysed checkpoint — the epoch of best.pt" in fn(Inputs(None, res)).caption

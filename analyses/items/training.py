@@ -9,6 +9,10 @@ from analyses.item import Figure, item
 from analyses.style import color
 from analyses.summary import as_percent
 
+ENDS = ("Each curve ends at the network's analysed checkpoint — the epoch of best.pt (best holdout top-1, "
+        "App. A.1's early stopping) where the run saved one, else its last epoch — so curves of one run "
+        "length can stop at different epochs.")
+
 
 def _curves(inputs: Inputs, split: str | None) -> tuple[pd.DataFrame, str]:
     tr = inputs.csv("training")
@@ -45,14 +49,14 @@ def _curve_figure(tr: pd.DataFrame, x: str, xlabel: str, ylabel: str, title: str
 def figC1(inputs: Inputs) -> Figure:
     tr, split = _curves(inputs, None)
     fig = _curve_figure(tr, "epoch", "Epoch", f"Top-1 accuracy, {split} split (%)", "Evaluation accuracy")
-    return Figure(fig, f"One curve per network. {describe_rows(tr)}.")
+    return Figure(fig, f"One curve per network. {ENDS} {describe_rows(tr)}.")
 
 
 @item("figC2", "Fig. C.2: training accuracy over training", "figure", ("training.csv",))
 def figC2(inputs: Inputs) -> Figure:
     tr, _ = _curves(inputs, "train")
     fig = _curve_figure(tr, "epoch", "Epoch", "Top-1 accuracy, train split (%)", "Training accuracy")
-    return Figure(fig, f"One curve per network (accuracy on the training split, as logged). {describe_rows(tr)}.")
+    return Figure(fig, f"One curve per network (accuracy on the training split, as logged). {ENDS} {describe_rows(tr)}.")
 
 
 @item("figC3", "Fig. C.3: evaluation vs. training accuracy", "figure", ("training.csv",))
@@ -65,4 +69,4 @@ def figC3(inputs: Inputs) -> Figure:
         raise Missing("no epoch logged on both the train and the evaluation split")
     fig = _curve_figure(both, "top1_x", "Training top-1 accuracy (%)", f"{split} top-1 accuracy (%)",
                         "Evaluation vs. training accuracy")
-    return Figure(fig, f"Each curve follows one network over its epochs. {describe_rows(both)}.")
+    return Figure(fig, f"Each curve follows one network over its epochs. {ENDS} {describe_rows(both)}.")
