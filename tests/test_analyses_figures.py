@@ -310,3 +310,54 @@ def test_training_curves_say_where_they_end(tmp_path):
     res = write_results(tmp_path)
     for fn in (figC1, figC2, figC3):
         assert "ends at the network's analysed checkpoint — the epoch of best.pt" in fn(Inputs(None, res)).caption
+
+
+def test_point_labels_do_not_overlap():
+    """Objectives with nearly equal coordinates (Fig. 6) get labels that do not overprint each other."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analyses.items.common import label_points
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    pts = [(0.770, 99.0), (0.778, 99.0), (0.772, 99.0), (0.60, 97.0)]
+    ax.scatter(*zip(*pts))
+    ax.margins(0.2)
+    label_points(ax, pts, ["Logit normalization", "Sigmoid", "Cosine softmax", "Softmax"])
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(r) for t in ax.texts]
+    assert len(boxes) == 4
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    plt.close(fig)
+
+
+def test_spectra_figure_counts_with_integer_ticks(tmp_path):
+    from analyses.data import Inputs
+    from analyses.items.predictions import figE2
+
+    res = write_results(tmp_path)
+    fig = figE2(Inputs(None, res)).fig
+    fig.canvas.draw()
+    for ax in fig.axes:
+        ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_heatmap_labels_each_objective_once():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analyses.items.predictions import _heatmap
+
+    fig, ax = plt.subplots()
+    groups = ["Softmax", "Softmax", "Sigmoid", "Sigmoid", "Dropout", "Dropout"]
+    _heatmap(ax, np.random.default_rng(0).uniform(size=(6, 6)), [f"{g} s{i % 2}" for i, g in enumerate(groups)],
+             "t", groups=groups)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["Softmax", "Sigmoid", "Dropout"]
+    assert list(ax.get_yticks()) == [0.5, 2.5, 4.5]
+    plt.close(fig)

@@ -99,6 +99,43 @@ def legend_outside(ax, **kw) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, **kw)
 
 
+# offsets (points) tried in turn for a point's label: right-above, right-below, left-above, left-below,
+# then further up and down on either side
+_LABEL_SPOTS = [(4, 3, "left", "bottom"), (4, -3, "left", "top"), (-4, 3, "right", "bottom"),
+                (-4, -3, "right", "top")] + [(sx * 4, sy * k, "left" if sx > 0 else "right", "center")
+                                            for k in (10, 18, 26, 34) for sy in (1, -1) for sx in (1, -1)]
+
+
+def label_points(ax, points, texts, fontsize: float = 7.5) -> None:
+    """Label each (x, y) of ``points`` with its text where it overlaps no label placed before it and no
+    other point, trying the offsets of ``_LABEL_SPOTS`` in turn (the first one when none is free):
+    objectives with nearly equal values get readable labels instead of one overprinted block."""
+    fig = ax.figure
+    fig.canvas.draw()  # settle the data limits (autoscaling is lazy) so that display boxes are final
+    renderer = fig.canvas.get_renderer()
+    dots = [ax.transData.transform(p) for p in points]
+    placed = []
+    for (x, y), text in zip(points, texts):
+        chosen = None
+        for dx, dy, ha, va in _LABEL_SPOTS:
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, va=va,
+                              fontsize=fontsize)
+            ann.update_positions(renderer)
+            box = ann.get_window_extent(renderer).expanded(1.04, 1.15)
+            hits_dot = any(box.x0 <= dx_ <= box.x1 and box.y0 <= dy_ <= box.y1 for dx_, dy_ in dots)
+            if not any(box.overlaps(b) for b in placed) and not hits_dot:
+                chosen = (ann, box)
+                break
+            ann.remove()
+        if chosen is None:
+            dx, dy, ha, va = _LABEL_SPOTS[0]
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), ha=ha, va=va,
+                              fontsize=fontsize)
+            ann.update_positions(renderer)
+            chosen = (ann, ann.get_window_extent(renderer))
+        placed.append(chosen[1])
+
+
 def labels_in_order(labels) -> list[str]:
     return sorted(set(labels), key=objective_key)
 

@@ -84,14 +84,26 @@ def modal(pred: np.ndarray, conf: np.ndarray, n_classes: int, rows: int = 8192) 
     return modal_vote(pred, n_classes, confidence=conf, rows=rows)
 
 
-def _heatmap(ax, m, names, title, fmt="{:.0f}", cmap="viridis", vmin=None, vmax=None, blank_diagonal=False):
-    """Annotated heatmap; ``blank_diagonal`` hides trivial self-similarity so the colours span the pairs."""
+def _heatmap(ax, m, names, title, fmt="{:.0f}", cmap="viridis", vmin=None, vmax=None, blank_diagonal=False,
+             groups=None):
+    """Annotated heatmap; ``blank_diagonal`` hides trivial self-similarity so the colours span the pairs.
+    ``groups`` (one name per row, in contiguous runs, e.g. each network's objective): one tick label per
+    run at its centre and a thin white line between runs, instead of one small label per row."""
     if blank_diagonal:
         m = m.astype(float).copy()
         np.fill_diagonal(m, np.nan)
     im = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, vmin=vmin, vmax=vmax)
-    ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(names)), names, fontsize=7)
+    runs = _runs(groups) if groups is not None else None
+    if runs is not None and len(runs) < len(names):
+        centres = [(a + b - 1) / 2 for _, a, b in runs]
+        ax.set_xticks(centres, [g for g, _, _ in runs], rotation=90, fontsize=8)
+        ax.set_yticks(centres, [g for g, _, _ in runs], fontsize=8)
+        for _, a, _ in runs[1:]:
+            ax.axhline(a - 0.5, color="white", lw=0.8)
+            ax.axvline(a - 0.5, color="white", lw=0.8)
+    else:
+        ax.set_xticks(range(len(names)), names, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_title(title, fontsize=10)
     if len(names) <= 12:
         for (i, j), v in np.ndenumerate(m):
@@ -99,6 +111,19 @@ def _heatmap(ax, m, names, title, fmt="{:.0f}", cmap="viridis", vmin=None, vmax=
                 ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=6.5,
                         color="white" if v < np.nanmean(m) else "black")
     return im
+
+
+def _runs(groups) -> list[tuple[str, int, int]] | None:
+    """[(name, start, stop)] of the contiguous runs of ``groups``; None when a name recurs after another."""
+    out: list[tuple[str, int, int]] = []
+    for i, g in enumerate(groups):
+        if out and out[-1][0] == g:
+            out[-1] = (g, out[-1][1], i + 1)
+        elif any(g == o for o, _, _ in out):
+            return None
+        else:
+            out.append((g, i, i + 1))
+    return out
 
 
 @item("figC4", "Fig. C.4: agreement of predictions on examples both models get wrong, with dendrogram",
@@ -129,15 +154,17 @@ def figC4(inputs: Inputs) -> Figure:
 def figC5(inputs: Inputs) -> Figure:
     M = Models(inputs)
     plt = pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(17, 5.6))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 6.2))
     titles = {"all": "same top-1 prediction (all examples)", "correctness": "both right or both wrong",
               "both_wrong": "same prediction | both wrong"}
+    groups = [display(l) for l in M.labels]
     for ax, (kind, title) in zip(axes, titles.items()):
-        im = _heatmap(ax, agreement(M.pred, M.y, kind), M.tick_names(), title, blank_diagonal=True)
+        im = _heatmap(ax, agreement(M.pred, M.y, kind), M.tick_names(), title, blank_diagonal=True, groups=groups)
         fig.colorbar(im, ax=ax, shrink=0.7, label="% of examples")
     fig.tight_layout()
+    per = "; one labelled block per objective, its networks (seeds) in order within it" if _runs(groups) else ""
     return Figure(fig, f"Pairwise similarity of single-network predictions on {M.dataset}/{M.split} "
-                       f"(n = {M.n}); diagonal left blank. {M.describe}.")
+                       f"(n = {M.n}); diagonal left blank{per}. {M.describe}.")
 
 
 @item("figC6", "Fig. C.6: agreement of ensemble predictions between objectives", "figure",
@@ -283,12 +310,17 @@ def figE3(inputs: Inputs) -> Figure:
                        f"first seed of each objective; bottom: log density. {M.describe}.")
 
 
+SPECTRUM_FLOOR = 1e-10  # Fig. E.2: relative singular values below this are zero to float64 rounding
+
+
 @item("figE2", "Fig. E.2: singular value spectra", "figure", ("spectra.npz",))
 def figE2(inputs: Inputs) -> Figure:
     spectra = inputs.spectra
     kinds = sorted({k for _, _, k in spectra})
     layer = inputs.penultimate({l for _, l, _ in spectra})
     plt = pyplot()
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(1, len(kinds), figsize=(4.3 * len(kinds) + 2, 3.8), squeeze=False)
     for ax, kind in zip(axes.flat, kinds):
         curves: dict[str, list[np.ndarray]] = {}
@@ -298,15 +330,22 @@ def figE2(inputs: Inputs) -> Figure:
                     curves.setdefault(inputs.label_of(store), []).append(np.sort(sv)[::-1] / max(sv.max(), 1e-300))
                 except Missing:
                     continue
+        lowest = np.inf
         for label in labels_in_order(curves):
             n = min(len(c) for c in curves[label])
             mean = np.mean([c[:n] for c in curves[label]], axis=0)
-            ax.plot(np.arange(1, n + 1), mean, color=color(label), label=display(label))
+            lowest = min(lowest, float(mean.min()))
+            ax.plot(np.arange(1, n + 1), np.maximum(mean, SPECTRUM_FLOOR), color=color(label), label=display(label))
         ax.set_yscale("log")
+        if lowest < SPECTRUM_FLOOR:
+            ax.set_ylim(bottom=SPECTRUM_FLOOR / 3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # singular values are counted, not measured
         ax.set_xlabel("Index")
         ax.set_ylabel("Singular value / largest")
         ax.set_title(kind.replace("_", " "))
     legend_outside(axes.flat[-1])
     fig.tight_layout()
     return Figure(fig, f"Singular values from spectra.npz (kinds: {', '.join(kinds)}; activations of layer {layer}), "
-                       f"normalised by the largest, averaged over seeds.")
+                       f"normalised by the largest, averaged over seeds. Values below {SPECTRUM_FLOOR:g} — zero to "
+                       "rounding, e.g. the last direction of C centred class means, which span at most C − 1 — "
+                       "are drawn at the bottom edge.")

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from analyses.data import Inputs, Missing, describe_rows, display
-from analyses.items.common import (labels_in_order, legend_outside, mean_transfer, one_r2_per_run, one_split, panel_grid,
+from analyses.items.common import (label_points, labels_in_order, legend_outside, mean_transfer, one_r2_per_run, one_split, panel_grid,
                                    penultimate_r2, probe_rows, probe_settings, pyplot)
 from analyses.item import Figure, Table, item
 from analyses.style import color
@@ -259,15 +259,15 @@ def fig6(inputs: Inputs) -> Figure:
     for label in labels:
         x = a.loc[label, "r2"]
         ax.plot([x, x], [a.loc[label, "top1"], b.loc[label, "accuracy"]], color="0.6", lw=1, zorder=1)
-        ax.annotate(display(label), (x, b.loc[label, "accuracy"]), textcoords="offset points",
-                    xytext=(4, 3), fontsize=7.5)
     ax.scatter(a.loc[labels, "r2"], a.loc[labels, "top1"], color="#1f77b4", s=40, zorder=3,
                label="original classifier")
     ax.scatter(b.loc[labels, "r2"], b.loc[labels, "accuracy"], color="#ff7f0e", s=40, zorder=3,
                label="relearned linear classifier")
     ax.set_xlabel("Class separation R² (penultimate, cosine)")
     ax.set_ylabel("Source-task accuracy (%)")
-    ax.legend(frameon=False)
+    legend_outside(ax)
+    ax.margins(x=0.12, y=0.1)  # room for the labels at the edges
+    label_points(ax, [(a.loc[l, "r2"], b.loc[l, "accuracy"]) for l in labels], [display(l) for l in labels])
     cap = (f"Blue: accuracy of the network's own final layer ({where}). "
            f"Orange: L²-regularised logistic regression relearned on fixed penultimate features "
            f"(probes.csv tasks {', '.join(sorted(relearn['task'].astype(str).unique()))}). "
