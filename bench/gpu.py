@@ -10,6 +10,9 @@ Rows (each with the floor it is held against, measured in the same process):
   groups and read-ahead, every chunk read and decoded, no compute), and ``device="cpu"`` with all
   cores; peak GPU pool bytes.
 * ``extract``: ``bench/extract_throughput.py --device cuda`` (its own floor rows), when asked.
+* ``heatmap``: ``bench/heatmap18.py --scale resnet18 --device cuda`` (repsim vs pytorch-cka and the
+  workflow's floor: imports + one forward per network + the stores' bytes at the disk's rate + the CKA
+  reads), when asked (``--heatmap``; several minutes: give the device call room).
 
 Writes bench/results/gpu.json (with the device name) and the ``## gpu`` section of bench/RESULTS.md.
 
@@ -159,6 +162,22 @@ def extract_rows(n: int) -> dict:
     return json.loads(out.read_text()) if out.is_file() else {"error": r.stderr[-2000:]}
 
 
+def heatmap_rows(n: int, timeout: int) -> dict:
+    """bench/heatmap18.py at the ResNet-18 scale on the GPU (18 networks, 64 px, ``n`` images): repsim
+    (extract + cka) against pytorch-cka, and the workflow's floor, as that script measures them."""
+    out = HERE / "results" / "heatmap18_gpu.json"
+    cmd = [sys.executable, str(HERE / "heatmap18.py"), "--scale", "resnet18", "--device", "cuda", "--nets", "18",
+           "--image-size", "64", "--resnet-n", str(n), "--resnet-batch", "256", "--repsim-runs", "1",
+           "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    print(r.stdout[-3000:], r.stderr[-2000:], sep="\n")
+    if not out.is_file():
+        return {"error": (r.stderr or r.stdout)[-2000:]}
+    run = json.loads(out.read_text())["runs"][-1]
+    keep = ("networks", "columns", "images", "repsim", "peer", "ratio", "floor", "agreement")
+    return {k: run[k] for k in keep if k in run}
+
+
 def write_md(res: dict) -> None:
     from _results import replace_section
 
@@ -182,7 +201,15 @@ def write_md(res: dict) -> None:
         lines.append(f"| the same on the CPU, all {res['cpus']} cores (`device=\"cpu\"`) | {s['cpu_all_cores_s']:.2f} s | "
                      f"`device=\"cuda\"`: {s['cuda_s']:.2f} s | cuda {s['cpu_over_cuda']:.2f}× faster "
                      f"(max abs diff {s['max_abs_cuda_vs_cpu']:.1e}) |")
-    for key in ("allpairs", "store", "extract"):
+    h = res.get("heatmap")
+    if isinstance(h, dict) and "floor" in h:
+        f = h["floor"]
+        lines.append(f"| 18-network heatmap, ResNet-18 64 px, {h.get('images', '?')} images, {h.get('columns', '?')} columns "
+                     f"(`repsim extract` + `repsim cka --device cuda`) | {h['repsim']['seconds']['total']:.1f} s | floor "
+                     f"{f['seconds']:.1f} s (" + ", ".join(f"{k} {v:.1f}" for k, v in f["parts"].items())
+                     + f"); pytorch-cka {h['peer']['seconds']['total']:.1f} s | **{f['repsim_over_floor']:.2f}×** the floor, "
+                     f"{h['ratio']:.1f}× faster than pytorch-cka |")
+    for key in ("allpairs", "store", "extract", "heatmap"):
         if isinstance(res.get(key), dict) and "error" in res[key]:
             lines.append(f"| {key} | failed: {res[key]['error'].splitlines()[-1][:200]} | | |")
     (HERE / "RESULTS.md").exists() and replace_section("gpu", "\n".join(lines) + "\n")
@@ -199,6 +226,9 @@ def main() -> int:
     ap.add_argument("--skip-store", action="store_true")
     ap.add_argument("--extract", action="store_true", help="also run bench/extract_throughput.py --device cuda")
     ap.add_argument("--extract-n", type=int, default=10000)
+    ap.add_argument("--heatmap", action="store_true", help="also run bench/heatmap18.py on the GPU (several minutes)")
+    ap.add_argument("--heatmap-n", type=int, default=2048)
+    ap.add_argument("--heatmap-timeout", type=int, default=420)
     ap.add_argument("--out", default=str(HERE / "results" / "gpu.json"))
     ap.add_argument("--no-markdown", action="store_true")
     args = ap.parse_args()
@@ -213,6 +243,8 @@ def main() -> int:
         steps.append(("store", lambda: store_rows(args.n, args.store_batch)))
     if args.extract:
         steps.append(("extract", lambda: extract_rows(args.extract_n)))
+    if args.heatmap:
+        steps.append(("heatmap", lambda: heatmap_rows(args.heatmap_n, args.heatmap_timeout)))
     for key, step in steps:
         t0 = time.perf_counter()
         try:
