@@ -137,7 +137,8 @@ def figC4(inputs: Inputs) -> Figure:
     a = agreement(M.pred, M.y, "both_wrong")
     plt = pyplot()
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.4), gridspec_kw={"width_ratios": [1.15, 1]})
-    im = _heatmap(ax, a, M.tick_names(), "a: same prediction among examples both get wrong", blank_diagonal=True)
+    im = _heatmap(ax, a, M.tick_names(), "a: same prediction among examples both get wrong", blank_diagonal=True,
+                  groups=[display(l) for l in M.labels])
     fig.colorbar(im, ax=ax, shrink=0.8, label="% agreement")
     Z = prediction_linkage(np.nan_to_num(a / 100.0, nan=0.0))  # no common error: similarity 0
     dendrogram(Z, labels=M.tick_names(), ax=ax2,
