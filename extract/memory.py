@@ -128,8 +128,9 @@ def as_image_tensor(dataset: Any) -> ImageTensor | None:
     splits), else None."""
     if isinstance(dataset, ImageTensor):
         return dataset
-    get = getattr(dataset, "image_tensor", None)
-    got = get() if callable(get) else None
+    # the dataset's own method, not one a wrapper forwards by __getattr__ (an adapted dataset —
+    # channel repeat, resize — must go through its per-item adaptation)
+    got = dataset.image_tensor() if callable(getattr(type(dataset), "image_tensor", None)) else None
     if got is not None:
         images, labels = got
         return ImageTensor(images, np.asarray(labels), name=str(getattr(dataset, "name", "images")),

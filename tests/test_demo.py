@@ -37,7 +37,8 @@ def test_demo_smoke_and_rerun(tmp_path):
         assert findings[-1] in first.stdout and "96–98" not in findings[-1]
     assert re.search(r"^\[demo\] train [12]/2 softmax-s0: epoch 1/1 ", first.stdout, re.M)  # one line per network
     # every line of the log is the demo's own (the commands' per-store lines go to results/*.log)
-    stray = [ln for ln in first.stdout.splitlines() if ln.strip() and not ln.startswith(("[demo]", "- ", "This run"))]
+    stray = [ln for ln in first.stdout.splitlines()
+             if ln.strip() and not ln.startswith(("[demo]", "[figures]", "- ", "This run"))]
     assert not stray, stray[:5]
     assert (out / "results" / "probes.log").read_text().count("top1") >= 2
     stores = sorted(p.name for p in (out / "stores").glob("*/*.zarr"))

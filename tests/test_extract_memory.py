@@ -175,3 +175,16 @@ def test_digits_and_synthetic_splits_take_the_in_memory_path(tmp_path, monkeypat
     for layer in a.layers:
         np.testing.assert_array_equal(np.asarray(a.layer(layer)), np.asarray(b.layer(layer)))
     np.testing.assert_array_equal(np.asarray(a.logits), np.asarray(b.logits))
+
+
+def test_an_adapted_split_keeps_its_per_item_adaptation():
+    """A digits split adapted to a 3-channel model (extract/adapt.py forwards attributes to the split)
+    is not taken for an in-memory tensor: its per-item channel repeat must run."""
+    from train.data import build_dataset
+
+    from extract.adapt import AdaptedDataset, Chain, ChannelRepeat
+    from extract.memory import as_image_tensor
+
+    ds = build_dataset("digits", "test")
+    adapted = AdaptedDataset(ds, Chain([ChannelRepeat(3)]), "repeat")
+    assert as_image_tensor(ds) is not None and as_image_tensor(adapted) is None
