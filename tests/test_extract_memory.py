@@ -186,5 +186,6 @@ def test_an_adapted_split_keeps_its_per_item_adaptation():
     from extract.memory import as_image_tensor
 
     ds = build_dataset("digits", "test")
-    adapted = AdaptedDataset(ds, Chain([ChannelRepeat(3)]), "repeat")
+    adapted = AdaptedDataset(ds, Chain(ChannelRepeat(3)), "repeat")
+    assert adapted[0][0].shape[0] == 3
     assert as_image_tensor(ds) is not None and as_image_tensor(adapted) is None
