@@ -17,7 +17,9 @@ CKA; paper §3.2):
 
     CKA_mb(i, j) = Σ_b HSIC₁(K_ib, K_jb) / sqrt(Σ_b HSIC₁(K_ib, K_ib) · Σ_b HSIC₁(K_jb, K_jb)).
 
-Implementation of one batch (:func:`batch_hsic`):
+Implementation of one batch (:func:`batch_hsic`) with NumPy — on an accelerator (CuPy, or any
+array-API namespace but NumPy) the batch takes the route of :mod:`repsim.kernels._cka_device`
+instead: whole Grams, one float64 A Aᵀ, one device-to-host copy, the same precision rule:
 
 1. centre each layer's features in the batch (column means). HSIC₀ and HSIC₁ are invariant to
    it, and it removes the float32 cancellation that breaks peers on post-ReLU layers whose mean
