@@ -164,10 +164,10 @@ class _Images(Dataset):
 
 
 def eval_transform(config: dict[str, Any], crop_only: bool):
-    """The run's evaluation transform (``train.data``'s rule for image folders), or a centre crop only."""
+    """The run's evaluation transform (``train.imaging``'s rule for image folders), or a centre crop only."""
     from torchvision import transforms as T
 
-    from train.data import IMAGENET_MEAN, IMAGENET_STD, image_transforms
+    from train.imaging import IMAGENET_MEAN, IMAGENET_STD, image_transforms
 
     d = config.get("data") or {}
     size = d.get("image_size") or 224
