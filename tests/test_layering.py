@@ -171,7 +171,6 @@ def named_upper_modules(root: Path) -> list[str]:
     return bad
 
 
-@pytest.mark.xfail(strict=True, reason="train imports extract: fixed next")
 def test_stages_import_only_downwards():
     assert stage_violations(ROOT) == []
 

@@ -257,7 +257,7 @@ def _init_from(net: Network, path: str) -> dict[str, Any]:
     state = ckpt.get("ema") or ckpt["model"]
     backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
     load_state_strict(net.backbone, backbone, f"checkpoint {path}")
-    from extract.sources import sha256_file  # the identity extract records as model.checkpoint_sha256
+    from repsim._io import sha256_file  # the identity extract records as model.checkpoint_sha256
 
     # what the analyses need to pair the fine-tuned network with its source (Table 2, Fig. D.3)
     return {"checkpoint": str(Path(path).resolve()), "sha256": sha256_file(path), "epoch": ckpt.get("epoch"),

@@ -246,7 +246,7 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
     n, classes (classes the arg max ran over), masked, transform. The CSV is rewritten after every set;
     a rerun skips the (network, set) pairs already in it for the same checkpoint digest (resume).
     """
-    from extract.sources import sha256_file
+    from repsim._io import sha256_file
     from repsim.engine.drivers import write_csv
     from train.checkpoint import load_checkpoint, load_model
 
