@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from analyses.objectives import OBJECTIVES
 from analyses.profiles import DIGITS, Profile
+from repsim.objectives import OBJECTIVES
 
 ANALYSIS_VERSION = "4"  # bump when the analysis settings below change, to invalidate old results
 
