@@ -212,6 +212,27 @@ def test_no_import_circles_in_any_package():
     assert import_cycles(ROOT, STAGES) == []
 
 
+# library helpers that had copies or lived in the wrong stage: each is defined in one module only
+ONE_HOME: dict[str, str] = {
+    "merge_csv": "repsim/engine/drivers.py",  # results CSVs merged by key (repsim probe had its own)
+    "best_epoch": "repsim/runs.py",  # the early-stopping rule (was in repsim/commands/runs.py, train/)
+    "sha256_file": "repsim/_io.py",  # a checkpoint's identity (was in extract/, imported by train/)
+    "holdout_split": "train/imaging.py",  # (was train.data's, imported back by train.csvdata)
+}
+
+
+def test_shared_helpers_have_one_home():
+    bad = []
+    for pkg in STAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") in ONE_HOME \
+                        and ONE_HOME[node.name.lstrip("_")] != rel:
+                    bad.append(f"{rel}:{node.lineno}: {node.name} (its home is {ONE_HOME[node.name.lstrip('_')]})")
+    assert bad == []
+
+
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         p = tmp_path / name
