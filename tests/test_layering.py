@@ -7,6 +7,7 @@ alike)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -231,6 +232,29 @@ def test_shared_helpers_have_one_home():
                         and ONE_HOME[node.name.lstrip("_")] != rel:
                     bad.append(f"{rel}:{node.lineno}: {node.name} (its home is {ONE_HOME[node.name.lstrip('_')]})")
     assert bad == []
+
+
+def test_the_docs_state_what_these_tests_enforce():
+    """docs/architecture.md's listing of repsim/ names every module (kernels' accuracy, extras, ... were
+    missing); README and the doc say the same about the layering and the stages; every .md file they
+    name exists (DESIGN.md did not)."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    listing = doc.split("## The layers of `repsim/`")[1].split("```")[1]
+    words = set(re.findall(r"[A-Za-z_]\w*", listing))
+    unlisted = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "repsim").rglob("*.py"))
+                if not p.stem.startswith("__") and p.stem not in words
+                and not (p.parent.name == "commands" and not p.stem.startswith("_"))]  # "one module per subcommand"
+    assert unlisted == []
+    for text in (doc, readme):
+        assert "imports only layers listed before it" in " ".join(text.split())
+        assert "`repsim` ← `train` ← `extract` ← `analyses`" in " ".join(text.split())
+    assert " ".join(STAGES) == "repsim train extract analyses"
+    for where, text in (("README.md", readme), ("docs/architecture.md", doc)):
+        for name in set(re.findall(r"[\w./-]*\w\.md\b", text)):
+            assert (ROOT / name).exists() or (ROOT / where).parent.joinpath(name).exists(), (where, name)
+    kernels = (ROOT / "repsim" / "kernels" / "__init__.py").read_text()
+    assert "May import only :mod:`repsim._xp` and" not in kernels  # they use _blas too (base)
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
