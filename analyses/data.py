@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from analyses.objectives import DISPLAY, OBJECTIVES  # noqa: F401  (re-exported)
+from repsim.objectives import DISPLAY, OBJECTIVES  # noqa: F401  (re-exported)
 
 # Evaluation splits, most preferred first, for "source accuracy" (ImageNet validation in the paper).
 EVAL_SPLITS: tuple[str, ...] = ("test", "val", "validation", "holdout")

@@ -20,7 +20,7 @@ HELP = "end-to-end study on a CPU: digits (default) or Fashion-MNIST (--profile 
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    from analyses.objectives import OBJECTIVES
+    from repsim.objectives import OBJECTIVES
     from analyses.profiles import PROFILES
 
     parser.add_argument("--profile", default="digits", choices=sorted(PROFILES),

@@ -18,12 +18,12 @@ class AnalysisError(RuntimeError):
 
 def training_csv(runs: Sequence[tuple[str, Path, Path]], path: Path) -> None:
     """training.csv from each run's metrics.csv (`repsim runs`), up to the epoch of best.pt when the run
-    saved one (best holdout top-1, first maximum, App. A.1 early stopping), as in Figs. C.1–C.3.
+    saved one (App. A.1 early stopping: ``repsim.runs.best_epoch``), as in Figs. C.1–C.3.
 
     ``runs``: (name ``<objective>-s<seed>``, run directory, extracted checkpoint) per run.
     """
-    from repsim.commands.runs import training_rows
     from repsim.engine.drivers import write_csv
+    from repsim.runs import training_rows
 
     write_csv(training_rows([d for _, d, _ in runs], [n for n, _, _ in runs]), path)
 

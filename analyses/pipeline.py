@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from analyses.objectives import OBJECTIVES
 from analyses.profiles import DIGITS, Profile
+from repsim.objectives import OBJECTIVES
 
 ANALYSIS_VERSION = "4"  # bump when the analysis settings below change, to invalidate old results
 
@@ -240,7 +240,7 @@ class Demo:
     def dynamics_checkpoints(self) -> list[tuple[str, Path]]:
         """(``<run>-epoch-EEEE``, kept checkpoint) of the seed-0 runs, for the epochs before the analysed
         checkpoint (best.pt: curves end there, as in Figs. D.2 and E.4)."""
-        from repsim.commands.runs import best_epoch
+        from repsim.runs import best_epoch, holdout_curve
 
         out = []
         for name in self.run_names if self.profile.keep_every else ():
@@ -248,7 +248,8 @@ class Demo:
                 continue
             d = self.run_dir(name)
             with (d / "metrics.csv").open(newline="") as f:
-                last = best_epoch(list(csv.DictReader(f))) if (d / "best.pt").is_file() else math.inf
+                curve = holdout_curve(list(csv.DictReader(f)))
+            last = (best_epoch(curve) if (d / "best.pt").is_file() else None) or math.inf
             for ck in sorted(d.glob("epoch-*.pt")):
                 if int(ck.stem.split("-")[1]) < last:
                     out.append((f"{name}-{ck.stem}", ck))

@@ -18,11 +18,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from repsim._io import sha256_file
+
 from .models import LoadedModel, from_module, is_model_spec, load_spec
 from .models._common import clean as _clean
-from .models._common import sha256_file, weights_sha256
+from .models._common import weights_sha256
 
-__all__ = ["sha256_file", "weights_sha256", "model_meta", "load_model", "load_source", "load_dataset",
+__all__ = ["weights_sha256", "model_meta", "load_model", "load_source", "load_dataset",
            "example_ids", "head_weights"]
 
 

@@ -1,13 +1,20 @@
-"""Atomic file writes shared by every result file repsim writes (``.npz``, CSV, JSON).
+"""Atomic file writes shared by every result file repsim writes (``.npz``, CSV, JSON), and a file's
+digest.
 
 :func:`atomic_write` writes to ``PATH.tmp-PID`` next to the target and renames it into place only
 once the data is flushed to disk, so readers see the old file or the new one, never a torn one; on
 any failure (disk full, a read-only directory, an exception while writing) the temporary file is
 removed and the error propagates, naming ``PATH`` (:func:`naming`).
+
+:func:`sha256_file` is a checkpoint's identity: `repsim extract` records it as the stores'
+``model.checkpoint_sha256`` (which ``repsim.store.pairing`` compares), `repsim train` as a fine-tuned
+run's source and `repsim robustness` per result row. It lives here, torch-free, so that train/ and
+extract/ both take it from below.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 from typing import IO, Any, Iterator
 
@@ -42,3 +49,12 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) 
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
+    """The hex sha256 of the file at ``path``, read ``block`` bytes at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import numpy as np
 import pytest
@@ -93,3 +94,41 @@ def test_runs_collects_training_csv(tmp_path, monkeypatch):
     assert (t["objective"], t["seed"], t["variant"], json.loads(t["params"])) == ("logit_penalty", "1", "autoaugment",
                                                                                     {"beta": 6e-4})
     assert {r["split"] for r in a} == {"train", "holdout", "test"} and t["schedule_decay"] == "0.975"
+
+
+def test_the_early_stopping_rule_has_one_home(tmp_path, monkeypatch):
+    """App. A.1's rule (first epoch with the best holdout score, NaN never) lives in repsim.runs; the
+    training curves of a run evaluated every 2nd epoch stop at best.pt's epoch (they ran to the end
+    while the first epoch had no holdout score), and train/, `repsim runs` and the demo import it."""
+    from repsim.runs import best_epoch
+
+    assert best_epoch({1: math.nan, 2: 50.0, 3: 50.0, 4: 49.0}) == 2 and best_epoch({1: math.nan}) is None
+    assert best_epoch({3: 1.0, 1: 2.0, 2: 2.0}) == 1 and best_epoch({}) is None
+    monkeypatch.chdir(tmp_path)
+    m = [{"epoch": e, "train_top1": 50 + e, "holdout_top1": h, "test_top1": 60 + e}
+         for e, h in ((1, ""), (2, 80), (3, ""), (4, 75))]
+    _run_dir(tmp_path / "runs" / "lp-s1", {"objective": "softmax", "seed": 1}, m, best=True)
+    out = tmp_path / "training.csv"
+    assert main(["runs", str(tmp_path / "runs" / "lp-s1"), "--out", str(out)]) == 0
+    assert sorted({int(r["epoch"]) for r in csv.DictReader(open(out))}) == [1, 2]
+
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    for user in ("train/loop.py", "train/tune.py", "repsim/commands/runs.py", "analyses/pipeline.py",
+                 "analyses/demo_analysis.py"):
+        tree = ast.parse((root / user).read_text())
+        assert any(isinstance(n, ast.ImportFrom) and n.module == "repsim.runs" for n in ast.walk(tree)), user
+
+
+def test_tune_grid_best_epoch_skips_a_diverged_epoch(tmp_path):
+    from train.tune import Group, Replicate, _write_grid
+
+    class _Run:
+        dir = tmp_path / "r0"
+
+    g = Group("softmax", [Replicate("s0", ())])
+    _write_grid(tmp_path, [{"lr": 0.1}], g, [[{1: math.nan, 2: 70.0, 3: 70.0, 4: 60.0}]], [[_Run()]])
+    row = next(csv.DictReader(open(tmp_path / "grid.csv")))
+    assert (row["best_epoch"], float(row["holdout_best"]), row["last_epoch"]) == ("2", 70.0, "4")

@@ -26,3 +26,14 @@ def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "repsim", "--help"], capture_output=True, text=True, check=True)
     for command in SUBCOMMANDS:
         assert command in out.stdout
+
+
+def test_subcommands_are_the_declared_entry_points(monkeypatch):
+    """pyproject.toml's [project.entry-points."repsim.commands"] is the one table: read from the checkout
+    (current before a reinstall), and the installed metadata gives the same commands."""
+    import repsim.commands.main as main
+
+    declared = main._checkout_commands()
+    assert declared and SUBCOMMANDS == declared
+    monkeypatch.setattr(main, "_checkout_commands", lambda: {})
+    assert main.registered_commands() == dict(sorted(declared.items()))  # the installed copy's view

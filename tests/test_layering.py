@@ -1,9 +1,13 @@
 """The package layout is the architecture (docs/architecture.md): each layer of ``repsim/`` imports only
-the layers below it, nothing in ``repsim/`` imports torch, and neither ``repsim`` nor ``analyses``
-has an import circle. Imports are read from the source (module level and inside functions alike)."""
+the layers below it, nothing in ``repsim/`` imports torch, each stage (``repsim`` ← ``train`` ← ``extract``
+← ``analyses``) imports only the stages below it, no stage names a module of a stage above it (the
+``repsim`` command finds its subcommands through the entry points pyproject.toml declares), and no
+package has an import circle. Imports are read from the source (module level and inside functions
+alike)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,9 @@ ALLOWED: dict[str, set[str]] = {
     "commands": {"base", "kernels", "probes", "store", "engine", "commands"},
 }
 FORBIDDEN_TOP = {"torch", "torchvision", "timm", "transformers"}  # the core stays torch-free
+
+# The stages, from the ground up (docs/architecture.md "Stages"): each may import the ones before it.
+STAGES: tuple[str, ...] = ("repsim", "train", "extract", "analyses")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -134,9 +141,120 @@ def test_repsim_layers_import_only_downwards():
     assert layering_violations(ROOT) == []
 
 
-def test_no_import_circles_in_repsim_or_analyses():
-    assert import_cycles(ROOT, ("repsim",)) == []
-    assert import_cycles(ROOT, ("analyses",)) == []
+def stage_violations(root: Path) -> list[str]:
+    """One line per import of a stage above the importing one (:data:`STAGES`)."""
+    bad = []
+    for i, pkg in enumerate(STAGES):
+        for path in sorted((root / pkg).rglob("*.py")):
+            for line, target in imports_of(path, root):
+                top = target.split(".")[0]
+                if top in STAGES[i + 1:]:
+                    bad.append(f"{path.relative_to(root)}:{line}: {pkg} imports {target} (a stage above it)")
+    return bad
+
+
+def named_upper_modules(root: Path) -> list[str]:
+    """One line per string constant that names a module of a stage above the file's own (``"train.cli"``,
+    ``"analyses.demo:run"``): an import by name (importlib) that :func:`stage_violations` cannot see."""
+    bad = []
+    for i, pkg in enumerate(STAGES):
+        for path in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+                    continue
+                name = node.value.split(":")[0]
+                parts = name.split(".")
+                if parts[0] not in STAGES[i + 1:] or len(parts) < 2 or not all(p.isidentifier() for p in parts):
+                    continue
+                target = root / Path(*parts)
+                if target.with_suffix(".py").is_file() or (target / "__init__.py").is_file():
+                    bad.append(f"{path.relative_to(root)}:{node.lineno}: {pkg} names {node.value!r} (a stage above it)")
+    return bad
+
+
+def test_stages_import_only_downwards():
+    assert stage_violations(ROOT) == []
+
+
+def test_no_stage_names_a_module_above_it():
+    """e.g. a command table in repsim/ that importlib-loads train.cli: the ground floor calling the top."""
+    assert named_upper_modules(ROOT) == []
+
+
+def declared_commands(root: Path) -> dict[str, str]:
+    """pyproject.toml's ``[project.entry-points."repsim.commands"]``: subcommand -> module."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    return dict(project.get("entry-points", {}).get("repsim.commands", {}))
+
+
+def test_every_command_is_a_declared_entry_point_with_its_three_names():
+    """The dispatch the stage checks cannot see is declared in pyproject.toml: each module there exists
+    and defines HELP, configure and run at module level (read from the source, nothing imported)."""
+    declared = declared_commands(ROOT)
+    assert {"train", "extract", "cka", "figures", "demo"} <= set(declared)
+    for name, module in declared.items():
+        path = ROOT / Path(*module.split(":")[0].split("."))
+        path = path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+        assert path.is_file(), (name, module)
+        tree = ast.parse(path.read_text())
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} | {
+            t.id for n in tree.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        assert {"HELP", "configure", "run"} <= defined, (name, module)
+
+
+def test_no_import_circles_in_any_package():
+    for pkg in STAGES:
+        assert import_cycles(ROOT, (pkg,)) == [], pkg
+    assert import_cycles(ROOT, STAGES) == []
+
+
+# library helpers that had copies or lived in the wrong stage: each is defined in one module only
+ONE_HOME: dict[str, str] = {
+    "merge_csv": "repsim/engine/drivers.py",  # results CSVs merged by key (repsim probe had its own)
+    "best_epoch": "repsim/runs.py",  # the early-stopping rule (was in repsim/commands/runs.py, train/)
+    "sha256_file": "repsim/_io.py",  # a checkpoint's identity (was in extract/, imported by train/)
+    "holdout_split": "train/imaging.py",  # (was train.data's, imported back by train.csvdata)
+}
+
+
+def test_shared_helpers_have_one_home():
+    bad = []
+    for pkg in STAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") in ONE_HOME \
+                        and ONE_HOME[node.name.lstrip("_")] != rel:
+                    bad.append(f"{rel}:{node.lineno}: {node.name} (its home is {ONE_HOME[node.name.lstrip('_')]})")
+    assert bad == []
+
+
+def test_the_docs_state_what_these_tests_enforce():
+    """docs/architecture.md's listing of repsim/ names every module (kernels' accuracy, extras, ... were
+    missing); README and the doc say the same about the layering and the stages; every .md file they
+    name exists (DESIGN.md did not)."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    readme = (ROOT / "README.md").read_text()
+    listing = doc.split("## The layers of `repsim/`")[1].split("```")[1]
+    words = set(re.findall(r"[A-Za-z_]\w*", listing))
+    unlisted = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "repsim").rglob("*.py"))
+                if not p.stem.startswith("__") and p.stem not in words
+                and not (p.parent.name == "commands" and not p.stem.startswith("_"))]  # "one module per subcommand"
+    assert unlisted == []
+    for text in (doc, readme):
+        assert "imports only layers listed before it" in " ".join(text.split())
+        assert "`repsim` ← `train` ← `extract` ← `analyses`" in " ".join(text.split())
+    assert " ".join(STAGES) == "repsim train extract analyses"
+    for where, text in (("README.md", readme), ("docs/architecture.md", doc)):
+        for name in set(re.findall(r"[\w./-]*\w\.md\b", text)):
+            assert (ROOT / name).exists() or (ROOT / where).parent.joinpath(name).exists(), (where, name)
+    kernels = (ROOT / "repsim" / "kernels" / "__init__.py").read_text()
+    assert "May import only :mod:`repsim._xp` and" not in kernels  # they use _blas too (base)
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -165,3 +283,13 @@ def test_cycle_check_finds_a_lazy_circle(tmp_path):
     root = _tree(tmp_path, {"analyses/__init__.py": "", "analyses/a.py": "from analyses.b import f\n",
                             "analyses/b.py": "def f():\n    from analyses import a\n"})
     assert import_cycles(root, ("analyses",)) == [["analyses.a", "analyses.b"]]
+
+
+def test_stage_checks_catch_train_importing_extract(tmp_path):
+    root = _tree(tmp_path, {"repsim/__init__.py": "", "train/__init__.py": "", "extract/__init__.py": "",
+                            "extract/cli.py": "def f():\n    from train.loop import g\n",
+                            "train/loop.py": "def g():\n    from extract.cli import f\n",
+                            "repsim/main.py": "TABLE = {'x': 'extract.cli'}\n"})
+    assert stage_violations(root) == ["train/loop.py:2: train imports extract.cli (a stage above it)"]
+    assert named_upper_modules(root) == ["repsim/main.py:1: repsim names 'extract.cli' (a stage above it)"]
+    assert import_cycles(root, STAGES) == [["extract.cli", "train.loop"]]

@@ -238,3 +238,62 @@ def test_gradients_finite_including_extreme_features(name):
 def test_bad_objectives_raise_clear_errors(name, hyper, match):
     with pytest.raises(ValueError, match=match):
         make_objective(name, M, K, **hyper)
+
+
+# -- one registry, one table (issue 29) ----------------------------------------------------------------
+def _objective_lists(root):
+    """file:line of every literal that lists the objectives (a tuple, list or set naming 7 or more) or
+    holds per-objective data (a dict keyed by 4 or more); a table's layout naming a few is neither."""
+    import ast
+
+    from repsim.objectives import OBJECTIVES as names
+
+    out = []
+    for pkg in ("repsim", "train", "extract", "analyses"):
+        for path in sorted((root / pkg).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                elts = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None) \
+                    if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else None
+                found = {e.value for e in elts or () if isinstance(e, ast.Constant) and e.value in names}
+                if len(found) >= (4 if isinstance(node, ast.Dict) else 7):
+                    out.append(f"{path.relative_to(root)}:{node.lineno}")
+    return out
+
+
+def test_the_objectives_are_listed_once():
+    """repsim/objectives.py is the registry (torch-free): train builds heads from it, the analyses order
+    and label by it; no other literal lists the objectives."""
+    from pathlib import Path
+
+    import analyses.data
+    import repsim.objectives as registry
+
+    root = Path(__file__).resolve().parents[1]
+    assert _objective_lists(root) == []  # the registry holds one Objective(...) per name, no literal list
+    assert OBJECTIVES is registry.OBJECTIVES and analyses.data.OBJECTIVES is registry.OBJECTIVES
+    assert DEFAULTS == {o.name: dict(o.defaults) for o in registry.REGISTRY}
+    assert set(OBJECTIVES) <= set(analyses.data.DISPLAY)
+
+
+def test_head_dispatches_through_one_table(monkeypatch):
+    """Head names no loss or logit map in its methods: LOSSES / LOGIT_MAPS decide, so a new loss is one
+    table entry (and a registry entry naming it)."""
+    import ast
+    import inspect
+
+    import train.objectives as objectives
+    from repsim.objectives import BY_NAME, Objective
+
+    tree = ast.parse(inspect.getsource(objectives.Head))
+    compared = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Compare)
+                for side in [n.left, *n.comparators] if isinstance(side, ast.Attribute)
+                and side.attr in ("loss_name", "logit_map")]
+    assert compared == []
+    # a new loss: mean absolute error of the softmax probabilities, biases starting at 0.5
+    mae = objectives.Loss(lambda h, z, t: (z.softmax(1) - torch.nn.functional.one_hot(t, h.num_classes)).abs().sum(1),
+                          bias_init=lambda K: 0.5)
+    monkeypatch.setitem(objectives.LOSSES, "mae", mae)
+    monkeypatch.setitem(BY_NAME, "mae", Objective("mae", "MAE", "loss", {}, loss="mae"))
+    head = make_objective("mae+dropout", 6, 3, keep_prob=0.9)
+    assert head.loss_name == "mae" and torch.all(head.bias == 0.5)
+    assert torch.isfinite(head.loss(torch.randn(4, 6), torch.tensor([0, 1, 2, 0])))

@@ -17,6 +17,7 @@ from repsim.commands.main import main
 from train import load_model
 from train.checkpoint import load_checkpoint
 from train.config import load_config
+from repsim.runs import best_epoch, holdout_curve
 from train.loop import EMA, lr_at, train_run
 from train.models import Network
 
@@ -94,6 +95,8 @@ def test_run_writes_checkpoint_metrics_and_load_model(trained):
     assert torch.allclose(net(x), net.head(net.backbone(x))) and net(x).shape == (4, 5)
     assert list(net.backbone.layer1) and isinstance(net.backbone.fc, torch.nn.Identity)
     assert (out / "best.pt").exists() and not list(out.glob(".*.tmp"))
+    # best.pt is the epoch of the one early-stopping rule (repsim.runs, which `repsim runs` and tune read)
+    assert load_checkpoint(out / "best.pt")["epoch"] == best_epoch(holdout_curve(metrics))
 
 
 def test_resume_after_kill_gives_identical_weights(tmp_path, trained):

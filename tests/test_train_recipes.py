@@ -91,7 +91,7 @@ def test_float_autoaugment_on_digits():
     assert torch.equal(((x - lo) * (255.0 / (hi - lo))).round(), q)
     assert aa(x).shape == x.shape
     # the ImageFolder/torchvision transform: policy after crop and flip, before normalisation
-    from train.data import image_transforms
+    from train.imaging import image_transforms
 
     tf, desc = image_transforms("imagenet", 32, 36, autoaugment=True)
     names = [type(t).__name__ for t in tf.transforms]

@@ -36,6 +36,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .imaging import holdout_split, image_transforms
+
 CHEXPERT_COMPETITION = ("Atelectasis", "Cardiomegaly", "Consolidation", "Edema", "Pleural Effusion")
 CHEXPERT_IID_HOLDOUT = 22_431  # App. D.3: "we split 22,431 images from the training set and evaluate on these"
 _FINDING_VALUES = {"1", "0", "-1", "1.0", "0.0", "-1.0"}
@@ -129,8 +131,6 @@ class MultiLabelCSV(Dataset):
 def csv_dataset(path: Path, split: str, augment, image_size: int, eval_resize: int | None,
                 holdout_size: int | None, autoaugment: bool = False) -> MultiLabelCSV:
     """The ``split`` of a CSV spec (see the module docstring); ``autoaugment`` as for image folders."""
-    from train.data import _holdout_split, image_transforms
-
     if path.is_dir():
         train_csv = path / "train.csv"
         test_csv = next((path / f for f in ("valid.csv", "test.csv") if (path / f).is_file()), None)
@@ -150,5 +150,5 @@ def csv_dataset(path: Path, split: str, augment, image_size: int, eval_resize: i
     hold = holdout_size
     if split == "holdout" and hold == 0:
         raise ValueError(f"holdout split requested but holdout_size is 0 ({train_csv} has {n} rows)")
-    return MultiLabelCSV(train_csv, _holdout_split(n, hold, split), split=split, name=name, transform=tf,
+    return MultiLabelCSV(train_csv, holdout_split(n, hold, split), split=split, name=name, transform=tf,
                          transform_desc=desc)

@@ -37,13 +37,13 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .imaging import SPLIT_SEED, holdout_split, image_transforms
+
 SPLITS = ("train", "holdout", "test")
 TRAIN_ALL = "train+holdout"
 IMAGENET_HOLDOUT = 50_046
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 TORCHVISION_DATASETS = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST",
                         "fashionmnist": "FashionMNIST", "svhn": "SVHN"}
-_SPLIT_SEED = 0  # fixed: holdout/test membership never depends on the run seed
 
 
 IN_MEMORY_BYTES = 2 << 30  # the largest split SplitDataset.image_tensor materialises
@@ -85,16 +85,6 @@ class SplitDataset(Dataset):
         return torch.stack([self._loader(self.base, int(i)) for i in self.indices]), self.targets
 
 
-def _holdout_split(n: int, holdout: int, split: str) -> np.ndarray:
-    """Indices (sorted) of ``split`` when ``holdout`` of ``n`` items are held out deterministically."""
-    if not 0 <= holdout < n:
-        raise ValueError(f"holdout size {holdout} must be in [0, {n})")
-    perm = np.random.default_rng(_SPLIT_SEED).permutation(n)
-    if split == "holdout":
-        return np.sort(perm[:holdout])
-    return np.sort(perm[holdout:])
-
-
 # -- digits ---------------------------------------------------------------------------------------
 def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     """(1797, 8, 8) float32 in [0, 16] and (1797,) int64 labels: scikit-learn's digits data.
@@ -116,7 +106,7 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 def digits_split_indices(labels: np.ndarray, split: str) -> np.ndarray:
     """Per class: fixed permutation; first 25 % test, next 10 % holdout, rest train (sorted)."""
-    rng = np.random.default_rng(_SPLIT_SEED)
+    rng = np.random.default_rng(SPLIT_SEED)
     out = []
     for c in np.unique(labels):
         idx = rng.permutation(np.flatnonzero(labels == c))
@@ -184,33 +174,6 @@ def _synthetic(split: str, image_size: int, num_classes: int, n: int, channels: 
 
 
 # -- images ----------------------------------------------------------------------------------------
-def image_transforms(augment: str | bool, image_size: int, eval_resize: int | None,
-                     mean=IMAGENET_MEAN, std=IMAGENET_STD, autoaugment: bool = False) -> tuple[Callable, str]:
-    """App. A.1: RandomResizedCrop(size, 0.1–1, 3/4–4/3) + flip for training; resize to
-    ``eval_resize`` (256 for 224) on the short side + centre crop for evaluation. ``augment='cifar'``:
-    pad-4 random crop + flip (ICLR App. A.1 standard CIFAR augmentation). ``autoaugment`` (training
-    only): torchvision's AutoAugment ImageNet policy after the crop and flip (App. C.4)."""
-    from torchvision import transforms as T
-
-    norm = [T.ToTensor(), T.Normalize(mean, std)]
-    if augment in (True, "imagenet"):
-        t = [T.RandomResizedCrop(image_size, scale=(0.1, 1.0), ratio=(3 / 4, 4 / 3)), T.RandomHorizontalFlip()]
-        desc = f"RandomResizedCrop({image_size}, scale=(0.1, 1), ratio=(3/4, 4/3)) + flip"
-    elif augment == "cifar":
-        t = [T.RandomCrop(image_size, padding=4), T.RandomHorizontalFlip()]
-        desc = f"RandomCrop({image_size}, pad 4) + flip"
-    elif eval_resize:
-        t = [T.Resize(eval_resize), T.CenterCrop(image_size)]
-        desc = f"Resize({eval_resize}) + CenterCrop({image_size})"
-    else:
-        t, desc = [], "none"
-    if autoaugment and augment:
-        from .augment import autoaugment_policy
-
-        t, desc = t + [autoaugment_policy()], desc + " + AutoAugment (ImageNet policy)"
-    return T.Compose(t + norm), desc + "; normalise"
-
-
 def _pil_loader(base: Any, i: int):
     return base[i][0]
 
@@ -231,7 +194,7 @@ def _image_folder(path: Path, split: str, augment: Any, image_size: int, eval_re
         hold = holdout_size if holdout_size is not None else (IMAGENET_HOLDOUT if len(base.classes) == 1000 else 0)
         if split == "holdout" and hold == 0:
             raise ValueError("holdout split requested but holdout_size is 0")
-        idx = _holdout_split(n, hold, split)
+        idx = holdout_split(n, hold, split)
     if idx is None:
         idx = np.arange(len(base))
     targets = np.asarray(base.targets, dtype=np.int64)[idx]
@@ -258,7 +221,7 @@ def _torchvision(name: str, split: str, root: str | None, download: bool, augmen
     if split == "test":
         idx = np.arange(len(base))
     else:
-        idx = _holdout_split(len(base), 5000 if holdout_size is None else holdout_size, split)
+        idx = holdout_split(len(base), 5000 if holdout_size is None else holdout_size, split)
     gray = name in ("mnist", "fashionmnist")
     mean, std = ((0.5,), (0.5,)) if gray else ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
     aug = ("cifar" if augment is True else augment) if split == "train" else False
@@ -361,7 +324,7 @@ def build_dataset(spec: str, split: str, *, augment: Any = False, root: str | os
         raise ValueError(f"data directory {str(path)!r} does not exist (and {spec!r} is not a known dataset name)")
     size = image_size or 224
     resize = eval_resize if eval_resize is not None else round(size * 256 / 224)
-    from train.csvdata import csv_dataset, is_csv_spec
+    from .csvdata import csv_dataset, is_csv_spec
 
     if is_csv_spec(path):
         return csv_dataset(path, split, augment, size, resize, holdout_size, autoaugment)

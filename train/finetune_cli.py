@@ -96,12 +96,12 @@ def run(args: argparse.Namespace) -> int:
 def source_groups(patterns: list[str]):
     """The ``--init-from`` checkpoints as :class:`train.tune.Group` s (one per objective, parameters and
     variant) and the ``--set`` pairs that give the fine-tuned network their architecture."""
-    from extract.cli import expand_checkpoints
+    from repsim._paths import expand_paths
 
     from .checkpoint import load_checkpoint
     from .tune import Group, Replicate, TuneError
 
-    paths = expand_checkpoints(patterns, "finetune: --init-from")
+    paths = expand_paths(patterns, "file", "finetune: --init-from")
     groups: dict[str, Group] = {}
     arch = None
     for path in paths:

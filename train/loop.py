@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Sampler
 from torch.utils.data.distributed import DistributedSampler
 
 from repsim._io import atomic_write
+from repsim.runs import best_epoch, holdout_curve
 
 from .augment import mixup_batch, variant_of
 from .checkpoint import (CheckpointError, load_checkpoint, load_state_strict, rng_state, save_checkpoint,
@@ -257,7 +258,7 @@ def _init_from(net: Network, path: str) -> dict[str, Any]:
     state = ckpt.get("ema") or ckpt["model"]
     backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
     load_state_strict(net.backbone, backbone, f"checkpoint {path}")
-    from extract.sources import sha256_file  # the identity extract records as model.checkpoint_sha256
+    from repsim._io import sha256_file  # the identity extract records as model.checkpoint_sha256
 
     # what the analyses need to pair the fine-tuned network with its source (Table 2, Fig. D.3)
     return {"checkpoint": str(Path(path).resolve()), "sha256": sha256_file(path), "epoch": ckpt.get("epoch"),
@@ -413,7 +414,6 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
 
     # resume ----------------------------------------------------------------------------------------
     start_epoch, step, metrics = 0, 0, []
-    best = -1.0
     if resume and ckpt_path.exists():
         ck = load_checkpoint(ckpt_path)
         _check_same_run(ck["config"], cfg, ckpt_path)
@@ -424,7 +424,6 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
         if ck.get("scaler"):
             scaler.load_state_dict(ck["scaler"])
         start_epoch, step, metrics = int(ck["epoch"]), int(ck["scheduler"]["step"]), list(ck["metrics"])
-        best = max((m.get("holdout_top1", -1.0) for m in metrics), default=-1.0)
         rngs = ck["rng"]
         set_rng_state(rngs[rank % len(rngs)])
         if "source" in ck["config"].get("finetune", {}):
@@ -524,9 +523,7 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
             save_checkpoint(state, ckpt_path)
             if keep_every and (epoch + 1) % keep_every == 0:
                 _keep(ckpt_path, out / f"epoch-{epoch + 1:04d}.pt")
-            h = rec.get("holdout_top1")
-            if cfg["save_best"] and h is not None and h > best:
-                best = h
+            if cfg["save_best"] and best_epoch(holdout_curve(metrics)) == epoch + 1:
                 save_checkpoint(state, out / "best.pt")
             _write_metrics(out, metrics)
             say(" ".join([f"epoch {epoch + 1}/{epochs}", f"loss {rec['train_loss']:.4f}",

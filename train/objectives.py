@@ -26,46 +26,79 @@ Hyperparameters default to the bold values of Appendix Table A.1 (ResNet-50, Ima
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-OBJECTIVES: tuple[str, ...] = (
-    "softmax",
-    "label_smoothing",
-    "sigmoid",
-    "extra_l2",
-    "dropout",
-    "logit_penalty",
-    "logit_norm",
-    "cosine_softmax",
-    "squared_error",
-)
+import repsim.objectives as _registry
 
-# Bold values of Appendix Table A.1 (ResNet-50 on ImageNet).
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "softmax": {},
-    "label_smoothing": {"alpha": 0.1},
-    "sigmoid": {},
-    "extra_l2": {"lambda_final": 8e-4},
-    "dropout": {"keep_prob": 0.7},
-    "logit_penalty": {"beta": 6e-4},
-    "logit_norm": {"tau": 0.04},
-    "cosine_softmax": {"tau": 0.05, "scale_by_tau": False},
-    "squared_error": {"kappa": 9.0, "M": 60.0, "loss_scale": 10.0},
-}
-
-# Role of each component in a combination: one loss, at most one logit map, any regularisers.
-_LOSS = {"softmax", "label_smoothing", "sigmoid", "squared_error"}
-_MAP = {"logit_norm", "cosine_softmax"}
-_REG = {"extra_l2", "dropout", "logit_penalty"}
+# The registry (names, roles, defaults, which loss and logit map each builds) is repsim.objectives,
+# torch-free, shared with the analyses; here are the torch parts it names.
+OBJECTIVES: tuple[str, ...] = _registry.OBJECTIVES
+DEFAULTS: dict[str, dict[str, Any]] = {o.name: dict(o.defaults) for o in _registry.REGISTRY}  # Table A.1 bold values
 
 
 def _up(t: torch.Tensor) -> torch.Tensor:
     """float16/bfloat16 (AMP) → float32 for the loss; float32/float64 unchanged."""
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+# -- the head's parts: one table each, keyed by the registry's ``loss`` / ``logit_map`` --------------------
+def _linear(head: "Head", x: torch.Tensor) -> torch.Tensor:
+    return _up(F.linear(x, head.weight, head.bias))
+
+
+def _logit_norm(head: "Head", x: torch.Tensor) -> torch.Tensor:  # Eq. 6: z / (τ ‖z‖)
+    z = _linear(head, x)
+    return z / (head.tau * z.norm(dim=1, keepdim=True).clamp_min(1e-12))
+
+
+def _cosine(head: "Head", x: torch.Tensor) -> torch.Tensor:  # Eq. 7: sim(W_k, x)/τ + b_k
+    w = F.normalize(_up(head.weight), dim=1)
+    return F.normalize(_up(x), dim=1) @ w.t() / head.tau + _up(head.bias)
+
+
+# logit map -> (head, features) -> the vector entering the loss; every map but linear needs τ
+LOGIT_MAPS: dict[str, Callable[["Head", torch.Tensor], torch.Tensor]] = {
+    "linear": _linear, "logit_norm": _logit_norm, "cosine": _cosine,
+}
+
+
+def _softmax_loss(head: "Head", z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # Eqs. 1, 2
+    # F.cross_entropy's label_smoothing uses targets (1−α) t + α/K, i.e. Eq. 2 times (1−α).
+    per = F.cross_entropy(z, targets, reduction="none", label_smoothing=head.alpha)
+    return per / (1.0 - head.alpha) if head.alpha else per
+
+
+def _sigmoid_loss(head: "Head", z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # Eq. 8 summed over classes
+    t = F.one_hot(targets, head.num_classes).to(z.dtype)
+    return F.binary_cross_entropy_with_logits(z, t, reduction="none").sum(1)
+
+
+def _squared_error_loss(head: "Head", z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # Eq. 9
+    t = F.one_hot(targets, head.num_classes).to(z.dtype)
+    return (head.kappa * t * (z - head.M) ** 2 + (1 - t) * z**2).mean(1) * head.loss_scale
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A loss of the head: its per-example value at integer targets, what it adds to ``Head.hyper()``,
+    its bias initialisation (None: nn.Linear's) and whether label smoothing applies to it."""
+
+    per_example: Callable[["Head", torch.Tensor, torch.Tensor], torch.Tensor]
+    hyper: tuple[str, ...] = ()
+    bias_init: Callable[[int], float] | None = None  # number of classes -> initial bias
+    smoothing: bool = False
+
+
+LOSSES: dict[str, Loss] = {
+    "softmax": Loss(_softmax_loss, smoothing=True),
+    "sigmoid": Loss(_sigmoid_loss, bias_init=lambda K: -math.log(K)),  # paper §2, Eq. 8: biases start at −log K
+    "squared_error": Loss(_squared_error_loss, hyper=("kappa", "M", "loss_scale")),
+}
 
 
 class Head(nn.Module):
@@ -91,16 +124,16 @@ class Head(nn.Module):
         name: str = "",
     ) -> None:
         super().__init__()
-        if loss not in ("softmax", "sigmoid", "squared_error"):
+        if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}")
-        if logit_map not in ("linear", "logit_norm", "cosine"):
+        if logit_map not in LOGIT_MAPS:
             raise ValueError(f"unknown logit map {logit_map!r}")
         if in_features < 1 or num_classes < 2:
             raise ValueError(f"need in_features >= 1 and num_classes >= 2, got {in_features}, {num_classes}")
         if not 0.0 <= alpha < 1.0:
             raise ValueError(f"label smoothing alpha must be in [0, 1), got {alpha}")
-        if alpha and loss != "softmax":
-            raise ValueError("label smoothing applies to the softmax loss only")
+        if alpha and not LOSSES[loss].smoothing:
+            raise ValueError(f"label smoothing applies to the softmax loss only, not {loss}")
         if logit_map != "linear" and (tau is None or tau <= 0):
             raise ValueError(f"{logit_map} needs a temperature tau > 0, got {tau}")
         if not 0.0 < keep_prob <= 1.0:
@@ -109,6 +142,7 @@ class Head(nn.Module):
             raise ValueError("beta, lambda_final must be >= 0 and kappa, loss_scale > 0")
         self.in_features, self.num_classes = int(in_features), int(num_classes)
         self.loss_name, self.logit_map, self.name = loss, logit_map, name or loss
+        self._loss, self._map = LOSSES[loss], LOGIT_MAPS[logit_map]
         self.alpha, self.tau, self.scale_by_tau = float(alpha), tau, bool(scale_by_tau)
         self.keep_prob, self.beta, self.lambda_final = float(keep_prob), float(beta), float(lambda_final)
         self.kappa, self.M, self.loss_scale = float(kappa), float(M), float(loss_scale)
@@ -121,8 +155,8 @@ class Head(nn.Module):
         nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
         bound = 1.0 / math.sqrt(self.in_features)
         nn.init.uniform_(self.bias, -bound, bound)
-        if self.loss_name == "sigmoid":
-            nn.init.constant_(self.bias, -math.log(self.num_classes))
+        if self._loss.bias_init is not None:
+            nn.init.constant_(self.bias, self._loss.bias_init(self.num_classes))
 
     def extra_repr(self) -> str:
         return (f"{self.name}: in_features={self.in_features}, num_classes={self.num_classes}, "
@@ -143,8 +177,7 @@ class Head(nn.Module):
             out["beta"] = self.beta
         if self.lambda_final:
             out["lambda_final"] = self.lambda_final
-        if self.loss_name == "squared_error":
-            out.update(kappa=self.kappa, M=self.M, loss_scale=self.loss_scale)
+        out.update({k: getattr(self, k) for k in self._loss.hyper})
         return out
 
     # -- logits ---------------------------------------------------------------------------------
@@ -157,13 +190,7 @@ class Head(nn.Module):
     def _logits_fp(self, x: torch.Tensor) -> torch.Tensor:
         if self.keep_prob < 1.0 and self.training:  # Eq. 3: x̃ = x ⊙ ξ / ρ
             x = F.dropout(x, p=1.0 - self.keep_prob, training=True)
-        if self.logit_map == "cosine":  # Eq. 7: sim(W_k, x)/τ + b_k
-            w = F.normalize(_up(self.weight), dim=1)
-            return F.normalize(_up(x), dim=1) @ w.t() / self.tau + _up(self.bias)
-        z = _up(F.linear(x, self.weight, self.bias))
-        if self.logit_map == "logit_norm":  # Eq. 6: z / (τ ‖z‖)
-            z = z / (self.tau * z.norm(dim=1, keepdim=True).clamp_min(1e-12))
-        return z
+        return self._map(self, x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._logits(x)
@@ -191,18 +218,7 @@ class Head(nn.Module):
 
     def _per_example(self, z: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Per-example loss (Eqs. 1, 2, 8, 9, plus the logit penalty Eq. 5) at integer ``targets``."""
-        K = self.num_classes
-        if self.loss_name == "softmax":
-            # F.cross_entropy's label_smoothing uses targets (1−α) t + α/K, i.e. Eq. 2 times (1−α).
-            per = F.cross_entropy(z, targets, reduction="none", label_smoothing=self.alpha)
-            if self.alpha:
-                per = per / (1.0 - self.alpha)
-        elif self.loss_name == "sigmoid":  # Eq. 8 summed over classes
-            t = F.one_hot(targets, K).to(z.dtype)
-            per = F.binary_cross_entropy_with_logits(z, t, reduction="none").sum(1)
-        else:  # Eq. 9
-            t = F.one_hot(targets, K).to(z.dtype)
-            per = (self.kappa * t * (z - self.M) ** 2 + (1 - t) * z**2).mean(1) * self.loss_scale
+        per = self._loss.per_example(self, z, targets)
         if self.beta:  # Eq. 5
             per = per + self.beta * (z**2).sum(1)
         return per
@@ -217,15 +233,17 @@ def parse_objective(name: str) -> list[str]:
     if not parts:
         raise ValueError("empty objective name")
     for p in parts:
-        if p not in OBJECTIVES:
-            raise ValueError(f"unknown objective {p!r}; choose from {', '.join(OBJECTIVES)} (or join with '+')")
+        if p not in _registry.BY_NAME:
+            raise ValueError(f"unknown objective {p!r}; choose from {', '.join(_registry.BY_NAME)} (or join with '+')")
     if len(set(parts)) != len(parts):
         raise ValueError(f"objective {name!r} repeats a component")
-    if sum(p in _LOSS for p in parts) > 1:
-        raise ValueError(f"objective {name!r} combines two losses ({', '.join(p for p in parts if p in _LOSS)})")
-    if sum(p in _MAP for p in parts) > 1:
-        raise ValueError(f"objective {name!r} combines logit_norm and cosine_softmax")
-    if "squared_error" in parts and any(p in _MAP for p in parts):
+    losses = [p for p in parts if _registry.BY_NAME[p].role == "loss"]
+    maps = [p for p in parts if _registry.BY_NAME[p].role == "map"]
+    if len(losses) > 1:
+        raise ValueError(f"objective {name!r} combines two losses ({', '.join(losses)})")
+    if len(maps) > 1:
+        raise ValueError(f"objective {name!r} combines {' and '.join(maps)}")
+    if "squared_error" in parts and maps:
         raise ValueError("squared_error cannot be combined with a normalised logit map")
     return parts
 
@@ -234,7 +252,7 @@ def objective_defaults(name: str) -> dict[str, Any]:
     """Default hyperparameters of an objective or combination (Table A.1 bold values)."""
     out: dict[str, Any] = {}
     for p in parse_objective(name):
-        out.update(DEFAULTS[p])
+        out.update(_registry.BY_NAME[p].defaults)
     return out
 
 
@@ -250,7 +268,8 @@ def make_objective(name: str, in_features: int, num_classes: int, **hyper: Any) 
         allowed = ", ".join(sorted(params)) or "none"
         raise ValueError(f"unknown hyperparameter(s) {', '.join(unknown)} for objective {name!r} (allowed: {allowed})")
     params.update(hyper)
-    loss = "sigmoid" if "sigmoid" in parts else "squared_error" if "squared_error" in parts else "softmax"
-    logit_map = "cosine" if "cosine_softmax" in parts else "logit_norm" if "logit_norm" in parts else "linear"
+    entries = [_registry.BY_NAME[p] for p in parts]
+    loss = next((o.loss for o in entries if o.loss), "softmax")
+    logit_map = next((o.logit_map for o in entries if o.logit_map), "linear")
     return Head(in_features, num_classes, loss=loss, logit_map=logit_map, name="+".join(parts),
                 **{k: v for k, v in params.items()})

@@ -164,10 +164,10 @@ class _Images(Dataset):
 
 
 def eval_transform(config: dict[str, Any], crop_only: bool):
-    """The run's evaluation transform (``train.data``'s rule for image folders), or a centre crop only."""
+    """The run's evaluation transform (``train.imaging``'s rule for image folders), or a centre crop only."""
     from torchvision import transforms as T
 
-    from train.data import IMAGENET_MEAN, IMAGENET_STD, image_transforms
+    from train.imaging import IMAGENET_MEAN, IMAGENET_STD, image_transforms
 
     d = config.get("data") or {}
     size = d.get("image_size") or 224
@@ -246,7 +246,7 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
     n, classes (classes the arg max ran over), masked, transform. The CSV is rewritten after every set;
     a rerun skips the (network, set) pairs already in it for the same checkpoint digest (resume).
     """
-    from extract.sources import sha256_file
+    from repsim._io import sha256_file
     from repsim.engine.drivers import write_csv
     from train.checkpoint import load_checkpoint, load_model
 

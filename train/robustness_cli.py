@@ -40,11 +40,11 @@ def run(args) -> int:
     import os
     from pathlib import Path
 
-    from extract.cli import expand_checkpoints
+    from repsim._paths import expand_paths
     from train.robustness import RobustnessError, evaluate
 
     # expected failures raise (RobustnessError, CheckpointError: ValueErrors): one line, exit status 2
-    ckpts = expand_checkpoints(args.checkpoint, "robustness: --checkpoint")
+    ckpts = expand_paths(args.checkpoint, "file", "robustness: --checkpoint")
     sets = {}
     for spec in args.sets:
         name, sep, root = spec.partition("=")

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from repsim._io import atomic_write
+from repsim.runs import best_epoch
 
 from .placement import DEVICES, Placement, plan_placement, visible_gpus
 
@@ -110,11 +111,11 @@ def select_point(curves: Sequence[Sequence[Mapping[int, float]]], select_on: str
             common = sorted(set.intersection(*(set(c) for c in runs)))
             if not common:
                 raise ValueError(f"grid point {point}: the replicates share no evaluated epoch")
-            curve = [_mean([c[e] for c in runs]) for e in common]
-            key = [-math.inf if math.isnan(v) else v for v in curve]
-            i = key.index(max(key))
-            means.append(curve[i])
-            epochs.append(common[i])
+            curve = {e: _mean([c[e] for c in runs]) for e in common}
+            e = best_epoch(curve)
+            e = common[0] if e is None else e  # every value NaN: the point scores NaN (−∞ below)
+            means.append(curve[e])
+            epochs.append(e)
     key = [-math.inf if math.isnan(v) else v for v in means]
     best = key.index(max(key))
     if key[best] == -math.inf:
@@ -432,9 +433,10 @@ def _write_grid(gdir: Path, grid: Sequence[Mapping[str, Any]], g: Group, curves,
     rows = []
     for i, point in enumerate(grid):
         for rep, curve, run in zip(g.replicates, curves[i], runs[i]):
+            best = best_epoch(curve)
             rows.append({"point": i, "replicate": rep.name, **point, "last_epoch": max(curve),
-                         "holdout_last": curve[max(curve)], "holdout_best": max(curve.values()),
-                         "best_epoch": max(curve, key=lambda e: (curve[e], -e)), "run": str(run.dir)})
+                         "holdout_last": curve[max(curve)], "holdout_best": math.nan if best is None else curve[best],
+                         "best_epoch": best, "run": str(run.dir)})
     write_rows(gdir / "grid.csv", rows)
 
 

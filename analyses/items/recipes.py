@@ -15,6 +15,7 @@ from analyses.data import DISPLAY, Inputs, Missing, describe_rows, display
 from analyses.items.common import one_r2_per_run, one_split, penultimate_r2
 from analyses.item import Table, item
 from analyses.summary import as_percent, bold_rule_text, seed_summary
+from repsim.objectives import BY_NAME
 
 C5_VARIANTS = {"": "Standard", "autoaugment": "AutoAugment", "mixup": "Mixup"}
 
@@ -43,15 +44,13 @@ def tableC1(inputs: Inputs) -> Table:
 
 
 # -- Table C.4 -------------------------------------------------------------------------------------
-_PARAM_KEYS = {"label_smoothing": ("alpha",), "cosine_softmax": ("tau", "scale_by_tau"), "logit_norm": ("tau",),
-               "dropout": ("keep_prob",), "logit_penalty": ("beta",), "extra_l2": ("lambda_final",),
-               "squared_error": ("kappa", "M", "loss_scale")}
 _COLUMN_ORDER = ("sigmoid", "label_smoothing", "squared_error", "cosine_softmax")  # the loss of the column
 _ROW_ORDER = ("dropout", "logit_penalty", "logit_norm", "cosine_softmax", "extra_l2")
 
 
 def _component(name: str, params: dict) -> str:
-    vals = [f"{k}={params[k]}" for k in _PARAM_KEYS.get(name, ()) if k in params and not (k == "scale_by_tau" and not params[k])]
+    keys = BY_NAME[name].defaults if name in BY_NAME else ()  # its hyperparameters (repsim.objectives)
+    vals = [f"{k}={params[k]}" for k in keys if k in params and not (k == "scale_by_tau" and not params[k])]
     return DISPLAY.get(name, name) + (f" ({', '.join(vals)})" if vals else "")
 
 

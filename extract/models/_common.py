@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -50,14 +49,6 @@ class LoadedModel:
 def clean(d: dict[str, Any]) -> dict[str, Any]:
     """``d`` without its None values (attrs keep only what is known)."""
     return {k: v for k, v in d.items() if v is not None}
-
-
-def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def weights_sha256(model: nn.Module) -> str:

@@ -14,7 +14,9 @@ import os
 import sys
 from pathlib import Path
 
-from ._common import LoadedModel, clean, infer_input, seeded, sha256_file, weights_sha256
+from repsim._io import sha256_file
+
+from ._common import LoadedModel, clean, infer_input, seeded, weights_sha256
 
 PREFIX = "module:"
 

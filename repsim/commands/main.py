@@ -1,6 +1,7 @@
 """The ``repsim`` command line: one entry point, one module per subcommand, one error path.
 
-Each subcommand module defines ``HELP`` (one line), ``configure(parser)`` and ``run(args) -> int``.
+Each subcommand module defines ``HELP`` (one line), ``configure(parser)`` and ``run(args) -> int``, and
+is registered as an entry point of the group ``repsim.commands`` (pyproject.toml; :data:`SUBCOMMANDS`).
 Modules are imported only to build their parser; anything heavy (torch, dask, zarr) is imported
 inside ``run`` so that ``repsim --help`` is fast and ``import repsim`` never pulls in torch.
 
@@ -18,30 +19,55 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import importlib.metadata
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Sequence
 
+# The subcommands are declared, not imported by name here: pyproject.toml's
+# [project.entry-points."repsim.commands"] maps each to the module implementing it (train/, extract/,
+# analyses/ sit above repsim/ and register themselves; tests/test_layering.py checks that nothing in
+# repsim/ names them).
+ENTRY_POINTS = "repsim.commands"
+DISTRIBUTION = "repsim-toolkit"
+
+
+def _checkout_commands() -> dict[str, str]:
+    """The table in the pyproject.toml of the checkout this repsim runs from, or {} when it runs from an
+    installed copy: a command declared there works before the next ``pip install -e``."""
+    path = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if not path.is_file():
+        return {}
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    project = tomllib.loads(path.read_text()).get("project", {})
+    if project.get("name") != DISTRIBUTION:
+        return {}
+    return dict(project.get("entry-points", {}).get(ENTRY_POINTS, {}))
+
+
+def registered_commands() -> dict[str, str]:
+    """subcommand -> module (``HELP``, ``configure(parser)``, ``run(args)``): the checkout's table, in its
+    order, when there is one, else the installed entry points (which the metadata keeps sorted by name);
+    commands that other installed distributions register under ``repsim.commands`` follow."""
+    declared = _checkout_commands()
+    installed = importlib.metadata.entry_points(group=ENTRY_POINTS)
+    ours = {ep.name for ep in installed if declared and ep.dist is not None and ep.dist.name == DISTRIBUTION}
+    out = dict(declared)
+    for ep in installed:
+        if ep.name not in out and ep.name not in ours:
+            out[ep.name] = ep.value
+    if not out:
+        raise RuntimeError(f"no repsim subcommands registered: reinstall {DISTRIBUTION} (pip install -e .)")
+    return out
+
+
 # subcommand -> module implementing it
-SUBCOMMANDS: dict[str, str] = {
-    "train": "train.cli",
-    "tune": "train.tune_cli",
-    "finetune": "train.finetune_cli",
-    "extract": "extract.cli",
-    "check": "repsim.commands.check",
-    "cka": "repsim.commands.cka",
-    "separation": "repsim.commands.separation",
-    "sparsity": "repsim.commands.sparsity",
-    "collapse": "repsim.commands.collapse",
-    "probe": "repsim.commands.probe",
-    "calibrate": "repsim.commands.calibrate",
-    "robustness": "train.robustness_cli",
-    "accuracy": "repsim.commands.accuracy",
-    "runs": "repsim.commands.runs",
-    "figures": "analyses.cli",
-    "demo": "analyses.demo",
-}
+SUBCOMMANDS: dict[str, str] = registered_commands()
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1  # the command ran and found problems (`repsim check`, failed figure items)
@@ -84,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, module_name in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name.split(":")[0])
         sp = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.configure(sp)
         # SUPPRESS: given only after the subcommand, it must not reset a --debug given before it

@@ -30,7 +30,6 @@ allows a shared one on purpose, with a warning; ``repsim.store.pairing``). Three
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 from pathlib import Path
 from typing import Any
@@ -134,11 +133,14 @@ def run(args) -> int:
             r, d = _single(args, tr, te, Xtr, Xte, lambdas, common)
         (ml_rows if tr.multilabel else rows).extend(r)
         (ml_details if tr.multilabel else details).extend(d)
+    from repsim.engine.drivers import merge_csv
+
     if rows:
-        _merge_csv(out / "probes.csv", rows, COLUMNS, _key)
+        merge_csv([{c: r.get(c, "") for c in COLUMNS} for r in rows], out / "probes.csv", ("store", "task", "probe", "metric"))
         _merge_json(out / "probes.json", details, _key)
     if ml_rows:
-        _merge_csv(out / "multilabel.csv", ml_rows, ML_COLUMNS, _ml_key)
+        merge_csv([{c: r.get(c, "") for c in ML_COLUMNS} for r in ml_rows], out / "multilabel.csv",
+                  ("store", "task", "split", "target"))
         _merge_json(out / "multilabel.json", ml_details, _ml_key)
     return 0
 
@@ -245,21 +247,6 @@ def _key(row: dict) -> tuple:
 
 def _ml_key(row: dict) -> tuple:
     return (str(row["store"]), str(row["task"]), str(row["split"]), str(row["target"]))
-
-
-def _merge_csv(path: Path, rows: list[dict], columns: list[str], key) -> None:
-    """Merge ``rows`` into the CSV at ``path``, replacing rows with the same key (written atomically)."""
-    old = []
-    if path.exists():
-        with open(path, newline="") as f:
-            old = list(csv.DictReader(f))
-    keys = {key(r) for r in rows}
-    merged = [r for r in old if key(r) not in keys] + rows
-    with atomic_write(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=columns)
-        w.writeheader()
-        for r in merged:
-            w.writerow({c: r.get(c, "") for c in columns})
 
 
 def _merge_json(path: Path, details: list[dict], key) -> None:

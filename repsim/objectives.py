@@ -1,0 +1,43 @@
+"""The nine objectives of Kornblith et al. (2021), §2: the one registry (torch-free).
+
+One :class:`Objective` per name, in the paper's order (Table 1): its display label (figures, tables),
+its role in a ``+`` combination (one loss, at most one logit map, any regularisers), the head it
+builds (``loss`` and ``logit_map``: keys of ``train.objectives.LOSSES`` / ``LOGIT_MAPS``, the torch side)
+and its hyperparameters' defaults (the bold values of App. Table A.1, ResNet-50 on ImageNet).
+``train.objectives`` builds heads from it; ``analyses`` orders and labels results by it. Adding an
+objective is one entry here (and a loss or logit map there if it brings a new one).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ROLES = ("loss", "map", "regulariser")
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    label: str                      # display name
+    role: str                       # one of ROLES
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    loss: str | None = None         # the head's loss (role "loss")
+    logit_map: str | None = None    # the head's logit map (role "map")
+
+
+REGISTRY: tuple[Objective, ...] = (
+    Objective("softmax", "Softmax", "loss", {}, loss="softmax"),
+    Objective("label_smoothing", "Label smoothing", "loss", {"alpha": 0.1}, loss="softmax"),
+    Objective("sigmoid", "Sigmoid", "loss", {}, loss="sigmoid"),
+    Objective("extra_l2", "More final layer L²", "regulariser", {"lambda_final": 8e-4}),
+    Objective("dropout", "Dropout", "regulariser", {"keep_prob": 0.7}),
+    Objective("logit_penalty", "Logit penalty", "regulariser", {"beta": 6e-4}),
+    Objective("logit_norm", "Logit normalization", "map", {"tau": 0.04}, logit_map="logit_norm"),
+    Objective("cosine_softmax", "Cosine softmax", "map", {"tau": 0.05, "scale_by_tau": False}, logit_map="cosine"),
+    Objective("squared_error", "Squared error", "loss", {"kappa": 9.0, "M": 60.0, "loss_scale": 10.0},
+              loss="squared_error"),
+)
+BY_NAME: dict[str, Objective] = {o.name: o for o in REGISTRY}
+OBJECTIVES: tuple[str, ...] = tuple(BY_NAME)  # paper order (Table 1)
+# display names: the objectives', and the random-initialisation baseline's of the figures
+DISPLAY: dict[str, str] = {**{o.name: o.label for o in REGISTRY}, "init": "Initialization"}
