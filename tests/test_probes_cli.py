@@ -114,3 +114,16 @@ def test_fig6_uses_the_held_out_original_head(tmp_path):
     assert outcomes[0].status == "done", outcomes[0].note
     assert "on the held-out examples of probes.csv (20 per network" in outcomes[0].caption
     assert (tmp_path / "fig" / "fig6.png").is_file() and (tmp_path / "fig" / "fig6.pdf").is_file()
+
+
+def test_out_names_the_csv_like_every_other_analysis_command(tmp_path, capsys):
+    """`--out probes.csv` writes that file (details beside it as probes.json), not a folder of that
+    name, and says where with the same `-> path` line as the other commands."""
+    a = _stores(tmp_path, "softmax", 0)
+    out = tmp_path / "results" / "my_probes.csv"
+    assert main(["probe", "--train", a["train"].path, "--test", a["test"].path, "--lambdas", "5", "--ks", "1",
+                 "--out", str(out), "--no-progress"]) == 0
+    assert out.is_file() and not out.is_dir() and out.with_suffix(".json").is_file()
+    assert f"repsim probe: 2 rows -> {out}" in capsys.readouterr().err
+    with open(out, newline="") as f:
+        assert [r["probe"] for r in csv.DictReader(f)] == ["linear", "knn"]

@@ -10,7 +10,7 @@ stores, before those of --train), and each pair is verified: one network (checkp
 allows a shared one on purpose, with a warning; ``repsim.store.pairing``). Three modes:
 
 - **Single-label stores** (Table 1): the linear probe (L-BFGS, λ chosen on a validation split) and/or
-  kNN. Writes ``DIR/probes.csv`` (store, objective, seed, task, probe, metric, accuracy, best_param,
+  kNN. Writes ``--out FILE.csv`` (or ``DIR/probes.csv`` for ``--out DIR``; store, objective, seed, task, probe, metric, accuracy, best_param,
   then the estimator metadata: layer, split, n, train_split, train_n, spatial, val_fraction, n_lambdas,
   estimator_seed) and ``DIR/probes.json`` (the same rows plus validation / leave-one-out curves and
   solver info). Rows for the same (store, task, probe, metric) are replaced, others kept.
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +79,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="allow a test store that shares examples with its training store (a training-set "
                              "score, on purpose; a warning says so)")
     parser.add_argument("--seed", type=non_negative, default=0)
-    parser.add_argument("--out", default=".", help="results directory (default: current)")
+    parser.add_argument("--out", default=".", metavar="FILE.csv|DIR",
+                        help="the results CSV (FILE.csv; per-store details go to FILE.json beside it), as for the "
+                             "other analysis commands; or a directory for probes.csv / multilabel.csv (default: .)")
     parser.add_argument("--no-progress", action="store_true")
 
 
@@ -107,8 +110,7 @@ def run(args) -> int:
                              "(the figures treat such tasks as Fig. 6's)")
     elif len(train) != len(args.test):
         raise ValueError(f"{len(train)} training stores but {len(args.test)} test stores; they are paired in order")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    csv_path, ml_path = _outputs(args.out)
     lambdas = np.logspace(-6, 5, args.lambdas)
     rows, details, ml_rows, ml_details = [], [], [], []
     for tr_path, te_path in zip(train, args.test if not args.relearn else train):
@@ -136,13 +138,27 @@ def run(args) -> int:
     from repsim.engine.drivers import merge_csv
 
     if rows:
-        merge_csv([{c: r.get(c, "") for c in COLUMNS} for r in rows], out / "probes.csv", ("store", "task", "probe", "metric"))
-        _merge_json(out / "probes.json", details, _key)
+        merge_csv([{c: r.get(c, "") for c in COLUMNS} for r in rows], csv_path, ("store", "task", "probe", "metric"))
+        _merge_json(csv_path.with_suffix(".json"), details, _key)
+        print(f"repsim probe: {len(rows)} rows -> {csv_path}", file=sys.stderr)
     if ml_rows:
-        merge_csv([{c: r.get(c, "") for c in ML_COLUMNS} for r in ml_rows], out / "multilabel.csv",
+        merge_csv([{c: r.get(c, "") for c in ML_COLUMNS} for r in ml_rows], ml_path,
                   ("store", "task", "split", "target"))
-        _merge_json(out / "multilabel.json", ml_details, _ml_key)
+        _merge_json(ml_path.with_suffix(".json"), ml_details, _ml_key)
+        print(f"repsim probe: {len(ml_rows)} multi-label rows -> {ml_path}", file=sys.stderr)
     return 0
+
+
+def _outputs(out: str) -> tuple[Path, Path]:
+    """(probes CSV, multi-label CSV) for ``--out``: a ``FILE.csv`` names the CSV itself — the convention
+    of ``cka``, ``separation``, ``calibrate`` — and takes the rows of either kind of store; anything else
+    is a directory (made if missing) that receives ``probes.csv`` and ``multilabel.csv``."""
+    path = Path(out)
+    if path.suffix.lower() == ".csv" and not path.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path, path
+    path.mkdir(parents=True, exist_ok=True)
+    return path / "probes.csv", path / "multilabel.csv"
 
 
 def _features(store, layer: str):
