@@ -189,3 +189,11 @@ def test_an_adapted_split_keeps_its_per_item_adaptation():
     adapted = AdaptedDataset(ds, Chain(ChannelRepeat(3)), "repeat")
     assert adapted[0][0].shape[0] == 3
     assert as_image_tensor(ds) is not None and as_image_tensor(adapted) is None
+
+
+def test_a_split_stacks_its_images_once():
+    from train.data import build_dataset
+
+    ds = build_dataset("synthetic", "test", image_size=8, n=16)
+    a, b = ds.image_tensor(), ds.image_tensor()
+    assert a[0] is b[0] and a[0].shape == (16, 3, 8, 8)

@@ -75,14 +75,20 @@ class SplitDataset(Dataset):
         """Every image of the split as one ``(N, C, H, W)`` tensor with the labels — exactly the values
         ``self[i]`` gives — when an image is a plain lookup in an in-memory base (no per-item
         transform: digits, synthetic) and all of them fit ``max_bytes``; else None.  Extraction then
-        slices batches from it without DataLoader workers (extract/memory.py)."""
+        slices batches from it without DataLoader workers (extract/memory.py).  Built once per dataset
+        object (extraction reuses a dataset across the checkpoints of one command: 18 networks, one
+        stack)."""
+        cached = self.__dict__.get("_image_tensor")
+        if cached is not None and cached[0].nbytes <= max_bytes:
+            return cached
         if self.transform is not None or not len(self) or not (
                 isinstance(self.base, torch.Tensor) or getattr(self.base, "in_memory", False)):
             return None
         first = self._loader(self.base, int(self.indices[0]))
         if not isinstance(first, torch.Tensor) or first.ndim != 3 or len(self) * first.nbytes > max_bytes:
             return None
-        return torch.stack([self._loader(self.base, int(i)) for i in self.indices]), self.targets
+        self._image_tensor = (torch.stack([self._loader(self.base, int(i)) for i in self.indices]), self.targets)
+        return self._image_tensor
 
 
 # -- digits ---------------------------------------------------------------------------------------
