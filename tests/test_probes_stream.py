@@ -101,3 +101,19 @@ def test_cli_out_of_core_refuses_nan_naming_the_store(tmp_path, capsys):
                  "--no-progress", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert f"store {s['train'].name}: layer 'pool' holds 1 NaN/Inf value(s) in 1 row(s) (first: row 137)" in err
+
+
+@pytest.mark.parametrize("kind", ["softmax", "sigmoid"])
+def test_calibration_streamed_matches_in_memory(kind):
+    from repsim.probes.calibration import calibration_report, calibration_report_rows
+
+    rng = np.random.default_rng(7)
+    y, yh = rng.integers(0, 5, 300), rng.integers(0, 5, 200)
+    z = 3.0 * (rng.normal(size=(300, 5)) + 1.5 * np.eye(5)[y])
+    zh = 3.0 * (rng.normal(size=(200, 5)) + 1.5 * np.eye(5)[yh])
+    ref = calibration_report(z, y, zh, yh, kind=kind)
+    got = calibration_report_rows(Rows.from_array(z, block_rows=23), y, Rows.from_array(zh, block_rows=23), yh,
+                                  kind=kind)
+    for key in ("nll", "ece", "temperature", "nll_ts", "ece_ts"):
+        assert got[key] == pytest.approx(ref[key], rel=1e-9, abs=1e-12), key
+    assert got["top1"] == np.mean(z.argmax(1) == y) and got["holdout_top1"] == np.mean(zh.argmax(1) == yh)

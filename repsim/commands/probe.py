@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from repsim._io import atomic_write
-from repsim.commands._args import non_negative
+from repsim.commands._args import DEFAULT_BUDGET_MIB, non_negative
 
 HELP = "transfer probes: linear / kNN (probes.csv), multi-label AUC (multilabel.csv), relearned heads"
 COLUMNS = ["store", "objective", "seed", "task", "probe", "metric", "accuracy", "best_param",
@@ -45,7 +45,6 @@ COLUMNS = ["store", "objective", "seed", "task", "probe", "metric", "accuracy", 
 ML_COLUMNS = ["store", "objective", "seed", "task", "split", "target", "auc", "best_lambda",
               "layer", "n", "train_split", "train_n", "positives", "spatial", "bins", "val_fraction",
               "n_lambdas", "estimator_seed"]
-DEFAULT_BUDGET_MIB = 512  # fixed, not sized to the machine: the route (and so the last digits) is the same everywhere
 RELEARN_PREFIXES = ("relearn", "source")  # task names the figures treat as relearning the source classes
 
 
