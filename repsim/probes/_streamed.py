@@ -70,10 +70,10 @@ class StreamedX:
 
     def matmul_left(self, R: Any) -> np.ndarray:
         """``R X̂`` (K, r) float64, for R (K, m)."""
-        G = np.zeros((R.shape[0], self.rows.p))
-        for pos, Xc in self._centred():
-            G += np.ascontiguousarray(R[:, pos]) @ Xc
-        return G if self.V is None else G @ self.V
+        Gt = np.zeros((self.rows.p, R.shape[0]))
+        for pos, Xc in self._centred():  # Xcᵀ Rᵀ: OpenBLAS is ~9x faster this way round than R Xc (K ≪ m)
+            Gt += Xc.T @ np.ascontiguousarray(R[:, pos]).T
+        return Gt.T if self.V is None else Gt.T @ self.V
 
     def abs_blocks(self):
         """Yield ``(positions, |X̂ block|)`` (the rounding bound of ``gradient_floor``: rotates the block)."""

@@ -132,7 +132,7 @@ QUERY_BYTES = 16 << 20  # similarity block (queries × training block, float32) 
 
 
 def knn_search_rows(queries: Rows, q_select: np.ndarray, train: Rows, t_select: np.ndarray, k: int, *,
-                    exclude_self: bool = False, query_bytes: int = QUERY_BYTES):
+                    exclude_self: bool = False, query_bytes: int | None = None):
     """Yield ``(q0, q1, idx (m, k), sim (m, k))`` for consecutive blocks of the queries ``q_select``:
     each query's k most cosine-similar rows among ``t_select`` of ``train`` (indices are positions in
     ``t_select``), in decreasing similarity, ties by increasing index. ``exclude_self``: queries and
@@ -145,7 +145,7 @@ def knn_search_rows(queries: Rows, q_select: np.ndarray, train: Rows, t_select: 
     if k > n - int(exclude_self):
         raise ValueError(f"k={k} needs at least {k + int(exclude_self)} training rows, have {n}")
     q_select = np.asarray(q_select, dtype=np.int64)
-    m = max(1, int(query_bytes) // (4 * max(1, train.block_rows)))
+    m = max(1, int(query_bytes or QUERY_BYTES) // (4 * max(1, train.block_rows)))
     for q0 in range(0, q_select.size, m):
         sel = q_select[q0:q0 + m]
         Q = np.empty((sel.size, queries.p), dtype=np.float64 if queries.dtype == np.float64 else np.float32)
@@ -172,7 +172,7 @@ def knn_search_rows(queries: Rows, q_select: np.ndarray, train: Rows, t_select: 
 
 def knn_probe_rows(train: Rows, y_train: Any, test: Rows, y_test: Any, ks: Sequence[int] = DEFAULT_KS,
                    metric: str = "top1", *, train_select: np.ndarray | None = None,
-                   test_select: np.ndarray | None = None, query_bytes: int = QUERY_BYTES) -> ProbeResult:
+                   test_select: np.ndarray | None = None, query_bytes: int | None = None) -> ProbeResult:
     """:func:`knn_probe` out of core (module doc): features are :class:`repsim.probes._rows.Rows`, rows
     ``train_select`` / ``test_select`` (default all; labels for those rows, in that order). The same
     neighbours as the in-memory search (but where ties straddle the k-th place: the in-memory
