@@ -433,7 +433,7 @@ def _plan(net, x0, registry, chosen, hooked, spatial, tokens, layout, dtype, dev
     if chunk_rows is not None and chunk_rows < 1:
         raise ExtractError(f"extract: --chunk-rows must be >= 1, got {chunk_rows}")
     if chunk_rows is None:
-        # the store's rule (>= 1 MiB for the smallest layer chunk, <= 128 MiB for the widest),
+        # the store's rule (the widest layer's chunk ~8 MiB, never sized by n),
         # rounded to whole batches so that every batch of a chunk is full but the last chunk's;
         chunk_rows = store_chunk_rows(layer_bytes, n)
         # ... and at least MIN_CHUNKS chunks when the data allows, so that writing overlaps computing

@@ -102,12 +102,13 @@ def _logit_stores(tmp_path, objective, seed, sha="abc"):
         y = rng.integers(0, 4, n)
         z = 4.0 * (rng.normal(size=(n, 4)) + 1.5 * np.eye(4)[y])   # overconfident
         out[split] = save_store(tmp_path / f"{objective}-s{seed}-{split}.zarr", {"pool": np.zeros((n, 2), np.float32)}, y,
-                                logits=z, meta={"model": {"objective": objective, "seed": seed, "checkpoint_sha256": sha},
+                                logits=z, chunk_rows=32, meta={"model": {"objective": objective, "seed": seed, "checkpoint_sha256": sha},
                                                 "dataset": {"name": "toy", "split": split}})
     return out
 
 
-def test_calibrate_command_matches_definitions(tmp_path, capsys):
+@pytest.mark.parametrize("budget", ["512", "0"])  # 0: logits streamed chunk by chunk (issue 31)
+def test_calibrate_command_matches_definitions(tmp_path, capsys, budget):
     import csv
 
     from repsim.commands.main import main
@@ -115,7 +116,7 @@ def test_calibrate_command_matches_definitions(tmp_path, capsys):
     nets = [_logit_stores(tmp_path, o, s, sha=f"{o}{s}") for o in ("softmax", "sigmoid") for s in (0, 1)]
     out = tmp_path / "res" / "calibration.csv"
     assert main(["calibrate", "--test", *(n["test"].path for n in nets), "--holdout",
-                 *(n["holdout"].path for n in nets), "--out", str(out)]) == 0
+                 *(n["holdout"].path for n in nets), "--memory-budget", budget, "--out", str(out)]) == 0
     rows = list(csv.DictReader(open(out)))
     assert [r["kind"] for r in rows] == ["softmax", "softmax", "sigmoid", "sigmoid"]  # auto: by the objective
     for r, net in zip(rows, nets):

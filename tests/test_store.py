@@ -155,20 +155,22 @@ def test_dtypes_and_default_ids(tmp_path):
         save_store(tmp_path / "c.zarr", {"f": np.ones((5, 2), int)}, np.zeros(5, int))
 
 
-def test_default_chunks_at_least_one_megabyte(tmp_path):
-    # 2-D float32 layer of 96 features: 384 B/row -> ceil(1 MiB / 384) = 2731 rows per chunk
+def test_default_chunks_sized_by_the_widest_layer(tmp_path):
+    # widest layer 2,048 float16 = 4 KiB/row -> 8 MiB / 4 KiB = 2,048 rows, whatever the narrow
+    # layers (10-wide logits-like) and n (issue 31: the rule before followed the narrowest layer)
     n = 6000
     x = da.random.default_rng(0).random((n, 96), chunks=(1000, 96), dtype=np.float32)
-    s = save_store(tmp_path / "a.zarr", {"f": x, "g": np.ones((n, 200), np.float16)}, np.zeros(n, int))
-    assert s.chunk_rows == 2731
-    assert s.chunk_rows * 96 * 4 >= 2**20 and s.chunk_rows * 200 * 2 >= 2**20
-    assert s.zarr_array("f").chunks == (2731, 96)
+    s = save_store(tmp_path / "a.zarr", {"f": x, "g": np.ones((n, 2048), np.float16),
+                                         "h": np.ones((n, 10), np.float32)}, np.zeros(n, int))
+    assert s.chunk_rows == 2048
+    assert s.zarr_array("f").chunks == (2048, 96)
     np.testing.assert_array_equal(s.layer("f").compute(), x.compute())
-    # the rule: smallest layer chunk >= 1 MiB, widest <= 128 MiB, 1 <= rows <= n
-    assert default_chunk_rows([4096], 10**6) == 256
-    assert default_chunk_rows([4096, 256 * 56 * 56 * 2], 10**6) == (128 << 20) // (256 * 56 * 56 * 2)
+    # the rule: floor(8 MiB / widest row), 1 <= rows <= min(65,536, n), the same at every n
+    assert default_chunk_rows([40, 4096], 20_000) == default_chunk_rows([40, 4096], 80_000) == 2048
+    assert default_chunk_rows([4096, 256 * 56 * 56 * 2], 10**6) == (8 << 20) // (256 * 56 * 56 * 2)
     assert default_chunk_rows([10**9], 10) == 1
     assert default_chunk_rows([4], 100) == 100
+    assert default_chunk_rows([4], 10**7) == 65536
 
 
 def test_dimension_names_and_xarray(tmp_path):

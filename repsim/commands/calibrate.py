@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from repsim.commands._args import DEFAULT_BUDGET_MIB, non_negative
+
 HELP = "NLL and ECE before/after temperature scaling from stores' logits (calibration.csv, Table C.3)"
 
 
@@ -41,6 +43,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--same-examples", action="store_true",
                         help="allow a holdout store that shares examples with its test store (on purpose; a "
                              "warning says so)")
+    parser.add_argument("--memory-budget", type=non_negative, default=DEFAULT_BUDGET_MIB, metavar="MIB",
+                        help="load the logits when their float64 working set (test + holdout rows x classes x 32 "
+                             "bytes) fits in MIB, else stream them chunk by chunk (the same numbers up to "
+                             f"summation order, peak memory flat in n); default {DEFAULT_BUDGET_MIB}, 0: always stream")
     parser.add_argument("--out", default="calibration.csv", help="CSV to write (default calibration.csv)")
 
 
@@ -53,7 +59,8 @@ def run(args) -> int:
     import numpy as np
 
     from repsim.engine.drivers import write_csv
-    from repsim.probes.calibration import calibration_report
+    from repsim.probes._rows import Rows
+    from repsim.probes.calibration import calibration_report, calibration_report_rows
     from repsim.store.finite import require_finite
     from repsim.store.pairing import check_pair
     from repsim.store.reader import open_store
@@ -75,16 +82,26 @@ def run(args) -> int:
         objective = (te.model or {}).get("objective", "")
         kind = kind_for(objective) if args.kind == "auto" else args.kind
         # each store's values are checked on their own, so an error names the store that holds them
-        z, y = require_finite(te.logits.compute(), te, "logits"), np.asarray(te.labels)
-        zh, yh = require_finite(ho.logits.compute(), ho, "logits"), np.asarray(ho.labels)
+        y, yh = np.asarray(te.labels), np.asarray(ho.labels)
+        k = int(te.zarr_array("/logits").shape[1])
+        in_memory = (te.n + ho.n) * k * 32 <= args.memory_budget * 2**20
         try:
-            rep = calibration_report(z, y, zh, yh, kind=kind, bins=args.bins)
+            if in_memory:
+                z = require_finite(te.logits.compute(), te, "logits")
+                zh = require_finite(ho.logits.compute(), ho, "logits")
+                rep = {**calibration_report(z, y, zh, yh, kind=kind, bins=args.bins),
+                       "top1": float(np.mean(z.argmax(1) == y)), "holdout_top1": float(np.mean(zh.argmax(1) == yh))}
+            else:
+                rep = calibration_report_rows(Rows.from_store(te, "/logits"), y, Rows.from_store(ho, "/logits"),
+                                              yh, kind=kind, bins=args.bins)
         except ValueError as e:
+            if str(e).startswith("store "):      # a finiteness refusal already names its store
+                raise
             raise ValueError(f"test store {te.name} / holdout store {ho.name}: {e}") from e
         seed = (te.model or {}).get("seed", "")
         rows.append({"store": te.name, "objective": objective or "", "seed": "" if seed is None else seed,
-                     "kind": kind, "top1": float(np.mean(z.argmax(1) == y)), **rep,
-                     "holdout_top1": float(np.mean(zh.argmax(1) == yh)),
+                     "kind": kind, "top1": rep.pop("top1"), **rep,
+                     "holdout_top1": rep["holdout_top1"],
                      "dataset": (te.dataset or {}).get("name", ""), "split": (te.dataset or {}).get("split", ""),
                      "n": te.n, "holdout_store": ho.name, "holdout_split": (ho.dataset or {}).get("split", ""),
                      "holdout_n": ho.n, "bins": args.bins})

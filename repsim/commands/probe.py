@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from repsim._io import atomic_write
-from repsim.commands._args import non_negative
+from repsim.commands._args import DEFAULT_BUDGET_MIB, non_negative
 
 HELP = "transfer probes: linear / kNN (probes.csv), multi-label AUC (multilabel.csv), relearned heads"
 COLUMNS = ["store", "objective", "seed", "task", "probe", "metric", "accuracy", "best_param",
@@ -78,6 +78,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--same-examples", action="store_true",
                         help="allow a test store that shares examples with its training store (a training-set "
                              "score, on purpose; a warning says so)")
+    parser.add_argument("--memory-budget", type=non_negative, default=DEFAULT_BUDGET_MIB, metavar="MIB",
+                        help="single-label stores: probe in memory when the layer's working set (train + test "
+                             "rows x width x 16 bytes) fits in MIB, else out of core from the stores' chunks "
+                             "(the same numbers to the solver's tolerance, peak memory flat in n); default "
+                             f"{DEFAULT_BUDGET_MIB}, 0: always out of core")
     parser.add_argument("--seed", type=non_negative, default=0)
     parser.add_argument("--out", default=".", metavar="FILE.csv|DIR",
                         help="the results CSV (FILE.csv; per-store details go to FILE.json beside it), as for the "
@@ -118,15 +123,23 @@ def run(args) -> int:
         te = tr if args.relearn else open_store(te_path)
         if not args.relearn:  # one network, different examples (repsim.store.pairing)
             check_pair(tr, te, ("train", "test"), same_examples=args.same_examples)
-        Xtr = _features(tr, args.layer)
-        Xte = Xtr if args.relearn else _features(te, args.layer)
         if tr.multilabel != te.multilabel:
             raise ValueError(f"stores {tr.name} and {te.name}: one holds multi-label targets, the other not")
         if args.relearn and tr.multilabel:
             raise ValueError(f"store {tr.name} holds multi-label targets; --relearn needs one class per example")
         if args.relearn and not tr.has_logits and tr.head is None:
             raise ValueError(f"store {tr.name} has neither logits nor a head: the original classifier is unknown")
-        common = _common(args, tr, te, Xtr, Xte, lambdas)
+        common = _common(args, tr, te, lambdas)
+        # multi-label stores are probed in memory (one binary probe per target; not streamed yet)
+        streamed = not tr.multilabel and not _fits(args, tr, None if args.relearn else te)
+        if streamed:
+            from repsim.probes._rows import Rows
+
+            Xtr = Rows.from_store(tr, f"layers/{args.layer}")
+            Xte = Xtr if args.relearn else Rows.from_store(te, f"layers/{args.layer}")
+        else:
+            Xtr = _features(tr, args.layer)
+            Xte = Xtr if args.relearn else _features(te, args.layer)
         if args.relearn:
             r, d = _relearn(args, tr, Xtr, lambdas, common, task)
         elif tr.multilabel:
@@ -168,28 +181,44 @@ def _features(store, layer: str):
     return require_finite(store.layer(layer).compute(), store, f"layer {layer!r}")
 
 
-def _common(args, tr, te, Xtr, Xte, lambdas) -> dict[str, Any]:
+def _fits(args, tr, te) -> bool:
+    """Does the in-memory probe of ``args.layer`` fit ``--memory-budget`` (``repsim.probes._rows.nbytes_in_memory``
+    of the training and test rows)?"""
+    import numpy as np
+
+    from repsim.probes._rows import nbytes_in_memory
+
+    tr._check_layer(args.layer)
+    p = int(np.prod(tr.zarr_array(f"layers/{args.layer}").shape[1:], dtype=np.int64))
+    return nbytes_in_memory(tr.n + (te.n if te is not None else 0), p) <= args.memory_budget * 2**20
+
+
+def _common(args, tr, te, lambdas) -> dict[str, Any]:
     """Estimator metadata carried by every row (docs/architecture.md "Results files")."""
     objective, seed = _meta(tr)
     return {"store": tr.name, "objective": objective, "seed": seed, "layer": args.layer,
-            "split": (te.dataset or {}).get("split", ""), "n": int(Xte.shape[0]),
-            "train_split": (tr.dataset or {}).get("split", ""), "train_n": int(Xtr.shape[0]),
+            "split": (te.dataset or {}).get("split", ""), "n": int(te.n),
+            "train_split": (tr.dataset or {}).get("split", ""), "train_n": int(tr.n),
             "spatial": (tr.attrs.get("extraction") or {}).get("spatial", ""),
             "val_fraction": args.val_fraction, "n_lambdas": len(lambdas), "estimator_seed": args.seed}
 
 
 def _single(args, tr, te, Xtr, Xte, lambdas, common) -> tuple[list[dict], list[dict]]:
-    from repsim.probes.knn import knn_probe
-    from repsim.probes.linear import linear_probe
+    from repsim.probes._rows import Rows
+    from repsim.probes.knn import knn_probe, knn_probe_rows
+    from repsim.probes.linear import linear_probe, linear_probe_rows
 
     task = args.task or (te.dataset or {}).get("name") or te.name
+    streamed = isinstance(Xtr, Rows)
     rows, details = [], []
     for kind in args.probe:
         if kind == "linear":
-            r = linear_probe(Xtr, tr.labels, Xte, te.labels, lambdas=lambdas, val_fraction=args.val_fraction,
-                             metric=args.metric, seed=args.seed, progress=not args.no_progress)
+            r = (linear_probe_rows if streamed else linear_probe)(
+                Xtr, tr.labels, Xte, te.labels, lambdas=lambdas, val_fraction=args.val_fraction,
+                metric=args.metric, seed=args.seed, progress=not args.no_progress)
         else:
-            r = knn_probe(Xtr, tr.labels, Xte, te.labels, ks=args.ks, metric=args.metric)
+            r = (knn_probe_rows if streamed else knn_probe)(Xtr, tr.labels, Xte, te.labels, ks=args.ks,
+                                                             metric=args.metric)
         row = {**common, "task": task, "probe": kind, "metric": args.metric, "accuracy": r.accuracy,
                "best_param": r.best_param, "protocol": "train/test stores"}
         if kind == "knn":
@@ -206,16 +235,20 @@ def _relearn(args, store, X, lambdas, common, task) -> tuple[list[dict], list[di
     """Fig. 6: relearned head and original head on the same ``per_class`` held-out examples per class."""
     import numpy as np
 
-    from repsim.probes.transfer import relearn_head
-
+    from repsim.probes._rows import Rows
+    from repsim.probes.transfer import relearn_head, relearn_head_rows
     from repsim.store.finite import require_finite
 
-    logits = require_finite(store.logits.compute(), store, "logits") if store.has_logits else None
-    r = relearn_head(X, store.labels, logits=logits, head=None if logits is not None else store.head,
-                     per_class=args.per_class, seed=args.seed, lambdas=lambdas, val_fraction=args.val_fraction,
-                     metric=args.metric, progress=not args.no_progress)
+    kw = dict(head=None if store.has_logits else store.head, per_class=args.per_class, seed=args.seed,
+              lambdas=lambdas, val_fraction=args.val_fraction, metric=args.metric, progress=not args.no_progress)
+    if isinstance(X, Rows):
+        r = relearn_head_rows(X, store.labels, logits=Rows.from_store(store, "/logits") if store.has_logits
+                              else None, **kw)
+    else:
+        logits = require_finite(store.logits.compute(), store, "logits") if store.has_logits else None
+        r = relearn_head(X, store.labels, logits=logits, **kw)
     n_test = int(r.test_index.size)
-    base = {**common, "task": task, "metric": args.metric, "n": n_test, "train_n": int(X.shape[0]) - n_test,
+    base = {**common, "task": task, "metric": args.metric, "n": n_test, "train_n": int(store.n) - n_test,
             "train_split": common["split"],
             "protocol": f"heldout {args.per_class} per class of the store; probe fit on the rest (Fig. 6)"}
     rows = [{**base, "probe": "linear", "accuracy": r.relearned_accuracy, "best_param": r.best_lambda},

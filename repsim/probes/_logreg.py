@@ -132,6 +132,10 @@ def rotate(X: Any, *, xp: Any = None, overwrite: bool = False) -> RotatedProblem
         Xc = X
     else:
         Xc = X - mu
+    if p > n and n * n * 8 > GRAM_BYTES:
+        raise ValueError(f"features of {n} rows x {p} columns (wider than n): the rotation's {n} x {n} Gram "
+                         f"would take {n * n * 8 / 2**30:.1f} GiB; the linear probe solves this size without "
+                         "one (repsim.probes._streamed)")
     if p <= n:
         G = to_numpy(xp.astype(xp.matmul(xp.permute_dims(Xc, (1, 0)), Xc), xp.float64))
         s, V = np.linalg.eigh((G + G.T) / 2)
@@ -153,6 +157,7 @@ def rotate(X: Any, *, xp: Any = None, overwrite: bool = False) -> RotatedProblem
     return RotatedProblem(Xh=Xh, V=V, mean=mean, s=s_diag, xp=xp, dtype=dt)
 
 
+GRAM_BYTES = 128 << 20   # largest N × N Gram (layers wider than n) a probe builds: n <= 4,096
 RUN_TOL_FACTOR = 0.5
 HISTORY = 20            # L-BFGS memory (pairs)
 C1, C2 = 1e-4, 0.1      # line search: sufficient decrease, |φ'(α)| <= C2·|φ'(0)|
@@ -250,12 +255,16 @@ class LogisticObjective:
     def logits(self, X: Any, Wd: np.ndarray, b: np.ndarray) -> Any:
         """(m, K) logits of the rows of X (rotated features) for rotated weights Wd and bias b."""
         xp, dt = self.xp, self.dt
+        if _streamed(X):
+            return X.t_matmul(np.ascontiguousarray(Wd.T)).T + xp.asarray(b, dtype=dt)
         return xp.matmul(X, xp.asarray(Wd, dtype=dt)) + xp.asarray(b, dtype=dt)
 
     def _logits_t(self, Wd: np.ndarray, b: np.ndarray) -> Any:
         """(K, n) logits ``Wdᵀ Xᵀ + b``: one product."""
         xp, dt = self.xp, self.dt
         self.n_products += 1
+        if _streamed(self.X):
+            return self.X.t_matmul(np.ascontiguousarray(Wd.T)) + xp.asarray(b[:, None], dtype=dt)
         Zt = xp.matmul(xp.asarray(np.ascontiguousarray(Wd.T), dtype=dt), xp.permute_dims(self.X, (1, 0)))
         return Zt + xp.asarray(b[:, None], dtype=dt)
 
@@ -337,7 +346,8 @@ class LogisticObjective:
         self.n_evals += 1
         self.n_products += 1
         R = self._residual(pt)
-        gW = to_numpy(xp.astype(xp.matmul(R, self.X), xp.float64)).T          # (r, K)
+        gW = (self.X.matmul_left(R) if _streamed(self.X)
+              else to_numpy(xp.astype(xp.matmul(R, self.X), xp.float64))).T     # (r, K)
         gb = to_numpy(xp.astype(xp.sum(R, axis=1), xp.float64))
         Wd, _ = self.unpack(theta)
         f = (pt.data + float(np.sum(self.lam[None, :] * Wd * Wd))) / self.n
@@ -367,17 +377,31 @@ class LogisticObjective:
 
         Wd, b = self.unpack(theta)
         R = self._residual(self._point(self._state_at(theta)))                      # (K, n)
-        absX = xp.abs(self.X)
-        A = xp.matmul(xp.asarray(np.abs(Wd.T), dtype=self.dt), xp.permute_dims(absX, (1, 0)))
-        A = xp.astype(A, xp.float64) + xp.asarray(np.abs(b)[:, None])               # (K, n)
+        if _streamed(self.X):                     # the same bound, block by block
+            absWt = np.abs(Wd.T).astype(self.dt)
+            A = np.empty((self.K, self.n))
+            for pos, absXb in self.X.abs_blocks():
+                A[:, pos] = absWt @ absXb.T
+            A += np.abs(b)[:, None]
+        else:
+            absX = xp.abs(self.X)
+            A = xp.matmul(xp.asarray(np.abs(Wd.T), dtype=self.dt), xp.permute_dims(absX, (1, 0)))
+            A = xp.astype(A, xp.float64) + xp.asarray(np.abs(b)[:, None])           # (K, n)
         aR = xp.abs(xp.astype(R, xp.float64))
         if self.loss == "softmax":
             delta = 2 * gamma(self.r + 2) * xp.max(A, axis=0, keepdims=True)
             dR = (2 * delta + (self.K + 8) * u) * aR
         else:
             dR = (gamma(self.r + 1) * A + 8 * u) * aR
-        X64 = xp.astype(absX, xp.float64)
-        fW = to_numpy(gamma(self.n) * xp.matmul(aR, X64) + xp.matmul(dR, X64)).T            # (r, K)
+        if _streamed(self.X):
+            M = gamma(self.n) * aR + dR
+            fW = np.zeros((self.K, self.r))
+            for pos, absXb in self.X.abs_blocks():
+                fW += np.ascontiguousarray(M[:, pos]) @ absXb.astype(np.float64)
+            fW = fW.T
+        else:
+            X64 = xp.astype(absX, xp.float64)
+            fW = to_numpy(gamma(self.n) * xp.matmul(aR, X64) + xp.matmul(dR, X64)).T        # (r, K)
         fb = to_numpy(gamma(self.n) * xp.sum(aR, axis=1) + xp.sum(dR, axis=1))
         fW = (fW + u * np.abs(2.0 * self.lam[None, :] * Wd)) * self.d / self.n
         return np.concatenate([fW.ravel(), fb * self.cb / self.n])
@@ -616,6 +640,11 @@ class LogisticObjective:
                              run_tol=RUN_TOL_FACTOR * tol if run_tol is None else run_tol)
             prev, sol, prev_lam, lam_k = sol, new, lam_k, lam
             yield lam, sol
+
+
+def _streamed(X: Any) -> bool:
+    """Are the features a :class:`repsim.probes._streamed.StreamedX` (read in blocks) rather than an array?"""
+    return hasattr(X, "t_matmul")
 
 
 def _two_loop(g: np.ndarray, S: list, Y: list) -> np.ndarray:

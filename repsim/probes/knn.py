@@ -1,7 +1,10 @@
 """The kNN probe (Table 1): cosine-similarity k-nearest neighbours on fixed features.
 
 k is chosen by leave-one-out accuracy on the training set; top-k is computed chunk by chunk (never an
-N×N matrix). Ties: the smallest best k; vote ties go to the class of the nearest neighbour among the
+N×N matrix). :func:`knn_probe_rows` is the same probe out of core: the exact search streams the
+training rows (a store's chunks) against one block of queries at a time and keeps a running top-k
+per query (merged by similarity, then index), so memory is O(query block × (P + train block + k)),
+never the (n, P) features nor an (n, k) neighbour table. Ties: the smallest best k; vote ties go to the class of the nearest neighbour among the
 tied classes; neighbours are ordered by decreasing similarity, then increasing training index.
 """
 from __future__ import annotations
@@ -13,6 +16,7 @@ import numpy as np
 
 from repsim._xp import array_namespace, to_numpy
 from repsim.probes._common import METRICS, ProbeResult, _check_xy, accuracy
+from repsim.probes._rows import Rows
 
 
 DEFAULT_KS = (1, 3, 5, 10, 20, 50, 100)
@@ -83,23 +87,22 @@ def knn_vote(neighbour_labels: np.ndarray, ks: Sequence[int], n_classes: int) ->
 
 def knn_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
               ks: Sequence[int] = DEFAULT_KS, metric: str = "top1", *,
-              chunk_bytes: int = 128 * 2**20) -> ProbeResult:
+              chunk_bytes: int = 128 * 2**20, streamed: bool = False) -> ProbeResult:
     """Cosine kNN probe (Table 1): k from ``ks`` by leave-one-out ``metric`` on the training set
     (each training example classified by its k nearest *other* training examples), then the test set
-    classified with that k against the whole training set. ``curve`` = {k: LOO metric}."""
+    classified with that k against the whole training set. ``curve`` = {k: LOO metric}.
+    ``streamed=True``: the out-of-core search of :func:`knn_probe_rows` over the arrays' row blocks."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     X_train, y_train = _check_xy(X_train, y_train, "X_train")
     X_test, y_test = _check_xy(X_test, y_test, "X_test")
     if X_test.shape[1] != X_train.shape[1]:
         raise ValueError(f"X_train has {X_train.shape[1]} features but X_test has {X_test.shape[1]}")
+    if streamed:
+        return knn_probe_rows(Rows.from_array(to_numpy(X_train)), y_train, Rows.from_array(to_numpy(X_test)),
+                              y_test, ks=ks, metric=metric)
     n = X_train.shape[0]
-    ks = sorted({int(k) for k in ks})
-    if not ks or ks[0] < 1:
-        raise ValueError(f"ks must be positive integers, got {ks}")
-    usable = [k for k in ks if k <= n - 1]
-    if not usable:
-        raise ValueError(f"no k in {ks} is below the number of training examples ({n})")
+    usable, ks = _usable_ks(ks, n)
     classes, y_idx = np.unique(y_train, return_inverse=True)
     t0 = time.perf_counter()
     nb, _ = knn_neighbours(X_train, X_train, usable[-1], exclude_self=True, chunk_bytes=chunk_bytes)
@@ -112,3 +115,93 @@ def knn_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
                        best_param=int(best), curve=curve, predictions=pred, classes=classes,
                        info={"seconds": time.perf_counter() - t0, "skipped_ks": [k for k in ks
                                                                                  if k not in usable]})
+
+
+def _usable_ks(ks: Sequence[int], n: int) -> tuple[list[int], list[int]]:
+    """(the ks below n, all ks sorted); refuses an empty or non-positive grid."""
+    ks = sorted({int(k) for k in ks})
+    if not ks or ks[0] < 1:
+        raise ValueError(f"ks must be positive integers, got {ks}")
+    usable = [k for k in ks if k <= n - 1]
+    if not usable:
+        raise ValueError(f"no k in {ks} is below the number of training examples ({n})")
+    return usable, ks
+
+
+QUERY_BYTES = 16 << 20  # similarity block (queries × training block, float32) of the out-of-core search
+
+
+def knn_search_rows(queries: Rows, q_select: np.ndarray, train: Rows, t_select: np.ndarray, k: int, *,
+                    exclude_self: bool = False, query_bytes: int | None = None):
+    """Yield ``(q0, q1, idx (m, k), sim (m, k))`` for consecutive blocks of the queries ``q_select``:
+    each query's k most cosine-similar rows among ``t_select`` of ``train`` (indices are positions in
+    ``t_select``), in decreasing similarity, ties by increasing index. ``exclude_self``: queries and
+    training rows are the same selection and position i never counts itself (leave-one-out).
+
+    Per query block of m rows (m·(training block rows)·4 bytes ≈ ``query_bytes``): one pass over
+    the training blocks, each giving S = Q̂ X̂ᵀ (rows normalised), its top-k by ``argpartition``,
+    merged with the running top-k by the (−similarity, index) order."""
+    n = int(np.asarray(t_select).size)
+    if k > n - int(exclude_self):
+        raise ValueError(f"k={k} needs at least {k + int(exclude_self)} training rows, have {n}")
+    q_select = np.asarray(q_select, dtype=np.int64)
+    m = max(1, int(query_bytes or QUERY_BYTES) // (4 * max(1, train.block_rows)))
+    for q0 in range(0, q_select.size, m):
+        sel = q_select[q0:q0 + m]
+        Q = np.empty((sel.size, queries.p), dtype=np.float64 if queries.dtype == np.float64 else np.float32)
+        for pos, X in queries.blocks(sel):
+            Q[pos] = X
+        Qn = _normalise_rows(Q, np)
+        del Q
+        best_i = np.zeros((sel.size, 0), dtype=np.int64)
+        best_s = np.zeros((sel.size, 0), dtype=np.float64)
+        for pos, X in train.blocks(t_select):
+            cols = np.arange(n)[pos]
+            S = Qn @ _normalise_rows(X, np).T
+            if exclude_self:
+                S[np.arange(q0, q0 + sel.size)[:, None] == cols[None, :]] = -np.inf
+            kk = min(k, S.shape[1])
+            part = np.argpartition(-S, kk - 1, axis=1)[:, :kk] if kk < S.shape[1] else \
+                np.broadcast_to(np.arange(S.shape[1]), S.shape)
+            cand_s = np.concatenate([best_s, np.take_along_axis(S, part, axis=1).astype(np.float64)], axis=1)
+            cand_i = np.concatenate([best_i, cols[part]], axis=1)
+            o = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]
+            best_i, best_s = np.take_along_axis(cand_i, o, axis=1), np.take_along_axis(cand_s, o, axis=1)
+        yield q0, q0 + sel.size, best_i, best_s
+
+
+def knn_probe_rows(train: Rows, y_train: Any, test: Rows, y_test: Any, ks: Sequence[int] = DEFAULT_KS,
+                   metric: str = "top1", *, train_select: np.ndarray | None = None,
+                   test_select: np.ndarray | None = None, query_bytes: int | None = None) -> ProbeResult:
+    """:func:`knn_probe` out of core (module doc): features are :class:`repsim.probes._rows.Rows`, rows
+    ``train_select`` / ``test_select`` (default all; labels for those rows, in that order). The same
+    neighbours as the in-memory search (but where ties straddle the k-th place: the in-memory
+    ``argpartition`` picks any of them, this search keeps the smallest indices when they meet in one
+    merge), so the same k and accuracy."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if train.p != test.p:
+        raise ValueError(f"X_train has {train.p} features but X_test has {test.p}")
+    tr_sel = np.arange(train.n) if train_select is None else np.asarray(train_select, dtype=np.int64)
+    te_sel = np.arange(test.n) if test_select is None else np.asarray(test_select, dtype=np.int64)
+    y_train, y_test = np.asarray(to_numpy(y_train)), np.asarray(to_numpy(y_test))
+    usable, ks = _usable_ks(ks, tr_sel.size)
+    classes, y_idx = np.unique(y_train, return_inverse=True)
+    t0 = time.perf_counter()
+    loo = np.empty((len(usable), tr_sel.size), dtype=np.int64)
+    for q0, q1, nb, _ in knn_search_rows(train, tr_sel, train, tr_sel, usable[-1], exclude_self=True,
+                                         query_bytes=query_bytes):
+        votes = knn_vote(y_idx[nb], usable, classes.size)
+        for j, k in enumerate(usable):
+            loo[j, q0:q1] = votes[k]
+    curve = {k: accuracy(y_idx, loo[j], metric) for j, k in enumerate(usable)}
+    del loo
+    best = max(usable, key=lambda k: (curve[k], -k))
+    pred = np.empty(te_sel.size, dtype=np.int64)
+    for q0, q1, nb, _ in knn_search_rows(test, te_sel, train, tr_sel, best, query_bytes=query_bytes):
+        pred[q0:q1] = knn_vote(y_idx[nb], [best], classes.size)[best]
+    pred = classes[pred]
+    return ProbeResult(probe="knn", metric=metric, accuracy=accuracy(y_test, pred, metric),
+                       best_param=int(best), curve=curve, predictions=pred, classes=classes,
+                       info={"seconds": time.perf_counter() - t0, "streamed": True,
+                             "skipped_ks": [k for k in ks if k not in usable]})

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim._xp import array_namespace, to_numpy
+from repsim.probes._rows import Rows
 from repsim.probes._common import (METRICS, ProbeResult, _as_2d, _check_xy, _progress_fn, _take_rows, accuracy,
                                    stratified_split)
 
@@ -27,8 +28,11 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
                  metric: str = "top1", seed: int = 0, *, direction: str = "down",
                  warm_start: bool = True, extrapolate: bool = True, tol: float = 1e-3,
                  refit_tol: float = 1e-4,
-                 max_iter: int = 1000, progress: bool = False) -> ProbeResult:
+                 max_iter: int = 1000, progress: bool = False, streamed: bool = False) -> ProbeResult:
     """The paper's linear probe (App. A.2); see the module docstring.
+
+    ``streamed=True`` takes the out-of-core route (:func:`linear_probe_rows`) over the arrays' row
+    blocks; a layer wider than n whose N × N Gram would exceed ``_logreg.GRAM_BYTES`` always does.
 
     ``direction``: order in which the λ grid is swept with warm starts. Every λ's problem is strictly
     convex, so the chosen λ and the curve do not depend on it (up to ``tol``); only the time does.
@@ -50,18 +54,92 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
     """
     from repsim.probes import _logreg
 
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-    if direction not in ("up", "down"):
-        raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
+    _check_params(metric, direction, lambdas)
     X_train, y_train = _check_xy(X_train, y_train, "X_train")
     X_test, y_test = _check_xy(X_test, y_test, "X_test")
     if X_test.shape[1] != X_train.shape[1]:
         raise ValueError(f"X_train has {X_train.shape[1]} features but X_test has {X_test.shape[1]}")
+    xp = array_namespace(X_train)
+    wide = X_train.shape[1] > X_train.shape[0] and X_train.shape[0] ** 2 * 8 > _logreg.GRAM_BYTES
+    if streamed or wide:  # the out-of-core route over the arrays' row blocks (no N × N Gram)
+        if xp is not np:
+            raise ValueError(f"the out-of-core linear probe runs on NumPy arrays (layer {X_train.shape[0]} x "
+                             f"{X_train.shape[1]}, wider than n, on {xp.__name__})")
+        return linear_probe_rows(Rows.from_array(X_train), y_train, Rows.from_array(X_test), y_test,
+                                 lambdas=lambdas, val_fraction=val_fraction, metric=metric, seed=seed,
+                                 direction=direction, warm_start=warm_start, extrapolate=extrapolate, tol=tol,
+                                 refit_tol=refit_tol, max_iter=max_iter, progress=progress)
+
+    def prepare(order: np.ndarray):
+        return _logreg.rotate(_take_rows(X_train, order, xp), xp=xp, overwrite=True)
+
+    def predict(W: np.ndarray, b: np.ndarray, dt: Any) -> np.ndarray:
+        Zt = xp.matmul(X_test if X_test.dtype == dt else xp.astype(X_test, dt), xp.asarray(W, dtype=dt))
+        Zt = Zt + xp.asarray(b, dtype=dt)
+        return np.asarray(to_numpy(xp.argmax(Zt, axis=1)))
+
+    return _fit(prepare, predict, y_train, y_test, lambdas, val_fraction, metric, seed, direction=direction,
+                warm_start=warm_start, extrapolate=extrapolate, tol=tol, refit_tol=refit_tol,
+                max_iter=max_iter, progress=progress)
+
+
+def linear_probe_rows(train: Rows, y_train: Any, test: Rows, y_test: Any,
+                      lambdas: Sequence[float] = DEFAULT_LAMBDAS, val_fraction: float = 0.2,
+                      metric: str = "top1", seed: int = 0, *, train_select: np.ndarray | None = None,
+                      test_select: np.ndarray | None = None, **kw) -> ProbeResult:
+    """:func:`linear_probe` out of core: the features are :class:`repsim.probes._rows.Rows` (a store's
+    layer chunk by chunk, or an array's row blocks), rows ``train_select`` / ``test_select`` of them
+    (default all; labels given for those rows, in that order). Every solver product is a pass over the
+    blocks (``repsim.probes._streamed``): memory O(P² + P·K + n·K) floats plus one block, never the
+    (n, P) features. Same protocol, same optimum; the numbers agree with the in-memory route to the
+    solver's tolerance (other summation order)."""
+    from repsim.probes import _logreg
+    from repsim.probes._streamed import streamed_problem
+
+    _check_params(metric, kw.get("direction", "down"), lambdas)
+    if train.p != test.p:
+        raise ValueError(f"X_train has {train.p} features but X_test has {test.p}")
+    tr_sel = np.arange(train.n) if train_select is None else np.asarray(train_select, dtype=np.int64)
+    te_sel = np.arange(test.n) if test_select is None else np.asarray(test_select, dtype=np.int64)
+    y_train, y_test = np.asarray(to_numpy(y_train)), np.asarray(to_numpy(y_test))
+    if y_train.shape != (tr_sel.size,) or y_test.shape != (te_sel.size,):
+        raise ValueError(f"labels {y_train.shape} / {y_test.shape} do not match the {tr_sel.size} training "
+                         f"and {te_sel.size} test rows")
+
+    def prepare(order: np.ndarray):
+        return streamed_problem(train, tr_sel[order])
+
+    def predict(W: np.ndarray, b: np.ndarray, dt: Any) -> np.ndarray:
+        Wt, bt = np.asarray(W, dtype=dt), np.asarray(b, dtype=dt)
+        pred = np.empty(te_sel.size, dtype=np.int64)
+        for pos, X in test.blocks(te_sel):
+            pred[pos] = np.argmax((X if X.dtype == dt else X.astype(dt)) @ Wt + bt, axis=1)
+        return pred
+
+    return _fit(prepare, predict, y_train, y_test, lambdas, val_fraction, metric, seed, **kw)
+
+
+def _check_params(metric: str, direction: str, lambdas: Any) -> np.ndarray:
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if direction not in ("up", "down"):
+        raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
     lambdas = np.asarray(lambdas, dtype=np.float64)
     if lambdas.ndim != 1 or lambdas.size == 0 or np.any(lambdas <= 0):
         raise ValueError("lambdas must be a non-empty 1-D sequence of positive values")
-    xp = array_namespace(X_train)
+    return lambdas
+
+
+def _fit(prepare, predict, y_train: np.ndarray, y_test: np.ndarray, lambdas, val_fraction: float,
+         metric: str, seed: int, *, direction: str = "down", warm_start: bool = True,
+         extrapolate: bool = True, tol: float = 1e-3, refit_tol: float = 1e-4, max_iter: int = 1000,
+         progress: bool = False) -> ProbeResult:
+    """The protocol, whatever holds the features: ``prepare(order)`` centres and rotates the training
+    rows in ``order`` (a RotatedProblem or StreamedProblem), ``predict(W, b, dtype)`` gives the test
+    rows' argmax class indices for original-space weights."""
+    from repsim.probes import _logreg
+
+    lambdas = _check_params(metric, direction, lambdas)
     classes, y_tr = np.unique(y_train, return_inverse=True)
     K = classes.size
     if K < 2:
@@ -72,9 +150,8 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
     if val_idx.size == 0:
         raise ValueError("the validation split is empty (every class has a single example)")
     order = np.concatenate([tr_idx, val_idx])
-    Xo = _take_rows(X_train, order, xp)
-    rp = _logreg.rotate(Xo, xp=xp, overwrite=True)
-    del Xo
+    rp = prepare(order)
+    xp = rp.xp
     t_prep = time.perf_counter() - t0
 
     # --- sweep on the training part, score on the validation part
@@ -109,9 +186,7 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
     t_refit = time.perf_counter() - t2
 
     dt = rp.dtype
-    Zt = xp.matmul(X_test if X_test.dtype == dt else xp.astype(X_test, dt), xp.asarray(W, dtype=dt))
-    Zt = Zt + xp.asarray(b, dtype=dt)
-    pred_test = classes[np.asarray(to_numpy(xp.argmax(Zt, axis=1)))]
+    pred_test = classes[predict(W, b, dt)]
     acc = accuracy(y_test, pred_test, metric)
     info = {"seconds_prepare": t_prep, "seconds_sweep": t_sweep, "seconds_refit": t_refit,
             "iterations": {repr(k): v for k, v in iters.items()},
@@ -121,7 +196,8 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
             "line_search_trials": obj.n_trials + full.n_trials,
             "refit_converged": final.converged, "refit_message": final.message,
             "rank": rp.rank, "n_train": int(n_tr), "n_val": int(val_idx.size),
-            "direction": direction, "warm_start": warm_start, "dtype": str(np.dtype(
+            "direction": direction, "warm_start": warm_start, "streamed": bool(rp.stats.get("streamed")),
+            "dtype": str(np.dtype(
                 "float64" if dt == xp.float64 else "float32"))}
     return ProbeResult(probe="linear", metric=metric, accuracy=acc, best_param=float(best),
                        curve=curve, predictions=pred_test, classes=classes,

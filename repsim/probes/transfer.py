@@ -21,6 +21,7 @@ from scipy.optimize import linear_sum_assignment
 
 from repsim.probes.linear import DEFAULT_LAMBDAS, linear_probe
 from repsim.probes._common import ProbeResult, accuracy
+from repsim.probes._rows import Rows
 
 
 @dataclass
@@ -63,10 +64,45 @@ def relearn_head(X: Any, labels: np.ndarray, *, logits: np.ndarray | None = None
     if logits is not None:
         orig = np.argmax(np.asarray(logits)[test], axis=1)
     else:
-        W, b = head
-        orig = np.argmax(Xn[test].astype(np.float64) @ np.asarray(W, np.float64).T + b, axis=1)
+        orig = _head_predictions(Xn[test], head)
     return RelearnResult(relearned_accuracy=r.accuracy,
                          original_accuracy=accuracy(labels[test], orig),
+                         best_lambda=r.best_lambda, test_index=test, probe=r)
+
+
+def _head_predictions(X: np.ndarray, head: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """argmax of the original head ``X Wᵀ + b`` (float64)."""
+    W, b = head
+    return np.argmax(X.astype(np.float64) @ np.asarray(W, np.float64).T + b, axis=1)
+
+
+def relearn_head_rows(X: Rows, labels: np.ndarray, *, logits: Rows | None = None,
+                      head: tuple[np.ndarray, np.ndarray] | None = None, per_class: int = 10,
+                      seed: int = 0, lambdas=DEFAULT_LAMBDAS, **probe_kw) -> RelearnResult:
+    """:func:`relearn_head` out of core: features (and logits) are :class:`repsim.probes._rows.Rows`
+    (a store's chunks); the probe is :func:`repsim.probes.linear.linear_probe_rows` on the rows not held
+    out, and only the held-out rows (``per_class`` × classes) are gathered. Every logits chunk is
+    read once and checked finite (the rule of the in-memory route, which loads them all)."""
+    from repsim.probes.linear import linear_probe_rows
+
+    labels = np.asarray(labels)
+    if logits is None and head is None:
+        raise ValueError("relearn_head needs the network's logits or its head (W, b)")
+    test = heldout_per_class(labels, per_class, seed)
+    train = np.setdiff1d(np.arange(labels.size), test)
+    r = linear_probe_rows(X, labels[train], X, labels[test], lambdas=lambdas, seed=seed, train_select=train,
+                          test_select=test, **probe_kw)
+    orig = np.empty(test.size, dtype=np.int64)
+    if logits is not None:
+        for i in range(logits.n_blocks):             # every chunk: the finiteness check covers all
+            a, b = logits.bounds(i)
+            Z = logits.block(i)
+            lo, hi = np.searchsorted(test, [a, b])
+            orig[lo:hi] = np.argmax(Z[test[lo:hi] - a], axis=1)
+    else:
+        for pos, Xb in X.blocks(test):
+            orig[pos] = _head_predictions(Xb, head)
+    return RelearnResult(relearned_accuracy=r.accuracy, original_accuracy=accuracy(labels[test], orig),
                          best_lambda=r.best_lambda, test_index=test, probe=r)
 
 
@@ -126,5 +162,5 @@ def assignment_accuracy(source_pred: np.ndarray, target: np.ndarray, n_source: i
                             matching=M)
 
 
-__all__ = ["relearn_head", "RelearnResult", "heldout_per_class", "assignment_accuracy",
+__all__ = ["relearn_head", "relearn_head_rows", "RelearnResult", "heldout_per_class", "assignment_accuracy",
            "AssignmentResult", "matching_matrix"]

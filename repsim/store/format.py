@@ -19,8 +19,8 @@ Layout (docs/architecture.md "The activation store")::
 
 Every per-example array is chunked along examples only, with the same ``chunk_rows``, so the
 writer of chunk ``i`` touches exactly one object per array and ranks writing disjoint chunks never
-race. ``chunk_rows`` defaults to :func:`default_chunk_rows` (every layer chunk >= 1 MiB, the widest
-<= 128 MiB). Chunks are compressed with zstd and followed by a crc32c checksum codec, so a corrupted
+race. ``chunk_rows`` defaults to :func:`default_chunk_rows` (the widest layer's chunk ~8 MiB, whatever
+the number of examples). Chunks are compressed with zstd and followed by a crc32c checksum codec, so a corrupted
 chunk fails loudly on read; every chunk is stored as an object even when it is all zeros, so a
 deleted chunk is an error too, never silently read as zeros. The crc32c of every chunk is also
 recorded, per array and chunk index, in the ``checksums`` manifest, so a valid chunk file moved,
@@ -49,8 +49,8 @@ import numpy as np
 
 STORE_VERSION = 2  # 2: the checksum manifest binds each chunk to its array and index
 READABLE_VERSIONS = (1, 2)  # version 1 stores (no manifest) are read and verified as before
-DEFAULT_CHUNK_BYTES = 1 << 20  # smallest layer chunk, default (>= 1 MB per chunk)
-MAX_CHUNK_BYTES = 128 << 20  # largest layer chunk, default cap (wide conv layers)
+TARGET_CHUNK_BYTES = 8 << 20  # the widest layer's chunk, default (chunk size never follows n)
+MAX_CHUNK_ROWS = 1 << 16  # rows per chunk, default cap (stores of narrow layers only: bounds per-row temporaries)
 ZSTD_LEVEL = 1  # level 1 compresses post-ReLU float16 ~2x faster than 3 (323 vs 163 MB/s/core) for ~1% larger chunks (extract bench)
 
 
@@ -109,22 +109,25 @@ def default_chunk_rows(
     row_bytes: Iterable[int],
     n: int,
     *,
-    min_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    max_chunk_bytes: int = MAX_CHUNK_BYTES,
+    target_chunk_bytes: int = TARGET_CHUNK_BYTES,
+    max_rows: int = MAX_CHUNK_ROWS,
 ) -> int:
-    """Rows per chunk so that every layer chunk holds >= ``min_chunk_bytes`` (1 MiB).
+    """Rows per chunk from a byte target for the *widest* layer (issue 31):
 
-    ``rows = ceil(min_chunk_bytes / smallest row)``, then capped so the widest layer's chunk stays
-    <= ``max_chunk_bytes`` (128 MiB; a wide early conv layer can be > 1 MB per row), at least 1 and
-    at most ``n``. When the cap binds, the smallest layer's chunks fall below 1 MiB: one chunk
-    size is shared by all arrays so that chunk ``i`` is one storage object in each.
+        rows = clamp(floor(target_chunk_bytes / max_layer row_bytes), 1, min(max_rows, n))
+
+    so the widest layer's chunk is ~8 MiB (a row wider than that gets a chunk of one row) and every
+    narrower array's chunk is smaller. Streaming analyses hold a few chunks at a time, so their peak
+    memory follows this byte size; it does not grow with ``n`` (the rule before, ``>= 1 MiB`` for the
+    *narrowest* layer, gave 32,768-row chunks — 64 MiB of a 2,048-wide float16 layer — when a store
+    also held 10-wide logits). Stores written under any rule stay readable: ``chunk_rows`` is read
+    from the store.
     """
     sizes = [int(b) for b in row_bytes if int(b) > 0]
+    cap = max(1, min(int(max_rows), int(n)))
     if not sizes:
         return max(1, min(n, 1024))
-    rows = math.ceil(min_chunk_bytes / min(sizes))
-    rows = min(rows, max(1, max_chunk_bytes // max(sizes)))
-    return int(max(1, min(rows, max(n, 1))))
+    return int(max(1, min(int(target_chunk_bytes) // max(sizes), cap)))
 
 
 def dataset_difference(store: dict[str, Any], ref: dict[str, Any]) -> str | None:

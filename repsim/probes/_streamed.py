@@ -1,0 +1,134 @@
+"""The linear probe's features out of core: :func:`streamed_problem` is :func:`repsim.probes._logreg.rotate`
+for features read in row blocks (:class:`repsim.probes._rows.Rows`), holding O(P² + P·K) floats and
+one block instead of the (N, P) rotated copy.
+
+The solver needs only two products with the rotated features ``X̂ = (X − μ) V`` (module doc of
+``_logreg``): logits ``Aᵀ X̂ᵀ`` and gradients ``R X̂``. Both are taken without forming X̂:
+
+    A X̂ᵀ = (A Vᵀ)(X − μ)ᵀ        R X̂ = (R (X − μ)) V
+
+block by block (``(X − μ)`` in the compute dtype, products accumulated in float64 across blocks), so a
+pass costs n·P·K flops, not n·P·r. The basis: ``C = Σ_blocks (X_b − μ)ᵀ(X_b − μ)`` (float64, a second
+pass after the mean), ``V`` its eigenvectors, ``s = diag(Vᵀ C V)`` — the same reparameterisation as
+``rotate`` (any orthonormal basis of the centred row space gives the same optimum in W). When the Gram
+would exceed ``GRAM_BYTES`` (P > 4,096) the basis is the identity (V = None: no rotation, the diagonal
+preconditioner from the column sums of squares ``s_j = Σ_i (x_ij − μ_j)²``): the same optimum again,
+at O(P·K) memory; a layer wider than n takes this route too, never an N × N matrix.
+
+Numbers: the products round differently from the in-memory route's (other summation order), so the
+fit agrees with it to the solver's tolerance, not bit for bit (tests/test_probes_stream.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from repsim.probes._logreg import GRAM_BYTES
+from repsim.probes._rows import Rows
+
+
+
+@dataclass
+class StreamedX:
+    """Rows ``select`` (any order) of ``rows``, centred by ``mean`` and rotated by ``V`` (None: the
+    identity), as the solver's X̂; supports the solver's products and row slicing."""
+
+    rows: Rows
+    select: np.ndarray
+    mean: np.ndarray           # (P,) in the compute dtype
+    V: np.ndarray | None       # (P, r) float64, or None
+    dtype: Any
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.select.size), int(self.rows.p if self.V is None else self.V.shape[1]))
+
+    def __getitem__(self, key) -> "StreamedX":
+        key = key[0] if isinstance(key, tuple) else key
+        return StreamedX(self.rows, self.select[key], self.mean, self.V, self.dtype)
+
+    def _centred(self):
+        for pos, X in self.rows.blocks(self.select):
+            Xc = X.astype(self.dtype) if X.dtype != self.dtype else X.copy()
+            Xc -= self.mean
+            yield pos, Xc
+
+    def _to_p(self, A: np.ndarray) -> np.ndarray:
+        """(K, r) rotated coefficients -> (K, P) in the original coordinates (float64)."""
+        A = np.asarray(A, dtype=np.float64)
+        return A if self.V is None else A @ self.V.T
+
+    def t_matmul(self, A: np.ndarray) -> np.ndarray:
+        """``A X̂ᵀ`` (K, m) in the compute dtype, for A (K, r)."""
+        B = np.ascontiguousarray(self._to_p(A), dtype=self.dtype)
+        out = np.empty((B.shape[0], self.shape[0]), dtype=self.dtype)
+        for pos, Xc in self._centred():
+            out[:, pos] = B @ Xc.T
+        return out
+
+    def matmul_left(self, R: Any) -> np.ndarray:
+        """``R X̂`` (K, r) float64, for R (K, m)."""
+        Gt = np.zeros((self.rows.p, R.shape[0]))
+        for pos, Xc in self._centred():  # Xcᵀ Rᵀ: OpenBLAS is ~9x faster this way round than R Xc (K ≪ m)
+            Gt += Xc.T @ np.ascontiguousarray(R[:, pos]).T
+        return Gt.T if self.V is None else Gt.T @ self.V
+
+    def abs_blocks(self):
+        """Yield ``(positions, |X̂ block|)`` (the rounding bound of ``gradient_floor``: rotates the block)."""
+        for pos, Xc in self._centred():
+            Xh = Xc if self.V is None else Xc @ np.asarray(self.V, dtype=self.dtype)
+            yield pos, np.abs(Xh)
+
+
+@dataclass
+class StreamedProblem:
+    """:class:`repsim.probes._logreg.RotatedProblem` for streamed rows (the same fields; ``Xh`` is a
+    :class:`StreamedX`; ``V`` None means the identity basis)."""
+
+    Xh: StreamedX
+    V: np.ndarray | None
+    mean: np.ndarray
+    s: np.ndarray
+    xp: Any
+    dtype: Any
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return int(self.Xh.shape[1])
+
+    def to_original(self, Wd: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        W = Wd if self.V is None else self.V @ Wd
+        return W, b - self.mean @ W
+
+
+def streamed_problem(rows: Rows, select: np.ndarray, *, gram_bytes: int = GRAM_BYTES) -> StreamedProblem:
+    """Centre and rotate rows ``select`` of ``rows`` in two passes (mean; centred Gram or column sums of
+    squares); see the module doc. float64 sources are solved in float64, others in float32."""
+    dt = np.dtype(np.float64 if rows.dtype == np.float64 else np.float32)
+    select = np.asarray(select, dtype=np.int64)
+    n, p = int(select.size), rows.p
+    total = np.zeros(p)
+    for _, X in rows.blocks(select):
+        total += X.sum(axis=0, dtype=np.float64)
+    mean = (total / max(n, 1)).astype(dt)
+    rotate = p <= n and p * p * 8 <= gram_bytes
+    view = StreamedX(rows, select, mean, None, dt)
+    if rotate:
+        C = np.zeros((p, p))
+        for _, Xc in view._centred():
+            C += (Xc.T @ Xc).astype(np.float64)
+        s, V = np.linalg.eigh((C + C.T) / 2)
+        V = V[:, np.argsort(s)[::-1]]
+        s_diag = np.einsum("pr,pq,qr->r", V, C, V)
+        del C
+    else:
+        V = None
+        s_diag = np.zeros(p)
+        for _, Xc in view._centred():
+            s_diag += np.einsum("ij,ij->j", Xc, Xc, dtype=np.float64)
+    return StreamedProblem(Xh=StreamedX(rows, select, mean, V, dt), V=V, mean=mean.astype(np.float64),
+                           s=np.maximum(s_diag, 0.0), xp=np, dtype=dt,
+                           stats={"rotated": bool(rotate), "streamed": True})
