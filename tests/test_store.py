@@ -165,10 +165,11 @@ def test_default_chunks_sized_by_the_widest_layer(tmp_path):
     assert s.chunk_rows == 2048
     assert s.zarr_array("f").chunks == (2048, 96)
     np.testing.assert_array_equal(s.layer("f").compute(), x.compute())
-    # the rule: floor(8 MiB / widest row), 1 <= rows <= min(65,536, n), the same at every n
+    # the rule: floor(8 MiB / widest row), 64 <= rows <= min(65,536, n), the same at every n
     assert default_chunk_rows([40, 4096], 20_000) == default_chunk_rows([40, 4096], 80_000) == 2048
-    assert default_chunk_rows([4096, 256 * 56 * 56 * 2], 10**6) == (8 << 20) // (256 * 56 * 56 * 2)
-    assert default_chunk_rows([10**9], 10) == 1
+    # a flattened early ResNet block (1.6 MB a row): 64 rows, not 5 (10,000 chunk files per layer)
+    assert default_chunk_rows([4096, 256 * 56 * 56 * 2], 10**6) == 64 > (8 << 20) // (256 * 56 * 56 * 2)
+    assert default_chunk_rows([10**9], 10) == 10 and default_chunk_rows([10**9], 1000) == 64
     assert default_chunk_rows([4], 100) == 100
     assert default_chunk_rows([4], 10**7) == 65536
 

@@ -105,6 +105,9 @@ def _codecs(compression: str = "zstd") -> dict[str, Any]:
     return {"compressors": [ZstdCodec(level=ZSTD_LEVEL, checksum=False), Crc32cCodec()]}
 
 
+MIN_CHUNK_ROWS = 64  # the fewest rows a default chunk holds (file count and reads per pass of wide layers)
+
+
 def default_chunk_rows(
     row_bytes: Iterable[int],
     n: int,
@@ -114,10 +117,13 @@ def default_chunk_rows(
 ) -> int:
     """Rows per chunk from a byte target for the *widest* layer (issue 31):
 
-        rows = clamp(floor(target_chunk_bytes / max_layer row_bytes), 1, min(max_rows, n))
+        rows = clamp(floor(target_chunk_bytes / max_layer row_bytes), MIN_CHUNK_ROWS, min(max_rows, n))
 
-    so the widest layer's chunk is ~8 MiB (a row wider than that gets a chunk of one row) and every
-    narrower array's chunk is smaller. Streaming analyses hold a few chunks at a time, so their peak
+    so the widest layer's chunk is ~8 MiB and every narrower array's chunk is smaller — except that a
+    chunk holds at least ``MIN_CHUNK_ROWS`` (64) rows: a flattened early conv block (ResNet-50's
+    256 × 56 × 56, 1.6 MB a row in float16) would otherwise get 5-row chunks, 10,000 files per layer
+    for ImageNet's validation set and as many reads per pass; its chunks are ~100 MB instead, which
+    still does not grow with ``n``. Streaming analyses hold a few chunks at a time, so their peak
     memory follows this byte size; it does not grow with ``n`` (the rule before, ``>= 1 MiB`` for the
     *narrowest* layer, gave 32,768-row chunks — 64 MiB of a 2,048-wide float16 layer — when a store
     also held 10-wide logits). Stores written under any rule stay readable: ``chunk_rows`` is read
@@ -127,7 +133,7 @@ def default_chunk_rows(
     cap = max(1, min(int(max_rows), int(n)))
     if not sizes:
         return max(1, min(n, 1024))
-    return int(max(1, min(int(target_chunk_bytes) // max(sizes), cap)))
+    return int(min(max(MIN_CHUNK_ROWS, int(target_chunk_bytes) // max(sizes)), cap))
 
 
 def dataset_difference(store: dict[str, Any], ref: dict[str, Any]) -> str | None:
