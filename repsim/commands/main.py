@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, str] = {
     "extract": "extract.cli",
     "check": "repsim.commands.check",
     "cka": "repsim.commands.cka",
+    "similarity": "repsim.commands.similarity",
     "separation": "repsim.commands.separation",
     "sparsity": "repsim.commands.sparsity",
     "collapse": "repsim.commands.collapse",
