@@ -38,8 +38,16 @@ def cka_pair(a: tuple[np.ndarray, float], b: tuple[np.ndarray, float]) -> float:
     return float(np.sum(a[0] * b[0])) / float(np.sqrt(a[1] * b[1]))
 
 
+class CKAFamily(Measure):
+    """The CKA measures: ``prepare`` gives :func:`hsic_prepared` of a column's kernel matrix, and a
+    pair is :func:`cka_pair` of two of them."""
+
+    def pair(self, a: Any, b: Any) -> float:
+        return cka_pair(a, b)
+
+
 @register
-class LinearCKA(Measure):
+class LinearCKA(CKAFamily):
     info = MeasureInfo(
         name="linear_cka",
         formula="HSIC(XXᵀ, YYᵀ) / sqrt(HSIC(XXᵀ, XXᵀ) HSIC(YYᵀ, YYᵀ)), HSIC₁ unbiased (Song et al. 2012)",
@@ -59,6 +67,3 @@ class LinearCKA(Measure):
         if column.is_constant():
             return None
         return hsic_prepared(column.centred_gram(), bool(self.options["debiased"]))
-
-    def pair(self, a: Any, b: Any) -> float:
-        return cka_pair(a, b)

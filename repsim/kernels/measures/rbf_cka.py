@@ -26,8 +26,8 @@ from repsim._xp import array_namespace, to_numpy
 from repsim.kernels._precision import CentredGram, constant_tolerance
 from repsim.kernels.cka import MinibatchCKA, centred_gram
 from repsim.kernels.measures import register
-from repsim.kernels.measures._protocol import Accumulator, FullColumn, Measure, MeasureInfo
-from repsim.kernels.measures.linear_cka import cka_pair, hsic_prepared
+from repsim.kernels.measures._protocol import Accumulator, FullColumn, MeasureInfo
+from repsim.kernels.measures.linear_cka import CKAFamily, hsic_prepared
 
 
 def rbf_gram(K: np.ndarray, threshold: float) -> np.ndarray | None:
@@ -94,7 +94,7 @@ class MinibatchRBFCKA(Accumulator):
 
 
 @register
-class RBFCKA(Measure):
+class RBFCKA(CKAFamily):
     info = MeasureInfo(
         name="rbf_cka",
         formula="CKA of Gaussian Grams exp(−‖xᵢ−xⱼ‖²/(2σ²)), σ² = t²·median of the n×n squared distances",
@@ -115,6 +115,3 @@ class RBFCKA(Measure):
             return None
         R = rbf_gram(column.centred_gram(), float(self.options["rbf_threshold"]))
         return None if R is None else hsic_prepared(R, bool(self.options["debiased"]))
-
-    def pair(self, a: Any, b: Any) -> float:
-        return cka_pair(a, b)
