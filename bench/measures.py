@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "repsim-bench-measures"))
+    ap.add_argument("--ridge", action="store_true", help="time ridge_r2 too (slow at wide layers)")
     ap.add_argument("--no-results", action="store_true", help="do not rewrite bench/RESULTS.md")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
@@ -73,27 +74,30 @@ def main() -> None:
             got = one(paths, m, method, args.batch)
             if key not in best or got["s"] < best[key]["s"]:
                 best[key] = got
-    exact = ["procrustes", "cca", "svcca", "rsa", "mutual_knn", "ridge_r2", "rbf_cka", "linear_cka"]
+    exact = ["procrustes", "cca", "svcca", "rsa", "mutual_knn", "rbf_cka", "linear_cka"]  # ridge_r2: --ridge
+    if args.ridge:  # n·r_x·r_y per pair, × 9 λ × 5 folds: minutes at r = 1024
+        exact.insert(5, "ridge_r2")
     for m in exact:
         best[f"{m} (exact)"] = one(paths, m, "exact", args.batch)
-    together = ",".join(exact[:6])
-    best["6 exact measures, one pass"] = one(paths, together, "exact", args.batch)
+    k = len(exact) - 2
+    best[f"{k} exact measures, one pass"] = one(paths, ",".join(exact[:k]), "exact", args.batch)
     ratio = best["linear_cka+rbf_cka"]["s"] / best["linear_cka"]["s"]
-    separate = sum(best[f"{m} (exact)"]["s"] for m in exact[:6])
+    separate = sum(best[f"{m} (exact)"]["s"] for m in exact[:k])
     rows = "\n".join(f"| {k} | {v['s']:.2f} | {v['rss_mib']:.0f} |" for k, v in best.items())
     section = f"""## measures
 
 `python bench/measures.py --n {args.n} --stores {args.stores} --batch {args.batch}` — {L} columns (widths
 {', '.join(map(str, WIDTHS.values()))}, float16, post-ReLU-like), n = {args.n}, minibatch: batch {args.batch}, one
 epoch; each run a fresh process (wall time of `similarity_matrix` only; peak RSS of the process).
-{platform.processor() or platform.machine()}, {os.cpu_count()} cores.
+{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end
+(other jobs shared the cores: compare rows of this table only).
 
 | run | seconds | peak RSS MiB |
 | --- | --- | --- |
 {rows}
 
 - linear + RBF CKA in one minibatch pass: **{ratio:.2f}×** linear CKA alone (best of {args.repeat}, alternating).
-- the six exact measures in one pass: {best['6 exact measures, one pass']['s']:.2f} s vs {separate:.2f} s run separately
+- the {k} exact measures in one pass: {best[f'{k} exact measures, one pass']['s']:.2f} s vs {separate:.2f} s run separately
   (the full columns are read once).
 """
     print(section)
