@@ -42,6 +42,10 @@ _EXPORTS: dict[str, str] = {
     "StoreError": "store.format",
     # out-of-core engine
     "cka_matrix": "engine.minibatch",
+    "similarity_matrix": "engine.minibatch",
+    "SimilarityResult": "engine.result",
+    "load_result": "engine.result",
+    "similarity": "kernels.measures._exact",
     "CKAResult": "engine.result",
     "set_scheduler": "engine.scheduler",
     "layer_metrics": "engine.drivers",

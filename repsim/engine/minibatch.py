@@ -40,30 +40,32 @@ from repsim.engine.blocks import (BatchPlan, BlockReader, Column, block_rows_for
                                   resolve_columns, store_location)
 from repsim.engine.checkpoint import Checkpoint
 from repsim.engine.grams import REDUCE_FACTOR, centred_gram, gram_dtype
-from repsim.engine.result import CKAResult, _json_default
+from repsim.engine.result import CKAResult, SimilarityResult, _json_default
+from repsim.engine.similarity import report_undefined as _report_undefined
 from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
 from repsim.engine.upload import DeviceUploader, HeldUploads
 
-__all__ = ["CKAResult", "cka_matrix"]
+__all__ = ["CKAResult", "SimilarityResult", "cka_matrix", "similarity_matrix"]
 
 
 def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, reader: BlockReader | None = None,
                  progress: Any = None, xp: Any = None) -> dict[str, Any]:
-    """One task: batch groups ``start:stop`` of ``epoch`` -> ``MinibatchCKA.to_state()``.
+    """One task: batch groups ``start:stop`` of ``epoch`` -> the merged state of every minibatch
+    measure in ``spec["measures"]`` (:func:`join_states`; default linear CKA alone).
 
     Column-major inside a group: each column's rows for all of the group's batches are read in one
-    go (its blocks once), and each batch keeps only what the kernel needs from that column — the
-    rows themselves, or for a column wider than ``REDUCE_FACTOR × b`` its b × b centred Gram
-    (:func:`centred_gram`, formed on the reader threads on the CPU).  Once every column is in, each
-    batch is one ``MinibatchCKA.update`` over all L columns.  Peak memory: ``prefetch + 1``
-    (group, column) reads (on the CPU: ``threads`` reads in progress, each finished one reduced)
-    plus Σ_columns b·min(p, 4b) per batch of the queued groups.
+    go (its blocks once), and each batch keeps only what the measures need from that column — the
+    rows themselves, or its b × b centred Gram (:func:`centred_gram`, formed on the reader threads on
+    the CPU) for a column wider than ``REDUCE_FACTOR × b`` or when a measure starts from the Gram
+    (statistic ``"gram"``: RBF CKA; linear CKA then takes the same Gram, formed once).  Once every
+    column is in, each batch is one ``update`` over all L columns of every measure's accumulator.
+    Peak memory: ``prefetch + 1`` (group, column) reads (on the CPU: ``threads`` reads in progress,
+    each finished one reduced) plus Σ_columns b·min(p, 4b) per batch of the queued groups (b·b with
+    a Gram measure).
 
     ``spec`` holds plain data only (column list, plan parameters, options) so the task can be
     shipped to a ``dask.distributed`` worker, which opens the stores itself.
     """
-    from repsim.kernels.cka import MinibatchCKA
-
     plan = BatchPlan(**spec["plan"])
     columns = [Column(**c) for c in spec["columns"]]
     L = len(columns)
@@ -74,14 +76,15 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
         reader = BlockReader(columns, plan.n, plan.block_rows, spatial=spec["spatial"], prefetch=spec["prefetch"],
                              threads=spec["threads"])
     names = [f"{c.store}/{c.layer}" for c in columns]
-    acc = MinibatchCKA(L, debiased=spec["debiased"], keep_batches=True, names=names,
-                       compute_dtype=spec.get("compute_dtype"))
+    measures = segment_measures(spec)
+    accs = [m.accumulator(names) for m in measures]
+    want_gram = any(m.info.statistic == "gram" for m in measures)
     dtypes = [gram_dtype(c.dtype, xp, spec.get("compute_dtype")) for c in columns]
 
     def reduce(x: Any, c: int) -> Any:
-        """What the accumulator keeps of column c's batch: its b × b centred Gram when the column is
-        wide (p >= REDUCE_FACTOR × b), else the rows themselves."""
-        wide = int(np.prod(x.shape[1:])) >= REDUCE_FACTOR * x.shape[0]
+        """What the accumulators keep of column c's batch: its b × b centred Gram when the column is
+        wide (p >= REDUCE_FACTOR × b) or a measure starts from the Gram, else the rows themselves."""
+        wide = want_gram or int(np.prod(x.shape[1:])) >= REDUCE_FACTOR * x.shape[0]
         return centred_gram(x, xp, names[c], dtypes[c]) if wide else x
 
     host = getattr(xp, "__name__", "") == "numpy"
@@ -121,7 +124,8 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
                     parts[i][c] = a if host else reduce(held.hold(a), c)
                 if c == L - 1:
                     for batch in parts:
-                        acc.update(batch)  # ends with the batch's device-to-host copy (a sync)
+                        for acc in accs:
+                            acc.update(batch)  # ends with the batch's device-to-host copy (a sync)
                     held.release()  # ... so the group's uploads are no longer read by the device
                     if progress is not None:
                         progress(len(parts))
@@ -129,20 +133,34 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     finally:
         if own:
             reader.close()
-    return acc.to_state()
+    return join_states(measures, accs)
 
 
-def _report_undefined(values: np.ndarray, columns: Sequence[Column], meta: dict[str, Any]) -> None:
-    """Columns constant over the examples have no CKA (NaN row and column; every other pair is
-    computed): one line on stderr naming them, and ``meta["undefined_columns"]``."""
-    bad = [f"{c.store}/{c.layer}" for k, c in enumerate(columns) if np.isnan(values[k, k])]
-    if not bad:
-        return
-    meta["undefined_columns"] = bad
-    print(f"repsim: CKA is undefined (NaN, blank in figures) for {len(bad)} column(s) constant over the "
-          f"examples: {', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''} — e.g. a zero-initialised head, "
-          "or float16 storage that rounded a tiny variance to zero (re-extract with --dtype float32)",
-          file=sys.stderr)
+SEP = "__"  # state keys of several measures: "<measure>__<key>"
+
+
+def segment_measures(spec: dict[str, Any]) -> list[Any]:
+    """The measures of a segment spec (``spec["measures"]``: [name, options] pairs; default linear
+    CKA with the spec's ``debiased`` and ``compute_dtype``)."""
+    from repsim.kernels.measures import get_measure
+
+    pairs = spec.get("measures") or [["linear_cka", {"debiased": spec["debiased"],
+                                                      "compute_dtype": spec.get("compute_dtype")}]]
+    return [get_measure(name, **opts) for name, opts in pairs]
+
+
+def join_states(measures: Sequence[Any], accs: Sequence[Any]) -> dict[str, Any]:
+    """One flat state dict (checkpoints, task results) from each measure's accumulator state."""
+    return {f"{m.name}{SEP}{k}": v for m, acc in zip(measures, accs) for k, v in acc.to_state().items()}
+
+
+def split_states(measures: Sequence[Any], state: dict[str, Any]) -> list[Any]:
+    """The accumulators back from :func:`join_states`'s dict."""
+    out = []
+    for m in measures:
+        prefix = m.name + SEP
+        out.append(m.accumulator_from_state({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}))
+    return out
 
 
 AHEAD_BYTES = 512 << 20  # reduced columns the host readers may hold ahead of the batch being updated
@@ -226,6 +244,42 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     means, slab sums, U-centring and HSIC sums are float64 either way.
     Tasks run here, or on the ``dask.distributed`` cluster set by :func:`repsim.set_scheduler`.
     """
+    return similarity_matrix(
+        stores, ["linear_cka"], layers, batch_size, epochs, seed, shuffle, spatial, debiased, method=method,
+        shuffle_window=shuffle_window, device=device, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+        progress=progress, prefetch=prefetch, threads=threads, memory_budget=memory_budget,
+        compute_dtype=compute_dtype, allow_mixed_datasets=allow_mixed_datasets).as_cka()
+
+
+def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka",), layers: Any = None,
+                      batch_size: int = 1500, epochs: int = 10, seed: int = 0, shuffle: bool | str = True,
+                      spatial: str = "flatten", debiased: bool = True, *, method: str = "minibatch",
+                      options: dict[str, Any] | None = None, shuffle_window: int | None = None, device: Any = "cpu",
+                      checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
+                      progress: bool | None = None, prefetch: int = 2, threads: int | None = None,
+                      memory_budget: int = 512 * 2**20, max_memory: int = 8 * 2**30,
+                      compute_dtype: str | None = None, allow_mixed_datasets: bool = False) -> SimilarityResult:
+    """Every measure of ``measures`` (names of :mod:`repsim.kernels.measures`, or ``"a,b"``) between
+    every (store, layer) column and every other, streamed from activation stores.
+
+    Arguments as :func:`cka_matrix`, plus ``options`` (measure options, e.g. ``{"rbf_threshold": 1.0,
+    "knn_k": 10}``; ``debiased`` and ``compute_dtype`` are passed to every measure that takes them)
+    and ``max_memory`` (the exact measures' held columns, :mod:`repsim.engine.full`).
+
+    ``method="minibatch"``: the measures with a minibatch estimator (linear and RBF CKA) share one
+    pass per epoch — each chunk read once, each batch's centred Gram formed once per column when a
+    measure starts from it — checkpointed and resumable, local or distributed, exactly as
+    :func:`cka_matrix` (which is this function with ``["linear_cka"]``); the other measures use their
+    exact estimator on the full data (one further pass, :mod:`repsim.engine.full`).
+    ``method="exact"``: every measure on the full data (linear CKA through :mod:`repsim.engine.exact`).
+    The estimator each measure used is ``result.meta["estimators"]``.  A column or pair a measure
+    cannot define is NaN, reported once per measure on stderr and in ``meta["undefined"]``.
+    """
+    from repsim.kernels.measures import get_measure, parse_measures
+
+    names_m = parse_measures(measures)
+    opts = {"debiased": bool(debiased), "compute_dtype": compute_dtype, **(options or {})}
+    chosen = [get_measure(m, **opts) for m in names_m]
     if spatial not in ("flatten", "mean"):
         raise ValueError(f"spatial must be 'flatten' or 'mean', got {spatial!r}")
     if method not in ("minibatch", "exact"):
@@ -250,16 +304,26 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
         meta["repsim_version"] = __version__
     except ImportError:  # pragma: no cover
         pass
-    if method == "exact":
-        from repsim.engine.exact import exact_cka
+    index = [(c.store, c.layer) for c in columns]
+    mini = [m for m in chosen if method == "minibatch" and m.has("minibatch")]
+    exact = [m for m in chosen if m not in mini]
+    meta["measures"] = names_m
+    meta["estimators"] = {m.name: "minibatch" if m in mini else "exact" for m in chosen}
+    meta["measure_info"] = {m.name: dict(m.info.as_dict(), options=m.options) for m in chosen}
+    values: dict[str, np.ndarray] = {}
 
-        values, plan_info = exact_cka(columns, n, block_rows, debiased=debiased, spatial=spatial, xp=xp,
-                                      memory_budget=memory_budget, prefetch=prefetch, threads=threads,
-                                      progress=progress)
-        meta.update(plan_info)
-        meta["device"] = "cpu"  # exact CKA always runs in float64 NumPy, whatever ``device`` asked for
-        _report_undefined(values, columns, meta)
-        return CKAResult(values=values, index=[(c.store, c.layer) for c in columns], meta=meta)
+    def run_exact() -> None:  # after the (resumable) minibatch pass, so a resume does not redo it
+        if exact:
+            from repsim.engine.similarity import exact_measures
+
+            values.update(exact_measures(exact, columns, n, block_rows, spatial=spatial, xp=xp,
+                                         memory_budget=memory_budget, max_memory=max_memory, prefetch=prefetch,
+                                         threads=threads, progress=progress, meta=meta))
+
+    if not mini:
+        run_exact()
+        meta["device"] = "cpu"  # the exact estimators run in float64 NumPy, whatever ``device`` asked for
+        return SimilarityResult(values={m: values[m] for m in names_m}, index=index, meta=meta)
 
     if int(epochs) < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
@@ -281,7 +345,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     spec = {
         "plan": asdict(plan), "columns": [asdict(c) for c in columns], "device": device_name(xp),
         "spatial": spatial, "debiased": bool(debiased), "prefetch": int(prefetch), "threads": int(threads),
-        "compute_dtype": compute_dtype,
+        "compute_dtype": compute_dtype, "measures": [[m.name, m.options] for m in mini],
     }
     meta.update({
         "batch_size": int(batch_size), "epochs": int(epochs), "seed": int(seed), "shuffle": plan.shuffle,
@@ -294,23 +358,21 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
                         for c in columns},
     })
 
-    from repsim.kernels.cka import MinibatchCKA
-
     ckpt = None
     done, state = 0, None
     if checkpoint is not None:
         fingerprint = {k: meta[k] for k in ("debiased", "spatial", "n", "device", "example_ids_sha1")}
         fingerprint.update(plan=asdict(plan), columns=[(c.path, c.layer) for c in columns],
-                           segment_batches=seg, compute_dtype=compute_dtype)
+                           segment_batches=seg, compute_dtype=compute_dtype, measures=spec["measures"])
         ckpt = Checkpoint(checkpoint, fingerprint, {store_location(s): s.identity for s in opened})
         done, state = ckpt.load()
         if done > len(tasks):  # made by a run with more epochs: cannot be cut back
             done, state = 0, None
         if done:
             print(f"repsim: resuming from {ckpt.path}: {done}/{len(tasks)} segments done", file=sys.stderr)
-    acc = MinibatchCKA.from_state(state) if state is not None else None
+    accs = split_states(mini, state) if state is not None else None
 
-    bar = progress_bar(sum(t[3] for t in tasks), "cka", progress)
+    bar = progress_bar(sum(t[3] for t in tasks), "cka" if names_m == ["linear_cka"] else "similarity", progress)
     bar.update(sum(t[3] for t in tasks[:done]))
     remaining = [t[:3] for t in tasks[done:]]
     counts = [t[3] for t in tasks[done:]]
@@ -329,22 +391,24 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
             results = run_tasks(_cka_segment, [(spec, e, a, b) for e, a, b in remaining],
                                 on_done=lambda i, _: bar.update(counts[i]))
         for _, seg_state in results:
-            seg_acc = MinibatchCKA.from_state(seg_state)
-            acc = seg_acc if acc is None else acc.merge(seg_acc)
+            seg_accs = split_states(mini, seg_state)
+            accs = seg_accs if accs is None else [a.merge(b) for a, b in zip(accs, seg_accs)]
             done += 1
             if ckpt is not None:
-                ckpt.save(done, acc.to_state())
+                ckpt.save(done, join_states(mini, accs))
     finally:
         bar.close()
         if reader is not None:
             reader.close()
-    if acc is None:
+    if accs is None:
         raise RuntimeError("no batches were computed")  # unreachable: plans have >= 1 batch
-    meta["n_batches"] = int(acc.n_batches)
-    with warnings.catch_warnings():  # constant columns: reported once below, with advice
-        warnings.simplefilter("ignore", RuntimeWarning)
-        values = np.asarray(acc.result(), dtype=np.float64)
-    _report_undefined(values, columns, meta)
-    result = CKAResult(values=values,
-                       index=[(c.store, c.layer) for c in columns], meta=meta, state=acc.to_state())
-    return result
+    meta["n_batches"] = int(accs[0].n_batches)
+    states = {}
+    for m, acc in zip(mini, accs):
+        with warnings.catch_warnings():  # constant columns: reported once below, with advice
+            warnings.simplefilter("ignore", RuntimeWarning)
+            values[m.name] = np.asarray(acc.result(), dtype=np.float64)
+        _report_undefined(values[m.name], columns, meta, m.name)
+        states[m.name] = acc.to_state()
+    run_exact()
+    return SimilarityResult(values={m: values[m] for m in names_m}, index=index, meta=meta, states=states)

@@ -1,4 +1,5 @@
-"""The result of :func:`repsim.cka_matrix`: :class:`CKAResult`, saved and loaded as ``.npz``; atomic
+"""The results of :func:`repsim.cka_matrix` (:class:`CKAResult`) and :func:`repsim.similarity_matrix`
+(:class:`SimilarityResult`, read back by :func:`load_result`), saved and loaded as ``.npz``; atomic
 ``.npz`` writes shared by every result file the engine writes."""
 from __future__ import annotations
 
@@ -104,6 +105,104 @@ class CKAResult:
         m = self.meta
         return (f"CKAResult({len(self.index)}×{len(self.index)}, stores={len(self.stores)}, "
                 f"method={m.get('method')}, debiased={m.get('debiased')}, n={m.get('n')})")
+
+
+_MEASURE_KEYS = ("measures", "estimators", "measure_info", "undefined")  # SimilarityResult's own meta
+
+
+@dataclass
+class SimilarityResult:
+    """Several similarity measures between every pair of columns (:func:`repsim.similarity_matrix`).
+
+    ``values`` {measure: (L, L) float64} (row = first argument for asymmetric measures); ``index``
+    [(store, layer)] labels rows and columns; ``meta`` the estimator settings as in
+    :class:`CKAResult`, plus ``measures`` (in order), ``estimators`` {measure: "minibatch" | "exact"},
+    ``measure_info`` {measure: declared metadata and options} and ``undefined`` {measure: columns,
+    pairs}; ``states`` {measure: accumulator state} of the minibatch measures (bootstrap CIs).
+    Saved as ``.npz``: ``measures``, ``values__<measure>``, ``stores``, ``layers``, ``meta`` (JSON),
+    ``state__<measure>__<key>``; :func:`load_result` reads it (and ``cka_*.npz`` files).
+    """
+
+    values: dict[str, np.ndarray]
+    index: list[tuple[str, str]]
+    meta: dict[str, Any] = field(default_factory=dict)
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def measures(self) -> list[str]:
+        return list(self.values)
+
+    def matrix(self, measure: str) -> np.ndarray:
+        """The (L, L) matrix of ``measure``."""
+        if measure not in self.values:
+            raise KeyError(f"{measure!r} was not computed; measures: {', '.join(self.values)}")
+        return self.values[measure]
+
+    def info(self, measure: str) -> dict[str, Any]:
+        """The declared metadata of ``measure`` (formula, source, range, ...) and its options."""
+        self.matrix(measure)
+        return dict(self.meta.get("measure_info", {}).get(measure, {}))
+
+    def as_cka(self, measure: str = "linear_cka") -> CKAResult:
+        """One minibatch or exact CKA measure as a :class:`CKAResult` (per-batch statistics included)."""
+        meta = {k: v for k, v in self.meta.items() if k not in _MEASURE_KEYS}
+        return CKAResult(values=self.matrix(measure), index=list(self.index), meta=meta,
+                         state=self.states.get(measure))
+
+    def cka(self) -> CKAResult:
+        return self.as_cka("linear_cka")
+
+    def ci(self, measure: str, level: float = 0.95, *, n_boot: int = 1000,
+           seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Bootstrap interval of a minibatch CKA measure (:meth:`CKAResult.ci`)."""
+        if measure not in self.states:
+            raise ValueError(f"{measure} has no per-batch statistics (its estimator: "
+                             f"{self.meta.get('estimators', {}).get(measure, 'exact')})")
+        state = {k: v for k, v in self.states[measure].items() if k != "rbf_threshold"}
+        return CKAResult(self.matrix(measure), list(self.index), self.meta, state).ci(level, n_boot=n_boot, seed=seed)
+
+    def save(self, path: str | os.PathLike) -> str:
+        """Write ``.npz`` (class docstring). Atomic."""
+        arrays: dict[str, Any] = {
+            "measures": np.array(self.measures, dtype=str),
+            "stores": np.array([s for s, _ in self.index], dtype=str),
+            "layers": np.array([layer for _, layer in self.index], dtype=str),
+            "meta": np.array(json.dumps(self.meta, sort_keys=True, default=_json_default)),
+        }
+        for name, values in self.values.items():
+            arrays[f"values__{name}"] = np.asarray(values, dtype=np.float64)
+        for name, state in self.states.items():
+            for key, value in state.items():
+                arrays[f"{_STATE_PREFIX}{name}__{key}"] = np.asarray(value)
+        return _atomic_savez(path, arrays)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "SimilarityResult":
+        return load_result(path)
+
+    def __repr__(self) -> str:
+        return (f"SimilarityResult({', '.join(self.measures)}; {len(self.index)}×{len(self.index)}, "
+                f"method={self.meta.get('method')}, n={self.meta.get('n')})")
+
+
+def load_result(path: str | os.PathLike) -> SimilarityResult:
+    """A results file of ``repsim similarity`` or ``repsim cka`` as a :class:`SimilarityResult`
+    (a CKA file holds the one measure ``linear_cka``)."""
+    with np.load(os.fspath(path), allow_pickle=False) as z:
+        if "measures" not in z.files:
+            cka = CKAResult.load(path)
+            meta = dict(cka.meta, measures=["linear_cka"], estimators={"linear_cka": cka.meta.get("method")})
+            return SimilarityResult({"linear_cka": cka.values}, cka.index, meta,
+                                    {"linear_cka": cka.state} if cka.state else {})
+        measures = z["measures"].tolist()
+        states: dict[str, dict[str, Any]] = {}
+        for k in z.files:
+            if k.startswith(_STATE_PREFIX):
+                name, key = k[len(_STATE_PREFIX):].split("__", 1)
+                states.setdefault(name, {})[key] = _unwrap(z[k])
+        return SimilarityResult(values={m: np.array(z[f"values__{m}"]) for m in measures},
+                                index=list(zip(z["stores"].tolist(), z["layers"].tolist())),
+                                meta=json.loads(str(z["meta"])), states=states)
 
 
 def _json_default(obj: Any) -> Any:

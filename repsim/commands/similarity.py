@@ -1,0 +1,59 @@
+"""`repsim similarity`: several similarity measures between every (store, layer) pair, from one pass
+over the stores (docs/measures.md); `repsim cka` is the same for linear CKA alone."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from repsim.commands.main import CommandError
+from repsim.commands._args import positive
+from repsim.commands._stream import layers_arg, progress_arg
+from repsim.commands import cka as _cka
+
+HELP = "similarity measures (CKA, RBF CKA, CCA family, Procrustes, RSA, mutual kNN, ridge) between every pair"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    _cka.configure(parser)  # the same stores, batches, resume and refusals as `repsim cka`
+    parser.add_argument("--measures", default="linear_cka", metavar="A,B,...",
+                        help="comma-separated measures (default linear_cka): linear_cka, rbf_cka, procrustes, cca, "
+                             "svcca, pwcca, rsa, mutual_knn, ridge_r2 (docs/measures.md)")
+    parser.add_argument("--rbf-threshold", type=float, default=1.0, metavar="T",
+                        help="rbf_cka: sigma^2 = T^2 x median squared distance (default 1.0)")
+    parser.add_argument("--knn-k", type=positive, default=10, metavar="K", help="mutual_knn: neighbours (default 10)")
+    parser.add_argument("--rsa-max-rows", type=positive, default=2000, metavar="N",
+                        help="rsa: above N examples, a seeded subsample of N rows (default 2000)")
+    parser.add_argument("--ridge-folds", type=positive, default=5, help="ridge_r2: cross-validation folds (default 5)")
+    parser.add_argument("--max-memory", type=float, default=8.0, metavar="GIB",
+                        help="exact measures: GiB of columns held in memory, n x min(p, n) float64 each (default 8)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from repsim.engine.minibatch import similarity_matrix
+    from repsim.engine.scheduler import scheduler
+    from repsim.kernels.measures import parse_measures
+
+    measures = parse_measures(args.measures)  # an unknown name is refused before any store is opened
+    out = args.out if args.out.endswith(".npz") else args.out + ".npz"
+    if os.path.isdir(out) or (os.path.exists(out) and not args.overwrite):
+        raise CommandError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
+    ckpt = args.checkpoint or (out[:-4] + ".ckpt.npz")
+    options = {"rbf_threshold": args.rbf_threshold, "knn_k": args.knn_k, "rsa_max_rows": args.rsa_max_rows,
+               "rsa_seed": args.seed, "ridge_folds": args.ridge_folds, "ridge_seed": args.seed}
+    with scheduler(args.scheduler):
+        result = similarity_matrix(args.stores, measures, layers=layers_arg(args.layers),
+                                   batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
+                                   shuffle=args.shuffle, spatial=args.spatial, debiased=not args.biased,
+                                   method=args.method, options=options, shuffle_window=args.shuffle_window,
+                                   device=args.device, checkpoint=ckpt if args.method == "minibatch" else None,
+                                   checkpoint_every=args.checkpoint_every, progress=progress_arg(args),
+                                   threads=args.threads, max_memory=int(args.max_memory * 2**30),
+                                   compute_dtype=args.compute_dtype, allow_mixed_datasets=args.allow_mixed_datasets)
+    path = result.save(out)
+    if os.path.exists(ckpt):
+        os.remove(ckpt)
+    L = len(result.index)
+    print(f"repsim similarity: {', '.join(result.measures)} ({L}x{L}) over "
+          f"{len(dict.fromkeys(s for s, _ in result.index))} store(s), n={result.meta['n']} -> {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,103 @@
+"""The exact estimators of the similarity measures, streamed from stores (the ``exact`` half of
+:func:`repsim.engine.minibatch.similarity_matrix`).
+
+Linear CKA keeps its own streamed all-pairs route (:mod:`repsim.engine.exact`: cross-covariances or
+n × n Gram panels, chosen by FLOPs), registered in :data:`STREAMED_EXACT`; every other measure reads
+each column once into a :class:`~repsim.kernels.measures.FullColumn` (:mod:`repsim.engine.full`:
+rows when p <= n, else the n × n Gram) and runs its ``prepare``/``pair`` over all pairs
+(:func:`repsim.kernels.measures._exact.exact_matrix`).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from repsim.engine.blocks import Column, progress_bar
+from repsim.engine.full import full_columns, read_passes
+from repsim.kernels.measures import Measure
+from repsim.kernels.measures._exact import exact_matrix
+
+
+def _linear_cka_exact(measure: Measure, columns: Sequence[Column], n: int, block_rows: int, *, spatial: str,
+                      xp: Any, memory_budget: int, prefetch: int, threads: int, progress: bool | None,
+                      meta: dict[str, Any]) -> np.ndarray:
+    from repsim.engine.exact import exact_cka
+
+    values, plan_info = exact_cka(columns, n, block_rows, debiased=bool(measure.options["debiased"]),
+                                  spatial=spatial, xp=xp, memory_budget=memory_budget, prefetch=prefetch,
+                                  threads=threads, progress=progress)
+    meta.update(plan_info)
+    report_undefined(values, columns, meta)
+    return values
+
+
+def report_undefined(values: np.ndarray, columns: Sequence[Column], meta: dict[str, Any],
+                      measure: str = "linear_cka", bad: Sequence[str] | None = None) -> None:
+    """Columns constant over the examples have no CKA (NaN row and column; every other pair is
+    computed): one line on stderr naming them, and ``meta["undefined_columns"]`` (linear CKA) or
+    ``meta["undefined"][measure]["columns"]``.  ``bad``: the undefined columns' names when the
+    measure says which (default: those with a NaN diagonal)."""
+    if bad is None:
+        bad = [f"{c.store}/{c.layer}" for k, c in enumerate(columns) if np.isnan(values[k, k])]
+    bad = list(bad)
+    if not bad:
+        return
+    if measure == "linear_cka":
+        meta["undefined_columns"] = bad
+    meta.setdefault("undefined", {}).setdefault(measure, {})["columns"] = bad
+    what = "CKA" if measure == "linear_cka" else measure
+    print(f"repsim: {what} is undefined (NaN, blank in figures) for {len(bad)} column(s) constant over the "
+          f"examples: {', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''} — e.g. a zero-initialised head, "
+          "or float16 storage that rounded a tiny variance to zero (re-extract with --dtype float32)",
+          file=sys.stderr)
+
+
+# measures whose exact estimator streams all pairs itself instead of holding full columns
+STREAMED_EXACT: dict[str, Callable[..., np.ndarray]] = {"linear_cka": _linear_cka_exact}
+
+
+def report_pairs(measure: str, pairs: Sequence[tuple[str, str]], meta: dict[str, Any]) -> None:
+    """Pairs a measure could not define (e.g. CCA with too few rows): one line on stderr and
+    ``meta["undefined"][measure]["pairs"]``."""
+    if not pairs:
+        return
+    meta.setdefault("undefined", {}).setdefault(measure, {})["pairs"] = [list(p) for p in pairs]
+    shown = ", ".join(f"({a}, {b})" for a, b in pairs[:6])
+    print(f"repsim: {measure} is undefined (NaN, blank in figures) for {len(pairs)} pair(s): {shown}"
+          f"{' ...' if len(pairs) > 6 else ''} — e.g. CCA needs more examples than the two ranks together",
+          file=sys.stderr)
+
+
+def exact_measures(measures: Sequence[Measure], columns: Sequence[Column], n: int, block_rows: int, *,
+                   spatial: str, xp: Any, memory_budget: int, max_memory: int, prefetch: int, threads: int,
+                   progress: bool | None, meta: dict[str, Any]) -> dict[str, np.ndarray]:
+    """``{measure name: (L, L) values}`` of each measure's exact estimator on the full data."""
+    out: dict[str, np.ndarray] = {}
+    held = [m for m in measures if m.name not in STREAMED_EXACT]
+    for m in measures:
+        if m.name in STREAMED_EXACT:
+            out[m.name] = STREAMED_EXACT[m.name](m, columns, n, block_rows, spatial=spatial, xp=xp,
+                                                 memory_budget=memory_budget, prefetch=prefetch, threads=threads,
+                                                 progress=progress, meta=meta)
+    if held:
+        bar = progress_bar(read_passes(columns, n, block_rows, spatial, memory_budget), "read", progress, unit="block")
+        try:
+            full = full_columns(columns, n, block_rows, spatial=spatial, memory_budget=memory_budget,
+                                max_bytes=max_memory, prefetch=prefetch, threads=threads, bar=bar)
+        finally:
+            bar.close()
+        for m in held:
+            bar = progress_bar(len(full), m.name, progress, unit="column")
+            try:
+                outcome = exact_matrix(m, full, bar.update)
+            finally:
+                bar.close()
+            out[m.name] = outcome.values
+            if m.name == "rsa":
+                used = m.rows_used(n)  # type: ignore[attr-defined]
+                meta["measure_info"][m.name]["rows_used"] = n if used is None else int(used.size)
+            report_undefined(outcome.values, columns, meta, m.name, outcome.undefined_columns)
+            report_pairs(m.name, outcome.undefined_pairs, meta)
+    return out

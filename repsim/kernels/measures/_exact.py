@@ -1,0 +1,70 @@
+"""All pairs of one measure's exact estimator on in-memory columns, and the one-pair convenience
+:func:`similarity`; undefined columns and pairs become NaN, reported (not raised)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from repsim._xp import to_numpy
+from repsim.kernels.measures._protocol import FullColumn, Measure
+
+
+@dataclass
+class ExactOutcome:
+    """``values`` (L, L); ``undefined_columns`` (names) and ``undefined_pairs`` ((row, column) names)."""
+
+    values: np.ndarray
+    undefined_columns: list[str] = field(default_factory=list)
+    undefined_pairs: list[tuple[str, str]] = field(default_factory=list)
+
+
+def full_column(x: Any, name: str = "X") -> FullColumn:
+    """An in-memory layer (n, ...) as a :class:`FullColumn`: float64 rows when p <= n, else its Gram."""
+    X = np.asarray(to_numpy(x), dtype=np.float64).reshape(np.shape(x)[0], -1)
+    if not np.all(np.isfinite(X)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    n, p = X.shape
+    if p <= n:
+        return FullColumn(name, p, rows=X)
+    return FullColumn(name, p, gram=X @ X.T, sums=X.sum(axis=1))
+
+
+def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any = None) -> ExactOutcome:
+    """m(column i, column j) for every pair (row = first argument): each column prepared once, then
+    the upper triangle (symmetric measures) or every ordered pair."""
+    L = len(columns)
+    prepared = []
+    for c in columns:
+        prepared.append(measure.prepare(c))
+        if progress is not None:
+            progress(1)
+    values = np.full((L, L), np.nan)
+    out = ExactOutcome(values, [c.name for c, p in zip(columns, prepared) if p is None])
+    for i in range(L):
+        for j in range(i if measure.info.symmetric else 0, L):
+            if prepared[i] is None or prepared[j] is None:
+                continue
+            v = measure.pair(prepared[i], prepared[j])
+            if not math.isfinite(v):
+                out.undefined_pairs.append((columns[i].name, columns[j].name))
+                v = math.nan
+            values[i, j] = v
+            if measure.info.symmetric:
+                values[j, i] = v
+    return out
+
+
+def similarity(X: Any, Y: Any, measure: str | Measure = "linear_cka", **options: Any) -> float:
+    """One measure's exact value for two in-memory representations X (n, ...) and Y (n, ...)
+    (row = X for asymmetric measures); NaN when undefined."""
+    from repsim.kernels.measures import get_measure
+
+    m = get_measure(measure, **options) if isinstance(measure, str) else measure
+    a, b = full_column(X, "X"), full_column(Y, "Y")
+    if a.n != b.n:
+        raise ValueError(f"X has {a.n} examples and Y {b.n}: a similarity compares the same examples")
+    pa, pb = m.prepare(a), m.prepare(b)
+    return math.nan if pa is None or pb is None else float(m.pair(pa, pb))

@@ -1,0 +1,224 @@
+"""The pairwise-measure protocol: what every similarity measure declares and implements.
+
+A *measure* compares two columns (one layer of one store each) over the same n examples.  It
+declares its metadata (:class:`MeasureInfo`) and implements one or both estimators:
+
+- **minibatch** (:meth:`Measure.accumulator`): a mergeable accumulator over batches of all L
+  columns at once — ``update(batch)`` with one per-batch *statistic* per column (the measure's
+  ``info.statistic``: ``"rows"`` — the batch rows or, for a wide column, its centred b × b Gram
+  as a :class:`~repsim.kernels._precision.CentredGram`; ``"gram"`` — always the centred Gram, so
+  that measures which start from it share one product per column), ``merge(other)`` (threads, Dask
+  workers and resumed checkpoints combine partial states in segment order), ``result()`` → (L, L),
+  ``to_state()`` / ``from_state(state)`` (plain NumPy values: checkpoints, task results) and
+  ``undefined()`` (the columns it could not define);
+- **exact** (:meth:`Measure.prepare` + :meth:`Measure.pair`): on the full data of each column
+  (:class:`FullColumn`: its float64 rows when p <= n, its Gram otherwise), ``prepare`` once per
+  column (``None``: the column is undefined for this measure, e.g. constant), then ``pair`` per
+  pair (``nan``: this pair is undefined, e.g. too few rows for CCA).
+
+An undefined column or pair is NaN in the matrix with one warning naming it (the engine's
+constant-layer policy), never an aborted matrix.  A new measure is one module that subclasses
+:class:`Measure` and decorates it with :func:`repsim.kernels.measures.register` (docs/measures.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["MeasureInfo", "Measure", "Accumulator", "FullColumn", "MinibatchUnsupported"]
+
+
+@dataclass(frozen=True)
+class MeasureInfo:
+    """A measure's declared metadata.
+
+    ``name``: as on the command line; ``formula`` and ``source`` (the paper it follows); ``estimators``:
+    the routes it implements, of ``("minibatch", "exact")``; ``statistic``: the per-batch statistic
+    of its minibatch route (``"rows"`` or ``"gram"``, module docstring; ``""`` without one);
+    ``symmetric``: m(X, Y) = m(Y, X) (else row i, column j is m(column i, column j): row = first
+    argument); ``range`` its (min, max); ``identical`` its value for m(X, X); ``null`` its expected
+    value for independent noise (about; finite-sample bias aside); ``invariances`` what transforms of
+    X leave it unchanged.
+    """
+
+    name: str
+    formula: str
+    source: str
+    estimators: tuple[str, ...]
+    symmetric: bool
+    range: tuple[float, float]
+    identical: float
+    null: float
+    statistic: str = ""
+    invariances: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "formula": self.formula, "source": self.source,
+                "estimators": list(self.estimators), "symmetric": self.symmetric, "range": list(self.range),
+                "identical": self.identical, "null": self.null, "statistic": self.statistic,
+                "invariances": list(self.invariances)}
+
+
+class MinibatchUnsupported(ValueError):
+    """The measure has no minibatch estimator."""
+
+
+class Accumulator:
+    """The minibatch accumulator protocol (:class:`repsim.MinibatchCKA` is the reference instance).
+
+    Subclasses implement ``update``, ``merge``, ``result``, ``to_state``, ``from_state`` and
+    ``undefined``; this base only documents them."""
+
+    def update(self, batch: Sequence[Any]) -> "Accumulator":  # pragma: no cover - protocol
+        raise NotImplementedError
+
+    def merge(self, other: "Accumulator") -> "Accumulator":  # pragma: no cover - protocol
+        raise NotImplementedError
+
+    def result(self) -> np.ndarray:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+    def to_state(self) -> dict[str, Any]:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "Accumulator":  # pragma: no cover - protocol
+        raise NotImplementedError
+
+    def undefined(self) -> list[str]:  # pragma: no cover - protocol
+        raise NotImplementedError
+
+
+@dataclass
+class FullColumn:
+    """One column on all n examples, for the exact estimators.
+
+    ``rows``: the float64 rows (n, p) when p <= n, else ``None``; ``gram``: else the uncentred
+    Gram X Xᵀ (n, n) float64.  ``features`` is p.  Derived views (cached): :meth:`centred_gram`
+    K_c = X̃ X̃ᵀ (X̃ column-centred), :meth:`factor` an (n, r) matrix R with R Rᵀ = K_c
+    (r = min(p, n); R = X̃ itself when the rows are kept, so R = X̃ Q with Q orthonormal in general:
+    measures that are invariant to orthogonal transforms of the features may use R for X̃),
+    :meth:`raw_gram` and :meth:`row_sums` (for measures on uncentred rows: RSA, mutual kNN).
+    """
+
+    name: str
+    features: int
+    rows: np.ndarray | None = None
+    gram: np.ndarray | None = None
+    sums: np.ndarray | None = None  # row sums Σ_f x_if (needed with ``gram``)
+    _cache: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.rows is None) == (self.gram is None):
+            raise ValueError("a FullColumn holds either its rows or its Gram")
+        self._cache = {}
+
+    @property
+    def n(self) -> int:
+        return int((self.rows if self.rows is not None else self.gram).shape[0])
+
+    @property
+    def has_features(self) -> bool:
+        return self.rows is not None
+
+    def _cached(self, key: str, make: Any) -> Any:
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def centred_rows(self) -> np.ndarray:
+        """X̃ = X − x̄ (only when the rows are kept)."""
+        if self.rows is None:
+            raise ValueError(f"{self.name}: its features are not kept (p = {self.features} > n = {self.n})")
+        return self._cached("centred", lambda: self.rows - self.rows.mean(axis=0, keepdims=True))
+
+    def centred_gram(self) -> np.ndarray:
+        """K_c = X̃ X̃ᵀ = H G H (n, n)."""
+        def make() -> np.ndarray:
+            if self.rows is not None:
+                Xc = self.centred_rows()
+                return Xc @ Xc.T
+            G = self.gram
+            r = G.mean(axis=1, keepdims=True)
+            K = G - r - r.T + r.mean()
+            return (K + K.T) / 2
+        return self._cached("kc", make)
+
+    def factor(self) -> np.ndarray:
+        """R (n, r) with R Rᵀ = K_c: X̃ itself, or the eigen-factor V Λ^½ of K_c (eigenvalues below
+        n·eps·λ_max dropped)."""
+        def make() -> np.ndarray:
+            if self.rows is not None:
+                return self.centred_rows()
+            w, V = np.linalg.eigh(self.centred_gram())
+            keep = w > max(w[-1], 0.0) * self.n * np.finfo(np.float64).eps
+            return V[:, keep] * np.sqrt(w[keep])
+        return self._cached("factor", make)
+
+    def raw_gram(self) -> np.ndarray:
+        """G = X Xᵀ, uncentred (n, n)."""
+        return self.gram if self.gram is not None else self._cached("g", lambda: self.rows @ self.rows.T)
+
+    def row_sums(self) -> np.ndarray:
+        """Σ_f x_if per row (n,)."""
+        if self.rows is not None:
+            return self._cached("sums", lambda: self.rows.sum(axis=1))
+        return self.sums
+
+    def is_constant(self) -> bool:
+        """No variance over the examples: tr K_c within the rounding of the data (relative 1e-12 of
+        tr G, the uncentred energy)."""
+        def make() -> bool:
+            tr = float(np.trace(self.centred_gram()))
+            scale = float(np.trace(self.raw_gram())) if self.gram is not None else float(np.sum(self.rows ** 2))
+            return not tr > 1e-12 * max(scale, np.finfo(np.float64).tiny)
+        return self._cached("const", make)
+
+
+class Measure:
+    """Base of every measure: metadata in ``info``, options in ``OPTIONS`` (name -> default), and
+    the estimators it implements (module docstring).
+
+    ``Measure(**options)``: unknown keys are ignored, so the engine can pass one option dict to
+    every measure of a call; ``self.options`` holds the measure's own (recorded in results)."""
+
+    info: ClassVar[MeasureInfo]
+    OPTIONS: ClassVar[Mapping[str, Any]] = {}
+
+    def __init__(self, **options: Any) -> None:
+        self.options = {k: options.get(k, v) if options.get(k) is not None else v for k, v in self.OPTIONS.items()}
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    def has(self, estimator: str) -> bool:
+        return estimator in self.info.estimators
+
+    # -- minibatch -----------------------------------------------------------------------------
+    def accumulator(self, names: Sequence[str], **kw: Any) -> Accumulator:
+        """A fresh minibatch accumulator over the columns ``names``."""
+        raise MinibatchUnsupported(f"{self.name} has no minibatch estimator: use method='exact'")
+
+    def accumulator_from_state(self, state: dict[str, Any]) -> Accumulator:
+        raise MinibatchUnsupported(f"{self.name} has no minibatch estimator")
+
+    # -- exact ---------------------------------------------------------------------------------
+    def prepare(self, column: FullColumn) -> Any:
+        """What ``pair`` needs of one column (computed once per column); ``None``: undefined."""
+        raise NotImplementedError(f"{self.name} has no exact estimator")
+
+    def pair(self, a: Any, b: Any) -> float:
+        """The measure of two prepared columns (row = ``a``); ``nan`` when undefined."""
+        raise NotImplementedError(f"{self.name} has no exact estimator")
+
+    def __repr__(self) -> str:
+        opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"{type(self).__name__}({opts})"
+
+
+def finite_or_nan(value: float) -> float:
+    return float(value) if math.isfinite(value) else math.nan

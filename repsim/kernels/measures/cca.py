@@ -1,0 +1,119 @@
+"""The CCA family: ``cca``, ``svcca``, ``pwcca`` (exact only).
+
+Canonical correlations ρ₁ >= ... >= ρ_m of column-centred X̃ and Ỹ are the singular values of
+Q_xᵀQ_y, Q an orthonormal basis of each column space (thin SVD of X̃, numerical rank r: singular
+values above max(n, p)·eps·s₁), m = min(r_x, r_y) (Hotelling 1936).
+
+- ``cca``: mean canonical correlation ρ̄ = (1/m) Σᵢ ρᵢ (Raghu et al. 2017's summary statistic).
+- ``svcca`` (Raghu, Gilmer, Yosinski & Sohl-Dickstein 2017, NeurIPS): each side reduced to its
+  fewest top principal components whose variance is ≥ 99 % of the total (``svcca_variance``),
+  then ρ̄ of those.
+- ``pwcca`` (Morcos, Raghu & Bengio 2018, NeurIPS): Σᵢ αᵢρᵢ / Σᵢ αᵢ with αᵢ = Σⱼ |⟨hᵢ, x̃ⱼ⟩|, hᵢ the
+  first representation's unit canonical variates and x̃ⱼ its centred columns (neurons).
+  Asymmetric: row = first argument (whose neurons weigh the correlations).
+
+Too few rows: the centred data span at most n − 1 dimensions, so when r_x + r_y > n − 1 some
+canonical correlations are 1 whatever the data; such a pair is undefined (NaN, warned).  CCA and
+SVCCA are invariant to invertible linear transforms (CCA) / orthogonal transforms and isotropic
+scaling (SVCCA) and use the n × r factor of a wide column (:meth:`FullColumn.factor`); PWCCA's
+weights depend on the individual neurons, so it needs the features (p <= n) and refuses wider
+columns, naming what to do.  Cost: one thin SVD per column O(n r²), per pair O(n r_x r_y).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from repsim.kernels.measures import register
+from repsim.kernels.measures._protocol import FullColumn, Measure, MeasureInfo
+
+
+class Basis(NamedTuple):
+    Q: np.ndarray  # (n, r) orthonormal basis of the (reduced) column space
+    n: int
+    Xc: np.ndarray | None  # centred features (pwcca only)
+
+
+def _basis(R: np.ndarray, variance: float | None = None) -> np.ndarray:
+    """Orthonormal basis of R's column space (rank-revealing thin SVD); with ``variance``, only the
+    fewest top directions holding that fraction of the total variance (SVCCA)."""
+    U, s, _ = np.linalg.svd(R, full_matrices=False)
+    if s.size == 0 or not s[0] > 0:
+        return U[:, :0]
+    r = int(np.sum(s > max(R.shape) * np.finfo(np.float64).eps * s[0]))
+    if variance is not None:
+        frac = np.cumsum(s[:r] ** 2) / np.sum(s[:r] ** 2)
+        r = min(r, int(np.searchsorted(frac, variance - 1e-12)) + 1)
+    return U[:, :r]
+
+
+def canonical(a: Basis, b: Basis) -> tuple[np.ndarray, np.ndarray] | None:
+    """(ρ descending, the matching left singular vectors of Q_aᵀQ_b) or None (too few rows)."""
+    ra, rb = a.Q.shape[1], b.Q.shape[1]
+    if ra == 0 or rb == 0 or ra + rb > a.n - 1:
+        return None
+    U, rho, _ = np.linalg.svd(a.Q.T @ b.Q, full_matrices=False)
+    m = min(ra, rb)
+    return np.clip(rho[:m], 0.0, 1.0), U[:, :m]
+
+
+class _CCABase(Measure):
+    variance: float | None = None
+    needs_features = False
+
+    def prepare(self, column: FullColumn) -> Any:
+        if column.is_constant():
+            return None
+        if self.needs_features and not column.has_features:
+            raise ValueError(
+                f"{self.name} needs the features of {column.name} (p = {column.features} > n = {column.n}): its "
+                "weights Σⱼ|⟨hᵢ, xⱼ⟩| change when the neurons are rotated, so there is no n × n route; pool conv "
+                "maps first (--spatial mean) or use svcca/cca")
+        Xc = column.centred_rows() if self.needs_features else None
+        return Basis(_basis(column.factor(), self.variance), column.n, Xc)
+
+    def pair(self, a: Basis, b: Basis) -> float:
+        out = canonical(a, b)
+        return math.nan if out is None else float(np.mean(out[0]))
+
+
+@register
+class CCA(_CCABase):
+    info = MeasureInfo(
+        name="cca", formula="mean canonical correlation ρ̄ over min(rank) directions",
+        source="Hotelling 1936; ρ̄ as in Raghu et al. 2017", estimators=("exact",), symmetric=True,
+        range=(0.0, 1.0), identical=1.0, null=0.0,
+        invariances=("invertible linear", "orthogonal", "isotropic scaling", "translation"))
+
+
+@register
+class SVCCA(_CCABase):
+    info = MeasureInfo(
+        name="svcca", formula="ρ̄ of the fewest top PCs of each side explaining ≥ 99 % of its variance",
+        source="Raghu, Gilmer, Yosinski & Sohl-Dickstein 2017 (NeurIPS)", estimators=("exact",), symmetric=True,
+        range=(0.0, 1.0), identical=1.0, null=0.0, invariances=("orthogonal", "isotropic scaling", "translation"))
+    OPTIONS = {"svcca_variance": 0.99}
+
+    @property
+    def variance(self) -> float:  # type: ignore[override]
+        return float(self.options["svcca_variance"])
+
+
+@register
+class PWCCA(_CCABase):
+    info = MeasureInfo(
+        name="pwcca", formula="Σᵢ αᵢρᵢ / Σᵢ αᵢ, αᵢ = Σⱼ |⟨hᵢ, x̃ⱼ⟩| (hᵢ canonical variates of the first argument)",
+        source="Morcos, Raghu & Bengio 2018 (NeurIPS)", estimators=("exact",), symmetric=False,
+        range=(0.0, 1.0), identical=1.0, null=0.0, invariances=("isotropic scaling", "translation"))
+    needs_features = True
+
+    def pair(self, a: Basis, b: Basis) -> float:
+        out = canonical(a, b)
+        if out is None:
+            return math.nan
+        rho, U = out
+        H = a.Q @ U  # (n, m) unit canonical variates of the first representation
+        alpha = np.sum(np.abs(H.T @ a.Xc), axis=1)
+        return float(np.sum(alpha * rho) / np.sum(alpha))

@@ -1,0 +1,69 @@
+"""``linear_cka``: linear centred kernel alignment, the reference instance of the protocol.
+
+    CKA(X, Y) = HSIC(K, L) / sqrt(HSIC(K, K) · HSIC(L, L)),   K = X̃X̃ᵀ, L = ỸỸᵀ
+
+(Kornblith et al. 2019, ICML, "Similarity of Neural Network Representations Revisited"; paper Eq. 10),
+HSIC₁ the unbiased estimator of Song et al. 2012 (``debiased=True``, default) or HSIC₀ = ⟨HKH, HLH⟩.
+Minibatch: Nguyen, Raghu & Kornblith 2021 — sums of per-batch HSIC, accumulated by
+:class:`repsim.MinibatchCKA` (all the math, precision rule and error bound: :mod:`repsim.kernels.cka`).
+Exact: on the full data, streamed by :mod:`repsim.engine.exact`; :meth:`LinearCKA.pair` is the same
+on in-memory columns.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from repsim.kernels.cka import MinibatchCKA, ucenter
+from repsim.kernels.measures import register
+from repsim.kernels.measures._protocol import FullColumn, Measure, MeasureInfo
+
+
+def hsic_prepared(K: np.ndarray, debiased: bool) -> tuple[np.ndarray, float] | None:
+    """(the centred Gram in the form whose inner products are HSIC, its self-HSIC) or None (constant):
+    U(K)/sqrt(n(n−3)) for HSIC₁, HKH/(n−1) for HSIC₀."""
+    n = K.shape[0]
+    if debiased:
+        U = np.asarray(ucenter(K), dtype=np.float64) / np.sqrt(n * (n - 3))
+    else:
+        r = K.mean(axis=1, keepdims=True)
+        U = (K - r - r.T + r.mean()) / (n - 1)
+    self_h = float(np.sum(U * U))
+    return (U, self_h) if self_h > 0 else None
+
+
+def cka_pair(a: tuple[np.ndarray, float], b: tuple[np.ndarray, float]) -> float:
+    """HSIC(K, L) / sqrt(HSIC(K, K) HSIC(L, L)) of two :func:`hsic_prepared` Grams."""
+    return float(np.sum(a[0] * b[0])) / float(np.sqrt(a[1] * b[1]))
+
+
+class CKAFamily(Measure):
+    """The CKA measures: ``prepare`` gives :func:`hsic_prepared` of a column's kernel matrix, and a
+    pair is :func:`cka_pair` of two of them."""
+
+    def pair(self, a: Any, b: Any) -> float:
+        return cka_pair(a, b)
+
+
+@register
+class LinearCKA(CKAFamily):
+    info = MeasureInfo(
+        name="linear_cka",
+        formula="HSIC(XXᵀ, YYᵀ) / sqrt(HSIC(XXᵀ, XXᵀ) HSIC(YYᵀ, YYᵀ)), HSIC₁ unbiased (Song et al. 2012)",
+        source="Kornblith et al. 2019 (ICML); minibatch: Nguyen, Raghu & Kornblith 2021",
+        estimators=("minibatch", "exact"), symmetric=True, range=(0.0, 1.0), identical=1.0, null=0.0,
+        statistic="rows", invariances=("orthogonal", "isotropic scaling", "translation"))
+    OPTIONS = {"debiased": True, "compute_dtype": None}
+
+    def accumulator(self, names: Sequence[str], **kw: Any) -> MinibatchCKA:
+        return MinibatchCKA(len(names), debiased=bool(self.options["debiased"]), keep_batches=True, names=names,
+                            compute_dtype=self.options["compute_dtype"], **kw)
+
+    def accumulator_from_state(self, state: dict[str, Any]) -> MinibatchCKA:
+        return MinibatchCKA.from_state(state)
+
+    def prepare(self, column: FullColumn) -> Any:
+        if column.is_constant():
+            return None
+        return hsic_prepared(column.centred_gram(), bool(self.options["debiased"]))

@@ -1,0 +1,231 @@
+"""Every similarity measure of repsim.kernels.measures against a brute-force reference written from its
+formula (or a peer: SciPy, scikit-learn), with its known answers: identical -> its maximum, the
+invariances it claims, independent noise -> near its null; and the protocol (registry, metadata, states)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.linalg import orthogonal_procrustes
+from scipy.spatial.distance import pdist
+from scipy.stats import spearmanr
+
+from repsim.kernels.measures import MEASURES, get_measure, measure_names, parse_measures
+from repsim.kernels.measures._exact import exact_matrix, full_column, similarity
+from repsim.kernels.measures.rbf_cka import MinibatchRBFCKA
+
+N = 150
+
+
+def data(seed=0, n=N, p=12, q=9):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, p)) @ rng.normal(size=(p, p)) + 3.0
+    Y = np.tanh(X[:, :q] @ rng.normal(size=(q, q))) + 0.5 * rng.normal(size=(n, q))
+    return X, Y, rng
+
+
+def rotate(X, rng, scale=2.5, shift=1.0):
+    Q, _ = np.linalg.qr(rng.normal(size=(X.shape[1], X.shape[1])))
+    return scale * X @ Q + shift
+
+
+# ---------------------------------------------------------------------------------- brute-force references
+def nb_center_gram(gram, unbiased):  # the google-research CKA notebook's center_gram
+    gram = gram.copy()
+    n = gram.shape[0]
+    if unbiased:
+        np.fill_diagonal(gram, 0)
+        means = np.sum(gram, 0) / (n - 2)
+        means -= np.sum(means) / (2 * (n - 1))
+        gram -= means[:, None]
+        gram -= means[None, :]
+        np.fill_diagonal(gram, 0)
+    else:
+        means = np.mean(gram, 0)
+        means -= np.mean(means) / 2
+        gram -= means[:, None]
+        gram -= means[None, :]
+    return gram
+
+
+def nb_gram_rbf(x, threshold=1.0):  # the notebook's gram_rbf
+    dot = x @ x.T
+    sq = np.diag(dot)
+    d2 = -2 * dot + sq[:, None] + sq[None, :]
+    return np.exp(-d2 / (2 * threshold ** 2 * np.median(d2)))
+
+
+def nb_cka(gx, gy, debiased):
+    gx, gy = nb_center_gram(gx, debiased), nb_center_gram(gy, debiased)
+    return gx.ravel() @ gy.ravel() / (np.linalg.norm(gx) * np.linalg.norm(gy))
+
+
+def ref_cca(X, Y):
+    Xc, Yc = X - X.mean(0), Y - Y.mean(0)
+    def inv_sqrt(C):
+        w, V = np.linalg.eigh(C)
+        return V @ np.diag(w ** -0.5) @ V.T
+    M = inv_sqrt(Xc.T @ Xc) @ Xc.T @ Yc @ inv_sqrt(Yc.T @ Yc)
+    U, rho, _ = np.linalg.svd(M, full_matrices=False)
+    return rho[:min(X.shape[1], Y.shape[1])], Xc @ inv_sqrt(Xc.T @ Xc) @ U[:, :min(X.shape[1], Y.shape[1])]
+
+
+def ref_svd_reduce(X, keep=0.99):
+    Xc = X - X.mean(0)
+    U, s, _ = np.linalg.svd(Xc, full_matrices=False)
+    k = next(i + 1 for i in range(s.size) if np.sum(s[:i + 1] ** 2) / np.sum(s ** 2) >= keep)
+    return U[:, :k] * s[:k]
+
+
+def ref_knn(X, Y, k):
+    def nn(Z):
+        Zn = Z / np.linalg.norm(Z, axis=1, keepdims=True)
+        S = Zn @ Zn.T
+        np.fill_diagonal(S, -np.inf)
+        return [set(np.argsort(-S[i], kind="stable")[:k].tolist()) for i in range(Z.shape[0])]
+    a, b = nn(X), nn(Y)
+    return np.mean([len(a[i] & b[i]) / k for i in range(X.shape[0])])
+
+
+# ---------------------------------------------------------------------------------- protocol
+def test_registry_names_and_metadata():
+    names = measure_names()
+    assert names[:2] == ["linear_cka", "rbf_cka"] and len(names) >= 8
+    for name in names:
+        m = get_measure(name)
+        assert MEASURES[name] is type(m) and m.info.name == name and m.info.formula and m.info.source
+        lo, hi = m.info.range
+        assert lo <= m.info.null <= hi and m.info.identical == hi
+    assert parse_measures("rbf_cka, linear_cka,rbf_cka") == ["rbf_cka", "linear_cka"]
+    with pytest.raises(ValueError, match="unknown measure 'nope'"):
+        parse_measures("nope")
+    assert not get_measure("pwcca").info.symmetric and not get_measure("ridge_r2").info.symmetric
+
+
+@pytest.mark.parametrize("name", ["linear_cka", "rbf_cka", "procrustes", "cca", "svcca", "pwcca", "rsa",
+                                  "mutual_knn", "ridge_r2"])
+def test_identical_gives_the_maximum_and_noise_the_null(name):
+    X, _, rng = data(1, n=300, p=8, q=6)
+    assert similarity(X, X, name) == pytest.approx(1.0, abs=1e-6 if name != "ridge_r2" else 2e-3)
+    noise = similarity(X, rng.normal(size=(300, 6)), name)
+    null = {"mutual_knn": 10 / 299, "cca": 0.1, "svcca": 0.1, "pwcca": 0.1, "procrustes": 0.1}.get(name, 0.0)
+    assert abs(noise - null) < 0.09, noise
+
+
+@pytest.mark.parametrize("name", ["linear_cka", "rbf_cka", "procrustes", "cca", "svcca", "ridge_r2"])
+def test_orthogonal_scaling_translation_invariance(name):
+    X, Y, rng = data(2)
+    assert similarity(rotate(X, rng), Y, name) == pytest.approx(similarity(X, Y, name), abs=1e-9)
+
+
+def test_constant_column_is_nan_in_the_matrix_not_an_error():
+    X, Y, _ = data(3)
+    cols = [full_column(X, "x"), full_column(np.ones((N, 4)), "flat"), full_column(Y, "y")]
+    for name in measure_names():
+        out = exact_matrix(get_measure(name), cols)
+        assert out.undefined_columns == ["flat"], name
+        assert np.isnan(out.values[1]).all() and np.isfinite(out.values[0, 2]), name
+
+
+# ---------------------------------------------------------------------------------- each measure
+@pytest.mark.parametrize("debiased", [True, False])
+@pytest.mark.parametrize("t", [0.5, 1.0, 2.0])
+def test_rbf_cka_exact_matches_the_notebook(debiased, t):
+    X, Y, _ = data(4)
+    want = nb_cka(nb_gram_rbf(X, t), nb_gram_rbf(Y, t), debiased)
+    got = similarity(X, Y, "rbf_cka", debiased=debiased, rbf_threshold=t)
+    assert abs(got - want) <= 1e-9
+
+
+def test_rbf_cka_minibatch_is_the_sum_over_batch_hsic_and_merges():
+    X, Y, rng = data(5, n=240)
+    W = rng.normal(size=(240, 300))  # wide (p >= 4b): enters as its centred Gram in the engine too
+    cols = [X, Y, W]
+    batches = np.array_split(rng.permutation(240), 4)
+    m = get_measure("rbf_cka")
+    acc = m.accumulator(["x", "y", "w"])
+    parts = [m.accumulator(["x", "y", "w"]) for _ in range(2)]
+    H = np.zeros((3, 3))
+    for i, rows in enumerate(batches):
+        acc.update([c[rows] for c in cols])
+        parts[i % 2].update([c[rows] for c in cols])
+        G = [nb_center_gram(nb_gram_rbf(c[rows]), True) for c in cols]
+        H += np.array([[a.ravel() @ b.ravel() for b in G] for a in G]) / (rows.size * (rows.size - 3))
+    want = H / np.sqrt(np.outer(np.diag(H), np.diag(H)))
+    np.testing.assert_allclose(acc.result(), want, atol=1e-9)
+    merged = parts[0].merge(MinibatchRBFCKA.from_state(parts[1].to_state()))
+    np.testing.assert_allclose(merged.result(), acc.result(), atol=1e-12)
+
+
+def test_procrustes_matches_the_nuclear_norm_and_scipy_and_its_wide_route():
+    X, Y, rng = data(6)
+    Xc, Yc = X - X.mean(0), Y - Y.mean(0)
+    want = np.linalg.norm(Xc.T @ Yc, "nuc") / (np.linalg.norm(Xc) * np.linalg.norm(Yc))
+    assert abs(similarity(X, Y, "procrustes") - want) <= 1e-12
+    _, scale = orthogonal_procrustes(Xc, np.pad(Yc, ((0, 0), (0, 3))))  # max_Q tr(Qᵀ XcᵀYc), Q orthogonal
+    assert abs(similarity(X, Y, "procrustes") - scale / (np.linalg.norm(Xc) * np.linalg.norm(Yc))) <= 1e-12
+    W = rng.normal(size=(N, 400)) + X[:, :1]  # p > n: the n × n route
+    Wc = W - W.mean(0)
+    want = np.linalg.norm(Wc.T @ Yc, "nuc") / (np.linalg.norm(Wc) * np.linalg.norm(Yc))
+    assert abs(similarity(W, Y, "procrustes") - want) <= 1e-9
+
+
+def test_cca_family_against_the_covariance_formulas():
+    X, Y, _ = data(7)
+    rho, H = ref_cca(X, Y)
+    assert abs(similarity(X, Y, "cca") - rho.mean()) <= 1e-9
+    Xr, Yr = ref_svd_reduce(X), ref_svd_reduce(Y)
+    assert abs(similarity(X, Y, "svcca") - ref_cca(Xr, Yr)[0].mean()) <= 1e-9
+    alpha = np.abs(H.T @ (X - X.mean(0))).sum(axis=1)  # Morcos et al.: αᵢ = Σⱼ |⟨hᵢ, xⱼ⟩|
+    assert abs(similarity(X, Y, "pwcca") - (alpha * rho).sum() / alpha.sum()) <= 1e-9
+    assert similarity(X, Y, "pwcca") != pytest.approx(similarity(Y, X, "pwcca"), abs=1e-6)  # asymmetric
+
+
+def test_cca_with_too_few_rows_is_undefined_and_pwcca_refuses_wide_columns():
+    rng = np.random.default_rng(8)
+    X, Y = rng.normal(size=(20, 12)), rng.normal(size=(20, 12))
+    out = exact_matrix(get_measure("cca"), [full_column(X, "x"), full_column(Y, "y")])
+    assert np.isnan(out.values).all() and ("x", "y") in out.undefined_pairs and not out.undefined_columns
+    with pytest.raises(ValueError, match="pwcca needs the features of X .*--spatial mean"):
+        similarity(rng.normal(size=(20, 50)), X, "pwcca")
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_rsa_matches_scipy_pdist_and_spearman(wide):
+    X, Y, rng = data(9, n=80)
+    if wide:  # p > n: Pearson from the uncentred Gram and row sums
+        X = np.concatenate([X, rng.normal(size=(80, 200))], axis=1)
+    want = spearmanr(pdist(X, "correlation"), pdist(Y, "correlation")).statistic
+    assert abs(similarity(X, Y, "rsa") - want) <= 1e-9
+    # a seeded subsample of rows beyond rsa_max_rows: the same rows for both
+    idx = np.sort(np.random.default_rng(3).choice(80, size=50, replace=False))
+    sub = spearmanr(pdist(X[idx], "correlation"), pdist(Y[idx], "correlation")).statistic
+    assert abs(similarity(X, Y, "rsa", rsa_max_rows=50, rsa_seed=3) - sub) <= 1e-9
+
+
+@pytest.mark.parametrize("wide", [False, True])
+def test_mutual_knn_matches_brute_force_neighbour_sets(wide):
+    X, Y, rng = data(10, n=200)
+    if wide:
+        X = np.concatenate([X, rng.normal(size=(200, 300))], axis=1)
+    for k in (1, 10):
+        assert abs(similarity(X, Y, "mutual_knn", knn_k=k) - ref_knn(X, Y, k)) <= 1e-12
+    assert similarity(X, 3 * X @ np.linalg.qr(rng.normal(size=(X.shape[1],) * 2))[0], "mutual_knn") == 1.0
+
+
+def test_ridge_r2_matches_scikit_learn_ridgecv_per_fold():
+    from sklearn.linear_model import RidgeCV
+
+    from repsim.kernels.measures.ridge import ALPHAS, folds
+
+    X, Y, _ = data(11, n=120)
+    sse = sst = 0.0
+    for test in folds(120, 5, 0):
+        train = np.setdiff1d(np.arange(120), test)
+        s = np.linalg.svd(X[train] - X[train].mean(0), compute_uv=False)
+        model = RidgeCV(alphas=ALPHAS * np.mean(s ** 2)).fit(X[train], Y[train])
+        sse += np.sum((Y[test] - model.predict(X[test])) ** 2)
+        sst += np.sum((Y[test] - Y[train].mean(0)) ** 2)
+    assert abs(similarity(X, Y, "ridge_r2") - (1 - sse / sst)) <= 1e-6
+    assert similarity(X, Y, "ridge_r2") != pytest.approx(similarity(Y, X, "ridge_r2"), abs=1e-3)

@@ -1,0 +1,116 @@
+"""similarity_matrix over real Zarr stores: every measure's exact route equals the in-memory measure on
+the stored data, minibatch linear + RBF CKA share one pass (and linear CKA equals cka_matrix), resume
+and distributed runs give the same result, results round-trip through load_result, and the CLI."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import repsim
+from repsim.kernels.measures import get_measure, measure_names
+from repsim.kernels.measures._exact import exact_matrix, full_column
+from test_engine_helpers import correlated_layers, make_store, stored
+
+N = 130
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sim")
+    rng = np.random.default_rng(0)
+    la = correlated_layers(rng, N, {"conv": (4, 8, 8), "fc": (17,)})  # conv: p = 256 > n (the Gram route)
+    lb = correlated_layers(rng, N, {"pool": (9,)})
+    return [make_store(root / "a.zarr", {k: v.astype(np.float32) for k, v in la.items()}, chunk_rows=16),
+            make_store(root / "b.zarr", {k: v.astype(np.float32) for k, v in lb.items()}, chunk_rows=24)]
+
+
+def in_memory(stores):
+    return [full_column(stored(s, layer), f"{s.name}/{layer}") for s in stores for layer in s.layers]
+
+
+def test_exact_route_equals_the_in_memory_measures(stores):
+    names = measure_names()
+    names.remove("pwcca")  # conv is wider than n: refused, tested below
+    res = repsim.similarity_matrix(stores, names, method="exact", progress=False)
+    assert res.measures == names and res.meta["estimators"] == {m: "exact" for m in names}
+    cols = in_memory(stores)
+    for m in names:
+        want = exact_matrix(get_measure(m), cols).values
+        np.testing.assert_allclose(res.matrix(m), want, atol=1e-6, rtol=0, err_msg=m)
+        assert res.info(m)["name"] == m
+    cka = repsim.cka_matrix(stores, method="exact", progress=False)
+    np.testing.assert_array_equal(res.matrix("linear_cka"), cka.values)
+
+
+def test_pwcca_refuses_a_wide_column_in_one_line(stores):
+    with pytest.raises(ValueError, match="pwcca needs the features of a/conv"):
+        repsim.similarity_matrix(stores, ["pwcca"], method="exact", progress=False)
+    got = repsim.similarity_matrix(stores, ["pwcca"], layers={"a": ["fc"], "b": ["pool"]}, method="exact",
+                                   progress=False)
+    assert got.matrix("pwcca").shape == (2, 2) and got.matrix("pwcca")[0, 0] == pytest.approx(1.0)
+
+
+def test_minibatch_linear_and_rbf_in_one_pass(stores, tmp_path):
+    kw = dict(batch_size=40, epochs=2, seed=3, progress=False)
+    both = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka", "procrustes"], **kw)
+    assert both.meta["estimators"] == {"linear_cka": "minibatch", "rbf_cka": "minibatch", "procrustes": "exact"}
+    alone = repsim.cka_matrix(stores, **kw)
+    # with RBF CKA every column enters as its centred Gram (formed once for both): the same linear CKA
+    np.testing.assert_allclose(both.matrix("linear_cka"), alone.values, atol=1e-7)
+    rbf = repsim.similarity_matrix(stores, ["rbf_cka"], **kw)
+    np.testing.assert_allclose(both.matrix("rbf_cka"), rbf.matrix("rbf_cka"), atol=1e-12)
+    assert np.allclose(np.diag(both.matrix("rbf_cka")), 1.0)
+    lo, hi = both.ci("rbf_cka", n_boot=50)
+    assert np.all(lo <= both.matrix("rbf_cka") + 1e-9) and np.all(hi >= both.matrix("rbf_cka") - 1e-9)
+    path = both.save(tmp_path / "sim.npz")
+    back = repsim.load_result(path)
+    assert back.measures == both.measures and back.index == both.index
+    for m in both.measures:
+        np.testing.assert_array_equal(back.matrix(m), both.matrix(m))
+    np.testing.assert_array_equal(back.ci("rbf_cka", n_boot=50)[0], lo)
+    cka_file = alone.save(tmp_path / "cka.npz")
+    assert repsim.load_result(cka_file).measures == ["linear_cka"]
+
+
+def test_resume_and_distributed_give_the_same_result(stores, tmp_path):
+    kw = dict(batch_size=40, seed=1, progress=False, checkpoint_every=1)
+    ckpt = tmp_path / "s.ckpt.npz"
+    repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], epochs=1, checkpoint=ckpt, **kw)
+    resumed = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], epochs=2, checkpoint=ckpt, **kw)
+    fresh = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], epochs=2, **kw)
+    for m in fresh.measures:
+        np.testing.assert_array_equal(resumed.matrix(m), fresh.matrix(m))
+    with repsim.engine.scheduler.scheduler("local:1"):
+        remote = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], epochs=2, **kw)
+    for m in fresh.measures:
+        np.testing.assert_array_equal(remote.matrix(m), fresh.matrix(m))
+
+
+def test_constant_column_is_nan_with_one_line_per_measure(tmp_path, capfd):
+    rng = np.random.default_rng(5)
+    layers = correlated_layers(rng, 60, {"x": (6,), "flat": (5,)})
+    layers["flat"][:] = 1.5
+    store = make_store(tmp_path / "c.zarr", {k: v.astype(np.float32) for k, v in layers.items()}, chunk_rows=16)
+    got = repsim.similarity_matrix(store, ["rbf_cka", "rsa", "mutual_knn"], batch_size=20, epochs=1, progress=False)
+    err = capfd.readouterr().err
+    for m in got.measures:
+        k = [c[1] for c in got.index].index("flat")
+        assert np.isnan(got.matrix(m)[k]).all() and got.meta["undefined"][m]["columns"] == ["c/flat"]
+        assert err.count(f"{m} is undefined") == 1
+
+
+def test_cli_similarity(stores, tmp_path):
+    out = tmp_path / "s.npz"
+    paths = [s.path for s in stores]
+    run = subprocess.run([sys.executable, "-m", "repsim", "similarity", *paths, "--measures",
+                          "linear_cka,rbf_cka,mutual_knn", "--batch-size", "40", "--epochs", "1",
+                          "--knn-k", "5", "--out", str(out)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    res = repsim.load_result(out)
+    assert res.measures == ["linear_cka", "rbf_cka", "mutual_knn"] and res.info("mutual_knn")["options"]["knn_k"] == 5
+    again = subprocess.run([sys.executable, "-m", "repsim", "similarity", *paths, "--measures", "nope",
+                            "--out", str(tmp_path / "t.npz")], capture_output=True, text=True)
+    assert again.returncode == 2 and "unknown measure 'nope'" in again.stderr
