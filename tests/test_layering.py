@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ALLOWED: dict[str, set[str]] = {
     "base": {"base"},
     "kernels": {"base", "kernels"},
-    "probes": {"base", "kernels", "probes"},
     "store": {"base", "store"},
+    "probes": {"base", "kernels", "store", "probes"},  # out-of-core probes read store layers chunk by chunk
     "engine": {"base", "kernels", "probes", "store", "engine"},
     "commands": {"base", "kernels", "probes", "store", "engine", "commands"},
 }
