@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from repsim.results import conform
+
 
 def run_names(dirs: Sequence[Path]) -> list[str]:
     """Each run's path relative to the working directory (absolute when outside it): unique, so rows of
@@ -70,4 +72,4 @@ def training_rows(dirs: Sequence[Path], names: Sequence[str] | None = None) -> l
                     rows.append({**info, "epoch": int(m["epoch"]), "split": split, "top1": float(top1),
                                  "top5": m.get(f"{split}_top5", ""),
                                  "mean_per_class": m.get(f"{split}_mean_per_class", ""), **extra})
-    return rows
+    return conform("training", rows)

@@ -24,6 +24,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def accuracy_rows(paths: list[str], progress: bool = False) -> list[dict]:
     """One accuracy.csv row per store (see the module docstring)."""
     from repsim.kernels.accuracy import TopKAccuracy
+    from repsim.results import conform
     from repsim.store.finite import require_finite
     from repsim.store.reader import open_store
 
@@ -47,16 +48,17 @@ def accuracy_rows(paths: list[str], progress: bool = False) -> list[dict]:
                      "dataset": data.get("name", ""), "split": data.get("split", ""), "n": s.n, **r})
         if progress:
             print(f"{s.name}: top-1 {r['top1']:.4f} top-5 {r['top5']:.4f} (n={s.n})", file=sys.stderr, flush=True)
-    return rows
+    return conform("accuracy", rows)
 
 
 def run(args: argparse.Namespace) -> int:
     from repsim.engine.drivers import merge_csv
+    from repsim.results import KEYS
 
     from repsim._paths import expand_paths
 
     paths = expand_paths(args.stores, "store")
     rows = accuracy_rows(paths, progress=not args.no_progress)
-    merge_csv(rows, args.out, key=("store",))
+    merge_csv(rows, args.out, key=KEYS["accuracy"])
     print(f"repsim accuracy: {len(rows)} rows -> {args.out}", file=sys.stderr)
     return 0

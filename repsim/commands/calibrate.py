@@ -61,6 +61,7 @@ def run(args) -> int:
     from repsim.engine.drivers import write_csv
     from repsim.probes._rows import Rows
     from repsim.probes.calibration import calibration_report, calibration_report_rows
+    from repsim.results import conform
     from repsim.store.finite import require_finite
     from repsim.store.pairing import check_pair
     from repsim.store.reader import open_store
@@ -107,6 +108,6 @@ def run(args) -> int:
                      "holdout_n": ho.n, "bins": args.bins})
         print(f"{te.name} ({kind}): NLL {rep['nll']:.4f} ECE {rep['ece']:.4f} | T={rep['temperature']:.3f}: "
               f"NLL {rep['nll_ts']:.4f} ECE {rep['ece_ts']:.4f}", flush=True)
-    path = write_csv(rows, args.out)
+    path = write_csv(conform("calibration", rows), args.out)
     print(f"repsim calibrate: {len(rows)} rows -> {path}", file=sys.stderr)
     return 0

@@ -37,14 +37,9 @@ from typing import Any
 
 from repsim._io import atomic_write
 from repsim.commands._args import DEFAULT_BUDGET_MIB, non_negative
+from repsim.results import KEYS, conform
 
 HELP = "transfer probes: linear / kNN (probes.csv), multi-label AUC (multilabel.csv), relearned heads"
-COLUMNS = ["store", "objective", "seed", "task", "probe", "metric", "accuracy", "best_param",
-           "layer", "split", "n", "train_split", "train_n", "spatial", "protocol", "val_fraction",
-           "n_lambdas", "estimator_seed"]
-ML_COLUMNS = ["store", "objective", "seed", "task", "split", "target", "auc", "best_lambda",
-              "layer", "n", "train_split", "train_n", "positives", "spatial", "bins", "val_fraction",
-              "n_lambdas", "estimator_seed"]
 RELEARN_PREFIXES = ("relearn", "source")  # task names the figures treat as relearning the source classes
 
 
@@ -151,12 +146,11 @@ def run(args) -> int:
     from repsim.engine.drivers import merge_csv
 
     if rows:
-        merge_csv([{c: r.get(c, "") for c in COLUMNS} for r in rows], csv_path, ("store", "task", "probe", "metric"))
+        merge_csv(conform("probes", rows, fill=True), csv_path, KEYS["probes"])
         _merge_json(csv_path.with_suffix(".json"), details, _key)
         print(f"repsim probe: {len(rows)} rows -> {csv_path}", file=sys.stderr)
     if ml_rows:
-        merge_csv([{c: r.get(c, "") for c in ML_COLUMNS} for r in ml_rows], ml_path,
-                  ("store", "task", "split", "target"))
+        merge_csv(conform("multilabel", ml_rows, fill=True), ml_path, KEYS["multilabel"])
         _merge_json(ml_path.with_suffix(".json"), ml_details, _ml_key)
         print(f"repsim probe: {len(ml_rows)} multi-label rows -> {ml_path}", file=sys.stderr)
     return 0
@@ -291,11 +285,11 @@ def _multilabel(args, tr, te, Xtr, Xte, lambdas, common) -> tuple[list[dict], li
 
 
 def _key(row: dict) -> tuple:
-    return (str(row["store"]), str(row["task"]), str(row["probe"]), str(row["metric"]))
+    return tuple(str(row[k]) for k in KEYS["probes"])
 
 
 def _ml_key(row: dict) -> tuple:
-    return (str(row["store"]), str(row["task"]), str(row["split"]), str(row["target"]))
+    return tuple(str(row[k]) for k in KEYS["multilabel"])
 
 
 def _merge_json(path: Path, details: list[dict], key) -> None:

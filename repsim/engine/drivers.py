@@ -36,6 +36,7 @@ import numpy as np
 
 from repsim._io import atomic_write
 from repsim._xp import UndefinedMetric
+from repsim.results import conform
 from repsim.engine.blocks import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
 from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
 
@@ -341,17 +342,18 @@ def separation_rows(stores: Any, layers: Any = None, distances: Iterable[str] = 
     """Rows ``store, objective, seed, layer, distance, r2`` + :func:`estimator_columns` (separation.csv)."""
     res, lookup = _run(stores, layers, distances=distances, sparsity=False, collapse=False, spectra=False, **kw)
     sp = kw.get("spatial", "flatten")
-    return [{"store": s, **_model_columns(lookup[s]), "layer": layer, "distance": d, "r2": r2,
-             **estimator_columns(lookup[s], sp)}
-            for (s, layer), m in res.items() for d, r2 in m["separation"].items()]
+    return conform("separation", [{"store": s, **_model_columns(lookup[s]), "layer": layer, "distance": d, "r2": r2,
+                                   **estimator_columns(lookup[s], sp)}
+                                  for (s, layer), m in res.items() for d, r2 in m["separation"].items()])
 
 
 def sparsity_rows(stores: Any, layers: Any = None, **kw: Any) -> list[dict]:
     """Rows ``store, objective, seed, layer, nonzero_fraction`` + :func:`estimator_columns` (sparsity.csv)."""
     res, lookup = _run(stores, layers, distances=(), sparsity=True, collapse=False, spectra=False, **kw)
     sp = kw.get("spatial", "flatten")
-    return [{"store": s, **_model_columns(lookup[s]), "layer": layer, "nonzero_fraction": m["sparsity"],
-             **estimator_columns(lookup[s], sp)} for (s, layer), m in res.items()]
+    return conform("sparsity", [{"store": s, **_model_columns(lookup[s]), "layer": layer,
+                                 "nonzero_fraction": m["sparsity"], **estimator_columns(lookup[s], sp)}
+                                for (s, layer), m in res.items()])
 
 
 def collapse_rows(stores: Any, layers: Any = ("pool",), *, spectra: bool = False, **kw: Any
@@ -360,8 +362,8 @@ def collapse_rows(stores: Any, layers: Any = ("pool",), *, spectra: bool = False
     and, with ``spectra``, the ``{"<store>/<layer>/<kind>": singular values}`` dict of spectra.npz."""
     res, lookup = _run(stores, layers, distances=(), sparsity=False, collapse=True, spectra=spectra, **kw)
     sp = kw.get("spatial", "flatten")
-    rows = [{"store": s, **_model_columns(lookup[s]), "layer": layer, **m["collapse"],
-             **estimator_columns(lookup[s], sp)} for (s, layer), m in res.items()]
+    rows = conform("collapse", [{"store": s, **_model_columns(lookup[s]), "layer": layer, **m["collapse"],
+                                 **estimator_columns(lookup[s], sp)} for (s, layer), m in res.items()])
     arrays = {f"{s}/{layer}/{kind}": sv for (s, layer), m in res.items() for kind, sv in m.get("spectra", {}).items()}
     return rows, arrays
 

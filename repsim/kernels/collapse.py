@@ -37,13 +37,11 @@ from typing import Any
 import numpy as np
 
 from repsim.kernels._moments import ClassMoments
+from repsim.results import COLLAPSE_KEYS  # the result keys are collapse.csv's columns (declared there)
 from repsim._xp import (UndefinedMetric, array_namespace, as_array, check_finite, compute_dtype, flatten_examples,
                         host_labels, to_numpy)
 
 __all__ = ["COLLAPSE_KEYS", "CollapseStats", "collapse_metrics"]
-
-COLLAPSE_KEYS = ("norm_cv_means", "norm_cv_weights", "cos_std_means", "cos_std_weights",
-                 "equiangular_means", "equiangular_weights", "self_duality", "nc1")
 
 
 def _pairwise_cos(V: np.ndarray, what: str) -> np.ndarray:

@@ -1,0 +1,57 @@
+"""The results files' columns, declared once (docs/architecture.md "Results files").
+
+Writers pass their rows through :func:`conform` (which orders them by the declaration and refuses a
+column it does not list); readers take column names from here. ``tests/test_results_columns.py`` fails
+when a writer or reader spells out a results file's columns anywhere else. Torch- and numpy-free (the
+base layer: kernels, engine, probes, commands and the stages above all import it).
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+# Table E.2's neural-collapse statistics: the kernel's result keys and collapse.csv's metric columns
+COLLAPSE_KEYS: tuple[str, ...] = ("norm_cv_means", "norm_cv_weights", "cos_std_means", "cos_std_weights",
+                                  "equiangular_means", "equiangular_weights", "self_duality", "nc1")
+
+# "M", the estimator metadata the per-layer metrics end with (``repsim.engine.drivers.estimator_columns``)
+ESTIMATOR: tuple[str, ...] = ("dataset", "split", "n", "spatial", "method", "engine_spatial")
+
+_NETWORK = ("store", "objective", "seed")
+
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "separation": (*_NETWORK, "layer", "distance", "r2", *ESTIMATOR),
+    "sparsity": (*_NETWORK, "layer", "nonzero_fraction", *ESTIMATOR),
+    "collapse": (*_NETWORK, "layer", *COLLAPSE_KEYS, *ESTIMATOR),
+    "probes": (*_NETWORK, "task", "probe", "metric", "accuracy", "best_param", "layer", "split", "n",
+               "train_split", "train_n", "spatial", "protocol", "val_fraction", "n_lambdas", "estimator_seed"),
+    "multilabel": (*_NETWORK, "task", "split", "target", "auc", "best_lambda", "layer", "n", "train_split",
+                   "train_n", "positives", "spatial", "bins", "val_fraction", "n_lambdas", "estimator_seed"),
+    "calibration": (*_NETWORK, "kind", "top1", "nll", "ece", "temperature", "nll_ts", "ece_ts", "holdout_top1",
+                    "dataset", "split", "n", "holdout_store", "holdout_split", "holdout_n", "bins"),
+    "training": ("store", "objective", "params", "variant", "seed", "epoch", "split", "top1", "top5",
+                 "mean_per_class", "preset", "schedule_decay", "mixup_alpha", "epochs_trained", "run"),
+    "accuracy": (*_NETWORK, "epoch", "dataset", "split", "n", "top1", "top5", "mean_per_class"),
+}
+
+# the columns by which new rows replace old ones when a command merges into an existing file
+KEYS: dict[str, tuple[str, ...]] = {
+    "probes": ("store", "task", "probe", "metric"),
+    "multilabel": ("store", "task", "split", "target"),
+    "accuracy": ("store",),
+}
+
+
+def conform(name: str, rows: Iterable[Mapping], *, fill: bool = False) -> list[dict]:
+    """``rows`` of results file ``name`` with their columns in the declared order: every declared column
+    (``fill``, missing values blank) or those some row has. A column :data:`COLUMNS` does not declare
+    for ``name`` raises ValueError (a writer and the declaration have drifted apart)."""
+    declared = COLUMNS[name]
+    rows = list(rows)
+    extra = sorted({k for r in rows for k in r} - set(declared))
+    if extra:
+        raise ValueError(f"{name}.csv rows have undeclared column(s) {extra} (repsim.results.COLUMNS)")
+    present = declared if fill else [c for c in declared if any(c in r for r in rows)]
+    return [{c: r.get(c, "") for c in present} for r in rows]
+
+
+__all__ = ["COLUMNS", "KEYS", "ESTIMATOR", "COLLAPSE_KEYS", "conform"]
