@@ -1,5 +1,6 @@
 """The demo's analysis stage: results files (docs/architecture.md "Results files") from activation stores, through the
-torch-free ``repsim`` engine drivers and `repsim probe`, in the calling process.
+torch-free ``repsim`` engine drivers and the library calls behind `repsim probe` / `repsim calibrate`
+(no argv lists: the commands are thin layers over the same functions), in the calling process.
 
 Every function takes the stores (or run directories) it reads explicitly; :mod:`analyses.pipeline`
 decides which those are. Failures raise :class:`AnalysisError`.
@@ -79,31 +80,33 @@ def accuracy(paths: Sequence[str], path: Path) -> None:
 
 def probes(tasks: Sequence[tuple[str, Sequence[str], Sequence[str], Sequence[str]]], path: Path,
            relearn: Sequence[str] = (), relearn_task: str = "relearn") -> None:
-    """probes.csv via `repsim probe` (run in this process) on the penultimate layer: for each task
-    ``(name, fit stores, evaluation stores, probe kinds)`` one call (e.g. linear and kNN transfer
-    fit on the target's train split and scored on its test split); then, for the ``relearn`` stores
-    (the source task's evaluation split), Fig. 6's protocol (`repsim probe --relearn`: 10 held-out
-    examples per class of each store, the probe fit on the rest, and the network's own head scored
-    on the same examples)."""
-    from repsim.commands.main import main
+    """probes.csv by `repsim probe`'s library call (``repsim.commands.probe.write_probes``) on the
+    penultimate layer: for each task ``(name, fit stores, evaluation stores, probe kinds)`` one call (e.g.
+    linear and kNN transfer fit on the target's train split and scored on its test split); then, for the
+    ``relearn`` stores (the source task's evaluation split), Fig. 6's protocol (`repsim probe --relearn`:
+    10 held-out examples per class of each store, the probe fit on the rest, and the network's own head
+    scored on the same examples)."""
+    from repsim.commands.probe import write_probes
 
     if path.exists():
         path.unlink()  # `repsim probe` merges into an existing file; start from the current run set only
-    calls = [(task, ["--train", *fit, "--test", *ev, "--probe", *kinds, "--task", task])
-             for task, fit, ev, kinds in tasks]
+    calls = [(task, dict(train=fit, test=ev, probe=list(kinds))) for task, fit, ev, kinds in tasks]
     if relearn:
-        calls.append((relearn_task, ["--relearn", *relearn, "--task", relearn_task]))
-    for task, argv in calls:
-        rc = main(["probe", *argv, "--layer", "pool", "--out", str(path.parent), "--no-progress"])
-        if rc != 0:
-            raise AnalysisError(f"`repsim probe` failed for task {task} (exit {rc})")
+        calls.append((relearn_task, dict(train=relearn, relearn=True)))
+    for task, kw in calls:
+        try:
+            write_probes(**kw, task=task, layer="pool", out=path.parent, progress=False)
+        except (ValueError, OSError) as e:
+            raise AnalysisError(f"`repsim probe` failed for task {task}: {e}") from e
 
 
 def calibration(test: Sequence[str], holdout: Sequence[str], path: Path) -> None:
-    """calibration.csv via `repsim calibrate`: NLL and ECE of each network on the ``test`` stores,
-    before and after a temperature fit on its ``holdout`` store (Table C.3)."""
-    from repsim.commands.main import main
+    """calibration.csv by `repsim calibrate`'s library call (``repsim.commands.calibrate.write_calibration``):
+    NLL and ECE of each network on the ``test`` stores, before and after a temperature fit on its
+    ``holdout`` store (Table C.3)."""
+    from repsim.commands.calibrate import write_calibration
 
-    rc = main(["calibrate", "--test", *test, "--holdout", *holdout, "--out", str(path)])
-    if rc != 0:
-        raise AnalysisError(f"`repsim calibrate` failed (exit {rc})")
+    try:
+        write_calibration(test, holdout, path)
+    except (ValueError, OSError) as e:
+        raise AnalysisError(f"`repsim calibrate` failed: {e}") from e

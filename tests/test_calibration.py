@@ -136,6 +136,12 @@ def test_calibrate_command_matches_definitions(tmp_path, capsys, budget):
     assert main(["calibrate", "--test", nets[2]["test"].path, "--holdout", nets[2]["holdout"].path, "--kind", "softmax",
                  "--out", str(tmp_path / "k.csv")]) == 0
     assert next(csv.DictReader(open(tmp_path / "k.csv")))["kind"] == "softmax"
+    # the command is a thin layer over write_calibration (the demo calls it): the same file either way
+    from repsim.commands.calibrate import write_calibration
+
+    lib_rows, _ = write_calibration([n["test"].path for n in nets], [n["holdout"].path for n in nets],
+                                    tmp_path / "lib.csv", memory_budget=float(budget))
+    assert (tmp_path / "lib.csv").read_bytes() == out.read_bytes() and len(lib_rows) == 4
     capsys.readouterr()
     assert main(["calibrate", "--test", nets[0]["test"].path, "--holdout", nets[1]["holdout"].path,
                  "--out", str(tmp_path / "x.csv")]) == 2

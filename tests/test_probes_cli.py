@@ -127,3 +127,45 @@ def test_out_names_the_csv_like_every_other_analysis_command(tmp_path, capsys):
     assert f"repsim probe: 2 rows -> {out}" in capsys.readouterr().err
     with open(out, newline="") as f:
         assert [r["probe"] for r in csv.DictReader(f)] == ["linear", "knn"]
+
+
+def test_the_command_and_the_library_call_write_the_same_files(tmp_path):
+    """`repsim probe` is a thin layer over ``write_probes``: the same stores give byte-identical files
+    whichever is called (the demo calls the function: no argv lists)."""
+    from repsim.commands.probe import write_probes
+
+    a = _stores(tmp_path, "softmax", 0)
+    src = _source_store(tmp_path, "softmax", 0)
+    cli, lib = tmp_path / "cli", tmp_path / "lib"
+    assert main(["probe", "--train", a["train"].path, "--test", a["test"].path, "--probe", "linear", "knn",
+                 "--task", "toy", "--lambdas", "9", "--out", str(cli), "--no-progress"]) == 0
+    assert main(["probe", "--relearn", src.path, "--task", "relearn", "--lambdas", "9", "--out", str(cli),
+                 "--no-progress"]) == 0
+    rows, ml_rows = write_probes([a["train"].path], [a["test"].path], probe=["linear", "knn"], task="toy",
+                                 lambdas=9, out=lib, progress=False)
+    write_probes([src.path], relearn=True, task="relearn", lambdas=9, out=lib, progress=False)
+    assert len(rows) == 2 and ml_rows == []
+    assert (lib / "probes.csv").read_bytes() == (cli / "probes.csv").read_bytes()
+
+    def untimed(path):  # the solver info records wall-clock seconds
+        return [{**d, "info": {k: v for k, v in d.get("info", {}).items() if not k.startswith("seconds")}}
+                for d in json.loads(path.read_text())]
+
+    assert untimed(lib / "probes.json") == untimed(cli / "probes.json")
+    import pytest
+
+    with pytest.raises(TypeError, match="unknown option"):
+        write_probes([a["train"].path], [a["test"].path], probes=["linear"], out=lib)
+
+
+def test_the_demo_calls_the_library_not_the_cli():
+    """analyses/demo_analysis.py drove `repsim probe` / `repsim calibrate` with argv lists through
+    ``repsim.commands.main``; it calls the functions those commands call."""
+    import ast
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "analyses" / "demo_analysis.py"
+    tree = ast.parse(path.read_text())
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "repsim.commands.main" not in modules
+    assert {"repsim.commands.probe", "repsim.commands.calibrate"} <= modules

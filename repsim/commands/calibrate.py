@@ -56,6 +56,16 @@ def kind_for(objective: str | None) -> str:
 
 
 def run(args) -> int:
+    rows, path = write_calibration(args.test, args.holdout, args.out, kind=args.kind, bins=args.bins,
+                                   same_examples=args.same_examples, memory_budget=args.memory_budget)
+    print(f"repsim calibrate: {len(rows)} rows -> {path}", file=sys.stderr)
+    return 0
+
+
+def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto", bins: int = 15,
+                      same_examples: bool = False, memory_budget: float = DEFAULT_BUDGET_MIB) -> tuple[list[dict], str]:
+    """What `repsim calibrate` does, as a library call: one calibration.csv row per (test, holdout) pair
+    of stores, written to ``out``; returns the rows and the path. Bad input raises ValueError."""
     import numpy as np
 
     from repsim.engine.drivers import write_csv
@@ -67,47 +77,46 @@ def run(args) -> int:
     from repsim.store.reader import open_store
 
     # expected failures raise ValueError: one line and exit status 2 (repsim.commands.main)
-    if len(args.test) != len(args.holdout):
-        raise ValueError(f"{len(args.test)} test stores but {len(args.holdout)} holdout stores; they are paired in order")
-    if args.bins < 1:
-        raise ValueError(f"--bins must be >= 1, got {args.bins}")
+    if len(test) != len(holdout):
+        raise ValueError(f"{len(test)} test stores but {len(holdout)} holdout stores; they are paired in order")
+    if bins < 1:
+        raise ValueError(f"--bins must be >= 1, got {bins}")
     rows = []
-    for te_path, ho_path in zip(args.test, args.holdout):
+    for te_path, ho_path in zip(test, holdout):
         te, ho = open_store(te_path), open_store(ho_path)
         for s in (te, ho):
             if not s.has_logits:
                 raise ValueError(f"store {s.name} has no logits (extract them with `repsim extract`)")
             if s.multilabel:
                 raise ValueError(f"store {s.name} holds multi-label targets; calibration needs one class per example")
-        check_pair(te, ho, ("test", "holdout"), same_examples=args.same_examples)
+        check_pair(te, ho, ("test", "holdout"), same_examples=same_examples)
         objective = (te.model or {}).get("objective", "")
-        kind = kind_for(objective) if args.kind == "auto" else args.kind
+        net_kind = kind_for(objective) if kind == "auto" else kind
         # each store's values are checked on their own, so an error names the store that holds them
         y, yh = np.asarray(te.labels), np.asarray(ho.labels)
         k = int(te.zarr_array("/logits").shape[1])
-        in_memory = (te.n + ho.n) * k * 32 <= args.memory_budget * 2**20
+        in_memory = (te.n + ho.n) * k * 32 <= memory_budget * 2**20
         try:
             if in_memory:
                 z = require_finite(te.logits.compute(), te, "logits")
                 zh = require_finite(ho.logits.compute(), ho, "logits")
-                rep = {**calibration_report(z, y, zh, yh, kind=kind, bins=args.bins),
+                rep = {**calibration_report(z, y, zh, yh, kind=net_kind, bins=bins),
                        "top1": float(np.mean(z.argmax(1) == y)), "holdout_top1": float(np.mean(zh.argmax(1) == yh))}
             else:
                 rep = calibration_report_rows(Rows.from_store(te, "/logits"), y, Rows.from_store(ho, "/logits"),
-                                              yh, kind=kind, bins=args.bins)
+                                              yh, kind=net_kind, bins=bins)
         except ValueError as e:
             if str(e).startswith("store "):      # a finiteness refusal already names its store
                 raise
             raise ValueError(f"test store {te.name} / holdout store {ho.name}: {e}") from e
         seed = (te.model or {}).get("seed", "")
         rows.append({"store": te.name, "objective": objective or "", "seed": "" if seed is None else seed,
-                     "kind": kind, "top1": rep.pop("top1"), **rep,
+                     "kind": net_kind, "top1": rep.pop("top1"), **rep,
                      "holdout_top1": rep["holdout_top1"],
                      "dataset": (te.dataset or {}).get("name", ""), "split": (te.dataset or {}).get("split", ""),
                      "n": te.n, "holdout_store": ho.name, "holdout_split": (ho.dataset or {}).get("split", ""),
-                     "holdout_n": ho.n, "bins": args.bins})
-        print(f"{te.name} ({kind}): NLL {rep['nll']:.4f} ECE {rep['ece']:.4f} | T={rep['temperature']:.3f}: "
+                     "holdout_n": ho.n, "bins": bins})
+        print(f"{te.name} ({net_kind}): NLL {rep['nll']:.4f} ECE {rep['ece']:.4f} | T={rep['temperature']:.3f}: "
               f"NLL {rep['nll_ts']:.4f} ECE {rep['ece_ts']:.4f}", flush=True)
-    path = write_csv(conform("calibration", rows), args.out)
-    print(f"repsim calibrate: {len(rows)} rows -> {path}", file=sys.stderr)
-    return 0
+    rows = conform("calibration", rows)
+    return rows, write_csv(rows, out)

@@ -41,6 +41,10 @@ from repsim.results import KEYS, conform
 
 HELP = "transfer probes: linear / kNN (probes.csv), multi-label AUC (multilabel.csv), relearned heads"
 RELEARN_PREFIXES = ("relearn", "source")  # task names the figures treat as relearning the source classes
+# the options of :func:`write_probes` (the command's flags, under their ``args`` names) and their defaults
+DEFAULTS: dict[str, Any] = {"per_class": 10, "layer": "pool", "probe": ("linear", "knn"), "metric": "top1",
+                            "task": None, "val_fraction": 0.2, "lambdas": 45, "ks": (1, 3, 5, 10, 20, 50, 100),
+                            "bins": 1000, "same_examples": False, "memory_budget": DEFAULT_BUDGET_MIB, "seed": 0}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -53,32 +57,32 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="Fig. 6: relearn the network's own classes from the stores (source-task "
                              "evaluation set, with logits) on all but --per-class held-out examples per "
                              "class; score it and the original head on those (no --test)")
-    parser.add_argument("--per-class", type=int, default=10,
+    parser.add_argument("--per-class", type=int, default=DEFAULTS["per_class"],
                         help="--relearn: held-out examples per class (default 10, Fig. 6)")
-    parser.add_argument("--layer", default="pool", help="layer to probe (default: pool)")
-    parser.add_argument("--probe", nargs="+", choices=["linear", "knn"], default=["linear", "knn"],
+    parser.add_argument("--layer", default=DEFAULTS["layer"], help="layer to probe (default: pool)")
+    parser.add_argument("--probe", nargs="+", choices=["linear", "knn"], default=list(DEFAULTS["probe"]),
                         help="single-label stores only; multi-label stores always get the per-target "
                              "linear probe")
-    parser.add_argument("--metric", choices=["top1", "mean_per_class"], default="top1")
-    parser.add_argument("--task", default=None,
+    parser.add_argument("--metric", choices=["top1", "mean_per_class"], default=DEFAULTS["metric"])
+    parser.add_argument("--task", default=DEFAULTS["task"],
                         help="task name in the output (default: the test store's dataset name; "
                              "'relearn' with --relearn)")
-    parser.add_argument("--val-fraction", type=float, default=0.2)
-    parser.add_argument("--lambdas", type=int, default=45,
+    parser.add_argument("--val-fraction", type=float, default=DEFAULTS["val_fraction"])
+    parser.add_argument("--lambdas", type=int, default=DEFAULTS["lambdas"],
                         help="number of log-spaced λ in [1e-6, 1e5] (default 45, App. A.2)")
-    parser.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5, 10, 20, 50, 100])
-    parser.add_argument("--bins", type=int, default=1000,
+    parser.add_argument("--ks", type=int, nargs="+", default=list(DEFAULTS["ks"]))
+    parser.add_argument("--bins", type=int, default=DEFAULTS["bins"],
                         help="multi-label stores: AUC from this many evenly spaced score bins (default "
                              "1000, App. D.3)")
     parser.add_argument("--same-examples", action="store_true",
                         help="allow a test store that shares examples with its training store (a training-set "
                              "score, on purpose; a warning says so)")
-    parser.add_argument("--memory-budget", type=non_negative, default=DEFAULT_BUDGET_MIB, metavar="MIB",
+    parser.add_argument("--memory-budget", type=non_negative, default=DEFAULTS["memory_budget"], metavar="MIB",
                         help="single-label stores: probe in memory when the layer's working set (train + test "
                              "rows x width x 16 bytes) fits in MIB, else out of core from the stores' chunks "
                              "(the same numbers to the solver's tolerance, peak memory flat in n); default "
                              f"{DEFAULT_BUDGET_MIB}, 0: always out of core")
-    parser.add_argument("--seed", type=non_negative, default=0)
+    parser.add_argument("--seed", type=non_negative, default=DEFAULTS["seed"])
     parser.add_argument("--out", default=".", metavar="FILE.csv|DIR",
                         help="the results CSV (FILE.csv; per-store details go to FILE.json beside it), as for the "
                              "other analysis commands; or a directory for probes.csv / multilabel.csv (default: .)")
@@ -93,6 +97,31 @@ def _meta(store) -> tuple[str, str]:
 
 
 def run(args) -> int:
+    csv_path, ml_path, rows, ml_rows = _probe(args)
+    if rows:
+        print(f"repsim probe: {len(rows)} rows -> {csv_path}", file=sys.stderr)
+    if ml_rows:
+        print(f"repsim probe: {len(ml_rows)} multi-label rows -> {ml_path}", file=sys.stderr)
+    return 0
+
+
+def write_probes(train, test=(), *, out=".", relearn: bool = False, progress: bool = True,
+                 **options: Any) -> tuple[list[dict], list[dict]]:
+    """What `repsim probe` does, as a library call: probe the ``train`` stores (paired in order with the
+    ``test`` stores; none with ``relearn``) and merge the rows into ``out`` (a FILE.csv, or a directory for
+    probes.csv / multilabel.csv, with their .json details). ``options`` are the command's other flags
+    under their :data:`DEFAULTS` names (``probe=["linear"]``, ``task="cifar10"``, ``layer="pool"``, ...).
+    Returns the (probes.csv, multilabel.csv) rows written; bad input raises ValueError."""
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        raise TypeError(f"write_probes() got unknown option(s) {unknown}; known: {sorted(DEFAULTS)}")
+    args = argparse.Namespace(**{**DEFAULTS, **options}, stores=[], train=list(train), test=list(test),
+                              relearn=relearn, out=str(out), no_progress=not progress)
+    _, _, rows, ml_rows = _probe(args)
+    return rows, ml_rows
+
+
+def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
     import numpy as np
 
     from repsim.store.pairing import check_pair
@@ -145,15 +174,14 @@ def run(args) -> int:
         (ml_details if tr.multilabel else details).extend(d)
     from repsim.engine.drivers import merge_csv
 
+    rows, ml_rows = conform("probes", rows, fill=True), conform("multilabel", ml_rows, fill=True)
     if rows:
-        merge_csv(conform("probes", rows, fill=True), csv_path, KEYS["probes"])
+        merge_csv(rows, csv_path, KEYS["probes"])
         _merge_json(csv_path.with_suffix(".json"), details, _key)
-        print(f"repsim probe: {len(rows)} rows -> {csv_path}", file=sys.stderr)
     if ml_rows:
-        merge_csv(conform("multilabel", ml_rows, fill=True), ml_path, KEYS["multilabel"])
+        merge_csv(ml_rows, ml_path, KEYS["multilabel"])
         _merge_json(ml_path.with_suffix(".json"), ml_details, _ml_key)
-        print(f"repsim probe: {len(ml_rows)} multi-label rows -> {ml_path}", file=sys.stderr)
-    return 0
+    return csv_path, ml_path, rows, ml_rows
 
 
 def _outputs(out: str) -> tuple[Path, Path]:
