@@ -7,7 +7,7 @@ base layer: kernels, engine, probes, commands and the stages above all import it
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 # Table E.2's neural-collapse statistics: the kernel's result keys and collapse.csv's metric columns
 COLLAPSE_KEYS: tuple[str, ...] = ("norm_cv_means", "norm_cv_weights", "cos_std_means", "cos_std_weights",
@@ -17,6 +17,9 @@ COLLAPSE_KEYS: tuple[str, ...] = ("norm_cv_means", "norm_cv_weights", "cos_std_m
 ESTIMATOR: tuple[str, ...] = ("dataset", "split", "n", "spatial", "method", "engine_spatial")
 
 _NETWORK = ("store", "objective", "seed")
+# a retrained network's columns in tune.csv and finetune.csv (``train.tune.tune``)
+_TUNED = ("metric", "accuracy", "top1", "top5", "mean_per_class", "holdout_accuracy", "select_on", "selected",
+          "selected_epoch", "epochs_trained", "steps", "grid_points", "replicates", "checkpoint", "run")
 
 COLUMNS: dict[str, tuple[str, ...]] = {
     "separation": (*_NETWORK, "layer", "distance", "r2", *ESTIMATOR),
@@ -31,21 +34,57 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "training": ("store", "objective", "params", "variant", "seed", "epoch", "split", "top1", "top5",
                  "mean_per_class", "preset", "schedule_decay", "mixup_alpha", "epochs_trained", "run"),
     "accuracy": (*_NETWORK, "epoch", "dataset", "split", "n", "top1", "top5", "mean_per_class"),
+    "robustness": (*_NETWORK, "checkpoint_sha256", "checkpoint", "benchmark", "subset", "metric", "value", "n",
+                   "classes", "masked", "transform"),
+    # train.tune: the group's and replicate's info, then the retrained network's scores (``tune``'s rows;
+    # finetune adds the selected point's lr and weight_decay); OUT/results.csv holds the same rows
+    "tune": ("preset", "objective", "params", "variant", "grid", "seed", *_TUNED),
+    "finetune": ("objective", "params", "variant", "task", "preset", "seed", "source_checkpoint", *_TUNED,
+                 "lr", "weight_decay"),
+    # OUT/<group>/grid.csv: one row per grid run; the grid point's parameters (which vary with the grid)
+    # go at PARAMETERS["grid"], between replicate and last_epoch
+    "grid": ("point", "replicate", "last_epoch", "holdout_last", "holdout_best", "best_epoch", "run"),
 }
+
+# files with columns that vary from run to run (a grid's parameters): the position in COLUMNS[name] at
+# which ``conform(name, rows, parameters=...)`` puts them, in the order given
+PARAMETERS: dict[str, int] = {"grid": 2}
 
 # the columns by which new rows replace old ones when a command merges into an existing file
 KEYS: dict[str, tuple[str, ...]] = {
     "probes": ("store", "task", "probe", "metric"),
     "multilabel": ("store", "task", "split", "target"),
     "accuracy": ("store",),
+    "robustness": ("store", "checkpoint_sha256", "benchmark", "subset", "metric"),
+    "tune": ("preset", "objective", "params", "variant", "seed"),
+    "finetune": ("objective", "params", "variant", "seed", "task", "source_checkpoint"),
 }
 
 
-def conform(name: str, rows: Iterable[Mapping], *, fill: bool = False) -> list[dict]:
+def columns(name: str, parameters: Sequence[str] = ()) -> tuple[str, ...]:
+    """Results file ``name``'s columns: :data:`COLUMNS`, with ``parameters`` (a grid's varying parameter
+    names) at :data:`PARAMETERS` ``[name]``. ``parameters`` for a file without such columns, or one that
+    is also a fixed column, raises ValueError."""
+    declared = COLUMNS[name]
+    parameters = tuple(parameters)
+    if not parameters:
+        return declared
+    if name not in PARAMETERS:
+        raise ValueError(f"{name}.csv has no parameter columns (repsim.results.PARAMETERS)")
+    clash = sorted(set(parameters) & set(declared))
+    if clash or len(set(parameters)) != len(parameters):
+        raise ValueError(f"{name}.csv parameter column(s) {clash or list(parameters)} repeat a column")
+    at = PARAMETERS[name]
+    return (*declared[:at], *parameters, *declared[at:])
+
+
+def conform(name: str, rows: Iterable[Mapping], *, fill: bool = False, parameters: Sequence[str] = ()) -> list[dict]:
     """``rows`` of results file ``name`` with their columns in the declared order: every declared column
     (``fill``, missing values blank) or those some row has. A column :data:`COLUMNS` does not declare
-    for ``name`` raises ValueError (a writer and the declaration have drifted apart)."""
-    declared = COLUMNS[name]
+    for ``name`` raises ValueError (a writer and the declaration have drifted apart). ``parameters``:
+    the varying parameter columns of a file in :data:`PARAMETERS`, named by the writer
+    (:func:`columns`)."""
+    declared = columns(name, parameters)
     rows = list(rows)
     extra = sorted({k for r in rows for k in r} - set(declared))
     if extra:
@@ -54,4 +93,4 @@ def conform(name: str, rows: Iterable[Mapping], *, fill: bool = False) -> list[d
     return [{c: r.get(c, "") for c in present} for r in rows]
 
 
-__all__ = ["COLUMNS", "KEYS", "ESTIMATOR", "COLLAPSE_KEYS", "conform"]
+__all__ = ["COLUMNS", "KEYS", "PARAMETERS", "ESTIMATOR", "COLLAPSE_KEYS", "columns", "conform"]

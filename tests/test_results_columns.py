@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from repsim.results import COLUMNS, KEYS, conform
+from repsim.results import COLUMNS, KEYS, PARAMETERS, columns, conform
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("repsim", "train", "extract", "analyses")
@@ -24,7 +24,7 @@ SHARED = {"store", "objective", "seed", "params", "variant", "epoch", "dataset",
 
 def column_lists(root: Path) -> list[str]:
     """One line per list/tuple/set literal of >= MIN_NAMES strings, all columns of one results file and
-    not all :data:`SHARED`, outside :data:`HOME`."""
+    not all :data:`SHARED` (or exactly a declared merge key, :data:`KEYS`), outside :data:`HOME`."""
     bad = []
     for pkg in PACKAGES:
         for path in sorted((root / pkg).rglob("*.py")):
@@ -37,9 +37,10 @@ def column_lists(root: Path) -> list[str]:
                 if not all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts):
                     continue
                 names = {e.value for e in node.elts}
-                if names <= SHARED:
+                keys = [f for f, key in KEYS.items() if names == set(key)]
+                if names <= SHARED and not keys:
                     continue
-                files = [f for f, cols in COLUMNS.items() if names <= set(cols)]
+                files = keys or [f for f, cols in COLUMNS.items() if names <= set(cols)]
                 if files:
                     bad.append(f"{rel}:{node.lineno}: columns of {', '.join(f + '.csv' for f in files)}")
     return bad
@@ -56,6 +57,39 @@ def test_the_check_finds_a_writers_own_column_list(tmp_path):
         'OTHER = ("train", "holdout", "test")\nMETA = ("epoch", "dataset", "split", "n")\n')
     assert column_lists(tmp_path) == ["repsim/commands/probe.py:1: columns of probes.csv",
                                       "repsim/commands/probe.py:2: columns of probes.csv"]
+
+
+def test_the_check_finds_the_old_local_lists_of_robustness_and_tune(tmp_path):
+    """robustness.py's merge key and summary base, and tune's and finetune's merge keys, as they were
+    before robustness/tune/finetune.csv were declared (tune.csv's key is all SHARED names: caught as a
+    declared merge key)."""
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "robustness.py").write_text(
+        'KEY = ("store", "checkpoint_sha256", "benchmark", "subset", "metric")\n'
+        'base = {k: r[k] for k in ("store", "objective", "seed", "checkpoint_sha256", "checkpoint")}\n')
+    (tmp_path / "train" / "tune_cli.py").write_text(
+        'write_rows(p, rows, key=("preset", "objective", "params", "variant", "seed"))\n'
+        'write_rows(p, rows, key=("objective", "params", "variant", "seed", "task", "source_checkpoint"))\n'
+        'grid = ("point", "replicate", "holdout_last")\n')
+    assert sorted(column_lists(tmp_path)) == ["train/robustness.py:1: columns of robustness.csv",
+                                      "train/robustness.py:2: columns of robustness.csv",
+                                      "train/tune_cli.py:1: columns of tune.csv",
+                                      "train/tune_cli.py:2: columns of finetune.csv",
+                                      "train/tune_cli.py:3: columns of grid.csv"]
+
+
+def test_conform_puts_a_grids_parameter_columns_at_their_declared_position():
+    rows = [{"run": "r", "point": 0, "optim.lr": 0.1, "replicate": "s0", "optim.weight_decay": 0.0}]
+    got = conform("grid", rows, parameters=["optim.lr", "optim.weight_decay"])
+    assert list(got[0]) == ["point", "replicate", "optim.lr", "optim.weight_decay", "run"]
+    at = PARAMETERS["grid"]
+    assert columns("grid", ["x"]) == (*COLUMNS["grid"][:at], "x", *COLUMNS["grid"][at:])
+    with pytest.raises(ValueError, match="undeclared column.*'optim.lr'"):
+        conform("grid", rows)  # the writer must name the parameter columns
+    with pytest.raises(ValueError, match="repeat a column"):
+        columns("grid", ["run"])
+    with pytest.raises(ValueError, match="no parameter columns"):
+        conform("tune", [], parameters=["x"])
 
 
 def test_merge_keys_are_declared_columns():

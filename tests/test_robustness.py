@@ -108,6 +108,9 @@ def test_robustness_command(bench, tmp_path, capsys):
     assert main(["robustness", "--checkpoint", str(rand), "--checkpoint", str(planted), *_sets(root),
                  "--out", str(out), "--device", "cpu", "--workers", "0", "--batch-size", "64"]) == 0
     rows = list(csv.DictReader(open(out)))
+    from repsim.results import COLUMNS
+
+    assert tuple(rows[0]) == COLUMNS["robustness"]  # the declared columns, in their order
     get = {(r["store"], r["benchmark"], r["subset"], r["metric"]): r for r in rows}
     # planted network: every image is predicted as the highest-bias class the arg max may choose
     a = get[("planted-s1", "imagenet-a", "", "top1")]

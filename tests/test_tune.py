@@ -10,6 +10,7 @@ import math
 import pytest
 
 from repsim.commands.main import main
+from repsim.results import COLUMNS, columns
 from train.config import finetune_grid, load_config
 from train.tune import Run, select_point, toml_literal
 
@@ -101,6 +102,9 @@ def test_finetune_grid_selection_retraining_and_resume(pretrained, tmp_path, cap
     lr = finetune_grid((-2, -1, 2), (-4, -4, 1), no_decay=False)[best]["optim.lr"]
     rows = _rows(res / "finetune.csv")
     assert sorted(r["seed"] for r in rows) == ["0", "1"] and {r["objective"] for r in rows} == {"softmax"}
+    # the files' columns: repsim.results' declarations (grid.csv: the grid's axes after replicate)
+    assert tuple(rows[0]) == COLUMNS["finetune"] == tuple(_rows(out / "results.csv")[0])
+    assert tuple(grid[0]) == columns("grid", ["optim.lr", "optim.weight_decay"])
     for r in rows:
         final = json.loads(open(f"{r['run']}/config.json").read())
         assert final["data"]["train_split"] == "train+holdout" and final["optim"]["lr"] == lr
@@ -156,6 +160,7 @@ def test_tune_selects_mixup_alpha_and_stopping_epoch(tmp_path, capsys):
     assert (sel["point"], sel["epoch"]) == best and sel["selected"] == {"mixup.alpha": [0.1, 0.4][best[0]]}
     rows = _rows(tmp_path / "res" / "tune.csv")
     assert len(rows) == 1 and {r["variant"] for r in rows} == {"mixup"}
+    assert tuple(rows[0]) == COLUMNS["tune"] and tuple(grid[0]) == columns("grid", ["mixup.alpha"])
     for r in rows:
         assert int(r["epochs_trained"]) == best[1] and r["selected_epoch"] == str(best[1])
     # training.csv of the retrained runs

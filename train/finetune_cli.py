@@ -76,14 +76,14 @@ def run(args: argparse.Namespace) -> int:
     # fixed-length runs: the holdout is evaluated once, at the end
     rows = tune(preset=args.preset, base_sets=base, grid=grid, groups=groups, out=args.out, metric=args.metric,
                 select_on="last", jobs=args.jobs, nproc=args.nproc_per_node, keep_checkpoints=args.keep_checkpoints,
-                grid_sets=[("eval_every", 10**9)], say=lambda m: print(m, flush=True), placement=placement)
+                grid_sets=[("eval_every", 10**9)], say=lambda m: print(m, flush=True), placement=placement,
+                results="finetune")
     for r in rows:
         point = json.loads(r["selected"])
         r["lr"], r["weight_decay"] = point["optim.lr"], point["optim.weight_decay"]
     if args.results:
-        write_rows(args.results / "finetune.csv", rows,
-                   key=("objective", "params", "variant", "seed", "task", "source_checkpoint"))
-    write_rows(args.out / "results.csv", rows)
+        write_rows(args.results / "finetune.csv", rows, "finetune", merge=True)
+    write_rows(args.out / "results.csv", rows, "finetune")
     for r in rows:
         print(f"{r['objective']}{' ' + r['variant'] if r['variant'] else ''} seed {r['seed']} on {task}: "
               f"test {args.metric} {r['accuracy']:.2f}% (lr {r['lr']:.3g}, weight decay {r['weight_decay']:.3g}; "

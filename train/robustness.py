@@ -198,9 +198,6 @@ def predict(models: Sequence[torch.nn.Module], es: EvalSet, config: dict[str, An
 
 
 # ------------------------------------------------------------------------------- results
-KEY = ("store", "checkpoint_sha256", "benchmark", "subset", "metric")
-
-
 def _read_csv(path: Path) -> list[dict]:
     import csv
 
@@ -224,7 +221,10 @@ def summary_rows(rows: list[dict]) -> list[dict]:
     full = {c: [e[s] for s in SEVERITIES] for c, e in errs.items() if c in CORRUPTIONS and set(e) == set(SEVERITIES)}
     if not full:
         return []
-    base = {k: rows[0][k] for k in ("store", "objective", "seed", "checkpoint_sha256", "checkpoint")}
+    from repsim.results import COLUMNS
+
+    cols = COLUMNS["robustness"]
+    base = {k: rows[0][k] for k in cols[:cols.index("benchmark")]}  # the network's columns
     out = [{**base, "benchmark": "imagenet-c", "subset": c, "metric": "ce", "value": v, "n": "", "classes": "",
             "masked": False} for c, v in corruption_errors(full).items()]
     subset = "all 15 corruptions" if len(full) == len(CORRUPTIONS) else \
@@ -248,6 +248,7 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
     """
     from repsim._io import sha256_file
     from repsim.engine.drivers import write_csv
+    from repsim.results import KEYS
     from train.checkpoint import load_checkpoint, load_model
 
     bad = [b for b in sets if not b.replace("-", "").replace("_", "").isalnum()]
@@ -277,7 +278,7 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
             [folder_set(root, bench, num_classes, class_names)]
     out = Path(out)
     old = [] if overwrite else _read_csv(out)
-    done = {tuple(r[k] for k in KEY) for r in old}
+    done = {tuple(r[k] for k in KEYS["robustness"]) for r in old}
     dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     models: dict[int, torch.nn.Module] = {}
     rows = [r for r in old if r.get("metric") in ("top1", "error")]
@@ -297,7 +298,7 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
         for j, i in enumerate(todo):
             top1 = float(np.mean(pred[j] == es.targets))
             key = (names[i], metas[i]["checkpoint_sha256"], es.benchmark, es.subset, metric)
-            rows = [r for r in rows if tuple(r[k] for k in KEY) != key]
+            rows = [r for r in rows if tuple(r[k] for k in KEYS["robustness"]) != key]
             rows.append({"store": names[i], **metas[i], "benchmark": es.benchmark, "subset": es.subset,
                          "metric": metric, "value": top1 if metric == "top1" else 1.0 - top1, "n": len(es.paths),
                          "classes": num_classes if es.mask is None else len(es.mask), "masked": es.mask is not None,
@@ -309,10 +310,13 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
 
 
 def _write(rows: list[dict], out: Path, write_csv) -> list[dict]:
-    """Per-set rows plus the ImageNet-C summaries of every network, written atomically."""
+    """Per-set rows plus the ImageNet-C summaries of every network, written atomically (columns:
+    ``repsim.results.COLUMNS["robustness"]``)."""
+    from repsim.results import conform
+
     by_net: dict[tuple, list[dict]] = {}
     for r in rows:
         by_net.setdefault((r["store"], r["checkpoint_sha256"]), []).append(r)
     full = [r for net in by_net.values() for r in net + summary_rows(net)]
-    write_csv(full, out)
+    write_csv(conform("robustness", full), out)
     return full

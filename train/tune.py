@@ -349,11 +349,13 @@ def grid_label(point: Mapping[str, Any]) -> str:
 def tune(*, preset: str, base_sets: Sequence[tuple[str, Any]], grid: Sequence[Mapping[str, Any]],
          groups: Sequence[Group], out: Path, metric: str = "top1", select_on: str = "last", jobs: int = 1,
          nproc: int = 1, keep_checkpoints: bool = False, grid_sets: Sequence[tuple[str, Any]] = (),
-         say: Callable[[str], None] = print, placement: Placement | None = None) -> list[dict[str, Any]]:
+         say: Callable[[str], None] = print, placement: Placement | None = None,
+         results: str = "tune") -> list[dict[str, Any]]:
     """Run the protocol of the module docstring for every group; returns one row per retrained replicate
     (also written to ``out/results.csv``): the group's ``info``, the replicate's ``info``, the selected
     point, its mean holdout score, and the retrained network's test accuracies (%). ``placement``: where
-    the runs train (default: :func:`train.placement.plan_placement` on the visible GPUs)."""
+    the runs train (default: :func:`train.placement.plan_placement` on the visible GPUs). ``results``: the
+    results file (``repsim.results.COLUMNS``) whose columns the rows have, ``tune`` or ``finetune``."""
     if placement is None:
         placement = plan_placement(jobs, nproc, visible_gpus())
     if placement.note:
@@ -425,11 +427,12 @@ def tune(*, preset: str, base_sets: Sequence[tuple[str, Any]], grid: Sequence[Ma
                      "epochs_trained": int(last["epoch"]), "steps": int(last["step"]),
                      "grid_points": len(grid), "replicates": len(g.replicates),
                      "checkpoint": str((run.dir / "checkpoint.pt").resolve()), "run": str(run.dir)})
-    write_rows(out / "results.csv", rows)
+    write_rows(out / "results.csv", rows, results)
     return rows
 
 
 def _write_grid(gdir: Path, grid: Sequence[Mapping[str, Any]], g: Group, curves, runs) -> None:
+    """``gdir/grid.csv``: ``repsim.results.COLUMNS["grid"]`` with the grid's parameters after replicate."""
     rows = []
     for i, point in enumerate(grid):
         for rep, curve, run in zip(g.replicates, curves[i], runs[i]):
@@ -437,16 +440,21 @@ def _write_grid(gdir: Path, grid: Sequence[Mapping[str, Any]], g: Group, curves,
             rows.append({"point": i, "replicate": rep.name, **point, "last_epoch": max(curve),
                          "holdout_last": curve[max(curve)], "holdout_best": math.nan if best is None else curve[best],
                          "best_epoch": best, "run": str(run.dir)})
-    write_rows(gdir / "grid.csv", rows)
+    write_rows(gdir / "grid.csv", rows, "grid", parameters=list(dict.fromkeys(k for p in grid for k in p)))
 
 
-def write_rows(path: Path, rows: Sequence[Mapping[str, Any]], key: Sequence[str] | None = None) -> None:
-    """Write ``rows`` to the CSV ``path`` atomically; with ``key`` (column names), merge into the file
-    (rows with the same key values replaced, others kept): :func:`repsim.engine.drivers.merge_csv`."""
+def write_rows(path: Path, rows: Sequence[Mapping[str, Any]], name: str, *, merge: bool = False,
+               parameters: Sequence[str] = ()) -> None:
+    """Write ``rows`` of results file ``name`` (``repsim.results.conform``: its declared columns, with a
+    grid's ``parameters``) to the CSV ``path`` atomically; with ``merge``, merge into the file on the
+    declared key ``repsim.results.KEYS[name]`` (rows with the same key values replaced, others kept):
+    :func:`repsim.engine.drivers.merge_csv`."""
     from repsim.engine.drivers import merge_csv, write_csv
+    from repsim.results import KEYS, conform
 
+    rows = conform(name, rows, parameters=parameters)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if key is None:
-        write_csv([dict(r) for r in rows], path)
+    if merge:
+        merge_csv(rows, path, KEYS[name])
     else:
-        merge_csv([dict(r) for r in rows], path, key)
+        write_csv(rows, path)

@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                 select_on=args.select_on, jobs=args.jobs, nproc=args.nproc_per_node,
                 keep_checkpoints=args.keep_checkpoints, say=lambda m: print(m, flush=True), placement=placement)
     if args.results:
-        write_rows(args.results / "tune.csv", rows, key=("preset", "objective", "params", "variant", "seed"))
+        write_rows(args.results / "tune.csv", rows, "tune", merge=True)
     for r in rows:
         print(f"{args.preset} seed {r['seed']}: selected {r['selected']}"
               + (f" epoch {r['selected_epoch']}" if r["selected_epoch"] != "" else "")
