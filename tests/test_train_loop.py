@@ -143,6 +143,12 @@ def test_ddp_two_gloo_processes_match_one_process(tmp_path):
     for s in sets:
         cmd += ["--set", s]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    if r.returncode != 0 and "terminate called without an active exception" in r.stderr:
+        # seen once in ~15 runs on a loaded 2-core box (2026-11-26): a gloo rank aborted inside torch's C++
+        # (SIGABRT) mid-run, not reproduced in 14 reruns; one fresh rerun (it starts over: no --resume), so
+        # a wrong result or any other failure still fails the test
+        shutil.rmtree(tmp_path / "two", ignore_errors=True)
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-3000:]
     a, b = load_checkpoint(ref / "checkpoint.pt"), load_checkpoint(tmp_path / "two" / "checkpoint.pt")
     assert a["scheduler"]["step"] == b["scheduler"]["step"] == 2 * (576 // 32)
