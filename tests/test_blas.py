@@ -174,8 +174,8 @@ def test_row_products_split_over_threads_equal_one_product():
     with threadpool_limits(limits=2, user_api="blas"):
         if blas_threads() != 2:
             pytest.skip("this BLAS does not take a thread count")
-        got = _row_products(A, np)
+        got = _row_products(A)
         assert blas_threads() == 2  # the budget is handed back
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
     with threadpool_limits(limits=1, user_api="blas"):
-        np.testing.assert_allclose(_row_products(A, np), want, rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(_row_products(A), want, rtol=1e-12, atol=1e-9)

@@ -558,9 +558,8 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     xp = first_ns if xp is None else array_namespace(xp=xp)
     n = first.shape[0]
     _check_n(n, debiased, f"batch of {names[0]}")
-    host = _is_numpy(xp)
     seen: list[int | None] = [None] * L
-    if not host:  # an accelerator's route: whole Grams, few large operations, one host transfer
+    if not _is_numpy(xp):  # an accelerator's route: whole Grams, few large operations, one host transfer
         items = _checked_layers(layers, first, first_ns, names, seen, widths)
         H = device_batch_hsic(items, L, n, debiased, xp, lambda X: gram_dtype(X.dtype, xp, compute_dtype),
                               DEVICE_BLOCK_BYTES if block_bytes is None else block_bytes, names, centred, GRAM_SLAB)
@@ -569,7 +568,7 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     groups = _pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * 8), 1))
     kept: list[Any] | None = [None] * L if len(groups) > 1 else None
     # one group: each centred layer is dropped after its row of A, so its buffers can be reused
-    scratch = _HostScratch() if kept is None and host else None
+    scratch = _HostScratch() if kept is None else None
     diags: list[Any] = [None] * L  # biased HSIC: the Grams' diagonals
     sums: list[Any] = [None] * L  # debiased HSIC: row sums of K̃, accumulated over groups
     constant = [False] * L  # layers constant over this batch (their rows of H are zeroed)
@@ -577,7 +576,7 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     def column(l_: int, X: Any, A: Any, group: list[tuple[int, int, int]], first_group: bool) -> None:
         """Layer l's part of group ``group``: prepared on first sight, then its row of A."""
         if first_group:
-            if host and not centred and not isinstance(X, CentredGram) and X.ndim >= 2 and _is_wide(X.shape):
+            if not centred and not isinstance(X, CentredGram) and X.ndim >= 2 and _is_wide(X.shape):
                 if X.shape[0] != n:  # p ≫ n: its centred Gram, in one pass
                     raise ValueError(f"{names[l_]} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
                 X = centred_gram(X, xp, names[l_], gram_dtype(X.dtype, xp, compute_dtype))
@@ -605,23 +604,22 @@ def _batch_hsic(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: A
     H = None
     for gi, group in enumerate(groups):
         shape = (L, sum(m for _, _, m in group))
-        A = _A_CACHE.take(shape) if host else xp.empty(shape, dtype=xp.float64)
+        A = _A_CACHE.take(shape)
         _each_column(source(gi == 0), lambda l_, X, A=A, group=group, first_group=gi == 0:
-                     column(l_, X, A, group, first_group), parallel=host and L > 1)
+                     column(l_, X, A, group, first_group), parallel=L > 1)
         first = None
-        P = _row_products(A, xp)
+        P = _row_products(A)
         H = P if H is None else H + P
-        if host:
-            _A_CACHE.give(A)
+        _A_CACHE.give(A)
         del A
     if debiased:  # Song et al.: tr(K̃L̃) + 1ᵀK̃1·1ᵀL̃1/((n-1)(n-2)) - 2/(n-2)·(K̃1)ᵀ(L̃1), over n(n-3)
         R = xp.stack(sums)
         t = xp.sum(R, axis=1)
-        H = 2 * H + t[:, None] * t[None, :] / ((n - 1) * (n - 2)) - (2 / (n - 2)) * _row_products(R, xp)
+        H = 2 * H + t[:, None] * t[None, :] / ((n - 1) * (n - 2)) - (2 / (n - 2)) * _row_products(R)
         H = H / (n * (n - 3))
     else:
         D = xp.stack(diags)
-        H = (2 * H + _row_products(D, xp)) / ((n - 1) ** 2)
+        H = (2 * H + _row_products(D)) / ((n - 1) ** 2)
     out = np.array(to_numpy(H), dtype=np.float64)
     return zero_constant(out, constant), n, seen
 
@@ -645,13 +643,12 @@ def _checked_layers(layers: Sequence[Any], first: Any, first_ns: Any, names: Seq
         yield l_, X
 
 
-def _row_products(A: Any, xp: Any) -> Any:
-    """A Aᵀ in float64.  NumPy: split along A's long axis into k column slabs, one per thread of the
-    BLAS budget, each a single-threaded SYRK, and the k (L, L) parts summed — the same sums in
-    another order.  Unlike one k-threaded BLAS call this leaves no BLAS worker threads
-    busy-waiting (OpenBLAS spins ~0.1 s after a threaded call) to slow the next batch's columns."""
-    if not _is_numpy(xp):
-        return A @ xp.matrix_transpose(A)
+def _row_products(A: np.ndarray) -> np.ndarray:
+    """A Aᵀ in float64 (NumPy; the accelerator route forms its own): split along A's long axis into
+    k column slabs, one per thread of the BLAS budget, each a single-threaded SYRK, and the k (L, L)
+    parts summed — the same sums in another order.  Unlike one k-threaded BLAS call this leaves no
+    BLAS worker threads busy-waiting (OpenBLAS spins ~0.1 s after a threaded call) to slow the next
+    batch's columns."""
     from repsim._blas import blas_thread_split
 
     with blas_thread_split() as k:
