@@ -35,13 +35,12 @@ last group.
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from repsim._xp import astype, flatten_examples, row_sq_norms, to_numpy
-from repsim.kernels._precision import CentredGram, constant_tolerance, zero_constant
+from repsim.kernels._precision import CentredGram, is_constant, zero_constant
 
 __all__ = ["device_batch_hsic", "gram_rows", "centre_once"]
 
@@ -84,15 +83,6 @@ def gram_rows(Xa: Any, Xc: Any, xp: Any, slab: int, out: Any = None) -> Any:
         else:
             out[...] = part
     return out
-
-
-def is_constant(what: str, trace: float, mean_sq: float, n: int) -> bool:
-    """The host route's checks for a layer whose (tr K, ‖x̄‖²) came back from the device: NaN or
-    infinity anywhere in it is a ``ValueError`` naming ``what``; returns whether it is constant
-    over the batch (tr K within the rounding of the mean)."""
-    if not math.isfinite(trace):
-        raise ValueError(f"{what} contains NaN or infinite values")
-    return trace <= constant_tolerance(n, mean_sq)
 
 
 def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased: bool, xp: Any,

@@ -5,13 +5,14 @@ float64 means rounded once, the tolerance below which a layer counts as constant
 derived in :mod:`repsim.kernels.cka`'s docstring ("Precision and error bound")."""
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from repsim._xp import astype as _astype
 
-__all__ = ["GRAM_SLAB", "CentredGram", "centre_rounded", "constant_tolerance", "zero_constant"]
+__all__ = ["GRAM_SLAB", "CentredGram", "centre_rounded", "constant_tolerance", "is_constant", "zero_constant"]
 
 GRAM_SLAB = 2048  # features per float32 slab of a Gram product; the slabs are summed in float64
 
@@ -102,3 +103,13 @@ def zero_constant(H: np.ndarray, constant: Sequence[bool]) -> np.ndarray:
     out[idx, :] = 0.0
     out[:, idx] = 0.0
     return out
+
+
+def is_constant(what: str, trace: float, mean_sq: float, n: int) -> bool:
+    """The checks of a layer from its centred Gram's trace tr K and ‖x̄‖² (0 when unknown): NaN or
+    infinity anywhere in the layer makes tr K non-finite, a ``ValueError`` naming ``what``; returns
+    whether the layer is constant over the batch (tr K within the rounding of the mean,
+    :func:`constant_tolerance`)."""
+    if not math.isfinite(trace):
+        raise ValueError(f"{what} contains NaN or infinite values")
+    return trace <= constant_tolerance(n, mean_sq)

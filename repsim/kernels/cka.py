@@ -101,7 +101,8 @@ from repsim._xp import (array_namespace, as_array, asarray_like, check_finite, d
                         gram_dtype, row_sq_norms, to_numpy)
 from repsim._xp import astype as _astype
 from repsim.kernels._cka_device import centre_once, device_batch_hsic, gram_rows
-from repsim.kernels._precision import GRAM_SLAB, CentredGram, centre_rounded, constant_tolerance, zero_constant
+from repsim.kernels._precision import (GRAM_SLAB, CentredGram, centre_rounded, constant_tolerance, is_constant,
+                                      zero_constant)
 
 __all__ = ["ucenter", "linear_cka", "batch_hsic", "hsic_to_cka", "MinibatchCKA", "CentredGram", "GRAM_SLAB",
            "release_buffers"]
@@ -197,10 +198,7 @@ def check_gram(K: Any, xp: Any, mean_sq: float, what: str) -> bool:
     non-finite (``ValueError`` naming ``what``); returns whether the layer is constant over the
     batch: its trace within the rounding of the mean (``mean_sq`` = ‖x̄‖², 0 when unknown: then a
     trace <= 0)."""
-    tr = float(xp.sum(diagonal(K, xp)))
-    if not math.isfinite(tr):
-        raise ValueError(f"{what} contains NaN or infinite values")
-    return tr <= constant_tolerance(K.shape[0], mean_sq)
+    return is_constant(what, float(xp.sum(diagonal(K, xp))), mean_sq, K.shape[0])
 
 
 def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> CentredGram:

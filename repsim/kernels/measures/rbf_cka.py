@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim._xp import array_namespace, to_numpy
-from repsim.kernels._precision import CentredGram, constant_tolerance
+from repsim.kernels._precision import CentredGram, is_constant
 from repsim.kernels.cka import MinibatchCKA, centred_gram
 from repsim.kernels.measures import register
 from repsim.kernels.measures._protocol import Accumulator, FullColumn, MeasureInfo
@@ -58,9 +58,7 @@ class MinibatchRBFCKA(Accumulator):
         G = x if isinstance(x, CentredGram) else centred_gram(x, array_namespace(x), name)
         K = np.asarray(to_numpy(G.K), dtype=np.float64)
         mean_sq = 0.0 if G.mean_sq is None else float(to_numpy(G.mean_sq))
-        if not np.isfinite(np.trace(K)):
-            raise ValueError(f"{name} contains NaN or infinite values")
-        R = None if np.trace(K) <= constant_tolerance(K.shape[0], mean_sq) else rbf_gram(K, self.threshold)
+        R = None if is_constant(name, float(np.trace(K)), mean_sq, K.shape[0]) else rbf_gram(K, self.threshold)
         return CentredGram(np.zeros_like(K) if R is None else _double_centre(R), mean_sq=0.0)
 
     def update(self, batch: Sequence[Any]) -> "MinibatchRBFCKA":
