@@ -49,6 +49,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from repsim.store.finite import ConstantLayers
+
 from .adapt import adapt_dataset
 from .capture import FLOAT16_OVERFLOW, Capture, Spatial, Tokens
 from .inputs import (attention_mask, batch_of_one, check_example, default_tokens, forward, in_memory_format, shape_of,
@@ -621,40 +623,15 @@ def _inputs(dataset, batches: list[tuple[int, int, int]], dev: torch.device, wor
     return ((in_memory_format(to_device(x, dev, non_blocking=dev.type == "cuda"), channels_last), y) for x, y in loader)
 
 
-class _ConstantLayers:
-    """Which layers hold the same value in every example: compared with the first row seen, chunk by
-    chunk on the writer threads, until a difference shows (usually in the first chunk; then the layer
-    costs nothing more).  Such a layer has no CKA, R² or collapse metric (they become NaN downstream);
-    in float16 storage it is often variation below float16's resolution rounded away (a random
-    network's late blocks: std ~1e-9), which ``--dtype float32`` keeps."""
-
-    def __init__(self, layers: list[str]) -> None:
-        import threading
-
-        self._first: dict[str, np.ndarray] = {}
-        self._varies: set[str] = set()
-        self._layers = list(layers)
-        self._lock = threading.Lock()
-
-    def undecided(self) -> list[str]:
-        return [k for k in self._layers if k not in self._varies]
-
-    def see(self, chunk: dict[str, np.ndarray]) -> None:
-        for k, x in chunk.items():
-            if not len(x):
-                continue
-            with self._lock:
-                first = self._first.setdefault(k, x[:1].copy())
-            if np.any(x != first):
-                self._varies.add(k)
-
-    def warn(self, float16: bool) -> None:
-        flat = self.undecided()
-        if flat:
-            print(f"extract: warning: {len(flat)} layer(s) hold the same value in every example: {', '.join(flat)}; "
-                  "CKA, R² and collapse are undefined for them (NaN)"
-                  + (" — float16 storage rounds variation below its resolution to zero: rerun with --dtype float32"
-                     " if they should vary" if float16 else ""), file=sys.stderr)
+def _warn_constant(layers: list[str], float16: bool) -> None:
+    """One warning line for layers that hold the same value in every example (no CKA, R² or collapse:
+    NaN downstream); in float16 storage that is often variation below float16's resolution rounded
+    away (a random network's late blocks: std ~1e-9), which ``--dtype float32`` keeps."""
+    if layers:
+        print(f"extract: warning: {len(layers)} layer(s) hold the same value in every example: {', '.join(layers)}; "
+              "CKA, R² and collapse are undefined for them (NaN)"
+              + (" — float16 storage rounds variation below its resolution to zero: rerun with --dtype float32"
+                 " if they should vary" if float16 else ""), file=sys.stderr)
 
 
 def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, layout, store_dtype, dev, amp_dtype,
@@ -703,7 +680,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
         free.put(new_buffers())
     names = list(hooked)
     f16_limit = FLOAT16_OVERFLOW if store_dtype == torch.float16 else math.inf
-    flat = _ConstantLayers([k for k in chosen if k != "logits"])
+    flat = ConstantLayers([k for k in chosen if k != "logits"])
 
     def write(buf: _Buffers) -> None:
         try:
@@ -799,7 +776,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
         for f in futures:
             f.result()
         if len(chunks) == -(-n // rows):  # this run wrote every chunk (not a resume, not one rank of several)
-            flat.warn(store_dtype == torch.float16)
+            _warn_constant(flat.constant(), store_dtype == torch.float16)
     finally:
         inputs.close()  # stops an in-memory feed's gather thread
         if pool is not None:

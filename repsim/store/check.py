@@ -140,6 +140,7 @@ def _check_one(label: str, store: Any, report: CheckReport, *, scan_values: bool
     import numpy as np
     from tqdm.auto import tqdm
 
+    from repsim.store.finite import ConstantLayers
     from repsim.store.format import StoreError
 
     report.problems.extend(_schema_problems(label, store))
@@ -170,8 +171,7 @@ def _check_one(label: str, store: Any, report: CheckReport, *, scan_values: bool
     if store.has_logits:
         arrays.append(("(logits)", "/logits"))
     counts = {key: [0, 0] for _, key in arrays}
-    first: dict[str, Any] = {}  # per layer, the first row read; varies: layers seen to differ from it
-    varies: set[str] = set()
+    flat = ConstantLayers([key for _, key in arrays])
     chunks = np.flatnonzero(written) if scan_values else np.array([], int)
     with tqdm(total=int(chunks.size) * len(arrays), desc=f"check {label}", unit="chunk", disable=not show) as bar:
         for i in chunks:  # chunk-major: one chunk of one array in memory at a time
@@ -183,10 +183,7 @@ def _check_one(label: str, store: Any, report: CheckReport, *, scan_values: bool
                 else:
                     counts[key][0] += int(np.count_nonzero(np.isnan(x)))
                     counts[key][1] += int(np.count_nonzero(np.isinf(x)))
-                    if key not in varies and len(x):
-                        ref = first.setdefault(key, x[:1].copy())
-                        if np.any(x != ref):
-                            varies.add(key)
+                    flat.see({key: x})
                 bar.update(1)
     for layer, key in arrays:
         arr = store.zarr_array(key)
@@ -194,7 +191,7 @@ def _check_one(label: str, store: Any, report: CheckReport, *, scan_values: bool
         report.arrays.append(ArrayReport(label, layer, tuple(arr.shape), str(arr.dtype), int(arr.nbytes), int(arr.nbytes_stored()), nan, inf))
         if nan or inf:
             report.problems.append(f"store {label}: layer {layer}: {nan} NaN and {inf} Inf values")
-        elif scan_values and key in first and key not in varies:
+        elif scan_values and key in flat.constant():
             report.notes.append(
                 f"store {label}: layer {layer} holds the same value in every example: CKA, R² and collapse "
                 "are undefined for it (NaN)" + (" — float16 storage rounds variation below its resolution to zero: "
