@@ -229,3 +229,20 @@ def test_ridge_r2_matches_scikit_learn_ridgecv_per_fold():
         sst += np.sum((Y[test] - Y[train].mean(0)) ** 2)
     assert abs(similarity(X, Y, "ridge_r2") - (1 - sse / sst)) <= 1e-6
     assert similarity(X, Y, "ridge_r2") != pytest.approx(similarity(Y, X, "ridge_r2"), abs=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["normal", "few values", "sorted", "zeros", "reversed"])
+def test_rbf_median_by_bracketing_is_numpys_median_exactly(kind):
+    """rbf_cka's σ² median (bracketed by a strided sample, then a partial partition) equals
+    np.median of all entries exactly, also for orders that defeat the sample (it falls back)."""
+    from repsim.kernels.measures.rbf_cka import median_all
+
+    rng = np.random.default_rng(11)
+    for b in (2, 3, 37, 150, 301):
+        D = {"normal": lambda: rng.normal(size=(b, b)),
+             "few values": lambda: rng.integers(0, 3, size=(b, b)).astype(float),
+             "sorted": lambda: np.sort(rng.normal(size=b * b)).reshape(b, b),
+             "zeros": lambda: np.zeros((b, b)),
+             "reversed": lambda: np.sort(rng.exponential(size=b * b))[::-1].reshape(b, b).copy()}[kind]()
+        for sample in (4, 16, 4096):
+            assert median_all(D, sample=sample) == np.median(D), (b, sample)
