@@ -34,13 +34,30 @@ def _run_config(model: nn.Module) -> dict[str, Any]:
     return dict(config) if isinstance(config, dict) else {}
 
 
+def objective_params(objective: str | None, given: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The hyperparameters an objective trained with: its Table A.1 defaults overridden by the run's
+    ``objective_params`` — so that a store records τ of a cosine-softmax network trained with the
+    default too (Table 4 is then rebuilt from the stores alone).  An objective this code does not know
+    (an older or foreign checkpoint) keeps what was given."""
+    if not objective:
+        return given
+    from train.objectives import objective_defaults
+
+    try:
+        defaults = objective_defaults(str(objective))
+    except ValueError:
+        return given
+    return {**defaults, **(given or {})}
+
+
 def model_meta(model: nn.Module) -> dict[str, Any]:
-    """Provenance of a model: arch, objective, params, seed (from a ``train`` Network)."""
+    """Provenance of a model: arch, objective, params (defaults included), seed (from a ``train`` Network)."""
     config = _run_config(model)
+    objective = getattr(model, "objective", None) or config.get("objective")
     return _clean({
         "arch": getattr(model, "arch", None) or config.get("arch") or type(model).__name__,
-        "objective": getattr(model, "objective", None) or config.get("objective"),
-        "params": config.get("objective_params"),
+        "objective": objective,
+        "params": objective_params(objective, config.get("objective_params")) if config else None,
         "seed": config.get("seed"),
     })
 
@@ -70,8 +87,8 @@ def load_source(source: str | os.PathLike | nn.Module) -> LoadedModel:
     config = dict(ckpt.get("config") or {})
     meta.setdefault("arch", config.get("arch"))
     meta.setdefault("objective", config.get("objective"))
-    if "params" not in meta and config.get("objective_params") is not None:
-        meta["params"] = config["objective_params"]
+    if "params" not in meta and (config.get("objective_params") is not None or meta.get("objective")):
+        meta["params"] = objective_params(meta.get("objective"), config.get("objective_params"))
     if "seed" not in meta and config.get("seed") is not None:
         meta["seed"] = config["seed"]
     meta.update(_clean({

@@ -505,3 +505,21 @@ def test_torchrun_two_process_gloo_equals_single_process(ckpts, tmp_path):
     assert a.keys() == b.keys()
     for name in a:
         assert a[name] == b[name], name
+
+
+@pytest.mark.parametrize("objective,given,want", [
+    ("cosine_softmax", {}, {"tau": 0.05, "scale_by_tau": False}),
+    ("cosine_softmax", {"tau": 0.2}, {"tau": 0.2, "scale_by_tau": False}),
+    ("softmax", {}, {}),
+    ("logit_norm+dropout", {"keep_prob": 0.9}, {"tau": 0.04, "keep_prob": 0.9}),
+    ("an_objective_of_other_code", {"x": 1}, {"x": 1}),
+])
+def test_store_provenance_records_the_objective_defaults_too(objective, given, want):
+    """attrs["model"]["params"] is what the network trained with, defaults included (Table 4 from the
+    stores alone needs τ even when a run kept the default)."""
+    from extract.sources import model_meta
+
+    class Net(torch.nn.Module):
+        config = {"arch": "mini_resnet", "objective": objective, "objective_params": given, "seed": 3}
+
+    assert model_meta(Net())["params"] == want
