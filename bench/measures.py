@@ -1,13 +1,23 @@
 """Similarity measures from stores (issue 27): time per measure per pass on the same stores, one pass
-for several measures vs separate runs, and linear + RBF CKA in one minibatch pass vs linear CKA alone
-(measured side by side in one run: the runs alternate, each timed ``--repeat`` times, best kept).
+for several measures vs separate runs, linear + RBF CKA in one minibatch pass vs linear CKA alone
+(measured side by side in one run: the runs alternate, each timed ``--repeat`` times, best kept), and
+peak RSS against n for the streamed (minibatch) measures.
 
-Stores: ``--stores`` synthetic float16 stores of n = ``--n`` rows with layers of widths 64 .. 1024
-(post-ReLU-like: non-negative, correlated), written once into ``--dir``.  Minibatch: batch ``--batch``,
-one epoch.  Exact: every other measure on the full data.  Peak RSS of each run (its own process).
+Two sets of layer widths, because the cost of RBF CKA relative to linear CKA depends on them:
 
-    python bench/measures.py                 # n = 2000, 2 stores × 4 layers
-    python bench/measures.py --n 4000        # peak RSS flat in n for the streamed measures
+- ``narrow`` (1024, 256, 128, 64): every layer narrower than 4 × the batch, where linear CKA never forms
+  a b × b Gram (it works on the rows) but RBF CKA must (its distances need it);
+- ``conv`` (16384, 8192, 4096, 2048: flattened conv blocks such as a ResNet-18's at 64 px, the
+  paper's setting of flattened block outputs): linear CKA forms the b × b Grams of the wide layers
+  itself, and RBF CKA adds its O(b²) work per layer on top of the shared Gram.
+
+Stores: ``--stores`` synthetic float16 stores per set (post-ReLU-like: non-negative, correlated),
+written once into ``--dir``.  Minibatch: batch ``--batch``, one epoch.  Exact: every other measure on
+the full data (narrow set).  Each run is a fresh process: wall time of ``similarity_matrix`` only,
+peak RSS of the process.  Writes bench/results/measures.json and the ``## measures`` section of
+bench/RESULTS.md.
+
+    python bench/measures.py                 # n = 2000 (and 4 × n for the RSS rows)
 """
 from __future__ import annotations
 
@@ -22,33 +32,39 @@ import time
 
 import numpy as np
 
-WIDTHS = {"l1": 1024, "l2": 256, "l3": 128, "l4": 64}
+WIDTH_SETS = {"narrow": {"l1": 1024, "l2": 256, "l3": 128, "l4": 64},
+              "conv": {"b1": 16384, "b2": 8192, "b3": 4096, "b4": 2048}}
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def make_stores(root: str, n: int, k: int) -> list[str]:
+def make_stores(root: str, n: int, k: int, widths: str = "narrow") -> list[str]:
     import repsim
 
     paths = []
     rng = np.random.default_rng(0)
     base = rng.normal(size=(n, 32))
     for s in range(k):
-        path = os.path.join(root, f"net{s}_n{n}.zarr")
+        path = os.path.join(root, f"{widths}{s}_n{n}.zarr")
         if not os.path.exists(path):
             layers = {name: np.maximum(base @ rng.normal(size=(32, p)) + rng.normal(size=(n, p)), 0).astype(np.float16)
-                      for name, p in WIDTHS.items()}
-            repsim.save_store(path, layers=layers, labels=np.arange(n) % 10)
+                      for name, p in WIDTH_SETS[widths].items()}
+            repsim.save_store(path, layers=layers, labels=np.arange(n) % 10, example_ids=np.arange(n),
+                              meta={"dataset": {"name": "bench-measures", "split": "synthetic"}})
         paths.append(path)
     return paths
 
 
 def one(paths: list[str], measures: str, method: str, batch: int) -> dict:
-    """A run in its own process: wall time and peak RSS."""
+    """A run in its own process: wall time and peak RSS (VmHWM of the new process image: ru_maxrss
+    would include the RSS of this benchmark process, which the child was exec'ed from)."""
     code = (
-        "import json, resource, sys, time, repsim\n"
+        "import json, time, repsim\n"
         "t = time.perf_counter()\n"
         f"r = repsim.similarity_matrix({paths!r}, {measures.split(',')!r}, method={method!r}, batch_size={batch}, "
         "epochs=1, progress=False)\n"
-        "print(json.dumps({'s': time.perf_counter() - t, 'rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n")
+        "s = time.perf_counter() - t\n"
+        "hwm = [int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+        "print(json.dumps({'s': s, 'rss_mib': hwm / 1024}))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -58,51 +74,85 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--stores", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1000)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rss-factor", type=int, default=4, help="the RSS rows compare n and this × n")
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "repsim-bench-measures"))
     ap.add_argument("--ridge", action="store_true", help="time ridge_r2 too (slow at wide layers)")
     ap.add_argument("--no-results", action="store_true", help="do not rewrite bench/RESULTS.md")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
-    paths = make_stores(args.dir, args.n, args.stores)
-    L = len(WIDTHS) * args.stores
-    runs = {"linear_cka": ("linear_cka", "minibatch"), "linear_cka+rbf_cka": ("linear_cka,rbf_cka", "minibatch"),
-            "rbf_cka": ("rbf_cka", "minibatch")}
+    load0 = os.getloadavg()[0]
+    stores = {w: make_stores(args.dir, args.n, args.stores, w) for w in WIDTH_SETS}
     best: dict[str, dict] = {}
-    for _ in range(args.repeat):  # alternate: linear alone and linear + RBF side by side
-        for key, (m, method) in runs.items():
-            got = one(paths, m, method, args.batch)
-            if key not in best or got["s"] < best[key]["s"]:
-                best[key] = got
+    ratios: dict[str, float] = {}
+    for w, paths in stores.items():  # linear alone and linear + RBF side by side, alternating
+        runs = {f"{w}: linear_cka": "linear_cka", f"{w}: linear_cka+rbf_cka": "linear_cka,rbf_cka",
+                f"{w}: rbf_cka": "rbf_cka"}
+        for _ in range(args.repeat):
+            for key, m in runs.items():
+                got = one(paths, m, "minibatch", args.batch)
+                if key not in best or got["s"] < best[key]["s"]:
+                    best[key] = got
+        ratios[w] = best[f"{w}: linear_cka+rbf_cka"]["s"] / best[f"{w}: linear_cka"]["s"]
+    paths = stores["narrow"]
     exact = ["procrustes", "cca", "svcca", "rsa", "mutual_knn", "rbf_cka", "linear_cka"]  # ridge_r2: --ridge
     if args.ridge:  # n·r_x·r_y per pair, × 9 λ × 5 folds: minutes at r = 1024
         exact.insert(5, "ridge_r2")
     for m in exact:
-        best[f"{m} (exact)"] = one(paths, m, "exact", args.batch)
+        best[f"narrow: {m} (exact)"] = one(paths, m, "exact", args.batch)
     k = len(exact) - 2
-    best[f"{k} exact measures, one pass"] = one(paths, ",".join(exact[:k]), "exact", args.batch)
-    ratio = best["linear_cka+rbf_cka"]["s"] / best["linear_cka"]["s"]
-    separate = sum(best[f"{m} (exact)"]["s"] for m in exact[:k])
-    rows = "\n".join(f"| {k} | {v['s']:.2f} | {v['rss_mib']:.0f} |" for k, v in best.items())
+    best[f"narrow: {k} exact measures, one pass"] = one(paths, ",".join(exact[:k]), "exact", args.batch)
+    separate = sum(best[f"narrow: {m} (exact)"]["s"] for m in exact[:k])
+    # peak RSS against n: the streamed measures (minibatch; linear CKA's exact route streams too)
+    big = make_stores(args.dir, args.rss_factor * args.n, args.stores, "narrow")
+    rss = []
+    for m, method in (("linear_cka", "minibatch"), ("rbf_cka", "minibatch"), ("linear_cka,rbf_cka", "minibatch"),
+                      ("linear_cka", "exact")):
+        a, b = one(paths, m, method, args.batch), one(big, m, method, args.batch)
+        rss.append({"measures": m, "method": method, "n": args.n, "rss_mib": a["rss_mib"], "n_big": args.rss_factor * args.n,
+                    "rss_mib_big": b["rss_mib"], "ratio": b["rss_mib"] / a["rss_mib"], "s": a["s"], "s_big": b["s"]})
+    L = len(WIDTH_SETS["narrow"]) * args.stores
+    rows = "\n".join(f"| {key} | {v['s']:.2f} | {v['rss_mib']:.0f} |" for key, v in best.items())
+    rss_rows = "\n".join(f"| {r['measures']} ({r['method']}) | {r['rss_mib']:.0f} | {r['rss_mib_big']:.0f} | {r['ratio']:.2f} |"
+                          for r in rss)
+    widths = "; ".join(f"{w}: {', '.join(map(str, v.values()))}" for w, v in WIDTH_SETS.items())
     section = f"""## measures
 
-`python bench/measures.py --n {args.n} --stores {args.stores} --batch {args.batch}` — {L} columns (widths
-{', '.join(map(str, WIDTHS.values()))}, float16, post-ReLU-like), n = {args.n}, minibatch: batch {args.batch}, one
-epoch; each run a fresh process (wall time of `similarity_matrix` only; peak RSS of the process).
-{platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the end
-(other jobs shared the cores: compare rows of this table only).
+`python bench/measures.py --n {args.n} --stores {args.stores} --batch {args.batch}` — {args.stores} stores × 4 layers per
+width set ({widths}; float16, post-ReLU-like), n = {args.n}, minibatch: batch {args.batch}, one epoch; each run a
+fresh process (wall time of `similarity_matrix` only; peak RSS of the process); best of {args.repeat} for the
+minibatch rows (alternating). {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average
+{load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (other jobs may share the cores: compare rows of this
+table only). {time.strftime('%Y-%m-%d %H:%M')}.
 
 | run | seconds | peak RSS MiB |
 | --- | --- | --- |
 {rows}
 
-- linear + RBF CKA in one minibatch pass: **{ratio:.2f}×** linear CKA alone (best of {args.repeat}, alternating).
-- the {k} exact measures in one pass: {best[f'{k} exact measures, one pass']['s']:.2f} s vs {separate:.2f} s run separately
-  (the full columns are read once).
+- linear + RBF CKA in one minibatch pass vs linear CKA alone: **{ratios['conv']:.2f}×** on the `conv` widths
+  (flattened conv blocks: linear CKA forms the b × b Grams itself, RBF CKA shares them and adds O(b²) per layer:
+  squared distances, an exact median by bracketing, exp, centring, and its HSIC sums), **{ratios['narrow']:.2f}×** on the
+  `narrow` widths (p < 4b: linear CKA works on the rows and forms no Gram, while RBF CKA's distances need the
+  b × b Gram of every layer, b²·p multiply-adds each — the RBF kernel itself costs that much more there).
+- the {k} exact measures in one pass: {best[f'narrow: {k} exact measures, one pass']['s']:.2f} s vs {separate:.2f} s run
+  separately (the full columns are read once).
+- peak RSS against n (narrow widths, batch {args.batch}; the streamed routes hold a few chunks and b × b
+  batch statistics, never n-sized arrays):
+
+| measures (route) | RSS MiB at n = {args.n} | at n = {args.rss_factor * args.n} | ratio |
+| --- | --- | --- | --- |
+{rss_rows}
 """
     print(section)
+    record = {"date": time.strftime("%Y-%m-%d %H:%M"), "n": args.n, "batch": args.batch, "stores": args.stores,
+              "widths": WIDTH_SETS, "runs": best, "linear_plus_rbf_over_linear": ratios, "rss_vs_n": rss,
+              "exact_one_pass_s": best[f"narrow: {k} exact measures, one pass"]["s"], "exact_separate_s": separate,
+              "cpus": os.cpu_count(), "load": [load0, os.getloadavg()[0]]}
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "measures.json"), "w") as f:
+        json.dump(record, f, indent=1)
     if not args.no_results:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        sys.path.insert(0, HERE)
         from _results import replace_section
 
         replace_section("measures", section)
