@@ -41,8 +41,7 @@ from repsim._io import atomic_write
 from repsim.results import conform
 from repsim.engine.blocks import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
 from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
-from repsim.kernels.layer_metrics import LAYER_METRICS, LayerMetric, Stat
-from repsim.kernels.separation import DISTANCES
+from repsim.kernels.layer_metrics import DISTANCES, LAYER_METRICS, LayerMetric, Stat
 
 __all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "write_csv",
            "DISTANCES"]

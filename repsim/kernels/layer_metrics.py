@@ -35,7 +35,7 @@ from repsim.kernels.separation import DISTANCES, ClassSeparation
 from repsim.kernels.sparsity import Sparsity
 from repsim.kernels.spectra import ActivationSpectrum, weight_spectrum
 
-__all__ = ["Stat", "LayerMetric", "LAYER_METRICS", "FEEDS", "register", "defined"]
+__all__ = ["Stat", "LayerMetric", "LAYER_METRICS", "FEEDS", "DISTANCES", "register", "defined"]
 
 # what an accumulator's ``update`` is given per block: the stored activations as read ("raw": every
 # activation of a conv map counts), the rows after the driver's spatial reduction ("rows"), or those
