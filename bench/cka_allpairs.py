@@ -8,7 +8,7 @@ debiased (unbiased HSIC) CKA between every pair of layers, timed two ways in int
 
 1. **defaults, all cores** — as users run them: ``repsim.MinibatchCKA(L).update(layers).result()``
    with its default precision (float32 Grams for float32 layers, float64 sums: the error bound of
-   ``repsim.kernels.cka``) and NumPy's BLAS threads as configured, against pytorch-cka with
+   ``repsim.kernels.hsic``) and NumPy's BLAS threads as configured, against pytorch-cka with
    torch's default threads;
 2. **one thread** (BLAS and torch limited to one thread) — the algorithms alone; adds repsim in
    float64 and the pairwise peer.
@@ -57,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench._peers import install_peers  # noqa: E402
-from repsim.kernels.cka import MinibatchCKA  # noqa: E402
+from repsim.kernels.minibatch_cka import MinibatchCKA  # noqa: E402
 
 
 def best_time(fn, repeats: int) -> float:

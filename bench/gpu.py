@@ -64,7 +64,8 @@ def allpairs(L: int, n: int, p: int, repeats: int) -> dict:
     """MinibatchCKA.update on L CuPy layers (n, p) float32 vs the L float32 Grams alone."""
     import cupy as cp
 
-    from repsim.kernels.cka import MinibatchCKA, batch_hsic, hsic_to_cka
+    from repsim.kernels.hsic import batch_hsic, hsic_to_cka
+    from repsim.kernels.minibatch_cka import MinibatchCKA
 
     rng = cp.random.default_rng(0)
     z = rng.standard_normal((n, 32), dtype=cp.float32)  # a shared signal, so CKA is not ~0 everywhere

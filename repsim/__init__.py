@@ -17,8 +17,8 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, str] = {
     # kernels
     "linear_cka": "kernels.cka",
-    "ucenter": "kernels.cka",
-    "MinibatchCKA": "kernels.cka",
+    "ucenter": "kernels.hsic",
+    "MinibatchCKA": "kernels.minibatch_cka",
     "class_separation": "kernels.separation",
     "ClassSeparation": "kernels.separation",
     "nonzero_fraction": "kernels.sparsity",
@@ -26,8 +26,8 @@ _EXPORTS: dict[str, str] = {
     "Sparsity": "kernels.sparsity",
     "collapse_metrics": "kernels.collapse",
     "CollapseStats": "kernels.collapse",
-    "batch_hsic": "kernels.cka",
-    "release_buffers": "kernels.cka",
+    "batch_hsic": "kernels.hsic",
+    "release_buffers": "kernels.hsic",
     "activation_spectrum": "kernels.spectra",
     "ActivationSpectrum": "kernels.spectra",
     "weight_spectrum": "kernels.spectra",

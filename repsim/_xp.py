@@ -207,12 +207,12 @@ def _requested_dtype(xp: Any, requested: Any) -> Any:
 
 def gram_dtype(dtype: Any, xp: Any, requested: Any = None) -> Any:
     """Precision of a column's centred batch Gram in linear CKA: the one rule of the in-memory
-    kernels (``repsim.kernels.cka``) and the out-of-core engine (docs/architecture.md "Numerics").
+    kernels (``repsim.kernels.hsic``) and the out-of-core engine (docs/architecture.md "Numerics").
 
     ``requested`` ("float32" | "float64" | an xp dtype) wins.  Otherwise float32 for columns
     given or stored in a floating dtype of at most 4 bytes (float16, bfloat16, float32) and float64
     for everything else (float64, integers), on every device.  float32 Grams keep the error bound of
-    ``repsim.kernels.cka`` (module docstring, "Error bound"): features are centred in float64 and
+    ``repsim.kernels.hsic`` (module docstring, "Error bound"): features are centred in float64 and
     rounded once, products are summed in float32 over feature slabs of at most
     ``GRAM_SLAB`` (2048) and the slabs in float64, and every later sum (U-centring, the L × L
     HSIC product, the sums over batches) is float64.  ``dtype`` is the column's dtype (or its

@@ -8,7 +8,8 @@ import pytest
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
 from repsim._blas import blas_thread_split
-from repsim.kernels.cka import MinibatchCKA, batch_hsic
+from repsim.kernels.hsic import batch_hsic
+from repsim.kernels.minibatch_cka import MinibatchCKA
 
 
 def blas_threads() -> int:
@@ -98,18 +99,19 @@ def test_columns_in_parallel_give_the_sequential_result():
 
 
 def test_batches_in_concurrent_threads_share_the_buffer_cache_safely():
-    """batch_hsic keeps one triangle buffer between batches (repsim.kernels.cka._BufferCache) and
+    """batch_hsic keeps one triangle buffer between batches (repsim.kernels._gram.BufferCache) and
     hands it to one caller at a time: batches run at once from several threads — held inside
     their column phase together by a barrier — give their serial results, before and after the
     cache is released (float64 layers, so that the Grams do not depend on how BLAS splits them)."""
-    from repsim.kernels.cka import _A_CACHE, release_buffers
+    from repsim.kernels._gram import A_CACHE
+    from repsim.kernels.hsic import release_buffers
 
     rng = np.random.default_rng(8)
     jobs = [[np.maximum(rng.standard_normal((60, p)) + 1, 0) for p in (6, 30, 80)] for _ in range(3)]
     want = [batch_hsic(layers) for layers in jobs]
-    assert _A_CACHE._buf is not None  # the last batch's buffer is kept ...
+    assert A_CACHE._buf is not None  # the last batch's buffer is kept ...
     release_buffers()
-    assert _A_CACHE._buf is None  # ... until released
+    assert A_CACHE._buf is None  # ... until released
     together = threading.Barrier(len(jobs))
 
     class Held(list):
@@ -164,9 +166,9 @@ print(k, max(inside))
 
 
 def test_row_products_split_over_threads_equal_one_product():
-    """A Aᵀ as k column slabs on k threads with single-threaded BLAS (kernels.cka._row_products)
+    """A Aᵀ as k column slabs on k threads with single-threaded BLAS (kernels._gram.row_products)
     equals the single product (to float64 rounding), for an A long enough to be split."""
-    from repsim.kernels.cka import _row_products
+    from repsim.kernels._gram import row_products
 
     rng = np.random.default_rng(5)
     A = rng.standard_normal((7, 50_003))
@@ -174,8 +176,8 @@ def test_row_products_split_over_threads_equal_one_product():
     with threadpool_limits(limits=2, user_api="blas"):
         if blas_threads() != 2:
             pytest.skip("this BLAS does not take a thread count")
-        got = _row_products(A)
+        got = row_products(A)
         assert blas_threads() == 2  # the budget is handed back
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
     with threadpool_limits(limits=1, user_api="blas"):
-        np.testing.assert_allclose(_row_products(A), want, rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(row_products(A), want, rtol=1e-12, atol=1e-9)

@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from repsim.kernels.cka import CentredGram, MinibatchCKA, batch_hsic, linear_cka, ucenter
+from repsim.kernels._precision import CentredGram
+from repsim.kernels.cka import linear_cka
+from repsim.kernels.hsic import batch_hsic, ucenter
+from repsim.kernels.minibatch_cka import MinibatchCKA
 
 NAMESPACES = [pytest.param(np, id="numpy"), pytest.param(array_api_strict, id="strict")]
 
@@ -194,7 +197,7 @@ def test_constant_layers_give_nan_pairs_and_leave_the_others(xp):
     assert np.isnan(got[1]).all() and np.isnan(got[:, 1]).all()
     np.testing.assert_allclose(got[np.ix_([0, 2], [0, 2])], ref, rtol=1e-12)
     with pytest.warns(RuntimeWarning):
-        _, lo, hi = acc.result(ci=0.9, n_boot=20)
+        lo, hi = acc.ci(0.9, n_boot=20)
     assert np.isnan(lo[1]).all() and np.isfinite(lo[np.ix_([0, 2], [0, 2])]).all()
     # constant in one batch only: that batch adds nothing to the layer's sums
     part = MinibatchCKA(2)
@@ -208,11 +211,13 @@ def test_a_bootstrap_over_one_batch_is_refused():
     rng = np.random.default_rng(7)
     acc = MinibatchCKA(2).update(planted(rng, 20, [3, 4]))
     with pytest.raises(ValueError, match="only one.*lo = hi"):
-        acc.result(ci=0.95)
+        acc.ci(0.95)
     acc.update(planted(rng, 20, [3, 4]))
     with pytest.raises(ValueError, match="each resample holds only one"):
-        acc.result(ci=0.95, draws=1)
-    assert acc.result(ci=0.95)[1].shape == (2, 2)
+        acc.ci(0.95, draws=1)
+    assert acc.ci(0.95)[0].shape == (2, 2)
+    with pytest.raises(TypeError, match=r"ci\(level"):  # one return type: the bounds are ci()'s
+        acc.result(ci=0.95)
 
 
 # --- minibatch, all pairs ------------------------------------------------------------------------
@@ -283,15 +288,16 @@ def test_minibatch_cka_matches_definition(xp):
 @pytest.mark.parametrize("debiased", [True, False])
 def test_wide_layers_take_the_slab_gram_path_with_the_same_answers(debiased):
     """A host layer with p > 2·GRAM_SLAB features and p >= 4n enters batch_hsic as its centred Gram,
-    formed slab by slab (kernels.cka.centred_gram_slabs); HSIC matches Song's/the biased formula in
+    formed slab by slab (kernels._gram.centred_gram_slabs); HSIC matches Song's/the biased formula in
     float64 (float32 input: to the float32 Gram bound), in any mix with narrow layers and groups,
     NaN wide layers are refused by name and constant ones give zero rows."""
-    from repsim.kernels.cka import GRAM_SLAB, _is_wide
+    from repsim.kernels._gram import is_wide
+    from repsim.kernels._precision import GRAM_SLAB
 
     rng = np.random.default_rng(21)
     n = 36
     layers = planted(rng, n, [3 * GRAM_SLAB + 7, 12, 2 * GRAM_SLAB + 1], mean=2.5)
-    assert _is_wide(layers[0].shape) and not _is_wide(layers[1].shape) and _is_wide(layers[2].shape)
+    assert is_wide(layers[0].shape) and not is_wide(layers[1].shape) and is_wide(layers[2].shape)
     h = song_hsic if debiased else biased_hsic
     ref = np.array([[h(a, b) for b in layers] for a in layers])
     for block_bytes, block_rows in ((1 << 28, 128), (1500, 8)):
@@ -363,8 +369,8 @@ def test_accumulators_any_split_any_merge_order(data):
         merged.merge(parts[i])
     np.testing.assert_allclose(merged.hsic, one_shot.hsic, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(merged.result(), one_shot.result(), rtol=1e-12)
-    v1, lo1, hi1 = merged.result(ci=0.9, n_boot=50)
-    v2, lo2, hi2 = one_shot.result(ci=0.9, n_boot=50)
+    lo1, hi1 = merged.ci(0.9, n_boot=50)
+    lo2, hi2 = one_shot.ci(0.9, n_boot=50)
     np.testing.assert_allclose(lo1, lo2, rtol=1e-12)
     np.testing.assert_allclose(hi1, hi2, rtol=1e-12)
 
@@ -396,7 +402,8 @@ def test_bootstrap_ci_matches_explicit_resampling():
         acc.update(planted(rng, 16, [5, 5, 5], mean=1.0))
     per = acc.batch_hsic()  # canonical order, (B, L, L)
     for m in (None, 3):  # all B records per resample, or an m-out-of-n bootstrap
-        values, lower, upper = acc.result(ci=0.8, n_boot=200, seed=3, draws=m)
+        values = acc.result()
+        lower, upper = acc.ci(0.8, n_boot=200, seed=3, draws=m)
         draws = np.random.default_rng(3).integers(0, per.shape[0], size=(200, m or per.shape[0]))
         boots = []
         for d in draws:
@@ -408,9 +415,9 @@ def test_bootstrap_ci_matches_explicit_resampling():
         assert np.all(lower <= upper) and np.all(np.diag(lower) == pytest.approx(1.0))
         assert np.all((lower <= values + 1e-12) | (upper >= values - 1e-12))
     with pytest.raises(ValueError, match="draws"):
-        acc.result(ci=0.8, draws=9)
+        acc.ci(0.8, draws=9)
     with pytest.raises(ValueError, match="keep_batches"):
-        MinibatchCKA(3, keep_batches=False).update(planted(rng, 8, [2, 2, 2])).result(ci=0.9)
+        MinibatchCKA(3, keep_batches=False).update(planted(rng, 8, [2, 2, 2])).ci(0.9)
 
 
 def test_float32_post_relu_matches_float64():
@@ -476,7 +483,7 @@ def _hard_case(name: str, rng: np.random.Generator) -> list[np.ndarray]:
 
 def _eps(s: int) -> float:
     """ε = γ_s + 4u of the module docstring for float32 dot products of length s, capped at the slab."""
-    from repsim.kernels.cka import GRAM_SLAB
+    from repsim.kernels._precision import GRAM_SLAB
 
     u, s = 2.0 ** -24, min(s, GRAM_SLAB)
     return s * u / (1 - s * u) + 4 * u

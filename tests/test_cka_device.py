@@ -13,7 +13,10 @@ import array_api_strict
 import numpy as np
 import pytest
 
-from repsim.kernels.cka import GRAM_SLAB, CentredGram, MinibatchCKA, batch_hsic, centred_gram, linear_cka
+from repsim.kernels._precision import GRAM_SLAB, CentredGram
+from repsim.kernels.cka import linear_cka
+from repsim.kernels.hsic import batch_hsic, centred_gram
+from repsim.kernels.minibatch_cka import MinibatchCKA
 
 xs = array_api_strict
 

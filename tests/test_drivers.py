@@ -113,13 +113,13 @@ def test_array_namespace_device(net):
 
 def test_layers_are_grouped_into_passes_by_state_size(net):
     """A tight memory budget splits the layers into one pass each, with identical results."""
-    from repsim.engine.drivers import Request, group_layers, state_bytes
+    from repsim.engine.drivers import group_layers, requested, state_bytes
     from repsim.engine.blocks import resolve_columns
 
     store, _, _ = net
     _, cols, _ = resolve_columns([store.path])
-    req = Request(distances=("cosine",), sparsity=True)
-    sizes = [state_bytes(c, req, K, "flatten") for c in cols]
+    metrics = requested(distances=("cosine",), sparsity=True)
+    sizes = [state_bytes(c, metrics, K, "flatten") for c in cols]
     assert sizes == [8 * (K * 48 + 3), 8 * (K * 8 + 8)]  # K·P means + C channel counts
     assert [len(g) for g in group_layers(cols, sizes, sum(sizes))] == [2]
     assert [len(g) for g in group_layers(cols, sizes, max(sizes))] == [1, 1]

@@ -292,9 +292,9 @@ def test_result_save_load_roundtrip_and_bootstrap_ci(two_stores, tmp_path):
     acc = repsim.MinibatchCKA.from_state(back.state)
     per_epoch = meta["batches_per_epoch"][0]
     assert acc.n_batches == sum(meta["batches_per_epoch"]) > per_epoch
-    _, lo1, hi1 = acc.result(ci=0.9, draws=per_epoch)
+    lo1, hi1 = acc.ci(0.9, draws=per_epoch)
     np.testing.assert_array_equal((lo, hi), (lo1, hi1))
-    _, lo_all, hi_all = acc.result(ci=0.9)
+    lo_all, hi_all = acc.ci(0.9)
     off = ~np.eye(3, dtype=bool)
     assert np.all((hi - lo)[off] >= (hi_all - lo_all)[off] - 1e-12)
     np.testing.assert_allclose(res.block("a", "b"), res.values[:2, 2:])
@@ -361,7 +361,7 @@ def test_wide_columns_enter_as_centred_grams_without_changing_the_result(tmp_pat
 
 @pytest.mark.parametrize("p", [300, 2 * 2048 + 777])  # one slab / the blocked path with a ragged last slab
 def test_centred_gram_matches_brute_force(p):
-    from repsim.kernels.cka import CentredGram
+    from repsim.kernels._precision import CentredGram
     from repsim.engine.grams import centred_gram
 
     rng = np.random.default_rng(p)

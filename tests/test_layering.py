@@ -257,6 +257,89 @@ def test_the_docs_state_what_these_tests_enforce():
     assert "May import only :mod:`repsim._xp` and" not in kernels  # they use _blas too (base)
 
 
+# ------------------------------------------------------------------------ the seams inside the kernels
+# The CKA family, in the order in which each may import the ones before it (never a later one): the
+# precision rule, the accelerator route, the private Gram machinery, the HSIC math, the accumulator,
+# one-shot linear CKA (which also re-exports the accumulator and centred_gram for the measures).
+CKA_ORDER = ("repsim.kernels._precision", "repsim.kernels._cka_device", "repsim.kernels._gram",
+             "repsim.kernels.hsic", "repsim.kernels.minibatch_cka", "repsim.kernels.cka")
+# private kernel modules imported from outside repsim/kernels today (the exact route's column driver)
+PRIVATE_KERNEL_IMPORTS = {("repsim.engine.similarity", "repsim.kernels.measures._exact")}
+
+
+def repsim_imports(root: Path) -> dict[str, list[tuple[int, str]]]:
+    """module -> its imports of repsim modules (line, module), for every module of repsim/."""
+    return {module_name(p, root): [(line, t) for line, t in imports_of(p, root) if t.split(".")[0] == "repsim"]
+            for p in sorted((root / "repsim").rglob("*.py"))}
+
+
+def private_kernel_imports(root: Path) -> list[str]:
+    """Imports of a private module of repsim.kernels (``_gram``, ``_precision``, ``measures._exact``, ...)
+    from outside repsim/kernels, beyond :data:`PRIVATE_KERNEL_IMPORTS`."""
+    bad = []
+    for mod, targets in repsim_imports(root).items():
+        if mod.startswith("repsim.kernels"):
+            continue
+        for line, t in targets:
+            if t.startswith("repsim.kernels.") and any(p.startswith("_") for p in t.split(".")[2:]) \
+                    and (mod, t) not in PRIVATE_KERNEL_IMPORTS:
+                bad.append(f"{mod}:{line}: imports {t}, private to repsim/kernels")
+    return bad
+
+
+def test_private_kernel_machinery_stays_inside_the_kernels():
+    assert private_kernel_imports(ROOT) == []
+
+
+def test_the_cka_modules_import_only_the_ones_below_them():
+    """kernels/cka.py was split by job (docs/architecture.md): the math never reaches up to the
+    accumulator or the one-shot formula, the machinery never to the math."""
+    graph = repsim_imports(ROOT)
+    assert set(CKA_ORDER) <= set(graph)
+    bad = [f"{mod} imports {t}" for i, mod in enumerate(CKA_ORDER) for _, t in graph[mod] if t in CKA_ORDER[i + 1:]]
+    assert bad == []
+
+
+def test_a_measure_module_is_a_registered_measure_on_the_protocol_and_the_kernels():
+    """Each public module of kernels/measures/ registers its measures with @register and imports, of
+    repsim, only the registry and protocol, other measure modules, the kernels' math and the base
+    layer (not the engine, stores, probes or commands, nor the exact route's column driver); and the
+    registry finds every one of them without a list to edit (docs/architecture.md "Adding a measure")."""
+    from repsim.kernels.measures import MEASURES, measure_names
+
+    graph = repsim_imports(ROOT)
+    names = set(measure_names())
+    modules = sorted(p for p in (ROOT / "repsim" / "kernels" / "measures").glob("*.py") if not p.stem.startswith("_"))
+    assert len(modules) >= 7
+    for path in modules:
+        mod = module_name(path, ROOT)
+        for line, t in graph[mod]:
+            assert layer_of(t) in ("base", "kernels") and t != "repsim.kernels.measures._exact", (mod, line, t)
+        tree = ast.parse(path.read_text())
+        registered = [n.name for n in tree.body if isinstance(n, ast.ClassDef)
+                      and any(isinstance(d, ast.Name) and d.id == "register" for d in n.decorator_list)]
+        assert registered, f"{mod} registers no measure"
+        assert {MEASURES[m].__name__ for m in names if MEASURES[m].__module__ == mod} == set(registered), mod
+    assert {MEASURES[m].__module__ for m in names} == {module_name(p, ROOT) for p in modules}
+    assert "_MODULES" not in (ROOT / "repsim" / "kernels" / "measures" / "__init__.py").read_text()
+
+
+def test_per_layer_metrics_are_declared_in_their_registry_and_reached_through_it():
+    """The per-layer metrics (class separation, sparsity, collapse, spectra) are declared once, in
+    kernels/layer_metrics.py's registry; the streaming driver reaches their kernels only through it
+    (no hand dispatch on their accumulators)."""
+    from repsim.kernels.layer_metrics import LAYER_METRICS, LayerMetric
+
+    assert list(LAYER_METRICS) == ["separation", "sparsity", "collapse", "spectra"]
+    assert all(issubclass(c, LayerMetric) and c.__module__ == "repsim.kernels.layer_metrics"
+               for c in LAYER_METRICS.values())
+    homes = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "repsim").rglob("*.py"))
+             if re.search(r"^LAYER_METRICS\b.*=", p.read_text(), re.M)]
+    assert homes == ["repsim/kernels/layer_metrics.py"]
+    kernels = {t for _, t in repsim_imports(ROOT)["repsim.engine.drivers"] if layer_of(t) == "kernels"}
+    assert kernels == {"repsim.kernels.layer_metrics"}
+
+
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         p = tmp_path / name
@@ -293,3 +376,13 @@ def test_stage_checks_catch_train_importing_extract(tmp_path):
     assert stage_violations(root) == ["train/loop.py:2: train imports extract.cli (a stage above it)"]
     assert named_upper_modules(root) == ["repsim/main.py:1: repsim names 'extract.cli' (a stage above it)"]
     assert import_cycles(root, STAGES) == [["extract.cli", "train.loop"]]
+
+
+def test_private_kernel_check_catches_the_engine_using_the_gram_machinery(tmp_path):
+    root = _tree(tmp_path, {"repsim/__init__.py": "", "repsim/kernels/__init__.py": "",
+                            "repsim/kernels/_gram.py": "",
+                            "repsim/kernels/hsic.py": "from repsim.kernels import _gram\n",
+                            "repsim/engine/__init__.py": "",
+                            "repsim/engine/grams.py": "def f():\n    from repsim.kernels._gram import gram64\n"})
+    assert private_kernel_imports(root) == [
+        "repsim.engine.grams:2: imports repsim.kernels._gram, private to repsim/kernels"]

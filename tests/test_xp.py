@@ -17,7 +17,7 @@ import pytest
 
 import repsim
 from repsim import _xp
-from repsim.kernels.cka import MinibatchCKA
+from repsim.kernels.minibatch_cka import MinibatchCKA
 from repsim.kernels.spectra import activation_spectrum, angular_visual_hardness
 
 

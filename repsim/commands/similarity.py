@@ -17,8 +17,8 @@ HELP = "similarity measures (CKA, RBF CKA, CCA family, Procrustes, RSA, mutual k
 def configure(parser: argparse.ArgumentParser) -> None:
     _cka.configure(parser)  # the same stores, batches, resume and refusals as `repsim cka`
     parser.add_argument("--measures", default="linear_cka", metavar="A,B,...",
-                        help="comma-separated measures (default linear_cka): linear_cka, rbf_cka, procrustes, cca, "
-                             "svcca, pwcca, rsa, mutual_knn, ridge_r2 (docs/measures.md)")
+                        help="comma-separated measures (default linear_cka; the registered measures, listed in "
+                             "docs/measures.md and in the error for an unknown name)")
     parser.add_argument("--rbf-threshold", type=float, default=1.0, metavar="T",
                         help="rbf_cka: sigma^2 = T^2 x median squared distance (default 1.0)")
     parser.add_argument("--knn-k", type=positive, default=10, metavar="K", help="mutual_knn: neighbours (default 10)")

@@ -4,7 +4,10 @@ For every store, the requested layers are read block by block (a block = whole c
 ahead on a thread pool) and every block feeds all accumulators of all layers at once — or, when
 their state would exceed ``memory_budget`` (class means are K × P floats per layer: 6.4 GB for a
 flattened ResNet-50 block1 with 1000 classes), all accumulators of each group of layers that fits,
-one pass per group:
+one pass per group.  The metrics are the per-layer metric registry's
+(:mod:`repsim.kernels.layer_metrics`: each declares its accumulators, what they are fed, their state
+size, extra passes and how they finish into a layer's result); the driver loops over the requested
+ones and names none of them:
 
 - class separation R² (paper Eq. 11, Fig. 4, Table 3; Table E.1 distances) — :class:`repsim.ClassSeparation`;
 - fraction of non-zero activations (Fig. 3) — :class:`repsim.Sparsity`;
@@ -29,75 +32,58 @@ from __future__ import annotations
 import csv
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from repsim._io import atomic_write
-from repsim._xp import UndefinedMetric
 from repsim.results import conform
 from repsim.engine.blocks import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
 from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
+from repsim.kernels.layer_metrics import DISTANCES, LAYER_METRICS, LayerMetric, Stat
 
 __all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "write_csv",
            "DISTANCES"]
 
-DISTANCES = ("cosine", "cosine_centered", "sqeuclidean")
 MAX_MATRIX_FEATURES = 16384  # collapse/spectra keep a P × P scatter: refuse P beyond this (8 × 2 GiB)
 
 
-@dataclass(frozen=True)
-class Request:
-    """Which statistics to stream for every requested layer."""
-
-    distances: tuple[str, ...] = ()
-    sparsity: bool = False
-    collapse: bool = False
-    spectra: bool = False
-
-
-def _accumulators(req: Request, layer: str, num_classes: int, what: str) -> dict[str, Any]:
-    """Fresh accumulators for one layer, keyed ``"<metric>"``."""
-    from repsim.kernels.collapse import CollapseStats
-    from repsim.kernels.separation import ClassSeparation
-    from repsim.kernels.sparsity import Sparsity
-
-    accs: dict[str, Any] = {}
-    for d in req.distances:
-        accs[f"separation:{d}"] = ClassSeparation(num_classes, d, name=what)
-    if req.sparsity:
-        accs["sparsity"] = Sparsity(name=what)
-    if req.collapse or req.spectra:
-        accs["collapse"] = CollapseStats(num_classes, name=what)
-    if req.spectra:
-        from repsim.kernels.spectra import ActivationSpectrum
-
-        accs["spectrum"] = ActivationSpectrum(name=what)
-    return accs
+def requested(distances: Iterable[str] = (), sparsity: bool = False, collapse: bool = False,
+              spectra: bool = False) -> list[LayerMetric]:
+    """The registered per-layer metrics (:data:`repsim.kernels.layer_metrics.LAYER_METRICS`) that
+    :func:`layer_metrics`' arguments ask for, in the registry's order."""
+    options = {"separation": tuple(distances), "sparsity": bool(sparsity), "collapse": bool(collapse),
+               "spectra": bool(spectra)}
+    return [cls(options[name]) for name, cls in LAYER_METRICS.items() if options.get(name)]
 
 
-def _from_state(state: dict[str, Any]) -> Any:
-    from repsim.kernels.collapse import CollapseStats
-    from repsim.kernels.separation import ClassSeparation
-    from repsim.kernels.sparsity import Sparsity
-    from repsim.kernels.spectra import ActivationSpectrum
+def layer_stats(metrics: Sequence[LayerMetric]) -> dict[str, Stat]:
+    """The accumulators of ``metrics`` by key, each once (metrics that read the same statistic share it)."""
+    return {st.key: st for m in metrics for st in m.stats()}
 
-    kinds = {"ClassSeparation": ClassSeparation, "Sparsity": Sparsity, "CollapseStats": CollapseStats,
-             "ActivationSpectrum": ActivationSpectrum}
-    return kinds[str(state["kind"])].from_state(state)
+
+def _accumulators(metrics: Sequence[LayerMetric], num_classes: int, what: str) -> dict[str, Any]:
+    """Fresh accumulators for one layer, keyed as :func:`layer_stats`."""
+    return {key: st.make(num_classes, what) for key, st in layer_stats(metrics).items()}
+
+
+def _from_state(stats: dict[str, Stat], key: str, state: dict[str, Any]) -> Any:
+    return stats[key].kind.from_state(state)
 
 
 def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, Any]]], start: int, stop: int, *,
                xp: Any = None, progress: Any = None) -> dict[str, dict[str, dict[str, Any]]]:
     """One task: blocks ``start:stop`` of one store into copies of ``templates``
-    (``{layer: {metric: empty accumulator state}}``); returns the filled states."""
+    (``{layer: {key: empty accumulator state}}``); returns the filled states.  ``spec["metrics"]``
+    names the requested metrics (``{name: option}``), whose :class:`Stat` says what each key is fed."""
     from repsim.store.reader import open_store
 
     columns = [Column(**c) for c in spec["columns"]]
     xp = array_module(spec["device"]) if xp is None else xp
     labels = open_store(columns[0].path).labels
-    accs = {layer: {m: _from_state(s) for m, s in per.items()} for layer, per in templates.items()}
+    stats = layer_stats([LAYER_METRICS[name](option) for name, option in spec["metrics"].items()])
+    accs = {layer: {k: _from_state(stats, k, s) for k, s in per.items()} for layer, per in templates.items()}
     block_rows = spec["block_rows"]
     with BlockReader(columns, spec["n"], block_rows, spatial="raw", prefetch=spec["prefetch"],
                      threads=spec["threads"]) as reader:
@@ -109,13 +95,14 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
                     continue
                 x_raw = to_device(raw, xp)
                 x_mat = None
-                for metric, acc in per.items():
-                    if metric == "sparsity":
+                for key, acc in per.items():
+                    feed = stats[key].feed
+                    if feed == "raw":
                         acc.update(x_raw)
                         continue
                     if x_mat is None:
                         x_mat = to_device(transform(raw, spec["spatial"]), xp)
-                    if metric == "spectrum":
+                    if feed == "rows":
                         acc.update(x_mat)
                     else:
                         acc.update(x_mat, y)
@@ -125,14 +112,17 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
 
 
 def _scan_store(columns: list[Column], n: int, block_rows: int, accs: dict[str, dict[str, Any]], *, spatial: str,
-                device: Any, blocks_per_task: int, prefetch: int, threads: int | None, bar: Any) -> dict[str, dict[str, Any]]:
-    """Stream one store's blocks through ``accs`` (one layer -> metric -> accumulator), merging tasks in order."""
+                metrics: Sequence[LayerMetric], device: Any, blocks_per_task: int, prefetch: int,
+                threads: int | None, bar: Any) -> dict[str, dict[str, Any]]:
+    """Stream one store's blocks through ``accs`` (one layer -> key -> accumulator of ``metrics``),
+    merging tasks in order."""
     if not accs:
         return accs
     xp = array_module(device)
     spec = {"columns": [asdict(c) for c in columns if c.layer in accs], "device": device_name(xp), "n": n,
             "block_rows": block_rows, "spatial": spatial, "prefetch": prefetch,
-            "threads": reader_threads(threads, xp)}
+            "threads": reader_threads(threads, xp), "metrics": {m.name: m.option for m in metrics}}
+    stats = layer_stats(metrics)
     templates = {layer: {m: a.to_state() for m, a in per.items()} for layer, per in accs.items()}
     n_blocks = -(-n // block_rows)
     ranges = [(a, min(n_blocks, a + blocks_per_task)) for a in range(0, n_blocks, blocks_per_task)]
@@ -146,10 +136,10 @@ def _scan_store(columns: list[Column], n: int, block_rows: int, accs: dict[str, 
     merged: dict[str, dict[str, Any]] = {}
     for _, states in results:
         for layer, per in states.items():
-            for metric, state in per.items():
-                part = _from_state(state)
+            for key, state in per.items():
+                part = _from_state(stats, key, state)
                 slot = merged.setdefault(layer, {})
-                slot[metric] = part if metric not in slot else slot[metric].merge(part)
+                slot[key] = part if key not in slot else slot[key].merge(part)
     return merged
 
 
@@ -178,19 +168,14 @@ def layer_metrics(stores: Any, layers: Any = None, *, distances: Iterable[str] =
                 prefetch=prefetch, threads=threads, memory_budget=memory_budget)[0]
 
 
-def state_bytes(col: Column, req: Request, num_classes: int, spatial: str) -> int:
-    """Float64 bytes the accumulators of one layer hold (kernels' sufficient statistics): K·P per
-    separation distance (class means), K·P + P² for collapse (means, within-class scatter), P² for
-    the activation spectrum, C for sparsity (int64 counts per channel)."""
+def state_bytes(col: Column, metrics: Sequence[LayerMetric], num_classes: int, spatial: str) -> int:
+    """Float64 bytes the accumulators of one layer hold (kernels' sufficient statistics), each shared
+    accumulator once (:attr:`Stat.nbytes`): K·P per separation distance (class means), K·P + P² for
+    collapse and spectra (means, within-class scatter), P² for the activation spectrum, C for sparsity
+    (int64 counts per channel)."""
     P = col.features_after(spatial)
-    n = len(req.distances) * num_classes * P
-    if req.collapse or req.spectra:
-        n += num_classes * P + P * P
-    if req.spectra:
-        n += P * P
-    if req.sparsity:
-        n += col.shape[0] if col.shape else 1
-    return 8 * n
+    C = col.shape[0] if col.shape else 1
+    return sum(st.nbytes(num_classes, P, C) for st in layer_stats(metrics).values())
 
 
 def group_layers(columns: Sequence[Column], sizes: Sequence[int], budget: int) -> list[list[Column]]:
@@ -214,13 +199,9 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
          ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
     from repsim.engine.blocks import open_stores, store_names
 
-    distances = tuple(distances)
-    bad = [d for d in distances if d not in DISTANCES]
-    if bad:
-        raise ValueError(f"unknown distance(s) {bad}; choose from {DISTANCES}")
+    metrics = requested(distances, sparsity, collapse, spectra)  # refuses unknown distances
     if spatial not in ("flatten", "mean"):
         raise ValueError(f"spatial must be 'flatten' or 'mean', got {spatial!r}")
-    req = Request(distances=distances, sparsity=bool(sparsity), collapse=bool(collapse), spectra=bool(spectra))
     opened = open_stores(stores)
     names = store_names(opened)
     plans = []  # per store: (store, name, num_classes, layer groups)
@@ -228,20 +209,19 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
         _, columns, _ = resolve_columns([store], layers)  # validates: complete, layers present
         columns = [Column(**{**asdict(c), "store": name}) for c in columns]
         for col in columns:
-            if req.collapse:
-                _check_matrix_width(col, spatial, "collapse")
-            if req.spectra:
-                _check_matrix_width(col, spatial, "spectra")
+            for m in metrics:
+                if m.keeps_scatter:
+                    _check_matrix_width(col, spatial, m.name)
         labels = store.labels
         if labels.size == 0:
             raise ValueError(f"store {name!r} has no examples")
-        if labels.ndim != 1 and (distances or req.collapse or req.spectra):
+        if labels.ndim != 1 and any(m.needs_labels for m in metrics):
             raise ValueError(f"store {name!r} holds multi-label targets {labels.shape}; class separation, "
                              "collapse and spectra need one class per example")
         num_classes = int(labels.max()) + 1
-        sizes = [state_bytes(c, req, num_classes, spatial) for c in columns]
+        sizes = [state_bytes(c, metrics, num_classes, spatial) for c in columns]
         plans.append((store, name, num_classes, group_layers(columns, sizes, int(memory_budget))))
-    passes_per_group = 1 + ("cosine_centered" in distances)
+    passes_per_group = max([m.passes() for m in metrics], default=1)
     total = sum(-(-s.n // max(1, s.chunk_rows)) * len(g) * passes_per_group for s, _, _, g in plans)
     out: dict[tuple[str, str], dict[str, Any]] = {}
     undefined: list[str] = []
@@ -249,19 +229,19 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
     try:
         for store, name, num_classes, groups in plans:
             block_rows = max(1, min(store.n, store.chunk_rows))
-            kw = dict(spatial=spatial, device=device, blocks_per_task=max(1, int(blocks_per_task)),
+            kw = dict(spatial=spatial, metrics=metrics, device=device, blocks_per_task=max(1, int(blocks_per_task)),
                       prefetch=prefetch, threads=threads, bar=bar)
-            head = store.head if (req.collapse or req.spectra) else None
+            head = store.head if any(m.reads_head for m in metrics) else None
             for columns in groups:
-                accs = {c.layer: _accumulators(req, c.layer, num_classes, f"{name}/{c.layer}") for c in columns}
+                accs = {c.layer: _accumulators(metrics, num_classes, f"{name}/{c.layer}") for c in columns}
                 merged = _scan_store(columns, store.n, block_rows, accs, **kw)
-                second = {layer: {"separation:cosine_centered": per["separation:cosine_centered"].next_pass()}
-                          for layer, per in merged.items() if "separation:cosine_centered" in per}
+                second = {layer: again for layer, per in merged.items()
+                          if (again := {k: a for m in metrics for k, a in m.next_pass(per).items()})}
                 if second:
                     for layer, per in _scan_store(columns, store.n, block_rows, second, **kw).items():
                         merged[layer].update(per)
                 for col in columns:
-                    out[(name, col.layer)] = _finish(merged.pop(col.layer), req, head, col, undefined)
+                    out[(name, col.layer)] = _finish(merged.pop(col.layer), metrics, head, col, undefined)
     finally:
         bar.close()
     if undefined:
@@ -271,48 +251,17 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
     return out, dict(zip(names, opened))
 
 
-def _defined(value: Any, undefined: list[str], what: str, nan: Any = float("nan")) -> Any:
-    """``value()``, or ``nan`` when the metric has no value on this layer (:class:`UndefinedMetric`,
-    e.g. a constant layer), recording ``what`` in ``undefined``."""
-    try:
-        return value()
-    except UndefinedMetric:
-        undefined.append(what)
-        return nan
-
-
-def _finish(accs: dict[str, Any], req: Request, head: Any, col: Column,
+def _finish(accs: dict[str, Any], metrics: Sequence[LayerMetric], head: Any, col: Column,
             undefined: list[str] | None = None) -> dict[str, Any]:
-    """A layer's metrics from its merged accumulators.  One with no value on this layer (a constant
-    layer's R² or collapse metrics) is NaN, and ``"<metric> of <store>/<layer>"`` goes to
-    ``undefined`` (reported once by :func:`_run`); NaN/inf data and other errors still raise."""
-    from repsim.kernels.collapse import COLLAPSE_KEYS
-    from repsim.kernels.spectra import weight_spectrum
-
+    """A layer's metrics from its merged accumulators (each metric's :meth:`LayerMetric.finish`, in
+    registry order).  One with no value on this layer (a constant layer's R² or collapse metrics) is
+    NaN, and ``"<metric> of <store>/<layer>"`` goes to ``undefined`` (reported once by :func:`_run`);
+    NaN/inf data and other errors still raise."""
     undefined = [] if undefined is None else undefined
     where = f"{col.store}/{col.layer}"
     res: dict[str, Any] = {}
-    if req.distances:
-        res["separation"] = {d: float(_defined(accs[f"separation:{d}"].result, undefined, f"R² ({d}) of {where}"))
-                             for d in req.distances}
-    if req.sparsity:
-        res["sparsity"] = float(accs["sparsity"].result())
-        res["sparsity_per_channel"] = np.asarray(accs["sparsity"].result_per_channel())
-    W = None
-    if head is not None and "collapse" in accs:
-        P = accs["collapse"].class_means().shape[1]
-        if tuple(head[0].shape) == (accs["collapse"].num_classes, P):
-            W = head[0]
-    if req.collapse:
-        keys = [k for k in COLLAPSE_KEYS if W is not None or not (k.endswith("_weights") or k == "self_duality")]
-        res["collapse"] = _defined(lambda: accs["collapse"].result(W=W), undefined, f"collapse of {where}",
-                                   {k: float("nan") for k in keys})
-    if req.spectra:
-        spec = {"activations": accs["spectrum"].result(),
-                "centroids": np.linalg.svd(accs["collapse"].centered_means(), compute_uv=False)}
-        if W is not None:
-            spec["weights"] = weight_spectrum(np.asarray(W, dtype=np.float64))
-        res["spectra"] = spec
+    for m in metrics:
+        res.update(m.finish(accs, head, where, undefined))
     return res
 
 

@@ -190,7 +190,7 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
                         grams[g][r0:r1, a0:a0 + P.shape[0]] = block.T
                 passes += 1
         if debiased:
-            from repsim.kernels.cka import ucenter
+            from repsim.kernels.hsic import ucenter
 
             def centre(K: np.ndarray) -> np.ndarray:
                 return np.asarray(ucenter(K), dtype=np.float64)

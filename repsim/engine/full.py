@@ -69,10 +69,13 @@ def full_columns(columns: Sequence[Column], n: int, block_rows: int, *, spatial:
     """Every column as a :class:`FullColumn` (module docstring), in ``columns`` order."""
     need = held_bytes(columns, n, spatial)
     if need > max_bytes:
+        from repsim.kernels.measures import measure_class, measure_names
+
+        minibatch = ", ".join(m for m in measure_names() if "minibatch" in measure_class(m).info.estimators)
         raise ValueError(
             f"the exact measures would hold {need / 2**30:.1f} GiB (n · min(p, n) float64 per column, "
             f"{len(columns)} columns, n = {n}) over the limit of {max_bytes / 2**30:.1f} GiB: pool conv maps "
-            "(--spatial mean), compare fewer layers, raise --max-memory, or use the minibatch measures (linear_cka, rbf_cka)")
+            f"(--spatial mean), compare fewer layers, raise --max-memory, or use the minibatch measures ({minibatch})")
     names = [f"{c.store}/{c.layer}" for c in columns]
     narrow = [k for k, c in enumerate(columns) if c.features_after(spatial) <= n]
     out: list[FullColumn | None] = [None] * len(columns)

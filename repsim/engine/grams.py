@@ -1,10 +1,10 @@
 """Which batch columns the engine reduces to their centred b × b Gram (all that linear HSIC sees of
-them): :data:`REDUCE_FACTOR`; the reduction itself (:func:`~repsim.kernels.cka.centred_gram`) and its
+them): :data:`REDUCE_FACTOR`; the reduction itself (:func:`~repsim.kernels.hsic.centred_gram`) and its
 precision (:func:`~repsim._xp.gram_dtype`) are the kernels', re-exported here."""
 from __future__ import annotations
 
 from repsim._xp import gram_dtype
-from repsim.kernels.cka import centred_gram
+from repsim.kernels.hsic import centred_gram
 
 __all__ = ["REDUCE_FACTOR", "centred_gram", "gram_dtype"]
 

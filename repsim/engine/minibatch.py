@@ -240,7 +240,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     CPU, one per core (at most 16) on a device (:func:`~repsim.engine.scheduler.reader_threads`).
     ``compute_dtype``: precision of the batch Grams, wide and narrow columns alike; ``None``
     (default) picks float32 for float16/float32 columns and float64 for float64 ones on every
-    device (:func:`repsim._xp.gram_dtype`, the error bound of ``repsim.kernels.cka``); centring
+    device (:func:`repsim._xp.gram_dtype`, the error bound of ``repsim.kernels.hsic``); centring
     means, slab sums, U-centring and HSIC sums are float64 either way.
     Tasks run here, or on the ``dask.distributed`` cluster set by :func:`repsim.set_scheduler`.
     """

@@ -65,21 +65,16 @@ class CKAResult:
 
         Resamples have the size of one epoch (``meta["batches_per_epoch"][0]`` batches, drawn
         from the records of all epochs): every epoch re-reads the same n examples, so E epochs do
-        not make the estimate E times more certain about the data; see ``MinibatchCKA.result``.
+        not make the estimate E times more certain about the data; see ``MinibatchCKA.ci``.
         """
         if self.state is None:
             raise ValueError("this result has no per-batch statistics (method='exact' or saved without them)")
-        from repsim.kernels.cka import MinibatchCKA
+        from repsim.kernels.minibatch_cka import MinibatchCKA
 
         acc = MinibatchCKA.from_state(self.state)
         per_epoch = self.meta.get("batches_per_epoch")
         draws = min(int(per_epoch[0]), acc.n_batches) if per_epoch else None
-        out = acc.result(ci=level, n_boot=n_boot, seed=seed, draws=draws)
-        if isinstance(out, tuple) and len(out) == 3:
-            return out[1], out[2]
-        if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], tuple):
-            return out[1]
-        raise TypeError(f"unexpected MinibatchCKA.result(ci=...) return value: {type(out)}")
+        return acc.ci(level, n_boot=n_boot, seed=seed, draws=draws)
 
     def save(self, path: str | os.PathLike) -> str:
         """Write ``.npz`` (docs/architecture.md "Results files"): ``values``, ``stores``, ``layers``, ``meta``

@@ -95,9 +95,7 @@ def exact_measures(measures: Sequence[Measure], columns: Sequence[Column], n: in
             finally:
                 bar.close()
             out[m.name] = outcome.values
-            if m.name == "rsa":
-                used = m.rows_used(n)  # type: ignore[attr-defined]
-                meta["measure_info"][m.name]["rows_used"] = n if used is None else int(used.size)
+            meta["measure_info"][m.name].update(m.exact_info(n))
             report_undefined(outcome.values, columns, meta, m.name, outcome.undefined_columns)
             report_pairs(m.name, outcome.undefined_pairs, meta)
     return out

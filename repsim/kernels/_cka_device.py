@@ -1,6 +1,6 @@
 """All-pairs HSIC of one batch, shaped for an accelerator: a few large operations, one host transfer.
 
-The route :func:`repsim.kernels.cka.batch_hsic` (and so :meth:`MinibatchCKA.update`) takes for every
+The route :func:`repsim.kernels.hsic.batch_hsic` (and so :meth:`MinibatchCKA.update`) takes for every
 array namespace but NumPy — CuPy on a GPU, and array-api-strict in the tests, which prove that the
 code uses only the standard array API.  The NumPy route cuts each Gram into cache-sized row panels
 and spreads layers over CPU threads; replayed on a GPU that design became thousands of small
@@ -8,10 +8,10 @@ kernel launches and a host synchronisation per layer (768 Gram calls, ~4,500 cas
 L = 64, n = 1,500: 10-13× the time of the Grams alone on an H200, bench/RESULTS.md "gpu").
 
 Here, per batch of n examples and L layers (Song et al. 2012's unbiased HSIC, as in the module
-docstring of :mod:`repsim.kernels.cka`):
+docstring of :mod:`repsim.kernels.hsic`):
 
 1. each layer's rows are centred with float64 column means, rounded once to the Gram dtype
-   (:func:`~repsim.kernels.cka.centre_rounded`: a handful of elementwise passes);
+   (:func:`~repsim.kernels._precision.centre_rounded`: a handful of elementwise passes);
 2. its Gram K_l = X_c X_cᵀ is formed whole — ``ceil(p / GRAM_SLAB)`` float32 GEMMs whose products
    are summed in float64 (:func:`gram_rows`), the precision rule and error bound of the host route;
 3. K_l's rows go into row l of A (L, n·n) float64; for debiased HSIC the diagonal entries are
@@ -55,7 +55,7 @@ def centre_once(X: Any, xp: Any) -> tuple[Any, Any]:
     The host route also subtracts the rounding residue lo = x̄ - fl(x̄) (:func:`centre_rounded`);
     here it stays in: a per-feature constant c (|c| <= u|x̄|/2) added to every row changes the Gram
     by terms of the form a_i + a_j + const, which U-centring (and the biased estimator's centring
-    matrix) removes exactly (module docstring of :mod:`repsim.kernels.cka`), and it enlarges the
+    matrix) removes exactly (module docstring of :mod:`repsim.kernels.hsic`), and it enlarges the
     rows that the float32 products' rounding scales with by a factor of at most 1 + u·|x̄|/σ
     (1 + 6e-4 at a mean 10⁴ times the spread σ).
     """

@@ -1,8 +1,8 @@
-"""The precision rule shared by both routes of all-pairs CKA (:mod:`repsim.kernels.cka` on NumPy,
+"""The precision rule shared by both routes of all-pairs CKA (:mod:`repsim.kernels.hsic` on NumPy,
 :mod:`repsim.kernels._cka_device` on an accelerator): the float32 slab of a Gram product, centring with
 float64 means rounded once, the tolerance below which a layer counts as constant, and the
 :class:`CentredGram` a driver may hand in place of a layer's rows.  The error bound these give is
-derived in :mod:`repsim.kernels.cka`'s docstring ("Precision and error bound")."""
+derived in :mod:`repsim.kernels.hsic`'s docstring ("Precision and error bound")."""
 from __future__ import annotations
 
 import math

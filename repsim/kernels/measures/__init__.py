@@ -1,11 +1,14 @@
 """Similarity measures between representations: one protocol (:mod:`._protocol`), one module per
 measure, and a registry by name (the names of ``repsim similarity --measures``).
 
-Adding a measure: a module here with a :class:`Measure` subclass decorated with :func:`register`,
-its name in :data:`_MODULES`, and one test (docs/architecture.md "Adding a measure")."""
+Adding a measure: a module here with a :class:`Measure` subclass decorated with :func:`register`, and
+one test (docs/architecture.md "Adding a measure").  Nothing lists the measures: the registry imports
+every public module of this package the first time a name is looked up, and the command line, the
+engine and the results file take the names from it."""
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from typing import Any, Iterable
 
 from repsim.kernels.measures._protocol import (Accumulator, FullColumn, Measure, MeasureInfo,
@@ -16,19 +19,6 @@ __all__ = ["Accumulator", "FullColumn", "Measure", "MeasureInfo", "MinibatchUnsu
 
 MEASURES: dict[str, type[Measure]] = {}
 
-# measure name -> module defining it (imported on first use, so the registry stays cheap)
-_MODULES: dict[str, str] = {
-    "linear_cka": "linear_cka",
-    "rbf_cka": "rbf_cka",
-    "procrustes": "procrustes",
-    "cca": "cca",
-    "svcca": "cca",
-    "pwcca": "cca",
-    "rsa": "rsa",
-    "mutual_knn": "mutual_knn",
-    "ridge_r2": "ridge",
-}
-
 
 def register(cls: type[Measure]) -> type[Measure]:
     """Class decorator: add a :class:`Measure` subclass to the registry under ``cls.info.name``."""
@@ -36,16 +26,25 @@ def register(cls: type[Measure]) -> type[Measure]:
     return cls
 
 
+def _import_measure_modules() -> None:
+    """Import every module of this package whose name has no leading underscore: each registers the
+    measures it defines (on first use, so that importing the registry stays cheap)."""
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+
+
 def measure_names() -> list[str]:
-    """Every registered measure name, in the documented order."""
-    return list(_MODULES)
+    """Every registered measure name, sorted."""
+    _import_measure_modules()
+    return sorted(MEASURES)
 
 
 def measure_class(name: str) -> type[Measure]:
     if name not in MEASURES:
-        if name not in _MODULES:
-            raise ValueError(f"unknown measure {name!r}; known: {', '.join(_MODULES)}")
-        importlib.import_module(f"{__name__}.{_MODULES[name]}")
+        _import_measure_modules()
+        if name not in MEASURES:
+            raise ValueError(f"unknown measure {name!r}; known: {', '.join(measure_names())}")
     return MEASURES[name]
 
 
@@ -59,7 +58,7 @@ def parse_measures(names: str | Iterable[str]) -> list[str]:
     items = names.split(",") if isinstance(names, str) else list(names)
     out = list(dict.fromkeys(s.strip() for s in items if s and s.strip()))
     if not out:
-        raise ValueError("no measure named; known: " + ", ".join(_MODULES))
+        raise ValueError("no measure named; known: " + ", ".join(measure_names()))
     for name in out:
         measure_class(name)
     return out

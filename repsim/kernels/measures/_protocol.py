@@ -215,6 +215,11 @@ class Measure:
         """The measure of two prepared columns (row = ``a``); ``nan`` when undefined."""
         raise NotImplementedError(f"{self.name} has no exact estimator")
 
+    def exact_info(self, n: int) -> dict[str, Any]:
+        """What the exact route on n examples adds to this measure's metadata in the result (e.g. the
+        rows a subsampling measure used); none by default."""
+        return {}
+
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
         return f"{type(self).__name__}({opts})"

@@ -5,7 +5,7 @@
 (Kornblith et al. 2019, ICML, "Similarity of Neural Network Representations Revisited"; paper Eq. 10),
 HSIC₁ the unbiased estimator of Song et al. 2012 (``debiased=True``, default) or HSIC₀ = ⟨HKH, HLH⟩.
 Minibatch: Nguyen, Raghu & Kornblith 2021 — sums of per-batch HSIC, accumulated by
-:class:`repsim.MinibatchCKA` (all the math, precision rule and error bound: :mod:`repsim.kernels.cka`).
+:class:`repsim.MinibatchCKA` (all the math, precision rule and error bound: :mod:`repsim.kernels.hsic`).
 Exact: on the full data, streamed by :mod:`repsim.engine.exact`; :meth:`LinearCKA.pair` is the same
 on in-memory columns.
 """
@@ -15,7 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim.kernels.cka import MinibatchCKA, ucenter
+from repsim.kernels.hsic import ucenter
+from repsim.kernels.minibatch_cka import MinibatchCKA
 from repsim.kernels.measures import register
 from repsim.kernels.measures._protocol import FullColumn, Measure, MeasureInfo
 

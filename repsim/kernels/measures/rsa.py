@@ -56,6 +56,10 @@ class RSA(Measure):
     def rows_used(self, n: int) -> np.ndarray | None:
         return subsample(n, int(self.options["rsa_max_rows"]), int(self.options["rsa_seed"]))
 
+    def exact_info(self, n: int) -> dict[str, Any]:
+        used = self.rows_used(n)
+        return {"rows_used": n if used is None else int(used.size)}
+
     def prepare(self, column: FullColumn) -> Any:
         from scipy.stats import rankdata
 
