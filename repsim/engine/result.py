@@ -153,8 +153,12 @@ class SimilarityResult:
         if measure not in self.states:
             raise ValueError(f"{measure} has no per-batch statistics (its estimator: "
                              f"{self.meta.get('estimators', {}).get(measure, 'exact')})")
-        state = {k: v for k, v in self.states[measure].items() if k != "rbf_threshold"}
-        return CKAResult(self.matrix(measure), list(self.index), self.meta, state).ci(level, n_boot=n_boot, seed=seed)
+        from repsim.kernels.measures import get_measure
+
+        acc = get_measure(measure).accumulator_from_state(dict(self.states[measure]))
+        per_epoch = self.meta.get("batches_per_epoch")  # resamples of one epoch's size (CKAResult.ci)
+        draws = min(int(per_epoch[0]), acc.n_batches) if per_epoch else None
+        return acc.ci(level, n_boot=n_boot, seed=seed, draws=draws)
 
     def save(self, path: str | os.PathLike) -> str:
         """Write ``.npz`` (class docstring). Atomic."""

@@ -110,12 +110,9 @@ class MinibatchCKA:
             self._batches.extend(other._batches)
         return self
 
-    def result(self, ci: None = None) -> np.ndarray:
+    def result(self) -> np.ndarray:
         """(L, L) CKA values: NaN in the rows and columns of :meth:`undefined` layers, named in one
-        ``RuntimeWarning``.  Bootstrap intervals are :meth:`ci`.  (``ci`` is accepted as ``None`` only,
-        for callers written when this method also gave the bounds.)"""
-        if ci is not None:
-            raise TypeError("MinibatchCKA.result() gives the values only; the bootstrap bounds are ci(level, ...)")
+        ``RuntimeWarning``.  Bootstrap intervals are :meth:`ci`."""
         self._require_batches("result")
         self._warn_undefined()
         return hsic_to_cka(self.hsic, self._names(), undefined="nan")

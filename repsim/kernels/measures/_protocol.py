@@ -10,7 +10,8 @@ declares its metadata (:class:`MeasureInfo`) and implements one or both estimato
   that measures which start from it share one product per column), ``merge(other)`` (threads, Dask
   workers and resumed checkpoints combine partial states in segment order), ``result()`` → (L, L),
   ``to_state()`` / ``from_state(state)`` (plain NumPy values: checkpoints, task results) and
-  ``undefined()`` (the columns it could not define);
+  ``undefined()`` (the columns it could not define); an estimator with bootstrap intervals adds
+  ``ci(level, n_boot=, seed=, draws=)`` → (lower, upper) and ``n_batches`` (:meth:`SimilarityResult.ci`);
 - **exact** (:meth:`Measure.prepare` + :meth:`Measure.pair`): on the full data of each column
   (:class:`FullColumn`: its float64 rows when p <= n, its Gram otherwise), ``prepare`` once per
   column (``None``: the column is undefined for this measure, e.g. constant), then ``pair`` per

@@ -129,8 +129,12 @@ class MinibatchRBFCKA(Accumulator):
         self.inner.merge(other.inner)
         return self
 
-    def result(self, ci: float | None = None, **kw: Any) -> Any:
-        return self.inner.result(ci, **kw)
+    def result(self) -> np.ndarray:
+        return self.inner.result()
+
+    def ci(self, level: float = 0.95, **kw: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Bootstrap bounds over batches (:meth:`repsim.MinibatchCKA.ci`)."""
+        return self.inner.ci(level, **kw)
 
     def undefined(self) -> list[str]:
         return self.inner.undefined()
