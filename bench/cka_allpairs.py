@@ -389,7 +389,7 @@ def write_results_md(res: dict) -> None:
         f"{(ag['max_abs_from_features_vs_float64'] or float('nan')):.1e}, torch_cka pairwise {ag['max_abs_pairwise_vs_float64']:.1e}.",
         "",
         "Wide layers (`--big-p`; n = {n}, two post-ReLU layers with mean ≈ 3 ≫ their shared signal and an isotropic "
-        "noise layer; κ = tr K / ‖U(K)‖_F of the error bound in `repsim/kernels/cka.py`):".format(
+        "noise layer; κ = tr K / ‖U(K)‖_F of the error bound in `repsim/kernels/hsic.py`):".format(
             n=res["big_p"][0]["n"] if res["big_p"] else "-"),
         "",
         "| p | κ of the layers | repsim default | pytorch-cka batched | `cka_from_features` | repsim float64 vs an independent float64 | time repsim / batched (s) |",

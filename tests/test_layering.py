@@ -260,7 +260,7 @@ def test_the_docs_state_what_these_tests_enforce():
 # ------------------------------------------------------------------------ the seams inside the kernels
 # The CKA family, in the order in which each may import the ones before it (never a later one): the
 # precision rule, the accelerator route, the private Gram machinery, the HSIC math, the accumulator,
-# one-shot linear CKA (which also re-exports the accumulator and centred_gram for the measures).
+# one-shot linear CKA.
 CKA_ORDER = ("repsim.kernels._precision", "repsim.kernels._cka_device", "repsim.kernels._gram",
              "repsim.kernels.hsic", "repsim.kernels.minibatch_cka", "repsim.kernels.cka")
 # private kernel modules imported from outside repsim/kernels today (the exact route's column driver)

@@ -4,9 +4,7 @@
 
 with the biased HSIC₀ (Eq. 10 itself) or Song et al.'s unbiased HSIC₁.  The HSIC estimators, the
 all-pairs batch kernel and the precision rule with its error bound are :mod:`repsim.kernels.hsic`;
-the all-pairs minibatch accumulator (paper §3.2) is :class:`repsim.kernels.minibatch_cka.MinibatchCKA`,
-and :func:`centred_gram` (a column's batch as its centred Gram) is the hsic module's.  Both are
-importable from here too, for the measures built on them (``kernels/measures/``).
+the all-pairs minibatch accumulator (paper §3.2) is :class:`repsim.kernels.minibatch_cka.MinibatchCKA`.
 """
 from __future__ import annotations
 
@@ -15,10 +13,9 @@ from typing import Any
 
 from repsim._xp import array_namespace, as_array, gram_dtype
 from repsim.kernels._gram import gram64, prepare_layer
-from repsim.kernels.hsic import batch_hsic, centred_gram, check_n, hsic_to_cka
-from repsim.kernels.minibatch_cka import MinibatchCKA
+from repsim.kernels.hsic import batch_hsic, check_n, hsic_to_cka
 
-__all__ = ["linear_cka", "MinibatchCKA", "centred_gram"]
+__all__ = ["linear_cka"]
 
 
 def _constant_error(what: str) -> ValueError:

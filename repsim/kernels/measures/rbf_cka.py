@@ -27,7 +27,8 @@ import numpy as np
 from repsim._blas import blas_thread_split
 from repsim._xp import array_namespace, to_numpy
 from repsim.kernels._precision import CentredGram, is_constant
-from repsim.kernels.cka import MinibatchCKA, centred_gram
+from repsim.kernels.hsic import centred_gram
+from repsim.kernels.minibatch_cka import MinibatchCKA
 from repsim.kernels.measures import register
 from repsim.kernels.measures._protocol import Accumulator, FullColumn, MeasureInfo
 from repsim.kernels.measures.linear_cka import CKAFamily, hsic_prepared
