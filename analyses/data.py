@@ -489,21 +489,22 @@ class MeasureMatrices:
         return out
 
     def meta_text(self) -> str:
-        """Caption fragment with the estimator settings recorded in each file."""
+        """Caption fragment with the estimator settings recorded in each file: the measure's own estimator
+        (minibatch or exact; a minibatch's batch settings) and options."""
         keys = ("method", "batch_size", "epochs", "debiased", "spatial", "shuffle", "seed", "n", "n_batches")
         texts = []
         for name, _, _, r in self.parts:
             meta = dict(r.meta)
-            if self.name != "linear_cka":  # the measure's own estimator and options, not the file's method
-                meta["method"] = meta.get("estimators", {}).get(self.name, meta.get("method"))
-                if meta["method"] == "exact":
-                    meta = {k: v for k, v in meta.items() if k not in ("batch_size", "epochs", "shuffle", "n_batches")}
-                opts = meta.get("measure_info", {}).get(self.name, {}).get("options") or {}
-                meta.update({k: v for k, v in opts.items() if k not in ("debiased", "compute_dtype") and v is not None})
-                keys_m = keys + tuple(k for k in opts if k not in keys and k not in ("debiased", "compute_dtype"))
-            else:
-                keys_m = keys
-            shown = ", ".join(f"{k}={meta[k]}" for k in keys_m if k in meta)
+            if meta.get("estimators", {}).get(self.name) is not None:
+                meta["method"] = meta["estimators"][self.name]
+            recorded = meta.get("measure_info", {}).get(self.name, {}).get("options")
+            drop = {"batch_size", "epochs", "shuffle", "n_batches"} if meta.get("method") == "exact" else set()
+            if recorded is not None and "debiased" not in recorded:
+                drop.add("debiased")  # a file-wide setting of the CKA measures only
+            options = {k: v for k, v in (recorded or {}).items()
+                       if k not in keys and k != "compute_dtype" and v is not None}
+            shown = ", ".join([f"{k}={meta[k]}" for k in keys if k in meta and k not in drop]
+                              + [f"{k}={v}" for k, v in options.items()])
             texts.append(f"{name}: {shown or 'settings not recorded'}")
         what = ("linear CKA (unbiased HSIC when debiased)" if self.name == "linear_cka" else
                 f"{self.display}, {self.info.get('formula', self.name)} ({self.info.get('source', 'source not recorded')})")
