@@ -131,6 +131,7 @@ def test_per_measure_fig2_items(tmp_path):
     np.testing.assert_allclose(panel, np.repeat(np.arange(5)[:, None] / 4 - 0.37, 5, axis=1))  # rows: softmax net
     assert "1st argument" in ridge.fig.axes[0].get_ylabel() and "row = first argument" in ridge.caption
     assert "first argument" not in rsa.caption
+    assert "similarity_x.npz: method=exact, n=64" in rsa.caption  # the measure's own estimator settings
     for f in (rsa, ridge):
         f.fig.clf()
 
