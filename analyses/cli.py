@@ -16,11 +16,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stores", type=Path, default=None,
                         help="directory holding activation stores (*.zarr, searched recursively)")
     parser.add_argument("--results", type=Path, default=None,
-                        help="directory of results files (cka_*.npz, separation.csv, probes.csv, ...)")
+                        help="directory of results files (cka_*.npz, similarity_*.npz, separation.csv, probes.csv, ...)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory for figures, tables, report.html (required unless --list)")
     parser.add_argument("--only", nargs="+", metavar="ID", default=None,
-                        help="render only these items (e.g. fig1 table1 fig2a)")
+                        help="render only these items (e.g. fig1 table1 fig2a; fig2a also renders fig2a_<measure>)")
     parser.add_argument("--list", action="store_true", help="list the items and their inputs, then exit")
     parser.add_argument("--quiet", action="store_true", help="no per-item progress lines")
 
@@ -49,7 +49,8 @@ def run(args) -> int:
         from analyses.item import NOT_PRODUCED
 
         for it in ordered_items():
-            print(f"{it.id:8s} {it.kind:6s} {it.title}  [needs: {', '.join(it.needs)}]")
+            more = f"; also {it.id}_<measure> for every other measure in the results" if it.per_measure else ""
+            print(f"{it.id:8s} {it.kind:6s} {it.title.format(measure='linear CKA')}  [needs: {', '.join(it.needs)}{more}]")
         for key, (title, why) in NOT_PRODUCED.items():
             print(f"{key:8s} {'-':6s} {title}  [not an item: {why}]")
         return 0

@@ -145,8 +145,8 @@ class Inputs:
         """
         rows = [_attrs_row(name, store.attrs, store.n) for name, store in self.all_stores.items()]
         known = {r["store"] for r in rows}
-        try:  # CKAResult.meta["stores"] records every store's attrs (engine provenance)
-            for name, prov in self.cka.provenance().items():
+        try:  # the results' meta["stores"] records every store's attrs (engine provenance)
+            for name, prov in self.similarities.provenance().items():
                 if name not in known:
                     known.add(name)
                     rows.append(_attrs_row(name, prov.get("attrs") or {}, None))
@@ -248,13 +248,22 @@ class Inputs:
             "base_label": [compose_label(o, p, "", len(settings[o])) for o, p in zip(obj, params)]}, index=df.index)
 
     @cached_property
-    def cka(self) -> "CKACollection":
+    def similarities(self) -> "Similarities":
+        """Every cka_*.npz and similarity_*.npz, read through :func:`repsim.load_result`."""
         if self.results_dir is None:
             raise Missing("no --results directory")
-        files = sorted(self.results_dir.glob("cka_*.npz"))
+        files = sorted(self.results_dir.glob("cka_*.npz")) + sorted(self.results_dir.glob("similarity_*.npz"))
         if not files:
-            raise Missing("no cka_*.npz in --results")
-        return CKACollection(files)
+            raise Missing("no cka_*.npz or similarity_*.npz in --results")
+        return Similarities(files)
+
+    def similarity(self, measure: str) -> "MeasureMatrices":
+        """One measure's matrices over the results files holding it; Missing when none does."""
+        return self.similarities.measure(measure)
+
+    @property
+    def cka(self) -> "MeasureMatrices":
+        return self.similarity("linear_cka")
 
     @cached_property
     def spectra(self) -> dict[tuple[str, str, str], np.ndarray]:
@@ -345,30 +354,116 @@ def describe_rows(df: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
-class CKACollection:
-    """Every cka_<tag>.npz of a results directory (CKAResult.save format), queried by (store, layer)."""
+# Display names of the similarity measures (repsim.kernels.measures; docs/measures.md), for titles and labels.
+MEASURE_NAMES: dict[str, str] = {
+    "linear_cka": "linear CKA", "rbf_cka": "RBF CKA", "procrustes": "Procrustes", "cca": "CCA (mean ρ)",
+    "svcca": "SVCCA", "pwcca": "PWCCA", "rsa": "RSA", "mutual_knn": "mutual k-NN", "ridge_r2": "ridge R²",
+}
+
+
+def measure_display(name: str) -> str:
+    return MEASURE_NAMES.get(name, name)
+
+
+def measure_order(names: Iterable[str]) -> list[str]:
+    """Measure names, each once, in the registry's documented order (linear CKA first); unknown names last."""
+    from repsim.kernels.measures import measure_names
+
+    known = measure_names()
+    return sorted(dict.fromkeys(names), key=lambda m: (known.index(m) if m in known else len(known), m))
+
+
+class Similarities:
+    """Every results file of pairwise measures in a results directory (``cka_*.npz`` of `repsim cka`,
+    ``similarity_*.npz`` of `repsim similarity`), each read by :func:`repsim.load_result`; queried by
+    measure name through :meth:`measure`. A (store, layer) pair in several files is read from the first."""
 
     def __init__(self, files: list[Path]):
-        self.parts: list[tuple[dict[tuple[str, str], int], np.ndarray, dict, str]] = []
+        from repsim import load_result
+
+        self.parts: list[tuple[str, Any, dict[tuple[str, str], int]]] = []
         for f in files:
-            with np.load(f, allow_pickle=False) as z:
-                values = np.asarray(z["values"], dtype=np.float64)
-                index = list(zip(z["stores"].astype(str), z["layers"].astype(str)))
-                meta = json.loads(str(z["meta"])) if "meta" in z.files else {}
-            if values.shape != (len(index), len(index)):
-                raise ValueError(f"{f}: values {values.shape} do not match an index of {len(index)}")
-            self.parts.append(({key: i for i, key in enumerate(index)}, values, meta, f.name))
+            result = load_result(f)
+            index = [(str(s), str(l)) for s, l in result.index]
+            for m in result.measures:
+                if result.matrix(m).shape != (len(index), len(index)):
+                    raise ValueError(f"{f}: {m} values {result.matrix(m).shape} do not match an index of {len(index)}")
+            self.parts.append((Path(f).name, result, {key: i for i, key in enumerate(index)}))
+
+    @property
+    def measures(self) -> list[str]:
+        """Every measure of any file, linear CKA first, then the registry's order."""
+        return measure_order(m for _, r, _ in self.parts for m in r.measures)
+
+    def measure(self, name: str) -> "MeasureMatrices":
+        parts = [(f, r, pos) for f, r, pos in self.parts if name in r.measures]
+        if not parts:
+            raise Missing(f"no results file in --results holds {measure_display(name)} ({name}); files: "
+                          + ", ".join(f for f, _, _ in self.parts))
+        return MeasureMatrices(name, parts)
+
+    def provenance(self) -> dict[str, dict]:
+        """meta["stores"] of every file: store name -> {path, attrs, layers} (engine provenance)."""
+        out: dict[str, dict] = {}
+        for _, result, _ in self.parts:
+            stores = result.meta.get("stores")
+            if isinstance(stores, dict):
+                out.update({k: v for k, v in stores.items() if isinstance(v, dict)})
+        return out
+
+
+class MeasureMatrices:
+    """One measure's matrices over the files that hold it, queried by (store, layer): the view behind
+    Fig. 2 and the items that read CKA (``Inputs.cka`` is ``Inputs.similarity("linear_cka")``)."""
+
+    def __init__(self, name: str, parts: list[tuple[str, Any, dict[tuple[str, str], int]]]):
+        self.name = name
+        self.parts = [(f, r.matrix(name), pos, r) for f, r, pos in parts]
+
+    @property
+    def display(self) -> str:
+        return measure_display(self.name)
+
+    @cached_property
+    def info(self) -> dict:
+        """The declared metadata (range, symmetric, formula, source, ...): as recorded in the first file
+        that records it, else the registry's (a cka_*.npz records none)."""
+        for _, _, _, r in self.parts:
+            info = r.meta.get("measure_info", {}).get(self.name)
+            if info:
+                return dict(info)
+        try:
+            from repsim.kernels.measures import measure_class
+
+            return measure_class(self.name).info.as_dict()
+        except ValueError:
+            return {}
+
+    @property
+    def range(self) -> tuple[float, float]:
+        lo, hi = self.info.get("range", (float("nan"), float("nan")))
+        return float(lo), float(hi)
+
+    @property
+    def range_text(self) -> str:
+        lo, hi = self.range
+        return (f"[{lo:g}" if np.isfinite(lo) else "(−∞") + ", " + (f"{hi:g}]" if np.isfinite(hi) else "∞)")
+
+    @property
+    def symmetric(self) -> bool:
+        return bool(self.info.get("symmetric", True))
 
     @property
     def stores(self) -> list[str]:
-        return sorted({s for pos, *_ in self.parts for s, _ in pos})
+        return sorted({s for _, _, pos, _ in self.parts for s, _ in pos})
 
     def layers(self, store: str) -> list[str]:
-        return sorted({l for pos, *_ in self.parts for s, l in pos if s == store}, key=natural_key)
+        return sorted({l for _, _, pos, _ in self.parts for s, l in pos if s == store}, key=natural_key)
 
     def block(self, a: str, b: str, layers_a: list[str], layers_b: list[str]) -> np.ndarray | None:
-        """CKA between every layer of store a (rows) and of store b (columns), or None if absent."""
-        for pos, values, _, _ in self.parts:
+        """The measure between every layer of store a (rows: the first argument) and of store b
+        (columns), or None if absent."""
+        for _, values, pos, _ in self.parts:
             try:
                 ia = [pos[(a, l)] for l in layers_a]
                 ib = [pos[(b, l)] for l in layers_b]
@@ -377,20 +472,40 @@ class CKACollection:
             return values[np.ix_(ia, ib)]
         return None
 
-    def provenance(self) -> dict[str, dict]:
-        """meta["stores"] of every file: store name -> {path, attrs, layers} (engine provenance)."""
-        out: dict[str, dict] = {}
-        for _, _, meta, _ in self.parts:
-            stores = meta.get("stores")
-            if isinstance(stores, dict):
-                out.update({k: v for k, v in stores.items() if isinstance(v, dict)})
+    def keys(self) -> set[tuple[str, str]]:
+        """Every (store, layer) column the measure has values for."""
+        return {key for _, _, pos, _ in self.parts for key in pos}
+
+    def matrix(self, keys: list[tuple[str, str]]) -> np.ndarray:
+        """(C, C) values between the columns ``keys`` (NaN where no one file holds both)."""
+        out = np.full((len(keys), len(keys)), np.nan)
+        filled = np.zeros(out.shape, bool)
+        for _, values, pos, _ in self.parts:
+            here = np.array([k in pos for k in keys])
+            idx = np.array([pos.get(k, 0) for k in keys])
+            take = np.outer(here, here) & ~filled
+            out[take] = values[np.ix_(idx, idx)][take]
+            filled |= take
         return out
 
     def meta_text(self) -> str:
-        """Caption fragment with the estimator settings recorded in CKAResult.meta."""
+        """Caption fragment with the estimator settings recorded in each file: the measure's own estimator
+        (minibatch or exact; a minibatch's batch settings) and options."""
         keys = ("method", "batch_size", "epochs", "debiased", "spatial", "shuffle", "seed", "n", "n_batches")
         texts = []
-        for _, _, meta, name in self.parts:
-            shown = ", ".join(f"{k}={meta[k]}" for k in keys if k in meta)
+        for name, _, _, r in self.parts:
+            meta = dict(r.meta)
+            if meta.get("estimators", {}).get(self.name) is not None:
+                meta["method"] = meta["estimators"][self.name]
+            recorded = meta.get("measure_info", {}).get(self.name, {}).get("options")
+            drop = {"batch_size", "epochs", "shuffle", "n_batches"} if meta.get("method") == "exact" else set()
+            if recorded is not None and "debiased" not in recorded:
+                drop.add("debiased")  # a file-wide setting of the CKA measures only
+            options = {k: v for k, v in (recorded or {}).items()
+                       if k not in keys and k != "compute_dtype" and v is not None}
+            shown = ", ".join([f"{k}={meta[k]}" for k in keys if k in meta and k not in drop]
+                              + [f"{k}={v}" for k, v in options.items()])
             texts.append(f"{name}: {shown or 'settings not recorded'}")
-        return "estimator: linear CKA (unbiased HSIC when debiased); " + "; ".join(texts)
+        what = ("linear CKA (unbiased HSIC when debiased)" if self.name == "linear_cka" else
+                f"{self.display}, {self.info.get('formula', self.name)} ({self.info.get('source', 'source not recorded')})")
+        return f"estimator: {what}; " + "; ".join(texts)

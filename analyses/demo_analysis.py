@@ -29,19 +29,23 @@ def training_csv(runs: Sequence[tuple[str, Path, Path]], path: Path) -> None:
     write_csv(training_rows([d for _, d, _ in runs], [n for n, _, _ in runs]), path)
 
 
-def cka(paths: Sequence[str], path: Path, batch_size: int | None = None) -> None:
-    """CKA across every (network, layer) of the given stores (one split): minibatch CKA (paper §3.2),
-    one epoch over consecutive batches of ``batch_size`` rows (stores are written in a fixed shuffled
-    order, so each batch is a random sample). ``None``: one batch holding every example — on the digits
-    demo's 225 examples, the unbiased-HSIC CKA of the whole split. (The engine's method="exact" gives
-    the same numbers, to 2e-8, in ~1.5x the time there.)"""
-    from repsim.engine.minibatch import cka_matrix
+def similarity(paths: Sequence[str], path: Path, measures: Sequence[str] = ("linear_cka",),
+               batch_size: int | None = None) -> None:
+    """The similarity measures ``measures`` across every (network, layer) of the given stores (one split),
+    in one `repsim similarity` results file (``repsim.similarity_matrix``). Linear and RBF CKA by minibatch
+    CKA (paper §3.2), one epoch over consecutive batches of ``batch_size`` rows (stores are written in a
+    fixed shuffled order, so each batch is a random sample); ``None``: one batch holding every example —
+    on the digits demo's 225 examples, the unbiased-HSIC CKA of the whole split (the engine's
+    method="exact" gives the same numbers, to 2e-8, in ~1.5x the time there). The other measures have
+    no minibatch estimator and run exact on the full data."""
+    from repsim.engine.minibatch import similarity_matrix
     from repsim.store.reader import open_store
 
     first = open_store(paths[0])
     layers = [l for l in first.layers if l != "logits"]
-    result = cka_matrix(list(paths), layers=layers, batch_size=min(batch_size or first.n, first.n), epochs=1,
-                        shuffle=False, debiased=True, progress=False)
+    result = similarity_matrix(list(paths), list(measures), layers=layers,
+                               batch_size=min(batch_size or first.n, first.n), epochs=1, shuffle=False,
+                               debiased=True, progress=False)
     result.save(str(path))
 
 

@@ -11,7 +11,9 @@
    g(l) = mean CKA between different seeds of one objective − mean CKA between networks of different
    objectives. Early = the first two thirds of the blocks, late = the last third plus the penultimate
    layer. REPRODUCED when mean early gap ≤ 0.02 and mean late gap ≥ mean early gap + 0.05; PARTIAL when
-   the late gap exceeds the early gap but a threshold fails; else NOT REPRODUCED.
+   the late gap exceeds the early gap but a threshold fails; else NOT REPRODUCED. (The "agreement" item
+   checks the same criterion under every other measure in the results, with the thresholds in units of
+   the measure's declared range width; the verdict here is linear CKA's, the paper's measure.)
 3. Class separation rises and predicts worse transfer (Table 3, Fig. 5). (a) rises: at least 7 of the
    8 other objectives have a higher penultimate R² than softmax (all other objectives present, if fewer
    than 9); (b) predicts worse transfer: Spearman ρ(R², mean linear transfer) < 0 with p < 0.05 across
@@ -99,12 +101,12 @@ def finding_transfer(inputs: Inputs) -> Finding:
     return Finding(name, verdict, ev)
 
 
-def _pair_means(inputs: Inputs) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
-    """(layers, objectives, S, C): per layer, S[l, o] = mean CKA between different seeds of objective o
-    (NaN with one seed) and C[l, o, p] = mean CKA between networks of objectives o and p (o ≠ p)."""
+def _pair_means(inputs: Inputs, measure: str = "linear_cka") -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+    """(layers, objectives, S, C): per layer, S[l, o] = mean CKA (or ``measure``) between different seeds of
+    objective o (NaN with one seed) and C[l, o, p] = mean CKA between networks of objectives o and p (o ≠ p)."""
     from analyses.items.layers import _cka_groups
 
-    cka, groups, layers = _cka_groups(inputs)
+    cka, groups, layers = _cka_groups(inputs, measure)
     labels = sorted(groups)
     S = np.full((len(layers), len(labels)), np.nan)
     C = np.full((len(layers), len(labels), len(labels)), np.nan)
@@ -131,12 +133,13 @@ def _gap(S: np.ndarray, C: np.ndarray, pick: np.ndarray) -> np.ndarray:
     return same - cross
 
 
-def cka_gaps(inputs: Inputs) -> tuple[list[str], np.ndarray, np.ndarray]:
+def cka_gaps(inputs: Inputs, measure: str = "linear_cka") -> tuple[list[str], np.ndarray, np.ndarray]:
     """Per corresponding layer: (layers, mean same-objective CKA, mean cross-objective CKA), each the mean
-    over all pairs of networks of that kind."""
+    over all pairs of networks of that kind (of ``measure``'s values for another measure; for an
+    asymmetric one, the mean of both orders of each pair)."""
     from analyses.items.layers import _cka_groups
 
-    cka, groups, layers = _cka_groups(inputs)
+    cka, groups, layers = _cka_groups(inputs, measure)
     label_of = {s: l for l, ss in groups.items() for s in ss}
     stores = sorted(label_of)
     same, cross = np.zeros(len(layers)), np.zeros(len(layers))
@@ -144,12 +147,13 @@ def cka_gaps(inputs: Inputs) -> tuple[list[str], np.ndarray, np.ndarray]:
         s_vals, c_vals = [], []
         for i, a in enumerate(stores):
             for b in stores[i + 1:]:
-                v = cka.block(a, b, [layer], [layer])
-                if v is not None:
-                    (s_vals if label_of[a] == label_of[b] else c_vals).append(float(v[0, 0]))
+                v = [w for w in (cka.block(a, b, [layer], [layer]), None if cka.symmetric else
+                                 cka.block(b, a, [layer], [layer])) if w is not None]
+                if v:
+                    (s_vals if label_of[a] == label_of[b] else c_vals).append(float(np.mean(v)))
         if not s_vals or not c_vals:
-            raise Missing("CKA needs ≥ 2 seeds of one objective and ≥ 2 objectives")
-        same[k], cross[k] = np.mean(s_vals), np.mean(c_vals)
+            raise Missing(f"{cka.display} needs ≥ 2 seeds of one objective and ≥ 2 objectives")
+        same[k], cross[k] = np.nanmean(s_vals), np.nanmean(c_vals)
     return layers, same, cross
 
 
@@ -178,33 +182,69 @@ def gap_bootstrap(inputs: Inputs, early: list[int], late: list[int], n_boot: int
     return {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(("early", "late", "late-early"))}
 
 
-def finding_late_blocks(inputs: Inputs) -> Finding:
-    name = "Objectives differ only in late blocks"
-    layers, same, cross = cka_gaps(inputs)
+@dataclass
+class LateBlocks:
+    """Finding 2 under one measure: per-layer gaps, the early/late split and means, the verdict."""
+    measure: str
+    layers: list[str]
+    same: np.ndarray
+    cross: np.ndarray
+    early: list[int]
+    late: list[int]
+    scale: float  # the thresholds' unit: the measure's declared range width (1 for CKA)
+    verdict: str
+
+    @property
+    def gap(self) -> np.ndarray:
+        return self.same - self.cross
+
+    @property
+    def early_gap(self) -> float:
+        return float(self.gap[self.early].mean())
+
+    @property
+    def late_gap(self) -> float:
+        return float(self.gap[self.late].mean())
+
+
+def late_blocks(inputs: Inputs, measure: str = "linear_cka") -> LateBlocks:
+    """Finding 2's gaps and verdict under ``measure``. For a measure other than CKA the thresholds are in
+    units of its declared range width (RSA's [−1, 1]: twice CKA's; an unbounded range counts as 1)."""
+    layers, same, cross = cka_gaps(inputs, measure)
     blocks = [i for i, l in enumerate(layers) if l.startswith("block")]
     if len(blocks) < 3:
         raise Missing("fewer than 3 blocks with CKA values")
     n_early = int(np.ceil(2 * len(blocks) / 3))
     early = blocks[:n_early]
     late = [i for i in range(len(layers)) if i not in early]
+    lo, hi = inputs.similarity(measure).range
+    scale = float(hi - lo) if np.isfinite(hi - lo) else 1.0
     gap = same - cross
     e, l = float(gap[early].mean()), float(gap[late].mean())
-    ci = gap_bootstrap(inputs, early, late)
-    ci_text = (f" 95 % bootstrap intervals (objectives resampled): early [{ci['early'][0]:.3f}, {ci['early'][1]:.3f}], "
-               f"late [{ci['late'][0]:.3f}, {ci['late'][1]:.3f}], late − early [{ci['late-early'][0]:.3f}, "
-               f"{ci['late-early'][1]:.3f}]." if ci else " (no bootstrap interval: fewer than 3 objectives with ≥ 2 seeds)")
-    if e <= EARLY_GAP_MAX and l >= e + LATE_MINUS_EARLY_MIN:
+    if e <= EARLY_GAP_MAX * scale and l >= e + LATE_MINUS_EARLY_MIN * scale:
         verdict = "reproduced"
     elif l > e:
         verdict = "partial"
     else:
         verdict = "not reproduced"
+    return LateBlocks(measure, layers, same, cross, early, late, scale, verdict)
+
+
+def finding_late_blocks(inputs: Inputs) -> Finding:
+    name = "Objectives differ only in late blocks"
+    r = late_blocks(inputs)
+    layers, early, late, gap = r.layers, r.early, r.late, r.gap
+    e, l = r.early_gap, r.late_gap
+    ci = gap_bootstrap(inputs, early, late)
+    ci_text = (f" 95 % bootstrap intervals (objectives resampled): early [{ci['early'][0]:.3f}, {ci['early'][1]:.3f}], "
+               f"late [{ci['late'][0]:.3f}, {ci['late'][1]:.3f}], late − early [{ci['late-early'][0]:.3f}, "
+               f"{ci['late-early'][1]:.3f}]." if ci else " (no bootstrap interval: fewer than 3 objectives with ≥ 2 seeds)")
     ev = (f"CKA gap (same objective − different objectives) at corresponding layers: early "
           f"({layers[early[0]]}–{layers[early[-1]]}) {e:.3f}, late ({layers[late[0]]}–{layers[late[-1]]}) {l:.3f}; "
-          f"cross-objective CKA early {cross[early].mean():.3f}, late {cross[late].mean():.3f}; "
+          f"cross-objective CKA early {r.cross[early].mean():.3f}, late {r.cross[late].mean():.3f}; "
           f"largest gap at {layers[int(np.argmax(gap))]} ({gap.max():.3f}).{ci_text} Criterion: early ≤ "
           f"{EARLY_GAP_MAX} and late ≥ early + {LATE_MINUS_EARLY_MIN}.")
-    return Finding(name, verdict, ev)
+    return Finding(name, r.verdict, ev)
 
 
 def finding_separation(inputs: Inputs) -> Finding:

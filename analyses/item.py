@@ -4,15 +4,21 @@
 An item function takes :class:`analyses.data.Inputs` and returns a :class:`Figure` or a
 :class:`Table`; it raises :class:`analyses.data.Missing` when its inputs are absent. The items
 themselves live in :mod:`analyses.items` (registered on import); :mod:`analyses.render` renders them.
+
+A *per-measure* item (``item(..., per_measure=True)``, e.g. Fig. 2a) takes ``(inputs, measure)`` and is
+rendered once for every similarity measure in the results files (:meth:`Item.variants`): under its own
+id for linear CKA (the paper's measure) and as ``<id>_<measure>`` for each other one, its title's
+``{measure}`` filled with the measure's display name.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import pandas as pd
 
-from analyses.data import Inputs
+from analyses.data import Inputs, Missing, measure_display
 
 
 @dataclass
@@ -39,7 +45,25 @@ class Item:
     title: str
     kind: str  # "figure" | "table"
     needs: tuple[str, ...]
-    fn: Callable[[Inputs], Figure | Table]
+    fn: Callable[..., Figure | Table]
+    per_measure: bool = False
+    base: str = ""  # a per-measure variant: the id it was made from
+
+    def variants(self, inputs: Inputs) -> list["Item"]:
+        """This item, or for a per-measure item one variant per measure in the results (linear CKA's
+        under the item's id, always listed so that its absence is reported)."""
+        if not self.per_measure:
+            return [self]
+        try:
+            present = inputs.similarities.measures
+        except Missing:
+            present = []
+        return [self.for_measure(m) for m in ["linear_cka"] + [m for m in present if m != "linear_cka"]]
+
+    def for_measure(self, measure: str) -> "Item":
+        return replace(self, id=self.id if measure == "linear_cka" else f"{self.id}_{measure}",
+                       title=self.title.format(measure=measure_display(measure)),
+                       fn=functools.partial(self.fn, measure=measure), per_measure=False, base=self.id)
 
 
 REGISTRY: list[Item] = []
@@ -58,15 +82,15 @@ NOT_PRODUCED: dict[str, tuple[str, str]] = {
 }
 
 
-def item(id: str, title: str, kind: str, needs: tuple[str, ...]):
-    """Register an item function under ``id`` (also its file stem)."""
+def item(id: str, title: str, kind: str, needs: tuple[str, ...], *, per_measure: bool = False):
+    """Register an item function under ``id`` (also its file stem); ``per_measure``: module docstring."""
     if kind not in ("figure", "table"):
         raise ValueError(f"kind must be 'figure' or 'table', got {kind!r}")
 
     def deco(fn):
         if any(it.id == id for it in REGISTRY):
             raise ValueError(f"duplicate item id {id!r}")
-        REGISTRY.append(Item(id, title, kind, tuple(needs), fn))
+        REGISTRY.append(Item(id, title, kind, tuple(needs), fn, per_measure))
         return fn
 
     return deco

@@ -351,8 +351,9 @@ class Demo:
             probe_tasks.append((self.profile.transfer_task, paths("dyn-tgt-train"), paths("dyn-tgt-test"), ["linear"]))
         steps = [
             ("training.csv", [], lambda: A.training_csv(runs, res / "training.csv")),
-            ("cka_demo.npz", ["src-test"],
-             lambda: A.cka(paths("src-test"), res / "cka_demo.npz", batch_size=self.profile.cka_batch)),
+            ("similarity_demo.npz", ["src-test"],
+             lambda: A.similarity(paths("src-test"), res / "similarity_demo.npz", self.profile.measures,
+                                  batch_size=self.profile.cka_batch)),
             ("separation.csv", ["src-test", "src-train", "dyn-src-train", "dyn-src-test"],
              lambda: A.layer_metrics(paths("src-test"), paths("src-train"), res,
                                      dynamics=paths("dyn-src-train") + paths("dyn-src-test"))),
@@ -363,8 +364,13 @@ class Demo:
             ("calibration.csv", ["src-test", "src-holdout"],
              lambda: A.calibration(paths("src-test"), paths("src-holdout"), res / "calibration.csv")),
         ]
+        # the CKA-only file of earlier demos: the similarity file holds its measure now, and a stale copy
+        # would be read first (analyses.data.Similarities)
+        (res / "cka_demo.npz").unlink(missing_ok=True)
         for fname, groups, fn in steps:
             extra = json.dumps([self.run_names, self.epochs, list(self.sets)]) if not groups else ""
+            if fname == "similarity_demo.npz":
+                extra = ",".join(self.profile.measures)
             fp = self._fingerprint(groups, extra) if groups else hashlib.sha256(
                 (extra + "".join(str((self.run_dir(n) / "DONE").stat().st_mtime) for n in self.run_names)).encode()
             ).hexdigest()[:16]

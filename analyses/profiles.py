@@ -43,7 +43,8 @@ class Profile:
 
     ``target_fit``: the dataset spec the transfer probes are fit on (default: ``target``; e.g. a spec
     with more training images than the pretraining run's). ``cka_batch``: examples per minibatch of the CKA step (None: the whole split in one batch, i.e.
-    the unbiased-HSIC CKA of the split). ``check_data``: called before training with the demo's
+    the unbiased-HSIC CKA of the split). ``measures``: the similarity measures of that step (one results
+    file, ``similarity_demo.npz``; the report's Fig. 2 panels per measure and the measures' agreement). ``check_data``: called before training with the demo's
     data options; raises ``FileNotFoundError`` with a message saying how to get the data.
     """
     name: str
@@ -55,6 +56,7 @@ class Profile:
     target_text: str
     seeds: int = 2
     cka_batch: int | None = None
+    measures: tuple[str, ...] = ("linear_cka", "rbf_cka", "procrustes", "mutual_knn")
     check_data: Callable[[str | None, bool], None] | None = None
     relearn_task: str = "relearn"  # Fig. 6 by the paper's protocol (`repsim probe --relearn` on src-test)
     target_fit: str = ""
@@ -97,6 +99,9 @@ FASHION = Profile(
     source_text="Fashion-MNIST T-shirt/top, pullover, coat, shirt and bag (fashion-source)",
     target_text="the other five classes: trouser, dress, sandal, sneaker, ankle boot (fashion-target)",
     seeds=2, cka_batch=1000, check_data=_check_fashion,
+    # the streamed measures only: the exact ones hold every column's full data (n · min(p, n) float64 each,
+    # docs/measures.md "Full columns"), beyond --max-memory on this split's every-block stores
+    measures=("linear_cka", "rbf_cka"),
     # 2,000 images per class to fit the probes: with 500, the λ chosen on the 20 % validation split moved
     # linear transfer by up to 1.5 points between validation seeds of one network (search record)
     target_fit="fashion-target@2000",

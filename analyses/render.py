@@ -64,7 +64,8 @@ def render_one(it: Item, inputs: Inputs, out: Path) -> Outcome:
 
 def render_all(inputs: Inputs, out: Path, *, only: set[str] | None = None,
                progress: bool = True) -> list[Outcome]:
-    """Render every registered item (or those in ``only``) into ``out``."""
+    """Render every registered item (or those in ``only``: an id, or a per-measure item's id for all
+    its variants) into ``out``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,8 +75,8 @@ def render_all(inputs: Inputs, out: Path, *, only: set[str] | None = None,
     set_palette(inputs.runs["label"])
     out.mkdir(parents=True, exist_ok=True)
     outcomes = []
-    for it in ordered_items():
-        if only is not None and it.id not in only:
+    for it in [v for it in ordered_items() for v in it.variants(inputs)]:
+        if only is not None and it.id not in only and it.base not in only:
             continue
         oc = render_one(it, inputs, out)
         if progress:

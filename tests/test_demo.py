@@ -21,7 +21,7 @@ def test_demo_smoke_and_rerun(tmp_path):
     out = tmp_path / "demo"
     first = _demo(out)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    for f in ("training.csv", "cka_demo.npz", "separation.csv", "sparsity.csv", "collapse.csv", "probes.csv",
+    for f in ("training.csv", "similarity_demo.npz", "separation.csv", "sparsity.csv", "collapse.csv", "probes.csv",
               "spectra.npz", "accuracy.csv", "calibration.csv"):
         assert (out / "results" / f).stat().st_size > 0, f
     report = (out / "report" / "report.html").read_text()

@@ -1,4 +1,5 @@
-"""Layer-wise items: Fig. 2a/2b (CKA), Fig. 3 (sparsity), Table 3 / Fig. 4 (R²), Tables E.1, E.2, Fig. E.4."""
+"""Layer-wise items: Fig. 2a/2b (CKA, and the same panels under every other similarity measure in the
+results), Fig. 3 (sparsity), Table 3 / Fig. 4 (R²), Tables E.1, E.2, Fig. E.4."""
 from __future__ import annotations
 
 import itertools
@@ -14,13 +15,14 @@ from analyses.style import color
 from analyses.summary import as_percent, seed_summary
 
 
-def _cka_groups(inputs: Inputs) -> tuple[object, dict[str, list[str]], list[str]]:
-    """CKA collection, stores grouped by label, and the layers every store shares.
+def _cka_groups(inputs: Inputs, measure: str = "linear_cka") -> tuple[object, dict[str, list[str]], list[str]]:
+    """The measure's matrices (:class:`analyses.data.MeasureMatrices`; linear CKA by default), stores
+    grouped by label, and the layers every store shares.
 
     Only final checkpoints of networks that were not fine-tuned enter, on one dataset split (the one
     with most such stores): the stores of Fig. D.3 (before/after fine-tuning, on a transfer dataset) and
     of earlier checkpoints may share the results directory."""
-    cka = inputs.cka
+    cka = inputs.similarity(measure)
     runs = inputs.runs.drop_duplicates("store").set_index("store")
     ok = [s for s in cka.stores if s not in runs.index
           or (bool(runs.loc[s, "final"]) and not runs.loc[s, "finetuned_from"])]
@@ -36,11 +38,11 @@ def _cka_groups(inputs: Inputs) -> tuple[object, dict[str, list[str]], list[str]
         except Missing:
             continue
     if not groups:
-        raise Missing("the objective of no CKA store is known (pass --stores or results CSVs naming them)")
+        raise Missing(f"the objective of no {cka.display} store is known (pass --stores or results CSVs naming them)")
     layers = sorted(set.intersection(*(set(cka.layers(s)) for ss in groups.values() for s in ss)), key=natural_key)
     layers = [l for l in layers if l != "logits"]
     if len(layers) < 2:
-        raise Missing("CKA stores share fewer than 2 layers")
+        raise Missing(f"{cka.display} stores share fewer than 2 layers")
     return cka, groups, layers
 
 
@@ -54,12 +56,32 @@ def _short(layer: str) -> str:
     return layer.replace("block", "")
 
 
-@item("fig2a", "Fig. 2a: block × block CKA between softmax networks and networks of each objective",
-      "figure", ("cka_*.npz", "stores or results CSVs naming objectives"))
-def fig2a(inputs: Inputs) -> Figure:
-    cka, groups, layers = _cka_groups(inputs)
+def colour_limits(mm, values: list[np.ndarray]) -> tuple[float, float]:
+    """(vmin, vmax) of a measure's heatmaps: its declared range (MeasureInfo.range); an unbounded end
+    (ridge R²'s −∞) is the data's, rounded out to a tenth."""
+    lo, hi = mm.range
+    finite = [v[np.isfinite(v)] for v in values]
+    data = np.concatenate(finite) if finite else np.array([])
+    if not np.isfinite(lo):
+        lo = min(0.0, np.floor(10 * data.min()) / 10) if data.size else 0.0
+    if not np.isfinite(hi):
+        hi = max(1.0, np.ceil(10 * data.max()) / 10) if data.size else 1.0
+    return float(lo), float(hi)
+
+
+def _measure_text(mm, lo: float, hi: float) -> str:
+    """Caption fragment: colour scale, and for an asymmetric measure which argument the rows are."""
+    rows = ("" if mm.symmetric else f" {mm.display} is asymmetric: entry (row, column) = {mm.display}(row layer, "
+            "column layer), row = first argument.")
+    return f"Colour scale: {lo:g} to {hi:g} (the declared range of {mm.display}).{rows}"
+
+
+@item("fig2a", "Fig. 2a: block × block {measure} between softmax networks and networks of each objective",
+      "figure", ("cka_*.npz or similarity_*.npz", "stores or results CSVs naming objectives"), per_measure=True)
+def fig2a(inputs: Inputs, measure: str = "linear_cka") -> Figure:
+    cka, groups, layers = _cka_groups(inputs, measure)
     if "softmax" not in groups:
-        raise Missing("no softmax network among the CKA stores (the reference of Fig. 2a)")
+        raise Missing(f"no softmax network among the {cka.display} stores (the reference of Fig. 2a)")
     panels = []
     for label in labels_in_order(groups):
         m, n = _mean_block(cka, groups["softmax"], groups[label], layers, layers)
@@ -68,41 +90,42 @@ def fig2a(inputs: Inputs) -> Figure:
     used = [x for v in groups.values() for x in v]
     other = len(cka.stores) - len(used)
     if not panels:
-        raise Missing("no softmax-vs-objective pair of stores with CKA values (softmax needs ≥ 2 seeds for its control)")
+        raise Missing(f"no softmax-vs-objective pair of stores with {cka.display} values (softmax needs ≥ 2 seeds "
+                      "for its control)")
     fig, shown_axes, axes = panel_grid(len(panels), 5, (2.7, 2.8), 0.9)
-    vmin = min(0.9, np.floor(10 * min(float(np.nanmin(m)) for _, m, _ in panels)) / 10)  # shared colour scale
+    vmin, vmax = colour_limits(cka, [m for _, m, _ in panels])  # one colour scale for every panel
     ticks = np.arange(len(layers))
     step = max(1, len(layers) // 6)
+    first = "" if cka.symmetric else ", 1st argument"
     for k, (ax, (title, m, n)) in enumerate(zip(shown_axes, panels)):
-        im = ax.imshow(m, vmin=vmin, vmax=1, cmap="magma", origin="lower")
+        im = ax.imshow(m, vmin=vmin, vmax=vmax, cmap="magma", origin="lower")
         ax.set_title(f"{title}\n(mean of {n} pair{'s' if n > 1 else ''})", fontsize=9)
         ax.set_xticks(ticks[::step], [_short(l) for l in layers][::step], fontsize=8)
         ax.set_yticks(ticks[::step], [_short(l) for l in layers][::step], fontsize=8)
         ax.set_xlabel("Layer (objective net)", fontsize=8)
         if k % axes.shape[1] == 0:
-            ax.set_ylabel("Layer (softmax net)", fontsize=8)
+            ax.set_ylabel(f"Layer (softmax net{first})", fontsize=8)
     fig.tight_layout()
-    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="linear CKA")
-    ignored = (f"{other} other store(s) in the CKA files ignored (unknown objective, another dataset split, "
-               "earlier checkpoints or fine-tuned networks). ") if other else ""
-    cap = (f"Rows: layers of softmax networks; columns: the same layers of a network trained with the "
-           f"objective in the panel title, averaged over all pairs of distinct networks (the Softmax vs. "
-           f"Softmax panel is the seed-to-seed control; stores with objective init give the untrained control). "
-           f"{ignored}{inputs.describe(used)}. {cka.meta_text()}.")
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label=cka.display)
+    ignored = (f"{other} other store(s) in the {cka.display} files ignored (unknown objective, another dataset "
+               "split, earlier checkpoints or fine-tuned networks). ") if other else ""
+    cap = (f"{cka.display} between layers. Rows: layers of softmax networks; columns: the same layers of a network "
+           f"trained with the objective in the panel title, averaged over all pairs of distinct networks (the "
+           f"Softmax vs. Softmax panel is the seed-to-seed control; stores with objective init give the untrained "
+           f"control). {_measure_text(cka, vmin, vmax)} {ignored}{inputs.describe(used)}. {cka.meta_text()}.")
     return Figure(fig, cap)
 
 
-@item("fig2b", "Fig. 2b: CKA between objectives at corresponding layers", "figure",
-      ("cka_*.npz", "stores or results CSVs naming objectives"))
-def fig2b(inputs: Inputs) -> Figure:
-    cka, groups, layers = _cka_groups(inputs)
+@item("fig2b", "Fig. 2b: {measure} between objectives at corresponding layers", "figure",
+      ("cka_*.npz or similarity_*.npz", "stores or results CSVs naming objectives"), per_measure=True)
+def fig2b(inputs: Inputs, measure: str = "linear_cka") -> Figure:
+    cka, groups, layers = _cka_groups(inputs, measure)
     labels = labels_in_order(groups)
     if len(labels) < 2:
-        raise Missing("CKA stores of ≥ 2 objectives are needed")
+        raise Missing(f"{cka.display} stores of ≥ 2 objectives are needed")
     chosen = sorted(set(np.linspace(0, len(layers) - 1, min(6, len(layers))).round().astype(int)))
     chosen = [layers[i] for i in chosen]
     fig, shown_axes, axes = panel_grid(len(chosen), 3, (3.9, 3.7), 0.8)
-    vmin = 1.0
     mats = []
     for layer in chosen:
         m = np.full((len(labels), len(labels)), np.nan)
@@ -111,19 +134,21 @@ def fig2b(inputs: Inputs) -> Figure:
                 v, _ = _mean_block(cka, groups[a], groups[b], [layer], [layer])
                 m[i, j] = np.nan if v is None else v[0, 0]
         mats.append(m)
-        vmin = min(vmin, np.nanmin(m)) if np.isfinite(m).any() else vmin
+    vmin, vmax = colour_limits(cka, mats)
     names = [display(l) for l in labels]
     for ax, layer, m in zip(shown_axes, chosen, mats):
-        im = ax.imshow(m, vmin=min(vmin, 0.9), vmax=1, cmap="viridis")
+        im = ax.imshow(m, vmin=vmin, vmax=vmax, cmap="viridis")
         ax.set_title(layer)
         ax.set_xticks(range(len(labels)), names, rotation=90, fontsize=7.5)
         ax.set_yticks(range(len(labels)), names, fontsize=7.5)
+        if not cka.symmetric:
+            ax.set_ylabel("1st argument", fontsize=7.5)
     fig.tight_layout()
-    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.7, label="linear CKA")
-    cap = (f"Entry (i, j): CKA between the named layer of networks trained with objectives i and j, averaged "
-           f"over pairs of distinct networks; the diagonal compares different seeds of one objective (blank "
-           f"when an objective has one seed). Layers shown: {', '.join(chosen)}. {inputs.describe([x for v in groups.values() for x in v])}. "
-           f"{cka.meta_text()}.")
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.7, label=cka.display)
+    cap = (f"Entry (i, j): {cka.display} between the named layer of networks trained with objectives i and j, "
+           f"averaged over pairs of distinct networks; the diagonal compares different seeds of one objective "
+           f"(blank when an objective has one seed). Layers shown: {', '.join(chosen)}. {_measure_text(cka, vmin, vmax)} "
+           f"{inputs.describe([x for v in groups.values() for x in v])}. {cka.meta_text()}.")
     return Figure(fig, cap)
 
 
