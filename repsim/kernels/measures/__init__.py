@@ -35,9 +35,10 @@ def _import_measure_modules() -> None:
 
 
 def measure_names() -> list[str]:
-    """Every registered measure name, sorted."""
+    """Every registered measure name, in listing order (``MeasureInfo.order``, then by name: linear
+    CKA first)."""
     _import_measure_modules()
-    return sorted(MEASURES)
+    return sorted(MEASURES, key=lambda name: (MEASURES[name].info.order, name))
 
 
 def measure_class(name: str) -> type[Measure]:

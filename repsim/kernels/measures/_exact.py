@@ -34,7 +34,9 @@ def full_column(x: Any, name: str = "X") -> FullColumn:
 
 def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any = None) -> ExactOutcome:
     """m(column i, column j) for every pair (row = first argument): each column prepared once, then
-    the upper triangle (symmetric measures) or every ordered pair."""
+    the upper triangle (symmetric measures) or every ordered pair.  The pairs are independent: rows
+    of them run on the BLAS thread budget's k threads (:func:`repsim._blas.blas_thread_split`, each
+    single-threaded BLAS/LAPACK, which release the GIL), so the result does not depend on k."""
     L = len(columns)
     prepared = []
     for c in columns:
@@ -43,16 +45,31 @@ def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any 
             progress(1)
     values = np.full((L, L), np.nan)
     out = ExactOutcome(values, [c.name for c, p in zip(columns, prepared) if p is None])
-    for i in range(L):
-        for j in range(i if measure.info.symmetric else 0, L):
-            if prepared[i] is None or prepared[j] is None:
-                continue
-            v = measure.pair(prepared[i], prepared[j])
+    symmetric = measure.info.symmetric
+
+    def row(i: int) -> list[tuple[int, float]]:
+        if prepared[i] is None:
+            return []
+        return [(j, float(measure.pair(prepared[i], prepared[j])))
+                for j in range(i if symmetric else 0, L) if prepared[j] is not None]
+
+    from repsim._blas import blas_thread_split
+
+    with blas_thread_split() as k:
+        if k > 1 and L > 2:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(max_workers=k, thread_name_prefix="repsim-pairs") as pool:
+                rows = list(pool.map(row, range(L)))
+        else:
+            rows = [row(i) for i in range(L)]
+    for i, got in enumerate(rows):
+        for j, v in got:
             if not math.isfinite(v):
                 out.undefined_pairs.append((columns[i].name, columns[j].name))
                 v = math.nan
             values[i, j] = v
-            if measure.info.symmetric:
+            if symmetric:
                 values[j, i] = v
     return out
 

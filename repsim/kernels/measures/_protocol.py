@@ -42,7 +42,8 @@ class MeasureInfo:
     ``symmetric``: m(X, Y) = m(Y, X) (else row i, column j is m(column i, column j): row = first
     argument); ``range`` its (min, max); ``identical`` its value for m(X, X); ``null`` its expected
     value for independent noise (about; finite-sample bias aside); ``invariances`` what transforms of
-    X leave it unchanged.
+    X leave it unchanged; ``order`` its place in listings (docs/measures.md's order; a new measure
+    may leave the default: after the others, by name).
     """
 
     name: str
@@ -55,6 +56,7 @@ class MeasureInfo:
     null: float
     statistic: str = ""
     invariances: tuple[str, ...] = ()
+    order: int = 100
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "formula": self.formula, "source": self.source,

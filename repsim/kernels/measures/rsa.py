@@ -47,7 +47,7 @@ def rdm_upper(G: np.ndarray, sums: np.ndarray, p: int) -> np.ndarray:
 @register
 class RSA(Measure):
     info = MeasureInfo(
-        name="rsa", formula="Spearman ρ of the upper triangles of the 1 − Pearson(rows) RDMs",
+        name="rsa", order=6, formula="Spearman ρ of the upper triangles of the 1 − Pearson(rows) RDMs",
         source="Kriegeskorte, Mur & Bandettini 2008 (Front. Syst. Neurosci.)", estimators=("exact",),
         symmetric=True, range=(-1.0, 1.0), identical=1.0, null=0.0,
         invariances=("isotropic scaling", "translation by a constant", "permutation of features"))
