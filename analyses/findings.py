@@ -9,24 +9,36 @@
    objectives is reported but is not the criterion (in the paper, squared error is low on both).
 2. Objectives differ only in late blocks (Fig. 2). Per corresponding layer l, the CKA gap
    g(l) = mean CKA between different seeds of one objective − mean CKA between networks of different
-   objectives. Early = the first two thirds of the blocks, late = the last third plus the penultimate
-   layer. REPRODUCED when mean early gap ≤ 0.02 and mean late gap ≥ mean early gap + 0.05; PARTIAL when
-   the late gap exceeds the early gap but a threshold fails; else NOT REPRODUCED. (The "agreement" item
-   checks the same criterion under every other measure in the results, with the thresholds in units of
-   the measure's declared range width; the verdict here is linear CKA's, the paper's measure.)
+   objectives (Fig. 2a's diagonal, softmax/softmax vs softmax/other, generalised to every objective as
+   in Fig. 2b). The criterion follows the paper's words: differences "are apparent only in the last few
+   layers"; "Consistent differences among loss functions are present only in the last third of the
+   network, starting around block 13" (of 16); late diagonals are "substantially brighter" for
+   softmax/softmax than softmax/other. Early = the first ceil(2n/3) of the network's n blocks, late = its
+   last third (blocks only; 16 blocks: 12–16). A difference is "consistent" when its 95 % percentile-
+   bootstrap interval (objectives resampled) excludes 0. REPRODUCED when the late gap's interval lies
+   above 0 (present late), the interval of late − early lies above 0 (late exceeds early beyond the
+   uncertainty) and the early gap's interval reaches 0 or below (no consistent early difference);
+   PARTIAL when late − early lies above 0 but another condition fails (larger late, not only late);
+   else NOT REPRODUCED; not evaluated without the bootstrap (fewer than 3 objectives with ≥ 2 seeds).
+   The earlier rule (not from the paper) is printed beside it: early = first two thirds of the blocks,
+   late = the rest plus the penultimate layer, REPRODUCED when mean early gap ≤ 0.02 and mean late gap
+   ≥ mean early gap + 0.05, PARTIAL when late > early. (The "agreement" item checks both under every
+   other measure in the results, the old thresholds in units of the measure's declared range width;
+   the verdict here is linear CKA's, the paper's measure.)
 3. Class separation rises and predicts worse transfer (Table 3, Fig. 5). (a) rises: at least 7 of the
    8 other objectives have a higher penultimate R² than softmax (all other objectives present, if fewer
    than 9); (b) predicts worse transfer: Spearman ρ(R², mean linear transfer) < 0 with p < 0.05 across
    objectives. REPRODUCED when (a) and (b); PARTIAL when one holds; else NOT REPRODUCED.
 
 Uncertainty reported beside each verdict (it does not enter the criteria): means ± standard error over
-seeds and t-test p-values (1); 95 % percentile-bootstrap intervals of the early and late CKA gaps and of
-their difference, resampling objectives (2); R² mean ± s.d. over seeds and Spearman's p (3).
+seeds and t-test p-values (1), with the smallest transfer difference the seeds can resolve (two-sample
+t-test, α = 0.05, power 0.8, from the seed-to-seed s.d.) and the pixel baseline; R² mean ± s.d. over
+seeds and Spearman's p (3). For finding 2 the bootstrap intervals are part of the criterion.
 """
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -157,14 +169,14 @@ def cka_gaps(inputs: Inputs, measure: str = "linear_cka") -> tuple[list[str], np
     return layers, same, cross
 
 
-def gap_bootstrap(inputs: Inputs, early: list[int], late: list[int], n_boot: int = N_BOOT,
-                  seed: int = 0) -> dict[str, tuple[float, float]] | None:
-    """95 % percentile-bootstrap intervals of the mean early gap, the mean late gap and late − early,
-    resampling the objectives (with replacement; each draw keeps an objective's seed pairs and its
-    pairs with the other drawn objectives). None when fewer than 3 objectives have ≥ 2 seeds."""
+def bootstrap_gaps(S: np.ndarray, C: np.ndarray, early: list[int], late: list[int], n_boot: int = N_BOOT,
+                   seed: int = 0) -> dict[str, tuple[float, float]] | None:
+    """95 % percentile-bootstrap intervals of the mean early gap, the mean late gap and late − early from
+    :func:`_pair_means`' arrays (layers × objectives ``S``, layers × objectives × objectives ``C``),
+    resampling the objectives (with replacement; each draw keeps an objective's seed pairs and its pairs
+    with the other drawn objectives). None when fewer than 3 objectives have ≥ 2 seeds."""
     import warnings
 
-    layers, labels, S, C = _pair_means(inputs)
     ok = np.flatnonzero(~np.isnan(S).any(axis=0))
     if len(ok) < 3:
         return None
@@ -182,17 +194,57 @@ def gap_bootstrap(inputs: Inputs, early: list[int], late: list[int], n_boot: int
     return {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(("early", "late", "late-early"))}
 
 
+def gap_bootstrap(inputs: Inputs, early: list[int], late: list[int], n_boot: int = N_BOOT,
+                  seed: int = 0, measure: str = "linear_cka") -> dict[str, tuple[float, float]] | None:
+    """:func:`bootstrap_gaps` on the results' ``measure`` (layer indices of :func:`cka_gaps`' layers)."""
+    _, _, S, C = _pair_means(inputs, measure)
+    return bootstrap_gaps(S, C, early, late, n_boot, seed)
+
+
+def last_third(layers: list[str]) -> tuple[list[int], list[int]]:
+    """(early, late) indices into ``layers`` by the network's own block count n: the first ceil(2n/3)
+    blocks and the remaining ones (the paper's "last third of the network"; 16 blocks: 12–16)."""
+    blocks = [i for i, l in enumerate(layers) if l.startswith("block")]
+    n_early = int(np.ceil(2 * len(blocks) / 3))
+    return blocks[:n_early], blocks[n_early:]
+
+
+def paper_verdict(ci: dict[str, tuple[float, float]] | None) -> str:
+    """Finding 2 by the paper's words from the bootstrap intervals (module docstring)."""
+    if ci is None:
+        return "not evaluated"
+    present_late = ci["late"][0] > 0
+    exceeds = ci["late-early"][0] > 0
+    absent_early = ci["early"][0] <= 0
+    if present_late and exceeds and absent_early:
+        return "reproduced"
+    return "partial" if exceeds else "not reproduced"
+
+
+def old_verdict(early_gap: float, late_gap: float, scale: float = 1.0) -> str:
+    """The earlier rule (not from the paper): early ≤ 0.02 and late ≥ early + 0.05 (× ``scale``)."""
+    if early_gap <= EARLY_GAP_MAX * scale and late_gap >= early_gap + LATE_MINUS_EARLY_MIN * scale:
+        return "reproduced"
+    return "partial" if late_gap > early_gap else "not reproduced"
+
+
 @dataclass
 class LateBlocks:
-    """Finding 2 under one measure: per-layer gaps, the early/late split and means, the verdict."""
+    """Finding 2 under one measure: per-layer gaps, both early/late splits and means, both verdicts.
+    ``early``/``late`` (the old rule's: the rest of the layers count as late) and ``paper_early``/
+    ``paper_late`` (blocks only, the last third), ``ci`` the bootstrap of the paper split."""
     measure: str
     layers: list[str]
     same: np.ndarray
     cross: np.ndarray
     early: list[int]
     late: list[int]
-    scale: float  # the thresholds' unit: the measure's declared range width (1 for CKA)
-    verdict: str
+    scale: float  # the old thresholds' unit: the measure's declared range width (1 for CKA)
+    verdict: str  # by the paper's words
+    old_verdict: str = ""
+    paper_early: list[int] = field(default_factory=list)
+    paper_late: list[int] = field(default_factory=list)
+    ci: dict | None = None
 
     @property
     def gap(self) -> np.ndarray:
@@ -206,44 +258,52 @@ class LateBlocks:
     def late_gap(self) -> float:
         return float(self.gap[self.late].mean())
 
+    @property
+    def paper_gaps(self) -> tuple[float, float]:
+        """(mean early gap, mean late-third gap) of the paper split."""
+        return float(self.gap[self.paper_early].mean()), float(self.gap[self.paper_late].mean())
+
 
 def late_blocks(inputs: Inputs, measure: str = "linear_cka") -> LateBlocks:
-    """Finding 2's gaps and verdict under ``measure``. For a measure other than CKA the thresholds are in
-    units of its declared range width (RSA's [−1, 1]: twice CKA's; an unbounded range counts as 1)."""
+    """Finding 2's gaps and verdicts under ``measure``. The paper-words verdict compares bootstrap
+    intervals with 0 (scale-free); the old rule's thresholds are in units of the measure's declared range
+    width (RSA's [−1, 1]: twice CKA's; an unbounded range counts as 1)."""
     layers, same, cross = cka_gaps(inputs, measure)
-    blocks = [i for i, l in enumerate(layers) if l.startswith("block")]
-    if len(blocks) < 3:
+    paper_early, paper_late = last_third(layers)
+    if len(paper_early) + len(paper_late) < 3:
         raise Missing("fewer than 3 blocks with CKA values")
-    n_early = int(np.ceil(2 * len(blocks) / 3))
-    early = blocks[:n_early]
+    early = paper_early
     late = [i for i in range(len(layers)) if i not in early]
     lo, hi = inputs.similarity(measure).range
     scale = float(hi - lo) if np.isfinite(hi - lo) else 1.0
     gap = same - cross
-    e, l = float(gap[early].mean()), float(gap[late].mean())
-    if e <= EARLY_GAP_MAX * scale and l >= e + LATE_MINUS_EARLY_MIN * scale:
-        verdict = "reproduced"
-    elif l > e:
-        verdict = "partial"
-    else:
-        verdict = "not reproduced"
-    return LateBlocks(measure, layers, same, cross, early, late, scale, verdict)
+    old = old_verdict(float(gap[early].mean()), float(gap[late].mean()), scale)
+    ci = gap_bootstrap(inputs, paper_early, paper_late, measure=measure)
+    return LateBlocks(measure, layers, same, cross, early, late, scale, paper_verdict(ci), old,
+                      paper_early, paper_late, ci)
+
+
+def _ci(ci: tuple[float, float]) -> str:
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
 def finding_late_blocks(inputs: Inputs) -> Finding:
     name = "Objectives differ only in late blocks"
     r = late_blocks(inputs)
-    layers, early, late, gap = r.layers, r.early, r.late, r.gap
-    e, l = r.early_gap, r.late_gap
-    ci = gap_bootstrap(inputs, early, late)
-    ci_text = (f" 95 % bootstrap intervals (objectives resampled): early [{ci['early'][0]:.3f}, {ci['early'][1]:.3f}], "
-               f"late [{ci['late'][0]:.3f}, {ci['late'][1]:.3f}], late − early [{ci['late-early'][0]:.3f}, "
-               f"{ci['late-early'][1]:.3f}]." if ci else " (no bootstrap interval: fewer than 3 objectives with ≥ 2 seeds)")
-    ev = (f"CKA gap (same objective − different objectives) at corresponding layers: early "
-          f"({layers[early[0]]}–{layers[early[-1]]}) {e:.3f}, late ({layers[late[0]]}–{layers[late[-1]]}) {l:.3f}; "
-          f"cross-objective CKA early {r.cross[early].mean():.3f}, late {r.cross[late].mean():.3f}; "
-          f"largest gap at {layers[int(np.argmax(gap))]} ({gap.max():.3f}).{ci_text} Criterion: early ≤ "
-          f"{EARLY_GAP_MAX} and late ≥ early + {LATE_MINUS_EARLY_MIN}.")
+    layers, early, late, gap, ci = r.layers, r.early, r.late, r.gap, r.ci
+    pe, pl = r.paper_gaps
+    span = lambda idx: f"{layers[idx[0]]}–{layers[idx[-1]]}"  # noqa: E731
+    ci_text = (f" (95 % bootstrap, objectives resampled: early {_ci(ci['early'])}, late {_ci(ci['late'])}, "
+               f"late − early {_ci(ci['late-early'])})" if ci else
+               " (no bootstrap interval: fewer than 3 objectives with ≥ 2 seeds, so the paper-words criterion "
+               "is not evaluated)")
+    ev = (f"CKA gap (same objective − different objectives) at corresponding layers: first two thirds "
+          f"({span(r.paper_early)}) {pe:.3f}, last third ({span(r.paper_late)}) {pl:.3f}{ci_text}; "
+          f"cross-objective CKA early {r.cross[r.paper_early].mean():.3f}, late {r.cross[r.paper_late].mean():.3f}; "
+          f"largest gap at {layers[int(np.argmax(gap))]} ({gap.max():.3f}). Criterion (the paper's words): late "
+          f"interval > 0, late − early interval > 0, early interval reaches 0. Old rule (early ≤ "
+          f"{EARLY_GAP_MAX}, late ≥ early + {LATE_MINUS_EARLY_MIN}; early {span(early)} {r.early_gap:.3f}, late "
+          f"{span(late)} {r.late_gap:.3f}): {r.old_verdict.upper()}.")
     return Finding(name, r.verdict, ev)
 
 

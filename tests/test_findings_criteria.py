@@ -1,0 +1,70 @@
+"""The findings' criteria fixed in code, on planted numbers: finding 2 by the paper's words (late-third
+gap vs the first two thirds, with bootstrap intervals over objectives), the power line of finding 1 and
+the temperature-sweep verdict of `repsim demo --profile fashion-tau`."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analyses import findings as F
+
+BLOCKS = [f"block{i}" for i in range(1, 17)] + ["pool"]
+
+
+def _planted(gap_of_block, n_obj=6, noise=0.004, seed=0):
+    """S (layers × objectives) and C (layers × objectives × objectives) of a 16-block network whose
+    same-objective CKA exceeds cross-objective CKA by ``gap_of_block(b)`` at block b (pool: block 16's),
+    with per-objective noise."""
+    rng = np.random.default_rng(seed)
+    L = len(BLOCKS)
+    base = 0.9
+    S = np.empty((L, n_obj))
+    C = np.full((L, n_obj, n_obj), np.nan)
+    for li, layer in enumerate(BLOCKS):
+        b = 16 if layer == "pool" else int(layer[5:])
+        S[li] = base + gap_of_block(b) + rng.normal(0, noise, n_obj)
+        for i in range(n_obj):
+            for j in range(i + 1, n_obj):
+                C[li, i, j] = C[li, j, i] = base + rng.normal(0, noise)
+    return S, C
+
+
+def _verdict(gap_of_block):
+    S, C = _planted(gap_of_block)
+    early, late = F.last_third(BLOCKS)
+    return F.paper_verdict(F.bootstrap_gaps(S, C, early, late, n_boot=500))
+
+
+def test_last_third_is_by_the_networks_own_block_count():
+    early, late = F.last_third(BLOCKS)
+    assert [BLOCKS[i] for i in late] == ["block12", "block13", "block14", "block15", "block16"]  # not pool
+    assert len(early) == 11
+    e4, l4 = F.last_third(["block1", "block2", "block3", "block4", "pool", "logits"])
+    assert (e4, l4) == ([0, 1, 2], [3])
+
+
+def test_late_only_differences_reproduce():
+    assert _verdict(lambda b: 0.05 if b >= 13 else 0.0) == "reproduced"
+
+
+def test_differences_everywhere_do_not_reproduce():
+    assert _verdict(lambda b: 0.05) == "not reproduced"
+    # larger late but present early too: "not only late"
+    assert _verdict(lambda b: 0.1 if b >= 13 else 0.04) == "partial"
+
+
+def test_no_differences_do_not_reproduce():
+    assert _verdict(lambda b: 0.0) == "not reproduced"
+
+
+def test_no_bootstrap_without_three_objectives_with_seeds():
+    S, C = _planted(lambda b: 0.05, n_obj=2)
+    assert F.bootstrap_gaps(S, C, *F.last_third(BLOCKS)) is None
+    assert F.paper_verdict(None) == "not evaluated"
+
+
+def test_old_rule_kept_beside_the_new_one():
+    assert F.old_verdict(0.01, 0.07) == "reproduced"
+    assert F.old_verdict(0.001, 0.031) == "partial"  # the Fashion run of analyses/README.md
+    assert F.old_verdict(0.0, 0.0) == "not reproduced"
+    assert F.old_verdict(0.02, 0.14, scale=2.0) == "reproduced"
