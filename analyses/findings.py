@@ -51,6 +51,7 @@ from analyses.summary import as_percent, bold_set
 EARLY_GAP_MAX = 0.02
 LATE_MINUS_EARLY_MIN = 0.05
 ALPHA = 0.05
+POWER = 0.8
 N_BOOT = 2000
 
 
@@ -69,6 +70,42 @@ def _p(a: np.ndarray, b: np.ndarray) -> str:
     if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
         return "n/a"
     return f"{ttest(a, b)[1]:.2g}"
+
+
+def min_detectable_difference(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest difference between two objectives' means that a two-sided two-sample t-test over ``n``
+    seeds each detects at level ``alpha`` with probability ``power``, for seed-to-seed s.d. ``sd``:
+    (t_{1−α/2, 2n−2} + t_{power, 2n−2}) · sd · √(2/n). NaN with fewer than 2 seeds."""
+    from scipy import stats
+
+    if n < 2 or not np.isfinite(sd):
+        return float("nan")
+    df = 2 * n - 2
+    return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * sd * np.sqrt(2.0 / n))
+
+
+def power_text(groups: dict[str, np.ndarray], what: str = "transfer") -> str:
+    """'Power: ...' from per-objective (or per-setting) values over seeds: the pooled seed-to-seed s.d. and
+    the smallest difference the seeds resolve ('' when no group has 2 seeds)."""
+    var = [np.var(v, ddof=1) for v in groups.values() if len(v) >= 2]
+    if not var:
+        return ""
+    n = min(len(v) for v in groups.values() if len(v) >= 2)
+    sd = float(np.sqrt(np.mean(var)))
+    mdd = min_detectable_difference(sd, n)
+    return (f" Power: pooled seed-to-seed s.d. of {what} {sd:.2f} points ({len(var)} groups); with {n} seeds each, "
+            f"the smallest difference a two-sided t-test resolves (α = {ALPHA}, power {POWER}) is {mdd:.2f} points.")
+
+
+def pixel_text(inputs: Inputs, tasks) -> str:
+    """' Pixel baseline ...' (the linear probe on raw pixels of the transfer tasks), '' without pixels.csv."""
+    try:
+        px = inputs.pixel_baseline()
+    except Missing:
+        return ""
+    vals = [px[t] for t in map(str, tasks) if t in px]
+    return (f" Pixel baseline (linear probe on raw pixels of the transfer task): {np.mean(vals):.1f}%." if vals
+            else "")
 
 
 @dataclass
@@ -110,6 +147,7 @@ def finding_transfer(inputs: Inputs) -> Finding:
           f"{len(beat)} of {len(common) - 1} objectives beat softmax on source accuracy"
           + (f", {len(worse)} of them transfer worse ({details}; p: t-test vs softmax)" if beat else "")
           + f". Descriptive: Spearman ρ(source top-1, transfer) = {rho:.2f} (p = {p:.3g}, n = {len(common)}).")
+    ev += power_text({l: groups[l] for l in common}) + pixel_text(inputs, lin["task"].unique())
     return Finding(name, verdict, ev)
 
 

@@ -363,6 +363,7 @@ class Demo:
                                        relearn_task=self.profile.relearn_task)),
             ("calibration.csv", ["src-test", "src-holdout"],
              lambda: A.calibration(paths("src-test"), paths("src-holdout"), res / "calibration.csv")),
+            ("pixels.csv", [], lambda: self.pixel_baseline(res / "pixels.csv")),
         ]
         # the CKA-only file of earlier demos: the similarity file holds its measure now, and a stale copy
         # would be read first (analyses.data.Similarities)
@@ -394,6 +395,19 @@ class Demo:
             if not lines:
                 log.unlink()
         return worked
+
+    def pixel_baseline(self, path: Path) -> None:
+        """pixels.csv: the linear probe on raw pixels of the transfer task (:mod:`analyses.pixel_baseline`,
+        a subprocess: it builds the target's splits from the first run's config, which imports torch)."""
+        from analyses.demo_analysis import AnalysisError
+
+        fit, test = self.groups["tgt-train"][0], self.groups["tgt-test"][0]
+        argv = [sys.executable, "-m", "analyses.pixel_baseline", str(self.run_dir(self.run_names[0])), fit, test,
+                self.profile.transfer_task, str(path)]
+        r = subprocess.run(argv, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise AnalysisError(f"pixel baseline failed: {(r.stderr or r.stdout).strip()[-2000:]}")
+        print(r.stdout.strip())
 
     # ----------------------------------------------------------------- report
     def stage_report(self):

@@ -68,3 +68,44 @@ def test_old_rule_kept_beside_the_new_one():
     assert F.old_verdict(0.001, 0.031) == "partial"  # the Fashion run of analyses/README.md
     assert F.old_verdict(0.0, 0.0) == "not reproduced"
     assert F.old_verdict(0.02, 0.14, scale=2.0) == "reproduced"
+
+
+def test_min_detectable_difference_is_the_two_sample_t_formula():
+    from scipy import stats
+
+    # 2 seeds: df = 2, (t_.975 + t_.8) · sd · 1
+    want = (stats.t.ppf(0.975, 2) + stats.t.ppf(0.8, 2)) * 0.5
+    assert F.min_detectable_difference(0.5, 2) == pytest.approx(want)
+    assert want == pytest.approx(2.68, abs=0.01)
+    assert F.min_detectable_difference(0.5, 8) < F.min_detectable_difference(0.5, 3) < want
+    assert np.isnan(F.min_detectable_difference(0.5, 1))
+    text = F.power_text({"softmax": np.array([90.0, 91.0]), "sigmoid": np.array([89.0, 89.0]),
+                         "dropout": np.array([88.0])})
+    sd = np.sqrt(np.mean([0.5, 0.0]))  # pooled over the groups with 2 seeds
+    assert f"s.d. of transfer {sd:.2f} points (2 groups)" in text
+    assert f"is {F.min_detectable_difference(sd, 2):.2f} points" in text
+    assert F.power_text({"softmax": np.array([90.0])}) == ""
+
+
+def test_pixel_baseline_beside_the_transfer_numbers(tmp_path):
+    """pixels.csv (the demo's analyses.pixel_baseline) gives Table 1 a 'Raw pixels' row, Figs. 1 and 5 a
+    dashed line, and finding 1 its pixel sentence and power line."""
+    from test_analyses_figures import write_results
+
+    from analyses.data import Inputs
+    from analyses.items.transfer import fig1, fig5, table1
+
+    res = write_results(tmp_path)
+    (res / "pixels.csv").write_text("task,features,probe,metric,accuracy,best_param,n_train,n_test,dim\n"
+                                    "taskA,pixels,linear,top1,0.9,1.0,100,50,196\n"
+                                    "taskB,pixels,linear,top1,0.8,1.0,100,50,196\n")
+    inputs = Inputs(None, res)
+    assert inputs.pixel_baseline() == {"taskA": pytest.approx(90.0), "taskB": pytest.approx(80.0)}
+    t = table1(inputs)
+    row = t.shown[t.shown["Objective"] == "Raw pixels (linear probe)"]
+    assert len(row) == 1 and row["taskA"].iloc[0] == "90.0" and row["Avg."].iloc[0] == "85.0"
+    assert len(t.bold) == len(t.shown)
+    assert "raw pixels" in fig1(inputs).caption and "(85.0%)" in fig5(inputs).caption
+    f = F.finding_transfer(inputs)
+    assert "Pixel baseline (linear probe on raw pixels of the transfer task): 85.0%." in f.evidence
+    assert "smallest difference a two-sided t-test resolves" in f.evidence
