@@ -136,7 +136,7 @@ def shortfall(findings, profile: Profile, source_range: str = "") -> str:
     study profile): how many, and where the profile's limits are explained ('' otherwise), with this
     run's source accuracy range (``source_range``, e.g. '96–98 %') where the profile's text cites it."""
     n = sum(f.verdict == "reproduced" for f in findings)
-    if n >= 2:
+    if n >= 2 or profile.findings != "paper":
         return ""
     why = profile.shortfall.replace("{source_range}", source_range or "similar")
     return f"This run reproduces {n} of the paper's 3 findings. {why}".strip()
@@ -190,7 +190,7 @@ class Demo:
             argv += ["--set", "data.root=" + json.dumps(str(self.data_root))]
         if self.download:
             argv += ["--set", "data.download=true"]
-        for s in self.sets:
+        for s in (*self.profile.settings.get(objective, ()), *self.sets):
             argv += ["--set", s]
         return argv
 
@@ -413,13 +413,13 @@ class Demo:
     def stage_report(self):
         from analyses.cli import make_figures
         from analyses.data import Inputs
-        from analyses.findings import evaluate, findings_html, findings_text, source_range
+        from analyses.findings import evaluate, evaluate_tau, findings_html, findings_text, source_range
 
         # not stores of earlier, larger runs
         names = {Path(p).name.removesuffix(".zarr") for g in (*self.groups, *self.dynamics_groups)
                  for p in self.group_paths(g)}
         inputs = Inputs(self.out / "stores", self.out / "results", names)
-        findings = evaluate(inputs)
+        findings = evaluate_tau(inputs) if self.profile.findings == "tau" else evaluate(inputs)
         timing = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
         import html
 

@@ -109,3 +109,26 @@ def test_pixel_baseline_beside_the_transfer_numbers(tmp_path):
     f = F.finding_transfer(inputs)
     assert "Pixel baseline (linear probe on raw pixels of the transfer task): 85.0%." in f.evidence
     assert "smallest difference a two-sided t-test resolves" in f.evidence
+
+
+def _sweep_runs(r2_slope, transfer_slope, noise=0.01, seeds=2, seed=0):
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in (0.025, 0.05, 0.1, 0.2, 0.4):
+        for s in range(seeds):
+            x = np.log2(t / 0.1)
+            rows.append(dict(tau=t, seed=s, r2=0.7 + r2_slope * x + rng.normal(0, noise),
+                             transfer=90 + transfer_slope * x + rng.normal(0, 100 * noise)))
+    return pd.DataFrame(rows)
+
+
+def test_tau_trend_on_planted_sweeps():
+    f = F.tau_trend(_sweep_runs(0.05, -1.0))
+    assert f.verdict == "reproduced" and "ρ(τ, R²) = 0.9" in f.evidence and "smallest difference" in f.evidence
+    assert F.tau_trend(_sweep_runs(0.05, 0.0, seed=1)).verdict == "partial"  # R² rises, transfer flat
+    assert F.tau_trend(_sweep_runs(0.05, +1.0)).verdict == "partial"  # transfer rises: only R² holds
+    assert F.tau_trend(_sweep_runs(0.0, 0.0, seed=2)).verdict == "not reproduced"
+    with pytest.raises(F.Missing):
+        F.tau_trend(_sweep_runs(0.05, -1.0).query("tau < 0.06"))
