@@ -284,6 +284,16 @@ class Inputs:
             raise Missing(f"objective of store {store!r} unknown (pass --stores or a results CSV naming it)")
         return str(hit.iloc[0])
 
+    def pixel_baseline(self) -> dict[str, float]:
+        """{transfer task: linear-probe accuracy (%) on raw input pixels} from pixels.csv (the demo's
+        analyses.pixel_baseline); raises Missing when absent."""
+        df = self._raw_csv("pixels")
+        if df is None or df.empty:
+            raise Missing("pixels.csv (the pixel baseline) not found in --results")
+        acc = pd.to_numeric(df["accuracy"], errors="coerce")
+        acc = acc * 100 if acc.max() <= 1.0 else acc
+        return dict(zip(df["task"].astype(str), acc))
+
     def source_accuracy(self) -> pd.DataFrame:
         """Final-epoch accuracy on the source task per (label, seed): columns top1, top5, split.
 

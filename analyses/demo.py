@@ -24,12 +24,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from analyses.profiles import PROFILES
 
     parser.add_argument("--profile", default="digits", choices=sorted(PROFILES),
-                        help="study profile: digits (sklearn digits, minutes, default) or fashion (Fashion-MNIST)")
+                        help="study profile: digits (sklearn digits, minutes, default), fashion (Fashion-MNIST) or "
+                             "fashion-tau (Fashion-MNIST, cosine softmax at 5 temperatures: Table 4, Fig. 5b)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory (default demo-out, or demo-out-PROFILE for other profiles)")
     parser.add_argument("--fresh", action="store_true", help="discard previous runs, stores, results and report")
-    parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=OBJECTIVES, metavar="NAME",
-                        help="objectives to train (default: all nine)")
+    settings = sorted({s for p in PROFILES.values() for s in p.settings})
+    parser.add_argument("--objectives", nargs="+", default=None, choices=[*OBJECTIVES, *settings], metavar="NAME",
+                        help="objectives to train (default: all nine); for a profile of settings (fashion-tau: "
+                             f"{', '.join(settings)}), the settings to train (default: all)")
     parser.add_argument("--seeds", type=int, default=None, help="networks per objective (default: the profile's, 2)")
     parser.add_argument("--epochs", type=int, default=None, help="override the presets' epochs (quick runs)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
@@ -51,6 +54,10 @@ def run(args) -> int:
 
     require("torch", "the demo (it trains and extracts)")
     profile = PROFILES[args.profile]
+    objectives = tuple(args.objectives or profile.run_kinds)
+    wrong = [o for o in objectives if o not in profile.run_kinds]
+    if wrong:
+        raise ValueError(f"--objectives {' '.join(wrong)}: profile {profile.name} trains {', '.join(profile.run_kinds)}")
     seeds = args.seeds if args.seeds is not None else profile.seeds
     if seeds < 1:
         raise ValueError("--seeds must be >= 1")
@@ -60,7 +67,7 @@ def run(args) -> int:
         fresh(out)
     out.mkdir(parents=True, exist_ok=True)
     root = str(Path(args.data_root).resolve()) if args.data_root else None
-    demo = Demo(out, tuple(args.objectives), seeds, args.epochs, jobs, profile=profile, sets=tuple(args.sets),
+    demo = Demo(out, objectives, seeds, args.epochs, jobs, profile=profile, sets=tuple(args.sets),
                 data_root=root, download=args.download, verbose=args.verbose)
     try:
         return demo.run()

@@ -136,7 +136,7 @@ def shortfall(findings, profile: Profile, source_range: str = "") -> str:
     study profile): how many, and where the profile's limits are explained ('' otherwise), with this
     run's source accuracy range (``source_range``, e.g. '96–98 %') where the profile's text cites it."""
     n = sum(f.verdict == "reproduced" for f in findings)
-    if n >= 2:
+    if n >= 2 or profile.findings != "paper":
         return ""
     why = profile.shortfall.replace("{source_range}", source_range or "similar")
     return f"This run reproduces {n} of the paper's 3 findings. {why}".strip()
@@ -190,7 +190,7 @@ class Demo:
             argv += ["--set", "data.root=" + json.dumps(str(self.data_root))]
         if self.download:
             argv += ["--set", "data.download=true"]
-        for s in self.sets:
+        for s in (*self.profile.settings.get(objective, ()), *self.sets):
             argv += ["--set", s]
         return argv
 
@@ -363,6 +363,7 @@ class Demo:
                                        relearn_task=self.profile.relearn_task)),
             ("calibration.csv", ["src-test", "src-holdout"],
              lambda: A.calibration(paths("src-test"), paths("src-holdout"), res / "calibration.csv")),
+            ("pixels.csv", [], lambda: self.pixel_baseline(res / "pixels.csv")),
         ]
         # the CKA-only file of earlier demos: the similarity file holds its measure now, and a stale copy
         # would be read first (analyses.data.Similarities)
@@ -395,17 +396,30 @@ class Demo:
                 log.unlink()
         return worked
 
+    def pixel_baseline(self, path: Path) -> None:
+        """pixels.csv: the linear probe on raw pixels of the transfer task (:mod:`analyses.pixel_baseline`,
+        a subprocess: it builds the target's splits from the first run's config, which imports torch)."""
+        from analyses.demo_analysis import AnalysisError
+
+        fit, test = self.groups["tgt-train"][0], self.groups["tgt-test"][0]
+        argv = [sys.executable, "-m", "analyses.pixel_baseline", str(self.run_dir(self.run_names[0])), fit, test,
+                self.profile.transfer_task, str(path)]
+        r = subprocess.run(argv, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise AnalysisError(f"pixel baseline failed: {(r.stderr or r.stdout).strip()[-2000:]}")
+        print(r.stdout.strip())
+
     # ----------------------------------------------------------------- report
     def stage_report(self):
         from analyses.cli import make_figures
         from analyses.data import Inputs
-        from analyses.findings import evaluate, findings_html, findings_text, source_range
+        from analyses.findings import evaluate, evaluate_tau, findings_html, findings_text, source_range
 
         # not stores of earlier, larger runs
         names = {Path(p).name.removesuffix(".zarr") for g in (*self.groups, *self.dynamics_groups)
                  for p in self.group_paths(g)}
         inputs = Inputs(self.out / "stores", self.out / "results", names)
-        findings = evaluate(inputs)
+        findings = evaluate_tau(inputs) if self.profile.findings == "tau" else evaluate(inputs)
         timing = ", ".join(f"{k} {v:.0f} s" for k, v in self.timings.items())
         import html
 

@@ -66,6 +66,10 @@ class Profile:
     keep_every: int = 0  # keep a checkpoint every K epochs (0: none) for the dynamics groups
     groups: Groups = field(default_factory=dict)
     dynamics: Groups = field(default_factory=dict)
+    # runs other than one per objective: run-name stem -> extra `repsim train --set` (e.g. one cosine-softmax
+    # temperature each, preset without "{objective}"); the demo's --objectives then name these stems
+    settings: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    findings: str = "paper"  # "paper": the three findings; "tau": the temperature sweep's verdict
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -76,6 +80,13 @@ class Profile:
     @property
     def transfer_task(self) -> str:
         return self.target
+
+    @property
+    def run_kinds(self) -> tuple[str, ...]:
+        """What the demo trains one network per seed of: the settings' stems, else the nine objectives."""
+        from repsim.objectives import OBJECTIVES
+
+        return tuple(self.settings) or OBJECTIVES
 
 
 def _check_fashion(root: str | None, download: bool) -> None:
@@ -110,4 +121,30 @@ FASHION = Profile(
               "verdicts each reached are in analyses/README.md (section 'The Fashion-MNIST profile', 'Search record').",
 )
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (DIGITS, FASHION)}
+def _tau_settings(k: int, weight_decay: float) -> dict[str, tuple[str, ...]]:
+    """Cosine softmax at τ*·{¼, ½, 1, 2, 4}, τ* the rule's temperature (repsim/rescale.py) for ``k`` classes."""
+    from repsim.rescale import rounded, tau
+
+    star = tau("cosine_softmax", k)
+    taus = [rounded(star * f) for f in (0.25, 0.5, 1.0, 2.0, 4.0)]
+    return {f"tau{t:g}": (f"objective_params.tau={t:g}",) for t in taus}
+
+
+# The paper's controlled experiment (Table 4, Fig. 5b) at Fashion-MNIST scale: the fashion profile's networks
+# and data, cosine softmax only, 5 temperatures × 2 seeds = 10 networks. Only the penultimate layer is
+# extracted (no CKA across objectives here), so a run is training plus a few minutes: ≈ 26 min on an idle
+# 2-core machine by the fashion profile's measured per-network time (analyses/README.md).
+FASHION_TAU = Profile(
+    name="fashion-tau", preset="fashion-cosine_softmax", source="fashion-source", target="fashion-target",
+    title="repsim demo --profile fashion-tau: Fashion-MNIST, cosine softmax temperature sweep",
+    source_text="Fashion-MNIST T-shirt/top, pullover, coat, shirt and bag (fashion-source)",
+    target_text="the other five classes: trouser, dress, sandal, sneaker, ankle boot (fashion-target)",
+    seeds=2, cka_batch=1000, check_data=_check_fashion, measures=("linear_cka",),
+    target_fit="fashion-target@2000", findings="tau",
+    groups={**_groups("fashion-source", "fashion-target", "fashion-target@2000"),
+            "src-test": ("fashion-source", "test", "pool", "R², predictions, relearned heads, calibration "
+                         "(penultimate only: one objective, no CKA across objectives)")},
+    settings=_tau_settings(5, 0.05),
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (DIGITS, FASHION, FASHION_TAU)}

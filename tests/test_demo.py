@@ -22,7 +22,7 @@ def test_demo_smoke_and_rerun(tmp_path):
     first = _demo(out)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     for f in ("training.csv", "similarity_demo.npz", "separation.csv", "sparsity.csv", "collapse.csv", "probes.csv",
-              "spectra.npz", "accuracy.csv", "calibration.csv"):
+              "spectra.npz", "accuracy.csv", "calibration.csv", "pixels.csv"):
         assert (out / "results" / f).stat().st_size > 0, f
     report = (out / "report" / "report.html").read_text()
     assert "Does this run reproduce the paper's findings?" in report
@@ -49,7 +49,7 @@ def test_demo_smoke_and_rerun(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "2 of 2 networks already trained" in second.stdout
     assert "10 of 10 stores already complete" in second.stdout
-    assert second.stdout.count("up to date") == 7  # six results steps and the report
+    assert second.stdout.count("up to date") == 8  # seven results steps (pixels.csv: the pixel baseline) and the report
     assert json.loads((out / "results" / "fingerprints.json").read_text()) == fps
 
 

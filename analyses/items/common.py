@@ -139,3 +139,23 @@ def label_points(ax, points, texts, fontsize: float = 7.5) -> None:
 def labels_in_order(labels) -> list[str]:
     return sorted(set(labels), key=objective_key)
 
+
+
+def pixel_baseline(inputs: Inputs, tasks) -> dict[str, float]:
+    """{task: pixel-baseline accuracy (%)} for the transfer ``tasks`` that have one ({} without pixels.csv)."""
+    try:
+        px = inputs.pixel_baseline()
+    except Missing:
+        return {}
+    return {str(t): px[str(t)] for t in tasks if str(t) in px}
+
+
+def pixel_line(ax, inputs: Inputs, tasks) -> str:
+    """A dashed line at the mean pixel-baseline accuracy over ``tasks`` (the linear probe on raw pixels);
+    returns a caption sentence ('' without one)."""
+    px = pixel_baseline(inputs, tasks)
+    if not px:
+        return ""
+    v = sum(px.values()) / len(px)
+    ax.axhline(v, ls="--", color="0.4", lw=1, label="raw pixels (linear probe)", zorder=1)
+    return f" Dashed: the linear probe on raw pixels of the transfer task ({v:.1f}%)."

@@ -54,15 +54,20 @@ def agreement(inputs: Inputs) -> Table:
                 **{f"ρ vs {names[j]}": f"{rho[i, j]:.3f}" for j in range(len(measures))}}
         try:
             r = late_blocks(inputs, m)
-            row.update(early_gap=r.early_gap, late_gap=r.late_gap, verdict=r.verdict)
-            text.update({"Early gap": f"{r.early_gap:.3f}", "Late gap": f"{r.late_gap:.3f}",
-                         "Fig. 2 verdict": r.verdict.upper()})
+            pe, pl = r.paper_gaps
+            row.update(early_gap=r.early_gap, late_gap=r.late_gap, verdict=r.verdict, old_verdict=r.old_verdict,
+                       paper_early_gap=pe, paper_late_gap=pl)
+            text.update({"Early gap": f"{pe:.3f}", "Late-third gap": f"{pl:.3f}",
+                         "Fig. 2 verdict": r.verdict.upper(), "Old rule": r.old_verdict.upper()})
             if not notes:
-                notes.append(f"early = {r.layers[r.early[0]]}–{r.layers[r.early[-1]]}, late = "
+                notes.append(f"early = {r.layers[r.paper_early[0]]}–{r.layers[r.paper_early[-1]]}, late third = "
+                             f"{r.layers[r.paper_late[0]]}–{r.layers[r.paper_late[-1]]}; the old rule's late = "
                              f"{r.layers[r.late[0]]}–{r.layers[r.late[-1]]}")
         except Missing as exc:
-            row.update(early_gap=np.nan, late_gap=np.nan, verdict="not evaluated")
-            text.update({"Early gap": "–", "Late gap": "–", "Fig. 2 verdict": "NOT EVALUATED"})
+            row.update(early_gap=np.nan, late_gap=np.nan, verdict="not evaluated", old_verdict="not evaluated",
+                       paper_early_gap=np.nan, paper_late_gap=np.nan)
+            text.update({"Early gap": "–", "Late-third gap": "–", "Fig. 2 verdict": "NOT EVALUATED",
+                         "Old rule": "NOT EVALUATED"})
             notes.append(f"{names[i]} not evaluated: {exc}")
         rows.append(row)
         shown.append(text)
@@ -72,9 +77,11 @@ def agreement(inputs: Inputs) -> Table:
            f"each unordered pair once, both orders when a measure is asymmetric): "
            f"{' or '.join(map(str, pairs))} pairs. Early / late gap: finding 2's gap (mean value between seeds of one "
            f"objective − mean value between networks of different objectives, at corresponding layers; "
-           f"{'; '.join(notes) or 'no measure evaluated'}), the criterion of analyses/findings.py: REPRODUCED when "
-           f"the early gap ≤ {EARLY_GAP_MAX}·w and the late gap ≥ early + {LATE_MINUS_EARLY_MIN}·w, w the "
-           f"measure's declared range width (1 for the [0, 1] measures, 2 for RSA's [−1, 1]; 1 when unbounded); "
-           f"PARTIAL when late > early. The report's finding 2 is linear CKA's row.")
+           f"{'; '.join(notes) or 'no measure evaluated'}). Fig. 2 verdict: the paper-words criterion of "
+           f"analyses/findings.py (95 % bootstrap intervals, objectives resampled: late-third gap > 0, late − early "
+           f"> 0, early reaching 0; scale-free). Old rule: REPRODUCED when the early gap ≤ {EARLY_GAP_MAX}·w and "
+           f"the late gap ≥ early + {LATE_MINUS_EARLY_MIN}·w, w the measure's declared range width (1 for the "
+           f"[0, 1] measures, 2 for RSA's [−1, 1]; 1 when unbounded); PARTIAL when late > early. The report's "
+           f"finding 2 is linear CKA's row.")
     numeric = pd.DataFrame(rows)
     return Table(numeric, pd.DataFrame(shown), cap)

@@ -8,7 +8,7 @@ import pandas as pd
 
 from analyses.data import Inputs, Missing, describe_rows, display
 from analyses.items.common import (label_points, labels_in_order, legend_outside, mean_transfer, one_r2_per_run, one_split, panel_grid,
-                                   penultimate_r2, probe_rows, probe_settings, pyplot)
+                                   penultimate_r2, pixel_baseline, pixel_line, probe_rows, probe_settings, pyplot)
 from analyses.item import Figure, Table, item
 from analyses.style import color
 from repsim import assignment_accuracy, spearman
@@ -35,13 +35,14 @@ def fig1(inputs: Inputs) -> Figure:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     _scatter_runs(ax, df, "top1", "transfer")
+    px = pixel_line(ax, inputs, lin["task"].unique())
     ax.set_xlabel(f"Source top-1 accuracy (%), {src['split'].iloc[0]} split")
     ax.set_ylabel(f"Mean linear transfer accuracy (%)\n over {lin['task'].nunique()} task(s)")
     ax.set_title("Higher source accuracy vs. linear transfer")
     legend_outside(ax)
     cap = (f"Points are individual training runs ({len(df)}); transfer tasks: "
            f"{', '.join(sorted(lin['task'].astype(str).unique()))}. {describe_rows(lin)}. "
-           f"{probe_settings(lin)}.")
+           f"{probe_settings(lin)}." + px)
     return Figure(fig, cap)
 
 
@@ -110,6 +111,9 @@ def table1(inputs: Inputs) -> Table:
         for frame in (numeric, shown, bold):
             frame.insert(0, "probe", probe)
         shown["label"] = shown["label"].map(display)
+        px = pixel_baseline(inputs, tasks) if probe == "linear" else {}
+        if px:  # the baseline features must beat: a linear probe on raw pixels of the transfer task
+            numeric, shown, bold = _with_pixel_row(numeric, shown, bold, px, tasks)
         blocks.append((numeric, shown, bold))
     numeric = pd.concat([b[0] for b in blocks], ignore_index=True).rename(columns={"label": "objective"})
     shown = pd.concat([b[1] for b in blocks], ignore_index=True).rename(columns={"label": "Objective", "probe": "Probe"})
@@ -119,6 +123,23 @@ def table1(inputs: Inputs) -> Table:
     cap = (f"Mean ± s.e. over seeds, accuracies in %. {bold_rule_text(n_seeds)} Transfer (stores named in probes.csv): "
            f"{describe_rows(pd.concat(used))}. {probe_settings(pd.concat(used))}." + (" " + "; ".join(notes) + "." if notes else ""))
     return Table(numeric, shown.fillna("–"), cap, bold.fillna(False))
+
+
+def _with_pixel_row(numeric: pd.DataFrame, shown: pd.DataFrame, bold: pd.DataFrame, px: dict[str, float],
+                    tasks: list[str]):
+    """(numeric, shown, bold) with a last row 'Raw pixels': the pixel baseline in the task columns (and
+    their average), '–' elsewhere."""
+    vals = {t: px[t] for t in tasks if t in px}
+    if len(tasks) > 1 and len(vals) == len(tasks):
+        vals["Avg."] = sum(vals.values()) / len(vals)
+    num = {c: np.nan for c in numeric.columns}
+    num.update({"probe": numeric["probe"].iloc[0], "label": "pixels"}, **{c: v for c, v in vals.items() if c in num})
+    text = {c: "–" for c in shown.columns}
+    text.update({"probe": shown["probe"].iloc[0], "label": "Raw pixels (linear probe)"},
+                **{c: f"{v:.1f}" for c, v in vals.items() if c in text})
+    return (pd.concat([numeric, pd.DataFrame([num])], ignore_index=True),
+            pd.concat([shown, pd.DataFrame([text])], ignore_index=True),
+            pd.concat([bold, pd.DataFrame([{c: False for c in bold.columns}])], ignore_index=True))
 
 
 @item("fig5", "Fig. 5a: class separation vs. mean linear transfer accuracy", "figure",
@@ -140,13 +161,14 @@ def fig5(inputs: Inputs) -> Figure:
         ax.errorbar(r["r2"], r["t"], xerr=r["r2_sd"] if np.isfinite(r["r2_sd"]) else None,
                     yerr=r["t_sd"] if np.isfinite(r["t_sd"]) else None, fmt="o", ms=7, capsize=2,
                     color=color(label), label=display(label), mec="black", mew=0.4)
+    px = pixel_line(ax, inputs, lin["task"].unique())
     ax.set_xlabel(f"Class separation R² ({sep['layer'].iloc[0]}, cosine)")
     ax.set_ylabel("Mean linear transfer accuracy (%)")
     ax.set_title(f"Spearman ρ = {rho:.2f}, p = {p:.3g} (n = {len(g)} objectives)")
     legend_outside(ax)
     cap = (f"One point per objective: mean over seeds (bars: sd). Spearman rank correlation across "
            f"objectives ρ = {rho:.3f}, two-sided p = {p:.3g}. R² from {describe_rows(sep)}; transfer "
-           f"from {lin['task'].nunique()} task(s). {probe_settings(lin)}.")
+           f"from {lin['task'].nunique()} task(s). {probe_settings(lin)}." + px)
     return Figure(fig, cap)
 
 
@@ -194,6 +216,14 @@ def table4(inputs: Inputs) -> Table:
                                         row_order=lambda l: labels.index(l) if l in labels else 1e9)
     param = sweep.set_index("label")["params"].to_dict()
     shown["label"] = shown["label"].map(lambda l: param.get(l, l))
+    tasks = sorted(lin["task"].astype(str).unique())
+    px = pixel_baseline(inputs, tasks)
+    if px:
+        for frame in (numeric, shown, bold):
+            frame.insert(0, "probe", "linear")
+        numeric, shown, bold = _with_pixel_row(numeric, shown, bold, px, tasks)
+        for frame in (numeric, shown, bold):
+            frame.pop("probe")
     shown = shown.rename(columns={"label": "Setting"})
     cap = (f"{display(objective)} trained at {len(labels)} settings; mean ± s.e. over seeds, accuracies in %. "
            f"{describe_rows(lin[lin['label'].isin(labels)])}. {probe_settings(lin)}.")
@@ -219,11 +249,12 @@ def fig5b(inputs: Inputs) -> Figure:
     for _, r in g.iterrows():
         ax.annotate(r["params"], (r["r2"], r["t"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
     fig.colorbar(sc, ax=ax, label="temperature τ" if "tau" in "".join(g["params"]) else "parameter")
+    px = pixel_line(ax, inputs, lin["task"].unique())
     rho, p = spearman(g["r2"], g["t"]) if len(g) >= 3 else (np.nan, np.nan)
     ax.set_xlabel("Class separation R² (penultimate, cosine)")
     ax.set_ylabel("Mean linear transfer accuracy (%)")
     ax.set_title(f"{display(objective)}: parameter sweep" + (f" (ρ = {rho:.2f}, p = {p:.2g})" if len(g) >= 3 else ""))
-    return Figure(fig, f"Each point is one setting (mean over seeds). {describe_rows(lin)}. {probe_settings(lin)}.")
+    return Figure(fig, f"Each point is one setting (mean over seeds). {describe_rows(lin)}. {probe_settings(lin)}." + px)
 
 
 @item("fig6", "Fig. 6: relearning the source classes from fixed features vs. class separation", "figure",

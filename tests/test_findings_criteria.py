@@ -1,0 +1,134 @@
+"""The findings' criteria fixed in code, on planted numbers: finding 2 by the paper's words (late-third
+gap vs the first two thirds, with bootstrap intervals over objectives), the power line of finding 1 and
+the temperature-sweep verdict of `repsim demo --profile fashion-tau`."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analyses import findings as F
+
+BLOCKS = [f"block{i}" for i in range(1, 17)] + ["pool"]
+
+
+def _planted(gap_of_block, n_obj=6, noise=0.004, seed=0):
+    """S (layers × objectives) and C (layers × objectives × objectives) of a 16-block network whose
+    same-objective CKA exceeds cross-objective CKA by ``gap_of_block(b)`` at block b (pool: block 16's),
+    with per-objective noise."""
+    rng = np.random.default_rng(seed)
+    L = len(BLOCKS)
+    base = 0.9
+    S = np.empty((L, n_obj))
+    C = np.full((L, n_obj, n_obj), np.nan)
+    for li, layer in enumerate(BLOCKS):
+        b = 16 if layer == "pool" else int(layer[5:])
+        S[li] = base + gap_of_block(b) + rng.normal(0, noise, n_obj)
+        for i in range(n_obj):
+            for j in range(i + 1, n_obj):
+                C[li, i, j] = C[li, j, i] = base + rng.normal(0, noise)
+    return S, C
+
+
+def _verdict(gap_of_block):
+    S, C = _planted(gap_of_block)
+    early, late = F.last_third(BLOCKS)
+    return F.paper_verdict(F.bootstrap_gaps(S, C, early, late, n_boot=500))
+
+
+def test_last_third_is_by_the_networks_own_block_count():
+    early, late = F.last_third(BLOCKS)
+    assert [BLOCKS[i] for i in late] == ["block12", "block13", "block14", "block15", "block16"]  # not pool
+    assert len(early) == 11
+    e4, l4 = F.last_third(["block1", "block2", "block3", "block4", "pool", "logits"])
+    assert (e4, l4) == ([0, 1, 2], [3])
+
+
+def test_late_only_differences_reproduce():
+    assert _verdict(lambda b: 0.05 if b >= 13 else 0.0) == "reproduced"
+
+
+def test_differences_everywhere_do_not_reproduce():
+    assert _verdict(lambda b: 0.05) == "not reproduced"
+    # larger late but present early too: "not only late"
+    assert _verdict(lambda b: 0.1 if b >= 13 else 0.04) == "partial"
+
+
+def test_no_differences_do_not_reproduce():
+    assert _verdict(lambda b: 0.0) == "not reproduced"
+
+
+def test_no_bootstrap_without_three_objectives_with_seeds():
+    S, C = _planted(lambda b: 0.05, n_obj=2)
+    assert F.bootstrap_gaps(S, C, *F.last_third(BLOCKS)) is None
+    assert F.paper_verdict(None) == "not evaluated"
+
+
+def test_old_rule_kept_beside_the_new_one():
+    assert F.old_verdict(0.01, 0.07) == "reproduced"
+    assert F.old_verdict(0.001, 0.031) == "partial"  # the Fashion run of analyses/README.md
+    assert F.old_verdict(0.0, 0.0) == "not reproduced"
+    assert F.old_verdict(0.02, 0.14, scale=2.0) == "reproduced"
+
+
+def test_min_detectable_difference_is_the_two_sample_t_formula():
+    from scipy import stats
+
+    # 2 seeds: df = 2, (t_.975 + t_.8) · sd · 1
+    want = (stats.t.ppf(0.975, 2) + stats.t.ppf(0.8, 2)) * 0.5
+    assert F.min_detectable_difference(0.5, 2) == pytest.approx(want)
+    assert want == pytest.approx(2.68, abs=0.01)
+    assert F.min_detectable_difference(0.5, 8) < F.min_detectable_difference(0.5, 3) < want
+    assert np.isnan(F.min_detectable_difference(0.5, 1))
+    text = F.power_text({"softmax": np.array([90.0, 91.0]), "sigmoid": np.array([89.0, 89.0]),
+                         "dropout": np.array([88.0])})
+    sd = np.sqrt(np.mean([0.5, 0.0]))  # pooled over the groups with 2 seeds
+    assert f"s.d. of transfer {sd:.2f} points (2 groups)" in text
+    assert f"is {F.min_detectable_difference(sd, 2):.2f} points" in text
+    assert F.power_text({"softmax": np.array([90.0])}) == ""
+
+
+def test_pixel_baseline_beside_the_transfer_numbers(tmp_path):
+    """pixels.csv (the demo's analyses.pixel_baseline) gives Table 1 a 'Raw pixels' row, Figs. 1 and 5 a
+    dashed line, and finding 1 its pixel sentence and power line."""
+    from test_analyses_figures import write_results
+
+    from analyses.data import Inputs
+    from analyses.items.transfer import fig1, fig5, table1
+
+    res = write_results(tmp_path)
+    (res / "pixels.csv").write_text("task,features,probe,metric,accuracy,best_param,n_train,n_test,dim\n"
+                                    "taskA,pixels,linear,top1,0.9,1.0,100,50,196\n"
+                                    "taskB,pixels,linear,top1,0.8,1.0,100,50,196\n")
+    inputs = Inputs(None, res)
+    assert inputs.pixel_baseline() == {"taskA": pytest.approx(90.0), "taskB": pytest.approx(80.0)}
+    t = table1(inputs)
+    row = t.shown[t.shown["Objective"] == "Raw pixels (linear probe)"]
+    assert len(row) == 1 and row["taskA"].iloc[0] == "90.0" and row["Avg."].iloc[0] == "85.0"
+    assert len(t.bold) == len(t.shown)
+    assert "raw pixels" in fig1(inputs).caption and "(85.0%)" in fig5(inputs).caption
+    f = F.finding_transfer(inputs)
+    assert "Pixel baseline (linear probe on raw pixels of the transfer task): 85.0%." in f.evidence
+    assert "smallest difference a two-sided t-test resolves" in f.evidence
+
+
+def _sweep_runs(r2_slope, transfer_slope, noise=0.01, seeds=2, seed=0):
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in (0.025, 0.05, 0.1, 0.2, 0.4):
+        for s in range(seeds):
+            x = np.log2(t / 0.1)
+            rows.append(dict(tau=t, seed=s, r2=0.7 + r2_slope * x + rng.normal(0, noise),
+                             transfer=90 + transfer_slope * x + rng.normal(0, 100 * noise)))
+    return pd.DataFrame(rows)
+
+
+def test_tau_trend_on_planted_sweeps():
+    f = F.tau_trend(_sweep_runs(0.05, -1.0))
+    assert f.verdict == "reproduced" and "ρ(τ, R²) = 0.9" in f.evidence and "smallest difference" in f.evidence
+    assert F.tau_trend(_sweep_runs(0.05, 0.0, seed=1)).verdict == "partial"  # R² rises, transfer flat
+    assert F.tau_trend(_sweep_runs(0.05, +1.0)).verdict == "partial"  # transfer rises: only R² holds
+    assert F.tau_trend(_sweep_runs(0.0, 0.0, seed=2)).verdict == "not reproduced"
+    with pytest.raises(F.Missing):
+        F.tau_trend(_sweep_runs(0.05, -1.0).query("tau < 0.06"))

@@ -1,0 +1,56 @@
+"""The objective-settings rule (repsim/rescale.py) on the paper's own numbers, and the Fashion-MNIST
+presets recording its values for K = 5 classes and base weight decay 0.05 (analyses/README.md,
+"Settings by rule")."""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from repsim import rescale
+from repsim.objectives import OBJECTIVES
+
+PRESETS = Path(__file__).resolve().parents[1] / "train" / "presets"
+
+
+def _preset(name: str) -> dict:
+    return tomllib.loads((PRESETS / f"{name}.toml").read_text())
+
+
+def test_tau_fit_is_the_least_squares_line_through_the_papers_values():
+    for obj, pts in rescale.PAPER_TAU.items():
+        b, a = rescale.tau_fit(obj)
+        assert b < 0  # τ rises as K falls, for both normalised objectives
+        for k, t in pts:  # the fit stays within ±30 % of each tuned value
+            assert abs(rescale.tau(obj, k) / t - 1) < 0.3, (obj, k)
+    assert rescale.tau("cosine_softmax", 5) == pytest.approx(0.1000, abs=5e-4)
+    assert rescale.tau("logit_norm", 5) == pytest.approx(0.192, abs=1e-3)
+
+
+def test_extra_l2_is_the_papers_median_multiple_of_the_base_decay():
+    ratios = sorted(lam / wd for _, wd, lam in rescale.PAPER_EXTRA_L2)
+    assert ratios == pytest.approx([10 ** (-3.33 + 2.75), 10, 10], rel=1e-6)
+    assert rescale.extra_l2_ratio() == pytest.approx(10)
+    assert rescale.params("extra_l2", 5, 0.05) == {"lambda_final": 0.5}
+    assert rescale.params("extra_l2", 1000, 8e-5) == {"lambda_final": pytest.approx(8e-4)}  # ImageNet back
+
+
+def test_k_free_and_nearest_study_parameters():
+    assert rescale.params("label_smoothing", 5, 0.05) == {"alpha": 0.1}
+    assert rescale.params("squared_error", 5, 0.05) == {"kappa": 8.0, "M": 0.83, "loss_scale": 1.0}
+    assert rescale.params("squared_error", 1000, 8e-5)["M"] == 60.0
+    assert rescale.params("softmax", 5, 0.05) == {} and rescale.params("sigmoid", 5, 0.05) == {}
+    text = rescale.table(5, 0.05)
+    assert "0.05/0.0582" in text and "0.1" in text.splitlines()[1].split()[-1]
+
+
+def test_fashion_presets_record_the_rules_values():
+    from train.fashion import SOURCE_CLASSES
+
+    base = _preset("_fashion")
+    k, wd = len(SOURCE_CLASSES), base["optim"]["weight_decay"]
+    assert (k, wd) == (5, 0.05)
+    for obj in OBJECTIVES:
+        got = _preset(f"fashion-{obj}").get("objective_params", {})
+        assert got == rescale.params(obj, k, wd), obj
