@@ -159,7 +159,10 @@ def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
         if streamed:
             from repsim.probes._rows import Rows
 
-            Xtr = Rows.from_store(tr, f"layers/{args.layer}")
+            # the training rows are read once per solver step (linear) or query block (kNN): up to
+            # half the budget of them is kept decoded (probes._rows, probes._streamed); test rows are
+            # read once or twice and never kept
+            Xtr = Rows.from_store(tr, f"layers/{args.layer}", cache_bytes=cache_bytes(args.memory_budget))
             Xte = Xtr if args.relearn else Rows.from_store(te, f"layers/{args.layer}")
         else:
             Xtr = _features(tr, args.layer)
@@ -213,6 +216,12 @@ def _fits(args, tr, te) -> bool:
     tr._check_layer(args.layer)
     p = int(np.prod(tr.zarr_array(f"layers/{args.layer}").shape[1:], dtype=np.int64))
     return nbytes_in_memory(tr.n + (te.n if te is not None else 0), p) <= args.memory_budget * 2**20
+
+
+def cache_bytes(budget_mib: float) -> int:
+    """Bytes of decoded training rows the out-of-core route keeps between passes: half of
+    ``--memory-budget`` (the budget bounds the route's data, whatever n; 0 keeps none)."""
+    return int(budget_mib * 2**20) // 2
 
 
 def _common(args, tr, te, lambdas) -> dict[str, Any]:
