@@ -82,7 +82,13 @@ def _rows(path):
             for r in csv.DictReader(open(path, newline=""))]
 
 
-def test_cli_out_of_core_equals_in_memory(tmp_path):
+@pytest.mark.parametrize("cache", [0, 6000])
+def test_cli_out_of_core_equals_in_memory(tmp_path, monkeypatch, cache):
+    """--memory-budget 0: out of core; ``cache`` bytes of training rows kept (the default budget keeps
+    half of it; here part of the 240 × 12 float32 rows, the rest read on every pass)."""
+    from repsim.commands import probe
+
+    monkeypatch.setattr(probe, "cache_bytes", lambda budget_mib: cache)
     s = _stores(tmp_path)
     base = ["--train", s["train"].path, "--test", s["test"].path, "--lambdas", "9", "--ks", "1", "5", "20",
             "--no-progress"]

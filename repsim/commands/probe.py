@@ -79,9 +79,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "score, on purpose; a warning says so)")
     parser.add_argument("--memory-budget", type=non_negative, default=DEFAULTS["memory_budget"], metavar="MIB",
                         help="single-label stores: probe in memory when the layer's working set (train + test "
-                             "rows x width x 16 bytes) fits in MIB, else out of core from the stores' chunks "
-                             "(the same numbers to the solver's tolerance, peak memory flat in n); default "
-                             f"{DEFAULT_BUDGET_MIB}, 0: always out of core")
+                             "rows x width x 16 bytes) fits in MIB, else out of core from the stores' chunks, "
+                             "keeping up to MIB/2 of decoded training rows between passes (the same numbers "
+                             "to the solver's tolerance; memory bounded by MIB whatever n); default "
+                             f"{DEFAULT_BUDGET_MIB}, 0: always out of core, nothing kept")
     parser.add_argument("--seed", type=non_negative, default=DEFAULTS["seed"])
     parser.add_argument("--out", default=".", metavar="FILE.csv|DIR",
                         help="the results CSV (FILE.csv; per-store details go to FILE.json beside it), as for the "
