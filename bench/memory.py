@@ -287,7 +287,28 @@ def write_markdown(res: dict) -> None:
 
 
 # Hand-written observations about the last run (edited with each re-measurement).
-NOTES: list[str] = []
+NOTES: list[str] = [
+    "- Run of 2026-11-26 08:16-08:33 UTC (17.4 min with writing the chunk-2500 stores; the default-chunking "
+    "stores were reused from a first run, whose ratios agreed except where noted). Default chunking gives "
+    "2,048 rows per chunk at both n (8 MiB of `block`), no longer one 32,768-row chunk.",
+    "- `probe` (all modes) and `calibrate`: at n = 20k the probes fit the default budget and run in memory; at "
+    "80k they stream, and their peak RSS is 22-27 % *lower* than in memory at 20k, although the out-of-core "
+    "route keeps the fit store's `pool` rows (80,000 × 512 float32 = 156 MiB: centred for the linear "
+    "probe, decoded chunks for kNN) in its cache of half the budget; with `--memory-budget 0` it keeps "
+    "none. Issue 31 measured 547 → 996 MiB (default probe), 379 → 903 (linear), 527 → 950 (kNN), "
+    "374 → 920 (relearn), 166 → 199 (calibrate). `calibrate` stays in memory at both n (10 classes); its "
+    "(N, K) float64 copies are gone (`probes.calibration` works on row blocks): 195 → 223 MiB before "
+    "that change in the first run, 191 → 193 after.",
+    "- `collapse --spectra` at chunk 2500 (1.17) and `collapse` with default chunks (1.17 in the first run, "
+    "1.14 here) are not O(n): `engine.drivers._scan_store` reads 16 chunks per task, so a 20k store is one "
+    "task while an 80k store runs two at once on the threaded scheduler (two readers' prefetched chunks "
+    "and accumulators). Run with `blocks_per_task=64` (one task), the 80k chunk-2500 store's "
+    "`collapse --spectra` peaks at 117 MiB against 110 MiB at 20k (1.06); with the default 16, 130. A "
+    "larger n adds no further tasks in flight.",
+    "- `cka` (minibatch) varies from run to run by ±10 %: n = 20k default chunks 282, 258, 259 MiB and "
+    "80k 315, 320, 302 MiB in three runs (ratios 1.12, 1.24, 1.17); not investigated further "
+    "(`kernels/cka.py` and the engine were being reworked in parallel).",
+]
 
 
 if __name__ == "__main__":
