@@ -306,8 +306,10 @@ NOTES: list[str] = [
     "`collapse --spectra` peaks at 117 MiB against 110 MiB at 20k (1.06); with the default 16, 130. A "
     "larger n adds no further tasks in flight.",
     "- `cka` (minibatch) varies from run to run by ±10 %: n = 20k default chunks 282, 258, 259 MiB and "
-    "80k 315, 320, 302 MiB in three runs (ratios 1.12, 1.24, 1.17); not investigated further "
-    "(`kernels/cka.py` and the engine were being reworked in parallel).",
+    "80k 315, 320, 302 MiB in three runs (ratios 1.12, 1.24, 1.17). With `--shuffle none` the same stores "
+    "give 229 → 257 MiB (1.12), so the extra memory at 80k comes with the default window shuffle "
+    "(`engine.blocks.BatchPlan`: windows of whole permuted blocks); not investigated further "
+    "(`kernels/cka.py` and the engine's drivers were being reworked in parallel).",
 ]
 
 
