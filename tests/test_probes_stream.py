@@ -82,7 +82,13 @@ def _rows(path):
             for r in csv.DictReader(open(path, newline=""))]
 
 
-def test_cli_out_of_core_equals_in_memory(tmp_path):
+@pytest.mark.parametrize("cache", [0, 6000])
+def test_cli_out_of_core_equals_in_memory(tmp_path, monkeypatch, cache):
+    """--memory-budget 0: out of core; ``cache`` bytes of training rows kept (the default budget keeps
+    half of it; here part of the 240 × 12 float32 rows, the rest read on every pass)."""
+    from repsim.commands import probe
+
+    monkeypatch.setattr(probe, "cache_bytes", lambda budget_mib: cache)
     s = _stores(tmp_path)
     base = ["--train", s["train"].path, "--test", s["test"].path, "--lambdas", "9", "--ks", "1", "5", "20",
             "--no-progress"]
@@ -147,3 +153,39 @@ def test_out_of_core_probe_memory_is_flat_in_n(tmp_path, monkeypatch, command):
         finally:
             tracemalloc.stop()
     assert peaks[1] - peaks[0] < 4, peaks
+
+
+@pytest.mark.parametrize("cache_rows", [0, 250, 600])
+def test_cached_rows_give_the_uncached_numbers(cache_rows):
+    """The out-of-core caches (``Rows.cache_bytes``: decoded blocks; ``_streamed.CentredCache``: the
+    linear probe's centred rows) hold the values a pass computes: none, part (250 of 600 rows) or
+    all of the training rows cached give the in-memory probes' numbers, and the cache stays within
+    its bytes."""
+    from repsim.probes import _streamed
+
+    X, y = relu_features(600, 24, 4, seed=1, sep=0.5, noise=1.5)
+    Xt, yt = relu_features(300, 24, 4, seed=2, sep=0.5, noise=1.5)
+    lambdas = np.logspace(-4, 3, 15)
+    cache = cache_rows * 24 * 4
+    ref = linear_probe(X, y, Xt, yt, lambdas=lambdas)
+    rows = Rows.from_array(X.astype(np.float16), block_rows=64, cache_bytes=cache)
+    got = linear_probe_rows(rows, y, Rows.from_array(Xt.astype(np.float16), block_rows=64), yt, lambdas=lambdas)
+    ref16 = linear_probe(X.astype(np.float16), y, Xt.astype(np.float16), yt, lambdas=lambdas)
+    assert got.best_param == ref16.best_param and got.curve == ref16.curve and got.accuracy == ref16.accuracy
+    np.testing.assert_array_equal(got.predictions, ref16.predictions)
+    assert np.abs(got.coef_ - ref16.coef_).max() <= 1e-3 * np.abs(ref16.coef_).max()
+    assert rows._cached_bytes == 0          # the linear probe keeps its centred rows, not the blocks
+    problem = _streamed.streamed_problem(rows, np.random.default_rng(0).permutation(600))
+    assert problem.stats["cached_rows"] == min(cache_rows, 600)
+    assert sum(b.nbytes for b in (problem.Xh.cache.blocks if problem.Xh.cache else [])) <= cache
+    # the kNN search keeps decoded training blocks (float32, read-only) up to cache bytes
+    knn_ref = knn_probe(X, y, Xt, yt, ks=[1, 5, 20])
+    krows = Rows.from_array(X, block_rows=64, cache_bytes=cache)
+    kgot = knn_probe_rows(krows, y, Rows.from_array(Xt, block_rows=50), yt, ks=[1, 5, 20], query_bytes=4 * 4 * 64)
+    assert kgot.curve == knn_ref.curve and kgot.accuracy == knn_ref.accuracy
+    np.testing.assert_array_equal(kgot.predictions, knn_ref.predictions)
+    sizes = [(min(600, (i + 1) * 64) - i * 64) * 24 * 4 for i in range(krows.n_blocks)]
+    kept = int(np.searchsorted(np.cumsum(sizes), cache, side="right"))   # the first blocks that fit
+    assert set(range(kept)) <= set(krows._cache) and krows._cached_bytes == sum(sizes[i] for i in krows._cache) <= cache
+    assert all(not b.flags.writeable for b in krows._cache.values())
+    np.testing.assert_array_equal(np.concatenate([x for _, x in krows.blocks()]), X)

@@ -79,9 +79,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "score, on purpose; a warning says so)")
     parser.add_argument("--memory-budget", type=non_negative, default=DEFAULTS["memory_budget"], metavar="MIB",
                         help="single-label stores: probe in memory when the layer's working set (train + test "
-                             "rows x width x 16 bytes) fits in MIB, else out of core from the stores' chunks "
-                             "(the same numbers to the solver's tolerance, peak memory flat in n); default "
-                             f"{DEFAULT_BUDGET_MIB}, 0: always out of core")
+                             "rows x width x 16 bytes) fits in MIB, else out of core from the stores' chunks, "
+                             "keeping up to MIB/2 of decoded training rows between passes (the same numbers "
+                             "to the solver's tolerance; memory bounded by MIB whatever n); default "
+                             f"{DEFAULT_BUDGET_MIB}, 0: always out of core, nothing kept")
     parser.add_argument("--seed", type=non_negative, default=DEFAULTS["seed"])
     parser.add_argument("--out", default=".", metavar="FILE.csv|DIR",
                         help="the results CSV (FILE.csv; per-store details go to FILE.json beside it), as for the "
@@ -159,7 +160,10 @@ def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
         if streamed:
             from repsim.probes._rows import Rows
 
-            Xtr = Rows.from_store(tr, f"layers/{args.layer}")
+            # the training rows are read once per solver step (linear) or query block (kNN): up to
+            # half the budget of them is kept decoded (probes._rows, probes._streamed); test rows are
+            # read once or twice and never kept
+            Xtr = Rows.from_store(tr, f"layers/{args.layer}", cache_bytes=cache_bytes(args.memory_budget))
             Xte = Xtr if args.relearn else Rows.from_store(te, f"layers/{args.layer}")
         else:
             Xtr = _features(tr, args.layer)
@@ -213,6 +217,12 @@ def _fits(args, tr, te) -> bool:
     tr._check_layer(args.layer)
     p = int(np.prod(tr.zarr_array(f"layers/{args.layer}").shape[1:], dtype=np.int64))
     return nbytes_in_memory(tr.n + (te.n if te is not None else 0), p) <= args.memory_budget * 2**20
+
+
+def cache_bytes(budget_mib: float) -> int:
+    """Bytes of decoded training rows the out-of-core route keeps between passes: half of
+    ``--memory-budget`` (the budget bounds the route's data, whatever n; 0 keeps none)."""
+    return int(budget_mib * 2**20) // 2
 
 
 def _common(args, tr, te, lambdas) -> dict[str, Any]:

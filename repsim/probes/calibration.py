@@ -12,6 +12,10 @@
   per-bin counts, confidence and accuracy sums, so one pass gives them for any number of T (the 41 grid
   values at once, then one pass per Brent step); memory O(block × K + bins), never O(N × K).
   Same numbers as the in-memory route up to summation order (tests: 1e-9 relative).
+
+The in-memory functions too work on row blocks of ``BLOCK_VALUES`` logits, cast to float64 block by
+block: they hold the logits as given plus one block's temporaries (issue 31 measured five (N, K)
+float64 copies before: ~400 MB at 50,000 × 1,000 classes).
 """
 from __future__ import annotations
 
@@ -22,8 +26,15 @@ from scipy.special import log_softmax
 KINDS = ("softmax", "sigmoid")
 
 
+BLOCK_VALUES = 1 << 16  # nll / ece work on row blocks of this many logits (float64 temporaries: 512 KiB each)
+
+
 def _check(logits: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    z = np.asarray(logits, dtype=np.float64)
+    """Logits in their own floating dtype (each block is cast to float64 where it is used: no (N, K)
+    float64 copy) and labels, validated."""
+    z = np.asarray(logits)
+    if not np.issubdtype(z.dtype, np.floating):
+        z = z.astype(np.float64)
     y = np.asarray(labels)
     if z.ndim != 2 or y.shape != (z.shape[0],):
         raise ValueError(f"logits must be (N, K) and labels (N,), got {z.shape} and {y.shape}")
@@ -53,11 +64,23 @@ def probabilities(logits: np.ndarray, kind: str = "softmax", temperature: float 
     return np.exp(log_probabilities(logits, kind, temperature))
 
 
+def _row_blocks(z: np.ndarray):
+    """Row slices of at most :data:`BLOCK_VALUES` logits: the (N, K) temporaries of nll and ece are
+    one block's, whatever N."""
+    step = max(1, BLOCK_VALUES // max(1, z.shape[1]))
+    for a in range(0, z.shape[0], step):
+        yield slice(a, min(z.shape[0], a + step))
+
+
 def nll(logits: np.ndarray, labels: np.ndarray, kind: str = "softmax", temperature: float = 1.0) -> float:
-    """Mean negative log-likelihood of the labels."""
+    """Mean negative log-likelihood of the labels (summed over row blocks: memory independent of N)."""
     z, y = _check(logits, labels)
-    lp = log_probabilities(z, kind, temperature)
-    return float(-np.mean(lp[np.arange(y.size), y]))
+    log_probabilities(z[:0], kind, temperature)          # argument checks, also for N = 0
+    total = 0.0
+    for sl in _row_blocks(z):
+        lp = log_probabilities(z[sl], kind, temperature)
+        total -= float(lp[np.arange(lp.shape[0]), y[sl]].sum())
+    return total / y.size if y.size else float("nan")
 
 
 def ece_from_probabilities(probs: np.ndarray, labels: np.ndarray, bins: int = 15) -> float:
@@ -78,7 +101,16 @@ def ece(logits: np.ndarray, labels: np.ndarray, kind: str = "softmax", temperatu
         bins: int = 15) -> float:
     """Expected calibration error (15 equal bins by default) of the network's probabilities."""
     z, y = _check(logits, labels)
-    return ece_from_probabilities(probabilities(z, kind, temperature), y, bins)
+    log_probabilities(z[:0], kind, temperature)          # argument checks
+    n_b, acc_b, conf_b = np.zeros(bins), np.zeros(bins), np.zeros(bins)
+    for sl in _row_blocks(z):                            # ece_from_probabilities' sums, block by block
+        p = probabilities(z[sl], kind, temperature)
+        conf, correct = p.max(axis=1), (p.argmax(axis=1) == y[sl]).astype(np.float64)
+        b = np.clip(np.ceil(conf * bins).astype(np.int64) - 1, 0, bins - 1)
+        n_b += np.bincount(b, minlength=bins)
+        acc_b += np.bincount(b, weights=correct, minlength=bins)
+        conf_b += np.bincount(b, weights=conf, minlength=bins)
+    return float(np.sum(np.abs(acc_b - conf_b)) / max(y.size, 1))
 
 
 TEMPERATURE_BOUNDS = (1e-2, 1e2)  # the search range of fit_temperature
