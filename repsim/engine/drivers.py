@@ -21,9 +21,10 @@ ones and names none of them:
 global mean together with every other statistic, pass 2 re-reads only those layers.  Everything
 else is exactly one read of each store.
 
-Work is cut into tasks of ``blocks_per_task`` blocks; each returns its accumulators'
-``to_state()``, merged in block order, locally or on the ``dask.distributed`` cluster set by
-:func:`repsim.set_scheduler` (see :mod:`repsim.engine.scheduler`).  Conv layers are flattened across space
+On a ``dask.distributed`` cluster (:func:`repsim.set_scheduler`, :mod:`repsim.engine.scheduler`) work
+is cut into tasks of ``blocks_per_task`` blocks; each returns its accumulators' ``to_state()``, merged
+in block order.  Locally, where tasks would run one after the other, one task reads every block (one
+set of accumulators, nothing to merge: peak memory does not step up with the number of tasks).  Conv layers are flattened across space
 (Fig. 4 caption: "we compute cosine distances by flattening"); ``spatial="mean"`` pools them first.
 Sparsity always counts every activation (channels × positions).
 """
@@ -125,12 +126,16 @@ def _scan_store(columns: list[Column], n: int, block_rows: int, accs: dict[str, 
     stats = layer_stats(metrics)
     templates = {layer: {m: a.to_state() for m, a in per.items()} for layer, per in accs.items()}
     n_blocks = -(-n // block_rows)
-    ranges = [(a, min(n_blocks, a + blocks_per_task)) for a in range(0, n_blocks, blocks_per_task)]
     if get_client() is None:
-        results = run_tasks(lambda a, b: _scan_task(spec, templates, a, b, xp=xp, progress=bar.update), ranges)
+        # here tasks would run one after the other anyway: one task over all blocks keeps one set of
+        # accumulators (no per-task states to restore and merge), so peak memory does not step up
+        # when a store grows from one task's worth of blocks to several (bench/memory.py)
+        results = run_tasks(lambda a, b: _scan_task(spec, templates, a, b, xp=xp, progress=bar.update),
+                            [(0, n_blocks)])
     else:
         if spec["device"] not in ("cpu", "cuda"):
             raise ValueError("a distributed run needs device='cpu' or 'cuda' (not a namespace object)")
+        ranges = [(a, min(n_blocks, a + blocks_per_task)) for a in range(0, n_blocks, blocks_per_task)]
         results = run_tasks(_scan_task, [(spec, templates, a, b) for a, b in ranges],
                             on_done=lambda i, _: bar.update(ranges[i][1] - ranges[i][0]))
     merged: dict[str, dict[str, Any]] = {}
