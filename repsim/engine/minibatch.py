@@ -36,6 +36,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from repsim._heap import release_free_memory
 from repsim.engine.blocks import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
                                   resolve_columns, store_location)
 from repsim.engine.checkpoint import Checkpoint
@@ -126,6 +127,8 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
                     for batch in parts:
                         for acc in accs:
                             acc.update(batch)  # ends with the batch's device-to-host copy (a sync)
+                        if host:
+                            release_free_memory()  # peak RSS flat in n (repsim/_heap.py)
                     held.release()  # ... so the group's uploads are no longer read by the device
                     if progress is not None:
                         progress(len(parts))
