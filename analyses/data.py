@@ -15,7 +15,7 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from repsim.objectives import DISPLAY, OBJECTIVES  # noqa: F401  (re-exported)
+from repsim.objectives import DISPLAY, OBJECTIVES, with_defaults  # noqa: F401  (DISPLAY, OBJECTIVES re-exported)
 
 # Evaluation splits, most preferred first, for "source accuracy" (ImageNet validation in the paper).
 EVAL_SPLITS: tuple[str, ...] = ("test", "val", "validation", "holdout")
@@ -60,15 +60,31 @@ def display(label: str) -> str:
     return DISPLAY.get(objective, objective) + (f" ({params})" if params else "") + (f" [{variant}]" if variant else "")
 
 
-def _params_text(params: Any) -> str:
+def _params_text(params: Any, objective: str = "") -> str:
+    """``k=v, ...`` (sorted) of a run's objective parameters with the objective's Table A.1 defaults
+    filled in (stores record them so; the training.csv rows of `repsim train` only those given), so
+    that a store and its training run carry the same text."""
     if isinstance(params, str):
         try:
             params = json.loads(params) if params else {}
         except json.JSONDecodeError:
             return params
+    params = with_defaults(objective, params if isinstance(params, dict) else {})
     if not params:
         return ""
     return ", ".join(f"{k}={v}" for k, v in sorted(params.items()))
+
+
+def _varying(texts: Iterable[str]) -> set[str]:
+    """The parameter names whose values differ between ``k=v, ...`` texts (absent counts as a value)."""
+    dicts = [dict(part.split("=", 1) for part in t.split(", ") if "=" in part) for t in texts]
+    keys = set().union(*dicts) if dicts else set()
+    return {k for k in keys if len({d.get(k) for d in dicts}) > 1}
+
+
+def _shown_params(text: str, keys: set[str]) -> str:
+    """The ``k=v`` parts of ``text`` whose names are in ``keys`` (a sweep's label names what varies)."""
+    return ", ".join(part for part in text.split(", ") if part.split("=", 1)[0] in keys)
 
 
 def _attrs_row(name: str, attrs: dict, n: int | None) -> dict:
@@ -76,7 +92,7 @@ def _attrs_row(name: str, attrs: dict, n: int | None) -> dict:
     model, dataset = attrs.get("model") or {}, attrs.get("dataset") or {}
     source = model.get("finetuned_from") or {}
     return dict(store=name, objective=model.get("objective") or "", seed=model.get("seed"),
-                params=_params_text(model.get("params")), arch=model.get("arch") or "",
+                params=_params_text(model.get("params"), model.get("objective") or ""), arch=model.get("arch") or "",
                 epoch=model.get("epoch"), dataset=dataset.get("name") or "",
                 split=dataset.get("split") or "", n=dataset.get("n", n),
                 spatial=(attrs.get("extraction") or {}).get("spatial") or "",
@@ -166,13 +182,15 @@ class Inputs:
         runs = pd.DataFrame(rows, columns=RUN_COLUMNS)
         for col in ("objective", "params", "variant", "sha256", "finetuned_from"):
             runs[col] = _text(runs[col])
-        runs["params"] = runs["params"].map(_params_text)
+        runs["params"] = [_params_text(p, o) for p, o in zip(runs["params"], runs["objective"])]
         runs["seed"] = pd.to_numeric(runs["seed"], errors="coerce")
         runs["epoch"] = pd.to_numeric(runs["epoch"], errors="coerce")
         n_settings = runs.groupby("objective")["params"].nunique()
+        varying = {o: _varying(g.unique()) for o, g in runs.groupby("objective")["params"]}
+        shown = [_shown_params(p, varying.get(o, set())) for o, p in zip(runs["objective"], runs["params"])]
         runs["label"] = [compose_label(o, p, v, n_settings.get(o, 0))
-                         for o, p, v in zip(runs["objective"], runs["params"], runs["variant"])]
-        runs["base_label"] = [compose_label(o, p, "", n_settings.get(o, 0)) for o, p in zip(runs["objective"], runs["params"])]
+                         for o, p, v in zip(runs["objective"], shown, runs["variant"])]
+        runs["base_label"] = [compose_label(o, p, "", n_settings.get(o, 0)) for o, p in zip(runs["objective"], shown)]
         # the last checkpoint of each run on each dataset split (earlier ones: training dynamics)
         keys = ["objective", "params", "variant", "seed", "arch", "dataset", "split", "finetuned_from"]
         last = runs.fillna({"seed": -1}).groupby(keys, dropna=False)["epoch"].transform("max")
@@ -238,14 +256,16 @@ class Inputs:
             return pd.DataFrame({"label": [], "base_label": []})
         blank = pd.Series("", index=df.index)
         obj = _text(df["objective"]) if "objective" in df else df["store"].astype(str)
-        params = _text(df["params"]).map(_params_text) if "params" in df else blank
+        params = (pd.Series([_params_text(p, o) for p, o in zip(_text(df["params"]), obj)], index=df.index)
+                  if "params" in df else blank)
         variant = _text(df["variant"]) if "variant" in df else blank
         settings: dict[str, set] = {}
         for o, p in list(zip(self.runs["objective"], self.runs["params"])) + list(zip(obj, params)):
             settings.setdefault(o, set()).add(p)
+        shown = [_shown_params(p, _varying(settings[o])) for o, p in zip(obj, params)]
         return pd.DataFrame({
-            "label": [compose_label(o, p, v, len(settings[o])) for o, p, v in zip(obj, params, variant)],
-            "base_label": [compose_label(o, p, "", len(settings[o])) for o, p in zip(obj, params)]}, index=df.index)
+            "label": [compose_label(o, p, v, len(settings[o])) for o, p, v in zip(obj, shown, variant)],
+            "base_label": [compose_label(o, p, "", len(settings[o])) for o, p in zip(obj, shown)]}, index=df.index)
 
     @cached_property
     def similarities(self) -> "Similarities":
@@ -344,15 +364,24 @@ class Inputs:
             parts.append("data: " + "; ".join(
                 f"{d}/{s} (n={int(n) if pd.notna(n) else '?'})" for (d, s), n in data.items()))
         seeds = sorted({int(s) for s in runs["seed"].dropna()})
-        parts.append(f"{runs['label'].nunique()} objectives, {len(runs)} stores, seeds "
+        parts.append(f"{groups_text(runs['label'])}, {len(runs)} stores, seeds "
                      + (", ".join(map(str, seeds)) if seeds else "unrecorded"))
         return "; ".join(parts)
+
+
+def groups_text(labels: Iterable[str]) -> str:
+    """"9 objectives", or "5 settings of 1 objective" when labels name parameter settings (a sweep)."""
+    labels = set(labels)
+    objectives = {split_label(label)[0] for label in labels}
+    if len(objectives) == len(labels):
+        return f"{len(labels)} objectives"
+    return f"{len(labels)} settings of {len(objectives)} objective{'s' if len(objectives) > 1 else ''}"
 
 
 def describe_rows(df: pd.DataFrame) -> str:
     """Caption fragment for rows of a results CSV (seeds, number of runs, stores' data)."""
     seeds = sorted({int(s) for s in df["seed"].dropna()}) if "seed" in df else []
-    parts = [f"{df['label'].nunique()} objectives"]
+    parts = [groups_text(df["label"])]
     parts.append("seeds " + (", ".join(map(str, seeds)) if seeds else "unrecorded"))
     if "dataset" in df and "split" in df:
         data = df[_text(df["dataset"]) != ""].groupby(["dataset", "split"])["n"].first()

@@ -36,18 +36,14 @@ def _run_config(model: nn.Module) -> dict[str, Any]:
 
 def objective_params(objective: str | None, given: dict[str, Any] | None) -> dict[str, Any] | None:
     """The hyperparameters an objective trained with: its Table A.1 defaults overridden by the run's
-    ``objective_params`` — so that a store records τ of a cosine-softmax network trained with the
-    default too (Table 4 is then rebuilt from the stores alone).  An objective this code does not know
-    (an older or foreign checkpoint) keeps what was given."""
-    if not objective:
-        return given
-    from train.objectives import objective_defaults
+    ``objective_params`` (:func:`repsim.objectives.with_defaults`) — so that a store records τ of a
+    cosine-softmax network trained with the default too (Table 4 is then rebuilt from the stores
+    alone).  An objective this code does not know (an older or foreign checkpoint) keeps what was given."""
+    from repsim.objectives import BY_NAME, with_defaults
 
-    try:
-        defaults = objective_defaults(str(objective))
-    except ValueError:
+    if not objective or not all(p.strip() in BY_NAME for p in str(objective).split("+")):
         return given
-    return {**defaults, **(given or {})}
+    return with_defaults(str(objective), given)
 
 
 def model_meta(model: nn.Module) -> dict[str, Any]:

@@ -41,3 +41,16 @@ BY_NAME: dict[str, Objective] = {o.name: o for o in REGISTRY}
 OBJECTIVES: tuple[str, ...] = tuple(BY_NAME)  # paper order (Table 1)
 # display names: the objectives', and the random-initialisation baseline's of the figures
 DISPLAY: dict[str, str] = {**{o.name: o.label for o in REGISTRY}, "init": "Initialization"}
+
+
+def with_defaults(objective: str, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The hyperparameters of ``objective`` (a name or an ``a+b`` combination): the Table A.1 defaults
+    of its known components, overridden by ``given``.  Unknown components add nothing (validation
+    is ``train.objectives.parse_objective``'s)."""
+    out: dict[str, Any] = {}
+    for part in str(objective or "").split("+"):
+        entry = BY_NAME.get(part.strip())
+        if entry is not None:
+            out.update(entry.defaults)
+    out.update(given or {})
+    return out

@@ -112,6 +112,7 @@ if __name__ == "__main__":  # python -m repsim.rescale [K] [wd]
 
     k_, wd_ = (int(sys.argv[1]), float(sys.argv[2])) if len(sys.argv) > 2 else (5, 0.05)
     print(table(k_, wd_))
-    for o in ("label_smoothing", "extra_l2", "dropout", "logit_penalty", "logit_norm", "cosine_softmax",
-              "squared_error"):
+    from repsim.objectives import OBJECTIVES
+
+    for o in OBJECTIVES:
         print(o, params(o, k_, wd_))

@@ -250,10 +250,7 @@ def parse_objective(name: str) -> list[str]:
 
 def objective_defaults(name: str) -> dict[str, Any]:
     """Default hyperparameters of an objective or combination (Table A.1 bold values)."""
-    out: dict[str, Any] = {}
-    for p in parse_objective(name):
-        out.update(_registry.BY_NAME[p].defaults)
-    return out
+    return _registry.with_defaults("+".join(parse_objective(name)))
 
 
 def make_objective(name: str, in_features: int, num_classes: int, **hyper: Any) -> Head:

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from analyses.data import Inputs, Missing, describe_rows, display
+from analyses.data import Inputs, Missing, describe_rows, display, split_label
 from analyses.items.common import (label_points, labels_in_order, legend_outside, mean_transfer, one_r2_per_run, one_split, panel_grid,
                                    penultimate_r2, pixel_baseline, pixel_line, probe_rows, probe_settings, pyplot)
 from analyses.item import Figure, Table, item
@@ -214,8 +214,7 @@ def table4(inputs: Inputs) -> Table:
     cols = [c for c in ("Top-1", "R²") if (long["column"] == c).any()] + sorted(lin["task"].astype(str).unique())
     numeric, shown, bold = seed_summary(long, cols, digits={"R²": 3}, bold=False,
                                         row_order=lambda l: labels.index(l) if l in labels else 1e9)
-    param = sweep.set_index("label")["params"].to_dict()
-    shown["label"] = shown["label"].map(lambda l: param.get(l, l))
+    shown["label"] = shown["label"].map(lambda l: split_label(l)[1] or l)  # the swept parameter(s)
     tasks = sorted(lin["task"].astype(str).unique())
     px = pixel_baseline(inputs, tasks)
     if px:
@@ -247,7 +246,8 @@ def fig5b(inputs: Inputs) -> Figure:
     sc = ax.scatter(g["r2"], g["t"], c=g["value"], cmap="viridis", s=60, edgecolor="black", zorder=3)
     ax.plot(g["r2"], g["t"], color="0.6", lw=1, zorder=2)
     for _, r in g.iterrows():
-        ax.annotate(r["params"], (r["r2"], r["t"]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.annotate(split_label(r["label"])[1], (r["r2"], r["t"]), textcoords="offset points", xytext=(5, 4),
+                    fontsize=8)
     fig.colorbar(sc, ax=ax, label="temperature τ" if "tau" in "".join(g["params"]) else "parameter")
     px = pixel_line(ax, inputs, lin["task"].unique())
     rho, p = spearman(g["r2"], g["t"]) if len(g) >= 3 else (np.nan, np.nan)
