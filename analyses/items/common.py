@@ -158,4 +158,6 @@ def pixel_line(ax, inputs: Inputs, tasks) -> str:
         return ""
     v = sum(px.values()) / len(px)
     ax.axhline(v, ls="--", color="0.4", lw=1, label="raw pixels (linear probe)", zorder=1)
+    ax.annotate(f"raw pixels, linear probe: {v:.1f}%", xy=(0.01, v), xycoords=("axes fraction", "data"),
+                xytext=(0, 2), textcoords="offset points", va="bottom", fontsize=8, color="0.35")
     return f" Dashed: the linear probe on raw pixels of the transfer task ({v:.1f}%)."

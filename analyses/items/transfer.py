@@ -249,6 +249,7 @@ def fig5b(inputs: Inputs) -> Figure:
         ax.annotate(split_label(r["label"])[1], (r["r2"], r["t"]), textcoords="offset points", xytext=(5, 4),
                     fontsize=8)
     fig.colorbar(sc, ax=ax, label="temperature τ" if "tau" in "".join(g["params"]) else "parameter")
+    ax.margins(x=0.15)  # room for the last point's label
     px = pixel_line(ax, inputs, lin["task"].unique())
     rho, p = spearman(g["r2"], g["t"]) if len(g) >= 3 else (np.nan, np.nan)
     ax.set_xlabel("Class separation R² (penultimate, cosine)")
