@@ -17,7 +17,7 @@ the full data (narrow set).  Each run is a fresh process: wall time of ``similar
 peak RSS of the process.  Writes bench/results/measures.json and the ``## measures`` section of
 bench/RESULTS.md.
 
-    python bench/measures.py                 # n = 2000 (and 4 × n for the RSS rows)
+    python bench/measures.py                 # n = 2000; the RSS rows at n = 8000 and 32000
 """
 from __future__ import annotations
 
@@ -75,7 +75,9 @@ def main() -> None:
     ap.add_argument("--stores", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--rss-factor", type=int, default=4, help="the RSS rows compare n and this × n")
+    ap.add_argument("--rss-n", type=int, default=8000,
+                    help="the RSS rows compare n = this and --rss-factor × this (minibatch routes)")
+    ap.add_argument("--rss-factor", type=int, default=4, help="the RSS rows compare --rss-n and this × it")
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "repsim-bench-measures"))
     ap.add_argument("--ridge", action="store_true", help="time ridge_r2 too (slow at wide layers)")
     ap.add_argument("--no-results", action="store_true", help="do not rewrite bench/RESULTS.md")
@@ -104,13 +106,13 @@ def main() -> None:
     best[f"narrow: {k} exact measures, one pass"] = one(paths, ",".join(exact[:k]), "exact", args.batch)
     separate = sum(best[f"narrow: {m} (exact)"]["s"] for m in exact[:k])
     # peak RSS against n: the streamed measures (minibatch; linear CKA's exact route streams too)
-    big = make_stores(args.dir, args.rss_factor * args.n, args.stores, "narrow")
+    small, big = (make_stores(args.dir, k * args.rss_n, args.stores, "narrow") for k in (1, args.rss_factor))
     rss = []
-    for m, method in (("linear_cka", "minibatch"), ("rbf_cka", "minibatch"), ("linear_cka,rbf_cka", "minibatch"),
-                      ("linear_cka", "exact")):
-        a, b = one(paths, m, method, args.batch), one(big, m, method, args.batch)
-        rss.append({"measures": m, "method": method, "n": args.n, "rss_mib": a["rss_mib"], "n_big": args.rss_factor * args.n,
-                    "rss_mib_big": b["rss_mib"], "ratio": b["rss_mib"] / a["rss_mib"], "s": a["s"], "s_big": b["s"]})
+    for m in ("linear_cka", "rbf_cka", "linear_cka,rbf_cka"):
+        a, b = one(small, m, "minibatch", args.batch), one(big, m, "minibatch", args.batch)
+        rss.append({"measures": m, "method": "minibatch", "n": args.rss_n, "rss_mib": a["rss_mib"],
+                    "n_big": args.rss_factor * args.rss_n, "rss_mib_big": b["rss_mib"],
+                    "ratio": b["rss_mib"] / a["rss_mib"], "s": a["s"], "s_big": b["s"]})
     L = len(WIDTH_SETS["narrow"]) * args.stores
     rows = "\n".join(f"| {key} | {v['s']:.2f} | {v['rss_mib']:.0f} |" for key, v in best.items())
     rss_rows = "\n".join(f"| {r['measures']} ({r['method']}) | {r['rss_mib']:.0f} | {r['rss_mib_big']:.0f} | {r['ratio']:.2f} |"
@@ -136,10 +138,13 @@ table only). {time.strftime('%Y-%m-%d %H:%M')}.
   b × b Gram of every layer, b²·p multiply-adds each — the RBF kernel itself costs that much more there).
 - the {k} exact measures in one pass: {best[f'narrow: {k} exact measures, one pass']['s']:.2f} s vs {separate:.2f} s run
   separately (the full columns are read once).
-- peak RSS against n (narrow widths, batch {args.batch}; the streamed routes hold a few chunks and b × b
-  batch statistics, never n-sized arrays):
+- peak RSS against n for the streamed (minibatch) routes (narrow widths, batch {args.batch}): each holds a few
+  chunks, b × b batch statistics and the host readers' read-ahead of reduced columns, which is bounded
+  (`engine.minibatch.AHEAD_BYTES`, 512 MiB) but fills only when an epoch has that much to read ahead (a small
+  n such as {args.n}, two batches, has less), so the rows start at n = {args.rss_n}. The exact measures hold full
+  columns (n · min(p, n) float64 each, bounded by `--max-memory`; docs/measures.md), by design not flat in n.
 
-| measures (route) | RSS MiB at n = {args.n} | at n = {args.rss_factor * args.n} | ratio |
+| measures (route) | RSS MiB at n = {args.rss_n} | at n = {args.rss_factor * args.rss_n} | ratio |
 | --- | --- | --- | --- |
 {rss_rows}
 """
