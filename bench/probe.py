@@ -78,7 +78,11 @@ def run_repsim(Xtr, ytr, Xte, yte, lambdas, **kw):
 
     t0 = time.perf_counter()
     r = linear_probe(Xtr, ytr, Xte, yte, lambdas=lambdas, **kw)
-    total = time.perf_counter() - t0
+    return _repsim_row(r, time.perf_counter() - t0)
+
+
+def _repsim_row(r, total: float) -> dict:
+    """A benchmark row from a repsim probe result and its wall time."""
     return {"seconds": total, "seconds_sweep": r.info["seconds_sweep"],
             "seconds_prepare": r.info["seconds_prepare"], "seconds_refit": r.info["seconds_refit"],
             "best_lambda": r.best_lambda, "val_acc_at_best": r.curve[r.best_lambda],
@@ -110,16 +114,7 @@ def run_repsim_streamed(Xtr, ytr, Xte, yte, lambdas, root: str, cache_mib: float
     tr, te = repsim.open_store(paths[0]), repsim.open_store(paths[1])
     r = linear_probe_rows(Rows.from_store(tr, "layers/pool", cache_bytes=int(cache_mib * 2**20)), tr.labels,
                           Rows.from_store(te, "layers/pool"), te.labels, lambdas=lambdas, **kw)
-    total = time.perf_counter() - t0
-    return {"seconds": total, "seconds_sweep": r.info["seconds_sweep"],
-            "seconds_prepare": r.info["seconds_prepare"], "seconds_refit": r.info["seconds_refit"],
-            "best_lambda": r.best_lambda, "val_acc_at_best": r.curve[r.best_lambda],
-            "test_accuracy": r.accuracy, "iterations_total": r.info["iterations_total"],
-            "evaluations": r.info["evaluations_sweep"] + r.info["evaluations_refit"],
-            "products": r.info["products_sweep"] + r.info["products_refit"],
-            "line_search_trials": r.info["line_search_trials"],
-            "refit_iterations": r.info["refit_iterations"], "curve": r.curve,
-            "chunk_rows": int(tr.chunk_rows), "cache_MiB": cache_mib}
+    return dict(_repsim_row(r, time.perf_counter() - t0), chunk_rows=int(tr.chunk_rows), cache_MiB=cache_mib)
 
 
 def main(argv=None) -> int:
