@@ -268,9 +268,10 @@ def old_verdict(early_gap: float, late_gap: float, scale: float = 1.0) -> str:
 
 @dataclass
 class LateBlocks:
-    """Finding 2 under one measure: per-layer gaps, both early/late splits and means, both verdicts.
-    ``early``/``late`` (the old rule's: the rest of the layers count as late) and ``paper_early``/
-    ``paper_late`` (blocks only, the last third), ``ci`` the bootstrap of the paper split."""
+    """Finding 2 under one measure: per-layer gaps, both splits and their means, both verdicts.
+    ``early``: the first two thirds of the blocks (both splits); ``late``: the old rule's late layers
+    (every later one, the penultimate layer included); ``paper_late``: the paper's last third (blocks
+    only); ``ci`` the bootstrap of the paper split."""
     measure: str
     layers: list[str]
     same: np.ndarray
@@ -278,9 +279,8 @@ class LateBlocks:
     early: list[int]
     late: list[int]
     scale: float  # the old thresholds' unit: the measure's declared range width (1 for CKA)
-    verdict: str  # by the paper's words
+    verdict: str = ""  # by the paper's words
     old_verdict: str = ""
-    paper_early: list[int] = field(default_factory=list)
     paper_late: list[int] = field(default_factory=list)
     ci: dict | None = None
 
@@ -299,7 +299,7 @@ class LateBlocks:
     @property
     def paper_gaps(self) -> tuple[float, float]:
         """(mean early gap, mean late-third gap) of the paper split."""
-        return float(self.gap[self.paper_early].mean()), float(self.gap[self.paper_late].mean())
+        return self.early_gap, float(self.gap[self.paper_late].mean())
 
 
 def late_blocks(inputs: Inputs, measure: str = "linear_cka") -> LateBlocks:
@@ -307,18 +307,16 @@ def late_blocks(inputs: Inputs, measure: str = "linear_cka") -> LateBlocks:
     intervals with 0 (scale-free); the old rule's thresholds are in units of the measure's declared range
     width (RSA's [−1, 1]: twice CKA's; an unbounded range counts as 1)."""
     layers, same, cross = cka_gaps(inputs, measure)
-    paper_early, paper_late = last_third(layers)
-    if len(paper_early) + len(paper_late) < 3:
+    early, paper_late = last_third(layers)
+    if len(early) + len(paper_late) < 3:
         raise Missing("fewer than 3 blocks with CKA values")
-    early = paper_early
     late = [i for i in range(len(layers)) if i not in early]
     lo, hi = inputs.similarity(measure).range
     scale = float(hi - lo) if np.isfinite(hi - lo) else 1.0
-    gap = same - cross
-    old = old_verdict(float(gap[early].mean()), float(gap[late].mean()), scale)
-    ci = gap_bootstrap(inputs, paper_early, paper_late, measure=measure)
-    return LateBlocks(measure, layers, same, cross, early, late, scale, paper_verdict(ci), old,
-                      paper_early, paper_late, ci)
+    r = LateBlocks(measure, layers, same, cross, early, late, scale, paper_late=paper_late,
+                   ci=gap_bootstrap(inputs, early, paper_late, measure=measure))
+    r.verdict, r.old_verdict = paper_verdict(r.ci), old_verdict(r.early_gap, r.late_gap, scale)
+    return r
 
 
 def _ci(ci: tuple[float, float]) -> str:
@@ -336,8 +334,8 @@ def finding_late_blocks(inputs: Inputs) -> Finding:
                " (no bootstrap interval: fewer than 3 objectives with ≥ 2 seeds, so the paper-words criterion "
                "is not evaluated)")
     ev = (f"CKA gap (same objective − different objectives) at corresponding layers: first two thirds "
-          f"({span(r.paper_early)}) {pe:.3f}, last third ({span(r.paper_late)}) {pl:.3f}{ci_text}; "
-          f"cross-objective CKA early {r.cross[r.paper_early].mean():.3f}, late {r.cross[r.paper_late].mean():.3f}; "
+          f"({span(r.early)}) {pe:.3f}, last third ({span(r.paper_late)}) {pl:.3f}{ci_text}; "
+          f"cross-objective CKA early {r.cross[r.early].mean():.3f}, late {r.cross[r.paper_late].mean():.3f}; "
           f"largest gap at {layers[int(np.argmax(gap))]} ({gap.max():.3f}). Criterion (the paper's words): late "
           f"interval > 0, late − early interval > 0, early interval reaches 0. Old rule (early ≤ "
           f"{EARLY_GAP_MAX}, late ≥ early + {LATE_MINUS_EARLY_MIN}; early {span(early)} {r.early_gap:.3f}, late "

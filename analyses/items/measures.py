@@ -60,7 +60,7 @@ def agreement(inputs: Inputs) -> Table:
             text.update({"Early gap": f"{pe:.3f}", "Late-third gap": f"{pl:.3f}",
                          "Fig. 2 verdict": r.verdict.upper(), "Old rule": r.old_verdict.upper()})
             if not notes:
-                notes.append(f"early = {r.layers[r.paper_early[0]]}–{r.layers[r.paper_early[-1]]}, late third = "
+                notes.append(f"early = {r.layers[r.early[0]]}–{r.layers[r.early[-1]]}, late third = "
                              f"{r.layers[r.paper_late[0]]}–{r.layers[r.paper_late[-1]]}; the old rule's late = "
                              f"{r.layers[r.late[0]]}–{r.layers[r.late[-1]]}")
         except Missing as exc:
