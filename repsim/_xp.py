@@ -25,6 +25,7 @@ __all__ = [
     "is_cupy_namespace",
     "compute_dtype",
     "gram_dtype",
+    "fast_float64_products",
     "flatten_examples",
     "check_finite",
     "host_labels",
@@ -211,7 +212,9 @@ def gram_dtype(dtype: Any, xp: Any, requested: Any = None) -> Any:
 
     ``requested`` ("float32" | "float64" | an xp dtype) wins.  Otherwise float32 for columns
     given or stored in a floating dtype of at most 4 bytes (float16, bfloat16, float32) and float64
-    for everything else (float64, integers), on every device.  float32 Grams keep the error bound of
+    for everything else (float64, integers) — except on a GPU whose float64 products are about as
+    fast as its float32 ones (:func:`fast_float64_products`: A100/H100/H200), where every Gram is
+    float64 (faster there than float32 slabs, and exact to float64).  float32 Grams keep the error bound of
     ``repsim.kernels.hsic`` (module docstring, "Error bound"): features are centred in float64 and
     rounded once, products are summed in float32 over feature slabs of at most
     ``GRAM_SLAB`` (2048) and the slabs in float64, and every later sum (U-centring, the L × L
@@ -225,7 +228,45 @@ def gram_dtype(dtype: Any, xp: Any, requested: Any = None) -> Any:
     except (TypeError, ValueError, AttributeError):  # a name, or a dtype of another namespace
         nd = np.dtype(dtype)
         small_float = nd.kind == "f" and nd.itemsize <= 4
+    if small_float and fast_float64_products(xp):
+        return xp.float64
     return xp.float32 if small_float else xp.float64
+
+
+FAST64_RATIO = 1.25  # float64 Grams on a GPU whose float64 products take at most this multiple of float32's time
+_FAST64: dict[int, bool] = {}
+
+
+def fast_float64_products(xp: Any) -> bool:
+    """True on a CuPy device whose float64 matrix products run about as fast as its float32 ones
+    (data-centre GPUs with float64 matrix units: A100, H100, H200 — on an H100, 64 float64 Grams of
+    1,500 × 4,096 ran at 54 TFLOP/s against 44 for float32, bench/RESULTS.md "gpu"), where
+    :func:`gram_dtype` then forms the Grams of float16/32 columns in float64: faster than float32
+    slabs summed in float64, and exact to float64 rounding.  Measured once per device: the best of
+    three (1,024 × 4,096) · (4,096 × 1,024) products in each dtype after a warm-up; float64 counts
+    as fast when it takes at most ``FAST64_RATIO`` × float32's time (consumer GPUs run float64 at
+    1/32-1/64 of float32).  False for every other namespace."""
+    cp = sys.modules.get("cupy")
+    if not is_cupy_namespace(xp) or cp is None or not hasattr(cp, "cuda"):
+        return False
+    dev = int(cp.cuda.Device().id)
+    if dev not in _FAST64:
+        _FAST64[dev] = _time_product(cp, cp.float64) <= FAST64_RATIO * _time_product(cp, cp.float32)
+    return _FAST64[dev]
+
+
+def _time_product(cp: Any, dtype: Any) -> float:
+    a = cp.random.default_rng(0).standard_normal((1024, 4096)).astype(dtype)
+    a @ a.T  # warm-up (library handles, kernel choice)
+    best = float("inf")
+    for _ in range(3):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        a @ a.T
+        stop.record()
+        stop.synchronize()
+        best = min(best, cp.cuda.get_elapsed_time(start, stop))
+    return best
 
 
 _HALF_TABLES: dict[str, np.ndarray] = {}

@@ -145,3 +145,38 @@ def test_operations_per_update_grow_with_layers_not_examples(n, counted):
     acc.update(layers)
     assert counted["matmul"] == slabs + 2
     assert counted["host"] == 1
+
+
+def _cupy_or_skip():
+    cp = pytest.importorskip("cupy")
+    try:
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+    except Exception:  # noqa: BLE001 - no driver
+        pytest.skip("no CUDA device")
+    return cp
+
+
+@pytest.mark.parametrize("L,N,chunks", [(5, 997, 7), (3, 64, 64), (64, 1500 * 1500, 256), (1, 10, 3), (7, 1000, 1)])
+def test_batched_row_products_equal_one_product(L, N, chunks):
+    """The strided-batched DGEMM route (CuPy) sums the same terms as A Aᵀ: a prime N (a short last
+    chunk), a chunk per column, the benchmark's size."""
+    import dataclasses
+
+    from repsim.kernels import _cka_device
+
+    cp = _cupy_or_skip()
+    A = cp.random.default_rng(0).standard_normal((L, N))
+    ref = A @ A.T
+    got = _cka_device._batched_row_products(A, chunks)  # (raises where the binding differs)
+    assert float(cp.abs(got - ref).max()) <= 1e-12 * float(cp.abs(ref).max()) * max(1.0, math.log2(N))
+    old = _cka_device.TUNING
+    try:  # and through the update, against the one-product route
+        layers = [cp.asarray(a) for a in _layers(41, np.random.default_rng(6))]
+        _cka_device.TUNING = dataclasses.replace(old, product="gemm")
+        one = batch_hsic(layers)
+        _cka_device.TUNING = dataclasses.replace(old, product="batched", chunks=chunks)
+        np.testing.assert_allclose(batch_hsic(layers), one, rtol=1e-10, atol=1e-10 * np.abs(one).max())
+        assert not _cka_device._BATCHED_UNAVAILABLE
+    finally:
+        _cka_device.TUNING = old

@@ -97,3 +97,15 @@ def test_float16_upcast_is_bit_exact_on_every_pattern(monkeypatch):
     got = astype(nonneg, np.float32, np)
     np.testing.assert_array_equal(got.view(np.uint32), nonneg.astype(np.float32).view(np.uint32))
     assert _xp._TWO_112 * np.float32(1) == 2.0 ** 112
+
+
+def test_gram_dtype_float64_on_gpus_with_fast_float64_products(monkeypatch):
+    """float16/32 columns get float32 Grams, except where float64 products are about as fast
+    (a data-centre GPU): float64 there; a requested dtype always wins; never on the CPU."""
+    from repsim import _xp
+
+    assert not _xp.fast_float64_products(np)
+    assert _xp.gram_dtype(np.float32, np) == np.float32 and _xp.gram_dtype("float16", np) == np.float32
+    monkeypatch.setattr(_xp, "fast_float64_products", lambda xp: True)
+    assert _xp.gram_dtype(np.float32, np) == np.float64 and _xp.gram_dtype("float16", np) == np.float64
+    assert _xp.gram_dtype(np.float32, np, "float32") == np.float32

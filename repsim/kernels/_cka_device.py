@@ -12,11 +12,13 @@ docstring of :mod:`repsim.kernels.hsic`):
 
 1. each layer's rows are centred with float64 column means, rounded once to the Gram dtype
    (:func:`~repsim.kernels._precision.centre_rounded`: a handful of elementwise passes);
-2. its Gram K_l = X_c X_cᵀ is formed whole — ``ceil(p / GRAM_SLAB)`` float32 GEMMs whose products
-   are summed in float64 (:func:`gram_rows`), the precision rule and error bound of the host route;
+2. its Gram K_l = X_c X_cᵀ is formed whole — one float64 GEMM where the Gram dtype is float64 (on
+   GPUs with fast float64 products, :func:`repsim._xp.fast_float64_products`), else
+   ``ceil(p / GRAM_SLAB)`` float32 GEMMs whose products are summed in float64 (:func:`gram_rows`),
+   the precision rule and error bound of the host route;
 3. K_l's rows go into row l of A (L, n·n) float64; for debiased HSIC the diagonal entries are
    zeroed there (K̃) and the row sums R_l = K̃_l 1 taken from A;
-4. all pairs at once: tr(K̃_i K̃_j) = (A Aᵀ)_ij — one float64 GEMM — and
+4. all pairs at once: tr(K̃_i K̃_j) = (A Aᵀ)_ij — one float64 product (:func:`row_products`) — and
 
        n(n-3)·HSIC₁ = A Aᵀ + t tᵀ/((n-1)(n-2)) - 2/(n-2) · R Rᵀ,   t = R 1;
 
@@ -35,16 +37,37 @@ last group.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from repsim._xp import astype, flatten_examples, row_sq_norms, to_numpy
+from repsim._xp import astype, flatten_examples, is_cupy_namespace, row_sq_norms, to_numpy
 from repsim.kernels._precision import CentredGram, is_constant, zero_constant
 
-__all__ = ["device_batch_hsic", "gram_rows", "centre_once"]
+__all__ = ["device_batch_hsic", "gram_rows", "centre_once", "row_products", "Tuning", "TUNING"]
 
 _EPS64 = float(np.finfo(np.float64).eps)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuning:
+    """How the accelerator route forms its products (bench/gpu.py times each choice).
+
+    ``product``: A Aᵀ as one GEMM (``"gemm"``: an (L, L) output over k = n² terms, few thread
+    blocks) or as ``chunks`` GEMMs of k = n²/chunks terms each in one strided-batched cuBLAS call
+    whose (chunks, L, L) outputs are then summed (``"batched"``, CuPy only: the same products,
+    spread over the whole chip, no copy of A); ``"auto"`` takes ``"batched"`` on CuPy.
+    ``colsum``: the column sums of the centring as a float64 reduction (``"reduce"``) or as a
+    float64 product with a row of ones (``"gemv"``)."""
+
+    product: str = "auto"
+    chunks: int = 256
+    colsum: str = "reduce"
+
+
+TUNING = Tuning()
+_OUT_BYTES = 64 << 20  # at most this much for the batched product's (chunks, L, L) partial sums
 
 
 def centre_once(X: Any, xp: Any) -> tuple[Any, Any]:
@@ -60,7 +83,10 @@ def centre_once(X: Any, xp: Any) -> tuple[Any, Any]:
     (1 + 6e-4 at a mean 10⁴ times the spread σ).
     """
     n = X.shape[0]
-    mean = xp.sum(X, axis=0, dtype=xp.float64) / n
+    if TUNING.colsum == "gemv":
+        mean = xp.reshape(xp.ones((1, n), dtype=xp.float64) @ astype(X, xp.float64, xp), (-1,)) / n
+    else:
+        mean = xp.sum(X, axis=0, dtype=xp.float64) / n
     Xc = X - (mean if X.dtype == xp.float64 else astype(mean, X.dtype, xp))
     return Xc, row_sq_norms(xp.reshape(mean, (1, -1)), xp)[0]
 
@@ -83,6 +109,62 @@ def gram_rows(Xa: Any, Xc: Any, xp: Any, slab: int, out: Any = None) -> Any:
         else:
             out[...] = part
     return out
+
+
+def row_products(A: Any, xp: Any) -> Any:
+    """A Aᵀ (L, L) of a C-contiguous float64 A (L, N): one product (``xp``'s matmul), or on CuPy
+    (:class:`Tuning` ``product``) the sum over c chunks of N of A[:, chunk] A[:, chunk]ᵀ, all c
+    in one strided-batched DGEMM that reads A in place (the same terms, summed in float64 in
+    another order: the same error bound, γ_N |A||A|ᵀ)."""
+    mode = TUNING.product
+    if mode == "auto":
+        mode = "batched" if is_cupy_namespace(xp) else "gemm"
+    if mode == "gemm" or not is_cupy_namespace(xp) or _BATCHED_UNAVAILABLE:
+        return A @ A.T
+    try:
+        return _batched_row_products(A, TUNING.chunks)
+    except (ImportError, AttributeError, TypeError) as exc:  # a CuPy without this cuBLAS binding
+        _note_batched_unavailable(exc)
+        return A @ A.T
+
+
+_BATCHED_UNAVAILABLE: list[str] = []
+
+
+def _note_batched_unavailable(exc: BaseException) -> None:
+    import warnings
+
+    _BATCHED_UNAVAILABLE.append(f"{type(exc).__name__}: {exc}")
+    warnings.warn(f"repsim: CuPy's strided-batched DGEMM is not usable here ({_BATCHED_UNAVAILABLE[0]}); "
+                  "all-pairs CKA takes one GEMM per batch instead (slower, same numbers)", RuntimeWarning, stacklevel=3)
+
+
+def _batched_row_products(A: Any, chunks: int) -> Any:
+    """CuPy: Σ_j A_j A_jᵀ over column chunks A_j of A by ``cublasDgemmStridedBatched``.
+
+    In cuBLAS's column-major view, A (L, N) C-contiguous is the matrix M (N, L) with leading
+    dimension N; chunk j is rows [j·k, (j+1)·k) of M, so batch j is C_j = M_jᵀ M_j
+    (transa = T, transb = N, m = n = L, lda = ldb = N, strideA = strideB = k); a shorter last
+    chunk is a second call of one batch."""
+    import cupy as cp
+    from cupy_backends.cuda.libs import cublas
+
+    L, N = A.shape
+    if A.dtype != cp.float64 or not A.flags.c_contiguous:
+        raise TypeError("batched row products need a C-contiguous float64 array")
+    c = max(1, min(int(chunks), _OUT_BYTES // max(1, L * L * 8), N))
+    k = -(-N // c)
+    full, tail = N // k, N % k
+    out = cp.empty((full + (tail > 0), L, L), dtype=cp.float64)
+    one, zero = np.array(1.0), np.array(0.0)
+    handle = cp.cuda.device.get_cublas_handle()
+    cublas.dgemmStridedBatched(handle, 1, 0, L, L, k, one.ctypes.data, A.data.ptr, N, k, A.data.ptr, N, k,
+                               zero.ctypes.data, out.data.ptr, L, L * L, full)
+    if tail:
+        at = A.data.ptr + full * k * 8
+        cublas.dgemmStridedBatched(handle, 1, 0, L, L, tail, one.ctypes.data, at, N, 0, at, N, 0,
+                                   zero.ctypes.data, out.data.ptr + full * L * L * 8, L, L * L, 1)
+    return cp.sum(out, axis=0)
 
 
 def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased: bool, xp: Any,
@@ -133,7 +215,7 @@ def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased
         if debiased:
             A[:, a::n + 1] = 0.0
             R[:, a:b] = xp.sum(xp.reshape(A, (L, b - a, n)), axis=2)
-        P = A @ A.T
+        P = row_products(A, xp)
         H = P if H is None else H + P
         del A
     if debiased:

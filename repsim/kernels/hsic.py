@@ -90,7 +90,9 @@ cases (tests/test_cka.py, bench/cka_allpairs.py: post-ReLU layers with mean/spre
 p up to 10⁶ with κ ~ 1000, logits of sigmoid networks) the error is ~1e-8 to ~1e-7 depending on the
 BLAS kernel's summation order (1.27e-7 on OpenBLAS's SkylakeX kernel, 1.0e-8 on Haswell), far inside
 the bound, which is what the tests assert — it holds for any correct BLAS.  The accelerator route
-(``kernels/_cka_device.py``) keeps the same rule; measured on an H200: 3e-9 (bench/RESULTS.md "gpu").
+(``kernels/_cka_device.py``) keeps the same rule (2.3e-9 measured on an H100 and an H200), except on
+GPUs with fast float64 products, where its Grams are float64 (1.2e-15 from NumPy float64 on an H100;
+:func:`repsim._xp.gram_dtype`, bench/RESULTS.md "gpu").
 """
 from __future__ import annotations
 
