@@ -14,7 +14,9 @@ each, named by ``--name`` (default ``{stem}``: the checkpoint file name without 
     repsim extract --checkpoint 'runs/*/last.pt' --name '{parent}' --data digits --split test --out-dir stores/
 
 On the CPU the checkpoints are extracted side by side, one forked process per core (``--jobs``),
-each store exactly as a lone run writes it; on a GPU or under torchrun one at a time.
+each store exactly as a lone run writes it; on one GPU up to four spawned processes share the device
+(small networks leave it idle between their kernels, and every checkpoint has fixed host costs);
+under torchrun one at a time, each store's chunks shared by the ranks.
 
 Sharded over processes (GPUs): ``torchrun --nproc_per_node=N -m extract --checkpoint ...``.
 A rerun of the same command resumes an interrupted store; a complete store is left as it is.
@@ -82,9 +84,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write-threads", type=int, default=None, help="compression/writing threads (0: write each chunk inline; default: up to 4, overlapping "
                         "the forward passes on GPU or spare CPU cores, else in bursts between them)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="checkpoints extracted side by side in forked processes, each with its share of the "
-                        "cores (default: on the CPU, as many as there are cores and checkpoints; 1 on a GPU or "
-                        "under torchrun)")
+                        help="checkpoints extracted side by side in separate processes, each with its share of the "
+                        "cores (default: on the CPU, as many as there are cores and checkpoints; on one GPU up to "
+                        "4, sharing it, at most one per two cores; 1 under torchrun)")
     parser.add_argument("--device", default=None, type=device_arg, help="cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--amp", default="auto", choices=("auto", "off", "float16", "bfloat16"),
                         help="autocast dtype for the forward pass (auto: float16 on CUDA, off on CPU)")
@@ -203,17 +205,28 @@ def _list_layers(args) -> int:
 
 def _jobs(requested: int | None, n_checkpoints: int, device: str | None, distributed: bool) -> int:
     """Checkpoints extracted at once: ``--jobs``, else one per core (at most one per checkpoint) on
-    the CPU, and 1 on a GPU or under torch.distributed (ranks share each store's chunks instead)."""
-    import torch
-
+    the CPU; on one GPU up to ``GPU_JOBS`` processes (at most one per two cores), which share the
+    device: a small network leaves it idle between its small kernels and each checkpoint has
+    fixed host costs (start, loading, store creation and finalisation, compression); 1 under
+    torch.distributed (ranks share each store's chunks instead)."""
     if requested is not None:
         if requested < 1:
             raise ValueError(f"extract: --jobs must be >= 1, got {requested}")
         return min(requested, max(1, n_checkpoints))
-    on_gpu = str(device or "auto") == "auto" and torch.cuda.is_available() or str(device).startswith("cuda")
-    if distributed or on_gpu or n_checkpoints < 2:
+    if distributed or n_checkpoints < 2:
         return 1
+    if _on_gpu(device):
+        return max(1, min(n_checkpoints, GPU_JOBS, (os.cpu_count() or 1) // 2))
     return min(n_checkpoints, os.cpu_count() or 1)
+
+
+GPU_JOBS = 4  # checkpoints extracted at once on one GPU (bench/heatmap18.py --device cuda)
+
+
+def _on_gpu(device: str | None) -> bool:
+    import torch
+
+    return str(device or "auto") == "auto" and torch.cuda.is_available() or str(device).startswith("cuda")
 
 
 def _job_init(cpus: int) -> None:
@@ -246,7 +259,10 @@ def _extract_side_by_side(checkpoints: list[str], outs: list[Path], data, option
 
     # fork shares the imported torch with the jobs (no re-import); it is safe while this process
     # runs no other thread (no OpenMP pool or zarr I/O loop started yet), else spawn
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1 else "spawn"
+    # runs no other thread (no OpenMP pool or zarr I/O loop started yet), else spawn; CUDA does not
+    # survive a fork, so jobs on a GPU are spawned
+    method = ("fork" if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1
+              and not _on_gpu(options.get("device")) else "spawn")
     cpus = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method),
                              initializer=_job_init, initargs=(cpus,)) as pool:

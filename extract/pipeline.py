@@ -136,6 +136,15 @@ def _resolve_memory_format(requested: str | None, net: nn.Module, x0: Any) -> st
     return requested
 
 
+def module_memory_format(net: nn.Module) -> str:
+    """``"channels_last"`` when the module's first 4-D parameter that tells the two layouts apart
+    (spatial kernel > 1, or more than one input channel) is channels-last, else ``"contiguous"``."""
+    for p in net.parameters():
+        if p.ndim == 4 and p.is_contiguous(memory_format=torch.channels_last) != p.is_contiguous():
+            return "channels_last" if p.is_contiguous(memory_format=torch.channels_last) else "contiguous"
+    return "contiguous"
+
+
 def _human(nbytes: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if nbytes < 1024 or unit == "TiB":
@@ -269,7 +278,8 @@ def extract_store(
     amp_dtype = _resolve_amp(amp, dev)
     store_dtype = DTYPES[dtype]
 
-    given = model if isinstance(model, nn.Module) else None  # a caller's module is handed back contiguous
+    given = model if isinstance(model, nn.Module) else None  # a caller's module is handed back in its own format
+    given_format = module_memory_format(given) if given is not None else None
     fmt = "contiguous"
     try:
         loaded = load_source(model)
@@ -360,14 +370,22 @@ def extract_store(
         dataset = reorder_rows(dataset, n, order, order_seed)
         ids = example_ids(dataset, n)
         t0 = time.perf_counter()
-        _run(net, dataset, writer, mine, plan, hooked, chosen, spatial_, tokens_, layout, store_dtype, dev, amp_dtype,
-             batch_size, workers, write_threads, overlap, ids, progress, rank, channels_last=fmt == "channels_last")
+        # the head's weights are written beside the forward passes (a thread of its own), not after them
+        head = head_weights(net, plan.head) if plan.head and rank == 0 else None
+        head_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-head") if head else None
+        head_done = head_writer.submit(writer.set_head, *head) if head_writer else None
+        try:
+            _run(net, dataset, writer, mine, plan, hooked, chosen, spatial_, tokens_, layout, store_dtype, dev,
+                 amp_dtype, batch_size, workers, write_threads, overlap, ids, progress, rank,
+                 channels_last=fmt == "channels_last")
+        finally:
+            if head_writer is not None:
+                head_writer.shutdown(wait=True)
+        if head_done is not None:
+            head_done.result()
         if world > 1:
             torch.distributed.barrier()
         if rank == 0:
-            head = head_weights(net, plan.head) if plan.head else None
-            if head is not None:
-                writer.set_head(*head)
             store = writer.finalize()
             dt = time.perf_counter() - t0
             _msg(f"wrote {out} ({len(pending)} chunks, {n} examples) in {dt:.1f} s")
@@ -375,8 +393,8 @@ def extract_store(
             torch.distributed.barrier()
         return store if rank == 0 else open_store(str(out))
     finally:
-        if given is not None and fmt == "channels_last":
-            given.to(memory_format=torch.contiguous_format)
+        if given is not None and fmt != given_format:
+            given.to(memory_format=torch.channels_last if given_format == "channels_last" else torch.contiguous_format)
 
 
 class _Reordered(torch.utils.data.Dataset):

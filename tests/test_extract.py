@@ -431,6 +431,10 @@ def test_memory_format_default_fallback_refusal_and_resume(ckpts, digits, tmp_pa
     s = extract_store(given, digits, tmp_path / "given.zarr", layers="block1", batch_size=64, **FAST)
     assert s.attrs["extraction"]["memory_format"] == "channels_last"
     assert all(p.is_contiguous() for p in given.parameters())
+    given.to(memory_format=torch.channels_last)  # ... and a channels-last one channels-last, untouched
+    before = {k: p.data_ptr() for k, p in given.named_parameters()}
+    extract_store(given, digits, tmp_path / "given_cl.zarr", layers="block1", batch_size=64, **FAST)
+    assert {k: p.data_ptr() for k, p in given.named_parameters()} == before
 
     torch.manual_seed(0)
     net = _ViewNet().eval()
@@ -523,3 +527,18 @@ def test_store_provenance_records_the_objective_defaults_too(objective, given, w
         config = {"arch": "mini_resnet", "objective": objective, "objective_params": given, "seed": 3}
 
     assert model_meta(Net())["params"] == want
+
+
+def test_jobs_default_per_device(monkeypatch):
+    """--jobs by default: one per core on the CPU; on one GPU up to GPU_JOBS, at most one per two
+    cores; one checkpoint or torchrun: 1."""
+    from extract import cli
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert cli._jobs(None, 18, "cpu", False) == 16
+    assert cli._jobs(None, 18, "cuda", False) == cli.GPU_JOBS == 4
+    assert cli._jobs(None, 3, "cuda:0", False) == 3
+    assert cli._jobs(None, 1, "cuda", False) == 1 and cli._jobs(None, 18, "cuda", True) == 1
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert cli._jobs(None, 18, "cuda", False) == 1 and cli._jobs(None, 18, "cpu", False) == 2
+    assert cli._jobs(3, 18, "cuda", False) == 3

@@ -455,3 +455,14 @@ def test_hf_text_model_without_tokenizer_files_is_refused(tmp_path, capsys):
                         "--out", str(tmp_path / "t.zarr")]) == 2
     assert "tokenizer has 5 tokens but the model's config declares vocab_size 30522" in capsys.readouterr().err
     assert not (tmp_path / "t.zarr").exists()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_weights_sha256_of_a_device_module_equals_the_host_one():
+    """The device route (one bulk copy to the host) hashes the same bytes as the host route."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 6 * 6, 5)).eval()
+    net[3].bias.data = net[3].bias.data.to(torch.bfloat16)
+    host = weights_sha256(net)
+    assert weights_sha256(net.cuda().to(memory_format=torch.channels_last)) == host
