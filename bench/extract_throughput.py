@@ -340,14 +340,17 @@ def pipeline_rows(args, tmp: Path, device: str) -> dict:
     stores: dict[str, Path] = {}
 
     def extraction(label: str, data, count: int = n, ratio: bool = True, repeats: int = 2, **kw) -> None:
-        out = tmp / f"{len(results)}.zarr"
-        stores[label] = out
+        written: list[Path] = []  # each timed run writes a new store, as a user's run does (deleting the
+        # previous run's store is not extraction: it is removed after the row, outside the timings)
 
         def run() -> None:
-            extract_store(net, data, out, batch_size=bs, device=device, amp=args.amp, progress=False,
-                          overwrite=True, **kw)
+            written.append(tmp / f"{len(results)}-{len(written)}.zarr")
+            extract_store(net, data, written[-1], batch_size=bs, device=device, amp=args.amp, progress=False, **kw)
 
         row(label, run, count=count, ratio=ratio, repeats=repeats, **{k: str(v) for k, v in kw.items()})
+        stores[label] = written[-1]
+        for old in written[:-1]:
+            shutil.rmtree(old, ignore_errors=True)
 
     one_batch = ImageTensor(mem.images[:bs], mem.labels[:bs], name="one batch")
     extraction("fixed cost: extraction of one batch, pool+logits", one_batch, count=bs, ratio=False, layers="pool,logits")

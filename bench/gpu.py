@@ -61,9 +61,15 @@ def _best(f, repeats: int) -> float:
 
 
 def allpairs(L: int, n: int, p: int, repeats: int) -> dict:
-    """MinibatchCKA.update on L CuPy layers (n, p) float32 vs the L float32 Grams alone."""
+    """MinibatchCKA.update on L CuPy layers (n, p) float32 vs the L float32 Grams alone; every
+    :class:`repsim.kernels._cka_device.Tuning` choice and float64 Grams as extra rows, and the
+    update's phases timed apart (each synchronised: where the time over the Grams goes)."""
+    import dataclasses
+
     import cupy as cp
 
+    from repsim.kernels import _cka_device as dev
+    from repsim.kernels._precision import GRAM_SLAB
     from repsim.kernels.hsic import batch_hsic, hsic_to_cka
     from repsim.kernels.minibatch_cka import MinibatchCKA
 
@@ -75,14 +81,65 @@ def allpairs(L: int, n: int, p: int, repeats: int) -> dict:
         x = z @ mix + (1 + i % 4) * rng.standard_normal((n, p), dtype=cp.float32)
         layers.append(cp.maximum(x, 0) + 3.0 if i % 2 else x)  # post-ReLU-like layers with a mean
     pool = cp.get_default_memory_pool()
-    t_update = _best(lambda: MinibatchCKA(L, keep_batches=False).update(layers), repeats)
+    default = dev.TUNING
     t_grams = _best(lambda: [cp.matmul(x, x.T) for x in layers], repeats)
-    h32 = batch_hsic(layers)
+    x64 = [x.astype(cp.float64) for x in layers[: max(1, L // 4)]]
+    t_grams64 = _best(lambda: [cp.matmul(x, x.T) for x in x64], repeats) * L / len(x64)
+    x64 = None  # (freed)
     h64 = batch_hsic(layers, compute_dtype="float64")
-    err = float(np.max(np.abs(hsic_to_cka(h32) - hsic_to_cka(h64))))
-    return {"L": L, "n": n, "p": p, "update_s": t_update, "grams_fp32_s": t_grams,
-            "ratio": t_update / t_grams, "tflops_grams": 2 * L * n * n * p / t_grams / 1e12,
-            "max_abs_cka_err_vs_float64": err, "gpu_pool_bytes": int(pool.total_bytes())}
+    ref = hsic_to_cka(h64)
+    from repsim._xp import fast_float64_products
+
+    fast64 = fast_float64_products(cp)
+    host = hsic_to_cka(batch_hsic([cp.asnumpy(x).astype(np.float64) for x in layers]))  # NumPy, float64
+    variants = [(f"default: {'float64' if fast64 else 'float32'} Grams on this GPU", default, None),
+                ("float32 Grams (slabs of 2,048 summed in float64)", default, "float32"),
+                ("float32 Grams, product gemm: one A Aᵀ", dataclasses.replace(default, product="gemm"), "float32"),
+                ("float64 Grams, product gemm: one A Aᵀ", dataclasses.replace(default, product="gemm"), "float64")]
+    rows = []
+    try:
+        for label, tuning, cdt in variants:
+            dev.TUNING = tuning
+            try:
+                t = _best(lambda: MinibatchCKA(L, keep_batches=False, compute_dtype=cdt).update(layers), repeats)
+                got = hsic_to_cka(batch_hsic(layers, compute_dtype=cdt))
+                err = float(np.max(np.abs(got - ref)))
+                rows.append({"label": label, "s": t, "ratio": t / t_grams, "max_abs_cka_err_vs_float64": err,
+                             "max_abs_cka_err_vs_host_float64": float(np.max(np.abs(got - host))),
+                             "tuning": dataclasses.asdict(tuning), "compute_dtype": cdt})
+            except Exception as exc:  # noqa: BLE001 - a failing variant is reported, the others still run
+                traceback.print_exc()
+                rows.append({"label": label, "error": f"{type(exc).__name__}: {exc}"})
+            print(json.dumps(rows[-1]), flush=True)
+        dev.TUNING = default
+        # phases of the default route, each synchronised
+        A = cp.empty((L, n * n), dtype=cp.float64)
+        centred = [dev.centre_once(x, cp)[0] for x in layers]
+        phases = {
+            "centre (L x centre_once)": _best(lambda: [dev.centre_once(x, cp) for x in layers], repeats),
+            "grams into A (L x gram_rows, slabs)": _best(
+                lambda: [dev.gram_rows(x, x, cp, GRAM_SLAB, out=A[i, :]) for i, x in enumerate(centred)], repeats),
+            "row sums of A": _best(lambda: cp.sum(cp.reshape(A, (L, n, n)), axis=2), repeats),
+            "A Aᵀ one GEMM": _best(lambda: A @ A.T, repeats),
+        }
+        for c in (256,):
+            try:
+                phases[f"A Aᵀ batched, {c} chunks"] = _best(lambda: dev._batched_row_products(A, c), repeats)
+            except Exception as exc:  # noqa: BLE001
+                phases[f"A Aᵀ batched, {c} chunks"] = f"{type(exc).__name__}: {exc}"
+        A = centred = None  # (freed)
+    finally:
+        dev.TUNING = default
+    best = min((r for r in rows if "s" in r), key=lambda r: r["s"], default=None)
+    first = rows[0] if rows and "s" in rows[0] else {}
+    return {"L": L, "n": n, "p": p, "update_s": first.get("s"), "grams_fp32_s": t_grams,
+            "ratio": first.get("ratio"), "tflops_grams": 2 * L * n * n * p / t_grams / 1e12,
+            "grams_fp64_s": t_grams64, "tflops_grams64": 2 * L * n * n * p / t_grams64 / 1e12,
+            "max_abs_cka_err_vs_float64": first.get("max_abs_cka_err_vs_float64"),
+            "variants": rows, "best": best and best["label"], "phases_s": phases, "fast_float64_products": fast64,
+            "max_abs_cka_err_vs_host_float64": first.get("max_abs_cka_err_vs_host_float64"),
+            "batched_unavailable": list(dev._BATCHED_UNAVAILABLE),
+            "gpu_pool_bytes": int(pool.total_bytes())}
 
 
 def engine_read(paths: list[str], batch_size: int, threads: int, prefetch: int = 2, upload: bool = False) -> float:
@@ -143,6 +200,11 @@ def store_rows(n: int, batch_size: int) -> dict:
         out["gpu_pool_peak_bytes"] = int(pool.total_bytes())
         reads.append(engine_read(paths, batch_size, threads))
         out["engine_read_upload_s"] = engine_read(paths, batch_size, threads, upload=True)
+        try:
+            out["nvcomp"] = nvcomp_rows(paths, threads)
+        except Exception as exc:  # noqa: BLE001 - reported, the row still runs
+            traceback.print_exc()
+            out["nvcomp"] = {"error": f"{type(exc).__name__}: {exc}"}
         t0 = time.perf_counter()
         ref = cka_matrix(paths, device="cpu", threads=os.cpu_count(), **kw)
         out["cpu_all_cores_s"] = time.perf_counter() - t0
@@ -169,29 +231,187 @@ def heatmap_rows(n: int, timeout: int) -> dict:
     out = HERE / "results" / "heatmap18_gpu.json"
     cmd = [sys.executable, str(HERE / "heatmap18.py"), "--scale", "resnet18", "--device", "cuda", "--nets", "18",
            "--image-size", "64", "--resnet-n", str(n), "--resnet-batch", "256", "--repsim-runs", "1",
-           "--out", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    print(r.stdout[-3000:], r.stderr[-2000:], sep="\n")
+           "--profile-cka", "--cache", str(Path(tempfile.gettempdir()) / "repsim-heatmap18"), "--out", str(out)]
+    log = Path(os.environ.get("OUT") or HERE / "results") / "heatmap18_gpu.log"  # kept if it runs out of time
+    out.unlink(missing_ok=True)
+    with open(log, "w") as f:
+        try:
+            subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"timed out after {timeout} s; its log: " + log.read_text()[-1500:]}
+    print(log.read_text()[-4000:])
     if not out.is_file():
-        return {"error": (r.stderr or r.stdout)[-2000:]}
+        return {"error": log.read_text()[-2000:]}
     run = json.loads(out.read_text())["runs"][-1]
-    keep = ("networks", "columns", "images", "repsim", "peer", "ratio", "floor", "agreement")
+    keep = ("networks", "columns", "images", "repsim", "peer", "ratio", "floor", "floor_parts", "agreement", "cka_profile")
     return {k: run[k] for k in keep if k in run}
+
+
+def extract_profile(batch: int = 256, size: int = 224) -> dict:
+    """Where extraction's time over the forward goes (issue 26): the 16 bottleneck outputs of a
+    ResNet-50 batch (bf16, channels-last) reduced by ``--spatial mean`` three ways, each
+    synchronised, against the forward; and a cProfile of a warm one-batch extraction (its fixed
+    cost), top functions by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    import torch.nn.functional as F
+    import torchvision
+
+    from extract.memory import ImageTensor
+    from extract.pipeline import extract_store
+
+    dev = torch.device("cuda")
+    torch.backends.cudnn.benchmark = True
+    torch.manual_seed(0)
+    net = torchvision.models.resnet50().to(dev).eval().to(memory_format=torch.channels_last)
+    x = torch.randn(batch, 3, size, size, device=dev).contiguous(memory_format=torch.channels_last)
+    blocks = [b for stage in (net.layer1, net.layer2, net.layer3, net.layer4) for b in stage]
+    outs: list = []
+    hooks = [b.register_forward_hook(lambda m, i, o: outs.append(o)) for b in blocks]
+
+    def timed(fn, k: int = 10) -> float:
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(k):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / k
+
+    res: dict = {"batch": batch, "size": size}
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        res["forward_s"] = timed(lambda: (outs.clear(), net(x)))
+        ys = list(outs)
+        res["reduce_mean_s"] = timed(lambda: [y.mean(dim=(2, 3)) for y in ys])
+        res["reduce_adaptive_avg_pool_s"] = timed(lambda: [F.adaptive_avg_pool2d(y, 1) for y in ys])
+        res["reduce_sum_s"] = timed(lambda: [y.sum(dim=(2, 3)) for y in ys])
+        res["reduce_float_mean_s"] = timed(lambda: [y.float().mean(dim=(2, 3)) for y in ys])
+        res["amax_of_means_s"] = timed(lambda: [torch.linalg.vector_norm(y.mean(dim=(2, 3)), float("inf"),
+                                                                          dtype=torch.float32) for y in ys])
+        res["mean_vs_pool_max_abs_diff"] = max(float((y.mean(dim=(2, 3)).float() - F.adaptive_avg_pool2d(y, 1)
+                                                      .flatten(1).float()).abs().max()) for y in ys)
+    for h in hooks:
+        h.remove()
+    tmp = Path(tempfile.mkdtemp(prefix="repsim-xprof-"))
+    try:
+        one = ImageTensor(torch.randn(batch, 3, size, size), np.arange(batch) % 1000, name="one batch")
+        for spatial, layers in (("flatten", "pool,logits"), ("mean", None)):
+            kw = {"layers": layers} if layers else {}
+            for i in range(3):
+                t0 = time.perf_counter()
+                pr = cProfile.Profile() if i == 2 else None
+                if pr:
+                    pr.enable()
+                extract_store(net, one, tmp / f"{spatial}-{i}.zarr", batch_size=batch, device="cuda", amp="bfloat16",
+                              progress=False, spatial=spatial, **kw)
+                if pr:
+                    pr.disable()
+                res[f"one_batch_{spatial}_s_run{i}"] = time.perf_counter() - t0
+            out = io.StringIO()
+            pstats.Stats(pr, stream=out).sort_stats("cumulative").print_stats(30)
+            res[f"profile_{spatial}"] = out.getvalue()[-6000:]
+            print(out.getvalue()[-6000:], flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return res
+
+
+def nvcomp_rows(paths: list[str], threads: int) -> dict:
+    """GPU decompression (nvCOMP's zstd through ``nvidia.nvcomp``) of every layer chunk of the stores
+    against CPU decoding (``numcodecs.Zstd`` on ``threads`` threads, as the engine's readers do), on
+    the same bytes read into memory first: the decode alone, the files' read timed apart."""
+    import glob
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cupy as cp
+    import numcodecs
+
+    files = sorted(f for p in paths for f in glob.glob(os.path.join(p, "layers", "*", "c", "**"), recursive=True)
+                   if os.path.isfile(f))
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        blobs = list(ex.map(lambda f: open(f, "rb").read(), files))
+    out: dict = {"chunks": len(files), "compressed_bytes": sum(len(b) for b in blobs),
+                 "read_s": time.perf_counter() - t0}
+    zstd = numcodecs.Zstd()
+
+    def cpu_decode() -> list:
+        with ThreadPoolExecutor(threads) as ex:
+            return list(ex.map(lambda b: zstd.decode(b[:-4]), blobs))  # (the last 4 bytes: crc32c)
+
+    t0 = time.perf_counter()
+    ref = cpu_decode()
+    out["cpu_decode_s_first"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ref = cpu_decode()
+    out["cpu_decode_s"] = time.perf_counter() - t0
+    out["raw_bytes"] = sum(len(r) for r in ref)
+    try:
+        from nvidia import nvcomp
+
+        out["nvcomp"] = getattr(nvcomp, "__version__", "?")
+        codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
+        sizes = [len(b) - 4 for b in blobs]
+        host = cp.cuda.alloc_pinned_memory(sum(sizes))
+        staged = np.frombuffer(host, np.uint8, sum(sizes))
+        offs = np.concatenate([[0], np.cumsum(sizes)])
+        for b, a, e in zip(blobs, offs[:-1], offs[1:]):
+            staged[a:e] = np.frombuffer(b, np.uint8, e - a)
+
+        out["nvcomp_names"] = [k for k in dir(nvcomp) if not k.startswith("_")]
+        mode = {"batch": hasattr(nvcomp, "as_arrays")}
+
+        def gpu_decode():
+            d = cp.asarray(staged)  # one host-to-device copy of every compressed chunk
+            arrays = [nvcomp.as_array(d[a:e]) for a, e in zip(offs[:-1], offs[1:])]
+            if mode["batch"]:
+                try:
+                    got = codec.decode(nvcomp.as_arrays(arrays))
+                except Exception as exc:  # noqa: BLE001 - then one decode call per chunk
+                    out["nvcomp_batch_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+                    mode["batch"] = False
+            if not mode["batch"]:
+                got = [codec.decode(a) for a in arrays]
+            cp.cuda.Device().synchronize()
+            return got
+
+        gpu_decode()
+        t0 = time.perf_counter()
+        got = gpu_decode()
+        out["gpu_h2d_and_decode_s"] = time.perf_counter() - t0
+        first = cp.asnumpy(cp.asarray(got[0]).view(cp.uint8)).tobytes()
+        out["gpu_equals_cpu_first_chunk"] = first == bytes(ref[0])
+        out["gpu_over_cpu"] = out["cpu_decode_s"] / out["gpu_h2d_and_decode_s"]
+        out["gpu_batched"] = mode["batch"]
+    except Exception as exc:  # noqa: BLE001 - not installed, or the API differs: reported, not fatal
+        traceback.print_exc()
+        out["nvcomp_error"] = f"{type(exc).__name__}: {str(exc)[:600]}"
+    return out
 
 
 def write_md(res: dict) -> None:
     from _results import replace_section
 
-    lines = [f"## gpu", "",
+    lines = ["## gpu", "",
              f"`python bench/gpu.py` on {res['device']} ({res['date']}; CuPy {res['cupy']}, "
              f"{res['cpus']} CPU cores). Every ratio is of two timings taken in the same run.", "",
              "| row | repsim | floor, same run | ratio |", "|---|---|---|---|"]
     a = res.get("allpairs")
-    if isinstance(a, dict) and "ratio" in a:
+    if isinstance(a, dict) and a.get("ratio"):
         lines.append(f"| in-memory all-pairs CKA, L = {a['L']}, batch {a['n']:,} × {a['p']:,} float32 "
                      f"(`MinibatchCKA.update`) | {a['update_s'] * 1e3:.1f} ms | the {a['L']} float32 Grams alone: "
                      f"{a['grams_fp32_s'] * 1e3:.1f} ms ({a['tflops_grams']:.0f} TFLOP/s) | **{a['ratio']:.2f}×** "
-                     f"(max abs CKA error vs float64 Grams {a['max_abs_cka_err_vs_float64']:.1e}) |")
+                     f"(max abs CKA error vs NumPy float64 {a.get('max_abs_cka_err_vs_host_float64', float('nan')):.1e}) |")
+        for v in a.get("variants", [])[1:]:
+            if "s" in v:
+                lines.append(f"| … {v['label']} | {v['s'] * 1e3:.1f} ms | the same Grams | {v['ratio']:.2f}× "
+                             f"(error vs NumPy float64 {v.get('max_abs_cka_err_vs_host_float64', float('nan')):.1e}) |")
+        if a.get("grams_fp64_s"):
+            lines.append(f"| (the {a['L']} Grams as float64 DGEMMs) | {a['grams_fp64_s'] * 1e3:.1f} ms "
+                         f"({a['tflops_grams64']:.0f} TFLOP/s) | | |")
     s = res.get("store")
     if isinstance(s, dict) and "cuda_s" in s:
         lines.append(f"| `cka_matrix(device=\"cuda\")`, {s['stores']} stores, n = {s['n']:,}, {s['columns']} columns, "
@@ -202,6 +422,16 @@ def write_md(res: dict) -> None:
         lines.append(f"| the same on the CPU, all {res['cpus']} cores (`device=\"cpu\"`) | {s['cpu_all_cores_s']:.2f} s | "
                      f"`device=\"cuda\"`: {s['cuda_s']:.2f} s | cuda {s['cpu_over_cuda']:.2f}× faster "
                      f"(max abs diff {s['max_abs_cuda_vs_cpu']:.1e}) |")
+    nv = s.get("nvcomp") if isinstance(s, dict) else None
+    if isinstance(nv, dict) and "gpu_h2d_and_decode_s" in nv:
+        lines.append(f"| decoding the same stores' {nv['chunks']} layer chunks ({nv['compressed_bytes'] / 1e9:.2f} GB zstd → "
+                     f"{nv['raw_bytes'] / 1e9:.2f} GB) on the GPU: nvCOMP {nv.get('nvcomp', '?')} zstd, "
+                     f"{'one batched call' if nv.get('gpu_batched') else 'one call per chunk'}, the compressed bytes "
+                     f"copied once (not yet used by the engine) | {nv['gpu_h2d_and_decode_s']:.3f} s | CPU decoding "
+                     f"(numcodecs zstd, {s['threads']} threads): {nv['cpu_decode_s']:.3f} s | GPU "
+                     f"{nv['gpu_over_cpu']:.2f}× faster (first chunk byte-identical: {nv.get('gpu_equals_cpu_first_chunk')}) |")
+    elif isinstance(nv, dict) and "nvcomp_error" in nv:
+        lines.append(f"| GPU decoding (nvCOMP) | failed: {nv['nvcomp_error'][:160]} | | |")
     h = res.get("heatmap")
     if isinstance(h, dict) and "floor" in h:
         f = h["floor"]
@@ -210,6 +440,9 @@ def write_md(res: dict) -> None:
                      f"{f['seconds']:.1f} s (" + ", ".join(f"{k} {v:.1f}" for k, v in f["parts"].items())
                      + f"); pytorch-cka {h['peer']['seconds']['total']:.1f} s | **{f['repsim_over_floor']:.2f}×** the floor, "
                      f"{h['ratio']:.1f}× faster than pytorch-cka |")
+    if isinstance(a, dict) and a.get("phases_s"):
+        lines += ["", "Phases of the float32-slab route's update, each synchronised: " + "; ".join(
+            f"{k} {v * 1e3:.1f} ms" if isinstance(v, float) else f"{k}: {v}" for k, v in a["phases_s"].items()) + "."]
     for key in ("allpairs", "store", "extract", "heatmap"):
         if isinstance(res.get(key), dict) and "error" in res[key]:
             lines.append(f"| {key} | failed: {res[key]['error'].splitlines()[-1][:200]} | | |")
@@ -227,6 +460,8 @@ def main() -> int:
     ap.add_argument("--skip-store", action="store_true")
     ap.add_argument("--extract", action="store_true", help="also run bench/extract_throughput.py --device cuda")
     ap.add_argument("--extract-n", type=int, default=10000)
+    ap.add_argument("--extract-profile", action="store_true",
+                    help="also time --spatial mean's reductions against the forward and profile a one-batch extraction")
     ap.add_argument("--heatmap", action="store_true", help="also run bench/heatmap18.py on the GPU (several minutes)")
     ap.add_argument("--heatmap-n", type=int, default=2048)
     ap.add_argument("--heatmap-timeout", type=int, default=420)
@@ -240,12 +475,14 @@ def main() -> int:
                  "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
                  "python": platform.python_version(), "numpy": np.__version__}
     steps = [("allpairs", lambda: allpairs(args.layers, args.batch, args.features, args.repeats))]
-    if not args.skip_store:
-        steps.append(("store", lambda: store_rows(args.n, args.store_batch)))
+    if args.heatmap:  # (the longest row first after the quick one: a call that runs out of time keeps it)
+        steps.append(("heatmap", lambda: heatmap_rows(args.heatmap_n, args.heatmap_timeout)))
+    if args.extract_profile:
+        steps.append(("extract_profile", extract_profile))
     if args.extract:
         steps.append(("extract", lambda: extract_rows(args.extract_n)))
-    if args.heatmap:
-        steps.append(("heatmap", lambda: heatmap_rows(args.heatmap_n, args.heatmap_timeout)))
+    if not args.skip_store:
+        steps.append(("store", lambda: store_rows(args.n, args.store_batch)))
     for key, step in steps:
         t0 = time.perf_counter()
         try:
@@ -255,8 +492,8 @@ def main() -> int:
             res[key] = {"error": f"{type(exc).__name__}: {exc}"}
         res[key]["wall_s"] = time.perf_counter() - t0
         print(json.dumps({key: res[key]}), flush=True)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
+        os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=2) + "\n")  # after every step: a killed run keeps the rest
     if not args.no_markdown:
         write_md(res)
     return 0

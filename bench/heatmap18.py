@@ -240,6 +240,22 @@ def run_peer(ckpts: list[str], layers: list[str], data: str, split: str, batch: 
             "torch_threads": info["torch_threads"], "values": np.load(work / "peer.npy")}
 
 
+_T0 = time.perf_counter()
+
+
+def _stage(msg: str) -> None:
+    print(f"[heatmap18 +{time.perf_counter() - _T0:.1f} s] {msg}", file=sys.stderr, flush=True)
+
+
+def profile_cka(paths: list[str], batch: int, work: Path, device: str) -> str:
+    """``repsim cka`` over the stores again, under cProfile (not timed): its top functions by
+    cumulative time, to see where the pass spends what its floor does not."""
+    r = subprocess.run(_py("-m", "cProfile", "-s", "cumulative", "-m", "repsim", "cka", *paths, "--batch-size",
+                           str(batch), "--epochs", "1", "--shuffle", "none", "--out", str(work / "cka-prof.npz"),
+                           "--no-progress", "--device", device), env=_env(), capture_output=True, text=True)
+    return "\n".join(r.stdout.splitlines()[:70]) + ("\n" + r.stderr[-1500:] if r.returncode else "")
+
+
 def floor_parts(paths: list[str], batch: int) -> dict:
     """What no workflow that writes stores can avoid besides the imports and one forward pass of each
     network (the peer's ``one_pass_each_model``): writing the stores' bytes at this disk's rate
@@ -336,16 +352,18 @@ def reference_stored(paths: list[str], batch: int) -> np.ndarray:
 
 
 def compare(scale: str, ckpts: list[str], data: str, split: str, batch: int, peers: str, skip_peer: bool,
-            device: str = "cpu", repsim_runs: int = 2) -> dict:
+            device: str = "cpu", repsim_runs: int = 2, profile_cka_pass: bool = False) -> dict:
     layers = None
     work = Path(tempfile.mkdtemp(prefix=f"repsim-heatmap-{scale}-"))
     try:
         load0 = os.getloadavg()
         ours = run_repsim(ckpts, data, split, batch, work / "a", device)
+        _stage(f"repsim extract {ours['seconds']['extract']:.1f} s + cka {ours['seconds']['cka']:.1f} s")
         from repsim.store.reader import open_store
 
         layers = open_store(ours["stores"][0]).layers
         peer = None if skip_peer else run_peer(ckpts, layers, data, split, batch, work, peers, device)
+        _stage("peer done" + (f": {peer['seconds']['total']:.1f} s" if peer else " (skipped)"))
         runs = [ours["seconds"]]
         if repsim_runs > 1:
             # repsim again after the peer (fresh stores): load drift hits both sides; the faster run counts
@@ -354,9 +372,13 @@ def compare(scale: str, ckpts: list[str], data: str, split: str, batch: int, pee
             if again["seconds"]["total"] < ours["seconds"]["total"]:
                 ours = again
         floor = floor_parts(ours["stores"], batch)
+        _stage(f"floor parts {floor}")
+        profile = profile_cka(ours["stores"], batch, work, device) if profile_cka_pass else None
         load1 = os.getloadavg()
+        _stage("profile done; float64 references next")
         ref_live = reference_live(ckpts, layers, data, split, batch)
         ref_stored = reference_stored(ours["stores"], batch)
+        _stage("references done")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     N, L = len(ckpts), len(layers)
@@ -380,6 +402,8 @@ def compare(scale: str, ckpts: list[str], data: str, split: str, batch: int, pee
             "float16_storage_effect": err(ref_stored, ref_live),
         },
     }
+    if profile:
+        out["cka_profile"] = profile
     if logit_cols:
         out["agreement"]["sigmoid_logits_rows"] = {"repsim_vs_live": err(ours["values"], ref_live, logit_cols)}
     if peer is not None:
@@ -409,6 +433,7 @@ def main() -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where both sides run: repsim extract/cka --device, pytorch-cka's device")
     ap.add_argument("--repsim-runs", type=int, default=2, help="repsim runs (before and after the peer; best counts)")
+    ap.add_argument("--profile-cka", action="store_true", help="also profile one more repsim cka pass (cProfile)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "heatmap18.json"))
     ap.add_argument("--peer-job", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -440,17 +465,19 @@ def main() -> int:
     except ImportError:
         pass
     res["startup_seconds"] = startup_seconds()
+    _stage(f"imports measured: {res['startup_seconds']}")
     if args.scale in ("digits", "both"):
         ckpts = digits_checkpoints(cache / "digits", args.epochs)
         res["runs"].append(compare("digits", ckpts, "digits", "train", args.batch_size, peers_dir, args.skip_peer,
-                                   args.device, args.repsim_runs))
+                                   args.device, args.repsim_runs, args.profile_cka))
         add_floor(res["runs"][-1], res["startup_seconds"])
         res["runs"][-1]["training_epochs"] = args.epochs
         report(res["runs"][-1])
     if args.scale in ("resnet18", "both"):
         ckpts = resnet18_checkpoints(cache / "resnet18", args.nets, args.image_size, args.resnet_n)
+        _stage(f"{len(ckpts)} checkpoints ready")
         res["runs"].append(compare("resnet18", ckpts, "synthetic", "test", args.resnet_batch, peers_dir, args.skip_peer,
-                                   args.device, args.repsim_runs))
+                                   args.device, args.repsim_runs, args.profile_cka))
         add_floor(res["runs"][-1], res["startup_seconds"])
         res["runs"][-1]["images"] = args.resnet_n
         res["runs"][-1]["image_size"] = args.image_size
