@@ -14,9 +14,10 @@ each, named by ``--name`` (default ``{stem}``: the checkpoint file name without 
     repsim extract --checkpoint 'runs/*/last.pt' --name '{parent}' --data digits --split test --out-dir stores/
 
 On the CPU the checkpoints are extracted side by side, one forked process per core (``--jobs``),
-each store exactly as a lone run writes it; on one GPU up to four spawned processes share the device
-(small networks leave it idle between their kernels, and every checkpoint has fixed host costs);
-under torchrun one at a time, each store's chunks shared by the ranks.
+each store exactly as a lone run writes it; on one GPU up to four at once share the device (small
+networks leave it idle between their kernels, and every checkpoint has fixed host costs): as threads
+of one process for datasets held in memory, else as spawned processes; under torchrun one at a
+time, each store's chunks shared by the ranks.
 
 Sharded over processes (GPUs): ``torchrun --nproc_per_node=N -m extract --checkpoint ...``.
 A rerun of the same command resumes an interrupted store; a complete store is left as it is.
@@ -153,6 +154,7 @@ def store_paths(checkpoints: list[str], out_dir: str, template: str) -> list[Pat
 
 def run(args) -> int:
     """Extract every checkpoint; failures raise (``repsim.commands.main`` reports them, exit 2 or 3)."""
+    from .memory import in_memory_spec
     from .pipeline import extract_store, init_distributed_from_env
 
     import torch
@@ -181,7 +183,9 @@ def run(args) -> int:
     )
     try:
         jobs = _jobs(getattr(args, "jobs", None), len(checkpoints), args.device, started)
-        if jobs > 1:
+        if jobs > 1 and _on_gpu(args.device) and in_memory_spec(args.data):
+            _extract_in_threads(checkpoints, outs, args.data, options, jobs)
+        elif jobs > 1:
             _extract_side_by_side(checkpoints, outs, args.data, options, jobs)
         else:
             for ckpt, out in zip(checkpoints, outs):
@@ -247,6 +251,62 @@ def _extract_one(ckpt: str, data, out: Path, options: dict) -> str:
     return str(out)
 
 
+def _first_error(futures: list) -> BaseException | None:
+    """Wait for every future; the first error in submission order (the others are cancelled)."""
+    error = None
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as exc:  # noqa: BLE001 - the first one is re-raised by the caller
+            if error is None:
+                error = exc
+                for g in futures:
+                    g.cancel()
+    return error
+
+
+def _extract_in_threads(checkpoints: list[str], outs: list[Path], data, options: dict, jobs: int) -> None:
+    """Extract several checkpoints at once as threads of this process, each on a CUDA stream of its
+    own (on a GPU): one import of torch, one CUDA context and one cuDNN autotuning cache for all of
+    them, where spawned processes would each pay their own (~4-5 s at the start of the 18-network
+    heatmap on an H100, bench/RESULTS.md "gpu").  For datasets held in memory
+    (:func:`extract.memory.in_memory_spec`), which need no DataLoader workers; a DataLoader that
+    still runs (a dataset too large to hold) spawns its workers instead of forking this
+    multi-threaded process.  Each store is written exactly as a lone run writes it; the first
+    error, in checkpoint order, is raised once the running jobs have finished."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from . import pipeline
+    from .pipeline import extract_store
+
+    device = str(options.get("device") or "auto")
+    cuda = device.startswith("cuda") or device == "auto" and torch.cuda.is_available()
+    dev = torch.device(device if device.startswith("cuda") else "cuda") if cuda else None
+
+    def one(ckpt: str, out: Path) -> None:
+        if dev is None:
+            extract_store(ckpt, data, out, **options)
+            return
+        torch.cuda.set_device(dev)
+        with torch.cuda.stream(torch.cuda.Stream(dev)):  # the jobs' kernels overlap on the device
+            extract_store(ckpt, data, out, **options)
+        torch.cuda.synchronize(dev)
+
+    before = pipeline._CPUS
+    pipeline._CPUS = max(1, (os.cpu_count() or 1) // jobs)
+    pipeline.LOADER_SPAWN.set()
+    try:
+        with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="extract-job") as pool:
+            error = _first_error([pool.submit(one, c, o) for c, o in zip(checkpoints, outs)])
+    finally:
+        pipeline._CPUS = before
+        pipeline.LOADER_SPAWN.clear()
+    if error is not None:
+        raise error
+
+
 def _extract_side_by_side(checkpoints: list[str], outs: list[Path], data, options: dict, jobs: int) -> None:
     """Extract several checkpoints at once, each store by one forked process (small networks leave
     most of a core idle between their small ops, and each checkpoint has its own fixed costs:
@@ -266,15 +326,7 @@ def _extract_side_by_side(checkpoints: list[str], outs: list[Path], data, option
     cpus = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method),
                              initializer=_job_init, initargs=(cpus,)) as pool:
-        futures = [pool.submit(_extract_one, ckpt, data, out, options) for ckpt, out in zip(checkpoints, outs)]
-        error = None
-        for f in futures:
-            try:
-                f.result()
-            except BaseException as exc:  # noqa: BLE001 - the first one is re-raised below
-                if error is None:
-                    error = exc
-                    for g in futures:
-                        g.cancel()
-        if error is not None:
-            raise error
+        error = _first_error([pool.submit(_extract_one, ckpt, data, out, options)
+                              for ckpt, out in zip(checkpoints, outs)])
+    if error is not None:
+        raise error

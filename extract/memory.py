@@ -23,6 +23,8 @@ example), so a store written through this path is bit-identical to one written t
 """
 from __future__ import annotations
 
+import os
+
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -119,6 +121,25 @@ class ImageTensor(torch.utils.data.Dataset):
             mean, std = self._stats[x.device]
             x = (x - mean).div_(std)
         return x
+
+
+IN_MEMORY_SPECS = ("digits", "digits-source", "digits-target", "synthetic")
+
+
+def in_memory_spec(data: Any) -> bool:
+    """True when ``data`` (a ``--data`` value) names a dataset whose images are held in memory (the
+    digits, Fashion-MNIST and synthetic specs, an ``.npy``/``.npz`` file): read without DataLoader
+    worker processes (:func:`as_image_tensor`, or a spawned loader when it is too large)."""
+    if not isinstance(data, (str, os.PathLike)):
+        return False
+    text = str(data)
+    if text in IN_MEMORY_SPECS or text.lower().endswith((".npy", ".npz")):
+        return True
+    try:
+        from train.fashion import parse_spec
+    except ImportError:  # pragma: no cover - train is part of this repository
+        return False
+    return parse_spec(text) is not None
 
 
 def as_image_tensor(dataset: Any) -> ImageTensor | None:

@@ -38,6 +38,7 @@ import os
 import queue
 import shutil
 import sys
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
@@ -56,13 +57,14 @@ from .capture import FLOAT16_OVERFLOW, Capture, Spatial, Tokens
 from .inputs import (attention_mask, batch_of_one, check_example, default_tokens, forward, in_memory_format, shape_of,
                      to_device)
 from .layers import describe_pool, head_mismatch, head_module, is_classic, layer_modules, model_layout, select_layers
-from .sources import example_ids, head_weights, load_dataset, load_source
+from .sources import example_ids, head_weights, load_dataset, load_source, weights_sha256
 
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
 AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 MIN_CHUNKS = 8  # default chunking keeps at least this many chunks (pipelining, sharding, resume)
 INFLIGHT_BYTES = 2 << 30  # host memory for chunk buffers (filled + queued for writing), soft cap
 _CPUS: int | None = None  # cores this process may use (None: all); `repsim extract --jobs` sets it per job
+LOADER_SPAWN = threading.Event()  # set while extractions run as threads: DataLoader workers are spawned
 
 
 def cpu_share() -> int:
@@ -281,8 +283,12 @@ def extract_store(
     given = model if isinstance(model, nn.Module) else None  # a caller's module is handed back in its own format
     given_format = module_memory_format(given) if given is not None else None
     fmt = "contiguous"
+    # a module's weights_sha256 (the store's record of which model wrote it) on a thread of its own,
+    # beside the dataset, the probe and the plan; it is needed first when the store is prepared
+    hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-hash") if given is not None else None
+    digest = hashing.submit(weights_sha256, given) if hashing is not None else None
     try:
-        loaded = load_source(model)
+        loaded = load_source(model, digest="(computing)" if digest is not None else None)
         net, mmeta = loaded.model, loaded.meta
         dataset, dmeta = load_dataset(data, split, data_root, net, loaded.tokenizer, max_length)
         n = len(dataset)
@@ -327,6 +333,8 @@ def extract_store(
             "batch_size": batch_size, "chunk_rows": plan.chunk_rows, "device_type": dev.type,
             "order": dmeta["order"], "memory_format": fmt,
         }
+        if digest is not None:
+            mmeta["weights_sha256"] = digest.result()
         full_meta = {
             **(meta or {}),
             "model": {**mmeta, **(meta or {}).get("model", {})},
@@ -393,6 +401,8 @@ def extract_store(
             torch.distributed.barrier()
         return store if rank == 0 else open_store(str(out))
     finally:
+        if hashing is not None:
+            hashing.shutdown(wait=True)
         if given is not None and fmt != given_format:
             given.to(memory_format=torch.channels_last if given_format == "channels_last" else torch.contiguous_format)
 
@@ -637,6 +647,8 @@ def _inputs(dataset, batches: list[tuple[int, int, int]], dev: torch.device, wor
     loader = DataLoader(
         dataset, batch_sampler=[list(range(lo, hi)) for _, lo, hi in batches], num_workers=workers,
         pin_memory=dev.type == "cuda", persistent_workers=False,
+        # several extractions as threads of one process (extract/cli.py): never fork it
+        multiprocessing_context="spawn" if workers and LOADER_SPAWN.is_set() else None,
     )
     return ((in_memory_format(to_device(x, dev, non_blocking=dev.type == "cuda"), channels_last), y) for x, y in loader)
 

@@ -542,3 +542,40 @@ def test_jobs_default_per_device(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert cli._jobs(None, 18, "cuda", False) == 1 and cli._jobs(None, 18, "cpu", False) == 2
     assert cli._jobs(3, 18, "cuda", False) == 3
+
+
+def test_checkpoints_as_threads_write_the_stores_one_at_a_time_writes(ckpts, tmp_path, monkeypatch):
+    """On a GPU with a dataset held in memory, --jobs runs the checkpoints as threads of one process
+    (extract/cli.py): the stores are byte-identical to one-at-a-time ones (here on the CPU, the same
+    thread path without CUDA streams), and a failing job is one error."""
+    from extract import cli
+
+    common = ["--checkpoint", str(ckpts[0]), "--checkpoint", str(ckpts[1]), "--name", "{parent}", "--data", "digits",
+              "--split", "test", "--layers", "block1,block16,pool", "--batch-size", "64", "--workers", "0",
+              "--device", "cpu"]
+    assert repsim_main(["extract", *common, "--out-dir", str(tmp_path / "one"), "--jobs", "1"]) == 0
+    called = []
+    real = cli._extract_in_threads
+    monkeypatch.setattr(cli, "_on_gpu", lambda device: True)  # take the GPU's branch, run on the CPU
+    monkeypatch.setattr(cli, "_extract_in_threads", lambda *a: called.append(a[-1]) or real(*a))
+    assert repsim_main(["extract", *common, "--out-dir", str(tmp_path / "two"), "--jobs", "2"]) == 0
+    assert called == [2]
+    for name in ("seed0.zarr", "seed1.zarr"):
+        one, two = tmp_path / "one" / name, tmp_path / "two" / name
+        assert _chunk_files(one) == _chunk_files(two) and _chunk_files(one)
+    from extract import pipeline
+    assert pipeline._CPUS is None and not pipeline.LOADER_SPAWN.is_set()  # restored
+    fake = tmp_path / "fake" / "checkpoint.pt"
+    fake.parent.mkdir()
+    fake.write_bytes(b"not a checkpoint at all")
+    bad = ["extract", "--checkpoint", str(ckpts[0]), "--checkpoint", str(fake), "--name", "{parent}", "--data",
+           "digits", "--split", "test", "--layers", "pool", "--batch-size", "64", "--workers", "0", "--device", "cpu",
+           "--out-dir", str(tmp_path / "bad"), "--jobs", "2"]
+    assert repsim_main(bad) == 2
+
+
+def test_in_memory_specs():
+    from extract.memory import in_memory_spec
+
+    assert all(in_memory_spec(s) for s in ("digits", "synthetic", "fashion-source", "fashion-target@2000", "x.npz"))
+    assert not any(in_memory_spec(s) for s in (None, "cifar10", "/data/imagenet", "list.csv"))
