@@ -24,6 +24,7 @@ EXTRAS: dict[str, str] = {
     "safetensors": "hf",
     "cupy": "gpu",
     "cupyx": "gpu",
+    "cupy_backends": "gpu",  # (shipped by the cupy-cuda12x/13x wheels beside cupy)
     "dask_cuda": "gpu",
     "xarray": "xarray",
 }
