@@ -12,11 +12,16 @@ Rows (each with the floor it is held against, measured in the same process):
 * ``extract``: ``bench/extract_throughput.py --device cuda`` (its own floor rows), when asked.
 * ``heatmap``: ``bench/heatmap18.py --scale resnet18 --device cuda`` (repsim vs pytorch-cka and the
   workflow's floor: imports + one forward per network + the stores' bytes at the disk's rate + the CKA
-  reads), when asked (``--heatmap``; several minutes: give the device call room).
+  reads), when asked (``--heatmap``; about 3 minutes: give the device call room); its log streams to
+  ``$OUT/heatmap18_gpu.log``, so a run out of time still says how far it got.
+* ``extract_profile`` (``--extract-profile``): the 16 blocks' spatial reductions against the forward,
+  and a cProfile of a one-batch extraction.
+* the store row also times nvCOMP's GPU zstd decoding of the same chunks against CPU decoding.
 
 Writes bench/results/gpu.json (with the device name) and the ``## gpu`` section of bench/RESULTS.md.
 
-    python bench/gpu.py                 # about 2 minutes on an H200
+    python bench/gpu.py                 # about 2 minutes on an H100/H200
+    python bench/gpu.py --extract --heatmap   # every row, about 5 minutes (bench/gpu_device.sh: a lent machine)
     python bench/gpu.py --n 4096 --skip-store
 """
 from __future__ import annotations

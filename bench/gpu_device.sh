@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (issue 26): install the wheels carried in .whl/, run the CUDA tests,
+# then every row of bench/gpu.py; logs and results land in $OUT (or bench/results without one).
+#
+# The device image has torch, torchvision, CuPy and pytest but not zarr, numcodecs, dask or distributed,
+# and reaches no package index. Once, here: download them for Python 3.12 into .whl/ (ignored by git):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+#     zarr numcodecs donfig msgspec google-crc32c crc32c dask distributed partd locket tblib tornado zict \
+#     array-api-strict pytorch-cka nvidia-nvcomp-cu13 nvidia-libnvcomp-cu13
+# then run this with `carry: [".whl"]`, e.g. `GPU_BENCH_S=420 bash bench/gpu_device.sh` (about 6 minutes
+# with the 18-network heatmap; HEATMAP_S bounds that row).
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-bench/results}
+L=$OUT/gpu.log
+step() { local t=$1; shift; echo "=== $(date +%T) [$t s] $*" | tee -a "$L"; timeout "$t" "$@" 2>&1 | tee -a "$L"; echo "=== rc=${PIPESTATUS[0]}" | tee -a "$L"; }
+nvidia-smi -L | tee -a "$L"
+python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>&1 | tail -3 | tee -a "$L"
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | tail -3 | tee -a "$L"
+step 90 python3 -m pytest -q -p no:cacheprovider -n 8 -rs tests/test_cka_device.py tests/test_engine.py::test_cuda_device_matches_cpu \
+  tests/test_extract_models.py::test_weights_sha256_of_a_device_module_equals_the_host_one tests/test_extract_memory.py
+step "${GPU_BENCH_S:-420}" python3 bench/gpu.py --extract --heatmap --heatmap-timeout "${HEATMAP_S:-230}" --out "$OUT/gpu.json" ${GPU_BENCH_ARGS:-}
+[ "$OUT" != bench/results ] && cp bench/RESULTS.md bench/results/extract_throughput_gpu.json bench/results/heatmap18_gpu.json "$OUT"/ 2>/dev/null
+ls -la "$OUT"
