@@ -180,3 +180,37 @@ def test_batched_row_products_equal_one_product(L, N, chunks):
         assert not _cka_device._BATCHED_UNAVAILABLE
     finally:
         _cka_device.TUNING = old
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_wide_layer_gram_in_feature_slabs_equals_the_whole(dtype):
+    """A wide layer's centred Gram on the accelerator route, made a few features at a time (so that
+    its cast and centred copies stay small) equals the one made at once, ‖x̄‖² too."""
+    from repsim.kernels._cka_device import centred_gram_slabs
+
+    rng = np.random.default_rng(7)
+    X = (np.maximum(rng.standard_normal((20, 9000)), 0) + 5.0).astype(np.float32)  # (strict has no float16)
+    dt = getattr(xs, dtype)
+    whole, m_whole = centred_gram_slabs(xs.asarray(X), xs, dt, GRAM_SLAB, cap=1 << 40)
+    parts, m_parts = centred_gram_slabs(xs.asarray(X), xs, dt, GRAM_SLAB, cap=20 * GRAM_SLAB * 4)  # 2 slabs
+    whole, parts = np.asarray(whole), np.asarray(parts)
+    np.testing.assert_allclose(parts, whole, rtol=1e-6 if dtype == "float32" else 1e-12,
+                               atol=(1e-6 if dtype == "float32" else 1e-12) * np.abs(whole).max())
+    assert float(m_parts) == pytest.approx(float(m_whole), rel=1e-6)
+    ref = X.astype(np.float64) - X.astype(np.float64).mean(axis=0)
+    np.testing.assert_allclose(whole, ref @ ref.T, rtol=1e-5, atol=1e-5 * np.abs(whole).max())
+
+
+def test_wide_in_memory_layers_enter_as_their_centred_gram(monkeypatch):
+    """Above WIDE_BYTES an in-memory layer takes the slab route inside the update: same HSIC."""
+    from repsim.kernels import _cka_device
+
+    rng = np.random.default_rng(8)
+    layers = _layers(31, rng)
+    ref = batch_hsic(_strict(layers))
+    monkeypatch.setattr(_cka_device, "WIDE_BYTES", 31 * 100 * 4)  # the 4,596-wide layer (and only it) is "wide"
+    seen = []
+    real = _cka_device.centred_gram_slabs
+    monkeypatch.setattr(_cka_device, "centred_gram_slabs", lambda X, *a, **k: seen.append(X.shape) or real(X, *a, **k))
+    np.testing.assert_allclose(batch_hsic(_strict(layers)), ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+    assert seen == [(31, 12 + 2 * GRAM_SLAB + 500)]

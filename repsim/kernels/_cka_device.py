@@ -45,7 +45,7 @@ import numpy as np
 from repsim._xp import astype, flatten_examples, is_cupy_namespace, row_sq_norms, to_numpy
 from repsim.kernels._precision import CentredGram, is_constant, zero_constant
 
-__all__ = ["device_batch_hsic", "gram_rows", "centre_once", "row_products", "Tuning", "TUNING"]
+__all__ = ["device_batch_hsic", "gram_rows", "centre_once", "centred_gram_slabs", "row_products", "Tuning", "TUNING"]
 
 _EPS64 = float(np.finfo(np.float64).eps)
 
@@ -109,6 +109,29 @@ def gram_rows(Xa: Any, Xc: Any, xp: Any, slab: int, out: Any = None) -> Any:
         else:
             out[...] = part
     return out
+
+
+WIDE_BYTES = 512 << 20  # a wide layer's cast and centred copies are made this many bytes of features at a time
+
+
+def centred_gram_slabs(X: Any, xp: Any, dtype: Any, slab: int, cap: int | None = None) -> tuple[Any, Any]:
+    """(K_c float64 (b, b), ‖x̄‖²) of a batch X (b, p) on the accelerator, in feature slabs of at
+    most ``cap`` bytes in ``dtype`` (default :data:`WIDE_BYTES`): each slab cast, centred
+    (:func:`centre_once`: the means are per feature, so slab by slab is exact) and multiplied
+    (:func:`gram_rows`), the slabs' Grams and ‖x̄_s‖² summed.  One slab when X fits: a float16 block
+    of a full conv map (b = 1,024, p = 802,816) would otherwise need two 6.6 GB float64 copies."""
+    b, p = X.shape
+    itemsize = xp.finfo(dtype).bits // 8
+    width = max(slab, (int(cap if cap is not None else WIDE_BYTES) // max(1, b * itemsize)) // slab * slab)
+    K = None
+    mean_sq = None
+    for s in range(0, p, width):
+        Xs = X[:, s:min(p, s + width)] if width < p else X
+        Xs = astype(Xs, dtype, xp) if Xs.dtype != dtype else Xs
+        Xs, m = centre_once(Xs, xp)
+        K = gram_rows(Xs, Xs, xp, slab, out=K) if K is None else K + gram_rows(Xs, Xs, xp, slab)
+        mean_sq = m if mean_sq is None else mean_sq + m
+    return K, mean_sq
 
 
 def row_products(A: Any, xp: Any) -> Any:
@@ -196,9 +219,14 @@ def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased
                 else:
                     X = flatten_examples(X, xp, None, names[l_])
                     dt = dtype_of(X)
-                    X = astype(X, dt, xp) if X.dtype != dt else X
-                    if not centred:
-                        X, mean_sqs[l_] = centre_once(X, xp)
+                    if not centred and X.shape[0] * X.shape[1] * (xp.finfo(dt).bits // 8) > WIDE_BYTES:
+                        # a wide layer: its centred Gram slab by slab, not a whole cast and centred copy
+                        K, mean_sqs[l_] = centred_gram_slabs(X, xp, dt, slab)
+                        X = CentredGram(K, mean_sq=mean_sqs[l_])
+                    else:
+                        X = astype(X, dt, xp) if X.dtype != dt else X
+                        if not centred:
+                            X, mean_sqs[l_] = centre_once(X, xp)
                 if X.shape[0] != n:
                     raise ValueError(f"{names[l_]} has {X.shape[0]} examples, expected {n} "
                                      "(all layers must share examples)")

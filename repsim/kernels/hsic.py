@@ -103,7 +103,8 @@ import numpy as np
 
 from repsim._xp import array_namespace, as_array, diagonal, gram_dtype, to_numpy
 from repsim._xp import astype as _astype
-from repsim.kernels._cka_device import centre_once, device_batch_hsic, gram_rows
+from repsim.kernels._cka_device import centred_gram_slabs as device_centred_gram
+from repsim.kernels._cka_device import device_batch_hsic
 from repsim.kernels._gram import (A_CACHE, DEVICE_BLOCK_BYTES, HOST_BLOCK_BYTES, HostScratch, centred_gram_slabs,
                                   check_gram, each_column, gram64, is_numpy, is_wide, pair_groups, prepare_gram,
                                   prepare_layer, row_products, sq_norms64, write_panels)
@@ -132,10 +133,9 @@ def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Centred
     X = xp.reshape(x, (x.shape[0], -1))
     if dtype is None:
         dtype = gram_dtype(X.dtype, xp)
-    if not is_numpy(xp):  # the accelerator route's centring and products; checked with the batch
-        X = _astype(X, dtype, xp) if X.dtype != dtype else X
-        X, mean_sq = centre_once(X, xp)
-        return CentredGram(gram_rows(X, X, xp, GRAM_SLAB), mean_sq=mean_sq)
+    if not is_numpy(xp):  # the accelerator route's centring and products (slab by slab when wide); checked with the batch
+        K, mean_sq = device_centred_gram(X, xp, dtype, GRAM_SLAB)
+        return CentredGram(K, mean_sq=mean_sq)
     if X.shape[1] > 2 * GRAM_SLAB:
         K, mean_sq = centred_gram_slabs(X, dtype)
     else:
