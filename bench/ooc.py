@@ -331,6 +331,9 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=None, help="examples per store")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--dir", default=None, help="where to write the stores (default: a temp dir, removed)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where cka_matrix computes (cuda: CuPy; its rows go to bench/results/ooc_cuda.json and a "
+                         "## ooc_cuda section; bench/gpu.py's store row has the GPU's floors too)")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite the RESULTS.md section from bench/results/ooc.json without measuring")
     args = ap.parse_args()
@@ -348,6 +351,8 @@ def main() -> int:
         disk = sum(du(p) for p in paths)
         child("read", paths)  # warm the page cache so both sides read from memory
         read = child("read", paths)
+        if args.device == "cuda":
+            return _cuda_rows(args, paths, n, read, t_write)
         engine_read = child("engine_read", paths, batch_size=args.batch_size)
         cka = child("cka", paths, batch_size=args.batch_size, epochs=1)
         t_compute, cpu_compute = compute_only(paths, args.batch_size, seed=0)
@@ -378,6 +383,37 @@ def main() -> int:
     finally:
         if args.dir is None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _cuda_rows(args, paths: list[str], n: int, read: dict, t_write: float) -> int:
+    """``--device cuda``: the plain read, the engine's read schedule and ``cka_matrix(device="cuda")``
+    (fresh processes each), into bench/results/ooc_cuda.json and a ``## ooc_cuda`` section."""
+    engine_read = child("engine_read", paths, batch_size=args.batch_size)
+    cka = child("cka", paths, batch_size=args.batch_size, epochs=1, device="cuda")
+    cpu = child("cka", paths, batch_size=args.batch_size, epochs=1, device="cpu")
+    m = {"n_stores": args.stores, "n": n, "batch_size": args.batch_size, "store_GB_disk": sum(du(p) for p in paths) / 1e9,
+         "t_write": t_write, "t_read": read["seconds"], "t_engine_read": engine_read["seconds"],
+         "t_cka_cuda": cka["seconds"], "t_cka_cpu": cpu["seconds"], "cka_cuda_maxrss_MB": cka["maxrss_bytes"] / 1e6}
+    res = {"device": "cuda", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "measured": m,
+           "machine": f"{platform.machine()} {os.cpu_count()} cores", "load_average": " ".join(f"{v:.1f}" for v in os.getloadavg())}
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "ooc_cuda.json"), "w") as fh:
+        json.dump(res, fh, indent=2)
+    from _results import replace_section
+
+    replace_section("ooc_cuda", "\n".join([
+        "## ooc_cuda", "",
+        f"`python bench/ooc.py --device cuda` on {res['machine']} ({res['date']}, load {res['load_average']}): "
+        f"{m['n_stores']} stores, n = {n}, {m['store_GB_disk']:.2f} GB on disk, batch {m['batch_size']}, fresh "
+        "processes (imports included), page cache warm.", "",
+        "| measurement | seconds | ratio to plain Dask read |", "|---|---:|---:|",
+        f"| plain Dask read of every array (threaded) | {m['t_read']:.2f} | 1.00 |",
+        f"| the engine's read schedule alone | {m['t_engine_read']:.2f} | {m['t_engine_read'] / m['t_read']:.2f} |",
+        f"| `cka_matrix(device=\"cuda\")`, 1 epoch | {m['t_cka_cuda']:.2f} | **{m['t_cka_cuda'] / m['t_read']:.2f}** |",
+        f"| `cka_matrix(device=\"cpu\")`, 1 epoch, all cores | {m['t_cka_cpu']:.2f} | {m['t_cka_cpu'] / m['t_read']:.2f} |",
+        ""]) + "\n")
+    print(json.dumps(m, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
