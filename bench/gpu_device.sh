@@ -20,5 +20,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . 2>&1 | 
 step 90 python3 -m pytest -q -p no:cacheprovider -n 8 -rs tests/test_cka_device.py tests/test_engine.py::test_cuda_device_matches_cpu \
   tests/test_extract_models.py::test_weights_sha256_of_a_device_module_equals_the_host_one tests/test_extract_memory.py
 step "${GPU_BENCH_S:-420}" python3 bench/gpu.py --extract --heatmap --heatmap-timeout "${HEATMAP_S:-230}" --out "$OUT/gpu.json" ${GPU_BENCH_ARGS:-}
-[ "$OUT" != bench/results ] && cp bench/RESULTS.md bench/results/extract_throughput_gpu.json bench/results/heatmap18_gpu.json "$OUT"/ 2>/dev/null
+[ -n "${GPU_OOC:-}" ] && step 240 python3 bench/ooc.py --device cuda
+[ "$OUT" != bench/results ] && cp bench/RESULTS.md bench/results/extract_throughput_gpu.json bench/results/heatmap18_gpu.json \
+  bench/results/ooc_cuda.json "$OUT"/ 2>/dev/null
 ls -la "$OUT"
