@@ -133,6 +133,7 @@ def main() -> int:
     ap.add_argument("--big-p", default="100000,1000000", help="comma-separated widths for the accuracy section ('' skips it)")
     ap.add_argument("--big-n", type=int, default=128)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "cka_allpairs.json"))
+    ap.add_argument("--no-markdown", action="store_true", help="leave bench/RESULTS.md alone (default when --out names another file than the default)")
     args = ap.parse_args()
     L, n, p = args.layers, args.n, args.p
 
@@ -325,7 +326,8 @@ def main() -> int:
               + ", ".join(f"{k} {v:.1e}" for k, v in r["max_abs"].items())
               + f"; ours {r['seconds']['ours_default']:.2f} s, batched {r['seconds']['batched']:.2f} s (all cores)")
     print(f"goals: defaults >= 2x batched: {res['goals']['defaults_vs_batched>=2']}; ours max |Δ| <= 1e-5: {res['goals']['max_abs_ours<=1e-5']}")
-    write_results_md(res)
+    if not args.no_markdown and os.path.abspath(args.out) == os.path.abspath(str(ROOT / "bench" / "results" / "cka_allpairs.json")):
+        write_results_md(res)
     return 0
 
 

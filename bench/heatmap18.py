@@ -435,6 +435,7 @@ def main() -> int:
     ap.add_argument("--repsim-runs", type=int, default=2, help="repsim runs (before and after the peer; best counts)")
     ap.add_argument("--profile-cka", action="store_true", help="also profile one more repsim cka pass (cProfile)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "heatmap18.json"))
+    ap.add_argument("--no-markdown", action="store_true", help="leave bench/RESULTS.md alone (default when --out names another file than the default)")
     ap.add_argument("--peer-job", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer_job:
@@ -485,8 +486,8 @@ def main() -> int:
     shutil.rmtree(peers_dir, ignore_errors=True)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
-    if args.device == "cpu":  # the GPU numbers go to bench/gpu.py's section
-        write_results_md(res)
+    if args.device == "cpu" and not args.no_markdown and os.path.abspath(args.out) == os.path.abspath(str(ROOT / "bench" / "results" / "heatmap18.json")):
+        write_results_md(res)  # (the GPU numbers go to bench/gpu.py's section)
     return 0
 
 
