@@ -203,6 +203,17 @@ def store_rows(n: int, batch_size: int) -> dict:
             got = cka_matrix(paths, device="cuda", **kw)
             runs.append(time.perf_counter() - t0)
         out["gpu_pool_peak_bytes"] = int(pool.total_bytes())
+        from repsim.engine.device_decode import device_decoder
+
+        out["gpu_decoding"] = device_decoder(cp) is not None  # nvCOMP installed: chunks decoded on the GPU
+        if out["gpu_decoding"]:  # ... and the same pass with the CPU decoding them, as before
+            os.environ["REPSIM_GPU_DECODE"] = "0"
+            try:
+                t0 = time.perf_counter()
+                cka_matrix(paths, device="cuda", **kw)
+                out["cuda_cpu_decoding_s"] = time.perf_counter() - t0
+            finally:
+                del os.environ["REPSIM_GPU_DECODE"]
         reads.append(engine_read(paths, batch_size, threads))
         out["engine_read_upload_s"] = engine_read(paths, batch_size, threads, upload=True)
         try:
@@ -423,7 +434,12 @@ def write_md(res: dict) -> None:
                      f"{s['bytes_on_disk'] / 1e9:.2f} GB zstd, batch {s['batch']}, 1 epoch, {s['threads']} reader "
                      f"threads | {s['cuda_s']:.2f} s (GPU pool peak {s['gpu_pool_peak_bytes'] / 2**30:.2f} GiB) | "
                      f"the engine's read schedule alone: {s['engine_read_s']:.2f} s (with the uploads, no "
-                     f"compute: {s['engine_read_upload_s']:.2f} s) | **{s['ratio_to_read']:.2f}×** |")
+                     f"compute: {s['engine_read_upload_s']:.2f} s) | **{s['ratio_to_read']:.2f}×** "
+                     f"({'chunks decoded on the GPU' if s.get('gpu_decoding') else 'chunks decoded on the CPU'}) |")
+        if "cuda_cpu_decoding_s" in s:
+            lines.append(f"| … the same with the CPU decoding the chunks (`REPSIM_GPU_DECODE=0`) | "
+                         f"{s['cuda_cpu_decoding_s']:.2f} s | the read schedule: {s['engine_read_s']:.2f} s | "
+                         f"{s['cuda_cpu_decoding_s'] / s['engine_read_s']:.2f}× |")
         lines.append(f"| the same on the CPU, all {res['cpus']} cores (`device=\"cpu\"`) | {s['cpu_all_cores_s']:.2f} s | "
                      f"`device=\"cuda\"`: {s['cuda_s']:.2f} s | cuda {s['cpu_over_cuda']:.2f}× faster "
                      f"(max abs diff {s['max_abs_cuda_vs_cpu']:.1e}) |")

@@ -25,6 +25,7 @@ EXTRAS: dict[str, str] = {
     "cupy": "gpu",
     "cupyx": "gpu",
     "cupy_backends": "gpu",  # (shipped by the cupy-cuda12x/13x wheels beside cupy)
+    "nvidia": "gpu",  # nvidia.nvcomp: GPU zstd decoding of the stores' chunks (engine/device_decode.py)
     "dask_cuda": "gpu",
     "xarray": "xarray",
 }

@@ -94,6 +94,20 @@ def test_corrupt_and_truncated_objects_raise_naming_the_chunk(tmp_path, compress
     with pytest.raises(StoreError, match=r"conv.*chunk 2"):
         open_store(tmp_path / "s.zarr").read_chunk("conv", 2)
     np.testing.assert_array_equal(open_store(tmp_path / "s.zarr").read_chunk("conv", 1), data["conv"][10:20])
+    # the encoded route (a GPU decodes the body: engine/device_decode.py) checks and names the same way
+    got = open_store(tmp_path / "s.zarr").chunk_object("conv", 1)
+    if compression == "none":
+        assert got is None  # raw objects: nothing to decode, the usual read
+    else:
+        with pytest.raises(StoreError, match=r"conv.*chunk 2"):
+            open_store(tmp_path / "s.zarr").chunk_object("conv", 2)
+        from numcodecs import Zstd
+
+        body, shape, dtype = got
+        assert shape == (10, 3, 4, 5) and dtype == np.float16
+        np.testing.assert_array_equal(np.frombuffer(Zstd().decode(body), dtype).reshape(shape), data["conv"][10:20])
+    os.remove(path)
+    assert open_store(tmp_path / "s.zarr").chunk_object("conv", 2) is None  # missing: the usual read names it
 
 
 def test_other_encodings_fall_back_to_zarr(tmp_path):

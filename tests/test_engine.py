@@ -445,3 +445,35 @@ def test_readers_run_ahead_within_the_byte_budget():
     big_groups = [Group(np.arange(40), [np.arange(6000)])]  # 6000-row batches: 6000 x 24000 float64 each
     assert _read_ahead(huge, big_groups, spec) == 8  # the floor, 4 × threads
     assert _read_ahead(huge, [], spec) == 8
+
+
+@pytest.mark.parametrize("spatial", ["flatten", "mean"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_chunks_decoded_on_the_device_route_give_the_same_cka(two_stores, monkeypatch, spatial, shuffle):
+    """The GPU-decoding route (engine/device_decode.py: compressed objects read and checked on the
+    CPU, decoded by the device, rows picked there) with its host stand-in on array-api-strict gives
+    the numbers of the usual route; float64 layers keep the usual route."""
+    xps = pytest.importorskip("array_api_strict")
+    from repsim.engine import minibatch
+    from repsim.engine.blocks import BlockReader
+    from repsim.engine.device_decode import HostZstd
+
+    stores = two_stores[np.float16]
+    kw = dict(batch_size=40, epochs=1, shuffle=shuffle, progress=False, device=xps, spatial=spatial)
+    ref = cka_matrix(stores, **kw)
+    used = []
+    real = BlockReader.gather_decoded
+
+    def counted(self, *a, **k):
+        got = real(self, *a, **k)
+        used.append(got is not None)
+        return got
+
+    monkeypatch.setattr(BlockReader, "gather_decoded", counted)
+    monkeypatch.setattr(minibatch, "device_decoder", lambda xp: HostZstd(xp))
+    got = cka_matrix(stores, **kw)
+    np.testing.assert_allclose(got.values, ref.values, rtol=1e-12, atol=1e-12)
+    assert used and all(used)
+    used.clear()
+    cka_matrix(two_stores[np.float64], **kw)  # float64: the host's magnitude check, the usual route
+    assert used and not any(used)

@@ -52,6 +52,8 @@ def test_swapped_layer_chunks_fail_check_and_every_read(tmp_path, capsys):
         open_store(s).layer("pool").compute()
     with pytest.raises(StoreError, match=r"layers/pool: chunk 2"):
         open_store(s).read_chunk("pool", 2)
+    with pytest.raises(StoreError, match=r"layers/pool: chunk 2 .*moved, swapped"):
+        open_store(s).chunk_object("pool", 2)  # the GPU-decoding route checks the manifest too
     out = tmp_path / "cka.npz"
     assert main(["cka", str(s), "--layers", "pool,conv", "--method", "exact", "--out", str(out)]) == 2
     assert not out.exists()

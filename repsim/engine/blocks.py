@@ -54,7 +54,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from repsim._paths import expand_paths
-from repsim._xp import is_cupy_namespace
+from repsim._xp import astype, is_cupy_namespace
 
 MIN_BATCH = 4  # HSIC_1 (U-centering) needs at least 4 examples
 SHUFFLE_SCHEMES = ("none", "window", "examples")
@@ -472,6 +472,37 @@ class BlockReader:
         for rows in group.batches:
             pos = np.searchsorted(group.blocks, rows // self.block_rows)
             out.append(span[offsets[pos] + rows - starts[pos]])
+        return out
+
+    def gather_decoded(self, c: int, group: "Group", decoder: Any, xp: Any) -> list[Any] | None:
+        """:meth:`gather` with the chunks decoded by ``decoder`` (:mod:`repsim.engine.device_decode`:
+        on a GPU, nvCOMP), the rows picked and ``spatial`` applied in ``xp``; ``None`` where that route
+        does not apply (the "examples" scheme, a float64 layer — its magnitude check is the host's —,
+        an array not in repsim's zstd encoding on a local disk, a missing object): read as usual."""
+        if group.blocks is None or self.spatial not in ("flatten", "mean"):
+            return None
+        store, layer, cr = self._stores[c], self.columns[c].layer, self.columns[c].chunk_rows
+        starts = np.minimum(group.blocks * self.block_rows, self.n)
+        stops = np.minimum((group.blocks + 1) * self.block_rows, self.n)
+        wanted = sorted({k for a, b in zip(starts.tolist(), stops.tolist()) for k in range(a // cr, (b - 1) // cr + 1)})
+        objects = []
+        for k in wanted:
+            got = store.chunk_object(layer, k)
+            if got is None or got[2] == np.float64:
+                return None
+            objects.append(got)
+        shape, dtype = objects[0][1], objects[0][2]
+        raw = decoder.decode([o[0] for o in objects], int(np.prod(shape)) * dtype.itemsize)
+        parts = [decoder.view(r, dtype, shape) for r in raw]
+        full = parts[0] if len(parts) == 1 else xp.concat(parts, axis=0)
+        slot = np.empty(max(wanted) + 1, dtype=np.int64)
+        slot[wanted] = np.arange(len(wanted)) * cr
+        out = []
+        for rows in group.batches:
+            x = xp.take(full, xp.asarray(slot[rows // cr] + rows % cr), axis=0)
+            if x.ndim > 2 and self.spatial == "mean":
+                x = xp.mean(astype(x, xp.float64, xp), axis=tuple(range(2, x.ndim)))
+            out.append(xp.reshape(x, (x.shape[0], -1)))
         return out
 
     def prefetched(self, keys: Sequence[Any], load: Any, ahead: int | None = None) -> Iterator[tuple[Any, Any]]:

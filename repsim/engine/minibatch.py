@@ -44,6 +44,7 @@ from repsim.engine.grams import REDUCE_FACTOR, centred_gram, gram_dtype
 from repsim.engine.result import CKAResult, SimilarityResult, _json_default
 from repsim.engine.similarity import report_undefined as _report_undefined
 from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
+from repsim.engine.device_decode import device_decoder
 from repsim.engine.upload import DeviceUploader, HeldUploads
 
 __all__ = ["CKAResult", "SimilarityResult", "cka_matrix", "similarity_matrix"]
@@ -90,10 +91,15 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
 
     host = getattr(xp, "__name__", "") == "numpy"
     upload = None if host else DeviceUploader(xp)
+    decoder = None if host else device_decoder(xp)  # chunks decoded on the GPU (engine/device_decode.py)
     held = HeldUploads()
 
     def load(unit: tuple[int, int]) -> list[Any]:
         g, c = unit
+        if decoder is not None:
+            decoded = reader.gather_decoded(c, groups[g], decoder, xp)
+            if decoded is not None:
+                return decoded
         arrays = reader.gather(c, groups[g])
         # NumPy: reduce on the reader thread as well, so that decoding, casting and the Gram GEMMs
         # of different columns run in parallel (each releases the GIL); other namespaces (GPU)

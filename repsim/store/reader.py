@@ -92,6 +92,19 @@ class _ChunkReader:
             parts.append(data[a - off:b - off])
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
+    def chunk_object(self, c: int) -> np.ndarray | None:
+        """Chunk ``c``'s verified object body (:meth:`repsim.store._chunkio.FastChunks.read_object`:
+        a zstd frame of the full chunk's little-endian bytes), or ``None`` when this array has no
+        fast path or the object is missing (read it through ``[...]`` then)."""
+        fast = self._fast_chunks(self._zarr())
+        if fast is None or not fast.compressed:
+            return None
+        a, b = c * self.chunk_rows, min(self.shape[0], (c + 1) * self.chunk_rows)
+        try:
+            return fast.read_object((c,) + (0,) * (self.ndim - 1), expect=self._expect(c))
+        except ValueError as exc:
+            raise self._error(exc, a, b) from exc
+
     def _zarr(self):
         if self._arr is None:
             import zarr
@@ -331,6 +344,20 @@ class ActivationStore:
             raise IndexError(f"store {self.name}: chunk {i} out of range (0..{self.n_chunks - 1})")
         start, stop = int(i) * self.chunk_rows, min(self.n, (int(i) + 1) * self.chunk_rows)
         return self._reader(arr.path)[start:stop]
+
+    def chunk_object(self, name: str, i: int) -> tuple[np.ndarray, tuple[int, ...], np.dtype] | None:
+        """Chunk ``i`` of ``name`` still encoded: ``(zstd frame (uint8), full chunk shape, dtype)``,
+        its crc32c and manifest entry checked, for a decoder elsewhere (a GPU's: engine/device_decode.py);
+        ``None`` when the array is not zstd in repsim's own encoding on a local disk, or the object
+        is missing.  The frame decodes to the full chunk (an edge chunk is padded with the fill value)."""
+        arr = self.zarr_array(name)
+        if not 0 <= int(i) < self.n_chunks:
+            raise IndexError(f"store {self.name}: chunk {i} out of range (0..{self.n_chunks - 1})")
+        reader = self._reader(arr.path)
+        body = reader.chunk_object(int(i))
+        if body is None:
+            return None
+        return body, (self.chunk_rows, *arr.shape[1:]), np.dtype(arr.dtype)
 
     def layer(self, name: str):
         """Layer ``name`` as a dask array ``(N, ...)`` chunked like the store (along examples only).

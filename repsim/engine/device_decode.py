@@ -1,0 +1,118 @@
+"""Chunks decoded on the GPU: the reader threads read and check the compressed objects, the device
+decompresses them (issue 26).
+
+On the CPU route each reader thread reads a chunk object, checks its crc32c and zstd-decodes it
+(``repsim.store._chunkio``); with ``--device cuda`` the decoded block is then copied to the GPU
+(``engine/upload.py``).  Decoding is most of that read: for bench/gpu.py's 4 stores (1.13 GB of zstd,
+1.91 GB of float16) 0.41 s of zstd on 16 CPU threads, against 0.14 s for nvCOMP's GPU zstd decoding of the
+same 512 chunks in one batched call with the compressed bytes copied to the device once (H100,
+byte-identical; bench/RESULTS.md "gpu").  So, where nvCOMP's Python package is installed
+(``nvidia-nvcomp-cu12`` / ``-cu13``), a reader thread
+
+1. reads the objects of the chunks a (batch group, column) needs and checks each crc32c and the
+   store's manifest entry on the CPU (:meth:`ActivationStore.chunk_object`);
+2. copies the compressed bodies into one pinned buffer, and it to the GPU on its own stream;
+3. decodes them in one batched nvCOMP call, views the bytes in the stored dtype (float16 stays
+   float16: the kernels widen it), and picks the batch's rows on the device.
+
+A column whose arrays are not repsim's zstd encoding on a local disk, or whose store lacks a chunk
+object, is read the CPU way.  :class:`HostZstd` is the same contract with the decoding on the host
+(numcodecs) and the result handed to any array namespace: the tests run the whole route with it on
+NumPy and array-api-strict.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from repsim._xp import is_cupy_namespace
+
+__all__ = ["HostZstd", "NvcompZstd", "device_decoder"]
+
+
+class HostZstd:
+    """Decode on the host (numcodecs zstd), hand the bytes to ``xp``: the reference of the route."""
+
+    def __init__(self, xp: Any) -> None:
+        from numcodecs import Zstd
+
+        self.xp = xp
+        self._zstd = Zstd()
+
+    def decode(self, bodies: Sequence[np.ndarray], nbytes: int) -> list[Any]:
+        """Each zstd frame of ``bodies`` decoded to ``nbytes`` bytes (uint8, on the host here)."""
+        out = []
+        for body in bodies:
+            raw = np.empty(nbytes, dtype=np.uint8)
+            self._zstd.decode(body, out=raw)
+            out.append(raw)
+        return out
+
+    def view(self, raw: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        """Decoded bytes as an array of ``xp`` of ``dtype`` and ``shape`` (as the CPU route hands a
+        block to ``xp``: :func:`repsim.engine.blocks.to_device`)."""
+        from repsim.engine.blocks import to_device
+
+        return to_device(raw.view(dtype).reshape(shape), self.xp)
+
+
+class NvcompZstd:
+    """nvCOMP's GPU zstd (``nvidia.nvcomp``) for CuPy: one batched decode per call, on the calling
+    thread's own CUDA stream's device; every call waits for its decode before returning, so the
+    consumer (the default stream) never reads an unfinished block."""
+
+    def __init__(self, xp: Any) -> None:
+        from nvidia import nvcomp  # noqa: F401 - fails early where it is not installed
+
+        self.xp = xp
+        self._local = threading.local()
+
+    def _codec(self) -> Any:
+        codec = getattr(self._local, "codec", None)
+        if codec is None:  # one codec per thread (nvCOMP: a Codec is not to be shared between threads)
+            from nvidia import nvcomp
+
+            codec = self._local.codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
+        return codec
+
+    def decode(self, bodies: Sequence[np.ndarray], nbytes: int) -> list[Any]:
+        import cupy
+        import cupyx
+        from nvidia import nvcomp
+
+        sizes = [int(b.size) for b in bodies]
+        offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        staged = cupyx.empty_pinned((int(offs[-1]),), dtype=np.uint8)
+        for body, a, e in zip(bodies, offs[:-1], offs[1:]):
+            staged[a:e] = body
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            dev = cupy.empty(staged.shape, dtype=np.uint8)
+            dev.set(staged, stream=stream)
+            stream.synchronize()  # (nvCOMP's decode runs on its own stream: the bytes must be there)
+            got = self._codec().decode(nvcomp.as_arrays([nvcomp.as_array(dev[a:e])
+                                                         for a, e in zip(offs[:-1], offs[1:])]))
+            out = [cupy.asarray(g).view(cupy.uint8) for g in got]
+        cupy.cuda.Device().synchronize()  # every decode finished before the consumer reads a block
+        if any(int(o.size) != nbytes for o in out):
+            raise ValueError(f"a chunk object does not decode to {nbytes} bytes on the GPU")
+        return out
+
+    def view(self, raw: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
+        return raw.view(dtype).reshape(shape)
+
+
+def device_decoder(xp: Any) -> Any:
+    """The GPU decoder for ``xp`` (CuPy with ``nvidia.nvcomp`` installed), else None (the CPU
+    decodes).  ``REPSIM_GPU_DECODE=0`` turns it off."""
+    if os.environ.get("REPSIM_GPU_DECODE", "1") == "0" or not is_cupy_namespace(xp):
+        return None
+    try:
+        return NvcompZstd(xp)
+    except ImportError:
+        return None
