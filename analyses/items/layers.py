@@ -168,7 +168,7 @@ def consecutive_similarity(cka, groups: dict[str, list[str]], layers: list[str])
     return pd.DataFrame(rows, columns=["label", "store", "transition", "position", "value"])
 
 
-@item("blocks", "Consecutive-block linear CKA: do the blocks do work?", "table",
+@item("blocks", "Consecutive-block linear CKA within one network", "table",
       ("cka_*.npz or similarity_*.npz with each store against itself",))
 def blocks(inputs: Inputs) -> Table:
     """Not a paper item (issue 28): linear CKA between each block's output and the next one's within one
