@@ -183,11 +183,12 @@ def blocks(inputs: Inputs) -> Table:
     summary = within.groupby(["label", "store"])["value"].agg(
         median="median", identical=lambda v: int((v >= 0.999).sum())).reset_index()
     order = long.drop_duplicates("transition").sort_values("position")["transition"].tolist()
-    parts = [long[["label", "store", "transition", "value"]].rename(columns={"transition": "column", "store": "seed"}),
-             summary.assign(column="median within stages", value=summary["median"])[["label", "store", "column", "value"]]
-             .rename(columns={"store": "seed"}),
-             summary.assign(column="≥ 0.999", value=summary["identical"])[["label", "store", "column", "value"]]
-             .rename(columns={"store": "seed"})]
+    keep = ["label", "store", "column", "value"]
+    parts = [long.rename(columns={"transition": "column"})[keep],
+             summary.assign(column="median within stages", value=summary["median"])[keep],
+             summary.assign(column="≥ 0.999", value=summary["identical"])[keep]]
+    # one row per network: seed_summary's "seed" is the store here (mean ± s.e. over the seeds' stores)
+    parts = [p.rename(columns={"store": "seed"}) for p in parts]
     cols = order + ["median within stages", "≥ 0.999"]
     numeric, shown, _ = seed_summary(pd.concat(parts, ignore_index=True), cols,
                                      digits={**{c: 3 for c in cols}, "≥ 0.999": 1}, bold=False)
