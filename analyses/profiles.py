@@ -134,8 +134,8 @@ def _tau_settings(k: int, weight_decay: float) -> dict[str, tuple[str, ...]]:
 
 # The paper's controlled experiment (Table 4, Fig. 5b) at Fashion-MNIST scale: the fashion profile's networks
 # and data, cosine softmax only, 5 temperatures × 2 seeds = 10 networks. Only the penultimate layer is
-# extracted (no CKA across objectives here), so a run is training plus a few minutes: ≈ 26 min on an idle
-# 2-core machine by the fashion profile's measured per-network time (analyses/README.md).
+# extracted (no CKA across objectives here), so a run is training plus a few minutes: 705 s measured on a
+# 2-core machine at load 0.9-2.0 (analyses/README.md).
 FASHION_TAU = Profile(
     name="fashion-tau", preset="fashion-cosine_softmax", source="fashion-source", target="fashion-target",
     title="repsim demo --profile fashion-tau: Fashion-MNIST, cosine softmax temperature sweep",
