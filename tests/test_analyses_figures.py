@@ -88,7 +88,7 @@ def write_results(root, *, rng=None, epochs=(1, 2, 3)):
     return res
 
 
-EXPECTED_WITHOUT_STORES = {"fig1", "table1", "fig2a", "fig2b", "fig3", "table3", "fig4", "fig5", "fig6",
+EXPECTED_WITHOUT_STORES = {"fig1", "table1", "fig2a", "fig2b", "blocks", "fig3", "table3", "fig4", "fig5", "fig6",
                            "figC1", "figC2", "figC3", "tableC2", "tableC3", "figD1", "tableD1", "tableE1", "tableE2",
                            "figE2"}
 
@@ -264,6 +264,37 @@ def test_fig2a_caption_names_its_stores(tmp_path):
     fig.fig.clf()
     with pytest.raises(TypeError, match="store names"):
         inputs.describe([object()])
+
+
+def test_blocks_consecutive_cka_on_planted_numbers(tmp_path):
+    """The consecutive-block table reads each store against itself: write_results plants, within one network,
+    CKA(layer a, layer a+1) = e⁻¹ · (0.98 − 0.1 · (a+1)/4); a second file plants one network whose blocks 2 → 3
+    are identical (1.0). Without stores there are no stage boundaries: the summary spans every block → block
+    transition (pool excluded)."""
+    from analyses.data import Inputs
+    from analyses.items.layers import blocks
+
+    res = write_results(tmp_path)
+    t = blocks(Inputs(None, res))
+    num = t.numeric.set_index("objective")
+    want = [np.exp(-1) * (0.98 - 0.1 * (a + 1) / 4) for a in range(4)]
+    for col, w in zip(["1→2", "2→3", "3→4", "4→pool"], want):
+        assert num.loc["softmax", col] == pytest.approx(w)
+        assert num.loc["cosine_softmax", f"{col} n"] == 2
+    assert num.loc["sigmoid", "median within stages"] == pytest.approx(want[1])  # of 1→2, 2→3, 3→4
+    assert num.loc["sigmoid", "≥ 0.999"] == 0
+    assert "of 3" in t.caption and "no store to read stage boundaries" in t.caption
+    assert list(t.shown.columns)[:2] == ["Objective", "1→2"]
+
+    # one network with identical blocks 2 and 3: counted, and its median moves
+    with np.load(res / "cka_all.npz") as z:
+        v, stores, layers, meta = z["values"].copy(), z["stores"], z["layers"], z["meta"]
+    i = [k for k, (s, l) in enumerate(zip(stores, layers)) if s == "softmax-s0-test" and l in ("block2", "block3")]
+    v[i[0], i[1]] = v[i[1], i[0]] = 1.0
+    np.savez(res / "cka_all.npz", values=v, stores=stores, layers=layers, meta=meta)
+    num = blocks(Inputs(None, res)).numeric.set_index("objective")
+    assert num.loc["softmax", "≥ 0.999"] == pytest.approx(0.5)  # 1 of 2 seeds
+    assert num.loc["softmax", "2→3"] == pytest.approx((1.0 + want[1]) / 2)
 
 
 def test_kde_bandwidths():

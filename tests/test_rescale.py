@@ -54,3 +54,13 @@ def test_fashion_presets_record_the_rules_values():
     for obj in OBJECTIVES:
         got = _preset(f"fashion-{obj}").get("objective_params", {})
         assert got == rescale.params(obj, k, wd), obj
+
+
+def test_fashion_presets_residual_init():
+    """Blocks that do work (analyses/README.md): every fashion network starts its blocks' last BN at γ = 1,
+    except squared error, which diverges there and keeps the zero-γ init."""
+    from train.config import load_config
+
+    for obj in OBJECTIVES:
+        want = obj == "squared_error"
+        assert load_config(f"fashion-{obj}")["arch_params"]["zero_init_residual"] is want, obj

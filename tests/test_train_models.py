@@ -69,6 +69,11 @@ def test_mini_resnet_has_resnet50_block_structure():
     assert tv == {n for n, _ in blocks[1].named_children()}
     assert net(torch.randn(3, 1, 8, 8)).shape == (3, m)
     assert build_backbone("mini_resnet14", width=4)[0].layer3.__len__() == 1
+    # zero_init_residual=false (the Fashion-MNIST profile): every block's last BN starts at γ = 1, like the others
+    plain, _ = build_backbone("mini_resnet", width=8, in_channels=1, zero_init_residual=False)
+    assert all(torch.all(b.bn3.weight == 1) for b in _blocks(plain))
+    with pytest.raises(ValueError, match="bad parameters"):
+        build_backbone("mini_resnet", zero_gamma=False)
 
 
 def test_wrn16_8_and_allcnn_shapes(backbones):

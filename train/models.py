@@ -11,6 +11,8 @@ Registry (``build_backbone(arch, **params) -> (backbone, feature_dim)``):
 * ``mini_resnet``   the ResNet-50 block structure (Bottleneck, ``layers`` per stage, default
                     [3, 4, 6, 3] = 16 blocks) at small width and without stem downsampling, for
                     8×8 digits on a CPU. ``mini_resnet50``/``26``/``14`` are preset layer counts.
+                    ``arch_params``: ``width``, ``layers``, ``zero_init_residual`` (default true, as
+                    torchvision's ResNet-50 here; false starts every block's last BN at γ = 1).
 
 Every backbone has ``fc = Identity`` semantics: ``backbone(x)`` is the (N, M) penultimate vector.
 Residual backbones keep torchvision's attribute names ``layer1`` … ``layer4`` (nn.Sequential of
@@ -230,8 +232,10 @@ def _inception_v3(in_channels: int = 3) -> tuple[nn.Module, int]:
 
 
 def _mini(layers: tuple[int, ...]) -> Callable[..., tuple[nn.Module, int]]:
-    def build(in_channels: int = 3, width: int = 8, layers: tuple[int, ...] | list[int] = layers):
-        net = MiniResNet(tuple(layers), width=width, in_channels=in_channels)
+    def build(in_channels: int = 3, width: int = 8, layers: tuple[int, ...] | list[int] = layers,
+              zero_init_residual: bool = True):
+        net = MiniResNet(tuple(layers), width=width, in_channels=in_channels,
+                         zero_init_residual=bool(zero_init_residual))
         return net, net.num_features
     return build
 

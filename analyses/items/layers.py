@@ -1,5 +1,6 @@
 """Layer-wise items: Fig. 2a/2b (CKA, and the same panels under every other similarity measure in the
-results), Fig. 3 (sparsity), Table 3 / Fig. 4 (R²), Tables E.1, E.2, Fig. E.4."""
+results), consecutive-block CKA (``blocks``, not in the paper), Fig. 3 (sparsity), Table 3 / Fig. 4 (R²),
+Tables E.1, E.2, Fig. E.4."""
 from __future__ import annotations
 
 import itertools
@@ -150,6 +151,57 @@ def fig2b(inputs: Inputs, measure: str = "linear_cka") -> Figure:
            f"(blank when an objective has one seed). Layers shown: {', '.join(chosen)}. {_measure_text(cka, vmin, vmax)} "
            f"{inputs.describe([x for v in groups.values() for x in v])}. {cka.meta_text()}.")
     return Figure(fig, cap)
+
+
+def consecutive_similarity(cka, groups: dict[str, list[str]], layers: list[str]) -> pd.DataFrame:
+    """Long table (label, seed-store, transition, value): the measure between each layer and the next one
+    within one network (``cka.block(s, s, ...)``'s first off-diagonal), for every store of ``groups``."""
+    rows = []
+    for label, stores in groups.items():
+        for s in stores:
+            m = cka.block(s, s, layers, layers)
+            if m is None:
+                continue
+            for i in range(len(layers) - 1):
+                rows.append(dict(label=label, store=s, transition=f"{_short(layers[i])}→{_short(layers[i + 1])}",
+                                 position=i, value=float(m[i, i + 1])))
+    return pd.DataFrame(rows, columns=["label", "store", "transition", "position", "value"])
+
+
+@item("blocks", "Consecutive-block linear CKA within one network", "table",
+      ("cka_*.npz or similarity_*.npz with each store against itself",))
+def blocks(inputs: Inputs) -> Table:
+    """Not a paper item (issue 28): linear CKA between each block's output and the next one's within one
+    network. Values near 1 within a stage mean the blocks there add nearly nothing (a zero-γ residual branch
+    that stayed small), which leaves finding 2's "only the last few blocks" little to resolve."""
+    cka, groups, layers = _cka_groups(inputs)
+    long = consecutive_similarity(cka, groups, layers)
+    if long.empty:
+        raise Missing(f"no store's {cka.display} against itself (the within-network matrix)")
+    bounds = set(_stage_boundaries(inputs, layers))
+    within = long[[(p + 0.5) not in bounds and "pool" not in t for p, t in zip(long["position"], long["transition"])]]
+    summary = within.groupby(["label", "store"])["value"].agg(
+        median="median", identical=lambda v: int((v >= 0.999).sum())).reset_index()
+    order = long.drop_duplicates("transition").sort_values("position")["transition"].tolist()
+    keep = ["label", "store", "column", "value"]
+    parts = [long.rename(columns={"transition": "column"})[keep],
+             summary.assign(column="median within stages", value=summary["median"])[keep],
+             summary.assign(column="≥ 0.999", value=summary["identical"])[keep]]
+    # one row per network: seed_summary's "seed" is the store here (mean ± s.e. over the seeds' stores)
+    parts = [p.rename(columns={"store": "seed"}) for p in parts]
+    cols = order + ["median within stages", "≥ 0.999"]
+    numeric, shown, _ = seed_summary(pd.concat(parts, ignore_index=True), cols,
+                                     digits={**{c: 3 for c in cols}, "≥ 0.999": 1}, bold=False)
+    shown["label"] = shown["label"].map(display)
+    n_within = within.groupby("store").size().max()
+    stage = (f"'median within stages' and '≥ 0.999' (transitions with CKA ≥ 0.999, of {n_within}) are over the "
+             f"block → block transitions inside a stage (stage boundaries: where the activation shape changes)"
+             if bounds else f"'median within stages' and '≥ 0.999' (of {n_within}) are over every block → block "
+             f"transition (no store to read stage boundaries from)")
+    cap = (f"Linear CKA between the output of each layer and the next one's, within one network; mean ± s.e. over "
+           f"seeds. Values near 1 mean the later block changed the representation little; {stage}. "
+           f"{inputs.describe([x for v in groups.values() for x in v])}. {cka.meta_text()}.")
+    return Table(numeric.rename(columns={"label": "objective"}), shown.rename(columns={"label": "Objective"}), cap)
 
 
 def _stage_boundaries(inputs: Inputs, layers: list[str]) -> list[float]:
