@@ -114,38 +114,10 @@ class FastChunks:
         """True when chunk objects are zstd frames (+ crc32c), False for raw bytes (+ crc32c)."""
         return self._zstd is not None
 
-    def read_object(self, index: tuple[int, ...], expect: int | None = None) -> np.ndarray | None:
-        """The verified body of chunk ``index``'s object — its zstd frame (or raw bytes), the
-        crc32c trailer checked and cut off — as a uint8 array, to be decoded elsewhere (on a GPU:
-        :mod:`repsim.engine.device_decode`); ``None`` when the object does not exist.  The same
-        checks and errors as :meth:`read`."""
-        import google_crc32c
-
-        self._check_grid(index)
-        try:
-            with open(self.path(index), "rb") as fh:
-                buf = np.frombuffer(fh.read(), dtype=np.uint8)
-        except FileNotFoundError:
-            return None
-        if buf.size < 4:
-            raise ValueError(f"chunk object of {buf.size} bytes is truncated")
-        body = buf[:-4]
-        if np.uint32(google_crc32c.value(body)).tobytes() != buf[-4:].tobytes():
-            raise ValueError("Stored and computed checksum do not match (crc32c)")
-        if expect is not None:
-            misplaced(int.from_bytes(buf[-4:].tobytes(), "little"), expect)
-        if self._zstd is None and body.size != self._nbytes:
-            raise ValueError(f"chunk object is not {self._nbytes + 4} bytes long (raw chunk + crc32c)")
-        return body
-
-    def read(self, index: tuple[int, ...], expect: int | None = None) -> np.ndarray | None:
-        """Chunk ``index`` cut to the array's extent; ``None`` when its object does not exist.
-
-        Raises ``ValueError`` on a checksum mismatch, an object that does not decode to the chunk's
-        size, or (``expect``: the crc32c the store's manifest recorded for this array and index) an
-        intact object whose crc32c is not the one written at this position (the caller names store,
-        array and chunk).
-        """
+    def _object(self, index: tuple[int, ...], expect: int | None) -> np.ndarray | None:
+        """Chunk ``index``'s object body, its crc32c trailer (and ``expect``: the manifest's entry)
+        checked and cut off; ``None`` when the object does not exist.  A raw object is read straight
+        into a writable buffer (the chunk's array is then a view of it)."""
         import google_crc32c
 
         self._check_grid(index)
@@ -167,6 +139,26 @@ class FastChunks:
             raise ValueError("Stored and computed checksum do not match (crc32c)")
         if expect is not None:
             misplaced(int.from_bytes(buf[-4:].tobytes(), "little"), expect)
+        return body
+
+    def read_object(self, index: tuple[int, ...], expect: int | None = None) -> np.ndarray | None:
+        """The verified body of chunk ``index``'s object — its zstd frame (or raw bytes), the
+        crc32c trailer checked and cut off — as a uint8 array, to be decoded elsewhere (on a GPU:
+        :mod:`repsim.engine.device_decode`); ``None`` when the object does not exist.  The same
+        checks and errors as :meth:`read`."""
+        return self._object(index, expect)
+
+    def read(self, index: tuple[int, ...], expect: int | None = None) -> np.ndarray | None:
+        """Chunk ``index`` cut to the array's extent; ``None`` when its object does not exist.
+
+        Raises ``ValueError`` on a checksum mismatch, an object that does not decode to the chunk's
+        size, or (``expect``: the crc32c the store's manifest recorded for this array and index) an
+        intact object whose crc32c is not the one written at this position (the caller names store,
+        array and chunk).
+        """
+        body = self._object(index, expect)
+        if body is None:
+            return None
         if self._zstd is None:
             out = body.view(self.dtype).reshape(self.chunks)
         else:
