@@ -243,19 +243,26 @@ def fig5b(inputs: Inputs) -> Figure:
     g = g.sort_values("value")
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    runs = df.sort_values("value")
+    ax.scatter(runs["r2"], runs["transfer"], c=runs["value"], cmap="viridis", s=14, alpha=0.45, zorder=2,
+               vmin=g["value"].min(), vmax=g["value"].max())  # every run (seed), faint
     sc = ax.scatter(g["r2"], g["t"], c=g["value"], cmap="viridis", s=60, edgecolor="black", zorder=3)
     ax.plot(g["r2"], g["t"], color="0.6", lw=1, zorder=2)
-    for _, r in g.iterrows():
-        ax.annotate(split_label(r["label"])[1], (r["r2"], r["t"]), textcoords="offset points", xytext=(5, 4),
-                    fontsize=8)
+    for k, (_, r) in enumerate(g.iterrows()):  # labels alternate above and below: neighbours do not touch
+        ax.annotate(split_label(r["label"])[1], (r["r2"], r["t"]), textcoords="offset points",
+                    xytext=(5, 5) if k % 2 == 0 else (5, -12), fontsize=8)
     fig.colorbar(sc, ax=ax, label="temperature τ" if "tau" in "".join(g["params"]) else "parameter")
     ax.margins(x=0.15)  # room for the last point's label
     px = pixel_line(ax, inputs, lin["task"].unique())
-    rho, p = spearman(g["r2"], g["t"]) if len(g) >= 3 else (np.nan, np.nan)
+    n = len(runs)
+    rho, p = spearman(runs["r2"], runs["transfer"]) if n >= 3 else (np.nan, np.nan)
     ax.set_xlabel("Class separation R² (penultimate, cosine)")
     ax.set_ylabel("Mean linear transfer accuracy (%)")
-    ax.set_title(f"{display(objective)}: parameter sweep" + (f" (ρ = {rho:.2f}, p = {p:.2g})" if len(g) >= 3 else ""))
-    return Figure(fig, f"Each point is one setting (mean over seeds). {describe_rows(lin)}. {probe_settings(lin)}." + px)
+    ax.set_title(f"{display(objective)}: parameter sweep"
+                 + (f" (ρ(R², transfer) over {n} runs = {rho:.2f}, p = {p:.2g})" if n >= 3 else ""))
+    return Figure(fig, f"Large points: one setting each (mean over seeds), joined in parameter order; small "
+                       f"points: the runs (seeds); ρ: Spearman over the runs. {describe_rows(lin)}. "
+                       f"{probe_settings(lin)}." + px)
 
 
 @item("fig6", "Fig. 6: relearning the source classes from fixed features vs. class separation", "figure",
