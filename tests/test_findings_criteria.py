@@ -132,3 +132,70 @@ def test_tau_trend_on_planted_sweeps():
     assert F.tau_trend(_sweep_runs(0.0, 0.0, seed=2)).verdict == "not reproduced"
     with pytest.raises(F.Missing):
         F.tau_trend(_sweep_runs(0.05, -1.0).query("tau < 0.06"))
+
+
+def test_spearman_critical_is_where_p_crosses_alpha():
+    from scipy import stats
+
+    for n in (5, 9, 15):
+        r = F.spearman_critical(n)
+        t = r * np.sqrt((n - 2) / (1 - r * r))
+        assert 2 * stats.t.sf(t, n - 2) == pytest.approx(F.ALPHA)
+    assert F.spearman_critical(9) == pytest.approx(0.666, abs=0.001)
+    assert np.isnan(F.spearman_critical(2))
+
+
+def test_paper_order_against_table3():
+    import pandas as pd
+
+    r2 = pd.Series({o: v for o, (_, v) in F.PAPER_TABLE3.items()})
+    assert "as the paper's Table 3 does (ρ = 1.00" in F.paper_order_text(r2, 1, "R²")
+    assert "unlike the paper's Table 3 (Spearman ρ with it -1.00" in F.paper_order_text(-r2, 1, "R²")
+    # settings of a sweep (labels with parameters) and unknown objectives are not Table 3's rows
+    assert F.paper_order_text(pd.Series({"softmax": 1.0, "cosine_softmax (tau=0.1)": 2.0, "x": 3.0}), 1, "R²") == ""
+
+
+def test_late_blocks_why_names_each_failed_condition():
+    assert F.late_blocks_why({"early": (-0.01, 0.01), "late": (0.01, 0.05), "late-early": (0.01, 0.04)}) == ""
+    why = F.late_blocks_why({"early": (0.01, 0.04), "late": (-0.01, 0.05), "late-early": (-0.004, 0.045)})
+    assert "late gap's interval [-0.010, 0.050] reaches 0" in why
+    assert "late − early's interval [-0.004, 0.045] reaches 0" in why
+    assert "early gap's interval [0.010, 0.040] lies above 0" in why
+    assert "not evaluated" in F.late_blocks_why(None)
+
+
+def test_why_of_the_transfer_and_separation_findings(tmp_path):
+    """A reproduced finding has no 'why'; with softmax planted best on source accuracy and on R², the
+    findings say which condition failed, with the numbers, and that pixels beat every network's features."""
+    import pandas as pd
+    from test_analyses_figures import write_results
+
+    from analyses.data import Inputs
+
+    res = write_results(tmp_path)
+    assert F.finding_transfer(Inputs(None, res)).why == ""  # later objectives: better source, worse transfer
+    tra = pd.read_csv(res / "training.csv")
+    tra.loc[tra["objective"] == "softmax", "top1"] = 0.99
+    tra.to_csv(res / "training.csv", index=False)
+    sep = pd.read_csv(res / "separation.csv")
+    sep.loc[sep["objective"] == "softmax", "r2"] = 0.99
+    sep.to_csv(res / "separation.csv", index=False)
+    (res / "pixels.csv").write_text("task,features,probe,metric,accuracy,best_param,n_train,n_test,dim\n"
+                                    "taskA,pixels,linear,top1,0.99,1.0,100,50,196\n"
+                                    "taskB,pixels,linear,top1,0.99,1.0,100,50,196\n")
+    inputs = Inputs(None, res)
+    f1 = F.finding_transfer(inputs)
+    assert f1.verdict == "partial" and f1.why.startswith("(b) has no premise: no objective beats softmax's source top-1")
+    assert "smallest source difference the seeds resolve" in f1.why
+    assert "no objective's features transfer as well as raw pixels (best Softmax" in f1.why and "against 99.0%" in f1.why
+    f3 = F.finding_separation(inputs)
+    assert f3.verdict != "reproduced"
+    assert "(a) fails: 0 of 3 objectives above softmax's R², 3 needed" in f3.why
+    assert "Table 3" in f3.why
+    assert "Why not reproduced: (a) fails" in F.findings_text([f3]) and "Why not reproduced:" in F.findings_html([f3])
+
+
+def test_tau_trend_why():
+    assert F.tau_trend(_sweep_runs(0.05, -1.0)).why == ""
+    why = F.tau_trend(_sweep_runs(0.05, +1.0)).why
+    assert why.startswith("ρ(τ, transfer) = ") and "needs ρ ≤ −0.63 with 10 runs" in why and "R²" not in why
