@@ -133,9 +133,9 @@ def _tau_settings(k: int, weight_decay: float) -> dict[str, tuple[str, ...]]:
 
 
 # The paper's controlled experiment (Table 4, Fig. 5b) at Fashion-MNIST scale: the fashion profile's networks
-# and data, cosine softmax only, 5 temperatures × 2 seeds = 10 networks. Only the penultimate layer is
-# extracted (no CKA across objectives here), so a run is training plus a few minutes: 705 s measured on a
-# 2-core machine at load 0.9-2.0 (analyses/README.md).
+# and data, cosine softmax only, 5 temperatures × 2 seeds = 10 networks (3 seeds do not fit 40 minutes:
+# 290-306 s per network two at a time measured, ≈ 41 min estimated). Only the penultimate layer is
+# extracted (no CKA across objectives here), so a run is training plus a few minutes (analyses/README.md).
 FASHION_TAU = Profile(
     name="fashion-tau", preset="fashion-cosine_softmax", source="fashion-source", target="fashion-target",
     title="repsim demo --profile fashion-tau: Fashion-MNIST, cosine softmax temperature sweep",
