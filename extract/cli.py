@@ -227,10 +227,18 @@ def _jobs(requested: int | None, n_checkpoints: int, device: str | None, distrib
 GPU_JOBS = 4  # checkpoints extracted at once on one GPU (bench/heatmap18.py --device cuda)
 
 
-def _on_gpu(device: str | None) -> bool:
+def _cuda_device(device: str | None):
+    """The CUDA device that ``device`` ("auto", "cpu", "cuda", "cuda:N") resolves to, or None."""
     import torch
 
-    return str(device or "auto") == "auto" and torch.cuda.is_available() or str(device).startswith("cuda")
+    name = str(device or "auto")
+    if name.startswith("cuda"):
+        return torch.device(name)
+    return torch.device("cuda") if name == "auto" and torch.cuda.is_available() else None
+
+
+def _on_gpu(device: str | None) -> bool:
+    return _cuda_device(device) is not None
 
 
 def _job_init(cpus: int) -> None:
@@ -281,15 +289,14 @@ def _extract_in_threads(checkpoints: list[str], outs: list[Path], data, options:
     from . import pipeline
     from .pipeline import extract_store
 
-    device = str(options.get("device") or "auto")
-    cuda = device.startswith("cuda") or device == "auto" and torch.cuda.is_available()
-    dev = torch.device(device if device.startswith("cuda") else "cuda") if cuda else None
+    dev = _cuda_device(options.get("device"))
 
     def one(ckpt: str, out: Path) -> None:
         if dev is None:
             extract_store(ckpt, data, out, **options)
             return
-        torch.cuda.set_device(dev)
+        # set_device needs an index ("cuda" alone raises): the current device's, as torch.cuda.device takes it
+        torch.cuda.set_device(dev.index if dev.index is not None else torch.cuda.current_device())
         with torch.cuda.stream(torch.cuda.Stream(dev)):  # the jobs' kernels overlap on the device
             extract_store(ckpt, data, out, **options)
         torch.cuda.synchronize(dev)

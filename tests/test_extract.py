@@ -574,6 +574,17 @@ def test_checkpoints_as_threads_write_the_stores_one_at_a_time_writes(ckpts, tmp
     assert repsim_main(bad) == 2
 
 
+def test_cuda_device_resolution():
+    """--device resolves to the CUDA device the thread path sets (an explicit index kept), or None."""
+    import torch
+
+    from extract import cli
+
+    assert cli._cuda_device("cpu") is None and not cli._on_gpu("cpu")
+    assert cli._cuda_device("cuda:1") == torch.device("cuda", 1) and cli._on_gpu("cuda")
+    assert (cli._cuda_device(None) is None) == (not torch.cuda.is_available())
+
+
 def test_in_memory_specs():
     from extract.memory import in_memory_spec
 

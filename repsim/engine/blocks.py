@@ -349,16 +349,18 @@ def progress_bar(total: int, desc: str, progress: bool | None, unit: str = "batc
     return tqdm(total=total, desc=desc, unit=unit, disable=disable, leave=False)
 
 
-def transform(x: np.ndarray, spatial: str) -> np.ndarray:
+def transform(x: Any, spatial: str, xp: Any = None) -> Any:
     """(rows, C[, H, W]) -> (rows, features): ``flatten`` keeps every value (paper §3.2), ``mean``
-    averages conv maps over space first (in float64), ``raw`` returns the block as stored."""
+    averages conv maps over space first (in float64), ``raw`` returns the block as stored. ``xp``: the
+    array namespace of a device block (the GPU-decoding route), None for a NumPy block."""
     if spatial == "raw":
         return x
-    if x.ndim > 2 and spatial == "mean":
-        return x.mean(axis=tuple(range(2, x.ndim)), dtype=np.float64)
     if spatial not in ("flatten", "mean"):
         raise ValueError(f"spatial must be 'flatten', 'mean' or 'raw', got {spatial!r}")
-    return x.reshape(x.shape[0], -1)
+    if x.ndim > 2 and spatial == "mean":
+        axes = tuple(range(2, x.ndim))
+        return x.mean(axis=axes, dtype=np.float64) if xp is None else xp.mean(astype(x, xp.float64, xp), axis=axes)
+    return x.reshape(x.shape[0], -1) if xp is None else xp.reshape(x, (x.shape[0], -1))
 
 
 def to_device(x: np.ndarray, xp: Any) -> Any:
@@ -499,10 +501,7 @@ class BlockReader:
         slot[wanted] = np.arange(len(wanted)) * cr
         out = []
         for rows in group.batches:
-            x = xp.take(full, xp.asarray(slot[rows // cr] + rows % cr), axis=0)
-            if x.ndim > 2 and self.spatial == "mean":
-                x = xp.mean(astype(x, xp.float64, xp), axis=tuple(range(2, x.ndim)))
-            out.append(xp.reshape(x, (x.shape[0], -1)))
+            out.append(transform(xp.take(full, xp.asarray(slot[rows // cr] + rows % cr), axis=0), self.spatial, xp))
         return out
 
     def prefetched(self, keys: Sequence[Any], load: Any, ahead: int | None = None) -> Iterator[tuple[Any, Any]]:
