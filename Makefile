@@ -35,7 +35,7 @@ demo: $(STAMP)
 demo-fashion: $(STAMP) fashion-data
 	$(VENV)/bin/repsim demo --profile fashion --out $(FASHION_OUT) $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
-# The temperature sweep (Table 4, Fig. 5b): cosine softmax at 5 temperatures × 2 seeds (≈ 26 min estimated).
+# The temperature sweep (Table 4, Fig. 5b): cosine softmax at 5 temperatures × 2 seeds (28 min measured on an idle 2-core machine).
 demo-fashion-tau: $(STAMP) fashion-data
 	$(VENV)/bin/repsim demo --profile fashion-tau --out $(FASHION_OUT)-tau $(if $(DATA_ROOT),--data-root $(DATA_ROOT))
 
