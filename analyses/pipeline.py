@@ -3,7 +3,7 @@ profile (:mod:`analyses.profiles`: sklearn digits by default, Fashion-MNIST with
 
 Layout of the output directory (each stage reuses what a previous run finished)::
 
-    OUT/runs/<objective>-s<seed>/   `repsim train` output; DONE marks a finished run (keyed on its command);
+    OUT/runs/<objective>-s<seed>/   `repsim train` output; DONE marks a finished run (keyed on its resolved config);
                                     epoch-EEEE.pt every profile.keep_every epochs (training dynamics)
     OUT/stores/<group>/<run>-<group>.zarr   `repsim extract` stores; reused when complete and newer than
                                     the checkpoint
@@ -179,20 +179,35 @@ class Demo:
         return self.out / "runs" / name
 
     # ------------------------------------------------------------------ train
+    def train_sets(self, objective: str) -> list[str]:
+        """The ``--set`` overrides of one objective's runs: epochs, data location, the profile's setting
+        for ``objective`` (a sweep's), the caller's ``--set``s, in that order (later ones win)."""
+        sets = [f"epochs={self.epochs}"] if self.epochs is not None else []
+        if self.data_root:
+            sets.append("data.root=" + json.dumps(str(self.data_root)))
+        if self.download:
+            sets.append("data.download=true")
+        return sets + [*self.profile.settings.get(objective, ()), *self.sets]
+
     def train_argv(self, objective: str, seed: int) -> list[str]:
         argv = _repsim("train", "--preset", self.profile.preset.format(objective=objective), "--seed", str(seed),
                        "--out", str(self.run_dir(f"{objective}-s{seed}")), "--no-progress")
         if self.profile.keep_every:
             argv += ["--keep-every", str(self.profile.keep_every)]
-        if self.epochs is not None:
-            argv += ["--set", f"epochs={self.epochs}"]
-        if self.data_root:
-            argv += ["--set", "data.root=" + json.dumps(str(self.data_root))]
-        if self.download:
-            argv += ["--set", "data.download=true"]
-        for s in (*self.profile.settings.get(objective, ()), *self.sets):
+        for s in self.train_sets(objective):
             argv += ["--set", s]
         return argv
+
+    def train_key(self, objective: str, seed: int) -> str:
+        """What a finished network is reused by: its configuration as `repsim train` resolves it (the
+        preset files, then the ``--set``s; :func:`train.config.load_config`), not the command line, so
+        that an edited preset retrains its networks and a value given by ``--set`` or by the preset is
+        the same run."""
+        from train.config import load_config
+
+        sets = [f"seed={seed}", *([f"keep_every={self.profile.keep_every}"] if self.profile.keep_every else []),
+                *self.train_sets(objective)]
+        return json.dumps(load_config(self.profile.preset.format(objective=objective), sets), sort_keys=True)
 
     def check_data(self) -> None:
         """Fail before any training when the profile's data cannot be found (the message says how)."""
@@ -210,7 +225,7 @@ class Demo:
             for s in range(self.seeds):
                 name, argv = f"{o}-s{s}", self.train_argv(o, s)
                 d = self.run_dir(name)
-                key = json.dumps(argv[3:])
+                key = self.train_key(o, s)
                 done = d / "DONE"
                 if done.is_file() and json.loads(done.read_text()).get("key") == key:
                     continue

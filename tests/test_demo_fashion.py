@@ -3,6 +3,7 @@ pipeline (train, extract, analyse, report) for 2 objectives × 1 seed × 1 epoch
 one log line per stage and network; and the missing-data error before any training."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -90,6 +91,23 @@ def test_train_argv_carries_profile_and_data_options(tmp_path):
     (tmp_path / "runs" / "softmax-s0" / "best.pt").write_text("not read")
     args = d.extract_args("tgt-test", "softmax-s0", d.checkpoint("softmax-s0"))
     assert args[args.index("--data") + 1] == "fashion-target" and args[args.index("--data-root") + 1] == "/data/fm"
+
+
+def test_finished_networks_are_reused_by_their_resolved_config(tmp_path):
+    """The demo reuses a network when its configuration as `repsim train` resolves it is unchanged: a value
+    given by --set that the preset already has is the same run; a different value, seed or epoch count
+    is not (an edited preset changes the resolved config too)."""
+    from analyses.pipeline import Demo
+    from analyses.profiles import FASHION
+    from train.config import load_config
+
+    per_class = load_config("fashion-softmax")["data"]["train_per_class"]
+    key = lambda *sets, seed=0, epochs=None: Demo(tmp_path, ("softmax",), 1, epochs, profile=FASHION,  # noqa: E731
+                                                 sets=sets).train_key("softmax", seed)
+    assert key() == key(f"data.train_per_class={per_class}")
+    assert key() != key(f"data.train_per_class={per_class + 1}")
+    assert key() != key(seed=1) and key() != key(epochs=3)
+    assert json.loads(key())["data"]["train_per_class"] == per_class and json.loads(key())["keep_every"] == FASHION.keep_every
 
 
 def test_report_says_when_fewer_than_two_findings_reproduce():
