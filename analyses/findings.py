@@ -54,12 +54,6 @@ ALPHA = 0.05
 POWER = 0.8
 N_BOOT = 2000
 
-# The paper's Table 3 (8 ResNet-50s per objective, ImageNet): ImageNet top-1 (%) and penultimate R² (Eq. 11),
-# the reference against which a run's ordering of the objectives is compared when a finding is not reproduced.
-PAPER_TABLE3: dict[str, tuple[float, float]] = {
-    "softmax": (77.0, 0.349), "label_smoothing": (77.6, 0.420), "sigmoid": (77.9, 0.427),
-    "extra_l2": (77.7, 0.572), "dropout": (77.5, 0.461), "logit_penalty": (77.7, 0.601),
-    "logit_norm": (77.8, 0.517), "cosine_softmax": (77.9, 0.641), "squared_error": (77.2, 0.845)}
 
 
 def _pm(values: np.ndarray, digits: int = 1) -> str:
@@ -123,12 +117,15 @@ def spearman_critical(n: int, alpha: float = ALPHA) -> float:
 
 
 def paper_order_text(values, column: int, what: str) -> str:
-    """'this run's <what> order of the objectives against the paper's Table 3: ρ = …' over the objectives
-    (labels of ``values``, a per-objective Series) that Table 3 lists ('' with fewer than 3)."""
+    """'this run orders the objectives by <what> (un)like the paper's Table 3 (ρ = …)' over the objectives
+    (labels of ``values``, a per-objective Series) that Table 3 lists (``Objective.table3``; ``column`` 0:
+    top-1, 1: R²); '' with fewer than 3."""
     from analyses.data import split_label
+    from repsim.objectives import BY_NAME
 
-    pairs = [(float(v), PAPER_TABLE3[split_label(l)[0]][column]) for l, v in values.items()
-             if split_label(l)[0] in PAPER_TABLE3 and not split_label(l)[1]]
+    table3 = {o.name: o.table3 for o in BY_NAME.values() if o.table3}
+    pairs = [(float(v), table3[split_label(l)[0]][column]) for l, v in values.items()
+             if split_label(l)[0] in table3 and not split_label(l)[1]]
     if len(pairs) < 3:
         return ""
     rho, p = spearman([a for a, _ in pairs], [b for _, b in pairs])

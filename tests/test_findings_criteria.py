@@ -148,7 +148,10 @@ def test_spearman_critical_is_where_p_crosses_alpha():
 def test_paper_order_against_table3():
     import pandas as pd
 
-    r2 = pd.Series({o: v for o, (_, v) in F.PAPER_TABLE3.items()})
+    from repsim.objectives import REGISTRY
+
+    r2 = pd.Series({o.name: o.table3[1] for o in REGISTRY})
+    assert r2["squared_error"] == 0.845 and r2["softmax"] == 0.349  # Table 3's first and last rows
     assert "as the paper's Table 3 does (ρ = 1.00" in F.paper_order_text(r2, 1, "R²")
     assert "unlike the paper's Table 3 (Spearman ρ with it -1.00" in F.paper_order_text(-r2, 1, "R²")
     # settings of a sweep (labels with parameters) and unknown objectives are not Table 3's rows
