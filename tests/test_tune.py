@@ -60,8 +60,11 @@ def test_finetune_grid_options_and_literals():
     for v in (3.1622776601683795e-06, 0.0, 12, True, "digits-target", [1, 2, 3], {"width": 4, "layers": [1, 1]}):
         cfg = load_config("digits-softmax", [f"arch_params={toml_literal({'v': v})}"])
         assert cfg["arch_params"] == {"v": v}
-    assert Run(__import__("pathlib").Path("x"), "p", [("a", 1.5)], "l", "grid").key == \
-        Run(__import__("pathlib").Path("y"), "p", [("a", 1.5)], "m", "final").key
+    path = __import__("pathlib").Path
+    key = lambda *sets: Run(path("x"), "digits-softmax", list(sets), "l", "grid").key  # noqa: E731
+    assert key(("optim.lr", 1.5)) == Run(path("y"), "digits-softmax", [("optim.lr", 1.5)], "m", "final").key
+    # the resolved config, not the command line: the preset's own value given again is the same run
+    assert key() == key(("optim.lr", load_config("digits-softmax")["optim"]["lr"])) != key(("optim.lr", 1.5))
 
 
 # -- end to end ------------------------------------------------------------------------------------

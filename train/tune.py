@@ -18,9 +18,10 @@ pretrained ImageNet models and picked the best"; the training seeds of one prese
    stopped at the selected epoch with ``"best"``, and evaluated on ``test``.
 
 Every training run is a ``repsim train`` subprocess (``torchrun`` with ``nproc_per_node`` > 1), ``jobs``
-at a time, writing its log to ``RUN/train.log``. A run is done when ``RUN/DONE`` holds the key of its
-command; an interrupted run resumes from its ``checkpoint.pt``; a rerun of the same command skips what
-is done, so the whole protocol resumes. Layout of ``out``::
+at a time, writing its log to ``RUN/train.log``. A run is done when ``RUN/DONE`` holds its key (the
+configuration `repsim train` resolves, :attr:`Run.key`: an edited preset is a new run); an interrupted run
+resumes from its ``checkpoint.pt``; a rerun of the same command skips what is done, so the whole protocol
+resumes. Layout of ``out``::
 
     out/<group>/grid/<point>-<replicate>/   phase 1 runs (checkpoints removed once done unless kept)
     out/<group>/final/<replicate>/          phase 2 runs (checkpoint.pt kept: Fig. D.3 extracts it)
@@ -165,12 +166,17 @@ class Run:
 
     @property
     def key(self) -> str:
-        """What makes two runs the same (independent of how they are launched)."""
-        return json.dumps([self.preset, [[k, v] for k, v in self.sets]], default=str)
+        """What makes two runs the same, independent of how they are launched: the configuration `repsim
+        train` resolves (the preset files, then the ``--set`` assignments; :func:`train.config.load_config`),
+        so an edited preset is a new run and a value set to what the preset has is the same run."""
+        from .config import load_config
+
+        cfg = load_config(self.preset, [f"{k}={toml_literal(v)}" for k, v in self.sets])
+        return json.dumps(cfg, sort_keys=True, default=str)
 
 
 def run_state(run_dir: Path, key: str) -> str:
-    """``"done"`` (DONE holds ``key``), ``"resume"`` (a checkpoint of this command) or ``"fresh"`` (anything
+    """``"done"`` (DONE holds ``key``), ``"resume"`` (a checkpoint of this configuration) or ``"fresh"`` (anything
     else there is removed). Writes ``RUN/run-key.json`` for a fresh or resumed run."""
     done, keyfile = run_dir / "DONE", run_dir / "run-key.json"
     if done.is_file() and _read_json(done).get("key") == key:
