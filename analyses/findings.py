@@ -55,7 +55,6 @@ POWER = 0.8
 N_BOOT = 2000
 
 
-
 def _pm(values: np.ndarray, digits: int = 1) -> str:
     """'mean ± s.e.' over seeds ('mean' alone for one seed)."""
     v = np.asarray(values, float)
@@ -134,15 +133,21 @@ def paper_order_text(values, column: int, what: str) -> str:
             f"this run orders the objectives by {what} as the paper's Table 3 does (ρ = {rho:.2f}, p = {p:.2g})")
 
 
-def pixel_text(inputs: Inputs, tasks) -> str:
-    """' Pixel baseline ...' (the linear probe on raw pixels of the transfer tasks), '' without pixels.csv."""
+def pixel_mean(inputs: Inputs, tasks) -> float | None:
+    """Mean accuracy (%) of the linear probe on raw pixels over the transfer ``tasks`` (pixels.csv), None
+    without it."""
     try:
         px = inputs.pixel_baseline()
     except Missing:
-        return ""
+        return None
     vals = [px[t] for t in map(str, tasks) if t in px]
-    return (f" Pixel baseline (linear probe on raw pixels of the transfer task): {np.mean(vals):.1f}%." if vals
-            else "")
+    return float(np.mean(vals)) if vals else None
+
+
+def pixel_text(inputs: Inputs, tasks) -> str:
+    """' Pixel baseline ...' (the linear probe on raw pixels of the transfer tasks), '' without pixels.csv."""
+    px = pixel_mean(inputs, tasks)
+    return f" Pixel baseline (linear probe on raw pixels of the transfer task): {px:.1f}%." if px is not None else ""
 
 
 @dataclass
@@ -218,14 +223,10 @@ def _why_transfer(softmax_best: bool, best: str, beat: list[str], worse: list[st
     order = paper_order_text(acc, 0, "source accuracy")
     if order:
         parts.append(order)
-    try:
-        px = inputs.pixel_baseline()
-        vals = [px[t] for t in map(str, lin["task"].unique()) if t in px]
-    except Missing:
-        vals = []
-    if vals and np.mean(vals) >= transfer.max():
+    px = pixel_mean(inputs, lin["task"].unique())
+    if px is not None and px >= transfer.max():
         parts.append(f"no objective's features transfer as well as raw pixels (best {display(transfer.idxmax())} "
-                     f"{transfer.max():.1f}% against {np.mean(vals):.1f}%), so the objectives' transfer differences "
+                     f"{transfer.max():.1f}% against {px:.1f}%), so the objectives' transfer differences "
                      "measure how much of the pixels' information each loses, not what pretraining adds")
     return "; ".join(parts) + "." if parts else ""
 
@@ -419,7 +420,7 @@ def finding_late_blocks(inputs: Inputs) -> Finding:
           f"interval > 0, late − early interval > 0, early interval reaches 0. Old rule (early ≤ "
           f"{EARLY_GAP_MAX}, late ≥ early + {LATE_MINUS_EARLY_MIN}; early {span(early)} {r.early_gap:.3f}, late "
           f"{span(late)} {r.late_gap:.3f}): {r.old_verdict.upper()}.")
-    return Finding(name, r.verdict, ev, late_blocks_why(ci) if r.verdict != "reproduced" else "")
+    return Finding(name, r.verdict, ev, late_blocks_why(ci))  # '' when reproduced: no condition failed
 
 
 def late_blocks_why(ci: dict[str, tuple[float, float]] | None) -> str:
@@ -479,8 +480,7 @@ def finding_separation(inputs: Inputs) -> Finding:
         parts.append(f"(b) fails: ρ(R², transfer) = {rho:.2f}, p < {ALPHA} needs |ρ| ≥ {crit:.2f} with "
                      f"{len(common)} objectives; the objectives' mean R² span {r2[common].max() - r2[common].min():.3f}"
                      + (f" against a seed-to-seed s.d. of {sd:.3f}" if used else ""))
-    why = "; ".join(parts) + "." if parts and verdict != "reproduced" else ""
-    return Finding(name, verdict, ev, why)
+    return Finding(name, verdict, ev, "; ".join(parts) + "." if parts else "")
 
 
 def _rho_ci(df, y: str, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float]:
