@@ -114,10 +114,12 @@ class FastChunks:
         """True when chunk objects are zstd frames (+ crc32c), False for raw bytes (+ crc32c)."""
         return self._zstd is not None
 
-    def _object(self, index: tuple[int, ...], expect: int | None) -> np.ndarray | None:
-        """Chunk ``index``'s object body, its crc32c trailer (and ``expect``: the manifest's entry)
-        checked and cut off; ``None`` when the object does not exist.  A raw object is read straight
-        into a writable buffer (the chunk's array is then a view of it)."""
+    def read_object(self, index: tuple[int, ...], expect: int | None = None) -> np.ndarray | None:
+        """The verified body of chunk ``index``'s object — its zstd frame (or raw bytes), the crc32c
+        trailer (and ``expect``: the manifest's entry) checked and cut off — as a uint8 array, decoded by
+        :meth:`read` or elsewhere (on a GPU: :mod:`repsim.engine.device_decode`); ``None`` when the
+        object does not exist.  A raw object is read straight into a writable buffer (the chunk's array
+        is then a view of it).  The same checks and errors as :meth:`read`."""
         import google_crc32c
 
         self._check_grid(index)
@@ -141,13 +143,6 @@ class FastChunks:
             misplaced(int.from_bytes(buf[-4:].tobytes(), "little"), expect)
         return body
 
-    def read_object(self, index: tuple[int, ...], expect: int | None = None) -> np.ndarray | None:
-        """The verified body of chunk ``index``'s object — its zstd frame (or raw bytes), the
-        crc32c trailer checked and cut off — as a uint8 array, to be decoded elsewhere (on a GPU:
-        :mod:`repsim.engine.device_decode`); ``None`` when the object does not exist.  The same
-        checks and errors as :meth:`read`."""
-        return self._object(index, expect)
-
     def read(self, index: tuple[int, ...], expect: int | None = None) -> np.ndarray | None:
         """Chunk ``index`` cut to the array's extent; ``None`` when its object does not exist.
 
@@ -156,7 +151,7 @@ class FastChunks:
         intact object whose crc32c is not the one written at this position (the caller names store,
         array and chunk).
         """
-        body = self._object(index, expect)
+        body = self.read_object(index, expect)
         if body is None:
             return None
         if self._zstd is None:
