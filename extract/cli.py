@@ -325,7 +325,6 @@ def _extract_side_by_side(checkpoints: list[str], outs: list[Path], data, option
     from concurrent.futures import ProcessPoolExecutor
 
     # fork shares the imported torch with the jobs (no re-import); it is safe while this process
-    # runs no other thread (no OpenMP pool or zarr I/O loop started yet), else spawn
     # runs no other thread (no OpenMP pool or zarr I/O loop started yet), else spawn; CUDA does not
     # survive a fork, so jobs on a GPU are spawned
     method = ("fork" if "fork" in multiprocessing.get_all_start_methods() and threading.active_count() == 1

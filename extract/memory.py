@@ -24,7 +24,6 @@ example), so a store written through this path is bit-identical to one written t
 from __future__ import annotations
 
 import os
-
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
