@@ -241,14 +241,20 @@ def extract_rows(n: int) -> dict:
     return json.loads(out.read_text()) if out.is_file() else {"error": r.stderr[-2000:]}
 
 
+def heatmap_key(n: int) -> str:
+    """The JSON key of the heatmap row at ``n`` images (``heatmap`` at the default 2,048)."""
+    return "heatmap" if n == 2048 else f"heatmap_{n}"
+
+
 def heatmap_rows(n: int, timeout: int) -> dict:
     """bench/heatmap18.py at the ResNet-18 scale on the GPU (18 networks, 64 px, ``n`` images): repsim
     (extract + cka) against pytorch-cka, and the workflow's floor, as that script measures them."""
-    out = HERE / "results" / "heatmap18_gpu.json"
+    suffix = "" if n == 2048 else f"_{n}"
+    out = HERE / "results" / f"heatmap18_gpu{suffix}.json"
     cmd = [sys.executable, str(HERE / "heatmap18.py"), "--scale", "resnet18", "--device", "cuda", "--nets", "18",
            "--image-size", "64", "--resnet-n", str(n), "--resnet-batch", "256", "--repsim-runs", "1",
            "--profile-cka", "--cache", str(Path(tempfile.gettempdir()) / "repsim-heatmap18"), "--out", str(out)]
-    log = Path(os.environ.get("OUT") or HERE / "results") / "heatmap18_gpu.log"  # kept if it runs out of time
+    log = Path(os.environ.get("OUT") or HERE / "results") / f"heatmap18_gpu{suffix}.log"  # kept if it runs out of time
     out.unlink(missing_ok=True)
     with open(log, "w") as f:
         try:
@@ -448,13 +454,15 @@ def write_md(res: dict) -> None:
         lines.append(f"| decoding the same stores' {nv['chunks']} layer chunks ({nv['compressed_bytes'] / 1e9:.2f} GB zstd → "
                      f"{nv['raw_bytes'] / 1e9:.2f} GB) on the GPU: nvCOMP {nv.get('nvcomp', '?')} zstd, "
                      f"{'one batched call' if nv.get('gpu_batched') else 'one call per chunk'}, the compressed bytes "
-                     f"copied once (not yet used by the engine) | {nv['gpu_h2d_and_decode_s']:.3f} s | CPU decoding "
+                     f"copied once (the library alone; the rows above time the engine's route) | {nv['gpu_h2d_and_decode_s']:.3f} s | CPU decoding "
                      f"(numcodecs zstd, {s['threads']} threads): {nv['cpu_decode_s']:.3f} s | GPU "
                      f"{nv['gpu_over_cpu']:.2f}× faster (first chunk byte-identical: {nv.get('gpu_equals_cpu_first_chunk')}) |")
     elif isinstance(nv, dict) and "nvcomp_error" in nv:
         lines.append(f"| GPU decoding (nvCOMP) | failed: {nv['nvcomp_error'][:160]} | | |")
-    h = res.get("heatmap")
-    if isinstance(h, dict) and "floor" in h:
+    for key in sorted((k for k in res if k.startswith("heatmap")), key=lambda k: res[k].get("images", 0)):
+        h = res[key]
+        if not (isinstance(h, dict) and "floor" in h):
+            continue
         f = h["floor"]
         lines.append(f"| 18-network heatmap, ResNet-18 64 px, {h.get('images', '?')} images, {h.get('columns', '?')} columns "
                      f"(`repsim extract` + `repsim cka --device cuda`) | {h['repsim']['seconds']['total']:.1f} s | floor "
@@ -464,7 +472,7 @@ def write_md(res: dict) -> None:
     if isinstance(a, dict) and a.get("phases_s"):
         lines += ["", "Phases of the float32-slab route's update, each synchronised: " + "; ".join(
             f"{k} {v * 1e3:.1f} ms" if isinstance(v, float) else f"{k}: {v}" for k, v in a["phases_s"].items()) + "."]
-    for key in ("allpairs", "store", "extract", "heatmap"):
+    for key in ("allpairs", "store", "extract", *(k for k in res if k.startswith("heatmap"))):
         if isinstance(res.get(key), dict) and "error" in res[key]:
             lines.append(f"| {key} | failed: {res[key]['error'].splitlines()[-1][:200]} | | |")
     (HERE / "RESULTS.md").exists() and replace_section("gpu", "\n".join(lines) + "\n")
@@ -484,8 +492,12 @@ def main() -> int:
     ap.add_argument("--extract-profile", action="store_true",
                     help="also time --spatial mean's reductions against the forward and profile a one-batch extraction")
     ap.add_argument("--heatmap", action="store_true", help="also run bench/heatmap18.py on the GPU (several minutes)")
-    ap.add_argument("--heatmap-n", type=int, default=2048)
-    ap.add_argument("--heatmap-timeout", type=int, default=420)
+    ap.add_argument("--heatmap-n", type=int, nargs="+", default=[2048],
+                    help="images of the heatmap rows, one row each (e.g. 2048 8192: the issue's two criteria)")
+    ap.add_argument("--heatmap-timeout", type=int, default=420, help="seconds for each heatmap row")
+    ap.add_argument("--skip-allpairs", action="store_true")
+    ap.add_argument("--merge", action="store_true",
+                    help="keep the rows of an earlier run in --out on the same device and day (a second device call adds rows)")
     ap.add_argument("--out", default=str(HERE / "results" / "gpu.json"))
     ap.add_argument("--no-markdown", action="store_true")
     args = ap.parse_args()
@@ -495,9 +507,13 @@ def main() -> int:
     res: dict = {"benchmark": "gpu", "device": props["name"].decode(), "cupy": cp.__version__,
                  "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
                  "python": platform.python_version(), "numpy": np.__version__}
-    steps = [("allpairs", lambda: allpairs(args.layers, args.batch, args.features, args.repeats))]
-    if args.heatmap:  # (the longest row first after the quick one: a call that runs out of time keeps it)
-        steps.append(("heatmap", lambda: heatmap_rows(args.heatmap_n, args.heatmap_timeout)))
+    if args.merge and Path(args.out).is_file():
+        earlier = json.loads(Path(args.out).read_text())
+        if (earlier.get("device"), earlier.get("date")) == (res["device"], res["date"]):
+            res = {**earlier, **res}
+    steps = [] if args.skip_allpairs else [("allpairs", lambda: allpairs(args.layers, args.batch, args.features, args.repeats))]
+    if args.heatmap:  # (the longest rows first after the quick one: a call that runs out of time keeps them)
+        steps += [(heatmap_key(n), lambda n=n: heatmap_rows(n, args.heatmap_timeout)) for n in args.heatmap_n]
     if args.extract_profile:
         steps.append(("extract_profile", extract_profile))
     if args.extract:

@@ -13,8 +13,8 @@ the 1,168 images of ``--data digits --split train``, batch 256, one epoch, debia
   images in the same batches (the stores' row order, batch 256).  Wall time of that process.
 
 Agreement: both 324 × 324 matrices against an independent float64 reference (Song et al.'s
-unbiased HSIC on per-batch centred float64 Grams, summed over the same five batches) computed
-from the float32 activations of the live networks, and repsim's also against the same reference
+unbiased HSIC on per-batch centred float64 Grams, summed over the same five batches; torch float64
+on the run's device, TF32 off) computed from the float32 activations of the live networks, and repsim's also against the same reference
 computed from its float16 stores (which isolates its arithmetic from the storage rounding);
 the sigmoid networks' logits are reported apart (their mean is far from zero: the case where
 uncentred float32 Grams fail).
@@ -286,22 +286,37 @@ def floor_parts(paths: list[str], batch: int) -> dict:
 # ---------------------------------------------------------------------------------------- reference
 
 
-def song_hsic64(feats: list[np.ndarray]) -> np.ndarray:
-    """Song et al.'s unbiased HSIC for every pair of one batch, in float64: features centred (the
-    estimator is invariant to it; it keeps the float64 Grams free of cancellation), Grams with
-    zeroed diagonals, HSIC = [tr(K̃L̃) + 1ᵀK̃1·1ᵀL̃1/((n-1)(n-2)) - 2/(n-2)·1ᵀK̃L̃1] / (n(n-3))."""
-    n = feats[0].shape[0]
-    T, S, R = [], [], []
-    for x in feats:
-        x = x.reshape(n, -1).astype(np.float64)
-        x = x - x.mean(axis=0)
+class SongHSIC64:
+    """Song et al.'s unbiased HSIC for every pair of one batch's features, in float64, on the
+    features' device (torch: an independent route, none of repsim's kernels): each feature is
+    centred (the estimator is invariant to it; it keeps the float64 Grams free of cancellation),
+    its Gram K̃ formed with a zeroed diagonal and kept as flattened K̃ and row sums, then
+    HSIC = [tr(K̃L̃) + 1ᵀK̃1·1ᵀL̃1/((n-1)(n-2)) - 2/(n-2)·1ᵀK̃L̃1] / (n(n-3)) for all pairs at once.
+    Features are added as they are produced, so a batch never holds more than one float64 copy."""
+
+    def __init__(self) -> None:
+        self.T: list = []
+        self.R: list = []
+
+    def add(self, x) -> None:
+        import torch
+
+        n = x.shape[0]
+        x = x.reshape(n, -1).to(torch.float64)
+        x = x - x.mean(dim=0)
         K = x @ x.T
-        np.fill_diagonal(K, 0.0)
-        T.append(K.reshape(-1))
-        R.append(K.sum(axis=1))
-    T, R = np.stack(T), np.stack(R)
-    S = R.sum(axis=1)
-    return (T @ T.T + np.outer(S, S) / ((n - 1) * (n - 2)) - 2 / (n - 2) * (R @ R.T)) / (n * (n - 3))
+        K.fill_diagonal_(0.0)
+        self.T.append(K.reshape(-1))
+        self.R.append(K.sum(dim=1))
+
+    def matrix(self) -> np.ndarray:
+        import torch
+
+        T, R = torch.stack(self.T), torch.stack(self.R)
+        n = R.shape[1]
+        S = R.sum(dim=1)
+        H = (T @ T.T + torch.outer(S, S) / ((n - 1) * (n - 2)) - 2 / (n - 2) * (R @ R.T)) / (n * (n - 3))
+        return H.cpu().numpy()
 
 
 def to_cka(h: np.ndarray) -> np.ndarray:
@@ -309,43 +324,67 @@ def to_cka(h: np.ndarray) -> np.ndarray:
     return h / np.outer(d, d)
 
 
-def reference_live(ckpts: list[str], layers: list[str], data: str, split: str, batch: int) -> np.ndarray:
+def _reference_device(device: str):
+    """The device for the float64 references (the GPU's when the run is on one: at n = 8,192 the CPU
+    would spend minutes on them), with TF32 off so the live float32 activations are float32-grade."""
+    import torch
+
+    if device == "cpu":
+        return torch.device("cpu")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch.device(device)
+
+
+def reference_live(ckpts: list[str], layers: list[str], data: str, split: str, batch: int,
+                   device: str = "cpu") -> np.ndarray:
     """float64 reference from the float32 activations of the live networks (same batches)."""
     import torch
 
+    dev = _reference_device(device)
     models, loader, qualnames = load_models_and_loader({"checkpoints": ckpts, "layers": layers, "data": data,
                                                         "split": split, "batch": batch})
+    models = [m.to(dev) for m in models]
     H = None
     with torch.inference_mode():
         for x, _ in loader:
-            feats = []
+            x = x.to(dev)
+            hsic = SongHSIC64()
             for m, q in zip(models, qualnames):
                 got, hooks = {}, []
                 mods = dict(m.named_modules())
                 for name in q:
                     hooks.append(mods[name].register_forward_hook(
-                        lambda mod, inp, out, name=name: got.__setitem__(name, out.detach().float().flatten(1).clone())))
+                        lambda mod, inp, out, name=name: got.__setitem__(name, out.detach().float().flatten(1))))
                 m(x)
                 for h in hooks:
                     h.remove()
-                feats += [got[name].numpy() for name in q]
-            h = song_hsic64(feats)
+                for name in q:
+                    hsic.add(got.pop(name))
+            h = hsic.matrix()
             H = h if H is None else H + h
     return to_cka(H)
 
 
-def reference_stored(paths: list[str], batch: int) -> np.ndarray:
-    """The same float64 reference from the float16 values in the stores."""
+def reference_stored(paths: list[str], batch: int, device: str = "cpu") -> np.ndarray:
+    """The same float64 reference from the float16 values in the stores: each column read whole once
+    (slicing it per batch would decode every chunk once per batch inside it), its batches' Grams added
+    to each batch's accumulator."""
+    import torch
+
     from repsim.store.reader import open_store
 
+    dev = _reference_device(device)
     stores = [open_store(p) for p in paths]
     n = stores[0].n
-    H = None
-    for a in range(0, n, batch):
-        feats = [np.asarray(s.zarr_array(layer)[a:a + batch]) for s in stores for layer in s.layers]
-        h = song_hsic64(feats)
-        H = h if H is None else H + h
-    return to_cka(H)
+    per_batch = [SongHSIC64() for _ in range(0, n, batch)]
+    for s in stores:
+        for layer in s.layers:
+            column = torch.from_numpy(np.asarray(s.zarr_array(layer)[:])).to(dev)
+            for hsic, a in zip(per_batch, range(0, n, batch)):
+                hsic.add(column[a:a + batch])
+            del column
+    return to_cka(sum(h.matrix() for h in per_batch))
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -376,8 +415,8 @@ def compare(scale: str, ckpts: list[str], data: str, split: str, batch: int, pee
         profile = profile_cka(ours["stores"], batch, work, device) if profile_cka_pass else None
         load1 = os.getloadavg()
         _stage("profile done; float64 references next")
-        ref_live = reference_live(ckpts, layers, data, split, batch)
-        ref_stored = reference_stored(ours["stores"], batch)
+        ref_live = reference_live(ckpts, layers, data, split, batch, device)
+        ref_stored = reference_stored(ours["stores"], batch, device)
         _stage("references done")
     finally:
         shutil.rmtree(work, ignore_errors=True)
