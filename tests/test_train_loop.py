@@ -181,6 +181,40 @@ def test_cli_bad_input_one_line_error(capsys, tmp_path, argv, match):
     assert rc != 0 and len(err) == 1 and match in err[0] and err[0].startswith("repsim train: error:"), err
 
 
+def test_load_model_takes_the_checkpoint_tensors_without_running_the_initialisers(trained):
+    """The network is built on the meta device and adopts the checkpoint's tensors: no random draws
+    (the initialisers never ran), no meta tensor left, the same outputs as the ordinary build + copy."""
+    from train.checkpoint import network_from_checkpoint
+    from train.models import build_network
+
+    ck = load_checkpoint(trained[0] / "checkpoint.pt")
+    torch.manual_seed(0)
+    net = network_from_checkpoint(ck, "c")
+    drawn_after = torch.rand(3)
+    torch.manual_seed(0)
+    assert torch.equal(drawn_after, torch.rand(3))  # an initialiser would have advanced the generator
+    assert all(t.device.type == "cpu" for t in (*net.parameters(), *net.buffers()))
+    ordinary = build_network(ck["config"])
+    ordinary.load_state_dict(ck["ema"])
+    x = torch.randn(6, 1, 8, 8)
+    assert torch.allclose(net(x), ordinary.eval()(x), atol=1e-5)
+
+
+def test_load_model_falls_back_to_the_ordinary_build_when_the_state_does_not_fit(trained):
+    from train.checkpoint import CheckpointError, network_from_checkpoint
+
+    ck = load_checkpoint(trained[0] / "checkpoint.pt")
+    # a float64 tensor: the ordinary route casts it into the float32 parameter
+    key = next(k for k, v in ck["ema"].items() if v.is_floating_point())
+    wide = {**ck, "ema": {**ck["ema"], key: ck["ema"][key].double()}}
+    net = network_from_checkpoint(wide, "c")
+    assert net.state_dict()[key].dtype == torch.float32 and torch.equal(net.state_dict()[key], ck["ema"][key])
+    # a tensor missing: the same one-line error as before
+    short = {**ck, "ema": {k: v for k, v in ck["ema"].items() if k != key}}
+    with pytest.raises(CheckpointError, match="does not fit this architecture"):
+        network_from_checkpoint(short, "c")
+
+
 def test_cli_checkpoint_from_another_architecture(capsys, tmp_path, trained):
     ckpt = str(trained[0] / "checkpoint.pt")
     base = ["--preset", "finetune-digits", "--no-progress", "--set", "max_steps=2"]

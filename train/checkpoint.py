@@ -86,10 +86,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
     return ckpt
 
 
-def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str) -> None:
+def load_state_strict(module: torch.nn.Module, state: dict[str, torch.Tensor], what: str, *,
+                      assign: bool = False) -> None:
     """``load_state_dict(strict=True)`` with a one-line error naming the first mismatches."""
     try:
-        module.load_state_dict(state, strict=True)
+        module.load_state_dict(state, strict=True, assign=assign)
     except RuntimeError as e:
         first = " ".join(str(e).split())[:300]
         raise CheckpointError(f"{what} does not fit this architecture: {first}") from None
@@ -103,11 +104,37 @@ def load_model(checkpoint: str | os.PathLike, *, ema: bool = True, map_location:
 
 def network_from_checkpoint(ckpt: dict[str, Any], name: Any = "checkpoint", *, ema: bool = True) -> Network:
     """:func:`load_model` for a checkpoint dict already read by :func:`load_checkpoint` (so a caller
-    that also wants its metadata reads the file once)."""
-    net = build_network(ckpt["config"])
+    that also wants its metadata reads the file once).
+
+    The network is built on the meta device and takes the checkpoint's tensors as its own
+    (``load_state_dict(assign=True)``): its initialisers, whose random weights the checkpoint would
+    overwrite, never run (ResNet-50: 195 -> 52 ms on 2 cores; once per store in ``repsim extract``).
+    A network that the checkpoint would not fill entirely (a tensor missing, a non-persistent
+    buffer, another dtype) is built and loaded the ordinary way, which also words the mismatch."""
     state = ckpt.get("ema") if ema and ckpt.get("ema") else ckpt["model"]
+    net = _built_without_init(ckpt["config"], state)
+    if net is not None:
+        load_state_strict(net, state, f"checkpoint {name}", assign=True)
+        return net.eval()
+    net = build_network(ckpt["config"])
     load_state_strict(net, state, f"checkpoint {name}")
     return net.eval()
+
+
+def _built_without_init(config: dict[str, Any], state: dict[str, torch.Tensor]) -> Network | None:
+    """``build_network(config)`` on the meta device when ``state`` holds a CPU tensor of the right
+    dtype and shape for every parameter and buffer, else None (the ordinary route then decides)."""
+    try:
+        with torch.device("meta"):
+            net = build_network(config)
+    except Exception:  # noqa: BLE001 - e.g. an architecture that reads a tensor's value while built
+        return None
+    for key, t in (*net.named_parameters(), *net.named_buffers()):
+        got = state.get(key)
+        if (not isinstance(got, torch.Tensor) or got.device.type != "cpu" or got.dtype != t.dtype
+                or got.shape != t.shape):
+            return None
+    return net
 
 
 # -- RNG state ---------------------------------------------------------------------------------------
