@@ -85,7 +85,8 @@ def load_source(source: str | os.PathLike | nn.Module, *, digest: Any = None) ->
     # of the GIL: a ResNet-50 checkpoint with its EMA and optimizer state is ~300 MB to hash)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-checkpoint-hash") as hashing:
         file_digest = hashing.submit(sha256_file, path)
-        ckpt = load_checkpoint(path)  # read once: the weights and the metadata below
+        ckpt = load_checkpoint(path, mmap=True)  # opened once for the weights and the metadata below; only
+        # the tensors the network adopts are ever read (not the optimizer state or the other weight set)
         model = network_from_checkpoint(ckpt, path)
     meta = model_meta(model)
     config = dict(ckpt.get("config") or {})

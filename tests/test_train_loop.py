@@ -215,6 +215,17 @@ def test_load_model_falls_back_to_the_ordinary_build_when_the_state_does_not_fit
         network_from_checkpoint(short, "c")
 
 
+def test_load_checkpoint_mapped_equals_read_and_reads_legacy_files(trained, tmp_path):
+    path = trained[0] / "checkpoint.pt"
+    read, mapped = load_checkpoint(path), load_checkpoint(path, mmap=True)
+    assert read["ema"].keys() == mapped["ema"].keys()
+    assert all(torch.equal(read["ema"][k], mapped["ema"][k]) for k in read["ema"])
+    legacy = tmp_path / "legacy.pt"  # torch's pre-zip format cannot be mapped: read instead
+    torch.save({"config": read["config"], "model": read["model"]}, legacy, _use_new_zipfile_serialization=False)
+    got = load_checkpoint(legacy, mmap=True)
+    assert all(torch.equal(got["model"][k], read["model"][k]) for k in read["model"])
+
+
 def test_cli_checkpoint_from_another_architecture(capsys, tmp_path, trained):
     ckpt = str(trained[0] / "checkpoint.pt")
     base = ["--preset", "finetune-digits", "--no-progress", "--set", "max_steps=2"]

@@ -70,14 +70,26 @@ def _why_unreadable(exc: Exception) -> str:
     return f"{type(exc).__name__}: {' '.join(text.split())[:200]}"
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu", *, mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint dict at ``path`` (tensors and plain values only: ``weights_only``).
+
+    ``mmap``: map the file instead of reading it (``torch.load(mmap=True)``): a tensor's bytes are
+    read when first touched, so a reader that wants only the (EMA) weights never reads the optimizer
+    state (a ResNet-50 checkpoint: 130-170 -> 55 ms on 2 cores). The tensors stay backed by the
+    file's pages (copy-on-write), which `repsim train` only ever replaces by renaming a new file
+    over it. Files of torch's legacy format are read instead."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     try:
         with warnings.catch_warnings():  # torch's pickle-protocol warning on foreign files
             warnings.simplefilter("ignore")
-            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+            try:
+                ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+            except RuntimeError as exc:
+                if not mmap or "mmap" not in str(exc):
+                    raise
+                ckpt = torch.load(path, map_location=map_location, weights_only=True)  # a legacy-format file
     except Exception as e:  # noqa: BLE001 - any unpickling failure is "not a checkpoint"
         raise CheckpointError(f"{path} is not a readable repsim checkpoint ({_why_unreadable(e)}); give a "
                               "checkpoint.pt or best.pt written by `repsim train`") from None
