@@ -112,7 +112,8 @@ def _holder_info() -> dict[str, Any]:
 
 
 def _describe(info: dict[str, Any] | None, here: bool) -> str:
-    """Who holds a lock, for the refusal: ``another process (pid 12, host h, since T: cmd)``."""
+    """Who holds a lock, for the refusal: ``another process (pid 12 on host h, since T: cmd)``, or
+    ``another thread of this process (pid 12, thread 'name', since T: cmd)`` (``here``)."""
     if not info:
         return "another process (it has not yet recorded who it is)"
     who = (f"another thread of this process (pid {info.get('pid')}, thread {info.get('thread')!r}"
@@ -135,6 +136,7 @@ class StoreLock:
 
     @property
     def held(self) -> bool:
+        """Whether this process still holds it (False once released)."""
         return self._key in _HELD and _HELD[self._key] is self
 
     def release(self) -> None:
