@@ -24,9 +24,13 @@ Determinism and resume: batches never straddle chunks and start at fixed offsets
 pending, on how many ranks share the work, or on whether the run was interrupted. A rerun of the
 same command opens the incomplete store, checks that the settings match and computes only the
 chunks whose ``written`` flag is false; ``complete`` is set last by ``StoreWriter.finalize``.
+One writer per store: the run holds the store's writer lock (``repsim.store.lock``) from before the
+store is prepared until it is finalised (or the run fails), so a second run on the same ``out`` — a
+resume, an ``--overwrite`` — is refused at once, naming the first; a killed run's lock dies with it.
 
 Sharding (``torchrun --nproc_per_node=N -m extract ...``, or any initialised ``torch.distributed``
-group): rank 0 creates or opens the store and lists the pending chunks, broadcasts them, then every
+group): rank 0 takes the lock, creates or opens the store and lists the pending chunks, broadcasts them
+(or why it could not), then every
 rank computes ``pending[rank::N]`` into the same store (disjoint chunks, and ``written`` has one
 object per chunk, so no two ranks touch the same file); after a barrier rank 0 writes the head and
 finalises.
