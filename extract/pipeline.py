@@ -24,9 +24,13 @@ Determinism and resume: batches never straddle chunks and start at fixed offsets
 pending, on how many ranks share the work, or on whether the run was interrupted. A rerun of the
 same command opens the incomplete store, checks that the settings match and computes only the
 chunks whose ``written`` flag is false; ``complete`` is set last by ``StoreWriter.finalize``.
+One writer per store: the run holds the store's writer lock (``repsim.store.lock``) from before the
+store is prepared until it is finalised (or the run fails), so a second run on the same ``out`` — a
+resume, an ``--overwrite`` — is refused at once, naming the first; a killed run's lock dies with it.
 
 Sharding (``torchrun --nproc_per_node=N -m extract ...``, or any initialised ``torch.distributed``
-group): rank 0 creates or opens the store and lists the pending chunks, broadcasts them, then every
+group): rank 0 takes the lock, creates or opens the store and lists the pending chunks, broadcasts them
+(or why it could not), then every
 rank computes ``pending[rank::N]`` into the same store (disjoint chunks, and ``written`` has one
 object per chunk, so no two ranks touch the same file); after a barrier rank 0 writes the head and
 finalises.
@@ -263,6 +267,7 @@ def extract_store(
     Resumes an incomplete store written with the same settings; a complete one is returned as is
     (``overwrite=True`` recomputes). Under ``torch.distributed`` the chunks are shared across ranks.
     """
+    from repsim.store.lock import StoreLocked, lock_store
     from repsim.store.writer import StoreWriter
     from repsim.store.reader import open_store
 
@@ -287,7 +292,18 @@ def extract_store(
     # beside the dataset, the probe and the plan; it is needed first when the store is prepared
     hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-hash") if given is not None else None
     digest = hashing.submit(weights_sha256, given) if hashing is not None else None
+    lock = refused = None
     try:
+        # one writer per store (repsim.store.lock): rank 0 holds the lock from here, before the store is
+        # prepared, until it is finalised or the run fails; a second writer of ``out`` (a resume, an
+        # --overwrite) is refused now, before any model is loaded. The other ranks only write chunks.
+        if rank == 0:
+            try:
+                lock = lock_store(out, instead="choose another --out")
+            except StoreLocked as exc:
+                if world == 1:
+                    raise
+                refused = exc  # raised where rank 0 prepares the store: the other ranks hear of it there
         loaded = load_source(model, digest="(computing)" if digest is not None else None)
         net, mmeta = loaded.model, loaded.meta
         dataset, dmeta = load_dataset(data, split, data_root, net, loaded.tokenizer, max_length)
@@ -356,6 +372,8 @@ def extract_store(
         error: Exception | None = None
         if rank == 0:
             try:
+                if refused is not None:
+                    raise refused
                 status, created = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store,
                                            row_ids)
             except Exception as exc:  # noqa: BLE001 - forwarded to the other ranks, then re-raised
@@ -401,6 +419,8 @@ def extract_store(
             torch.distributed.barrier()
         return store if rank == 0 else open_store(str(out))
     finally:
+        if lock is not None:
+            lock.release()
         if hashing is not None:
             hashing.shutdown(wait=True)
         if given is not None and fmt != given_format:

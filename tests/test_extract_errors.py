@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from repsim.commands.main import main  # noqa: E402
+from repsim.store import lock as lock_mod  # noqa: E402
 from repsim.store import writer as writer_mod  # noqa: E402
 from repsim.store.reader import open_store  # noqa: E402
 
@@ -79,6 +81,9 @@ def test_two_extracts_into_one_new_store_the_second_is_told(tmp_path, monkeypatc
     def racing(*a, **k):  # the other extraction publishes the same store while this one builds its own
         made = build(*a, **k)
         monkeypatch.setattr(writer_mod, "_build", build)
+        # (the store's writer lock, repsim.store.lock, refuses a second extraction first: this one runs as
+        # where no lock can be taken, to check the creation's own refusal behind it)
+        monkeypatch.setattr(lock_mod, "lock_store", lambda *a, **k: SimpleNamespace(release=lambda: None))
         assert main(["extract", "--checkpoint", "module:tiny_models:classifier_first", *RUN, "--out", str(out),
                      "--no-progress"]) == 0
         return made

@@ -2,6 +2,7 @@
 checksum manifest, version-1 stores still read, and creation is all-or-nothing on disk."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -143,6 +144,9 @@ def test_two_creators_of_one_store_the_second_is_told(tmp_path, monkeypatch):
     def racing(*a, **k):  # another process publishes the same store while this one builds its own
         out = build(*a, **k)
         monkeypatch.setattr(writer_mod, "_build", build)
+        # (the store's writer lock, repsim.store.lock, refuses a second writer first: this one runs as where
+        # no lock can be taken, to check the creation's own refusal behind it)
+        monkeypatch.setattr(writer_mod, "lock_store", lambda *a, **k: contextlib.nullcontext())
         make(path, seed=1)
         return out
 

@@ -23,6 +23,7 @@ from repsim._io import naming
 from repsim.store.format import (STORE_VERSION, StoreError, _cast, _codecs, _float_dtype, _Members, _open_group,
                                  _validate, default_chunk_rows, dimension_names, full_path, interrupted_creation,
                                  store_name)
+from repsim.store.lock import lock_store
 from repsim.store.manifest import HEAD_ATTR, MANIFEST, manifest_columns, manifest_row
 from repsim.store.reader import ActivationStore, open_store
 
@@ -453,6 +454,9 @@ def save_store(
     any other N-row store; with ``meta={"dataset": {"name": ..., "split": ...}}`` stores of
     different datasets are refused when combined (``cka_matrix``, ``repsim check``). ``head=(W, b)`` stores the final layer. ``logits`` are stored as float32.
     ``compression``: ``"zstd"`` (default) or ``"none"`` for the layers (see ``StoreWriter.create``).
+    While it writes, it holds the store's writer lock (:mod:`repsim.store.lock`): another writer of
+    ``path`` at the same time (``save_store``, ``repsim extract``) is refused, and so is this call
+    while another holds it (:class:`repsim.store.lock.StoreLocked`).
     """
     path = str(path)
     sname = store_name(path)
@@ -506,19 +510,21 @@ def save_store(
     if not _is_dask(example_ids) and np.unique(example_ids).size != n:
         raise ValueError(f"store {sname}: example_ids are not unique ({n - np.unique(example_ids).size} duplicates)")
 
-    writer = StoreWriter.create(
-        path, n=n, layers=spec, chunk_rows=chunk_rows,
-        logits_dim=None if logits is None else logits.shape[1], meta=meta, overwrite=overwrite,
-        compression=compression, label_dim=labels.shape[1] if labels.ndim == 2 else None,
-    )
-    try:
-        _fill(writer, arrays, labels, example_ids, logits, head, progress)
-    except BaseException:
-        # save_store cannot be resumed: leave nothing half-written behind (a SIGKILL still leaves an
-        # incomplete store, which open_store refuses)
-        shutil.rmtree(path, ignore_errors=True)
-        raise
-    return writer.finalize()
+    # one writer per store: another save_store or `repsim extract` writing this path is refused
+    with lock_store(path):
+        writer = StoreWriter.create(
+            path, n=n, layers=spec, chunk_rows=chunk_rows,
+            logits_dim=None if logits is None else logits.shape[1], meta=meta, overwrite=overwrite,
+            compression=compression, label_dim=labels.shape[1] if labels.ndim == 2 else None,
+        )
+        try:
+            _fill(writer, arrays, labels, example_ids, logits, head, progress)
+        except BaseException:
+            # save_store cannot be resumed: leave nothing half-written behind (a SIGKILL still leaves an
+            # incomplete store, which open_store refuses)
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        return writer.finalize()
 
 
 def _warn_unverifiable_rows(sname: str, labels: Any, n: int, dataset: str | None) -> None:
