@@ -165,3 +165,18 @@ def test_a_corrupt_written_flag_is_named_by_its_chunk(tmp_path, capsys):
     f.write_bytes(bytes(raw))
     code, err = check(capsys, s)
     assert code == 1 and "store net: written: chunk 2 (rows 2:3) could not be read" in err
+
+
+def test_sha256_file_is_the_sha256_of_the_bytes(tmp_path):
+    """repsim._io.sha256_file (a checkpoint's identity, model.checkpoint_sha256): the file mapped and
+    hashed in one call, or read block by block where it cannot be mapped (an empty file)."""
+    import hashlib
+
+    from repsim._io import sha256_file
+
+    data = np.random.default_rng(0).bytes(3 << 20)
+    full, empty = tmp_path / "f.bin", tmp_path / "e.bin"
+    full.write_bytes(data)
+    empty.write_bytes(b"")
+    assert sha256_file(full) == hashlib.sha256(data).hexdigest()
+    assert sha256_file(empty) == hashlib.sha256(b"").hexdigest()
