@@ -193,6 +193,44 @@ def test_cca_with_too_few_rows_is_undefined_and_pwcca_refuses_wide_columns():
         similarity(rng.normal(size=(20, 50)), X, "pwcca")
 
 
+
+@pytest.mark.parametrize("stack_bytes", [None, 1])
+@pytest.mark.parametrize("name", ["procrustes", "cca", "svcca", "pwcca"])
+def test_a_row_of_stacked_pairs_equals_its_pairs_one_by_one(name, stack_bytes, monkeypatch):
+    """Measure.pairs (the engine's row: Procrustes' and CCA's SVDs stacked by width, in chunks of
+    PAIR_BATCH, or one by one when a stack would exceed STACK_BYTES) gives each pair's own value,
+    undefined pairs (CCA with r_a + r_b > n - 1) included."""
+    from repsim.kernels.measures import _batched
+
+    if stack_bytes is not None:
+        monkeypatch.setattr(_batched, "STACK_BYTES", stack_bytes)
+    rng = np.random.default_rng(11)
+    n = 40
+    widths = [3, 5, 5, 30, 5, 3, 60] + [5] * (_batched.PAIR_BATCH + 3)  # mixed widths; one width > a stack
+    cols = [rng.normal(size=(n, p)) @ rng.normal(size=(p, p)) for p in widths]
+    m = get_measure(name)
+    prepared = [m.prepare(full_column(c, f"c{i}")) for i, c in enumerate(cols) if name != "pwcca" or c.shape[1] <= n]
+    for a in prepared[:4]:
+        got = m.pairs(a, prepared)
+        want = [m.pair(a, b) for b in prepared]
+        assert len(got) == len(want)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)  # (NaN where undefined, in both)
+    if name == "cca":  # r = 30 beside r = 30 (wide column's rank) exceeds n - 1 rows: undefined
+        assert math.isnan(m.pairs(prepared[3], [prepared[3]])[0])
+
+
+def test_cross_singular_values_are_those_of_each_product():
+    from repsim.kernels.measures._batched import cross_singular_values
+
+    rng = np.random.default_rng(12)
+    A = rng.normal(size=(30, 7))
+    Bs = [rng.normal(size=(30, w)) for w in (4, 9, 4, 0, 7)]
+    got = cross_singular_values(A, Bs)
+    for B, s in zip(Bs, got):
+        want = np.linalg.svd(A.T @ B, compute_uv=False) if B.shape[1] else np.zeros(0)
+        np.testing.assert_allclose(s, want, rtol=1e-12)
+
+
 @pytest.mark.parametrize("wide", [False, True])
 def test_rsa_matches_scipy_pdist_and_spearman(wide):
     X, Y, rng = data(9, n=80)

@@ -34,9 +34,11 @@ def full_column(x: Any, name: str = "X") -> FullColumn:
 
 def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any = None) -> ExactOutcome:
     """m(column i, column j) for every pair (row = first argument): each column prepared once, then
-    the upper triangle (symmetric measures) or every ordered pair.  The pairs are independent: rows
-    of them run on the BLAS thread budget's k threads (:func:`repsim._blas.blas_thread_split`, each
-    single-threaded BLAS/LAPACK, which release the GIL), so the result does not depend on k."""
+    the upper triangle (symmetric measures) or every ordered pair, a row at a time
+    (``Measure.pairs``: stacked LAPACK calls where a measure batches them).  The pairs are
+    independent: rows of them run on the BLAS thread budget's k threads
+    (:func:`repsim._blas.blas_thread_split`, each single-threaded BLAS/LAPACK, which release the GIL
+    for stacked calls), so the result does not depend on k."""
     L = len(columns)
     prepared = []
     for c in columns:
@@ -50,8 +52,8 @@ def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any 
     def row(i: int) -> list[tuple[int, float]]:
         if prepared[i] is None:
             return []
-        return [(j, float(measure.pair(prepared[i], prepared[j])))
-                for j in range(i if symmetric else 0, L) if prepared[j] is not None]
+        js = [j for j in range(i if symmetric else 0, L) if prepared[j] is not None]
+        return [(j, float(v)) for j, v in zip(js, measure.pairs(prepared[i], [prepared[j] for j in js]))]
 
     from repsim._blas import blas_thread_split
 

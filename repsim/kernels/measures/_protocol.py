@@ -218,6 +218,11 @@ class Measure:
         """The measure of two prepared columns (row = ``a``); ``nan`` when undefined."""
         raise NotImplementedError(f"{self.name} has no exact estimator")
 
+    def pairs(self, a: Any, bs: Sequence[Any]) -> list[float]:
+        """``[pair(a, b) for b in bs]``: one row of the matrix; a measure whose pairs batch (stacked
+        LAPACK calls, repsim.kernels.measures._batched) overrides it with the same values."""
+        return [self.pair(a, b) for b in bs]
+
     def exact_info(self, n: int) -> dict[str, Any]:
         """What the exact route on n examples adds to this measure's metadata in the result (e.g. the
         rows a subsampling measure used); none by default."""

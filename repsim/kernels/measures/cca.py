@@ -22,11 +22,12 @@ columns, naming what to do.  Cost: one thin SVD per column O(n r²), per pair O(
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
 from repsim.kernels.measures import register
+from repsim.kernels.measures._batched import cross_singular_values
 from repsim.kernels.measures._protocol import FullColumn, Measure, MeasureInfo
 
 
@@ -49,10 +50,17 @@ def _basis(R: np.ndarray, variance: float | None = None) -> np.ndarray:
     return U[:, :r]
 
 
+def _defined(a: Basis, b: Basis) -> bool:
+    """Whether the canonical correlations of ``a`` and ``b`` are defined (both ranks > 0, and
+    r_a + r_b <= n - 1 rows: else some are 1 by construction)."""
+    ra, rb = a.Q.shape[1], b.Q.shape[1]
+    return ra > 0 and rb > 0 and ra + rb <= a.n - 1
+
+
 def canonical(a: Basis, b: Basis) -> tuple[np.ndarray, np.ndarray] | None:
     """(ρ descending, the matching left singular vectors of Q_aᵀQ_b) or None (too few rows)."""
     ra, rb = a.Q.shape[1], b.Q.shape[1]
-    if ra == 0 or rb == 0 or ra + rb > a.n - 1:
+    if not _defined(a, b):
         return None
     U, rho, _ = np.linalg.svd(a.Q.T @ b.Q, full_matrices=False)
     m = min(ra, rb)
@@ -77,6 +85,14 @@ class _CCABase(Measure):
     def pair(self, a: Basis, b: Basis) -> float:
         out = canonical(a, b)
         return math.nan if out is None else float(np.mean(out[0]))
+
+    def pairs(self, a: Basis, bs: Sequence[Basis]) -> list[float]:
+        """``pair`` for a row, the canonical correlations of its defined pairs in stacked SVDs."""
+        defined = [k for k, b in enumerate(bs) if _defined(a, b)]
+        out = [math.nan] * len(bs)
+        for k, rho in zip(defined, cross_singular_values(a.Q, [bs[k].Q for k in defined])):
+            out[k] = float(np.mean(np.clip(rho[:min(a.Q.shape[1], bs[k].Q.shape[1])], 0.0, 1.0)))
+        return out
 
 
 @register
@@ -108,6 +124,7 @@ class PWCCA(_CCABase):
         source="Morcos, Raghu & Bengio 2018 (NeurIPS)", estimators=("exact",), symmetric=False,
         range=(0.0, 1.0), identical=1.0, null=0.0, invariances=("isotropic scaling", "translation"))
     needs_features = True
+    pairs = Measure.pairs  # (its weights need the canonical variates: pair by pair)
 
     def pair(self, a: Basis, b: Basis) -> float:
         out = canonical(a, b)

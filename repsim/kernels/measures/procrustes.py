@@ -14,11 +14,12 @@ no p × p or p₁ × p₂ matrix beyond r = min(p, n).  Cost per pair O(n r₁ r
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from repsim.kernels.measures import register
+from repsim.kernels.measures._batched import cross_singular_values
 from repsim.kernels.measures._protocol import FullColumn, Measure, MeasureInfo
 
 
@@ -43,6 +44,12 @@ class Procrustes(Measure):
         return R, float(np.linalg.norm(R))
 
     def pair(self, a: Any, b: Any) -> float:
-        s = np.linalg.svd(a[0].T @ b[0], compute_uv=False)
+        return self._value(np.linalg.svd(a[0].T @ b[0], compute_uv=False), a, b)
+
+    def pairs(self, a: Any, bs: Sequence[Any]) -> list[float]:
+        return [self._value(s, a, b) for s, b in zip(cross_singular_values(a[0], [b[0] for b in bs]), bs)]
+
+    @staticmethod
+    def _value(s: np.ndarray, a: Any, b: Any) -> float:
         value = float(np.sum(s)) / (a[1] * b[1])
         return min(value, 1.0) if math.isfinite(value) else math.nan
