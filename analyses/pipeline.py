@@ -341,17 +341,23 @@ class Demo:
         return h.hexdigest()[:16]
 
     def stage_analyse(self) -> bool:
-        """Results files, each recomputed only when the stores it reads changed. BLAS runs one thread
-        per library (numpy's and scipy's OpenBLAS): on a busy 2-core machine multi-threaded BLAS on
-        these small problems spins and ran the probes ~50x slower."""
-        import scipy.linalg  # noqa: F401  (load scipy's BLAS so that the limit below covers it)
+        """Results files, each recomputed only when the stores it reads changed."""
+        import scipy.linalg  # noqa: F401  (load scipy's BLAS so that the limits in _analyse cover it)
         import scipy.optimize  # noqa: F401
-        from threadpoolctl import threadpool_limits
 
-        with threadpool_limits(limits=1):
-            return self._analyse()
+        return self._analyse()
+
+    # The steps that spread their work over the cores themselves: the similarity engine hands the BLAS
+    # thread budget to that many threads of single-threaded BLAS (repsim._blas.blas_thread_split),
+    # which a limit of one thread would make one thread (the digits demo's Procrustes SVDs: 183 s on
+    # one core of two). Every other step runs with BLAS at one thread per library (numpy's and
+    # scipy's OpenBLAS): on a busy 2-core machine multi-threaded BLAS on their small problems spins
+    # and ran the probes ~50x slower.
+    OWN_THREADS = ("similarity_demo.npz",)
 
     def _analyse(self) -> bool:
+        from threadpoolctl import threadpool_limits
+
         from analyses import demo_analysis as A
 
         res = self.out / "results"
@@ -397,7 +403,8 @@ class Demo:
             _say(f"[demo] analyse: computing {fname} ...")
             log = res / f"{Path(fname).stem}.log"  # the commands' per-store lines: one line here, the rest there
             try:
-                with open(log, "w") as f, contextlib.redirect_stdout(f):
+                with open(log, "w") as f, contextlib.redirect_stdout(f), (
+                        contextlib.nullcontext() if fname in self.OWN_THREADS else threadpool_limits(limits=1)):
                     fn()
             except A.AnalysisError as exc:
                 raise DemoError(f"analyse: {exc} (details: {log})") from exc
