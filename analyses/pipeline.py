@@ -52,20 +52,30 @@ class DemoError(RuntimeError):
 
 @dataclass
 class Task:
+    """A subprocess of a stage. ``items`` > 0: it reports that many items itself, one line
+    ``@@item <text>`` as each finishes (analyses.extract_runs: a network's stores), each shown as a
+    progress line of the stage; else its one progress line is printed when it exits."""
     name: str
     argv: list[str]
     done: Callable[[], None] = lambda: None
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
+    items: int = 0
+
+
+ITEM = "@@item "  # (analyses.extract_runs.ITEM)
 
 
 def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
-def _pump(stream, prefix: str, tail: collections.deque, stream_lines: bool) -> None:
+def _pump(stream, prefix: str, tail: collections.deque, stream_lines: bool,
+          on_item: Callable[[str], None] | None = None) -> None:
     for line in iter(stream.readline, ""):
         line = line.rstrip("\r\n").split("\r")[-1]
-        if line.strip():
+        if on_item is not None and line.startswith(ITEM):
+            on_item(line[len(ITEM):])
+        elif line.strip():
             tail.append(line)
             if stream_lines:
                 print(f"  [{prefix}] {line}", flush=True)
@@ -87,28 +97,33 @@ def train_summary(tail) -> str:
     return f"{last}; best holdout {best[0]:.1f}% at epoch {best[1]}"
 
 
-def last_line(tail, prefix: str = "") -> str:
-    """The last line of a task's output that starts with ``prefix`` ('' when none)."""
-    return next((l.strip() for l in reversed(tail) if l.strip().startswith(prefix)), "")
-
-
 def run_tasks(tasks: list[Task], jobs: int, stage: str, summary: Callable[[Task], str] = lambda t: "",
               verbose: bool = False) -> None:
     """Run subprocesses ``jobs`` at a time; one line per finished task (``[demo] STAGE k/n NAME:
     summary(task) (seconds)``), every output line too when ``verbose``; fail on the first error with
     the task's last lines."""
     env = dict(os.environ)
-    if jobs > 1:
+    if jobs > 1:  # (a task with items runs its own workers: `jobs` of them, one thread each)
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(var, "1")
     pending, running, finished = list(tasks), {}, 0
+    total = sum(t.items or 1 for t in tasks)
+    lock = threading.Lock()
+
+    def progress(text: str) -> None:
+        nonlocal finished
+        with lock:
+            finished += 1
+            _say(f"[demo] {stage} {finished}/{total} {text}")
+
     try:
         while pending or running:
             while pending and len(running) < jobs:
                 t = pending.pop(0)
                 p = subprocess.Popen(t.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env, bufsize=1)
-                th = threading.Thread(target=_pump, args=(p.stdout, t.name, t.tail, verbose), daemon=True)
+                th = threading.Thread(target=_pump, args=(p.stdout, t.name, t.tail, verbose,
+                                                          progress if t.items else None), daemon=True)
                 th.start()
                 running[p] = (t, th, time.perf_counter())
             time.sleep(0.1)
@@ -120,10 +135,9 @@ def run_tasks(tasks: list[Task], jobs: int, stage: str, summary: Callable[[Task]
                     raise DemoError(f"{stage}: {t.name} failed (exit {p.returncode}): {' '.join(t.argv)}\n"
                                     + "\n".join(tail[-15:]))
                 t.done()
-                finished += 1
-                text = summary(t)
-                _say(f"[demo] {stage} {finished}/{len(tasks)} {t.name}: {text + '; ' if text else ''}"
-                     f"{time.perf_counter() - t0:.0f} s")
+                if not t.items:
+                    text = summary(t)
+                    progress(f"{t.name}: {text + '; ' if text else ''}{time.perf_counter() - t0:.0f} s")
     finally:
         for p in running:  # only the processes started here
             p.terminate()
@@ -303,8 +317,9 @@ class Demo:
 
     def stage_extract(self) -> bool:
         """Every network's missing stores (its store groups, and for the seed-0 runs the dynamics groups'
-        stores of its earlier checkpoints), one process per network (one torch import for all of them)."""
-        tasks, n_todo, n_all = [], 0, 0
+        stores of its earlier checkpoints): one `analyses.extract_runs` process, which imports torch once
+        and forks ``jobs`` workers that take the networks in turn (a progress line per network)."""
+        networks, n_todo, n_all = [], 0, 0
         dynamics = self.dynamics_checkpoints()
         for name in self.run_names:
             todo = []
@@ -321,11 +336,14 @@ class Demo:
                 todo.append(self.extract_args(group, store, ckpt))
             if todo:
                 n_todo += len(todo)
-                tasks.append(Task(name, [sys.executable, "-m", "analyses.extract_runs", json.dumps(todo)]))
+                networks.append([name, todo])
         _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo} "
              f"({self.jobs} networks at a time)")
-        run_tasks(tasks, self.jobs, "extract", lambda t: last_line(t.tail).split(" in ")[0], self.verbose)
-        return bool(tasks)
+        if networks:
+            task = Task("extract", [sys.executable, "-m", "analyses.extract_runs", "--jobs", str(self.jobs),
+                                    json.dumps(networks)], items=len(networks))
+            run_tasks([task], self.jobs, "extract", verbose=self.verbose)
+        return bool(networks)
 
     # ---------------------------------------------------------------- analyse
     def stores(self, group: str) -> list:
