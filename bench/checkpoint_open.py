@@ -57,17 +57,8 @@ def make_checkpoints(root: Path, arch: str, nets: int) -> list[Path]:
     return paths
 
 
-def best_of(fn, repeats: int) -> float:
-    fn()  # warm: imports, page cache
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def measure(paths: list[Path], repeats: int) -> dict:
+    from _timing import best_of
     from extract.sources import load_source
     from repsim._io import sha256_file
     from train.checkpoint import load_checkpoint, load_state_strict, network_from_checkpoint

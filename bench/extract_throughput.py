@@ -46,6 +46,8 @@ sys.path.append(str(ROOT))  # run from a checkout without installing
 
 from extract import extract_store  # noqa: E402
 
+from _timing import best_of  # noqa: E402  (bench/ is this script's directory)
+
 
 def forward_only(model, dataset, batch_size: int, workers: int, device: str,
                  channels_last: bool = False) -> tuple[float, float]:
@@ -178,19 +180,6 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def _best(fn, repeats: int, warmup: bool = True) -> float:
-    """Best wall time of ``repeats`` calls of ``fn``, after one warm-up call (cuDNN autotuning,
-    allocator, the last partial batch's shapes) when ``warmup``."""
-    if warmup:
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def _jpeg_rows(n: int, size: int, tmp: Path) -> list[dict]:
     """CPU ``decode_jpeg`` (one thread, and a thread pool as DataLoader workers would) against
     ``device='cuda'`` (nvJPEG, batched) on ``n`` generated ``size`` px JPEGs in an ImageFolder."""
@@ -215,7 +204,7 @@ def _jpeg_rows(n: int, size: int, tmp: Path) -> list[dict]:
 
     def add(label: str, fn, warmup: bool = False) -> None:
         try:
-            t = _best(fn, 1, warmup)
+            t = best_of(fn, 1, warmup)
             rows.append({"label": label, "n": n, "s": t, "img_per_s": n / t, "jpeg_mb": mb})
         except Exception as exc:  # noqa: BLE001 - a failing row is reported, the others still run
             rows.append({"label": label, "error": _error(exc)})
@@ -283,7 +272,7 @@ def pipeline_rows(args, tmp: Path, device: str) -> dict:
         """Time ``fn`` (best of ``repeats`` after a warm-up, or one run without for ``repeats=0``) and
         record img/s and the ratio to (b)."""
         try:
-            t = _best(fn, max(1, repeats), warmup=repeats > 0)
+            t = best_of(fn, max(1, repeats), warmup=repeats > 0)
             r = {"label": label, "n": count, "s": t, "img_per_s": count / t, **extra}
             r["ratio"] = r["img_per_s"] / floor[0] if floor and ratio else None
         except Exception as exc:  # noqa: BLE001 - a failing row is reported, the others still run

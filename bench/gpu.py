@@ -54,15 +54,10 @@ def _sync() -> None:
 
 
 def _best(f, repeats: int) -> float:
-    f()
-    _sync()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        _sync()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    """Best of ``repeats`` synchronised calls after a warm-up (bench/_timing.py)."""
+    from _timing import best_of
+
+    return best_of(f, repeats, sync=_sync)
 
 
 def allpairs(L: int, n: int, p: int, repeats: int) -> dict:
