@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from analyses.extract_runs import ITEM  # a task's "item finished" line
 from analyses.profiles import DIGITS, Profile
 from repsim.objectives import OBJECTIVES
 
@@ -60,9 +61,6 @@ class Task:
     done: Callable[[], None] = lambda: None
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
     items: int = 0
-
-
-ITEM = "@@item "  # (analyses.extract_runs.ITEM)
 
 
 def _say(msg: str) -> None:
@@ -132,7 +130,9 @@ def run_tasks(tasks: list[Task], jobs: int, stage: str, summary: Callable[[Task]
                 th.join()
                 if p.returncode != 0:
                     tail = list(t.tail)
-                    raise DemoError(f"{stage}: {t.name} failed (exit {p.returncode}): {' '.join(t.argv)}\n"
+                    command = " ".join(t.argv)  # (the extract stage's holds every network's command lines)
+                    command = command if len(command) <= 400 else command[:400] + " …"
+                    raise DemoError(f"{stage}: {t.name} failed (exit {p.returncode}): {command}\n"
                                     + "\n".join(tail[-15:]))
                 t.done()
                 if not t.items:
