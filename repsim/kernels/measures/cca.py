@@ -91,7 +91,7 @@ class _CCABase(Measure):
         defined = [k for k, b in enumerate(bs) if _defined(a, b)]
         out = [math.nan] * len(bs)
         for k, rho in zip(defined, cross_singular_values(a.Q, [bs[k].Q for k in defined])):
-            out[k] = float(np.mean(np.clip(rho[:min(a.Q.shape[1], bs[k].Q.shape[1])], 0.0, 1.0)))
+            out[k] = float(np.mean(np.clip(rho, 0.0, 1.0)))  # (min(r_a, r_b) values: canonical's ρ)
         return out
 
 
