@@ -30,10 +30,9 @@ resume, an ``--overwrite`` — is refused at once, naming the first; a killed ru
 
 Sharding (``torchrun --nproc_per_node=N -m extract ...``, or any initialised ``torch.distributed``
 group): rank 0 takes the lock, creates or opens the store and lists the pending chunks, broadcasts them
-(or why it could not), then every
-rank computes ``pending[rank::N]`` into the same store (disjoint chunks, and ``written`` has one
-object per chunk, so no two ranks touch the same file); after a barrier rank 0 writes the head and
-finalises.
+(or why it could not), then every rank computes ``pending[rank::N]`` into the same store (disjoint
+chunks, and ``written`` has one object per chunk, so no two ranks touch the same file); after a
+barrier rank 0 writes the head and finalises.
 """
 from __future__ import annotations
 
