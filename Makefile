@@ -12,16 +12,28 @@ FASHION_OUT ?= demo-out-fashion
 FASHION_DEBIAN := /usr/share/datasets/fashion-mnist
 DATA_ROOT ?=
 
-.PHONY: demo demo-fashion demo-fashion-tau fashion-data test install bench check-core clean
+.PHONY: demo demo-fashion demo-fashion-tau fashion-data test install disk-check bench check-core clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(MAKE) -s disk-check
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	@rm -f $(VENV)/.installed-*
 	@touch $@
+
+# torch's Linux x86_64 wheels are CUDA builds: the first [dev] install puts ~5.6 GB into .venv. Said
+# before it starts, since pip's own "No space left on device" comes from the middle of the install.
+INSTALL_GB ?= 7
+disk-check:
+	@if ! ls -d $(VENV)/lib/python*/site-packages/torch >/dev/null 2>&1; then \
+		free=$$(df -Pk $(VENV) | awk 'NR == 2 {print int($$4 / 1048576)}'); \
+		if [ -n "$$free" ] && [ "$$free" -lt $(INSTALL_GB) ]; then \
+			echo "warning: installing torch into $(VENV) needs about $(INSTALL_GB) GB (a CUDA build on Linux x86_64); $$free GB are free there. If pip stops with 'No space left on device', free some space (make clean removes .venv and the demo outputs) and rerun." >&2; \
+		fi; \
+	fi
 
 test: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -q
