@@ -151,6 +151,43 @@ def test_spatial_mean_pools_conv_maps_first(two_stores):
     assert not np.allclose(res.values[0], flat.values[0])
 
 
+def test_spatial_mean_averages_a_token_sequence_over_its_tokens(tmp_path):
+    """A (token, feature) layer (`extract --tokens flatten`, a ViT's blocks) under ``spatial="mean"``:
+    its tokens averaged (what `extract --tokens mean` stores), by every route — minibatch and exact
+    CKA, R², and per-channel sparsity counted per feature — not its features averaged per token."""
+    from repsim.store.writer import StoreWriter
+
+    rng = np.random.default_rng(3)
+    T, D = 5, 7
+    tok = rng.standard_normal((N, T, D))
+    tok[tok < -0.5] = 0.0  # zeros for sparsity, at different rates per feature
+    tok[:, :, 0] = np.maximum(tok[:, :, 0], 0)
+    conv = np.einsum("ntd,dc->nc", tok, rng.standard_normal((D, 3)))[:, :, None, None] + 0.3 * rng.standard_normal((N, 3, 2, 2))
+    labels = np.arange(N) % 3
+    w = StoreWriter.create(str(tmp_path / "t.zarr"), n=N, chunk_rows=32,
+                           layers={"tok": ((T, D), "float64", "tokens"), "conv": ((3, 2, 2), "float64")},
+                           meta={"dataset": {"name": "t", "split": "test"}})
+    for k in range(0, N, 32):
+        w.write_chunk(k // 32, layers={"tok": tok[k:k + 32], "conv": conv[k:k + 32]}, labels=labels[k:k + 32],
+                      example_ids=np.arange(k, min(N, k + 32)))
+    store = w.finalize()
+    pooled = [tok.mean(axis=1), conv.mean(axis=(2, 3))]
+
+    res = cka_matrix([store], batch_size=50, epochs=1, shuffle=False, spatial="mean", progress=False)
+    np.testing.assert_allclose(res.values, minibatch_reference(pooled, consecutive_batches(N, 50)), rtol=1e-9)
+    exact = cka_matrix([store], method="exact", debiased=False, spatial="mean", progress=False)
+    assert exact.values[0, 1] == pytest.approx(repsim.linear_cka(*pooled, debiased=False), rel=1e-9)
+    wrong = repsim.linear_cka(tok.mean(axis=2), pooled[1], debiased=False)  # the features averaged per token
+    assert abs(exact.values[0, 1] - wrong) > 0.05
+
+    m = layer_metrics([store], ["tok"], distances=("sqeuclidean",), sparsity=True, spatial="mean", progress=False)
+    (got,) = m.values()
+    assert got["separation"]["sqeuclidean"] == pytest.approx(repsim.class_separation(pooled[0], labels, "sqeuclidean"),
+                                                             rel=1e-9)
+    np.testing.assert_allclose(got["sparsity_per_channel"], (tok != 0).mean(axis=(0, 1)), rtol=1e-12)
+    assert got["sparsity"] == pytest.approx((tok != 0).mean(), rel=1e-12)
+
+
 def test_layers_selection_per_store(two_stores):
     stores = two_stores[np.float64]
     res = cka_matrix(stores, layers={"a": ["fc"], "b": ["pool"]}, batch_size=50, epochs=1, shuffle=False,

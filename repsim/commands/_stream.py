@@ -11,7 +11,8 @@ def add_store_arguments(parser: argparse.ArgumentParser, *, out_help: str, layer
     parser.add_argument("--layers", default=layers_default, metavar="L1,L2",
                         help="comma-separated layer names (default: %s)" % (layers_default or "every layer of every store"))
     parser.add_argument("--spatial", choices=("flatten", "mean"), default="flatten",
-                        help="conv maps: flatten across space (paper, default) or average over space")
+                        help="conv maps: flatten across space (paper, default) or average over space; "
+                             "token sequences (T, D): flatten, or average over the tokens")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu: NumPy (default); cuda: CuPy on the GPU (needs repsim-toolkit[gpu])")
     parser.add_argument("--scheduler", default=None, metavar="ADDRESS",

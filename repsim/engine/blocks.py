@@ -66,7 +66,9 @@ SHUFFLE_SCHEMES = ("none", "window", "examples")
 
 @dataclass(frozen=True)
 class Column:
-    """One (store, layer) row/column of a result; ``shape`` is the per-example tail shape."""
+    """One (store, layer) row/column of a result; ``shape`` is the per-example tail shape; ``tokens``:
+    the layer is a token sequence ``(token, feature)`` (dimension names ``example, token, feature``),
+    whose features are its last axis, where a conv map's ``(channel, y, x)`` has them first."""
 
     store: str  # display name of the store (its basename, or its path when names collide)
     path: str
@@ -74,15 +76,23 @@ class Column:
     shape: tuple[int, ...]
     dtype: str
     chunk_rows: int
+    tokens: bool = False
 
     @property
     def features(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
 
+    @property
+    def channels(self) -> int:
+        """Channels (a conv map's first axis, a token sequence's features), what ``mean`` keeps."""
+        if not self.shape:
+            return 1
+        return int(self.shape[-1] if self.tokens else self.shape[0])
+
     def features_after(self, spatial: str) -> int:
         """Width of the 2-D matrix this column becomes under ``spatial`` ("flatten" | "mean")."""
         if spatial == "mean" and len(self.shape) > 1:
-            return int(self.shape[0])
+            return self.channels
         return self.features
 
 
@@ -190,13 +200,16 @@ def resolve_columns(stores: Any, layers: Any = None, *, allow_mixed_datasets: bo
                             "same order, pass allow_mixed_datasets=True / --allow-mixed-datasets)")
     if problems:
         raise ValueError("cannot combine these stores: " + " | ".join(problems))
+    from repsim.store.format import TOKEN_DIMS
+
     columns = []
     for nm, s, want in zip(names, opened, chosen):
         for layer in want:
             arr = s.zarr_array(layer)
             columns.append(Column(store=nm, path=store_location(s), layer=layer,
                                   shape=tuple(int(d) for d in arr.shape[1:]), dtype=str(arr.dtype),
-                                  chunk_rows=int(arr.chunks[0])))
+                                  chunk_rows=int(arr.chunks[0]),
+                                  tokens=tuple(arr.metadata.dimension_names or ()) == TOKEN_DIMS))
     return opened, columns, ref_ids
 
 
@@ -349,18 +362,28 @@ def progress_bar(total: int, desc: str, progress: bool | None, unit: str = "batc
     return tqdm(total=total, desc=desc, unit=unit, disable=disable, leave=False)
 
 
-def transform(x: Any, spatial: str, xp: Any = None) -> Any:
+def transform(x: Any, spatial: str, xp: Any = None, tokens: bool = False) -> Any:
     """(rows, C[, H, W]) -> (rows, features): ``flatten`` keeps every value (paper §3.2), ``mean``
-    averages conv maps over space first (in float64), ``raw`` returns the block as stored. ``xp``: the
-    array namespace of a device block (the GPU-decoding route), None for a NumPy block."""
+    averages conv maps over space first (in float64), ``raw`` returns the block as stored. A token
+    sequence (rows, T, D) (``tokens``, :attr:`Column.tokens`) is averaged over its tokens under ``mean``
+    (rows, D), as ``extract --tokens mean`` would have stored it. ``xp``: the array namespace of a
+    device block (the GPU-decoding route), None for a NumPy block."""
     if spatial == "raw":
         return x
     if spatial not in ("flatten", "mean"):
         raise ValueError(f"spatial must be 'flatten', 'mean' or 'raw', got {spatial!r}")
     if x.ndim > 2 and spatial == "mean":
-        axes = tuple(range(2, x.ndim))
+        axes = (1,) if tokens else tuple(range(2, x.ndim))
         return x.mean(axis=axes, dtype=np.float64) if xp is None else xp.mean(astype(x, xp.float64, xp), axis=axes)
     return x.reshape(x.shape[0], -1) if xp is None else xp.reshape(x, (x.shape[0], -1))
+
+
+def channels_first(x: Any, column: Column, xp: Any = None) -> Any:
+    """A block as stored, its features on axis 1 (what a per-channel statistic counts over): a token
+    sequence (rows, T, D) becomes (rows, D, T); any other layer is returned as it is."""
+    if not column.tokens or x.ndim != 3:
+        return x
+    return np.swapaxes(x, 1, 2) if xp is None else xp.permute_dims(x, (0, 2, 1))
 
 
 def to_device(x: np.ndarray, xp: Any) -> Any:
@@ -422,7 +445,7 @@ class BlockReader:
         cr = self.columns[c].chunk_rows
         first = a // cr
         data = self._chunks(c, first, (b - 1) // cr)
-        return transform(data[a - first * cr:b - first * cr], self.spatial)
+        return transform(data[a - first * cr:b - first * cr], self.spatial, tokens=self.columns[c].tokens)
 
     def read_block(self, k: int) -> list[np.ndarray]:
         a, b = k * self.block_rows, min(self.n, (k + 1) * self.block_rows)
@@ -465,7 +488,8 @@ class BlockReader:
         """Column ``c`` of every batch of ``group`` (each ``(rows, features)``), reading each of the
         group's blocks once (or, for the "examples" scheme, each batch's rows by selection)."""
         if group.blocks is None:
-            return [transform(self._read_sel(c, rows), self.spatial) for rows in group.batches]
+            return [transform(self._read_sel(c, rows), self.spatial, tokens=self.columns[c].tokens)
+                    for rows in group.batches]
         span = self.read_span(c, group.blocks)
         starts = np.minimum(group.blocks * self.block_rows, self.n)
         sizes = np.minimum((group.blocks + 1) * self.block_rows, self.n) - starts
@@ -501,7 +525,8 @@ class BlockReader:
         slot[wanted] = np.arange(len(wanted)) * cr
         out = []
         for rows in group.batches:
-            out.append(transform(xp.take(full, xp.asarray(slot[rows // cr] + rows % cr), axis=0), self.spatial, xp))
+            out.append(transform(xp.take(full, xp.asarray(slot[rows // cr] + rows % cr), axis=0), self.spatial, xp,
+                                 tokens=self.columns[c].tokens))
         return out
 
     def prefetched(self, keys: Sequence[Any], load: Any, ahead: int | None = None) -> Iterator[tuple[Any, Any]]:

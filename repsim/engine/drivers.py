@@ -40,7 +40,8 @@ import numpy as np
 
 from repsim._io import atomic_write
 from repsim.results import conform
-from repsim.engine.blocks import BlockReader, Column, progress_bar, resolve_columns, to_device, transform
+from repsim.engine.blocks import (BlockReader, Column, channels_first, progress_bar, resolve_columns, to_device,
+                                  transform)
 from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
 from repsim.kernels.layer_metrics import DISTANCES, LAYER_METRICS, LayerMetric, Stat
 
@@ -94,7 +95,7 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
                 per = accs.get(col.layer)
                 if not per:
                     continue
-                x_raw = to_device(raw, xp)
+                x_raw = to_device(channels_first(raw, col), xp)
                 x_mat = None
                 for key, acc in per.items():
                     feed = stats[key].feed
@@ -102,7 +103,7 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
                         acc.update(x_raw)
                         continue
                     if x_mat is None:
-                        x_mat = to_device(transform(raw, spec["spatial"]), xp)
+                        x_mat = to_device(transform(raw, spec["spatial"], tokens=col.tokens), xp)
                     if feed == "rows":
                         acc.update(x_mat)
                     else:
@@ -179,7 +180,7 @@ def state_bytes(col: Column, metrics: Sequence[LayerMetric], num_classes: int, s
     collapse and spectra (means, within-class scatter), P² for the activation spectrum, C for sparsity
     (int64 counts per channel)."""
     P = col.features_after(spatial)
-    C = col.shape[0] if col.shape else 1
+    C = col.channels
     return sum(st.nbytes(num_classes, P, C) for st in layer_stats(metrics).values())
 
 
