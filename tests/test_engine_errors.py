@@ -32,6 +32,24 @@ def test_nonfinite_values_name_store_and_layer(tmp_path, layers, bad, value):
         repsim.layer_metrics(store.path, [bad], distances=("cosine",), sparsity=True, progress=False)
 
 
+@pytest.mark.parametrize("bad", ["wide", "narrow"])
+def test_float32_values_whose_products_overflow_are_named_not_read_as_zero_or_constant(tmp_path, layers, bad):
+    """|x| ~ 1e20 in float32: finite values whose squares overflow float32 Grams. Named as such (the
+    in-memory CKA returned 0.0 and the engine called the layer constant), by every float32 route."""
+    data = {k: v.astype(np.float32) for k, v in layers.items()}
+    data[bad] = (layers[bad] * 1e20).astype(np.float32)
+    assert np.isfinite(data[bad]).all()
+    store = make_store(tmp_path / "huge.zarr", data, chunk_rows=10)
+    with np.errstate(all="ignore"):
+        with pytest.raises(ValueError, match=f"huge/{bad}.*(too large for float32|overflow)"):
+            repsim.cka_matrix(store, batch_size=20, epochs=1, shuffle=False, progress=False)
+        for debiased in (False, True):
+            with pytest.raises(ValueError, match="too large for float32 products"):
+                repsim.linear_cka(data[bad], data["narrow" if bad == "wide" else "wide"], debiased=debiased)
+        scaled = repsim.linear_cka(data[bad].astype(np.float64) / 1e20, layers["narrow" if bad == "wide" else "wide"])
+        assert scaled == pytest.approx(repsim.linear_cka(layers[bad], layers["narrow" if bad == "wide" else "wide"]), rel=1e-6)
+
+
 @pytest.mark.parametrize("method", ["minibatch", "exact"])
 @pytest.mark.parametrize("flat", ["wide", "narrow"])
 def test_constant_layer_gives_nan_pairs_and_one_line(tmp_path, layers, method, flat, capfd):

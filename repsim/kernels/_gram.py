@@ -105,6 +105,13 @@ def check_gram(K: Any, xp: Any, mean_sq: float, what: str) -> bool:
     return is_constant(what, float(xp.sum(diagonal(K, xp))), mean_sq, K.shape[0])
 
 
+def _dtype_name(dtype: Any) -> str:
+    try:
+        return np.dtype(dtype).name
+    except TypeError:  # another namespace's dtype object (array-api-strict)
+        return str(dtype)
+
+
 def prepare_layer(X: Any, xp: Any, dtype: Any, n: int | None, what: str,
                   scratch: "HostScratch | None" = None) -> tuple[Any, Any, bool]:
     """Flatten, cast, validate and column-centre one layer's batch (:func:`centre_rounded`);
@@ -127,6 +134,11 @@ def prepare_layer(X: Any, xp: Any, dtype: Any, n: int | None, what: str,
     check_finite(mean, xp, what)
     d = sq_norms64(Xc, xp)
     spread = float(xp.sum(d))
+    if not math.isfinite(spread):  # finite values (the mean is) whose squares overflow the working dtype
+        big = float(xp.max(xp.abs(X)))
+        raise ValueError(f"{what}: its values (up to {big:.3g} in magnitude) are too large for {_dtype_name(dtype)} "
+                         "products, which overflow: rescale the layer (CKA does not change) or compute in float64 "
+                         "(compute_dtype='float64')")
     return Xc, d, spread <= constant_tolerance(X.shape[0], float(xp.sum(mean * mean)))
 
 

@@ -111,5 +111,6 @@ def is_constant(what: str, trace: float, mean_sq: float, n: int) -> bool:
     whether the layer is constant over the batch (tr K within the rounding of the mean,
     :func:`constant_tolerance`)."""
     if not math.isfinite(trace):
-        raise ValueError(f"{what} contains NaN or infinite values")
+        raise ValueError(f"{what} contains NaN or infinite values, or values so large that their products "
+                         "overflow (rescale the layer: CKA does not change)")
     return trace <= constant_tolerance(n, mean_sq)

@@ -67,6 +67,9 @@ def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
 
         hxy, hxx, hyy = unbiased(hxy, k, l_), unbiased(hxx, k, k), unbiased(hyy, l_, l_)
     hxx_f, hyy_f, hxy_f = float(hxx), float(hyy), float(hxy)
+    if not all(map(math.isfinite, (hxx_f, hyy_f, hxy_f))):  # ‖XᵀY‖² overflowed even float64: not a CKA of 0
+        raise ValueError(f"HSIC overflows (X: {hxx_f:.3g}, Y: {hyy_f:.3g}, XY: {hxy_f:.3g}); rescale the layers "
+                         "(CKA does not change)")
     if hxx_f <= 0 or hyy_f <= 0:
         raise ValueError(
             f"self-HSIC is not positive (X: {hxx_f:.3g}, Y: {hyy_f:.3g}); CKA is undefined"
