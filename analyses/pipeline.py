@@ -14,8 +14,8 @@ Layout of the output directory (each stage reuses what a previous run finished):
     OUT/report/                     figures, tables, report.html, findings.md; rewritten when the results
                                     or the analyses code changed (report/.report-key)
 
-Torch work (train, extract) runs in subprocesses through the public command line, two at a time on
-a 2-core machine; the analyses run in this process through the torch-free ``repsim`` API, one store at a
+Torch work (train, extract) runs through the public command line in one subprocess per stage
+(:mod:`analyses.command_runs`: torch imported once, two forked workers on a 2-core machine); the analyses run in this process through the torch-free ``repsim`` API, one store at a
 time, so memory stays bounded by one store's largest layer.
 
 The log has one line per stage and network (``[demo] train 3/18 softmax-s1: ...`` when a network
@@ -40,10 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from analyses.extract_runs import ITEM  # a task's "item finished" line
+from analyses.command_runs import ITEM  # a task's "item finished" line
 from analyses.profiles import DIGITS, Profile
 from repsim.objectives import OBJECTIVES
 
+TRAIN_LOG = "train.log"  # a network's `repsim train` output, in its run directory
 ANALYSIS_VERSION = "4"  # bump when the analysis settings below change, to invalidate old results
 
 
@@ -54,13 +55,15 @@ class DemoError(RuntimeError):
 @dataclass
 class Task:
     """A subprocess of a stage. ``items`` > 0: it reports that many items itself, one line
-    ``@@item <text>`` as each finishes (analyses.extract_runs: a network's stores), each shown as a
-    progress line of the stage; else its one progress line is printed when it exits."""
+    ``@@item <JSON>`` as each finishes (:mod:`analyses.command_runs`: a network), which ``item`` turns
+    into the stage's progress line (and marks the item done); else its one progress line is printed when
+    it exits."""
     name: str
     argv: list[str]
     done: Callable[[], None] = lambda: None
     tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
     items: int = 0
+    item: Callable[[dict], str] = lambda info: f"{info['name']}: {info['seconds']:.0f} s"
 
 
 def _say(msg: str) -> None:
@@ -114,6 +117,9 @@ def run_tasks(tasks: list[Task], jobs: int, stage: str, summary: Callable[[Task]
             finished += 1
             _say(f"[demo] {stage} {finished}/{total} {text}")
 
+    def on_item(task: Task) -> Callable[[str], None]:
+        return lambda line: progress(task.item(json.loads(line)))
+
     try:
         while pending or running:
             while pending and len(running) < jobs:
@@ -121,7 +127,7 @@ def run_tasks(tasks: list[Task], jobs: int, stage: str, summary: Callable[[Task]
                 p = subprocess.Popen(t.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env, bufsize=1)
                 th = threading.Thread(target=_pump, args=(p.stdout, t.name, t.tail, verbose,
-                                                          progress if t.items else None), daemon=True)
+                                                          on_item(t) if t.items else None), daemon=True)
                 th.start()
                 running[p] = (t, th, time.perf_counter())
             time.sleep(0.1)
@@ -130,7 +136,7 @@ def run_tasks(tasks: list[Task], jobs: int, stage: str, summary: Callable[[Task]
                 th.join()
                 if p.returncode != 0:
                     tail = list(t.tail)
-                    command = " ".join(t.argv)  # (the extract stage's holds every network's command lines)
+                    command = " ".join(t.argv)  # (a stage's holds every network's command lines)
                     command = command if len(command) <= 400 else command[:400] + " …"
                     raise DemoError(f"{stage}: {t.name} failed (exit {p.returncode}): {command}\n"
                                     + "\n".join(tail[-15:]))
@@ -154,10 +160,6 @@ def shortfall(findings, profile: Profile, source_range: str = "") -> str:
         return ""
     why = profile.shortfall.replace("{source_range}", source_range or "similar")
     return f"This run reproduces {n} of the paper's 3 findings. {why}".strip()
-
-
-def _repsim(*args: str) -> list[str]:
-    return [sys.executable, "-m", "repsim", *args]
 
 
 @dataclass
@@ -204,8 +206,9 @@ class Demo:
         return sets + [*self.profile.settings.get(objective, ()), *self.sets]
 
     def train_argv(self, objective: str, seed: int) -> list[str]:
-        argv = _repsim("train", "--preset", self.profile.preset.format(objective=objective), "--seed", str(seed),
-                       "--out", str(self.run_dir(f"{objective}-s{seed}")), "--no-progress")
+        """The `repsim train` arguments (after ``repsim``) of one network."""
+        argv = ["train", "--preset", self.profile.preset.format(objective=objective), "--seed", str(seed),
+                       "--out", str(self.run_dir(f"{objective}-s{seed}")), "--no-progress"]
         if self.profile.keep_every:
             argv += ["--keep-every", str(self.profile.keep_every)]
         for s in self.train_sets(objective):
@@ -233,8 +236,12 @@ class Demo:
             raise DemoError(f"data: {exc}") from None
 
     def stage_train(self) -> bool:
+        """Every network not yet trained (or trained with another configuration): one
+        `analyses.command_runs` process, which imports torch once and forks ``jobs`` workers that take the
+        networks in turn, each writing its output to ``runs/<name>/train.log``; a network's DONE is
+        written, and its progress line printed, as it finishes."""
         self.check_data()
-        tasks = []
+        networks, marks = [], {}
         for o in self.objectives:
             for s in range(self.seeds):
                 name, argv = f"{o}-s{s}", self.train_argv(o, s)
@@ -249,15 +256,27 @@ class Demo:
                     shutil.rmtree(d)
                 d.mkdir(parents=True, exist_ok=True)
                 (d / "demo-key.json").write_text(json.dumps({"key": key}))
+                marks[name] = (done, key)
+                networks.append({"name": name, "commands": [argv + (["--resume"] if resume else [])],
+                                 "log": str(d / TRAIN_LOG)})
+        _say(f"[demo] train: {len(self.run_names) - len(networks)} of {len(self.run_names)} networks already "
+             f"trained; training {len(networks)} ({self.jobs} at a time)")
 
-                def mark(done=done, key=key):
-                    done.write_text(json.dumps({"key": key, "finished": time.time()}))
+        def finished(info: dict) -> str:
+            done, key = marks[info["name"]]
+            done.write_text(json.dumps({"key": key, "finished": time.time()}))
+            log = done.parent / TRAIN_LOG
+            text = train_summary(log.read_text(errors="replace").splitlines()) if log.is_file() else ""
+            if self.verbose and log.is_file():
+                for line in log.read_text(errors="replace").splitlines():
+                    _say(f"  [{info['name']}] {line}")
+            return f"{info['name']}: {text + '; ' if text else ''}{info['seconds']:.0f} s"
 
-                tasks.append(Task(name, argv + (["--resume"] if resume else []), mark))
-        _say(f"[demo] train: {len(self.run_names) - len(tasks)} of {len(self.run_names)} networks already "
-             f"trained; training {len(tasks)} ({self.jobs} at a time)")
-        run_tasks(tasks, self.jobs, "train", lambda t: train_summary(t.tail), self.verbose)
-        return bool(tasks)
+        if networks:
+            task = Task("train", [sys.executable, "-m", "analyses.command_runs", "--jobs", str(self.jobs),
+                                  json.dumps(networks)], items=len(networks), item=finished)
+            run_tasks([task], self.jobs, "train", verbose=self.verbose)
+        return bool(networks)
 
     def checkpoint(self, name: str) -> Path:
         d = self.run_dir(name)
@@ -317,7 +336,7 @@ class Demo:
 
     def stage_extract(self) -> bool:
         """Every network's missing stores (its store groups, and for the seed-0 runs the dynamics groups'
-        stores of its earlier checkpoints): one `analyses.extract_runs` process, which imports torch once
+        stores of its earlier checkpoints): one `analyses.command_runs` process, which imports torch once
         and forks ``jobs`` workers that take the networks in turn (a progress line per network)."""
         networks, n_todo, n_all = [], 0, 0
         dynamics = self.dynamics_checkpoints()
@@ -333,15 +352,16 @@ class Demo:
                 if path.exists():
                     shutil.rmtree(path)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                todo.append(self.extract_args(group, store, ckpt))
+                todo.append(["extract", *self.extract_args(group, store, ckpt)])
             if todo:
                 n_todo += len(todo)
-                networks.append([name, todo])
+                networks.append({"name": name, "commands": todo})
         _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo} "
              f"({self.jobs} networks at a time)")
         if networks:
-            task = Task("extract", [sys.executable, "-m", "analyses.extract_runs", "--jobs", str(self.jobs),
-                                    json.dumps(networks)], items=len(networks))
+            task = Task("extract", [sys.executable, "-m", "analyses.command_runs", "--jobs", str(self.jobs),
+                                    json.dumps(networks)], items=len(networks),
+                        item=lambda info: f"{info['name']}: {info['commands']} store(s); {info['seconds']:.0f} s")
             run_tasks([task], self.jobs, "extract", verbose=self.verbose)
         return bool(networks)
 

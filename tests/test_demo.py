@@ -36,6 +36,7 @@ def test_demo_smoke_and_rerun(tmp_path):
     if len(findings) > 3:  # the fresh run's log prints the sentence, as the rerun's does
         assert findings[-1] in first.stdout and "96–98" not in findings[-1]
     assert re.search(r"^\[demo\] train [12]/2 softmax-s0: epoch 1/1 ", first.stdout, re.M)  # one line per network
+    assert "epoch 1/1" in (out / "runs" / "softmax-s0" / "train.log").read_text()  # the network's own output
     # every line of the log is the demo's own (the commands' per-store lines go to results/*.log)
     stray = [ln for ln in first.stdout.splitlines()
              if ln.strip() and not ln.startswith(("[demo]", "[figures]", "- ", "This run"))]
@@ -51,6 +52,47 @@ def test_demo_smoke_and_rerun(tmp_path):
     assert "10 of 10 stores already complete" in second.stdout
     assert second.stdout.count("up to date") == 8  # seven results steps (pixels.csv: the pixel baseline) and the report
     assert json.loads((out / "results" / "fingerprints.json").read_text()) == fps
+
+
+def test_the_demo_train_stage_trains_as_a_network_s_own_process_does(tmp_path):
+    """`python -m analyses.command_runs --jobs 2` with `repsim train` commands (the demo's train stage): two
+    forked workers, each network's output in its log, checkpoints bitwise equal to `repsim train` in a
+    process of its own; a failing network's status, name and the end of its log on stderr."""
+    import os
+    from pathlib import Path
+
+    import torch
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def train(preset, out):
+        return ["train", "--preset", preset, "--seed", "1", "--out", str(out), "--no-progress",
+                "--set", "epochs=2"]
+
+    nets = [{"name": p, "commands": [train(f"digits-{p}", tmp_path / "forked" / p)],
+             "log": str(tmp_path / f"{p}.log")} for p in ("softmax", "sigmoid")]
+    run = subprocess.run([sys.executable, "-m", "analyses.command_runs", "--jobs", "2", json.dumps(nets)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    items = [json.loads(ln[len("@@item "):]) for ln in run.stdout.splitlines() if ln.startswith("@@item ")]
+    assert sorted(i["name"] for i in items) == ["sigmoid", "softmax"] and all(i["seconds"] > 0 for i in items)
+    assert "epoch" not in run.stdout  # the networks' lines went to their logs
+    assert all("epoch 2/2" in (tmp_path / f"{p}.log").read_text() for p in ("softmax", "sigmoid"))
+    alone = subprocess.run([sys.executable, "-m", "repsim", *train("digits-sigmoid", tmp_path / "alone")],
+                           env=env, capture_output=True, text=True, timeout=600)
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    for f in ("checkpoint.pt", "best.pt"):
+        a = torch.load(tmp_path / "forked" / "sigmoid" / f, map_location="cpu", weights_only=False)
+        b = torch.load(tmp_path / "alone" / f, map_location="cpu", weights_only=False)
+        sa, sb = a["model"], b["model"]
+        assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), f
+
+    bad = [nets[0], {"name": "broken", "commands": [train("digits-nonexistent", tmp_path / "bad")],
+                     "log": str(tmp_path / "broken.log")}]
+    fail = subprocess.run([sys.executable, "-m", "analyses.command_runs", "--jobs", "2", json.dumps(bad)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert fail.returncode == 2, fail.stderr[-2000:]
+    assert "command_runs: broken failed (exit 2); the end of" in fail.stderr and "nonexistent" in fail.stderr
 
 
 def test_fresh_removes_only_the_demo_outputs(tmp_path):

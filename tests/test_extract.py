@@ -593,7 +593,7 @@ def test_in_memory_specs():
 
 
 def test_the_demo_extract_stage_forks_workers_that_take_the_networks_in_turn(ckpts, tmp_path):
-    """`python -m analyses.extract_runs --jobs 2` (the demo's extract stage): one process, two forked
+    """`python -m analyses.command_runs --jobs 2` (the demo's extract stage): one process, two forked
     workers, an ``@@item`` line per network, stores bitwise equal to a network's own process; a
     failing network's status and name."""
     import json
@@ -601,22 +601,23 @@ def test_the_demo_extract_stage_forks_workers_that_take_the_networks_in_turn(ckp
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
 
     def cmds(ckpt, out):
-        return [["--checkpoint", str(ckpt), "--data", "digits", "--split", "test", "--out", str(out),
+        return [["extract", "--checkpoint", str(ckpt), "--data", "digits", "--split", "test", "--out", str(out),
                  "--no-progress", "--workers", "0", "--layers", "block1,pool"]]
 
-    networks = [[f"net{i}", cmds(c, tmp_path / "forked" / f"net{i}.zarr")] for i, c in enumerate(ckpts)]
-    run = subprocess.run([sys.executable, "-m", "analyses.extract_runs", "--jobs", "2", json.dumps(networks)],
+    networks = [{"name": f"net{i}", "commands": cmds(c, tmp_path / "forked" / f"net{i}.zarr")} for i, c in enumerate(ckpts)]
+    run = subprocess.run([sys.executable, "-m", "analyses.command_runs", "--jobs", "2", json.dumps(networks)],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    items = sorted(ln for ln in run.stdout.splitlines() if ln.startswith("@@item "))
-    assert [ln.split(":")[0] for ln in items] == ["@@item net0", "@@item net1"] and "1 store(s)" in items[0]
-    alone = subprocess.run([sys.executable, "-m", "analyses.extract_runs", json.dumps(cmds(ckpts[1], tmp_path / "alone.zarr"))],
+    items = sorted(json.loads(ln[len("@@item "):])["name"] for ln in run.stdout.splitlines() if ln.startswith("@@item "))
+    assert items == ["net0", "net1"]
+    assert all(json.loads(ln[len("@@item "):])["commands"] == 1 for ln in run.stdout.splitlines() if ln.startswith("@@item "))
+    alone = subprocess.run([sys.executable, "-m", "analyses.command_runs", json.dumps(cmds(ckpts[1], tmp_path / "alone.zarr"))],
                            env=env, capture_output=True, text=True, timeout=600)
     assert alone.returncode == 0, alone.stderr[-2000:]
     a, b = open_store(str(tmp_path / "forked" / "net1.zarr")), open_store(str(tmp_path / "alone.zarr"))
     assert all(np.array_equal(np.asarray(a.zarr_array(k)[:]), np.asarray(b.zarr_array(k)[:])) for k in a.layers)
 
-    bad = [networks[0], ["broken", [cmds(ckpts[1], tmp_path / "bad.zarr")[0] + ["--layers", "nope"]]]]
-    fail = subprocess.run([sys.executable, "-m", "analyses.extract_runs", "--jobs", "2", json.dumps(bad)],
+    bad = [networks[0], {"name": "broken", "commands": [cmds(ckpts[1], tmp_path / "bad.zarr")[0] + ["--layers", "nope"]]}]
+    fail = subprocess.run([sys.executable, "-m", "analyses.command_runs", "--jobs", "2", json.dumps(bad)],
                           env=env, capture_output=True, text=True, timeout=600)
-    assert fail.returncode != 0 and "extract_runs: broken failed" in fail.stderr and "nope" in fail.stderr
+    assert fail.returncode != 0 and "command_runs: broken failed" in fail.stderr and "nope" in fail.stderr
