@@ -50,10 +50,11 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 # which ``conform(name, rows, parameters=...)`` puts them, in the order given
 PARAMETERS: dict[str, int] = {"grid": 2}
 
-# the columns by which new rows replace old ones when a command merges into an existing file
+# the columns by which new rows replace old ones when a command merges into an existing file (a probe of
+# another layer or on another split is another result: both are kept, and readers choose)
 KEYS: dict[str, tuple[str, ...]] = {
-    "probes": ("store", "task", "probe", "metric"),
-    "multilabel": ("store", "task", "split", "target"),
+    "probes": ("store", "task", "probe", "metric", "layer", "split", "train_split"),
+    "multilabel": ("store", "task", "split", "target", "layer", "train_split"),
     "accuracy": ("store",),
     "robustness": ("store", "checkpoint_sha256", "benchmark", "subset", "metric"),
     "tune": ("preset", "objective", "params", "variant", "seed"),

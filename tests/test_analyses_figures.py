@@ -115,6 +115,44 @@ def test_figures_from_results_only(tmp_path, capsys):
     assert "class='failed'" not in report
 
 
+def test_table1_takes_the_penultimate_layer_and_the_test_split_from_probes_of_several(tmp_path):
+    """probes.csv keeps a probe of each layer and split (repsim.results.KEYS): Table 1 reads the pool
+    layer's test-split rows, whatever else the file holds and in whatever order."""
+    res = write_results(tmp_path)
+    pro = pd.read_csv(res / "probes.csv").assign(layer="pool", split="test")
+    other_layer = pro.assign(layer="block4", accuracy=0.11)
+    other_split = pro.assign(split="holdout", accuracy=0.22)
+    pd.concat([other_layer, pro, other_split]).to_csv(res / "probes.csv", index=False)
+    out = tmp_path / "out"
+    assert main(["figures", "--results", str(res), "--out", str(out), "--only", "table1", "--quiet"]) == 0
+    lin = pd.read_csv(out / "table1.csv").query("probe == 'linear'").set_index("objective")
+    want = 100 * pro[(pro.probe == "linear") & (pro.task == "taskA") & (pro.objective == "sigmoid")].accuracy.mean()
+    assert lin.loc["sigmoid", "taskA"] == pytest.approx(want)
+
+
+def test_probe_reruns_on_another_layer_or_split_keep_both_rows(tmp_path):
+    """`repsim probe` merges into probes.csv by store, task, probe, metric, layer and splits: probing a
+    second layer, or the holdout split after the test split, adds rows instead of replacing them."""
+    import repsim
+
+    rng = np.random.default_rng(0)
+
+    def store(name, split, n):
+        y = np.arange(n) % 3
+        layers = {"pool": rng.standard_normal((n, 6)) + y[:, None], "block1": rng.standard_normal((n, 4)) + y[:, None]}
+        return repsim.save_store(str(tmp_path / f"{name}.zarr"), layers=layers, labels=y,
+                                 meta={"dataset": {"name": "t", "split": split}})
+
+    tr, te, ho = store("tr", "train", 60), store("te", "test", 30), store("ho", "holdout", 30)
+    out = tmp_path / "probes.csv"
+    runs = [["--layer", "pool", "--test", te.path], ["--layer", "block1", "--test", te.path],
+            ["--layer", "pool", "--test", ho.path], ["--layer", "pool", "--test", te.path]]  # the last one replaces the first
+    for extra in runs:
+        assert main(["probe", "--train", tr.path, "--probe", "knn", "--out", str(out), "--no-progress", *extra]) == 0
+    got = pd.read_csv(out)
+    assert sorted(zip(got["layer"], got["split"])) == [("block1", "test"), ("pool", "holdout"), ("pool", "test")]
+
+
 def test_table1_bold_rule_and_values(tmp_path):
     res = write_results(tmp_path)
     out = tmp_path / "out"

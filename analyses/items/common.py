@@ -3,12 +3,24 @@ from __future__ import annotations
 
 import pandas as pd
 
-from analyses.data import SOURCE_TASK, Inputs, Missing, objective_key
+from analyses.data import EVAL_SPLITS, SOURCE_TASK, Inputs, Missing, objective_key
 from analyses.summary import as_percent
 
 
+def penultimate_rows(inputs: Inputs, df: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``df`` (probes.csv, multilabel.csv) of the penultimate layer, where its ``layer``
+    column names several (rows without a layer are kept only when no row names one)."""
+    if "layer" not in df or not df["layer"].fillna("").astype(str).ne("").any():
+        return df
+    layers = df["layer"].fillna("").astype(str)
+    return df[layers == inputs.penultimate(layers[layers != ""])]
+
+
 def probe_rows(inputs: Inputs, probe: str, *, source: bool = False, all_epochs: bool = False) -> pd.DataFrame:
-    """probes.csv rows of one probe kind: transfer tasks (default) or source-relearning tasks."""
+    """probes.csv rows of one probe kind: transfer tasks (default) or source-relearning tasks; of the
+    penultimate layer (:meth:`Inputs.penultimate`) and, per task, of one evaluation split (test, else val,
+    else holdout, else the one present), where probes.csv holds several (`repsim probe` keeps a probe of
+    each layer and split: repsim.results.KEYS)."""
     df = inputs.csv("probes", all_epochs=all_epochs)
     df = df[df["probe"].astype(str) == probe].copy()
     is_source = df["task"].astype(str).str.match(SOURCE_TASK)
@@ -16,6 +28,16 @@ def probe_rows(inputs: Inputs, probe: str, *, source: bool = False, all_epochs: 
     if df.empty:
         what = "source-relearning (task source*/relearn*)" if source else "transfer"
         raise Missing(f"probes.csv has no {probe} rows for {what} tasks")
+    df = penultimate_rows(inputs, df)
+    if "split" in df:
+        splits = df["split"].fillna("").astype(str)
+
+        def chosen(task_splits: pd.Series) -> str:
+            present = set(task_splits)
+            return next((s for s in EVAL_SPLITS if s in present), sorted(present)[0])
+
+        keep = splits.groupby(df["task"].astype(str)).transform(chosen)
+        df = df[splits == keep]
     df["accuracy"] = as_percent(df["accuracy"])
     return df
 

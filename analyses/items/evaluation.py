@@ -9,6 +9,7 @@ from repsim.probes.calibration import TEMPERATURE_BOUNDS
 
 from analyses.data import Inputs, Missing, describe_rows, display
 from analyses.item import Table, item
+from analyses.items.common import penultimate_rows
 from analyses.summary import bold_rule_text, seed_summary
 
 # robustness.csv benchmark -> Table C.2 column, in the paper's order
@@ -120,7 +121,7 @@ def tableC3(inputs: Inputs) -> Table:
 @item("tableD1", "Table D.1: multi-label linear transfer (AUC per finding, e.g. CheXpert)", "table",
       ("multilabel.csv",))
 def tableD1(inputs: Inputs) -> Table:
-    df = inputs.csv("multilabel")
+    df = penultimate_rows(inputs, inputs.csv("multilabel")).copy()
     df["value"] = 100.0 * pd.to_numeric(df["auc"], errors="coerce")
     df["column"] = df["target"].astype(str)
     blocks, n_seeds = [], 0
