@@ -37,6 +37,7 @@ def make_figures(stores: Path | None, results: Path | None, out: Path, *, only=N
     from analyses.report import write_report
 
     inputs = Inputs(stores, results, only_stores)
+    inputs.runs  # noqa: B018 - refuses stores it cannot tell apart (equal names) before any item renders
     outcomes = render_all(inputs, Path(out), only=set(only) if only else None, progress=progress)
     sources = f"Stores: {stores or '—'} ({len(inputs.stores)} complete). Results: {results or '—'}."
     return outcomes, write_report(outcomes, Path(out), title=title, intro_html=intro_html, sources=sources)

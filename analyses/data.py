@@ -109,6 +109,24 @@ RUN_COLUMNS = ["store", "objective", "seed", "params", "arch", "epoch", "dataset
                "variant", "sha256", "finetuned_from"]
 
 
+def _one_network_per_store(df: pd.DataFrame, what: str) -> None:
+    """``ValueError`` when ``what``'s rows give one store name to several networks (objective, seed):
+    stores of equal names in different directories, whose rows the figures cannot tell apart."""
+    if "objective" not in df:
+        return
+    nets = df.assign(_o=df["objective"].fillna("").astype(str),
+                     _s=pd.to_numeric(df["seed"], errors="coerce") if "seed" in df else np.nan)
+    counts = nets.drop_duplicates(["store", "_o", "_s"]).groupby("store").size()
+    clash = counts[counts > 1].index.tolist()
+    if clash:
+        name = clash[0]
+        seen = nets[nets["store"] == name].drop_duplicates(["_o", "_s"])
+        which = ", ".join(f"{o} seed {'' if pd.isna(sd) else int(sd)}".strip() for o, sd in zip(seen["_o"], seen["_s"]))
+        raise ValueError(f"{what} names store {name!r} for several networks ({which}): stores of equal names "
+                         "(in different directories) cannot be told apart; give every store a name of its own "
+                         f"and recompute {what}")
+
+
 class Inputs:
     """Everything under ``--stores`` and ``--results``; each piece read at most once."""
 
@@ -135,7 +153,7 @@ class Inputs:
             return {}
         from repsim import open_store
 
-        found = {}
+        found: dict[str, Any] = {}
         for path in sorted(self.stores_dir.rglob("*.zarr")):
             if self.only_stores is not None and path.name.removesuffix(".zarr") not in self.only_stores:
                 continue
@@ -143,6 +161,12 @@ class Inputs:
                 store = open_store(path)
             except ValueError:
                 continue
+            if store.name in found:
+                raise ValueError(
+                    f"two stores under --stores are both named {store.name!r} ({found[store.name].path} and "
+                    f"{store.path}): the results files name a store by its name, so their rows cannot be told "
+                    "apart; give every store a name of its own (e.g. <network>-<data>.zarr) and recompute the "
+                    "results that name them")
             found[store.name] = store
         return found
 
@@ -172,6 +196,7 @@ class Inputs:
             df = self._raw_csv(name)
             if df is None or "store" not in df:
                 continue
+            _one_network_per_store(df, f"{name}.csv")
             for rec in df.drop_duplicates("store").to_dict("records"):
                 if rec["store"] not in known:
                     known.add(rec["store"])

@@ -153,6 +153,31 @@ def test_probe_reruns_on_another_layer_or_split_keep_both_rows(tmp_path):
     assert sorted(zip(got["layer"], got["split"])) == [("block1", "test"), ("pool", "holdout"), ("pool", "test")]
 
 
+def test_stores_of_equal_names_are_refused_not_merged(tmp_path, capsys):
+    """Two networks' stores named alike in different directories (sm/tgt.zarr, cos/tgt.zarr): the results
+    files name stores by their name, so `repsim figures` refuses (it averaged both as one objective's
+    seeds), from the stores or, without them, from a results file giving one name two networks."""
+    import repsim
+
+    rng = np.random.default_rng(1)
+    res = tmp_path / "results"
+    res.mkdir()
+    rows = []
+    for o in ("softmax", "cosine_softmax"):
+        x = rng.standard_normal((12, 4))
+        repsim.save_store(str(tmp_path / "stores" / o / "tgt.zarr"), layers={"pool": x}, labels=np.arange(12) % 2,
+                          meta={"dataset": {"name": "t", "split": "test"}, "model": {"objective": o, "seed": 0}})
+        rows.append(dict(store="tgt", objective=o, seed=0, task="t", probe="knn", metric="top1", accuracy=0.5,
+                         layer="pool", split="test"))
+    pd.DataFrame(rows).to_csv(res / "probes.csv", index=False)
+    assert main(["figures", "--stores", str(tmp_path / "stores"), "--results", str(res), "--out",
+                 str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "both named 'tgt'" in err and "cos" in err and "softmax" in err and "\n" not in err.strip()
+    assert main(["figures", "--results", str(res), "--out", str(tmp_path / "out2"), "--quiet"]) == 2
+    assert "probes.csv names store 'tgt' for several networks (softmax seed 0, cosine_softmax seed 0)" in capsys.readouterr().err
+
+
 def test_table1_bold_rule_and_values(tmp_path):
     res = write_results(tmp_path)
     out = tmp_path / "out"
