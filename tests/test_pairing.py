@@ -140,3 +140,61 @@ def test_overflowing_float64_layer_is_named_not_called_constant(tmp_path, capsys
                     "--out", tmp_path / "x.npz", "--no-progress")
     assert code == 2 and "layer 'a': chunk 0 holds values up to" in err and "overflow float64" in err
     assert "constant" not in err
+
+
+def test_probe_and_calibrate_refuse_stores_of_different_datasets_unless_asked(tmp_path, capsys):
+    """A probe fit on `digits` and scored on `digits-source` (whose examples are all in the training set:
+    shared_examples compares ids only within one dataset) reported top-1 1.0 with exit 0; fit on
+    digits-source and scored on digits-target (other classes under the same labels), 0.28; calibrate fit
+    its temperature on another dataset's labels. The dataset names must agree (up to a size suffix @N)."""
+    ids = np.arange(90)
+    net_store(tmp_path / "all_tr.zarr", 0, "train", 90, digest="aa" * 32, dataset="digits", ids=ids)
+    net_store(tmp_path / "src_tr.zarr", 0, "train", 45, digest="aa" * 32, dataset="digits-source", ids=ids[:45])
+    out = tmp_path / "res"
+    code, err = run(capsys, "probe", "--train", tmp_path / "all_tr.zarr", "--test", tmp_path / "src_tr.zarr",
+                    "--probe", "knn", "--out", out)
+    assert code == 2 and err.count("\n") == 1
+    assert ("train store all_tr (dataset 'digits') and test store src_tr (dataset 'digits-source') hold different "
+            "datasets") in err and "--allow-mixed-datasets" in err
+    assert not (out / "probes.csv").exists()
+    code, err = run(capsys, "probe", "--train", tmp_path / "all_tr.zarr", "--test", tmp_path / "src_tr.zarr",
+                    "--probe", "knn", "--allow-mixed-datasets", "--out", out)
+    assert code == 0 and "WARNING: train store all_tr (dataset 'digits') and test store src_tr" in err
+    # one dataset at two sizes (train.data's @N: at most N training images per class) pairs, and its
+    # example ids are compared: a test store inside the training store is caught across the suffix
+    net_store(tmp_path / "t2000_tr.zarr", 0, "train", 90, digest="aa" * 32, dataset="target@2000", ids=ids)
+    net_store(tmp_path / "t_te.zarr", 0, "test", 45, digest="aa" * 32, dataset="target", ids=ids[:45])
+    net_store(tmp_path / "t_tr.zarr", 0, "train", 45, digest="aa" * 32, dataset="target", ids=ids[40:85])
+    code, err = run(capsys, "probe", "--train", tmp_path / "t2000_tr.zarr", "--test", tmp_path / "t_te.zarr",
+                    "--probe", "knn", "--out", out)
+    assert code == 0, err
+    code, err = run(capsys, "probe", "--train", tmp_path / "t2000_tr.zarr", "--test", tmp_path / "t_tr.zarr",
+                    "--probe", "knn", "--out", out)
+    assert code == 2 and "45 of the 45 examples of test store t_tr are also in train store t2000_tr" in err
+    # calibrate: the temperature is fit on the holdout of the test store's dataset
+    net_store(tmp_path / "src_te.zarr", 0, "test", 45, digest="aa" * 32, dataset="digits-source")
+    net_store(tmp_path / "tgt_ho.zarr", 0, "holdout", 30, digest="aa" * 32, dataset="digits-target")
+    net_store(tmp_path / "src_ho.zarr", 0, "holdout", 30, digest="aa" * 32, dataset="digits-source")
+    cal = tmp_path / "cal.csv"
+    code, err = run(capsys, "calibrate", "--test", tmp_path / "src_te.zarr", "--holdout", tmp_path / "tgt_ho.zarr",
+                    "--out", cal)
+    assert code == 2 and err.count("\n") == 1 and not cal.exists()
+    assert ("test store src_te (dataset 'digits-source') and holdout store tgt_ho (dataset 'digits-target') hold "
+            "different datasets: a temperature fit on another dataset's holdout") in err
+    code, err = run(capsys, "calibrate", "--test", tmp_path / "src_te.zarr", "--holdout", tmp_path / "tgt_ho.zarr",
+                    "--allow-mixed-datasets", "--out", cal)
+    assert code == 0 and "WARNING: test store src_te" in err
+    code, err = run(capsys, "calibrate", "--test", tmp_path / "src_te.zarr", "--holdout", tmp_path / "src_ho.zarr",
+                    "--out", cal)
+    assert code == 0, err
+    # the library calls the demo makes apply the same rule
+    from repsim.commands.calibrate import write_calibration
+    from repsim.commands.probe import write_probes
+
+    with pytest.raises(ValueError, match="hold different datasets"):
+        write_probes([tmp_path / "all_tr.zarr"], [tmp_path / "src_tr.zarr"], probe=["knn"], out=out)
+    with pytest.raises(ValueError, match="hold different datasets"):
+        write_calibration([tmp_path / "src_te.zarr"], [tmp_path / "tgt_ho.zarr"], cal)
+    rows, _ = write_probes([tmp_path / "all_tr.zarr"], [tmp_path / "src_tr.zarr"], probe=["knn"], out=out,
+                           allow_mixed_datasets=True, progress=False)
+    assert len(rows) == 1

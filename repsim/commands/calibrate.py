@@ -5,8 +5,11 @@
 
 Test and holdout stores are paired in order (one pair per network: the same checkpoint evaluated on
 the evaluation split and on the holdout split it never trained on; App. C.2 uses the 50,046-image
-ImageNet holdout); each pair is verified as ``repsim probe``'s are (one network, different examples:
-``repsim.store.pairing``), and NaN/Inf logits are refused naming the store that holds them. For each network (``repsim.probes.calibration``, after Guo et al. 2017):
+ImageNet holdout); each pair is verified as ``repsim probe``'s are (``repsim.store.pairing.check_pair``:
+one network; one dataset, the ``dataset.name`` both record, so that the temperature is not fit on another
+dataset's labels — ``--allow-mixed-datasets`` allows it on purpose, with a warning; different examples),
+and NaN/Inf logits are refused naming the store that holds them. For each
+network (``repsim.probes.calibration``, after Guo et al. 2017):
 
 - probabilities ``p = softmax(z / T)``; for sigmoid-trained networks ``σ(z_k / T) / Σ_j σ(z_j / T)``
   (Table C.3: "we normalize the probability distribution by summing probabilities over all classes").
@@ -43,6 +46,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--same-examples", action="store_true",
                         help="allow a holdout store that shares examples with its test store (on purpose; a "
                              "warning says so)")
+    parser.add_argument("--allow-mixed-datasets", action="store_true",
+                        help="allow a holdout store of another dataset than its test store (dataset.name differs; "
+                             "default: refused, the temperature would be fit on another dataset's labels; a "
+                             "warning says so)")
     parser.add_argument("--memory-budget", type=non_negative, default=DEFAULT_BUDGET_MIB, metavar="MIB",
                         help="load the logits when their float64 working set (test + holdout rows x classes x 32 "
                              "bytes) fits in MIB, else stream them chunk by chunk (the same numbers up to "
@@ -57,15 +64,19 @@ def kind_for(objective: str | None) -> str:
 
 def run(args) -> int:
     rows, path = write_calibration(args.test, args.holdout, args.out, kind=args.kind, bins=args.bins,
-                                   same_examples=args.same_examples, memory_budget=args.memory_budget)
+                                   same_examples=args.same_examples, memory_budget=args.memory_budget,
+                                   allow_mixed_datasets=args.allow_mixed_datasets)
     print(f"repsim calibrate: {len(rows)} rows -> {path}", file=sys.stderr)
     return 0
 
 
 def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto", bins: int = 15,
-                      same_examples: bool = False, memory_budget: float = DEFAULT_BUDGET_MIB) -> tuple[list[dict], str]:
+                      same_examples: bool = False, memory_budget: float = DEFAULT_BUDGET_MIB,
+                      allow_mixed_datasets: bool = False) -> tuple[list[dict], str]:
     """What `repsim calibrate` does, as a library call: one calibration.csv row per (test, holdout) pair
-    of stores, written to ``out``; returns the rows and the path. Bad input raises ValueError."""
+    of stores, written to ``out``; returns the rows and the path. Each pair is checked by
+    ``repsim.store.pairing.check_pair`` (one network, one dataset unless ``allow_mixed_datasets``,
+    different examples unless ``same_examples``). Bad input raises ValueError."""
     import numpy as np
 
     from repsim.engine.drivers import write_csv
@@ -89,7 +100,7 @@ def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto
                 raise ValueError(f"store {s.name} has no logits (extract them with `repsim extract`)")
             if s.multilabel:
                 raise ValueError(f"store {s.name} holds multi-label targets; calibration needs one class per example")
-        check_pair(te, ho, ("test", "holdout"), same_examples=same_examples)
+        check_pair(te, ho, ("test", "holdout"), same_examples=same_examples, mixed_datasets=allow_mixed_datasets)
         objective = (te.model or {}).get("objective", "")
         net_kind = kind_for(objective) if kind == "auto" else kind
         # each store's values are checked on their own, so an error names the store that holds them

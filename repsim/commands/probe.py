@@ -5,9 +5,12 @@
     repsim probe --relearn A_val.zarr B_val.zarr [--per-class 10] --out DIR
 
 Train and test stores are paired in order (one pair per network; positional STOREs are more training
-stores, before those of --train), and each pair is verified: one network (checkpoint digests, or the
-``model`` metadata of stores written by ``save_store``) and different examples (``--same-examples``
-allows a shared one on purpose, with a warning; ``repsim.store.pairing``). Three modes:
+stores, before those of --train), and each pair is verified (``repsim.store.pairing.check_pair``): one
+network (checkpoint digests, or the ``model`` metadata of stores written by ``save_store``), one dataset
+(the ``dataset.name`` both record, up to a size suffix ``@N``: a probe fit on ``digits-source`` and
+scored on ``digits-target`` measures nothing; ``--allow-mixed-datasets`` allows it on purpose, with a
+warning) and different examples (``--same-examples`` allows a shared one on purpose, with a warning).
+Three modes:
 
 - **Single-label stores** (Table 1): the linear probe (L-BFGS, λ chosen on a validation split) and/or
   kNN. Writes ``--out FILE.csv`` (or ``DIR/probes.csv`` for ``--out DIR``; store, objective, seed, task, probe, metric, accuracy, best_param,
@@ -44,7 +47,8 @@ RELEARN_PREFIXES = ("relearn", "source")  # task names the figures treat as rele
 # the options of :func:`write_probes` (the command's flags, under their ``args`` names) and their defaults
 DEFAULTS: dict[str, Any] = {"per_class": 10, "layer": "pool", "probe": ("linear", "knn"), "metric": "top1",
                             "task": None, "val_fraction": 0.2, "lambdas": 45, "ks": (1, 3, 5, 10, 20, 50, 100),
-                            "bins": 1000, "same_examples": False, "memory_budget": DEFAULT_BUDGET_MIB, "seed": 0}
+                            "bins": 1000, "same_examples": False, "allow_mixed_datasets": False,
+                            "memory_budget": DEFAULT_BUDGET_MIB, "seed": 0}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -77,6 +81,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--same-examples", action="store_true",
                         help="allow a test store that shares examples with its training store (a training-set "
                              "score, on purpose; a warning says so)")
+    parser.add_argument("--allow-mixed-datasets", action="store_true",
+                        help="allow a test store of another dataset than its training store (dataset.name differs; "
+                             "default: refused, the score would not be a held-out estimate of one task; a warning "
+                             "says so)")
     parser.add_argument("--memory-budget", type=non_negative, default=DEFAULTS["memory_budget"], metavar="MIB",
                         help="single-label stores: probe in memory when the layer's working set (train + test "
                              "rows x width x 16 bytes) fits in MIB, else out of core from the stores' chunks, "
@@ -143,17 +151,21 @@ def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
     csv_path, ml_path = _outputs(args.out)
     lambdas = np.logspace(-6, 5, args.lambdas)
     rows, details, ml_rows, ml_details = [], [], [], []
+    pairs = []
     for tr_path, te_path in zip(train, args.test if not args.relearn else train):
         tr = open_store(tr_path)
         te = tr if args.relearn else open_store(te_path)
-        if not args.relearn:  # one network, different examples (repsim.store.pairing)
-            check_pair(tr, te, ("train", "test"), same_examples=args.same_examples)
+        if not args.relearn:  # one network, one dataset, different examples (repsim.store.pairing)
+            check_pair(tr, te, ("train", "test"), same_examples=args.same_examples,
+                       mixed_datasets=args.allow_mixed_datasets)
         if tr.multilabel != te.multilabel:
             raise ValueError(f"stores {tr.name} and {te.name}: one holds multi-label targets, the other not")
         if args.relearn and tr.multilabel:
             raise ValueError(f"store {tr.name} holds multi-label targets; --relearn needs one class per example")
         if args.relearn and not tr.has_logits and tr.head is None:
             raise ValueError(f"store {tr.name} has neither logits nor a head: the original classifier is unknown")
+        pairs.append((tr, te))
+    for tr, te in pairs:  # every pair was checked before any is probed
         common = _common(args, tr, te, lambdas)
         # multi-label stores are probed in memory (one binary probe per target; not streamed yet)
         streamed = not tr.multilabel and not _fits(args, tr, None if args.relearn else te)
