@@ -132,3 +132,51 @@ def test_tune_grid_best_epoch_skips_a_diverged_epoch(tmp_path):
     _write_grid(tmp_path, [{"lr": 0.1}], g, [[{1: math.nan, 2: 70.0, 3: 70.0, 4: 60.0}]], [[_Run()]])
     row = next(csv.DictReader(open(tmp_path / "grid.csv")))
     assert (row["best_epoch"], float(row["holdout_best"]), row["last_epoch"]) == ("2", 70.0, "4")
+
+
+def _head_store(path, dataset, train_dataset=None, *, K=5, n=100, labels=None):
+    """A network's logits on ``dataset`` (its attrs), the network trained on ``train_dataset`` (K outputs)."""
+    rng = np.random.default_rng(3)
+    y = np.arange(n) % K if labels is None else np.asarray(labels)
+    z = rng.normal(size=(n, K)).astype(np.float32)
+    z[np.arange(n), np.clip(y, 0, K - 1)] += 2.0
+    model = {"objective": "softmax", "seed": 0, "checkpoint_sha256": "cc" * 32}
+    if train_dataset:
+        model["train_dataset"] = train_dataset
+    return save_store(path, {"pool": rng.normal(size=(n, 4)).astype(np.float32)}, y, logits=z,
+                      example_ids=np.arange(n), meta={"model": model, "dataset": dataset})
+
+
+def test_accuracy_refuses_a_store_whose_labels_number_other_classes_than_the_head(tmp_path, capsys):
+    """A digits-target store under a digits-source network (5 classes each, other digits under labels 0-4)
+    was scored top-1 0.2756 with exit 0. What the stores record proves it: the two names are different
+    class subsets of one family; a class count other than the head's outputs; recorded class lists that
+    differ. Another dataset of the network's classes (ImageNet-V2 under an ImageNet net) is still scored."""
+    src = {"spec": "digits-source", "name": "digits-source", "classes": ["0", "1", "2", "3", "4"]}
+    _head_store(tmp_path / "src.zarr", {"name": "digits-source", "split": "test", "num_classes": 5}, src)
+    _head_store(tmp_path / "tgt.zarr", {"name": "digits-target", "split": "test", "num_classes": 5}, src)
+    _head_store(tmp_path / "v2.zarr", {"name": "digits-v2", "split": "test", "num_classes": 5}, src)
+    _head_store(tmp_path / "ten.zarr", {"name": "cifar10", "split": "test", "num_classes": 10}, K=5)
+    _head_store(tmp_path / "txt.zarr", {"name": "reviews", "split": "test", "classes": list("abcde")},
+                {"name": "reviews", "classes": list("abcdf")})
+    _head_store(tmp_path / "unl.zarr", {"name": "digits-source", "split": "test"}, src, labels=np.full(100, -1))
+    out = tmp_path / "accuracy.csv"
+    code = main(["accuracy", str(tmp_path / "src.zarr"), str(tmp_path / "tgt.zarr"), "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and not out.exists()
+    assert ("store tgt: it holds dataset 'digits-target' but its network was trained on 'digits-source', another "
+            "class subset of 'digits'") in err and "--allow-other-classes" in err
+    for name, says in (("ten", "its dataset 'cifar10' records 10 classes but the network's head has 5 outputs"),
+                       ("txt", "its dataset 'reviews' records the classes [a, b, c, d, e] but the network was "
+                               "trained on [a, b, c, d, f]"),
+                       ("unl", "labels must lie in [0, 5) (its network's head has 5 outputs), got range [-1, -1]")):
+        assert main(["accuracy", str(tmp_path / f"{name}.zarr"), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"error: store {name}: {says}" in err and err.count("\n") == 1, err
+    # other names, the same classes: scored (the paper's robustness sets); on purpose, with a warning
+    assert main(["accuracy", str(tmp_path / "src.zarr"), str(tmp_path / "v2.zarr"), "--out", str(out),
+                 "--no-progress"]) == 0
+    assert main(["accuracy", str(tmp_path / "tgt.zarr"), "--allow-other-classes", "--out", str(out),
+                 "--no-progress"]) == 0
+    assert "WARNING: store tgt: it holds dataset 'digits-target'" in capsys.readouterr().err
+    assert sorted(r["store"] for r in csv.DictReader(open(out))) == ["src", "tgt", "v2"]

@@ -183,3 +183,30 @@ def test_table_c3_item(tmp_path):
     outcomes, _ = make_figures(None, res, tmp_path / "fig", only=["tableC3"], progress=False)
     cap = outcomes[0].caption
     assert "for 1 of 4 networks T stopped at the search bound" in cap and "classify their holdout perfectly" in cap
+
+
+def test_calibrate_refuses_logits_scored_on_other_classes(tmp_path, capsys):
+    """A digits-target test/holdout pair of a digits-source network passed every check (one network, one
+    dataset) and calibrated the head on another label space (NLL 3.73, T 8.85, exit 0): refused as `repsim
+    accuracy` refuses it, unless --allow-other-classes."""
+    from repsim.commands.main import main
+    from repsim.store.writer import save_store
+
+    train = {"name": "digits-source", "spec": "digits-source", "classes": ["0", "1", "2", "3", "4"]}
+    paths = {}
+    for name, split, n in (("tgt-test", "test", 60), ("tgt-holdout", "holdout", 40)):
+        rng = np.random.default_rng(n)
+        y = np.arange(n) % 5
+        paths[name] = save_store(tmp_path / f"{name}.zarr", {"pool": np.zeros((n, 2), np.float32)}, y,
+                                 logits=rng.normal(size=(n, 5)) + 2 * np.eye(5)[y], example_ids=np.arange(n),
+                                 meta={"model": {"objective": "softmax", "seed": 0, "checkpoint_sha256": "ab" * 32,
+                                                 "train_dataset": train},
+                                       "dataset": {"name": "digits-target", "split": split, "num_classes": 5}}).path
+    out = tmp_path / "cal.csv"
+    argv = ["calibrate", "--test", paths["tgt-test"], "--holdout", paths["tgt-holdout"], "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not out.exists()
+    assert "error: store tgt-test: it holds dataset 'digits-target' but its network was trained on 'digits-source'" in err
+    assert main(argv + ["--allow-other-classes"]) == 0 and out.exists()
+    assert "WARNING: store tgt-holdout:" in capsys.readouterr().err

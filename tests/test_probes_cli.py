@@ -169,3 +169,29 @@ def test_the_demo_calls_the_library_not_the_cli():
     modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "repsim.commands.main" not in modules
     assert {"repsim.commands.probe", "repsim.commands.calibrate"} <= modules
+
+
+def test_relearn_refuses_a_store_of_other_classes_than_the_head(tmp_path, capsys):
+    """`probe --relearn` on a digits-target store of a digits-source network scored the original head on
+    another label space (0.28, exit 0): refused as `repsim accuracy` refuses it, unless --allow-other-classes."""
+    import pytest
+
+    from repsim.commands.probe import write_probes
+
+    src = _source_store(tmp_path, "softmax", 0)
+    train = {"name": "dig-source", "spec": "dig-source", "classes": ["a", "b", "c", "d"]}
+    tgt = save_store(tmp_path / "tgt.zarr", {"pool": np.asarray(src.layer("pool").compute())}, src.labels,
+                     logits=np.asarray(src.logits.compute()), head=src.head, chunk_rows=50,
+                     meta={"model": {"objective": "softmax", "seed": 0, "train_dataset": train},
+                           "dataset": {"name": "dig-target", "split": "test", "num_classes": 4}})
+    out = tmp_path / "res"
+    assert main(["probe", "--relearn", tgt.path, "--per-class", "5", "--lambdas", "3", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and not (out / "probes.csv").exists()
+    assert ("store tgt: it holds dataset 'dig-target' but its network was trained on 'dig-source', another class "
+            "subset of 'dig'") in err and "--allow-other-classes" in err
+    assert main(["probe", "--relearn", tgt.path, "--per-class", "5", "--lambdas", "3", "--allow-other-classes",
+                 "--out", str(out), "--no-progress"]) == 0
+    assert "WARNING: store tgt:" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="another class subset of 'dig'"):
+        write_probes([tgt.path], relearn=True, per_class=5, lambdas=3, out=out, progress=False)

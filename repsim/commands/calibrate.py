@@ -8,8 +8,11 @@ the evaluation split and on the holdout split it never trained on; App. C.2 uses
 ImageNet holdout); each pair is verified as ``repsim probe``'s are (``repsim.store.pairing.check_pair``:
 one network; one dataset, the ``dataset.name`` both record, so that the temperature is not fit on another
 dataset's labels — ``--allow-mixed-datasets`` allows it on purpose, with a warning; different examples),
-and NaN/Inf logits are refused naming the store that holds them. For each
-network (``repsim.probes.calibration``, after Guo et al. 2017):
+the head's probabilities are scored only on labels numbered as its K outputs (``repsim.store.pairing.
+check_label_space``, as ``repsim accuracy``: labels outside [0, K) are refused, and so is a store whose
+metadata prove another label space, e.g. a ``digits-target`` store of a ``digits-source`` network,
+unless ``--allow-other-classes``), and NaN/Inf logits are refused naming the store that holds them. For
+each network (``repsim.probes.calibration``, after Guo et al. 2017):
 
 - probabilities ``p = softmax(z / T)``; for sigmoid-trained networks ``σ(z_k / T) / Σ_j σ(z_j / T)``
   (Table C.3: "we normalize the probability distribution by summing probabilities over all classes").
@@ -50,6 +53,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="allow a holdout store of another dataset than its test store (dataset.name differs; "
                              "default: refused, the temperature would be fit on another dataset's labels; a "
                              "warning says so)")
+    parser.add_argument("--allow-other-classes", action="store_true",
+                        help="score the logits on stores whose metadata say their labels number other classes than "
+                             "the head's outputs (default: refused; a warning says so)")
     parser.add_argument("--memory-budget", type=non_negative, default=DEFAULT_BUDGET_MIB, metavar="MIB",
                         help="load the logits when their float64 working set (test + holdout rows x classes x 32 "
                              "bytes) fits in MIB, else stream them chunk by chunk (the same numbers up to "
@@ -65,18 +71,20 @@ def kind_for(objective: str | None) -> str:
 def run(args) -> int:
     rows, path = write_calibration(args.test, args.holdout, args.out, kind=args.kind, bins=args.bins,
                                    same_examples=args.same_examples, memory_budget=args.memory_budget,
-                                   allow_mixed_datasets=args.allow_mixed_datasets)
+                                   allow_mixed_datasets=args.allow_mixed_datasets,
+                                   allow_other_classes=args.allow_other_classes)
     print(f"repsim calibrate: {len(rows)} rows -> {path}", file=sys.stderr)
     return 0
 
 
 def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto", bins: int = 15,
                       same_examples: bool = False, memory_budget: float = DEFAULT_BUDGET_MIB,
-                      allow_mixed_datasets: bool = False) -> tuple[list[dict], str]:
+                      allow_mixed_datasets: bool = False, allow_other_classes: bool = False) -> tuple[list[dict], str]:
     """What `repsim calibrate` does, as a library call: one calibration.csv row per (test, holdout) pair
     of stores, written to ``out``; returns the rows and the path. Each pair is checked by
     ``repsim.store.pairing.check_pair`` (one network, one dataset unless ``allow_mixed_datasets``,
-    different examples unless ``same_examples``). Bad input raises ValueError."""
+    different examples unless ``same_examples``), each store by ``check_label_space`` (its labels are the
+    head's classes, unless ``allow_other_classes``). Bad input raises ValueError."""
     import numpy as np
 
     from repsim.engine.drivers import write_csv
@@ -84,7 +92,7 @@ def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto
     from repsim.probes.calibration import calibration_report, calibration_report_rows
     from repsim.results import conform
     from repsim.store.finite import require_finite
-    from repsim.store.pairing import check_pair
+    from repsim.store.pairing import check_label_space, check_pair
     from repsim.store.reader import open_store
 
     # expected failures raise ValueError: one line and exit status 2 (repsim.commands.main)
@@ -101,6 +109,8 @@ def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto
             if s.multilabel:
                 raise ValueError(f"store {s.name} holds multi-label targets; calibration needs one class per example")
         check_pair(te, ho, ("test", "holdout"), same_examples=same_examples, mixed_datasets=allow_mixed_datasets)
+        for s in (te, ho):  # the head's probabilities are scored on each store's labels
+            check_label_space(s, allow=allow_other_classes)
         objective = (te.model or {}).get("objective", "")
         net_kind = kind_for(objective) if kind == "auto" else kind
         # each store's values are checked on their own, so an error names the store that holds them

@@ -28,7 +28,12 @@ Three modes:
   every class are held out, the linear probe is relearned on all the others, and both the relearned
   probe and the network's own final layer are scored on the held-out examples
   (``repsim.probes.transfer.relearn_head``). probes.csv rows: task ``relearn`` (or ``--task``, which
-  must start with ``relearn`` or ``source``), probe ``linear`` (relearned) and ``original_head``.
+  must start with ``relearn`` or ``source``), probe ``linear`` (relearned) and ``original_head``. The
+  store's labels must be numbered as the head's K outputs: labels outside [0, K) are refused, and so
+  is a store whose metadata prove another label space (``repsim.store.pairing.check_label_space``:
+  its ``dataset.num_classes`` is not K, its classes differ from those the network was trained on, or
+  it holds another class subset of the training dataset's family, e.g. ``digits-target`` under a
+  ``digits-source`` network) unless ``--allow-other-classes``.
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ RELEARN_PREFIXES = ("relearn", "source")  # task names the figures treat as rele
 DEFAULTS: dict[str, Any] = {"per_class": 10, "layer": "pool", "probe": ("linear", "knn"), "metric": "top1",
                             "task": None, "val_fraction": 0.2, "lambdas": 45, "ks": (1, 3, 5, 10, 20, 50, 100),
                             "bins": 1000, "same_examples": False, "allow_mixed_datasets": False,
-                            "memory_budget": DEFAULT_BUDGET_MIB, "seed": 0}
+                            "allow_other_classes": False, "memory_budget": DEFAULT_BUDGET_MIB, "seed": 0}
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +90,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="allow a test store of another dataset than its training store (dataset.name differs; "
                              "default: refused, the score would not be a held-out estimate of one task; a warning "
                              "says so)")
+    parser.add_argument("--allow-other-classes", action="store_true",
+                        help="--relearn: score the original head on a store whose metadata say its labels number "
+                             "other classes than the head's outputs (default: refused; a warning says so)")
     parser.add_argument("--memory-budget", type=non_negative, default=DEFAULTS["memory_budget"], metavar="MIB",
                         help="single-label stores: probe in memory when the layer's working set (train + test "
                              "rows x width x 16 bytes) fits in MIB, else out of core from the stores' chunks, "
@@ -133,7 +141,7 @@ def write_probes(train, test=(), *, out=".", relearn: bool = False, progress: bo
 def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
     import numpy as np
 
-    from repsim.store.pairing import check_pair
+    from repsim.store.pairing import check_label_space, check_pair
     from repsim.store.reader import open_store
 
     train = list(args.stores) + list(args.train)
@@ -164,6 +172,8 @@ def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
             raise ValueError(f"store {tr.name} holds multi-label targets; --relearn needs one class per example")
         if args.relearn and not tr.has_logits and tr.head is None:
             raise ValueError(f"store {tr.name} has neither logits nor a head: the original classifier is unknown")
+        if args.relearn:  # the original head is scored on the store's labels: they must be its classes
+            check_label_space(tr, allow=args.allow_other_classes)
         pairs.append((tr, te))
     for tr, te in pairs:  # every pair was checked before any is probed
         common = _common(args, tr, te, lambdas)

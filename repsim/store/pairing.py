@@ -1,5 +1,6 @@
 """Pairs of stores that must come from one network on different examples of one dataset (``repsim
-probe``'s train and test stores, ``repsim calibrate``'s test and holdout stores).
+probe``'s train and test stores, ``repsim calibrate``'s test and holdout stores), and a store whose
+labels a network's own head is scored on (``repsim accuracy``, ``repsim calibrate``, ``repsim probe --relearn``).
 
 Commands take such pairs positionally (``--train A B --test C D``), so a slip in the order pairs
 network A's training features with network B's test features and reports a meaningless accuracy
@@ -20,6 +21,13 @@ under A's name, and a store given as both members scores a network on its own tr
 - **different examples**: not the same store, and where both stores hold the same split of the same
   dataset (both name it, or neither does), no example id in both. ``same_examples=True`` allows it
   on purpose (a training-set accuracy) and prints a warning that says so.
+
+:func:`label_space_difference` is the rule for scoring a network's own head (its logits, or its stored
+``head``) on a store's labels: it says when the store's recorded metadata prove that its labels number
+other classes than the head's K outputs (see there). Stores record the class names of image datasets
+only for the network's training set (``model.train_dataset.classes``), not for the data they hold
+(``dataset.classes`` is written for multi-label and text datasets only), so for images the rule rests
+on the class count and on the names of ``train.data``'s class-subset specs.
 """
 from __future__ import annotations
 
@@ -124,3 +132,96 @@ def check_pair(a: Any, b: Any, roles: tuple[str, str], *, same_examples: bool = 
     print(f"WARNING: {what} (--same-examples): the {rb} scores are measured on examples the {ra} store "
           "also holds, not held out", file=sys.stderr, flush=True)
 
+
+# ------------------------------------------------------------------------------------------------
+# a store's labels and its network's own head
+
+_SUBSET = re.compile(r"^(?P<family>.+?)(?:-(?P<role>source|target)|:(?P<classes>[^:]+))$")
+
+
+def class_subset(name: Any) -> tuple[str, str] | None:
+    """``(family, subset)`` when a dataset name says it is one class subset of a family, by the
+    convention of ``train.data``'s specs: ``F-source`` / ``F-target`` (a transfer study's pretraining
+    classes and the disjoint transfer classes, each numbered from 0: ``digits-source`` is digits 0–4,
+    ``digits-target`` digits 5–9 as labels 0–4) or ``F:C,C,...`` (those classes of F, numbered in that
+    order); None for any other name. Two names of one family with different subsets number other
+    classes with the same labels."""
+    family = dataset_family(name)
+    m = _SUBSET.match(family) if family else None
+    if m is None:
+        return None
+    subset = m["role"] or ",".join(c.strip() for c in m["classes"].split(","))
+    return m["family"], subset
+
+
+def head_outputs(store: Any) -> int | None:
+    """K, the number of outputs of the store's network head: the width of its ``logits``, else the rows
+    of its stored ``head/weight``; None when it has neither."""
+    if store.has_logits:
+        return int(store.zarr_array("/logits").shape[1])
+    head = store.head
+    return None if head is None else int(head[0].shape[0])
+
+
+def label_space_difference(store: Any) -> str | None:
+    """How ``store``'s recorded metadata prove that its labels number other classes than its network's
+    head outputs, so that the head's scores on them (``repsim accuracy``, ``repsim calibrate``, the original
+    head of ``repsim probe --relearn``) measure nothing; None when nothing recorded proves it. The rules:
+
+    - the store's ``dataset.num_classes`` differs from K, the head's outputs (:func:`head_outputs`):
+      e.g. ImageNet-A/-R folders, 200 classes numbered 0..199, not as a 1000-way head's outputs, or the
+      10 classes of ``digits`` under a 5-class ``digits-source`` head;
+    - the store's ``dataset.classes`` and the network's ``model.train_dataset.classes`` are both
+      recorded and differ;
+    - the store's dataset and the network's training dataset (``model.train_dataset.name``) are class
+      subsets of one family that differ (:func:`class_subset`: ``digits-target`` data under a
+      ``digits-source`` network, both 5 classes numbered 0–4).
+
+    Names that merely differ prove nothing: an ImageNet network on ImageNet-V2, which holds the same
+    classes under the same numbers, is the paper's robustness analysis. Labels outside ``[0, K)`` are
+    :func:`check_label_space`'s first, unconditional refusal."""
+    K = head_outputs(store)
+    if K is None:
+        return None
+    data, train = store.dataset or {}, (store.model or {}).get("train_dataset") or {}
+    name, trained_on = data.get("name"), train.get("name") or train.get("spec")
+    n_classes = data.get("num_classes")
+    if n_classes is not None and int(n_classes) != K:
+        return f"its dataset {name!r} records {int(n_classes)} classes but the network's head has {K} outputs"
+    classes, trained_classes = data.get("classes"), train.get("classes")
+    if classes and trained_classes and list(map(str, classes)) != list(map(str, trained_classes)):
+        return (f"its dataset {name!r} records the classes {_short(classes)} but the network was trained on "
+                f"{_short(trained_classes)}")
+    sa, sb = class_subset(name), class_subset(trained_on)
+    if sa and sb and sa[0] == sb[0] and sa[1] != sb[1]:
+        return (f"it holds dataset {name!r} but its network was trained on {trained_on!r}, another class subset "
+                f"of {sa[0]!r} ({sa[1]!r} vs {sb[1]!r}) numbered with the same labels")
+    return None
+
+
+def _short(classes: Any, k: int = 5) -> str:
+    items = [str(c) for c in classes]
+    return "[" + ", ".join(items[:k]) + (f", … ({len(items)} in all)" if len(items) > k else "") + "]"
+
+
+def check_label_space(store: Any, *, allow: bool = False, flag: str = "--allow-other-classes") -> None:
+    """Refuse (``ValueError``) scoring ``store``'s network head on its labels: always when a label lies
+    outside ``[0, K)`` (K: :func:`head_outputs`; ``-1``, unlabelled, included), and when
+    :func:`label_space_difference` finds they number other classes unless ``allow`` (``flag``), which
+    proceeds with a warning on stderr."""
+    K = head_outputs(store)
+    labels = np.asarray(store.labels)
+    if K is not None and labels.ndim == 1 and labels.size and (labels.min() < 0 or labels.max() >= K):
+        unlabelled = "; -1 marks an unlabelled example" if labels.min() < 0 else ""
+        raise ValueError(f"store {store.name}: labels must lie in [0, {K}) (its network's head has {K} outputs), "
+                         f"got range [{labels.min()}, {labels.max()}]{unlabelled}: give a store of labelled "
+                         "examples of the network's classes")
+    diff = label_space_difference(store)
+    if diff is None:
+        return
+    if not allow:
+        raise ValueError(f"store {store.name}: {diff}, so its network's own head cannot be scored on these labels; "
+                         f"give a store of the classes the network was trained on, or pass {flag} if its labels "
+                         "are numbered as the head's outputs")
+    print(f"WARNING: store {store.name}: {diff} ({flag}): the head is scored on these labels as given",
+          file=sys.stderr, flush=True)
