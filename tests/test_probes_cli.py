@@ -195,3 +195,30 @@ def test_relearn_refuses_a_store_of_other_classes_than_the_head(tmp_path, capsys
     assert "WARNING: store tgt:" in capsys.readouterr().err
     with pytest.raises(ValueError, match="another class subset of 'dig'"):
         write_probes([tgt.path], relearn=True, per_class=5, lambdas=3, out=out, progress=False)
+
+
+def test_probe_refuses_unlabelled_examples(tmp_path, capsys):
+    """Labels -1 (unlabelled) were a class to the probe: an all-unlabelled test store scored top-1 0.0,
+    exit 0. They are refused in the training store, the test store and a --relearn store."""
+    a = _stores(tmp_path, "softmax", 0)
+    X = np.asarray(a["test"].layer("pool").compute())
+    y = np.asarray(a["train"].labels).copy()
+    y[::10] = -1
+    meta = {"model": {"objective": "softmax", "seed": 0}}
+    unl = save_store(tmp_path / "unl_test.zarr", {"pool": X}, np.full(len(X), -1), meta={
+        **meta, "dataset": {"name": "toy", "split": "test"}}, example_ids=np.arange(len(X)))
+    part = save_store(tmp_path / "part_train.zarr", {"pool": np.asarray(a["train"].layer("pool").compute())}, y,
+                      meta={**meta, "dataset": {"name": "toy", "split": "train"}})
+    out = tmp_path / "res"
+    assert main(["probe", "--train", a["train"].path, "--test", unl.path, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert ("error: test store unl_test: labels must lie in [0, K) (class indices), but 45 of its 45 labels are "
+            "negative") in err and err.count("\n") == 1 and not (out / "probes.csv").exists()
+    assert main(["probe", "--train", part.path, "--test", a["test"].path, "--out", str(out), "--no-progress"]) == 2
+    assert "error: train store part_train: labels must lie in [0, K) (class indices), but 9 of its 90" in \
+        capsys.readouterr().err
+    logits = np.zeros((90, 3), np.float32)
+    rel = save_store(tmp_path / "rel.zarr", {"pool": part.layer("pool").compute()}, y, logits=logits,
+                     meta={**meta, "dataset": {"name": "toy", "split": "test"}})
+    assert main(["probe", "--relearn", rel.path, "--per-class", "5", "--out", str(out), "--no-progress"]) == 2
+    assert "error: store rel: labels must lie in [0, K) (class indices), but 9 of its 90" in capsys.readouterr().err

@@ -10,7 +10,8 @@ network (checkpoint digests, or the ``model`` metadata of stores written by ``sa
 (the ``dataset.name`` both record, up to a size suffix ``@N``: a probe fit on ``digits-source`` and
 scored on ``digits-target`` measures nothing; ``--allow-mixed-datasets`` allows it on purpose, with a
 warning) and different examples (``--same-examples`` allows a shared one on purpose, with a warning).
-Three modes:
+Single-label stores' labels must be classes (>= 0): ``-1`` marks an unlabelled example, which a probe
+can neither fit nor score. Three modes:
 
 - **Single-label stores** (Table 1): the linear probe (L-BFGS, λ chosen on a validation split) and/or
   kNN. Writes ``--out FILE.csv`` (or ``DIR/probes.csv`` for ``--out DIR``; store, objective, seed, task, probe, metric, accuracy, best_param,
@@ -172,6 +173,9 @@ def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
             raise ValueError(f"store {tr.name} holds multi-label targets; --relearn needs one class per example")
         if args.relearn and not tr.has_logits and tr.head is None:
             raise ValueError(f"store {tr.name} has neither logits nor a head: the original classifier is unknown")
+        if not tr.multilabel:
+            for role, s in (("", tr),) if args.relearn else (("train ", tr), ("test ", te)):
+                _require_classes(s, role)
         if args.relearn:  # the original head is scored on the store's labels: they must be its classes
             check_label_space(tr, allow=args.allow_other_classes)
         pairs.append((tr, te))
@@ -208,6 +212,21 @@ def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
         merge_csv(ml_rows, ml_path, KEYS["multilabel"])
         _merge_json(ml_path.with_suffix(".json"), ml_details, _ml_key)
     return csv_path, ml_path, rows, ml_rows
+
+
+def _require_classes(store, role: str) -> None:
+    """Refuse a single-label store holding a label below 0 (``role``: ``"train "``, ``"test "`` or ``""``,
+    how the message names the store): ``-1`` marks an unlabelled example (a text file without labels,
+    ``save_store`` of unlabelled data), which a probe would fit or score as a class of its own (a test
+    store of them scored top-1 0.0, exit 0)."""
+    import numpy as np
+
+    y = np.asarray(store.labels)
+    if y.size and y.min() < 0:
+        bad = int(np.count_nonzero(y < 0))
+        raise ValueError(f"{role}store {store.name}: labels must lie in [0, K) (class indices), but {bad} of its "
+                         f"{y.size} labels are negative (min {int(y.min())}; -1 marks an unlabelled example); a probe "
+                         "can neither fit nor score unlabelled examples: give a store of labelled examples")
 
 
 def _outputs(out: str) -> tuple[Path, Path]:
