@@ -222,3 +222,21 @@ def test_probe_refuses_unlabelled_examples(tmp_path, capsys):
                      meta={**meta, "dataset": {"name": "toy", "split": "test"}})
     assert main(["probe", "--relearn", rel.path, "--per-class", "5", "--out", str(out), "--no-progress"]) == 2
     assert "error: store rel: labels must lie in [0, K) (class indices), but 9 of its 90" in capsys.readouterr().err
+
+
+def test_per_class_must_be_positive(tmp_path, capsys):
+    """--per-class 0 held out nothing and wrote NaN rows over the store's valid ones, exit 0."""
+    import pytest
+
+    from repsim.commands.probe import write_probes
+
+    s = _source_store(tmp_path, "softmax", 0)
+    out = tmp_path / "res"
+    for value in ("0", "-3"):
+        with pytest.raises(SystemExit) as exc:
+            main(["probe", "--relearn", s.path, "--per-class", value, "--out", str(out)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and f"error: argument --per-class: must be >= 1, got {value}" in err
+    with pytest.raises(ValueError, match="per_class must be >= 1, got 0"):
+        write_probes([s.path], relearn=True, per_class=0, out=out)
+    assert not (out / "probes.csv").exists()

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from repsim._io import atomic_write
-from repsim.commands._args import DEFAULT_BUDGET_MIB, non_negative
+from repsim.commands._args import DEFAULT_BUDGET_MIB, non_negative, positive
 from repsim.results import KEYS, conform
 
 HELP = "transfer probes: linear / kNN (probes.csv), multi-label AUC (multilabel.csv), relearned heads"
@@ -67,7 +67,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="Fig. 6: relearn the network's own classes from the stores (source-task "
                              "evaluation set, with logits) on all but --per-class held-out examples per "
                              "class; score it and the original head on those (no --test)")
-    parser.add_argument("--per-class", type=int, default=DEFAULTS["per_class"],
+    parser.add_argument("--per-class", type=positive, default=DEFAULTS["per_class"],
                         help="--relearn: held-out examples per class (default 10, Fig. 6)")
     parser.add_argument("--layer", default=DEFAULTS["layer"], help="layer to probe (default: pool)")
     parser.add_argument("--probe", nargs="+", choices=["linear", "knn"], default=list(DEFAULTS["probe"]),
@@ -155,6 +155,8 @@ def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
         if not task.lower().startswith(RELEARN_PREFIXES):
             raise ValueError(f"--task {task!r}: relearning tasks must start with 'relearn' or 'source' "
                              "(the figures treat such tasks as Fig. 6's)")
+        if args.per_class < 1:  # the command's --per-class is a positive int; this is the library call's check
+            raise ValueError(f"per_class must be >= 1, got {args.per_class} (held-out examples per class)")
     elif len(train) != len(args.test):
         raise ValueError(f"{len(train)} training stores but {len(args.test)} test stores; they are paired in order")
     csv_path, ml_path = _outputs(args.out)
