@@ -141,7 +141,7 @@ def test_probe_reruns_on_another_layer_or_split_keep_both_rows(tmp_path):
         y = np.arange(n) % 3
         layers = {"pool": rng.standard_normal((n, 6)) + y[:, None], "block1": rng.standard_normal((n, 4)) + y[:, None]}
         return repsim.save_store(str(tmp_path / f"{name}.zarr"), layers=layers, labels=y,
-                                 meta={"dataset": {"name": "t", "split": split}})
+                                 meta={"dataset": {"name": "t", "split": split}, "model": {"objective": "softmax", "seed": 0}})
 
     tr, te, ho = store("tr", "train", 60), store("te", "test", 30), store("ho", "holdout", 30)
     out = tmp_path / "probes.csv"
