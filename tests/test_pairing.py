@@ -198,3 +198,20 @@ def test_probe_and_calibrate_refuse_stores_of_different_datasets_unless_asked(tm
     rows, _ = write_probes([tmp_path / "all_tr.zarr"], [tmp_path / "src_tr.zarr"], probe=["knn"], out=out,
                            allow_mixed_datasets=True, progress=False)
     assert len(rows) == 1
+
+
+def test_a_test_store_inside_a_train_plus_holdout_store_is_caught(tmp_path, capsys):
+    """`train+holdout` (the paper's retraining set) holds the holdout's examples under the holdout's ids:
+    a probe fit on it and scored on the holdout is a training-set score (the splits' names differ, so
+    their ids were never compared); train and holdout alone share no part and are not compared."""
+    ids = np.arange(90)
+    net_store(tmp_path / "all.zarr", 0, "train+holdout", 90, digest="aa" * 32, ids=ids)
+    net_store(tmp_path / "ho.zarr", 0, "holdout", 30, digest="aa" * 32, ids=ids[60:])
+    net_store(tmp_path / "tr.zarr", 0, "train", 30, digest="aa" * 32, ids=ids[60:])  # ids of another split's rows
+    out = tmp_path / "res"
+    code, err = run(capsys, "probe", "--train", tmp_path / "all.zarr", "--test", tmp_path / "ho.zarr",
+                    "--probe", "knn", "--out", out)
+    assert code == 2 and "30 of the 30 examples of test store ho are also in train store all" in err
+    code, err = run(capsys, "probe", "--train", tmp_path / "tr.zarr", "--test", tmp_path / "ho.zarr",
+                    "--probe", "knn", "--out", out)
+    assert code == 0, err

@@ -18,8 +18,9 @@ under A's name, and a store given as both members scores a network on its own tr
   ``digits-target``, other classes under the same label numbers) or a temperature fit on another
   dataset's labels measures nothing the results files say. ``mixed_datasets=True``
   (``--allow-mixed-datasets``) allows it on purpose and prints a warning that says so.
-- **different examples**: not the same store, and where both stores hold the same split of the same
-  dataset (both name it, or neither does), no example id in both. ``same_examples=True`` allows it
+- **different examples**: not the same store, and where both stores hold splits of the same dataset
+  that have a part in common (the same split, both naming it or neither; ``train+holdout`` and
+  ``holdout`` or ``train``: :func:`split_parts`), no example id in both. ``same_examples=True`` allows it
   on purpose (a training-set accuracy) and prints a warning that says so.
 
 :func:`label_space_difference` is the rule for scoring a network's own head (its logits, or its stored
@@ -87,13 +88,23 @@ def dataset_mismatch(a: Any, b: Any) -> tuple[str, str] | None:
     return (str(na), str(nb)) if fa is not None and fb is not None and fa != fb else None
 
 
+def split_parts(split: Any) -> frozenset:
+    """The splits a recorded ``dataset.split`` is made of: ``train+holdout`` (``train.data``'s retraining
+    set, App. A.1) is ``{train, holdout}``; any other split itself (None when none is recorded)."""
+    return frozenset(str(split).split("+")) if split not in (None, "") else frozenset([None])
+
+
 def shared_examples(a: Any, b: Any) -> int:
     """How many examples stores ``a`` and ``b`` both hold: all of them for one store given twice; 0 for
-    stores of different datasets (:func:`dataset_family`) or splits; else the example ids in both."""
+    stores of different datasets (:func:`dataset_family`) or of splits with no part in common (another
+    split may number its examples from 0 too); else the example ids in both (``train+holdout`` and
+    ``holdout`` share the holdout's ids, :func:`split_parts`)."""
     if _same_store(a, b):
         return a.n
     da, db = a.dataset or {}, b.dataset or {}
-    if dataset_family(da.get("name")) != dataset_family(db.get("name")) or da.get("split") != db.get("split"):
+    if dataset_family(da.get("name")) != dataset_family(db.get("name")):
+        return 0
+    if not split_parts(da.get("split")) & split_parts(db.get("split")):
         return 0
     return int(np.intersect1d(a.example_ids, b.example_ids, assume_unique=True).size)
 
