@@ -240,3 +240,23 @@ def test_per_class_must_be_positive(tmp_path, capsys):
     with pytest.raises(ValueError, match="per_class must be >= 1, got 0"):
         write_probes([s.path], relearn=True, per_class=0, out=out)
     assert not (out / "probes.csv").exists()
+
+
+def test_probe_warns_when_the_test_store_holds_classes_the_train_store_lacks(tmp_path, capsys):
+    """A class with no training example is never predicted: its test examples all count as errors. The
+    probe still runs (a subsample may lack a rare class) but says so on one line; none when every test
+    class was seen."""
+    a = _stores(tmp_path, "softmax", 0)
+    rng = np.random.default_rng(5)
+    y = np.arange(60) % 2  # classes 0 and 1 only
+    sub = save_store(tmp_path / "two_train.zarr", {"pool": rng.normal(size=(60, 6)).astype(np.float32)}, y,
+                     meta={"model": {"objective": "softmax", "seed": 0}, "dataset": {"name": "toy", "split": "train"}})
+    out = tmp_path / "res"
+    assert main(["probe", "--train", sub.path, "--test", a["test"].path, "--probe", "knn", "--out", str(out),
+                 "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert ("WARNING: test store softmax_test: 15 of its 45 examples are of 1 class(es) that train store two_train "
+            "has no example of (2)") in err
+    assert main(["probe", "--train", a["train"].path, "--test", a["test"].path, "--probe", "knn", "--out", str(out),
+                 "--no-progress"]) == 0
+    assert "WARNING" not in capsys.readouterr().err

@@ -178,6 +178,8 @@ def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
         if not tr.multilabel:
             for role, s in (("", tr),) if args.relearn else (("train ", tr), ("test ", te)):
                 _require_classes(s, role)
+            if not args.relearn:
+                _warn_unseen_classes(tr, te)
         if args.relearn:  # the original head is scored on the store's labels: they must be its classes
             check_label_space(tr, allow=args.allow_other_classes)
         pairs.append((tr, te))
@@ -214,6 +216,23 @@ def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
         merge_csv(ml_rows, ml_path, KEYS["multilabel"])
         _merge_json(ml_path.with_suffix(".json"), ml_details, _ml_key)
     return csv_path, ml_path, rows, ml_rows
+
+
+def _warn_unseen_classes(tr, te) -> None:
+    """One ``WARNING:`` line when test store ``te`` holds classes that train store ``tr`` has no example
+    of: a probe never predicts a class it was not fit on, so those examples all count as errors (a
+    train store subsampled too far, or stores of other class sets)."""
+    import numpy as np
+
+    seen = np.unique(np.asarray(tr.labels))
+    test = np.asarray(te.labels)
+    unseen = np.setdiff1d(np.unique(test), seen)
+    if unseen.size:
+        n = int(np.isin(test, unseen).sum())
+        shown = ", ".join(map(str, unseen[:10].tolist())) + (" …" if unseen.size > 10 else "")
+        print(f"WARNING: test store {te.name}: {n} of its {test.size} examples are of {unseen.size} class(es) that "
+              f"train store {tr.name} has no example of ({shown}); the probe cannot predict them, so they count "
+              "as errors", file=sys.stderr, flush=True)
 
 
 def _require_classes(store, role: str) -> None:
