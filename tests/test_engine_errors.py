@@ -94,3 +94,15 @@ def test_constant_layer_gives_nan_metrics_and_one_line(tmp_path, layers, capfd):
     assert np.isfinite(list(ok["separation"].values())).all() and np.isfinite(ok["collapse"]["nc1"])
     err = capfd.readouterr().err
     assert err.count("undefined (NaN)") == 1 and "flat/narrow" in err and "flat/wide" not in err
+
+
+def test_unlabelled_examples_are_named_by_the_label_metrics(tmp_path, layers):
+    """-1 (an unlabelled example) in a store's labels: separation and collapse name the store and the
+    count (they said "num_classes must be >= 1, got 0" when every label was -1); sparsity needs none."""
+    y = np.arange(N) % 3
+    y[:7] = -1
+    store = make_store(tmp_path / "unl.zarr", {"narrow": layers["narrow"]}, labels=y)
+    for kw in ({"distances": ("cosine",)}, {"collapse": True}):
+        with pytest.raises(ValueError, match=r"store 'unl': 7 of its \d+ labels are negative \(-1 marks an unlabelled"):
+            repsim.layer_metrics(store.path, **kw, progress=False)
+    assert repsim.layer_metrics(store.path, sparsity=True, progress=False)

@@ -224,6 +224,11 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
         if labels.ndim != 1 and any(m.needs_labels for m in metrics):
             raise ValueError(f"store {name!r} holds multi-label targets {labels.shape}; class separation, "
                              "collapse and spectra need one class per example")
+        if labels.ndim == 1 and int(labels.min()) < 0 and any(m.needs_labels for m in metrics):
+            bad = int(np.count_nonzero(labels < 0))
+            raise ValueError(f"store {name!r}: {bad} of its {labels.size} labels are negative (-1 marks an unlabelled "
+                             "example); class separation and collapse need a class for every example: give a store "
+                             "of labelled examples")
         num_classes = int(labels.max()) + 1
         sizes = [state_bytes(c, metrics, num_classes, spatial) for c in columns]
         plans.append((store, name, num_classes, group_layers(columns, sizes, int(memory_budget))))
