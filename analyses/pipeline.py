@@ -3,7 +3,8 @@ profile (:mod:`analyses.profiles`: sklearn digits by default, Fashion-MNIST with
 
 Layout of the output directory (each stage reuses what a previous run finished)::
 
-    OUT/runs/<objective>-s<seed>/   `repsim train` output; DONE marks a finished run (keyed on its resolved config);
+    OUT/runs/<objective>-s<seed>/   `repsim train` output (its log lines in train.log); DONE marks a finished run
+                                    (keyed on its resolved config);
                                     epoch-EEEE.pt every profile.keep_every epochs (training dynamics)
     OUT/stores/<group>/<run>-<group>.zarr   `repsim extract` stores; reused when complete and newer than
                                     the checkpoint
