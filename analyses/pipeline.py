@@ -16,8 +16,9 @@ Layout of the output directory (each stage reuses what a previous run finished):
                                     or the analyses code changed (report/.report-key)
 
 Torch work (train, extract) runs through the public command line in one subprocess per stage
-(:mod:`analyses.command_runs`: torch imported once, two forked workers on a 2-core machine); the analyses run in this process through the torch-free ``repsim`` API, one store at a
-time, so memory stays bounded by one store's largest layer.
+(:mod:`analyses.command_runs`: torch imported once, two forked workers on a 2-core machine); the
+analyses run in this process through the torch-free ``repsim`` API, one store at a time, so memory
+stays bounded by one store's largest layer.
 
 The log has one line per stage and network (``[demo] train 3/18 softmax-s1: ...`` when a network
 finishes training, likewise for extraction); ``verbose`` streams every line of the subprocesses.
@@ -119,7 +120,13 @@ def run_tasks(tasks: list[Task], jobs: int, stage: str, summary: Callable[[Task]
             _say(f"[demo] {stage} {finished}/{total} {text}")
 
     def on_item(task: Task) -> Callable[[str], None]:
-        return lambda line: progress(task.item(json.loads(line)))
+        def handle(line: str) -> None:
+            try:
+                text = task.item(json.loads(line))
+            except Exception as exc:  # noqa: BLE001 - the pump must keep reading, or the subprocess blocks
+                text = f"{line} (its progress line failed: {exc!r})"
+            progress(text)
+        return handle
 
     try:
         while pending or running:
