@@ -30,7 +30,7 @@ set +e
 rc=$?
 set -e
 cat err.txt
-if [ "$rc" -ne 2 ] || ! grep -q "pip install 'repsim\[torch\]'" err.txt || grep -q Traceback err.txt; then
+if [ "$rc" -ne 2 ] || ! grep -q "pip install 'repsim-toolkit\[torch\]'" err.txt || grep -q Traceback err.txt; then
     echo "check-core: repsim extract should exit 2 naming repsim-toolkit[torch] (rc $rc)" >&2; exit 1
 fi
 echo "check-core: the analysis core installs and runs without torch"
