@@ -189,3 +189,14 @@ def test_distribution_name_is_ours_and_every_hint_uses_it():
     assert f"pip install '{name}[torch]'" in missing_message("torch", "extract")
     readme = (ROOT / "README.md").read_text()
     assert f"pip install {name}" in readme and "pip install repsim[" not in readme and "'repsim[" not in readme
+
+
+def test_make_check_core_expects_the_message_the_commands_print():
+    """`make check-core` (tests/check_core_install.sh, not run by the suite: it builds a venv) greps
+    `repsim extract`'s refusal for the install hint; after the distribution's rename it still looked for
+    'repsim[torch]' and failed on a correct message. Its pattern must match the message itself."""
+    from repsim.extras import missing_message
+
+    script = (ROOT / "tests" / "check_core_install.sh").read_text()
+    pattern = re.search(r'grep -q "([^"]*\[torch[^"]*)" err\.txt', script).group(1)
+    assert re.search(pattern, missing_message("torch", "extract")), (pattern, missing_message("torch", "extract"))
