@@ -132,11 +132,16 @@ def adapt_dataset(dataset: Any, dmeta: dict[str, Any], loaded: LoadedModel,
     if loaded.tokenizer is not None:
         raise ValueError("extract: the model is a text model; --data must be a .txt, .csv or .tsv file")
     old = dmeta.get("transform") or "none"
-    if loaded.preprocess is not None and image_size is None:
+    if loaded.preprocess is not None:
         raw = _raw_images(dataset)
-        if raw is not None:
-            raw.transform = Chain(PILMode(loaded.preprocess.mode), loaded.preprocess.transform)
-            desc = f"model preprocessing: {loaded.preprocess.mode}; {loaded.preprocess.desc} (replaces the dataset's: {old})"
+        if raw is not None:  # the model's own preprocessing (normalisation included); --image-size rescales its output
+            steps = [PILMode(loaded.preprocess.mode), loaded.preprocess.transform]
+            desc = f"model preprocessing: {loaded.preprocess.mode}; {loaded.preprocess.desc}"
+            if image_size is not None:
+                steps.append(Resize(int(image_size)))
+                desc += f"; then resize to {image_size}x{image_size} (--image-size; bilinear, antialias)"
+            raw.transform = Chain(*steps)
+            desc += f" (replaces the dataset's: {old})"
             raw.transform_desc = desc
             return raw, {**dmeta, "transform": desc}
     if not isinstance(x0, torch.Tensor) or x0.ndim != 3:

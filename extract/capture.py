@@ -7,7 +7,9 @@ and copies it into the destination slice at once. Reductions by shape:
 * ``(N, C, H, W)`` maps: ``--spatial`` (``flatten`` keeps ``(N, C, H, W)``, ``mean`` averages over
   space to ``(N, C)``, ``pool<k>`` is a k×k adaptive average pool to ``(N, C, k, k)``). In a
   channels-last model (``layout="NHWC"``: torchvision Swin, timm models with ``output_fmt`` NHWC) a
-  4-D output is ``(N, H, W, C)`` and is permuted to ``(N, C, H, W)`` first.
+  4-D output is ``(N, H, W, C)`` and is permuted to ``(N, C, H, W)`` first, except that of a module
+  whose outputs are ``(N, C, H, W)`` by definition (:data:`NCHW_MODULES`: a Swin's patch-embedding
+  convolution, a pooling layer after its final permute).
 * ``(N, T, D)`` token sequences: ``--tokens`` (:class:`Tokens`: ``cls`` the first token, ``mean``
   over tokens, ``last`` the last token, ``flatten`` keeps ``(N, T, D)``); with an attention mask
   (text), padding is left out of ``mean``, ``cls``/``last`` take the first/last real token, and
@@ -41,6 +43,9 @@ from torch import nn
 
 FLOAT16_OVERFLOW = 65520.0  # smallest magnitude that rounds to inf in float16 (max finite: 65504)
 _FLAT_LAYERS = ("pool", "logits")
+# modules whose 4-D outputs are (N, C, H, W) whatever the model's layout (PyTorch's convention for them)
+NCHW_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.InstanceNorm2d, nn.GroupNorm, nn.AvgPool2d,
+                nn.MaxPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.LPPool2d, nn.Upsample)
 
 
 @dataclass(frozen=True)
@@ -165,11 +170,13 @@ class Capture:
         self.fired: set[str] = set()
         self.copy_stream: torch.cuda.Stream | None = None  # device-to-host copies (CUDA), made on first use
         self._handles: list = []
+        self.nchw: set[str] = set()  # layers whose module's 4-D outputs are (N, C, H, W) in any model
 
     def __enter__(self) -> "Capture":
         from .layers import tap_module
 
         named = dict(self.model.named_modules())
+        self.nchw = {name for name, tap in self.modules.items() if isinstance(named.get(tap_module(tap)[0]), NCHW_MODULES)}
         for name, tap in self.modules.items():
             qual, where = tap_module(tap)
             hook = self._hook(name)
@@ -187,7 +194,7 @@ class Capture:
     def process(self, name: str, out) -> torch.Tensor:
         """The value stored for layer ``name`` given its module output (before the cast)."""
         y = output_tensor(name, out)
-        if y.ndim == 4 and self.layout == "NHWC" and name != "logits":
+        if y.ndim == 4 and self.layout == "NHWC" and name != "logits" and name not in self.nchw:
             y = y.permute(0, 3, 1, 2)
         if y.ndim == 3 and name != "logits":
             if self.mask is not None and tuple(self.mask.shape) != tuple(y.shape[:2]):

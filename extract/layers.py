@@ -27,18 +27,21 @@ model itself, i.e. its output. The store layer's value for an example is that te
   residuals, EfficientNet's MBConvs, ConvNeXt's CNBlocks), each transformer block (ViT, Swin, BERT,
   GPT-2, LLaMA), each dense block (DenseNet) and each Inception module (GoogLeNet). A model with none
   (VGG, AlexNet) gets every activation module's output instead (post-ReLU conv and fc layers).
-* Always, last: ``pool`` and ``logits``. For ``train`` Networks and torchvision-style classifiers
+* Always, last: ``pool`` and ``logits``. For ``train`` Networks and torchvision classifiers
   (``avgpool`` + ``fc``) ``pool`` is the global-average-pooled penultimate layer flattened to
-  ``(N, M)`` and ``logits`` the final layer's output. For any other model ``pool`` is the input of
+  ``(N, M)`` and ``logits`` the final layer's output (other models with such attribute names take the
+  generic rule). For any other model ``pool`` is the input of
   its final linear layer (:func:`head_module`: timm's ``get_classifier()``, a Hugging Face
   ``classifier``/``score``, else the last ``nn.Linear``) and ``logits`` the model's output (a tuple's
   first tensor; a dict/``ModelOutput``'s ``logits``). A model without a classification head
   (``AutoModel``, timm with ``num_classes=0``) has no ``logits``, and ``pool`` is its output
-  (``last_hidden_state`` for a ``ModelOutput``).
+  (``last_hidden_state`` for a ``ModelOutput``). A model with several classifier heads on different
+  inputs (timm's distilled DeiT: ``get_classifier()`` is a pair) has ``logits`` (its output) and no
+  ``pool``: no one layer is its penultimate one (``--layers`` names the one wanted).
 
 Models are either ``train.models.Network`` (``.backbone`` with ``fc`` replaced by ``Identity`` so
-that ``backbone(x)`` is the penultimate ``(N, M)``, and ``.head``), plain torchvision-style
-classifiers (``avgpool`` + ``fc``), or anything else by the generic rules. ``--layers`` also takes
+that ``backbone(x)`` is the penultimate ``(N, M)``, and ``.head``), torchvision classifiers
+(``avgpool`` + ``fc``), or anything else by the generic rules. ``--layers`` also takes
 module qualnames or globs over them (``encoder.layers.*``) for any module the registry does not list;
 ``repsim extract --list-layers`` prints both with their shapes.
 """
@@ -167,21 +170,30 @@ _BUILTIN: tuple[_BlockResolver, ...] = (_declared, _inception_blocks, _resnet_bl
 _BUILTIN_GENERIC: tuple[_BlockResolver, ...] = (_declared, _inception_blocks, _resnet_blocks, _generic_blocks)
 
 
+def is_network(model: nn.Module) -> bool:
+    """A ``train`` Network (its ``backbone(x)`` is the pooled, flattened penultimate layer; its ``head``
+    the objective's final layer, which need not be linear: cosine softmax, logit normalisation)."""
+    from train.models import Network
+
+    return isinstance(model, Network)
+
+
 def _classic_split(model: nn.Module) -> tuple[nn.Module, str, str, str] | None:
     """(backbone, prefix of backbone qualnames, pool qualname, logits qualname) for a ``train`` Network
-    or a torchvision-style classifier (``avgpool`` + ``fc``), else None."""
-    backbone = getattr(model, "backbone", None)
-    head = getattr(model, "head", None)
-    if isinstance(backbone, nn.Module) and isinstance(head, nn.Module):
-        # train.models.Network: backbone(x) is already the pooled, flattened penultimate layer.
-        return backbone, "backbone.", "backbone", "head"
-    if isinstance(getattr(model, "avgpool", None), nn.Module) and isinstance(getattr(model, "fc", None), nn.Module):
+    or a torchvision classifier with ``avgpool`` + ``fc`` (ResNet, Inception, GoogLeNet, ...), else
+    None. Another model with such attribute names takes the generic rule: its ``backbone`` may return
+    a map, and layers may sit between its ``avgpool`` and ``fc`` (an embedding), so neither need be its
+    penultimate layer."""
+    if is_network(model):
+        return model.backbone, "backbone.", "backbone", "head"
+    if (type(model).__module__.startswith("torchvision.models.")
+            and isinstance(getattr(model, "avgpool", None), nn.Module) and isinstance(getattr(model, "fc", None), nn.Module)):
         return model, "", "avgpool", "fc"
     return None
 
 
 def is_classic(model: nn.Module) -> bool:
-    """True for a ``train`` Network or a torchvision-style classifier (``avgpool`` + ``fc``)."""
+    """True for a ``train`` Network or a torchvision classifier with ``avgpool`` + ``fc``."""
     return _classic_split(model) is not None
 
 
@@ -227,6 +239,16 @@ def head_module(model: nn.Module) -> str | None:
     return conv[-1] if conv else None
 
 
+def several_heads(model: nn.Module) -> bool:
+    """A timm model whose ``get_classifier()`` is a tuple of heads on different inputs (distilled DeiT:
+    the class token's and the distillation token's): its output is logits, and no one layer is its
+    penultimate one."""
+    if not (callable(getattr(model, "get_classifier", None)) and hasattr(model, "pretrained_cfg")):
+        return False
+    heads = model.get_classifier()
+    return isinstance(heads, (tuple, list)) and sum(isinstance(h, nn.Linear) for h in heads) > 1
+
+
 def _linear_text(model: nn.Module, qual: str) -> str:
     m = dict(model.named_modules()).get(qual)
     if isinstance(m, nn.Linear):
@@ -240,6 +262,10 @@ def describe_pool(model: nn.Module) -> str:
     classic = _classic_split(model)
     if classic is not None:
         return f"pool = output of {classic[2]!r} (flattened), logits = output of {classic[3]!r}"
+    if several_heads(model):
+        return ("no pool: the model has several classifier heads on different inputs (get_classifier() is "
+                "a tuple), so no one layer is its penultimate one (name the one you want with --layers); "
+                "logits = the model's output")
     head = head_module(model)
     if head is None:
         return "pool = the model's output (no classifier found), no logits"
@@ -285,6 +311,8 @@ def layer_modules(model: nn.Module) -> dict[str, str]:
         raise ValueError("extract: block names 'pool' and 'logits' are reserved")
     if classic is not None:
         out["pool"], out["logits"] = classic[2], classic[3]
+    elif several_heads(model):
+        out["logits"] = ""
     else:
         head = head_module(model)
         if head is None:

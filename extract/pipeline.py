@@ -59,7 +59,8 @@ from .adapt import adapt_dataset
 from .capture import FLOAT16_OVERFLOW, Capture, Spatial, Tokens
 from .inputs import (attention_mask, batch_of_one, check_example, default_tokens, forward, in_memory_format, shape_of,
                      to_device)
-from .layers import describe_pool, head_mismatch, head_module, is_classic, layer_modules, model_layout, select_layers
+from .layers import (describe_pool, head_mismatch, head_module, is_classic, is_network, layer_modules, model_layout,
+                     select_layers)
 from .sources import example_ids, head_weights, load_dataset, load_source, weights_sha256
 
 DTYPES = {"float16": torch.float16, "float32": torch.float32}
@@ -493,15 +494,16 @@ def _plan(net, x0, registry, chosen, hooked, spatial, tokens, layout, dtype, dev
 
 
 def _verified_head(net, registry, probe: dict[str, torch.Tensor]) -> str | None:
-    """The final layer to store as ``head/``: the classic registry's, or a generic model's when its
-    weights map the probed ``pool`` to the probed logits (not so for, e.g., a distilled two-head
-    model or a classifier applied per token); None otherwise."""
+    """The final layer to store as ``head/``: a ``train`` Network's (its head may be nonlinear: cosine
+    softmax), or another model's when its weights map the probed ``pool`` to the probed logits (not so
+    for, e.g., a distilled two-head model, a classifier applied per token, or a layer between a
+    torchvision-style ``avgpool`` and ``fc``); None otherwise, with a line saying why."""
     head = head_module(net)
     if not is_classic(net):  # a generic model's taps come from a rule of thumb: say which
         _msg(describe_pool(net))
     if head is None or "logits" not in registry:
         return None
-    if is_classic(net):
+    if is_network(net):
         return head
     hw = head_weights(net, head)
     if hw is None or "pool" not in probe:

@@ -5,6 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
+import numpy as np  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
@@ -147,10 +148,10 @@ def test_generic_resnet_style_and_declared_blocks():
             super().__init__()
             self.blocks = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 4, 1))
 
-    class Network(nn.Module):
-        def __init__(self, backbone):
-            super().__init__()
-            self.backbone, self.head = backbone, nn.Linear(4, 2)
+    from train.models import Network as TrainNetwork
+
+    def Network(backbone):  # a train Network: its backbone(x) is the penultimate (N, M)
+        return TrainNetwork(backbone, nn.Linear(4, 2), arch="test", objective="softmax")
 
     assert layer_modules(Network(Backbone())) == {
         "block1": "backbone.blocks.0", "block2": "backbone.blocks.1", "block3": "backbone.blocks.2",
@@ -161,6 +162,70 @@ def test_generic_resnet_style_and_declared_blocks():
     assert list(layer_modules(Network(bb))) == ["conv_a", "conv_b", "pool", "logits"]
     # no blocks by any rule: the penultimate and final layers remain
     assert layer_modules(Network(nn.Linear(3, 4))) == {"pool": "backbone", "logits": "head"}
+
+
+def test_lookalikes_of_the_classic_models_take_the_generic_rule(tmp_path):
+    """`.backbone` + `.head`, or `.avgpool` + `.fc`, on a model that is neither a train Network nor a
+    torchvision classifier: its backbone may return a map (pooled in forward), or a layer may sit between
+    avgpool and fc; pool was the backbone's flattened map, or avgpool's output, with the head stored beside
+    it, silently. Now pool is the input of the classifier, checked against the logits."""
+    from extract import extract_store
+    from extract.layers import is_classic
+
+    class MapBackbone(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            return F.relu(self.conv(x))  # (N, 8, H, W): not yet pooled
+
+    class BackboneHead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone, self.head = MapBackbone(), nn.Linear(8, 3)
+
+        def forward(self, x):
+            return self.head(self.backbone(x).mean(dim=(2, 3)))
+
+    class Embedded(nn.Module):  # avgpool, then an embedding, then fc
+        def __init__(self):
+            super().__init__()
+            self.conv, self.avgpool = nn.Conv2d(3, 8, 3, padding=1), nn.AdaptiveAvgPool2d(1)
+            self.embed, self.fc = nn.Linear(8, 5), nn.Linear(5, 3)
+
+        def forward(self, x):
+            return self.fc(self.embed(torch.flatten(self.avgpool(self.conv(x)), 1)))
+
+    torch.manual_seed(0)
+    x = torch.randn(12, 3, 6, 6)
+    data = torch.utils.data.TensorDataset(x, torch.arange(12) % 3)
+    for model, penultimate in ((BackboneHead(), lambda m: m.backbone(x).mean(dim=(2, 3))),
+                               (Embedded(), lambda m: m.embed(torch.flatten(m.avgpool(m.conv(x)), 1)))):
+        model.eval()
+        assert not is_classic(model) and layer_modules(model)["pool"] == ("head" if isinstance(model, BackboneHead) else "fc") + ":input"
+        store = extract_store(model, data, str(tmp_path / f"{type(model).__name__}.zarr"), layers="pool,logits",
+                              dtype="float32", batch_size=4, workers=0, order="dataset", progress=False)
+        with torch.no_grad():
+            want = penultimate(model)
+        np.testing.assert_allclose(np.asarray(store.layer("pool")), want.numpy(), rtol=1e-5, atol=1e-6)
+        W, b = store.head  # the classifier's weights map the stored pool to the stored logits
+        np.testing.assert_allclose(np.asarray(store.layer("pool")) @ np.asarray(W).T + np.asarray(b),
+                                   np.asarray(store.logits), rtol=1e-4, atol=1e-5)
+    assert is_classic(torchvision.models.resnet18(num_classes=3))
+
+
+def test_a_model_with_several_classifier_heads_has_logits_and_no_pool():
+    """timm's distilled DeiT: get_classifier() is (head, head_dist) on different tokens, so no layer is
+    the penultimate one; pool used to be the model's output (the averaged logits) and the store said it
+    had no logits."""
+    timm = pytest.importorskip("timm")
+    from extract.layers import describe_pool
+
+    model = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
+    taps = layer_modules(model)
+    assert "pool" not in taps and taps["logits"] == "" and list(taps)[:2] == ["block1", "block2"]
+    assert describe_pool(model).startswith("no pool: the model has several classifier heads")
 
 
 def test_select_layers():

@@ -148,6 +148,16 @@ def test_swin_channels_last_maps_equal_hooked_forward(digits_x, tmp_path, capsys
     listing = " ".join(capsys.readouterr().out.split())  # whitespace-insensitive
     assert "block4 features.3.1 (4, 4, 32) (32, 4, 4)" in listing  # the module output, then as stored
 
+    # modules whose outputs are (N, C, H, W) in a channels-last model too (the patch-embedding convolution,
+    # the pooling after the final permute) are stored as they are: they were transposed with the rest
+    nchw = _hooked(ref_model, _adapted(x, 32), {"stem": "features.0.0", "avg": "avgpool"})
+    assert nchw["stem"].shape == (450, 16, 8, 8) and nchw["avg"].shape == (450, 32, 1, 1)
+    taps = _extract("module:tiny_models:swin", tmp_path / "swin-taps.zarr", "--data", "digits", "--image-size", "32",
+                    "--spatial", "mean", "--layers", "features.0.0,avgpool,block1")
+    _close(taps, "features.0.0", nchw["stem"].mean(dim=(2, 3)))
+    _close(taps, "avgpool", nchw["avg"].mean(dim=(2, 3)))
+    _close(taps, "block1", ref["block1"].mean(dim=(1, 2)))
+
 
 # ------------------------------------------------------------------------------------------------ timm
 
@@ -410,6 +420,13 @@ def test_weights_preprocessing_replaces_the_dataset_transform_on_raw_images(tmp_
     assert got.shape == (3, 224, 224) and label == ds[3][1]
     torch.testing.assert_close(got, want)
     assert ds.transform is not None and ds[3][0].shape == (3, 224, 224)  # the original dataset is untouched
+
+    # --image-size keeps the model's preprocessing (its normalisation) and resizes what it gives (it used to
+    # drop it for the dataset's transform, silently)
+    sized, meta = adapt_dataset(ds, {"transform": ds.transform_desc}, loaded, image_size=64)
+    assert meta["transform"].startswith("model preprocessing: RGB; ResNet18_Weights.IMAGENET1K_V1; then resize to 64x64")
+    small = F.interpolate(want[None], size=(64, 64), mode="bilinear", align_corners=False, antialias=True)[0]
+    torch.testing.assert_close(sized[3][0], small)
 
 
 def test_hf_image_processor_and_module_state_dict(tmp_path):
