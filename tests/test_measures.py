@@ -121,6 +121,32 @@ def test_orthogonal_scaling_translation_invariance(name):
     assert similarity(rotate(X, rng), Y, name) == pytest.approx(similarity(X, Y, name), abs=1e-9)
 
 
+@pytest.mark.parametrize("name", ["linear_cka", "rbf_cka", "procrustes", "ridge_r2", "rsa", "mutual_knn"])
+def test_rows_far_from_the_origin_keep_their_digits(name, tmp_path):
+    """A wide column (p > n: held as a Gram) 1e5-1e6 times its spread from the origin: the uncentred
+    Gram X Xᵀ lost ~1e-5 of the value at 1e5 and called the column constant at 1e6 (NaN); the Gram of
+    rows shifted by a mean keeps float64's digits, in memory and through the engine. RSA and mutual kNN,
+    which are not translation invariant, see the same uncentred rows as before."""
+    import repsim
+
+    rng = np.random.default_rng(6)
+    X = rng.standard_normal((40, 300))
+    Y = X[:, :50] @ rng.standard_normal((50, 60)) + rng.standard_normal((40, 60))
+    invariant = name not in ("rsa", "mutual_knn")
+    for offset in (1e5, 1e6):
+        Xo = X + offset
+        want = similarity(X, Y, name) if invariant else similarity(Xo, Y, name)
+        assert similarity(Xo, Y, name) == pytest.approx(want, rel=1e-9, abs=1e-12), (name, offset)
+        if not invariant:  # the Gram route against the rows route (X kept whole: p <= n)
+            assert similarity(Xo[:, :30], Y, name) == pytest.approx(
+                exact_matrix(get_measure(name), [full_column(Xo[:, :30]), full_column(Y)]).values[0, 1], rel=1e-9)
+    store = repsim.save_store(str(tmp_path / "far.zarr"), {"x": X + 1e6, "y": Y}, np.arange(40) % 2, dtype="float64",
+                              chunk_rows=16, meta={"dataset": {"name": "t", "split": "test"}})
+    res = repsim.similarity_matrix(store, measures=[name], method="exact", progress=False)
+    got = res.values[name][0, 1]
+    assert got == pytest.approx(similarity(X + 1e6, Y, name), rel=1e-9), name
+
+
 def test_constant_column_is_nan_in_the_matrix_not_an_error():
     X, Y, _ = data(3)
     cols = [full_column(X, "x"), full_column(np.ones((N, 4)), "flat"), full_column(Y, "y")]

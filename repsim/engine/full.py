@@ -2,8 +2,10 @@
 (:class:`~repsim.kernels.measures.FullColumn`).
 
 A column with p <= n is held as its float64 rows (n × p), read in one streamed pass together with
-every other such column (each chunk once).  A wider column is held as its uncentred n × n Gram
-X Xᵀ (float64 products of float64-cast rows) and its row sums, formed panel by panel like the Gram
+every other such column (each chunk once).  A wider column is held as the n × n Gram of its rows
+shifted by the first block's mean m, (X − 1mᵀ)(X − 1mᵀ)ᵀ (float64 products of float64-cast rows; an
+uncentred X Xᵀ of rows far from the origin cancels most of its digits when centred), with the shifted
+rows' sums and (X − 1mᵀ) m (:class:`~repsim.kernels.measures.FullColumn`), formed panel by panel like the Gram
 route of :mod:`repsim.engine.exact`: the rows of a panel (as many blocks as ``memory_budget`` allows)
 times every later block, so ⌈n / panel⌉ reads of that column and never a p × p matrix.  What is held
 is n · min(p, n) float64 per column; more than ``max_bytes`` in all is refused with one line
@@ -41,7 +43,8 @@ def _wide(column: Column, name: str, n: int, block_rows: int, spatial: str, memo
     n_blocks = -(-n // block_rows)
     panel_blocks = max(1, int(memory_budget // max(1, 8 * p * block_rows)))
     G = np.zeros((n, n))
-    sums = np.zeros(n)
+    sums, dots, dots_c = np.zeros(n), np.zeros(n), np.zeros(n)
+    m = None  # the shift: the first block's mean
     with BlockReader([column], n, block_rows, spatial=spatial, prefetch=prefetch, threads=threads) as reader:
         for p0 in range(0, n_blocks, panel_blocks):
             last = min(n_blocks, p0 + panel_blocks) - 1
@@ -49,9 +52,15 @@ def _wide(column: Column, name: str, n: int, block_rows: int, spatial: str, memo
             for k, (x,) in reader.iter_blocks(range(p0, n_blocks)):
                 bar.update(1)
                 x = np.asarray(x, dtype=np.float64).reshape(x.shape[0], -1)
+                if m is None:
+                    m = x.mean(axis=0)
+                    mc = m - m.mean()
+                x = x - m
                 r0 = k * block_rows
                 if p0 == 0:
                     sums[r0:r0 + x.shape[0]] = x.sum(axis=1)
+                    dots[r0:r0 + x.shape[0]] = x @ m
+                    dots_c[r0:r0 + x.shape[0]] = x @ mc
                 if k <= last:
                     parts.append(x)
                     if k == last:
@@ -61,7 +70,8 @@ def _wide(column: Column, name: str, n: int, block_rows: int, spatial: str, memo
                 block = P @ x.T
                 G[a0:a0 + P.shape[0], r0:r0 + x.shape[0]] = block
                 G[r0:r0 + x.shape[0], a0:a0 + P.shape[0]] = block.T
-    return FullColumn(name, p, gram=G, sums=sums)
+    return FullColumn(name, p, gram=G, sums=sums, shift_dots=dots, shift_sq=float(m @ m), shift_sum=float(m.sum()),
+                      shift_dots_c=dots_c, shift_centred_sq=float(mc @ mc))
 
 
 def full_columns(columns: Sequence[Column], n: int, block_rows: int, *, spatial: str, memory_budget: int,

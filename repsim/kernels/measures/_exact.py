@@ -29,7 +29,11 @@ def full_column(x: Any, name: str = "X") -> FullColumn:
     n, p = X.shape
     if p <= n:
         return FullColumn(name, p, rows=X)
-    return FullColumn(name, p, gram=X @ X.T, sums=X.sum(axis=1))
+    m = X.mean(axis=0)
+    Xs = X - m  # the Gram of rows far from the origin, uncentred, would cancel most of its digits
+    mc = m - m.mean()
+    return FullColumn(name, p, gram=Xs @ Xs.T, sums=Xs.sum(axis=1), shift_dots=Xs @ m, shift_sq=float(m @ m),
+                      shift_sum=float(m.sum()), shift_dots_c=Xs @ mc, shift_centred_sq=float(mc @ mc))
 
 
 def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any = None) -> ExactOutcome:

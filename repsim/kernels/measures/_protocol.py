@@ -29,6 +29,8 @@ from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
+from repsim.kernels._precision import constant_tolerance
+
 __all__ = ["MeasureInfo", "Measure", "Accumulator", "FullColumn", "MinibatchUnsupported"]
 
 
@@ -99,8 +101,12 @@ class Accumulator:
 class FullColumn:
     """One column on all n examples, for the exact estimators.
 
-    ``rows``: the float64 rows (n, p) when p <= n, else ``None``; ``gram``: else the uncentred
-    Gram X Xᵀ (n, n) float64.  ``features`` is p.  Derived views (cached): :meth:`centred_gram`
+    ``rows``: the float64 rows (n, p) when p <= n, else ``None``; ``gram``: else the Gram of the
+    shifted rows X − 1 mᵀ (n, n) float64, ``sums`` their row sums and ``shift_dots`` = (X − 1 mᵀ) m,
+    ``shift_sq`` = ‖m‖², ``shift_sum`` = Σ m for a shift m (e.g. the first rows' mean; m = 0 when those
+    are not given): the centred Gram is the shifted one's, double-centred, without the cancellation an
+    uncentred X Xᵀ of rows far from the origin suffers, and X Xᵀ is rebuilt from them where a measure
+    needs it.  ``features`` is p.  Derived views (cached): :meth:`centred_gram`
     K_c = X̃ X̃ᵀ (X̃ column-centred), :meth:`factor` an (n, r) matrix R with R Rᵀ = K_c
     (r = min(p, n); R = X̃ itself when the rows are kept, so R = X̃ Q with Q orthonormal in general:
     measures that are invariant to orthogonal transforms of the features may use R for X̃),
@@ -111,7 +117,12 @@ class FullColumn:
     features: int
     rows: np.ndarray | None = None
     gram: np.ndarray | None = None
-    sums: np.ndarray | None = None  # row sums Σ_f x_if (needed with ``gram``)
+    sums: np.ndarray | None = None  # row sums Σ_f (x_if − m_f) (needed with ``gram``)
+    shift_dots: np.ndarray | None = None  # (X − 1 mᵀ) m, (n,); None: m = 0
+    shift_sq: float = 0.0  # ‖m‖²
+    shift_sum: float = 0.0  # Σ_f m_f
+    shift_dots_c: np.ndarray | None = None  # (X − 1 mᵀ)(m − m̄), (n,): m centred over its features
+    shift_centred_sq: float = 0.0  # ‖m − m̄‖²
     _cache: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -162,22 +173,57 @@ class FullColumn:
         return self._cached("factor", make)
 
     def raw_gram(self) -> np.ndarray:
-        """G = X Xᵀ, uncentred (n, n)."""
-        return self.gram if self.gram is not None else self._cached("g", lambda: self.rows @ self.rows.T)
+        """G = X Xᵀ, uncentred (n, n): with a shift m, (X − 1mᵀ)(X − 1mᵀ)ᵀ + d 1ᵀ + 1 dᵀ + ‖m‖² (d = shift_dots)."""
+        if self.gram is None:
+            return self._cached("g", lambda: self.rows @ self.rows.T)
+        if self.shift_dots is None:
+            return self.gram
+        d = self.shift_dots
+        return self._cached("g", lambda: self.gram + d[:, None] + d[None, :] + self.shift_sq)
 
     def row_sums(self) -> np.ndarray:
         """Σ_f x_if per row (n,)."""
         if self.rows is not None:
             return self._cached("sums", lambda: self.rows.sum(axis=1))
-        return self.sums
+        return self.sums + self.shift_sum
+
+    def row_centred_gram(self) -> tuple[np.ndarray, np.ndarray]:
+        """(RC, slack): RC_ij = (x_i − x̄_i)·(x_j − x̄_j), each row centred over its features (RSA's
+        Pearson between examples), and the rounding its diagonal may carry (n,). From a shifted Gram
+        (y = x − m): RC = G − s sᵀ/p + c 1ᵀ + 1 cᵀ + ‖m − m̄‖² (c = y·(m − m̄)), none of whose terms
+        carries the rows' distance from the origin."""
+        eps, p = float(np.finfo(np.float64).eps), self.features
+
+        def make() -> tuple[np.ndarray, np.ndarray]:
+            means = self.row_sums() / p
+            if self.rows is not None:
+                R = self.rows - self.rows.mean(axis=1, keepdims=True)
+                slack = np.zeros(self.n)
+                RC = R @ R.T
+            else:
+                s = self.sums
+                c = self.shift_dots_c if self.shift_dots_c is not None else np.zeros(self.n)
+                RC = self.gram - np.outer(s, s) / p + c[:, None] + c[None, :] + self.shift_centred_sq
+                slack = 64 * eps * (np.diag(self.gram) + s * s / p + 2 * np.abs(c) + self.shift_centred_sq)
+            return RC, np.maximum(slack, (4 * p * eps) ** 2 * p * means ** 2)  # + the row means' rounding
+        return self._cached("rc", make)
 
     def is_constant(self) -> bool:
-        """No variance over the examples: tr K_c within the rounding of the data (relative 1e-12 of
-        tr G, the uncentred energy)."""
+        """No variance over the examples: tr K_c within the rounding of the data, the larger of what the
+        float64 mean's rounding leaves (:func:`~repsim.kernels._precision.constant_tolerance`, as the
+        minibatch route's check) and, for a Gram, 1e-12 of the shifted rows' energy tr G (its
+        double-centring's rounding). Not relative to the uncentred energy: rows far from the origin
+        (an offset 1e6 times their spread) keep their variance in float64."""
         def make() -> bool:
             tr = float(np.trace(self.centred_gram()))
-            scale = float(np.trace(self.raw_gram())) if self.gram is not None else float(np.sum(self.rows ** 2))
-            return not tr > 1e-12 * max(scale, np.finfo(np.float64).tiny)
+            if self.gram is not None:
+                shifted = float(np.trace(self.gram))
+                raw = shifted + 2 * float(np.sum(self.shift_dots if self.shift_dots is not None else 0.0)) + self.n * self.shift_sq
+                tol = max(constant_tolerance(self.n, raw / self.n), 1e-12 * shifted)  # raw / n >= ‖x̄‖²
+            else:
+                mean = self.rows.mean(axis=0)
+                tol = constant_tolerance(self.n, float(mean @ mean))
+            return not tr > max(tol, np.finfo(np.float64).tiny)
         return self._cached("const", make)
 
 

@@ -8,8 +8,8 @@ order, e.g. isotropic scaling or adding a constant to every feature), ≈ 0 for 
 Exact over all n rows when n <= ``rsa_max_rows`` (default 2000: an RDM has n(n−1)/2 entries), else
 over a seeded subsample of ``rsa_max_rows`` rows (``default_rng(rsa_seed).choice(n, m)``, sorted; the
 same rows for every column), recorded in the result's metadata.  Pearson between rows needs only
-the uncentred Gram and the row sums, Cov(x_i, x_j) = x_i·x_j / p − s_i s_j / p², so wide columns use
-their n × n Gram; a row with no variance over its features (all-zero after a ReLU) has no
+the Gram of the rows centred over their features (:meth:`FullColumn.row_centred_gram`), so wide
+columns use their n × n (shifted) Gram; a row with no variance over its features (all-zero after a ReLU) has no
 correlation: it is taken as uncorrelated (D = 1) with every other row.  Cost O(n²p) for the RDM,
 O(n² log n) for the ranks.
 """
@@ -31,16 +31,18 @@ def subsample(n: int, max_rows: int, seed: int) -> np.ndarray | None:
     return np.sort(np.random.default_rng(seed).choice(n, size=max_rows, replace=False))
 
 
-def rdm_upper(G: np.ndarray, sums: np.ndarray, p: int) -> np.ndarray:
-    """The strict upper triangle of 1 − Pearson(rows) from the uncentred Gram G and row sums."""
-    C = G / p - np.outer(sums, sums) / (p * p)
-    sd = np.sqrt(np.maximum(np.diag(C), 0.0))
-    ok = sd > 1e-12 * max(float(np.max(np.abs(np.diag(G)))) / p, np.finfo(np.float64).tiny)
+def rdm_upper(RC: np.ndarray, slack: np.ndarray) -> np.ndarray:
+    """The strict upper triangle of 1 − Pearson(rows) from the row-centred Gram RC
+    (:meth:`FullColumn.row_centred_gram`); a row whose variance RC_ii is within its rounding ``slack``
+    is flat (uncorrelated with every other row)."""
+    d = np.diag(RC)
+    ok = d > np.maximum(slack, np.finfo(np.float64).tiny)
+    sd = np.sqrt(np.where(ok, d, 1.0))
     with np.errstate(invalid="ignore", divide="ignore"):
-        R = C / np.outer(np.where(ok, sd, 1.0), np.where(ok, sd, 1.0))
+        R = RC / np.outer(sd, sd)
     R[~ok, :] = 0.0
     R[:, ~ok] = 0.0
-    iu = np.triu_indices(G.shape[0], 1)
+    iu = np.triu_indices(RC.shape[0], 1)
     return 1.0 - np.clip(R[iu], -1.0, 1.0)
 
 
@@ -68,12 +70,12 @@ class RSA(Measure):
         idx = self.rows_used(column.n)
         if column.has_features:
             X = column.rows if idx is None else column.rows[idx]
-            G, s = X @ X.T, X.sum(axis=1)
+            RC, slack = FullColumn(column.name, column.features, rows=X).row_centred_gram()
         else:
-            sel = slice(None) if idx is None else idx
-            G = column.raw_gram()[np.ix_(sel, sel)] if idx is not None else column.raw_gram()
-            s = column.row_sums()[sel]
-        ranks = rankdata(rdm_upper(G, s, column.features))
+            RC, slack = column.row_centred_gram()
+            if idx is not None:
+                RC, slack = RC[np.ix_(idx, idx)], slack[idx]
+        ranks = rankdata(rdm_upper(RC, slack))
         ranks -= ranks.mean()
         norm = float(np.linalg.norm(ranks))
         return ranks / norm if norm > 0 else None
