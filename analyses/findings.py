@@ -74,14 +74,25 @@ def _p(a: np.ndarray, b: np.ndarray) -> str:
 
 def min_detectable_difference(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """The smallest difference between two objectives' means that a two-sided two-sample t-test over ``n``
-    seeds each detects at level ``alpha`` with probability ``power``, for seed-to-seed s.d. ``sd``:
-    (t_{1−α/2, 2n−2} + t_{power, 2n−2}) · sd · √(2/n). NaN with fewer than 2 seeds."""
-    from scipy import stats
+    seeds each detects at level ``alpha`` with probability ``power``, for seed-to-seed s.d. ``sd``: d = δ ·
+    sd · √(2/n), δ the noncentrality at which P(|T| > t_{1−α/2, 2n−2}) = power for T ~ noncentral t(2n − 2,
+    δ) (exact; the shortcut (t_{1−α/2} + t_{power}) · sd · √(2/n) gives power 0.77 at 2 seeds). NaN with
+    fewer than 2 seeds."""
+    from scipy import optimize, stats
 
     if n < 2 or not np.isfinite(sd):
         return float("nan")
     df = 2 * n - 2
-    return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * sd * np.sqrt(2.0 / n))
+    crit = stats.t.ppf(1 - alpha / 2, df)
+
+    def shortfall(delta: float) -> float:
+        return stats.nct.sf(crit, df, delta) + stats.nct.cdf(-crit, df, delta) - power
+
+    hi = crit + stats.norm.ppf(power)  # the normal approximation; the t test needs a little more
+    while not shortfall(hi) > 0:
+        hi *= 1.5
+    delta = optimize.brentq(shortfall, 0.0, hi, xtol=1e-12)
+    return float(delta * sd * np.sqrt(2.0 / n))
 
 
 def pooled_sd(groups: dict[str, np.ndarray]) -> tuple[float, int, int]:
