@@ -178,6 +178,20 @@ def test_stores_of_equal_names_are_refused_not_merged(tmp_path, capsys):
     assert "probes.csv names store 'tgt' for several networks (softmax seed 0, cosine_softmax seed 0)" in capsys.readouterr().err
 
 
+def test_fig2a_counts_pairs_of_networks_not_ordered_pairs(tmp_path):
+    """Softmax vs. softmax with 2 seeds is 1 pair of distinct networks (its title said 2: both orders);
+    softmax vs. another objective with 2 seeds each, 4; the control's mean block averages both orders."""
+    from analyses.data import Inputs
+    from analyses.items.layers import _cka_groups, _mean_block
+
+    inputs = Inputs(None, write_results(tmp_path))
+    cka, groups, layers = _cka_groups(inputs, "linear_cka")
+    m, n = _mean_block(cka, groups["softmax"], groups["softmax"], layers, layers)
+    a, b = groups["softmax"]
+    assert n == 1 and np.allclose(m, (cka.block(a, b, layers, layers) + cka.block(b, a, layers, layers)) / 2)
+    assert _mean_block(cka, groups["softmax"], groups["sigmoid"], layers, layers)[1] == 4
+
+
 def test_table1_bold_rule_and_values(tmp_path):
     res = write_results(tmp_path)
     out = tmp_path / "out"

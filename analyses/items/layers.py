@@ -48,9 +48,13 @@ def _cka_groups(inputs: Inputs, measure: str = "linear_cka") -> tuple[object, di
 
 
 def _mean_block(cka, a_stores, b_stores, layers_a, layers_b) -> tuple[np.ndarray | None, int]:
-    mats = [m for a, b in itertools.product(a_stores, b_stores) if a != b
-            for m in [cka.block(a, b, layers_a, layers_b)] if m is not None]
-    return (np.mean(mats, axis=0), len(mats)) if mats else (None, 0)
+    """The mean block over every ordered pair of distinct networks (one from each group), and how many
+    pairs of networks that is: within one group (the control), (s0, s1) and (s1, s0) are one pair."""
+    got = [(frozenset((a, b)), m) for a, b in itertools.product(a_stores, b_stores) if a != b
+           for m in [cka.block(a, b, layers_a, layers_b)] if m is not None]
+    if not got:
+        return None, 0
+    return np.mean([m for _, m in got], axis=0), len({pair for pair, _ in got})
 
 
 def _short(layer: str) -> str:
