@@ -244,7 +244,8 @@ def _why_transfer(softmax_best: bool, best: str, beat: list[str], worse: list[st
 
 def _pair_means(inputs: Inputs, measure: str = "linear_cka") -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
     """(layers, objectives, S, C): per layer, S[l, o] = mean CKA (or ``measure``) between different seeds of
-    objective o (NaN with one seed) and C[l, o, p] = mean CKA between networks of objectives o and p (o ≠ p)."""
+    objective o (NaN with one seed) and C[l, o, p] = mean CKA between networks of objectives o and p (o ≠ p);
+    for an asymmetric measure each pair of networks counts the mean of its two orders."""
     from analyses.items.layers import _cka_groups
 
     cka, groups, layers = _cka_groups(inputs, measure)
@@ -254,8 +255,15 @@ def _pair_means(inputs: Inputs, measure: str = "linear_cka") -> tuple[list[str],
     for k, layer in enumerate(layers):
         for i, a in enumerate(labels):
             for j, b in enumerate(labels[i:], start=i):
-                vals = [float(v[0, 0]) for x in groups[a] for y in groups[b] if a != b or x < y
-                        for v in [cka.block(x, y, [layer], [layer])] if v is not None]
+                vals = []
+                for x in groups[a]:
+                    for y in groups[b]:
+                        if a == b and not x < y:
+                            continue
+                        v = [float(w[0, 0]) for w in (cka.block(x, y, [layer], [layer]), None if cka.symmetric else
+                                                      cka.block(y, x, [layer], [layer])) if w is not None]
+                        if v:
+                            vals.append(float(np.mean(v)))
                 if vals and a == b:
                     S[k, i] = np.mean(vals)
                 elif vals:
@@ -275,26 +283,23 @@ def _gap(S: np.ndarray, C: np.ndarray, pick: np.ndarray) -> np.ndarray:
 
 
 def cka_gaps(inputs: Inputs, measure: str = "linear_cka") -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Per corresponding layer: (layers, mean same-objective CKA, mean cross-objective CKA), each the mean
-    over all pairs of networks of that kind (of ``measure``'s values for another measure; for an
-    asymmetric one, the mean of both orders of each pair)."""
-    from analyses.items.layers import _cka_groups
+    """Per corresponding layer: (layers, mean same-objective CKA, mean cross-objective CKA) (``measure``'s
+    values for another measure; for an asymmetric one, the mean of both orders of each pair) over the
+    objectives the bootstrap resamples (those with ≥ 2 seeds; all, when fewer than 2 have), weighted as
+    :func:`_gap` weighs them, so that the stated gap is the statistic its interval is for. With equal
+    seeds per objective, the mean over all pairs of networks of each kind."""
+    import warnings
 
-    cka, groups, layers = _cka_groups(inputs, measure)
-    label_of = {s: l for l, ss in groups.items() for s in ss}
-    stores = sorted(label_of)
-    same, cross = np.zeros(len(layers)), np.zeros(len(layers))
-    for k, layer in enumerate(layers):
-        s_vals, c_vals = [], []
-        for i, a in enumerate(stores):
-            for b in stores[i + 1:]:
-                v = [w for w in (cka.block(a, b, [layer], [layer]), None if cka.symmetric else
-                                 cka.block(b, a, [layer], [layer])) if w is not None]
-                if v:
-                    (s_vals if label_of[a] == label_of[b] else c_vals).append(float(np.mean(v)))
-        if not s_vals or not c_vals:
-            raise Missing(f"{cka.display} needs ≥ 2 seeds of one objective and ≥ 2 objectives")
-        same[k], cross[k] = np.nanmean(s_vals), np.nanmean(c_vals)
+    layers, labels, S, C = _pair_means(inputs, measure)
+    ok = np.flatnonzero(~np.isnan(S).any(axis=0))
+    pick = ok if len(ok) >= 2 else np.arange(len(labels))
+    a, b = np.meshgrid(pick, pick, indexing="ij")
+    off = a != b
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN layers are refused just below
+        same, cross = np.nanmean(S[:, pick], axis=1), np.nanmean(C[:, a[off], b[off]], axis=1)
+    if np.isnan(same).any() or np.isnan(cross).any():
+        raise Missing(f"{inputs.similarity(measure).display} needs ≥ 2 seeds of one objective and ≥ 2 objectives")
     return layers, same, cross
 
 
