@@ -192,6 +192,19 @@ def test_fig2a_counts_pairs_of_networks_not_ordered_pairs(tmp_path):
     assert _mean_block(cka, groups["softmax"], groups["sigmoid"], layers, layers)[1] == 4
 
 
+def test_table2_avg_note_names_its_actual_reason(tmp_path):
+    """One seed per objective on two tasks: the Avg. note said the objectives' seed counts differ."""
+    from analyses.data import Inputs
+    from analyses.items.finetune import table2
+
+    res = write_results(tmp_path)
+    rows = [dict(store=f"{o}-s0-ft-{t}", objective=o, seed=0, task=t, accuracy=0.8 + 0.01 * i + 0.005 * j,
+                 metric="top1") for i, o in enumerate(OBJS) for j, t in enumerate(("taskA", "taskB"))]
+    pd.DataFrame(rows).to_csv(res / "finetune.csv", index=False)
+    cap = table2(Inputs(None, res)).caption
+    assert "seed counts differ" not in cap and "one seed per objective on two tasks" in cap
+
+
 def test_table1_bold_rule_and_values(tmp_path):
     res = write_results(tmp_path)
     out = tmp_path / "out"

@@ -51,8 +51,12 @@ def table2(inputs: Inputs) -> Table:
             anova_note = (f" Avg.: mean over the {len(tasks)} tasks; bold by a two-way ANOVA (objective × task, "
                           f"seeds as replicates) of each objective against the best, p ≥ {ALPHA}.")
         else:
-            anova_note = (" Avg.: mean over tasks; bold by a t-test over the per-seed averages (the objectives' seed "
-                          "counts differ, so the two-way ANOVA's balanced design does not apply).")
+            if len({a.shape[0] for a in per.values()}) > 1:
+                anova_note = (" Avg.: mean over tasks; bold by a t-test over the per-seed averages (the objectives' "
+                              "seed counts differ, so the two-way ANOVA's balanced design does not apply).")
+            else:
+                anova_note = (" Avg.: mean over tasks; bold as in the other columns (one seed per objective on two "
+                              "tasks: the two-way ANOVA needs more seeds or tasks).")
     numeric, shown, bold = seed_summary(long, cols, digits={c: 1 for c in cols})
     if avg_bold is not None:
         bold["Avg."] = [lab in avg_bold for lab in numeric["label"]]
