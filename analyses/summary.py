@@ -8,6 +8,7 @@ possible, and only the best mean is bold (stated in the caption by :func:`bold_r
 from __future__ import annotations
 
 import warnings
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -35,11 +36,19 @@ def bold_set(groups: dict[str, np.ndarray], higher_is_better: bool = True, alpha
         return not_significantly_worse(groups, alpha=alpha, higher_is_better=higher_is_better) if groups else set()
 
 
-def bold_rule_text(n_seeds: int) -> str:
-    if n_seeds >= 2:
-        return (f"Bold: best, or not significantly different from the best (two-sided t-test over seeds, "
-                f"p ≥ {ALPHA}).")
-    return "Bold: best mean only (one seed per objective, so no significance test is possible)."
+def bold_rule_text(n_seeds: int, numeric: pd.DataFrame | None = None, columns: Sequence[str] = ()) -> str:
+    """The caption's bold rule for tables of ``n_seeds`` seeds per row; with ``numeric`` (from
+    :func:`seed_summary`), the ``columns`` in which some cells rest on one seed (the others blank) are named,
+    since no t-test compares such a cell: it is bold only when best, and a best cell of one seed stands alone."""
+    if n_seeds < 2:
+        return "Bold: best mean only (one seed per objective, so no significance test is possible)."
+    text = f"Bold: best, or not significantly different from the best (two-sided t-test over seeds, p ≥ {ALPHA})."
+    single = [c for c in columns if numeric is not None and f"{c} n" in numeric
+              and (numeric[f"{c} n"] == 1).any() and (numeric[f"{c} n"] >= 2).any()]
+    if single:
+        text += (f" In {', '.join(single)} some cells rest on one seed, which no t-test can compare: such a cell is "
+                 "bold only when it is the best, and when the best cell is one of them, it alone is bold.")
+    return text
 
 
 def seed_summary(long: pd.DataFrame, columns: list[str], *, digits: dict[str, int] | None = None,

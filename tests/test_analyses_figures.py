@@ -205,6 +205,23 @@ def test_table2_avg_note_names_its_actual_reason(tmp_path):
     assert "seed counts differ" not in cap and "one seed per objective on two tasks" in cap
 
 
+def test_tableC3_caption_names_the_columns_whose_cells_rest_on_one_seed(tmp_path):
+    """A network whose T stopped at the search bound has blank TS columns: its objective's TS cells rest on
+    one seed, which no t-test compares; the caption stated the t-test rule for every cell (stats audit)."""
+    from analyses.data import Inputs
+    from analyses.items.evaluation import tableC3
+    from repsim.probes.calibration import TEMPERATURE_BOUNDS
+
+    res = write_results(tmp_path)
+    assert "rest on one seed" not in tableC3(Inputs(None, res)).caption
+    cal = pd.read_csv(res / "calibration.csv")
+    cal.loc[(cal.objective == "softmax") & (cal.seed == 1), "temperature"] = TEMPERATURE_BOUNDS[0]
+    cal.to_csv(res / "calibration.csv", index=False)
+    t = tableC3(Inputs(None, res))
+    assert "In NLL (TS), ECE (TS) some cells rest on one seed" in t.caption
+    assert t.numeric.loc[t.numeric.objective == "softmax", "NLL (TS) n"].item() == 1
+
+
 def test_table1_bold_rule_and_values(tmp_path):
     res = write_results(tmp_path)
     out = tmp_path / "out"

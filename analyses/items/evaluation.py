@@ -112,7 +112,7 @@ def tableC3(inputs: Inputs) -> Table:
                     "NLL (TS) and ECE (TS) are left out (blank where every seed is)")
     cap = (f"Mean ± s.e. over seeds. NLL = −mean log p(y); ECE over {', '.join(map(str, bins))} equal-width "
            f"confidence bins; TS: temperature T fit to minimise NLL on the holdout split{holdout}, as in Guo et al. "
-           f"(2017). {bold_rule_text(_n_seeds(long))} "
+           f"(2017). {bold_rule_text(_n_seeds(long), numeric, [c for c in cols if c != 'T'])} "
            + (f"Sigmoid networks ({', '.join(sig)}): σ(z_k/T) normalised by its sum over classes. " if sig else "")
            + f"{describe_rows(df)}.")
     return Table(numeric, shown, cap, bold)
