@@ -1,4 +1,4 @@
-"""Argument types shared by the commands: integers with a lower bound.
+"""Argument types and flags shared by the commands: integers with a lower bound; the pairing overrides.
 
 A value out of range is an argparse error (one line naming the option, exit 2), never an exception
 deep inside the computation (``--seed -1`` reached NumPy's "expected non-negative integer", naming no
@@ -31,3 +31,19 @@ non_negative = int_at_least(0)
 # sized to the machine, so the route (and with it the last digits of a fit) is the same everywhere.
 DEFAULT_BUDGET_MIB = 512
 positive = int_at_least(1)
+
+
+def add_pairing_flags(parser: argparse.ArgumentParser, first: str, second: str, *, same_examples_use: str,
+                      mixed_datasets_risk: str, other_classes_scope: str = "") -> None:
+    """The overrides of ``repsim.store.pairing``'s refusals for a command that pairs a ``first`` and a
+    ``second`` store (probe: training/test; calibrate: test/holdout): ``--same-examples``,
+    ``--allow-mixed-datasets`` and ``--allow-other-classes``, each used on purpose with a warning."""
+    parser.add_argument("--same-examples", action="store_true",
+                        help=f"allow a {second} store that shares examples with its {first} store ({same_examples_use}; "
+                             "a warning says so)")
+    parser.add_argument("--allow-mixed-datasets", action="store_true",
+                        help=f"allow a {second} store of another dataset than its {first} store (dataset.name differs; "
+                             f"default: refused, {mixed_datasets_risk}; a warning says so)")
+    parser.add_argument("--allow-other-classes", action="store_true",
+                        help=f"{other_classes_scope}score the network's own head on a store whose metadata say its "
+                             "labels number other classes than the head's outputs (default: refused; a warning says so)")

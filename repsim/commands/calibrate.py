@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from repsim.commands._args import DEFAULT_BUDGET_MIB, non_negative
+from repsim.commands._args import DEFAULT_BUDGET_MIB, add_pairing_flags, non_negative
 
 HELP = "NLL and ECE before/after temperature scaling from stores' logits (calibration.csv, Table C.3)"
 
@@ -46,16 +46,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kind", choices=["auto", "softmax", "sigmoid"], default="auto",
                         help="how logits become probabilities (auto: sigmoid for sigmoid-loss objectives)")
     parser.add_argument("--bins", type=int, default=15, help="ECE bins (default 15, Table C.3)")
-    parser.add_argument("--same-examples", action="store_true",
-                        help="allow a holdout store that shares examples with its test store (on purpose; a "
-                             "warning says so)")
-    parser.add_argument("--allow-mixed-datasets", action="store_true",
-                        help="allow a holdout store of another dataset than its test store (dataset.name differs; "
-                             "default: refused, the temperature would be fit on another dataset's labels; a "
-                             "warning says so)")
-    parser.add_argument("--allow-other-classes", action="store_true",
-                        help="score the logits on stores whose metadata say their labels number other classes than "
-                             "the head's outputs (default: refused; a warning says so)")
+    add_pairing_flags(parser, "test", "holdout", same_examples_use="on purpose",
+                      mixed_datasets_risk="the temperature would be fit on another dataset's labels")
     parser.add_argument("--memory-budget", type=non_negative, default=DEFAULT_BUDGET_MIB, metavar="MIB",
                         help="load the logits when their float64 working set (test + holdout rows x classes x 32 "
                              "bytes) fits in MIB, else stream them chunk by chunk (the same numbers up to "

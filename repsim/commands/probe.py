@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from repsim._io import atomic_write
-from repsim.commands._args import DEFAULT_BUDGET_MIB, non_negative, positive
+from repsim.commands._args import DEFAULT_BUDGET_MIB, add_pairing_flags, non_negative, positive
 from repsim.results import KEYS, conform
 
 HELP = "transfer probes: linear / kNN (probes.csv), multi-label AUC (multilabel.csv), relearned heads"
@@ -84,16 +84,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bins", type=int, default=DEFAULTS["bins"],
                         help="multi-label stores: AUC from this many evenly spaced score bins (default "
                              "1000, App. D.3)")
-    parser.add_argument("--same-examples", action="store_true",
-                        help="allow a test store that shares examples with its training store (a training-set "
-                             "score, on purpose; a warning says so)")
-    parser.add_argument("--allow-mixed-datasets", action="store_true",
-                        help="allow a test store of another dataset than its training store (dataset.name differs; "
-                             "default: refused, the score would not be a held-out estimate of one task; a warning "
-                             "says so)")
-    parser.add_argument("--allow-other-classes", action="store_true",
-                        help="--relearn: score the original head on a store whose metadata say its labels number "
-                             "other classes than the head's outputs (default: refused; a warning says so)")
+    add_pairing_flags(parser, "training", "test", same_examples_use="a training-set score, on purpose",
+                      mixed_datasets_risk="the score would not be a held-out estimate of one task",
+                      other_classes_scope="--relearn: ")
     parser.add_argument("--memory-budget", type=non_negative, default=DEFAULTS["memory_budget"], metavar="MIB",
                         help="single-label stores: probe in memory when the layer's working set (train + test "
                              "rows x width x 16 bytes) fits in MIB, else out of core from the stores' chunks, "
