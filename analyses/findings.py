@@ -271,36 +271,42 @@ def _pair_means(inputs: Inputs, measure: str = "linear_cka") -> tuple[list[str],
     return layers, labels, S, C
 
 
-def _gap(S: np.ndarray, C: np.ndarray, pick: np.ndarray) -> np.ndarray:
-    """Per layer: mean same-objective CKA − mean cross-objective CKA over the objectives ``pick`` (indices,
+def _same_cross(S: np.ndarray, C: np.ndarray, pick: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per layer: (mean same-objective CKA, mean cross-objective CKA) over the objectives ``pick`` (indices,
     repeats allowed; pairs of an objective with itself are not cross pairs). Objectives weigh equally, as
     do objective pairs — with equal seeds per objective, the mean over all network pairs of each kind."""
-    same = np.nanmean(S[:, pick], axis=1)
     a, b = np.meshgrid(pick, pick, indexing="ij")
     off = a != b
-    cross = np.nanmean(C[:, a[off], b[off]], axis=1)
+    return np.nanmean(S[:, pick], axis=1), np.nanmean(C[:, a[off], b[off]], axis=1)
+
+
+def _gap(S: np.ndarray, C: np.ndarray, pick: np.ndarray) -> np.ndarray:
+    """Per layer: :func:`_same_cross`'s same − cross."""
+    same, cross = _same_cross(S, C, pick)
     return same - cross
 
 
-def cka_gaps(inputs: Inputs, measure: str = "linear_cka") -> tuple[list[str], np.ndarray, np.ndarray]:
-    """Per corresponding layer: (layers, mean same-objective CKA, mean cross-objective CKA) (``measure``'s
-    values for another measure; for an asymmetric one, the mean of both orders of each pair) over the
-    objectives the bootstrap resamples (those with ≥ 2 seeds; all, when fewer than 2 have), weighted as
-    :func:`_gap` weighs them, so that the stated gap is the statistic its interval is for. With equal
-    seeds per objective, the mean over all pairs of networks of each kind."""
+def _seeded(S: np.ndarray) -> np.ndarray:
+    """Indices of the objectives with ≥ 2 seeds (a same-objective value at every layer): those the
+    bootstrap resamples."""
+    return np.flatnonzero(~np.isnan(S).any(axis=0))
+
+
+def stated_gaps(S: np.ndarray, C: np.ndarray, display: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per corresponding layer: (mean same-objective CKA, mean cross-objective CKA) from :func:`_pair_means`'
+    arrays (``display``: the measure, for the message) over the objectives the bootstrap resamples
+    (:func:`_seeded`; all, when fewer than 2 have 2 seeds), weighted as :func:`_gap` weighs them, so that
+    the stated gap is the statistic its interval is for. With equal seeds per objective, the mean over all
+    pairs of networks of each kind."""
     import warnings
 
-    layers, labels, S, C = _pair_means(inputs, measure)
-    ok = np.flatnonzero(~np.isnan(S).any(axis=0))
-    pick = ok if len(ok) >= 2 else np.arange(len(labels))
-    a, b = np.meshgrid(pick, pick, indexing="ij")
-    off = a != b
+    ok = _seeded(S)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN layers are refused just below
-        same, cross = np.nanmean(S[:, pick], axis=1), np.nanmean(C[:, a[off], b[off]], axis=1)
+        same, cross = _same_cross(S, C, ok if len(ok) >= 2 else np.arange(S.shape[1]))
     if np.isnan(same).any() or np.isnan(cross).any():
-        raise Missing(f"{inputs.similarity(measure).display} needs ≥ 2 seeds of one objective and ≥ 2 objectives")
-    return layers, same, cross
+        raise Missing(f"{display} needs ≥ 2 seeds of one objective and ≥ 2 objectives")
+    return same, cross
 
 
 def bootstrap_gaps(S: np.ndarray, C: np.ndarray, early: list[int], late: list[int], n_boot: int = N_BOOT,
@@ -311,7 +317,7 @@ def bootstrap_gaps(S: np.ndarray, C: np.ndarray, early: list[int], late: list[in
     with the other drawn objectives). None when fewer than 3 objectives have ≥ 2 seeds."""
     import warnings
 
-    ok = np.flatnonzero(~np.isnan(S).any(axis=0))
+    ok = _seeded(S)
     if len(ok) < 3:
         return None
     rng = np.random.default_rng(seed)
@@ -326,13 +332,6 @@ def bootstrap_gaps(S: np.ndarray, C: np.ndarray, early: list[int], late: list[in
     d = d[~np.isnan(d).any(axis=1)]
     lo, hi = np.percentile(d, [2.5, 97.5], axis=0)
     return {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(("early", "late", "late-early"))}
-
-
-def gap_bootstrap(inputs: Inputs, early: list[int], late: list[int], n_boot: int = N_BOOT,
-                  seed: int = 0, measure: str = "linear_cka") -> dict[str, tuple[float, float]] | None:
-    """:func:`bootstrap_gaps` on the results' ``measure`` (layer indices of :func:`cka_gaps`' layers)."""
-    _, _, S, C = _pair_means(inputs, measure)
-    return bootstrap_gaps(S, C, early, late, n_boot, seed)
 
 
 def last_third(layers: list[str]) -> tuple[list[int], list[int]]:
@@ -402,7 +401,8 @@ def late_blocks(inputs: Inputs, measure: str = "linear_cka") -> LateBlocks:
     """Finding 2's gaps and verdicts under ``measure``. The paper-words verdict compares bootstrap
     intervals with 0 (scale-free); the old rule's thresholds are in units of the measure's declared range
     width (RSA's [−1, 1]: twice CKA's; an unbounded range counts as 1)."""
-    layers, same, cross = cka_gaps(inputs, measure)
+    layers, _, S, C = _pair_means(inputs, measure)  # one walk over the network pairs for the gaps and their CIs
+    same, cross = stated_gaps(S, C, inputs.similarity(measure).display)
     early, paper_late = last_third(layers)
     if len(early) + len(paper_late) < 3:
         raise Missing("fewer than 3 blocks with CKA values")
@@ -410,7 +410,7 @@ def late_blocks(inputs: Inputs, measure: str = "linear_cka") -> LateBlocks:
     lo, hi = inputs.similarity(measure).range
     scale = float(hi - lo) if np.isfinite(hi - lo) else 1.0
     r = LateBlocks(measure, layers, same, cross, early, late, scale, paper_late=paper_late,
-                   ci=gap_bootstrap(inputs, early, paper_late, measure=measure))
+                   ci=bootstrap_gaps(S, C, early, paper_late))
     r.verdict, r.old_verdict = paper_verdict(r.ci), old_verdict(r.early_gap, r.late_gap, scale)
     return r
 
