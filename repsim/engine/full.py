@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim.engine.blocks import BlockReader, Column
-from repsim.kernels.measures import FullColumn
+from repsim.kernels.measures import FullColumn, shift_dots
 
 
 def held_bytes(columns: Sequence[Column], n: int, spatial: str) -> int:
@@ -54,13 +54,11 @@ def _wide(column: Column, name: str, n: int, block_rows: int, spatial: str, memo
                 x = np.asarray(x, dtype=np.float64).reshape(x.shape[0], -1)
                 if m is None:
                     m = x.mean(axis=0)
-                    mc = m - m.mean()
                 x = x - m
                 r0 = k * block_rows
                 if p0 == 0:
                     sums[r0:r0 + x.shape[0]] = x.sum(axis=1)
-                    dots[r0:r0 + x.shape[0]] = x @ m
-                    dots_c[r0:r0 + x.shape[0]] = x @ mc
+                    dots[r0:r0 + x.shape[0]], dots_c[r0:r0 + x.shape[0]] = shift_dots(x, m)
                 if k <= last:
                     parts.append(x)
                     if k == last:
@@ -70,8 +68,7 @@ def _wide(column: Column, name: str, n: int, block_rows: int, spatial: str, memo
                 block = P @ x.T
                 G[a0:a0 + P.shape[0], r0:r0 + x.shape[0]] = block
                 G[r0:r0 + x.shape[0], a0:a0 + P.shape[0]] = block.T
-    return FullColumn(name, p, gram=G, sums=sums, shift_dots=dots, shift_sq=float(m @ m), shift_sum=float(m.sum()),
-                      shift_dots_c=dots_c, shift_centred_sq=float(mc @ mc))
+    return FullColumn(name, p, gram=G, sums=sums, shift=m, shift_dots=dots, shift_dots_c=dots_c)
 
 
 def full_columns(columns: Sequence[Column], n: int, block_rows: int, *, spatial: str, memory_budget: int,

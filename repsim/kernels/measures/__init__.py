@@ -12,9 +12,9 @@ import pkgutil
 from typing import Any, Iterable
 
 from repsim.kernels.measures._protocol import (Accumulator, FullColumn, Measure, MeasureInfo,
-                                               MinibatchUnsupported)
+                                               MinibatchUnsupported, shift_dots)
 
-__all__ = ["Accumulator", "FullColumn", "Measure", "MeasureInfo", "MinibatchUnsupported", "register",
+__all__ = ["Accumulator", "FullColumn", "Measure", "MeasureInfo", "MinibatchUnsupported", "register", "shift_dots",
            "get_measure", "measure_names", "MEASURES"]
 
 MEASURES: dict[str, type[Measure]] = {}

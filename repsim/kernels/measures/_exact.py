@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim._xp import to_numpy
-from repsim.kernels.measures._protocol import FullColumn, Measure
+from repsim.kernels.measures._protocol import FullColumn, Measure, shift_dots
 
 
 @dataclass
@@ -31,9 +31,8 @@ def full_column(x: Any, name: str = "X") -> FullColumn:
         return FullColumn(name, p, rows=X)
     m = X.mean(axis=0)
     Xs = X - m  # the Gram of rows far from the origin, uncentred, would cancel most of its digits
-    mc = m - m.mean()
-    return FullColumn(name, p, gram=Xs @ Xs.T, sums=Xs.sum(axis=1), shift_dots=Xs @ m, shift_sq=float(m @ m),
-                      shift_sum=float(m.sum()), shift_dots_c=Xs @ mc, shift_centred_sq=float(mc @ mc))
+    dots, dots_c = shift_dots(Xs, m)
+    return FullColumn(name, p, gram=Xs @ Xs.T, sums=Xs.sum(axis=1), shift=m, shift_dots=dots, shift_dots_c=dots_c)
 
 
 def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any = None) -> ExactOutcome:

@@ -31,7 +31,7 @@ import numpy as np
 
 from repsim.kernels._precision import constant_tolerance
 
-__all__ = ["MeasureInfo", "Measure", "Accumulator", "FullColumn", "MinibatchUnsupported"]
+__all__ = ["MeasureInfo", "Measure", "Accumulator", "FullColumn", "MinibatchUnsupported", "shift_dots"]
 
 
 @dataclass(frozen=True)
@@ -97,18 +97,23 @@ class Accumulator:
         raise NotImplementedError
 
 
+def shift_dots(y: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(y m, y (m − m̄)) for rows ``y`` already shifted by ``m``: :class:`FullColumn`'s ``shift_dots`` and
+    ``shift_dots_c`` (the latter formed directly: from the former it would cancel when m̄ is large)."""
+    return y @ m, y @ (m - m.mean())
+
+
 @dataclass
 class FullColumn:
     """One column on all n examples, for the exact estimators.
 
     ``rows``: the float64 rows (n, p) when p <= n, else ``None``; ``gram``: else the Gram of the
-    shifted rows X − 1 mᵀ (n, n) float64, ``sums`` their row sums and ``shift_dots`` = (X − 1 mᵀ) m,
-    ``shift_sq`` = ‖m‖², ``shift_sum`` = Σ m for a shift m (e.g. the first rows' mean; m = 0 when those
-    are not given): the centred Gram is the shifted one's, double-centred, without the cancellation an
-    uncentred X Xᵀ of rows far from the origin suffers, and X Xᵀ is rebuilt from them where a measure
-    needs it.  ``features`` is p.  Derived views (cached): :meth:`centred_gram`
-    K_c = X̃ X̃ᵀ (X̃ column-centred), :meth:`factor` an (n, r) matrix R with R Rᵀ = K_c
-    (r = min(p, n); R = X̃ itself when the rows are kept, so R = X̃ Q with Q orthonormal in general:
+    shifted rows X − 1 mᵀ (n, n) float64, ``sums`` their row sums, ``shift`` m (e.g. the first rows'
+    mean; None: m = 0) and ``shift_dots``/``shift_dots_c`` (:func:`shift_dots`): the centred Gram is the
+    shifted one's, double-centred, without the cancellation an uncentred X Xᵀ of rows far from the
+    origin suffers, and X Xᵀ is rebuilt from them where a measure needs it.  ``features`` is p.  Derived
+    views (cached): :meth:`centred_gram` K_c = X̃ X̃ᵀ (X̃ column-centred), :meth:`factor` an (n, r)
+    matrix R with R Rᵀ = K_c (r = min(p, n); R = X̃ itself when the rows are kept, so R = X̃ Q with Q orthonormal in general:
     measures that are invariant to orthogonal transforms of the features may use R for X̃),
     :meth:`raw_gram` and :meth:`row_sums` (for measures on uncentred rows: RSA, mutual kNN).
     """
@@ -118,17 +123,30 @@ class FullColumn:
     rows: np.ndarray | None = None
     gram: np.ndarray | None = None
     sums: np.ndarray | None = None  # row sums Σ_f (x_if − m_f) (needed with ``gram``)
-    shift_dots: np.ndarray | None = None  # (X − 1 mᵀ) m, (n,); None: m = 0
-    shift_sq: float = 0.0  # ‖m‖²
-    shift_sum: float = 0.0  # Σ_f m_f
+    shift: np.ndarray | None = None  # m (p,), with ``gram``; None: m = 0
+    shift_dots: np.ndarray | None = None  # (X − 1 mᵀ) m, (n,)
     shift_dots_c: np.ndarray | None = None  # (X − 1 mᵀ)(m − m̄), (n,): m centred over its features
-    shift_centred_sq: float = 0.0  # ‖m − m̄‖²
     _cache: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if (self.rows is None) == (self.gram is None):
             raise ValueError("a FullColumn holds either its rows or its Gram")
         self._cache = {}
+
+    @property
+    def _shift_sq(self) -> float:  # ‖m‖²
+        return 0.0 if self.shift is None else float(self.shift @ self.shift)
+
+    @property
+    def _shift_sum(self) -> float:  # Σ_f m_f
+        return 0.0 if self.shift is None else float(self.shift.sum())
+
+    @property
+    def _shift_centred_sq(self) -> float:  # ‖m − m̄‖²
+        if self.shift is None:
+            return 0.0
+        mc = self.shift - self.shift.mean()
+        return float(mc @ mc)
 
     @property
     def n(self) -> int:
@@ -179,13 +197,13 @@ class FullColumn:
         if self.shift_dots is None:
             return self.gram
         d = self.shift_dots
-        return self._cached("g", lambda: self.gram + d[:, None] + d[None, :] + self.shift_sq)
+        return self._cached("g", lambda: self.gram + d[:, None] + d[None, :] + self._shift_sq)
 
     def row_sums(self) -> np.ndarray:
         """Σ_f x_if per row (n,)."""
         if self.rows is not None:
             return self._cached("sums", lambda: self.rows.sum(axis=1))
-        return self.sums + self.shift_sum
+        return self.sums + self._shift_sum
 
     def row_centred_gram(self) -> tuple[np.ndarray, np.ndarray]:
         """(RC, slack): RC_ij = (x_i − x̄_i)·(x_j − x̄_j), each row centred over its features (RSA's
@@ -203,8 +221,8 @@ class FullColumn:
             else:
                 s = self.sums
                 c = self.shift_dots_c if self.shift_dots_c is not None else np.zeros(self.n)
-                RC = self.gram - np.outer(s, s) / p + c[:, None] + c[None, :] + self.shift_centred_sq
-                slack = 64 * eps * (np.diag(self.gram) + s * s / p + 2 * np.abs(c) + self.shift_centred_sq)
+                RC = self.gram - np.outer(s, s) / p + c[:, None] + c[None, :] + self._shift_centred_sq
+                slack = 64 * eps * (np.diag(self.gram) + s * s / p + 2 * np.abs(c) + self._shift_centred_sq)
             return RC, np.maximum(slack, (4 * p * eps) ** 2 * p * means ** 2)  # + the row means' rounding
         return self._cached("rc", make)
 
@@ -218,7 +236,7 @@ class FullColumn:
             tr = float(np.trace(self.centred_gram()))
             if self.gram is not None:
                 shifted = float(np.trace(self.gram))
-                raw = shifted + 2 * float(np.sum(self.shift_dots if self.shift_dots is not None else 0.0)) + self.n * self.shift_sq
+                raw = shifted + 2 * float(np.sum(self.shift_dots if self.shift_dots is not None else 0.0)) + self.n * self._shift_sq
                 tol = max(constant_tolerance(self.n, raw / self.n), 1e-12 * shifted)  # raw / n >= ‖x̄‖²
             else:
                 mean = self.rows.mean(axis=0)
