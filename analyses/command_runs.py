@@ -27,7 +27,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-ITEM = "@@item "  # a finished network's line, then its JSON (analyses.pipeline.run_tasks reads it)
+ITEM = "@@item "  # a finished network's line, then its JSON (analyses.pipeline.run_stage reads it)
 FAILURE_TAIL = 15  # lines of a failed network's log repeated on stderr
 
 

@@ -36,13 +36,12 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from analyses.command_runs import ITEM  # a task's "item finished" line
+from analyses.command_runs import ITEM  # a network's "finished" line
 from analyses.profiles import DIGITS, Profile
 from repsim.objectives import OBJECTIVES
 
@@ -54,35 +53,8 @@ class DemoError(RuntimeError):
     """A stage cannot run; the message names the stage and, when it is missing, the upstream piece."""
 
 
-@dataclass
-class Task:
-    """A subprocess of a stage. ``items`` > 0: it reports that many items itself, one line
-    ``@@item <JSON>`` as each finishes (:mod:`analyses.command_runs`: a network), which ``item`` turns
-    into the stage's progress line (and marks the item done); else its one progress line is printed when
-    it exits."""
-    name: str
-    argv: list[str]
-    done: Callable[[], None] = lambda: None
-    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=40))
-    items: int = 0
-    item: Callable[[dict], str] = lambda info: f"{info['name']}: {info['seconds']:.0f} s"
-
-
 def _say(msg: str) -> None:
     print(msg, flush=True)
-
-
-def _pump(stream, prefix: str, tail: collections.deque, stream_lines: bool,
-          on_item: Callable[[str], None] | None = None) -> None:
-    for line in iter(stream.readline, ""):
-        line = line.rstrip("\r\n").split("\r")[-1]
-        if on_item is not None and line.startswith(ITEM):
-            on_item(line[len(ITEM):])
-        elif line.strip():
-            tail.append(line)
-            if stream_lines:
-                print(f"  [{prefix}] {line}", flush=True)
-    stream.close()
 
 
 def train_summary(tail) -> str:
@@ -100,63 +72,43 @@ def train_summary(tail) -> str:
     return f"{last}; best holdout {best[0]:.1f}% at epoch {best[1]}"
 
 
-def run_tasks(tasks: list[Task], jobs: int, stage: str, summary: Callable[[Task], str] = lambda t: "",
-              verbose: bool = False) -> None:
-    """Run subprocesses ``jobs`` at a time; one line per finished task (``[demo] STAGE k/n NAME:
-    summary(task) (seconds)``), every output line too when ``verbose``; fail on the first error with
-    the task's last lines."""
+def run_stage(stage: str, networks: list[dict], jobs: int, item: Callable[[dict], str], verbose: bool = False) -> None:
+    """Run the stage's ``networks`` (:mod:`analyses.command_runs` specs) in one ``python -m
+    analyses.command_runs`` process with ``jobs`` forked workers; a line ``[demo] STAGE k/n <item(info)>``
+    as each network finishes (``item`` also marks it done), every other output line too when ``verbose``;
+    fail on an error with the process's last lines."""
     env = dict(os.environ)
-    if jobs > 1:  # (a task with items runs its own workers: `jobs` of them, one thread each)
+    if jobs > 1:  # the workers run one thread each
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(var, "1")
-    pending, running, finished = list(tasks), {}, 0
-    total = sum(t.items or 1 for t in tasks)
-    lock = threading.Lock()
-
-    def progress(text: str) -> None:
-        nonlocal finished
-        with lock:
-            finished += 1
-            _say(f"[demo] {stage} {finished}/{total} {text}")
-
-    def on_item(task: Task) -> Callable[[str], None]:
-        def handle(line: str) -> None:
-            try:
-                text = task.item(json.loads(line))
-            except Exception as exc:  # noqa: BLE001 - the pump must keep reading, or the subprocess blocks
-                text = f"{line} (its progress line failed: {exc!r})"
-            progress(text)
-        return handle
-
+    argv = [sys.executable, "-m", "analyses.command_runs", "--jobs", str(jobs), json.dumps(networks)]
+    tail: collections.deque = collections.deque(maxlen=40)
+    finished = 0
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
     try:
-        while pending or running:
-            while pending and len(running) < jobs:
-                t = pending.pop(0)
-                p = subprocess.Popen(t.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=env, bufsize=1)
-                th = threading.Thread(target=_pump, args=(p.stdout, t.name, t.tail, verbose,
-                                                          on_item(t) if t.items else None), daemon=True)
-                th.start()
-                running[p] = (t, th, time.perf_counter())
-            time.sleep(0.1)
-            for p in [p for p in running if p.poll() is not None]:
-                t, th, t0 = running.pop(p)
-                th.join()
-                if p.returncode != 0:
-                    tail = list(t.tail)
-                    command = " ".join(t.argv)  # (a stage's holds every network's command lines)
-                    command = command if len(command) <= 400 else command[:400] + " …"
-                    raise DemoError(f"{stage}: {t.name} failed (exit {p.returncode}): {command}\n"
-                                    + "\n".join(tail[-15:]))
-                t.done()
-                if not t.items:
-                    text = summary(t)
-                    progress(f"{t.name}: {text + '; ' if text else ''}{time.perf_counter() - t0:.0f} s")
+        for line in iter(p.stdout.readline, ""):
+            line = line.rstrip("\r\n").split("\r")[-1]
+            if line.startswith(ITEM):
+                try:
+                    text = item(json.loads(line[len(ITEM):]))
+                except Exception as exc:  # noqa: BLE001 - keep reading, or the subprocess blocks on a full pipe
+                    text = f"{line[len(ITEM):]} (its progress line failed: {exc!r})"
+                finished += 1
+                _say(f"[demo] {stage} {finished}/{len(networks)} {text}")
+            elif line.strip():
+                tail.append(line)
+                if verbose:
+                    print(f"  [{stage}] {line}", flush=True)
+        p.stdout.close()
+        rc = p.wait()
     finally:
-        for p in running:  # only the processes started here
+        if p.poll() is None:  # interrupted here: stop the stage's process
             p.terminate()
-        for p in running:
             p.wait()
+    if rc != 0:
+        command = " ".join(argv)  # (it holds every network's command lines)
+        command = command if len(command) <= 400 else command[:400] + " …"
+        raise DemoError(f"{stage}: {stage} failed (exit {rc}): {command}\n" + "\n".join(list(tail)[-15:]))
 
 
 def shortfall(findings, profile: Profile, source_range: str = "") -> str:
@@ -281,9 +233,7 @@ class Demo:
             return f"{info['name']}: {text + '; ' if text else ''}{info['seconds']:.0f} s"
 
         if networks:
-            task = Task("train", [sys.executable, "-m", "analyses.command_runs", "--jobs", str(self.jobs),
-                                  json.dumps(networks)], items=len(networks), item=finished)
-            run_tasks([task], self.jobs, "train", verbose=self.verbose)
+            run_stage("train", networks, self.jobs, finished, self.verbose)
         return bool(networks)
 
     def checkpoint(self, name: str) -> Path:
@@ -367,10 +317,8 @@ class Demo:
         _say(f"[demo] extract: {n_all - n_todo} of {n_all} stores already complete; writing {n_todo} "
              f"({self.jobs} networks at a time)")
         if networks:
-            task = Task("extract", [sys.executable, "-m", "analyses.command_runs", "--jobs", str(self.jobs),
-                                    json.dumps(networks)], items=len(networks),
-                        item=lambda info: f"{info['name']}: {info['commands']} store(s); {info['seconds']:.0f} s")
-            run_tasks([task], self.jobs, "extract", verbose=self.verbose)
+            run_stage("extract", networks, self.jobs, lambda info: f"{info['name']}: {info['commands']} store(s); "
+                                                                   f"{info['seconds']:.0f} s", self.verbose)
         return bool(networks)
 
     # ---------------------------------------------------------------- analyse
