@@ -48,6 +48,15 @@ NCHW_MODULES = (nn.Conv2d, nn.ConvTranspose2d, nn.BatchNorm2d, nn.InstanceNorm2d
                 nn.MaxPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d, nn.LPPool2d, nn.Upsample)
 
 
+def reduction_dtype(y: torch.Tensor) -> torch.dtype | None:
+    """float32 for a float16/bfloat16 tensor (an autocast activation), else None (its own dtype).
+
+    Averages (``--spatial mean``/``pool<k>``, ``--tokens mean``) are accumulated *and returned* in
+    float32: returned in bfloat16 they would round to 8 bits of mantissa before a float32 (or float16)
+    store ever saw them (0.26 % on a ResNet block under ``--amp bfloat16``)."""
+    return torch.float32 if y.dtype in (torch.float16, torch.bfloat16) else None
+
+
 @dataclass(frozen=True)
 class Spatial:
     """Spatial reduction of 4-D conv outputs: ``flatten`` | ``mean`` | ``pool<k>``."""
@@ -70,11 +79,14 @@ class Spatial:
         return f"pool{self.k}" if self.kind == "pool" else self.kind
 
     def apply(self, y: torch.Tensor) -> torch.Tensor:
+        """``y`` reduced over space; a float16/bfloat16 map (autocast) is averaged in float32 and the
+        average kept in float32, so that the reduction adds no rounding of its own before the cast to
+        the store dtype."""
         if y.ndim != 4 or self.kind == "flatten":
             return y
         if self.kind == "mean":
-            return y.mean(dim=(2, 3))
-        return F.adaptive_avg_pool2d(y, self.k)
+            return y.mean(dim=(2, 3), dtype=reduction_dtype(y))
+        return F.adaptive_avg_pool2d(y.to(reduction_dtype(y) or y.dtype), self.k)
 
 
 TOKEN_REDUCTIONS = ("cls", "mean", "last", "flatten")
@@ -104,7 +116,7 @@ class Tokens:
                 return y[:, 0]
             if self.kind == "last":
                 return y[:, -1]
-            return y.mean(dim=1) if self.kind == "mean" else y
+            return y.mean(dim=1, dtype=reduction_dtype(y)) if self.kind == "mean" else y
         m = mask.to(device=y.device)
         if self.kind == "mean":
             w = m.to(torch.float32).unsqueeze(-1)

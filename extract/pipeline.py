@@ -347,7 +347,7 @@ def extract_store(
             "layers": list(chosen), "spatial": str(spatial_), "tokens": str(tokens_), "dtype": dtype,
             "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
             "batch_size": batch_size, "chunk_rows": plan.chunk_rows, "device_type": dev.type,
-            "order": dmeta["order"], "memory_format": fmt,
+            "order": dmeta["order"], "memory_format": fmt, "reductions": REDUCTIONS,
         }
         if digest is not None:
             mmeta["weights_sha256"] = digest.result()
@@ -549,12 +549,22 @@ def forward_first(net, xb) -> Any:
 # them match (a rerun with any other value would write its remaining chunks differently).
 RESUME_KEYS: dict[str, tuple[str, ...]] = {
     "extraction": ("layers", "spatial", "tokens", "dtype", "amp", "batch_size", "chunk_rows", "device_type",
-                   "compression", "order", "memory_format"),
+                   "compression", "order", "memory_format", "reductions"),
     "model": ("arch", "checkpoint_sha256", "weights_sha256"),
     "dataset": ("name", "split", "n", "transform", "order"),
 }
 # what a store written before a key existed recorded implicitly
 _IMPLIED = {"compression": "zstd", "order": "dataset", "tokens": "flatten", "memory_format": "contiguous"}
+# averages over space or tokens are taken in float32 (extract.capture.reduction_dtype); before that, under
+# autocast they were taken and rounded in the autocast dtype: such a store's chunks differ from this run's
+REDUCTIONS = "float32"
+
+
+def _implied(group: str, key: str, settings: dict):
+    """A setting that a store written before the key existed recorded implicitly (None: unknown)."""
+    if group == "extraction" and key == "reductions":
+        return REDUCTIONS if settings.get("amp", "off") == "off" else "autocast dtype"
+    return _IMPLIED.get(key)
 
 
 def _compatible(attrs: dict, meta: dict) -> list[str]:
@@ -563,7 +573,7 @@ def _compatible(attrs: dict, meta: dict) -> list[str]:
     for group, keys in RESUME_KEYS.items():
         old, new = attrs.get(group) or {}, meta.get(group) or {}
         for key in keys:
-            a, b = old.get(key, _IMPLIED.get(key)), new.get(key, _IMPLIED.get(key))
+            a, b = old.get(key, _implied(group, key, old)), new.get(key, _implied(group, key, new))
             if a != b:
                 diffs.append(f"{key if group == 'extraction' else f'{group}.{key}'}: store {a!r} vs now {b!r}")
     return diffs

@@ -185,6 +185,50 @@ def test_spatial_reduction_and_layer_subset(ckpts, digits, tmp_path):
     np.testing.assert_array_equal(pooled.logits.compute(), ref["logits"])  # logits are always stored
 
 
+def test_autocast_maps_are_averaged_in_float32_and_older_stores_are_not_resumed(ckpts, digits, tmp_path):
+    """Under ``--amp bfloat16`` a block's map is bfloat16; its spatial mean and pool<k> are taken and
+    kept in float32 (bfloat16 averages round to 8 bits: ~0.3 % off in a float32 store). A store
+    written before (averages in the autocast dtype) is not resumed; one written without autocast is."""
+    model = load_model(ckpts[0]).eval()
+    modules = dict(model.named_modules())
+    got: dict[str, list] = {"block5": [], "block9": []}
+    hooks = [modules[layer_modules(model)[name]].register_forward_hook(
+        lambda m, i, o, name=name: got[name].append(o.detach().clone())) for name in got]
+    x = torch.stack([digits[i][0] for i in range(len(digits))])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for lo in range(0, len(x), 50):
+            model(x[lo: lo + 50])
+    for h in hooks:
+        h.remove()
+    raw = {name: torch.cat(v) for name, v in got.items()}
+    assert raw["block5"].dtype == torch.bfloat16
+    common = dict(split="test", dtype="float32", batch_size=50, chunk_rows=100, order="dataset", amp="bfloat16",
+                  memory_format="contiguous", **FAST)
+    mean = extract_store(ckpts[0], digits, tmp_path / "mean.zarr", layers="block5,block9", spatial="mean", **common)
+    for name, r in raw.items():
+        want = r.double().mean(dim=(2, 3)).numpy()
+        np.testing.assert_allclose(mean.layer(name).compute(), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+        rounded = r.mean(dim=(2, 3)).double().numpy()  # what the bfloat16 average stored
+        assert np.abs(rounded - want).max() > 1e-4 * np.abs(want).max()  # the test can tell them apart
+    pooled = extract_store(ckpts[0], digits, tmp_path / "pool.zarr", layers="block5", spatial="pool2", **common)
+    r = raw["block5"].double().numpy()
+    want = r.reshape(*r.shape[:2], 2, r.shape[2] // 2, 2, r.shape[3] // 2).mean(axis=(3, 5))
+    np.testing.assert_allclose(pooled.layer("block5").compute(), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    assert mean.attrs["extraction"]["reductions"] == "float32"
+
+    def drop_reductions(path):  # a store from before the setting
+        g = zarr.open_group(str(path), mode="r+")
+        g.attrs["extraction"] = {k: v for k, v in g.attrs["extraction"].items() if k != "reductions"}
+
+    drop_reductions(tmp_path / "mean.zarr")
+    with pytest.raises(ExtractError, match="reductions: store 'autocast dtype' vs now 'float32'"):
+        extract_store(ckpts[0], digits, tmp_path / "mean.zarr", layers="block5,block9", spatial="mean", **common)
+    plain = {**common, "amp": "off"}
+    extract_store(ckpts[0], digits, tmp_path / "off.zarr", layers="block5", spatial="mean", **plain)
+    drop_reductions(tmp_path / "off.zarr")
+    assert extract_store(ckpts[0], digits, tmp_path / "off.zarr", layers="block5", spatial="mean", **plain).complete
+
+
 def test_write_modes_give_identical_bytes(ckpts, digits, tmp_path):
     """Inline, overlapped and burst writing produce the same store (only the scheduling differs)."""
     common = dict(split="test", layers="block1,block9,pool", batch_size=32, chunk_rows=64, **FAST)
