@@ -188,6 +188,44 @@ def test_spatial_mean_averages_a_token_sequence_over_its_tokens(tmp_path):
     assert got["sparsity"] == pytest.approx((tok != 0).mean(), rel=1e-12)
 
 
+def test_a_checkpoint_of_a_token_column_under_the_old_mean_is_not_resumed(tmp_path, capsys):
+    """A `repsim cka` checkpoint written before `spatial="mean"` averaged a token column's tokens (its
+    partial sums are of features averaged per token) has a fingerprint without the column's token
+    mark: it is not resumed; one written now is."""
+    import json
+
+    from repsim.store.writer import StoreWriter
+
+    rng = np.random.default_rng(4)
+    w = StoreWriter.create(str(tmp_path / "t.zarr"), n=N, chunk_rows=32,
+                           layers={"tok": ((5, 7), "float64", "tokens"), "fc": ((6,), "float64")},
+                           meta={"dataset": {"name": "t", "split": "test"}})
+    tok, fc = rng.standard_normal((N, 5, 7)), rng.standard_normal((N, 6))
+    for k in range(0, N, 32):
+        w.write_chunk(k // 32, layers={"tok": tok[k:k + 32], "fc": fc[k:k + 32]}, labels=np.arange(k, min(N, k + 32)) % 3,
+                      example_ids=np.arange(k, min(N, k + 32)))
+    store = w.finalize()
+    kw = dict(batch_size=20, seed=2, progress=False, checkpoint_every=3, spatial="mean")
+    ckpt = tmp_path / "run.ckpt.npz"
+    cka_matrix([store], epochs=1, checkpoint=ckpt, **kw)
+    capsys.readouterr()
+    cka_matrix([store], epochs=2, checkpoint=ckpt, **kw)
+    assert "resuming" in capsys.readouterr().err  # today's checkpoint resumes
+
+    cka_matrix([store], epochs=1, checkpoint=ckpt, **kw)
+    with np.load(ckpt, allow_pickle=False) as z:
+        saved = dict(z)
+    fp = json.loads(str(saved["fingerprint"]))
+    assert [c[2:] for c in fp["columns"]] == [["tokens"], []]
+    fp["columns"] = [c[:2] for c in fp["columns"]]  # as the code before the fix fingerprinted it
+    saved["fingerprint"] = np.asarray(json.dumps(fp, sort_keys=True))
+    np.savez(ckpt, **saved)
+    capsys.readouterr()
+    cka_matrix([store], epochs=2, checkpoint=ckpt, **kw)
+    err = capsys.readouterr().err
+    assert "different computation" in err and "resuming" not in err
+
+
 def test_layers_selection_per_store(two_stores):
     stores = two_stores[np.float64]
     res = cka_matrix(stores, layers={"a": ["fc"], "b": ["pool"]}, batch_size=50, epochs=1, shuffle=False,
