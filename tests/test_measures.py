@@ -210,6 +210,38 @@ def test_cca_family_against_the_covariance_formulas():
     assert similarity(X, Y, "pwcca") != pytest.approx(similarity(Y, X, "pwcca"), abs=1e-6)  # asymmetric
 
 
+@pytest.mark.parametrize("p", [64, 400])  # the rows route and the Gram / factor route (n = 300)
+def test_cca_of_low_rank_layers_stored_in_float32_or_float16_ignores_their_rounding(p):
+    """Two read-outs of one 8-d code span the same space: every canonical correlation is 1. Stored in
+    float32/float16, each has p − 8 further directions of rounding noise (≤ u ‖X‖_F); counted as rank,
+    they pulled ρ̄ to 0.40. Full-rank data keep every direction: ρ̄ as in float64."""
+    rng = np.random.default_rng(21)
+    Z = rng.normal(size=(300, 8))
+    A, B = Z @ rng.normal(size=(8, p)), Z @ rng.normal(size=(8, p)) + 5.0
+    for dtype in (np.float64, np.float32, np.float16):
+        a, b = A.astype(dtype), B.astype(dtype)
+        for name in ("cca", "svcca"):
+            assert similarity(a, b, name) == pytest.approx(1.0, abs=1e-6), (name, dtype)  # float16: 2e-8 off
+        if p <= 300:
+            assert similarity(a, b, "pwcca") == pytest.approx(1.0, abs=1e-3), dtype
+    X, Y, _ = data(22, n=300, p=40, q=30)
+    ref = similarity(X, Y, "cca")
+    for dtype, tol in ((np.float32, 1e-6), (np.float16, 2e-3)):
+        assert similarity(X.astype(dtype), Y.astype(dtype), "cca") == pytest.approx(ref, abs=tol)
+        assert full_column(X.astype(dtype)).source_eps == np.finfo(dtype).eps
+
+
+def test_unknown_options_are_refused_not_ignored():
+    X, Y, _ = data(23)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) 'k' for mutual_knn; the options: knn_k \(default 10\)"):
+        similarity(X, Y, "mutual_knn", k=5)
+    with pytest.raises(ValueError, match="'threshold'.*rbf_threshold"):
+        similarity(X, Y, "rbf_cka", threshold=0.5)
+    with pytest.raises(ValueError, match="'unbiased'"):
+        similarity(X, Y, "rbf_cka", unbiased=False)
+    assert similarity(X, Y, "mutual_knn", knn_k=5) != similarity(X, Y, "mutual_knn")
+
+
 def test_cca_with_too_few_rows_is_undefined_and_pwcca_refuses_wide_columns():
     rng = np.random.default_rng(8)
     X, Y = rng.normal(size=(20, 12)), rng.normal(size=(20, 12))
@@ -280,12 +312,17 @@ def test_mutual_knn_matches_brute_force_neighbour_sets(wide):
     assert similarity(X, 3 * X @ np.linalg.qr(rng.normal(size=(X.shape[1],) * 2))[0], "mutual_knn") == 1.0
 
 
-def test_ridge_r2_matches_scikit_learn_ridgecv_per_fold():
+@pytest.mark.parametrize("shape", ["narrow", "wide low-rank"])
+def test_ridge_r2_matches_scikit_learn_ridgecv_per_fold(shape):
+    """On the features themselves, λ grid ALPHAS × X̃_tr's mean squared singular value; a wide column
+    (its n × r factor, r = 8 here) gives the same R² as ridge on its p = 400 features."""
     from sklearn.linear_model import RidgeCV
 
     from repsim.kernels.measures.ridge import ALPHAS, folds
 
-    X, Y, _ = data(11, n=120)
+    X, Y, rng = data(11, n=120)
+    if shape != "narrow":
+        X = X[:, :8] @ rng.normal(size=(8, 400))
     sse = sst = 0.0
     for test in folds(120, 5, 0):
         train = np.setdiff1d(np.arange(120), test)

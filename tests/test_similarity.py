@@ -102,6 +102,26 @@ def test_constant_column_is_nan_with_one_line_per_measure(tmp_path, capfd):
         assert err.count(f"{m} is undefined") == 1
 
 
+def test_undefined_columns_are_reported_with_the_measures_own_condition(tmp_path, capfd):
+    """Beyond constant columns: a zero median distance (rbf_cka: most examples all zero), too few
+    examples for k (mutual_knn), one feature (rsa): each line says that condition, not "constant"."""
+    rng = np.random.default_rng(6)
+    sparse = np.zeros((40, 5))
+    sparse[:10] = rng.normal(size=(10, 5))  # 75 % of the examples all zero: the median distance is 0
+    layers = {"x": rng.normal(size=(40, 6)), "sparse": sparse, "one": rng.normal(size=(40, 1))}
+    store = make_store(tmp_path / "u.zarr", {k: v.astype(np.float32) for k, v in layers.items()}, chunk_rows=16)
+    repsim.similarity_matrix(store, ["rbf_cka", "rsa"], method="exact", progress=False)
+    err = capfd.readouterr().err
+    assert "rbf_cka is undefined (NaN, blank in figures) for 1 column(s): u/sparse; a column has no rbf_cka when it " \
+           "is constant over the examples, or with a median squared distance of 0" in err
+    assert "rsa is undefined (NaN, blank in figures) for 1 column(s): u/one;" in err and "at least 2 features" in err
+    repsim.similarity_matrix(store, ["mutual_knn"], method="exact", options={"knn_k": 39}, progress=False)
+    err = capfd.readouterr().err
+    assert "for 3 column(s)" in err and "too few examples for knn_k = 39" in err
+    with pytest.raises(ValueError, match="unknown option.*'topk' for mutual_knn"):
+        repsim.similarity_matrix(store, ["mutual_knn"], method="exact", options={"topk": 5}, progress=False)
+
+
 def test_cli_similarity(stores, tmp_path):
     out = tmp_path / "s.npz"
     paths = [s.path for s in stores]

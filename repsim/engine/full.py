@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim.engine.blocks import BlockReader, Column
-from repsim.kernels.measures import FullColumn, shift_dots
+from repsim.kernels.measures import FullColumn, shift_dots, source_eps
 
 
 def held_bytes(columns: Sequence[Column], n: int, spatial: str) -> int:
@@ -34,7 +34,7 @@ def _narrow(columns: Sequence[Column], names: Sequence[str], n: int, block_rows:
             for R, x in zip(rows, arrays):
                 R[a:a + x.shape[0]] = np.asarray(x, dtype=np.float64).reshape(x.shape[0], -1)
             bar.update(1)
-    return [FullColumn(name, R.shape[1], rows=R) for name, R in zip(names, rows)]
+    return [FullColumn(name, R.shape[1], rows=R, source_eps=source_eps(c.dtype)) for name, R, c in zip(names, rows, columns)]
 
 
 def _wide(column: Column, name: str, n: int, block_rows: int, spatial: str, memory_budget: int,
@@ -68,7 +68,8 @@ def _wide(column: Column, name: str, n: int, block_rows: int, spatial: str, memo
                 block = P @ x.T
                 G[a0:a0 + P.shape[0], r0:r0 + x.shape[0]] = block
                 G[r0:r0 + x.shape[0], a0:a0 + P.shape[0]] = block.T
-    return FullColumn(name, p, gram=G, sums=sums, shift=m, shift_dots=dots, shift_dots_c=dots_c)
+    return FullColumn(name, p, gram=G, sums=sums, shift=m, shift_dots=dots, shift_dots_c=dots_c,
+                      source_eps=source_eps(column.dtype))
 
 
 def full_columns(columns: Sequence[Column], n: int, block_rows: int, *, spatial: str, memory_budget: int,

@@ -284,9 +284,10 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     The estimator each measure used is ``result.meta["estimators"]``.  A column or pair a measure
     cannot define is NaN, reported once per measure on stderr and in ``meta["undefined"]``.
     """
-    from repsim.kernels.measures import get_measure, parse_measures
+    from repsim.kernels.measures import check_options, get_measure, parse_measures
 
     names_m = parse_measures(measures)
+    check_options(names_m, dict(options or {}))
     opts = {"debiased": bool(debiased), "compute_dtype": compute_dtype, **(options or {})}
     chosen = [get_measure(m, **opts) for m in names_m]
     if spatial not in ("flatten", "mean"):
@@ -419,7 +420,7 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
         with warnings.catch_warnings():  # constant columns: reported once below, with advice
             warnings.simplefilter("ignore", RuntimeWarning)
             values[m.name] = np.asarray(acc.result(), dtype=np.float64)
-        _report_undefined(values[m.name], columns, meta, m.name)
+        _report_undefined(values[m.name], columns, meta, m)
         states[m.name] = acc.to_state()
     run_exact()
     return SimilarityResult(values={m: values[m] for m in names_m}, index=index, meta=meta, states=states)

@@ -34,23 +34,25 @@ def _linear_cka_exact(measure: Measure, columns: Sequence[Column], n: int, block
 
 
 def report_undefined(values: np.ndarray, columns: Sequence[Column], meta: dict[str, Any],
-                      measure: str = "linear_cka", bad: Sequence[str] | None = None) -> None:
-    """Columns constant over the examples have no CKA (NaN row and column; every other pair is
-    computed): one line on stderr naming them, and ``meta["undefined_columns"]`` (linear CKA) or
-    ``meta["undefined"][measure]["columns"]``.  ``bad``: the undefined columns' names when the
-    measure says which (default: those with a NaN diagonal)."""
+                      measure: Measure | None = None, bad: Sequence[str] | None = None) -> None:
+    """Columns a measure cannot define (constant over the examples, or the measure's own conditions:
+    :meth:`Measure.undefined_when`; NaN row and column, every other pair is computed): one line on
+    stderr naming them and saying when that happens, and ``meta["undefined_columns"]`` (linear CKA)
+    or ``meta["undefined"][measure]["columns"]``.  ``measure``: None for linear CKA. ``bad``: the
+    undefined columns' names when the measure says which (default: those with a NaN diagonal)."""
     if bad is None:
         bad = [f"{c.store}/{c.layer}" for k, c in enumerate(columns) if np.isnan(values[k, k])]
     bad = list(bad)
     if not bad:
         return
-    if measure == "linear_cka":
+    name = "linear_cka" if measure is None else measure.name
+    if name == "linear_cka":
         meta["undefined_columns"] = bad
-    meta.setdefault("undefined", {}).setdefault(measure, {})["columns"] = bad
-    what = "CKA" if measure == "linear_cka" else measure
-    print(f"repsim: {what} is undefined (NaN, blank in figures) for {len(bad)} column(s) constant over the "
-          f"examples: {', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''} — e.g. a zero-initialised head, "
-          "or float16 storage that rounded a tiny variance to zero (re-extract with --dtype float32)",
+    meta.setdefault("undefined", {}).setdefault(name, {})["columns"] = bad
+    what = "CKA" if name == "linear_cka" else name
+    when = (Measure() if measure is None else measure).undefined_when()
+    print(f"repsim: {what} is undefined (NaN, blank in figures) for {len(bad)} column(s): "
+          f"{', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}; a column has no {what} when it is {when}",
           file=sys.stderr)
 
 
@@ -96,6 +98,6 @@ def exact_measures(measures: Sequence[Measure], columns: Sequence[Column], n: in
                 bar.close()
             out[m.name] = outcome.values
             meta["measure_info"][m.name].update(m.exact_info(n))
-            report_undefined(outcome.values, columns, meta, m.name, outcome.undefined_columns)
+            report_undefined(outcome.values, columns, meta, m, outcome.undefined_columns)
             report_pairs(m.name, outcome.undefined_pairs, meta)
     return out

@@ -12,10 +12,11 @@ import pkgutil
 from typing import Any, Iterable
 
 from repsim.kernels.measures._protocol import (Accumulator, FullColumn, Measure, MeasureInfo,
-                                               MinibatchUnsupported, shift_dots)
+                                               MinibatchUnsupported, shift_dots, source_eps)
 
 __all__ = ["Accumulator", "FullColumn", "Measure", "MeasureInfo", "MinibatchUnsupported", "register", "shift_dots",
-           "get_measure", "measure_names", "MEASURES"]
+           "source_eps",
+           "get_measure", "check_options", "measure_names", "MEASURES"]
 
 MEASURES: dict[str, type[Measure]] = {}
 
@@ -50,8 +51,28 @@ def measure_class(name: str) -> type[Measure]:
 
 
 def get_measure(name: str, **options: Any) -> Measure:
-    """The measure ``name`` with ``options`` (keys it does not know are ignored)."""
+    """The measure ``name`` with ``options`` (keys it does not know are ignored: the engine hands one
+    dict to every measure of a call, checked once by :func:`check_options`)."""
     return measure_class(name)(**options)
+
+
+# passed by the engine to every measure of a call, used by those that take them
+SHARED_OPTIONS = ("debiased", "compute_dtype")
+
+
+def check_options(names: Iterable[str], options: dict[str, Any]) -> None:
+    """Refuse (``ValueError``) an option that no measure takes: a misspelt or another library's name
+    (``k``, ``topk``, ``threshold``, ``unbiased``) would otherwise leave the default in force without a
+    word. Any registered measure's option is accepted (one dict may serve several measures, as the
+    command line's does), and :data:`SHARED_OPTIONS`; the error lists those of ``names``."""
+    names = list(names)
+    known = {k: v for name in names for k, v in measure_class(name).OPTIONS.items()}
+    allowed = {k for name in measure_names() for k in MEASURES[name].OPTIONS} | set(SHARED_OPTIONS)
+    unknown = [k for k in options if k not in allowed]
+    if unknown:
+        which = ", ".join(f"{k} (default {v!r})" for k, v in known.items()) or "none"
+        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for {', '.join(names)}; "
+                         f"the options: {which}")
 
 
 def parse_measures(names: str | Iterable[str]) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim._xp import to_numpy
-from repsim.kernels.measures._protocol import FullColumn, Measure, shift_dots
+from repsim.kernels.measures._protocol import FullColumn, Measure, shift_dots, source_eps
 
 
 @dataclass
@@ -23,16 +23,19 @@ class ExactOutcome:
 
 def full_column(x: Any, name: str = "X") -> FullColumn:
     """An in-memory layer (n, ...) as a :class:`FullColumn`: float64 rows when p <= n, else its Gram."""
-    X = np.asarray(to_numpy(x), dtype=np.float64).reshape(np.shape(x)[0], -1)
+    held = np.asarray(to_numpy(x))
+    X = held.astype(np.float64, copy=False).reshape(held.shape[0], -1)
     if not np.all(np.isfinite(X)):
         raise ValueError(f"{name} contains NaN or infinite values")
     n, p = X.shape
+    eps = source_eps(held.dtype)
     if p <= n:
-        return FullColumn(name, p, rows=X)
+        return FullColumn(name, p, rows=X, source_eps=eps)
     m = X.mean(axis=0)
     Xs = X - m  # the Gram of rows far from the origin, uncentred, would cancel most of its digits
     dots, dots_c = shift_dots(Xs, m)
-    return FullColumn(name, p, gram=Xs @ Xs.T, sums=Xs.sum(axis=1), shift=m, shift_dots=dots, shift_dots_c=dots_c)
+    return FullColumn(name, p, gram=Xs @ Xs.T, sums=Xs.sum(axis=1), shift=m, shift_dots=dots, shift_dots_c=dots_c,
+                      source_eps=eps)
 
 
 def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any = None) -> ExactOutcome:
@@ -82,9 +85,15 @@ def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any 
 def similarity(X: Any, Y: Any, measure: str | Measure = "linear_cka", **options: Any) -> float:
     """One measure's exact value for two in-memory representations X (n, ...) and Y (n, ...)
     (row = X for asymmetric measures); NaN when undefined."""
-    from repsim.kernels.measures import get_measure
+    from repsim.kernels.measures import check_options, get_measure
 
-    m = get_measure(measure, **options) if isinstance(measure, str) else measure
+    if isinstance(measure, str):
+        check_options([measure], options)
+        m = get_measure(measure, **options)
+    elif options:
+        raise ValueError(f"options {sorted(options)} given with a Measure object: set them when building it")
+    else:
+        m = measure
     a, b = full_column(X, "X"), full_column(Y, "Y")
     if a.n != b.n:
         raise ValueError(f"X has {a.n} examples and Y {b.n}: a similarity compares the same examples")

@@ -31,7 +31,7 @@ import numpy as np
 
 from repsim.kernels._precision import constant_tolerance
 
-__all__ = ["MeasureInfo", "Measure", "Accumulator", "FullColumn", "MinibatchUnsupported", "shift_dots"]
+__all__ = ["MeasureInfo", "Measure", "Accumulator", "FullColumn", "MinibatchUnsupported", "shift_dots", "source_eps"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,13 @@ class Accumulator:
         raise NotImplementedError
 
 
+def source_eps(dtype: Any) -> float:
+    """Machine epsilon of the dtype data was held in before it became float64 (float16: 9.8e-4, float32:
+    1.2e-7); float64's for float64 and for exact types (integers, booleans)."""
+    dt = np.dtype(dtype)
+    return float(np.finfo(dt).eps) if dt.kind == "f" and dt.itemsize < 8 else float(np.finfo(np.float64).eps)
+
+
 def shift_dots(y: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(y m, y (m − m̄)) for rows ``y`` already shifted by ``m``: :class:`FullColumn`'s ``shift_dots`` and
     ``shift_dots_c`` (the latter formed directly: from the former it would cancel when m̄ is large)."""
@@ -126,6 +133,7 @@ class FullColumn:
     shift: np.ndarray | None = None  # m (p,), with ``gram``; None: m = 0
     shift_dots: np.ndarray | None = None  # (X − 1 mᵀ) m, (n,)
     shift_dots_c: np.ndarray | None = None  # (X − 1 mᵀ)(m − m̄), (n,): m centred over its features
+    source_eps: float = float(np.finfo(np.float64).eps)  # machine epsilon of the dtype the data was held in
     _cache: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -226,6 +234,23 @@ class FullColumn:
             return RC, np.maximum(slack, (4 * p * eps) ** 2 * p * means ** 2)  # + the row means' rounding
         return self._cached("rc", make)
 
+    def raw_energy(self) -> float:
+        """‖X‖²_F of the uncentred rows (from a shifted Gram: tr G + 2 Σ shift_dots + n ‖m‖²)."""
+        def make() -> float:
+            if self.rows is not None:
+                return float(np.einsum("ij,ij->", self.rows, self.rows))
+            dots = float(np.sum(self.shift_dots)) if self.shift_dots is not None else 0.0
+            return max(0.0, float(np.trace(self.gram)) + 2 * dots + self.n * self._shift_sq)
+        return self._cached("energy", make)
+
+    def rounding_floor(self) -> float:
+        """The singular value below which a direction of X̃ may be the rounding of the data to its source
+        dtype alone: u ‖X‖_F, u = ``source_eps`` / 2. Rounding perturbs each entry by at most u |x_ij|, so
+        the perturbation E has ‖E‖₂ ≤ ‖E‖_F ≤ u ‖X‖_F, centring does not enlarge it, and by Weyl's
+        inequality every singular value of the stored X̃ beyond the exact data's rank is at most that
+        (float16: 4.9e-4 ‖X‖_F, float32: 6e-8 ‖X‖_F, float64: 1.1e-16 ‖X‖_F)."""
+        return 0.5 * self.source_eps * math.sqrt(self.raw_energy())
+
     def is_constant(self) -> bool:
         """No variance over the examples: tr K_c within the rounding of the data, the larger of what the
         float64 mean's rounding leaves (:func:`~repsim.kernels._precision.constant_tolerance`, as the
@@ -286,6 +311,12 @@ class Measure:
         """``[pair(a, b) for b in bs]``: one row of the matrix; a measure whose pairs batch (stacked
         LAPACK calls, repsim.kernels.measures._batched) overrides it with the same values."""
         return [self.pair(a, b) for b in bs]
+
+    def undefined_when(self) -> str:
+        """When a column has no value of this measure (NaN row and column), as the warning that names
+        such columns says it; measures with conditions beyond a constant column extend it."""
+        return ("constant over the examples — e.g. a zero-initialised head, or float16 storage that rounded "
+                "a tiny variance to zero (re-extract with --dtype float32)")
 
     def exact_info(self, n: int) -> dict[str, Any]:
         """What the exact route on n examples adds to this measure's metadata in the result (e.g. the

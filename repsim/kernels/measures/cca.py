@@ -1,8 +1,12 @@
 """The CCA family: ``cca``, ``svcca``, ``pwcca`` (exact only).
 
 Canonical correlations ρ₁ >= ... >= ρ_m of column-centred X̃ and Ỹ are the singular values of
-Q_xᵀQ_y, Q an orthonormal basis of each column space (thin SVD of X̃, numerical rank r: singular
-values above max(n, p)·eps·s₁), m = min(r_x, r_y) (Hotelling 1936).
+Q_xᵀQ_y, Q an orthonormal basis of each column space (thin SVD of X̃), m = min(r_x, r_y) (Hotelling
+1936).  The rank r counts the singular values above the larger of max(n, p)·eps·s₁ (float64's own
+rounding) and the data's rounding to the dtype it was stored in, u ‖X‖_F
+(:meth:`FullColumn.rounding_floor`): a low-rank layer stored in float16 or float32 has noise
+directions at that level, each of which would otherwise count fully in ρ̄ (a rank-8 layer of 64
+units against another read-out of the same code: ρ̄ 0.40 in float32, 1 in float64).
 
 - ``cca``: mean canonical correlation ρ̄ = (1/m) Σᵢ ρᵢ (Raghu et al. 2017's summary statistic).
 - ``svcca`` (Raghu, Gilmer, Yosinski & Sohl-Dickstein 2017, NeurIPS): each side reduced to its
@@ -37,13 +41,14 @@ class Basis(NamedTuple):
     Xc: np.ndarray | None  # centred features (pwcca only)
 
 
-def _basis(R: np.ndarray, variance: float | None = None) -> np.ndarray:
-    """Orthonormal basis of R's column space (rank-revealing thin SVD); with ``variance``, only the
+def _basis(R: np.ndarray, variance: float | None = None, floor: float = 0.0) -> np.ndarray:
+    """Orthonormal basis of R's column space (rank-revealing thin SVD: singular values above
+    max(n, p)·eps·s₁ and above ``floor``, the data's rounding level); with ``variance``, only the
     fewest top directions holding that fraction of the total variance (SVCCA)."""
     U, s, _ = np.linalg.svd(R, full_matrices=False)
     if s.size == 0 or not s[0] > 0:
         return U[:, :0]
-    r = int(np.sum(s > max(R.shape) * np.finfo(np.float64).eps * s[0]))
+    r = int(np.sum(s > max(max(R.shape) * np.finfo(np.float64).eps * s[0], floor)))
     if variance is not None:
         frac = np.cumsum(s[:r] ** 2) / np.sum(s[:r] ** 2)
         r = min(r, int(np.searchsorted(frac, variance - 1e-12)) + 1)
@@ -80,7 +85,7 @@ class _CCABase(Measure):
                 "weights Σⱼ|⟨hᵢ, xⱼ⟩| change when the neurons are rotated, so there is no n × n route; pool conv "
                 "maps first (--spatial mean) or use svcca/cca")
         Xc = column.centred_rows() if self.needs_features else None
-        return Basis(_basis(column.factor(), self.variance), column.n, Xc)
+        return Basis(_basis(column.factor(), self.variance, column.rounding_floor()), column.n, Xc)
 
     def pair(self, a: Basis, b: Basis) -> float:
         out = canonical(a, b)

@@ -59,6 +59,10 @@ class MutualKNN(Measure):
         invariances=("orthogonal", "isotropic scaling"))
     OPTIONS = {"knn_k": 10}
 
+    def undefined_when(self) -> str:
+        return (f"constant over the examples, or with too few examples for knn_k = {int(self.options['knn_k'])} "
+                "neighbours (k must lie in [1, n − 2]: pass a smaller --knn-k)")
+
     def prepare(self, column: FullColumn) -> Any:
         k = int(self.options["knn_k"])
         if column.is_constant() or k >= column.n - 1 or k < 1:

@@ -163,6 +163,11 @@ class RBFCKA(CKAFamily):
         statistic="gram", invariances=("orthogonal", "isotropic scaling", "translation"))
     OPTIONS = {"debiased": True, "rbf_threshold": 1.0}
 
+    def undefined_when(self) -> str:
+        return ("constant over the examples, or with a median squared distance of 0 between its examples "
+                "(more than half of the pairs coincide, e.g. a sparse layer where most examples are all zero: "
+                "the median heuristic gives the kernel no width; compare such a layer with linear CKA)")
+
     def accumulator(self, names: Sequence[str], **kw: Any) -> MinibatchRBFCKA:
         inner = MinibatchCKA(len(names), debiased=bool(self.options["debiased"]), keep_batches=True, names=names)
         return MinibatchRBFCKA(inner, float(self.options["rbf_threshold"]))

@@ -7,7 +7,8 @@ representation to the other (asymmetric: row = predictor, column = target).
 over ``ridge_folds`` (default 5) seeded folds (``default_rng(ridge_seed).permutation(n)``, cut into
 near-equal parts; the same folds for every pair), λ chosen per fold by efficient leave-one-out on its
 training part (as scikit-learn's RidgeCV, Rifkin & Lippert 2007) from a grid of 10⁻⁶..10² × the mean
-squared singular value of X̃_tr.  R² pools all target features (variance-weighted), as in
+squared singular value of X̃_tr, ‖X̃_tr‖²_F / min(n_tr, p) (its min(n_tr, p) singular values, zeros
+included, whatever route holds the column).  R² pools all target features (variance-weighted), as in
 the linear-predictivity measures of Schrimpf et al. 2018 (Brain-Score) and Klabunde et al. 2023's
 survey.  Identical inputs give ≈ 1 (not exactly: ridge shrinks and it is cross-validated); independent
 noise gives ≤ 0 about.  Invariant to orthogonal transforms and isotropic scaling of either side.
@@ -41,6 +42,7 @@ class Fold(NamedTuple):
     U: np.ndarray
     s: np.ndarray
     Vt: np.ndarray
+    scale: float  # the λ grid's unit: X̃_tr's mean squared singular value, ‖X̃_tr‖²_F / min(n_tr, p)
 
 
 class Prepared(NamedTuple):
@@ -57,7 +59,7 @@ def _fit_predict(f: Fold, Rx: np.ndarray, Ry: np.ndarray) -> tuple[float, float]
     UtY = f.U.T @ Yc
     best, lam = math.inf, None
     for alpha in ALPHAS:
-        lam_ = alpha * float(np.mean(s2)) if s2.size else alpha
+        lam_ = alpha * f.scale if f.scale > 0 else alpha
         shrink = s2 / (s2 + lam_)
         fitted = f.U @ (shrink[:, None] * UtY)
         h = np.einsum("ij,j,ij->i", f.U, shrink, f.U) + 1.0 / f.train.size  # hat diagonal (+ intercept)
@@ -79,6 +81,10 @@ class RidgeR2(Measure):
         invariances=("orthogonal", "isotropic scaling", "translation"))
     OPTIONS = {"ridge_folds": 5, "ridge_seed": 0}
 
+    def undefined_when(self) -> str:
+        k = int(self.options["ridge_folds"])
+        return f"constant over the examples, or with fewer than {2 * k} examples for ridge_folds = {k} folds"
+
     def prepare(self, column: FullColumn) -> Any:
         k = int(self.options["ridge_folds"])
         if column.is_constant() or column.n < 2 * k or k < 2:
@@ -89,7 +95,9 @@ class RidgeR2(Measure):
             train = np.setdiff1d(np.arange(column.n), test)
             mean = R[train].mean(axis=0)
             U, s, Vt = np.linalg.svd(R[train] - mean, full_matrices=False)
-            out.append(Fold(train, test, mean, U, s, Vt))
+            # the mean over X̃_tr's min(n_tr, p) singular values, not the factor's r: the same λ grid as
+            # the features themselves give (a wide column's factor, or dead units, would move it)
+            out.append(Fold(train, test, mean, U, s, Vt, float(np.sum(s ** 2)) / min(train.size, column.features)))
         return Prepared(R, out)
 
     def pair(self, a: Prepared, b: Prepared) -> float:

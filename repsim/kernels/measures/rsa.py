@@ -62,6 +62,10 @@ class RSA(Measure):
         used = self.rows_used(n)
         return {"rows_used": n if used is None else int(used.size)}
 
+    def undefined_when(self) -> str:
+        return ("constant over the examples, or whose RDM is constant (one feature: the Pearson correlation "
+                "between two examples needs at least 2 features)")
+
     def prepare(self, column: FullColumn) -> Any:
         from scipy.stats import rankdata
 
