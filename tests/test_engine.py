@@ -55,9 +55,11 @@ def test_plan_shuffle_is_a_seeded_permutation_per_epoch(scheme):
     plan = BatchPlan(n=230, batch_size=20, shuffle=scheme, seed=7, block_rows=16, window_rows=40)
     e0, e1 = plan.batches(0), plan.batches(1)
     rows = np.concatenate(e0)
-    assert np.unique(rows).size == rows.size >= 230 - 3  # every row at most once per epoch
+    assert np.unique(rows).size == rows.size == 230  # every row exactly once per epoch
     sizes = [b.size for b in e0]
-    assert min(sizes) >= 4 and max(sizes) <= (20 if scheme == "examples" else 20 + 16 // 2 + 1), sizes
+    assert min(sizes) >= 20 - 16 // 2 - 1 and max(sizes) <= 20 + 16 // 2 + 1, sizes
+    if scheme == "examples":
+        assert max(sizes) - min(sizes) <= 1 and len(sizes) == round(230 / 20), sizes
     if scheme == "window":  # batches never straddle windows: each group reads only its own blocks
         for g in plan.groups(0):
             assert set(np.unique(np.concatenate(g.batches) // 16)) <= set(g.blocks.tolist())
@@ -66,6 +68,26 @@ def test_plan_shuffle_is_a_seeded_permutation_per_epoch(scheme):
     assert all(np.array_equal(x, y) for x, y in zip(e1, again.batches(1)))  # a function of (seed, epoch)
     other = BatchPlan(n=230, batch_size=20, shuffle=scheme, seed=8, block_rows=16, window_rows=40)
     assert not all(np.array_equal(x, y) for x, y in zip(e1, other.batches(1)))
+
+
+@pytest.mark.parametrize("n,block,b,window,want", [
+    (5000, 64, 1500, 0, [1667, 1667, 1666]),  # windows of 4 * b > n: one window, not 78 blocks + a runt of 1
+    (5000, 64, 1500, 5000, [1667, 1667, 1666]),  # a window of n: a full permutation
+    (1003, 100, 1500, 0, [1003]),  # b >= n: one batch
+    (5000, 64, 400, 0, None),  # several windows: near-equal, none a leftover of a few blocks
+])
+def test_window_batches_are_near_equal_never_a_runt(n, block, b, window, want):
+    """The minibatch estimate weighs every batch equally: a 64-row batch beside 1,645-row ones (the
+    leftover blocks as a window of their own) made the seed-to-seed spread 60x larger."""
+    for epoch in range(3):
+        plan = BatchPlan(n=n, batch_size=b, shuffle="window", seed=epoch, block_rows=block, window_rows=window)
+        sizes = sorted((r.size for r in plan.batches(epoch)), reverse=True)
+        assert sum(sizes) == n
+        if want is not None:
+            assert sizes == want
+        assert min(sizes) >= 0.6 * b and max(sizes) <= 1.5 * b, sizes
+    ex = BatchPlan(n=5000, batch_size=1500, shuffle="examples", seed=1).batches(0)
+    assert sorted((r.size for r in ex), reverse=True) == [1667, 1667, 1666]  # not 1500 x 3 + 500
 
 
 class CountingReader(BlockReader):

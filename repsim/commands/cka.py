@@ -21,8 +21,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=non_negative, default=0, help="shuffling seed (default 0)")
     parser.add_argument("--shuffle", choices=("window", "examples", "none"), default="window",
                         help="window: permute chunk blocks and rows within windows, each chunk read once per "
-                             "epoch (default); examples: uniform permutation, ~n/batch reads per epoch; "
-                             "none: consecutive batches")
+                             "epoch (default); examples: uniform permutation, ~n/batch reads per epoch (both cut "
+                             "round(n/batch) near-equal batches per epoch); none: consecutive batches [0:b], "
+                             "[b:2b], ... as a DataLoader cuts them")
     parser.add_argument("--no-shuffle", dest="shuffle", action="store_const", const="none",
                         help="same as --shuffle none")
     parser.add_argument("--shuffle-window", type=positive, default=None, metavar="ROWS",

@@ -25,10 +25,12 @@ Shuffling schemes and their I/O cost (n rows, batch b, L columns):
 
 ``"window"`` (``shuffle=True``, the default)
     Each epoch draws, from ``numpy.random.default_rng([seed, epoch])``, a permutation of the
-    blocks; consecutive permuted blocks form *windows* of about ``window_rows`` rows (default
-    ``4 * batch_size``, rounded to whole blocks); the rows of each window are permuted and cut into
-    ``round(rows / b)`` batches of near-equal size (within ``block_rows / 2`` of b per batch of the
-    window).  Batches never straddle windows, so every chunk is read **exactly once per epoch** and
+    blocks, cut into ``round(n_blocks / w)`` *windows* of consecutive permuted blocks whose block
+    counts differ by at most one (w: ``window_rows`` rows, default ``4 * batch_size``, in whole
+    blocks; one window when that is n or more), so no window is a leftover of a few blocks; the rows
+    of each window are permuted and cut into ``round(rows / b)`` batches of near-equal size. Every
+    batch is within about b / 2 of b, never a runt: the minibatch estimate averages its batches with
+    equal weight, and one 64-row batch beside 1,600-row ones made its seed-to-seed spread 60× larger.  Batches never straddle windows, so every chunk is read **exactly once per epoch** and
     the reader holds one window of one column at a time (plus prefetch).  Batches are uniform
     samples of their window, not of the whole dataset.  ``repsim extract`` writes rows in a fixed
     seeded permutation of the dataset by default (``--order shuffled``), so a window of blocks is
@@ -38,7 +40,8 @@ Shuffling schemes and their I/O cost (n rows, batch b, L columns):
     full uniform permutation) or use ``"examples"`` then.
 
 ``"examples"``
-    A uniform permutation of all rows each epoch, cut into batches of exactly b.  Every batch reads
+    A uniform permutation of all rows each epoch, cut into ``round(n / b)`` batches whose sizes
+    differ by at most one (n = 5,000, b = 1,500: 1,667 + 1,667 + 1,666, not 1,500 × 3 + 500).  Every batch reads
     the chunks that hold any of its rows, i.e. for b ≫ n / chunk_rows essentially every chunk:
     about ``n / b`` reads of each store per epoch (33× for ImageNet val with b = 1500).
 """
@@ -58,6 +61,9 @@ from repsim._xp import astype, is_cupy_namespace
 
 MIN_BATCH = 4  # HSIC_1 (U-centering) needs at least 4 examples
 SHUFFLE_SCHEMES = ("none", "window", "examples")
+# which rows a BatchPlan puts in which batch: 2 cuts windows and "examples" batches near-equal (1 left a
+# window of the leftover blocks and a trailing short batch); a checkpoint of another version starts over
+PLAN_VERSION = 2
 
 
 # --------------------------------------------------------------------------------------------------
@@ -288,9 +294,17 @@ class BatchPlan:
         return max(1, round(rows / self.block_rows)) * self.block_rows
 
     def _consecutive(self, order: np.ndarray) -> list[np.ndarray]:
+        """``shuffle="none"``: [0:b], [b:2b], ... as a DataLoader cuts them (the peers' convention:
+        pytorch-cka, ckatorch), a trailing batch of fewer than 4 rows dropped."""
         b = min(self.batch_size, self.n)
         out = [order[s:s + b] for s in range(0, self.n, b)]
         return [np.sort(r) for r in out if r.size >= MIN_BATCH]
+
+    def _near_equal(self, rows: np.ndarray) -> list[np.ndarray]:
+        """``rows`` cut into round(rows / b) consecutive batches whose sizes differ by at most one
+        (each >= 4 rows), each sorted."""
+        k = max(1, min(round(rows.size / self.batch_size), rows.size // MIN_BATCH))
+        return [np.sort(r) for r in _split(rows, k)]
 
     def groups(self, epoch: int) -> list[Group]:
         """The epoch's batches in order, as groups that share reads."""
@@ -298,20 +312,16 @@ class BatchPlan:
             return [Group(np.unique(r // self.block_rows), [r]) for r in self._consecutive(np.arange(self.n))]
         rng = _rng(self.seed, epoch)
         if self.shuffle == "examples":
-            return [Group(None, [r]) for r in self._consecutive(rng.permutation(self.n))]
+            return [Group(None, [r]) for r in self._near_equal(rng.permutation(self.n))]
         n_blocks = -(-self.n // self.block_rows)
         order = rng.permutation(n_blocks)
-        per_window = self.window // self.block_rows
+        windows = max(1, round(n_blocks / (self.window // self.block_rows)))
         out = []
-        for start in range(0, n_blocks, per_window):
-            blocks = np.sort(order[start:start + per_window])
+        for blocks in _split(order, windows):
+            blocks = np.sort(blocks)
             rows = np.concatenate([np.arange(k * self.block_rows, min(self.n, (k + 1) * self.block_rows))
                                    for k in blocks])
-            rows = rng.permutation(rows)
-            k = max(1, round(rows.size / self.batch_size))
-            batches = [np.sort(r) for r in _split(rows, k) if r.size >= MIN_BATCH]
-            if batches:
-                out.append(Group(blocks, batches))
+            out.append(Group(blocks, self._near_equal(rng.permutation(rows))))
         return out
 
     def batches(self, epoch: int) -> list[np.ndarray]:
@@ -323,10 +333,11 @@ class BatchPlan:
         if self.shuffle == "none":
             return "none: consecutive rows [0:b], [b:2b], ...; trailing batch < 4 rows dropped"
         if self.shuffle == "examples":
-            return "examples: uniform permutation of rows per epoch, rng=default_rng([seed, epoch])"
+            return ("examples: uniform permutation of rows per epoch, rng=default_rng([seed, epoch]), cut into "
+                    "round(n/batch_size) near-equal batches")
         return (f"window: per epoch (rng=default_rng([seed, epoch])) permute blocks of {self.block_rows} rows, "
-                f"group them into windows of {self.window} rows, permute rows within each window and cut it into "
-                f"round(rows/batch_size) near-equal batches; each chunk read once per epoch")
+                f"cut them into near-equal windows of about {self.window} rows, permute rows within each window "
+                f"and cut it into round(rows/batch_size) near-equal batches; each chunk read once per epoch")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -37,8 +37,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim._heap import release_free_memory
-from repsim.engine.blocks import (BatchPlan, BlockReader, Column, block_rows_for, ids_digest, progress_bar,
-                                  resolve_columns, store_location)
+from repsim.engine.blocks import (PLAN_VERSION, BatchPlan, BlockReader, Column, block_rows_for, ids_digest,
+                                  progress_bar, resolve_columns, store_location)
 from repsim.engine.checkpoint import Checkpoint
 from repsim.engine.grams import REDUCE_FACTOR, centred_gram, gram_dtype
 from repsim.engine.result import CKAResult, SimilarityResult, _json_default
@@ -373,7 +373,7 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     if checkpoint is not None:
         fingerprint = {k: meta[k] for k in ("debiased", "spatial", "n", "device", "example_ids_sha1")}
         # a token column's "mean" changed meaning (features -> tokens averaged): those old checkpoints are stale
-        fingerprint.update(plan=asdict(plan), columns=[(c.path, c.layer, "tokens") if c.tokens and spatial == "mean"
+        fingerprint.update(plan=asdict(plan), plan_version=PLAN_VERSION, columns=[(c.path, c.layer, "tokens") if c.tokens and spatial == "mean"
                                                        else (c.path, c.layer) for c in columns],
                            segment_batches=seg, compute_dtype=compute_dtype, measures=spec["measures"])
         ckpt = Checkpoint(checkpoint, fingerprint, {store_location(s): s.identity for s in opened})
