@@ -53,9 +53,13 @@ PARAMETERS: dict[str, int] = {"grid": 2}
 # the columns by which new rows replace old ones when a command merges into an existing file (a probe of
 # another layer or on another split is another result: both are kept, and readers choose)
 KEYS: dict[str, tuple[str, ...]] = {
+    "separation": ("store", "objective", "seed", "layer", "distance", "dataset", "split", "engine_spatial"),
+    "sparsity": ("store", "objective", "seed", "layer", "dataset", "split", "engine_spatial"),
+    "collapse": ("store", "objective", "seed", "layer", "dataset", "split", "engine_spatial"),
+    "calibration": ("store", "objective", "seed", "kind", "dataset", "split", "holdout_store"),
     "probes": ("store", "task", "probe", "metric", "layer", "split", "train_split"),
     "multilabel": ("store", "task", "split", "target", "layer", "train_split"),
-    "accuracy": ("store",),
+    "accuracy": ("store", "objective", "seed", "dataset", "split"),
     "robustness": ("store", "checkpoint_sha256", "benchmark", "subset", "metric"),
     "tune": ("preset", "objective", "params", "variant", "seed"),
     "finetune": ("objective", "params", "variant", "seed", "task", "source_checkpoint"),

@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 
+import repsim
 from repsim.commands.main import main
 from repsim.engine.result import CKAResult
 from test_engine_helpers import checkpoint_segments as _done, correlated_layers, make_store
@@ -105,3 +106,64 @@ def test_table_commands_write_contract_csvs(nets, tmp_path):
     assert rows["collapse.csv"][0]["layer"] == "pool" and "self_duality" in rows["collapse.csv"][0]
     with np.load(spec) as z:
         assert set(z.files) == {f"net_{s}/pool/{k}" for s in "ab" for k in ("activations", "centroids", "weights")}
+
+
+def test_table_commands_merge_into_an_existing_out(nets, tmp_path):
+    """A second store's run keeps the first's rows (and spectra); a rerun replaces its own rows."""
+    a, b = str(nets / "net_a.zarr"), str(nets / "net_b.zarr")
+    sep, col, spec = tmp_path / "separation.csv", tmp_path / "collapse.csv", tmp_path / "spectra.npz"
+    for store in (a, b, a):
+        assert main(["separation", store, "--layers", "pool", "--out", str(sep), "--no-progress"]) == 0
+        assert main(["collapse", store, "--out", str(col), "--spectra", str(spec), "--no-progress"]) == 0
+    for path in (sep, col):
+        rows = list(csv.DictReader(open(path)))
+        assert sorted(r["store"] for r in rows) == ["net_a", "net_b"], path
+    with np.load(spec) as z:
+        assert {k.split("/")[0] for k in z.files} == {"net_a", "net_b"}
+    assert main(["separation", a, "--layers", "pool", "--distance", "sqeuclidean", "--out", str(sep),
+                 "--no-progress"]) == 0  # another distance is another result
+    assert sorted((r["store"], r["distance"]) for r in csv.DictReader(open(sep))) == [
+        ("net_a", "cosine"), ("net_a", "sqeuclidean"), ("net_b", "cosine")]
+
+
+def test_accuracy_of_two_stores_sharing_a_name_keeps_both(tmp_path, capsys):
+    """sm/tgt.zarr and cos/tgt.zarr (README's layout): rows named by path in one call, and a second
+    call for the other network does not replace the first's row."""
+    rng = np.random.default_rng(3)
+    paths = []
+    for net, seed in (("sm", 0), ("cos", 1)):
+        logits = rng.normal(size=(60, 4))
+        store = repsim.save_store(str(tmp_path / net / "tgt.zarr"), layers={"pool": rng.normal(size=(60, 5))},
+                                  labels=np.arange(60) % 4, logits=logits,
+                                  meta={"model": {"objective": net, "seed": seed}})
+        paths.append(str(store.path))
+    together, apart = tmp_path / "together.csv", tmp_path / "apart.csv"
+    assert main(["accuracy", *paths, "--out", str(together)]) == 0
+    assert sorted(r["store"] for r in csv.DictReader(open(together))) == sorted(paths)
+    for p in paths:
+        assert main(["accuracy", p, "--out", str(apart)]) == 0
+    assert sorted(r["objective"] for r in csv.DictReader(open(apart))) == ["cos", "sm"]
+
+
+def _merge_one(args):
+    from repsim.engine.drivers import merge_csv
+
+    path, i = args
+    merge_csv([{"store": f"s{i}", "value": i}], path, ("store",))
+
+
+def test_concurrent_merges_into_one_results_file_keep_every_row(tmp_path):
+    """A job array of per-network runs sharing one CSV: each read-merge-replace holds the file's lock."""
+    import multiprocessing as mp
+
+    path = str(tmp_path / "probes.csv")
+    with mp.get_context("fork").Pool(8) as pool:
+        pool.map(_merge_one, [(path, i) for i in range(32)], chunksize=1)
+    assert sorted(int(r["value"]) for r in csv.DictReader(open(path))) == list(range(32))
+
+
+def test_a_checkpoint_named_without_npz_is_removed_after_the_run(nets, tmp_path):
+    out, ckpt = tmp_path / "c.npz", tmp_path / "run.ckpt"
+    assert main(["cka", str(nets / "net_a.zarr"), "--layers", "pool", "--epochs", "1", "--checkpoint", str(ckpt),
+                 "--out", str(out), "--no-progress"]) == 0
+    assert out.exists() and not (tmp_path / "run.ckpt.npz").exists()

@@ -4,6 +4,11 @@ from __future__ import annotations
 import argparse
 
 
+# what --out does with an existing file in the commands that merge their rows (repsim.results.KEYS)
+MERGED_OUT = (" (an existing FILE is merged into: rows of the same store, layer and settings are replaced, "
+              "the others kept)")
+
+
 def add_store_arguments(parser: argparse.ArgumentParser, *, out_help: str, layers_default: str | None = None) -> None:
     parser.add_argument("stores", nargs="+", metavar="STORE_OR_GLOB",
                         help="activation stores (Zarr directories) or quoted globs such as 'runs/*.zarr'")

@@ -45,8 +45,10 @@ def accuracy_rows(paths: list[str], progress: bool = False, allow_other_classes:
         if not s.has_logits:
             raise ValueError(f"store {s.name} ({s.path}) holds no logits")
         check_label_space(s, allow=allow_other_classes)
+    from repsim.engine.blocks import store_names
+
     rows = []
-    for s in stores:
+    for s, name in zip(stores, store_names(stores)):  # two stores of one name: their paths
         K = int(s.zarr_array("/logits").shape[1])
         acc = TopKAccuracy(K, ks=(1, 5))
         labels = s.labels
@@ -56,7 +58,7 @@ def accuracy_rows(paths: list[str], progress: bool = False, allow_other_classes:
             acc.update(z, labels[lo:lo + len(z)])
         r = acc.result()
         model, data = s.model, s.dataset
-        rows.append({"store": s.name, "objective": model.get("objective", "") or "",
+        rows.append({"store": name, "objective": model.get("objective", "") or "",
                      "seed": "" if model.get("seed") is None else model.get("seed"),
                      "epoch": "" if model.get("epoch") is None else model.get("epoch"),
                      "dataset": data.get("name", ""), "split": data.get("split", ""), "n": s.n, **r})
@@ -73,6 +75,6 @@ def run(args: argparse.Namespace) -> int:
 
     paths = expand_paths(args.stores, "store")
     rows = accuracy_rows(paths, progress=not args.no_progress, allow_other_classes=args.allow_other_classes)
-    merge_csv(rows, args.out, key=KEYS["accuracy"])
+    merge_csv(rows, args.out, key=KEYS["accuracy"], unique=True)
     print(f"repsim accuracy: {len(rows)} rows -> {args.out}", file=sys.stderr)
     return 0

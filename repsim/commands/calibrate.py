@@ -79,10 +79,10 @@ def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto
     head's classes, unless ``allow_other_classes``). Bad input raises ValueError."""
     import numpy as np
 
-    from repsim.engine.drivers import write_csv
+    from repsim.engine.drivers import merge_csv
     from repsim.probes._rows import Rows
     from repsim.probes.calibration import calibration_report, calibration_report_rows
-    from repsim.results import conform
+    from repsim.results import KEYS, conform
     from repsim.store.finite import require_finite
     from repsim.store.pairing import check_label_space, check_pair
     from repsim.store.reader import open_store
@@ -132,4 +132,4 @@ def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto
         print(f"{te.name} ({net_kind}): NLL {rep['nll']:.4f} ECE {rep['ece']:.4f} | T={rep['temperature']:.3f}: "
               f"NLL {rep['nll_ts']:.4f} ECE {rep['ece_ts']:.4f}", flush=True)
     rows = conform("calibration", rows)
-    return rows, write_csv(rows, out)
+    return rows, merge_csv(rows, out, KEYS["calibration"], unique=True)

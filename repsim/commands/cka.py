@@ -50,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
     if os.path.isdir(out) or (os.path.exists(out) and not args.overwrite):
         raise CommandError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
     ckpt = args.checkpoint or (out[:-4] + ".ckpt.npz")
+    if not ckpt.endswith(".npz"):  # the name the checkpoint is written under (engine.checkpoint.Checkpoint)
+        ckpt += ".npz"
     with scheduler(args.scheduler):
         result = cka_matrix(args.stores, layers=layers_arg(args.layers), batch_size=args.batch_size,
                             epochs=args.epochs, seed=args.seed, shuffle=args.shuffle, spatial=args.spatial,

@@ -39,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     if os.path.isdir(out) or (os.path.exists(out) and not args.overwrite):
         raise CommandError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
     ckpt = args.checkpoint or (out[:-4] + ".ckpt.npz")
+    if not ckpt.endswith(".npz"):  # the name the checkpoint is written under (engine.checkpoint.Checkpoint)
+        ckpt += ".npz"
     options = {"rbf_threshold": args.rbf_threshold, "knn_k": args.knn_k, "rsa_max_rows": args.rsa_max_rows,
                "rsa_seed": args.seed, "ridge_folds": args.ridge_folds, "ridge_seed": args.seed}
     with scheduler(args.scheduler):

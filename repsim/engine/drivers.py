@@ -33,6 +33,8 @@ from __future__ import annotations
 import csv
 import os
 import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any, Iterable, Sequence
 
@@ -334,17 +336,58 @@ def spectra_arrays(stores: Any, layers: Any = ("pool",), **kw: Any) -> dict[str,
     return {f"{s}/{layer}/{kind}": sv for (s, layer), m in res.items() for kind, sv in m["spectra"].items()}
 
 
-def merge_csv(rows: Sequence[dict], path: str | os.PathLike, key: Sequence[str]) -> str:
-    """Merge ``rows`` into the CSV at ``path`` (atomically): existing rows whose ``key`` columns equal
-    those of a new row are replaced, the others kept, new rows last. A missing file is created."""
+_MERGE_LOCK = threading.Lock()  # fcntl locks belong to a process: its threads are kept apart by this
+
+
+@contextmanager
+def results_lock(path: str):
+    """Hold an exclusive lock on results file ``path`` for a read-merge-replace: a blocking
+    ``flock`` of ``<dir>/.<name>.lock`` (left in place; the kernel releases the lock with its holder),
+    so that writers in other processes (a job array of ``repsim probe`` runs sharing one probes.csv)
+    wait their turn instead of each replacing the file with its own merge of the old rows. Where the
+    lock file cannot be made (a read-only directory, no ``fcntl``), only this process's threads are
+    kept apart."""
+    head, name = os.path.split(os.path.abspath(path))
+    with _MERGE_LOCK:
+        try:
+            import fcntl
+
+            fd = os.open(os.path.join(head, f".{name}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except (ImportError, OSError):
+            yield
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # a file system without locks: proceed as before
+                pass
+            yield
+        finally:
+            os.close(fd)
+
+
+def merge_csv(rows: Sequence[dict], path: str | os.PathLike, key: Sequence[str], *, unique: bool = False) -> str:
+    """Merge ``rows`` into the CSV at ``path`` (atomically, under :func:`results_lock`): existing rows
+    whose ``key`` columns equal those of a new row are replaced, the others kept, new rows last. A
+    missing file is created. ``unique``: the key names one result, and two new rows with the same key
+    (results no reader could tell apart) raise ValueError (else a key may cover several rows, e.g. a
+    training run's per-epoch rows, replaced together)."""
     path = os.fspath(path)
-    old: list[dict] = []
-    if os.path.isfile(path):
-        with open(path, newline="") as fh:
-            old = list(csv.DictReader(fh))
-    new_keys = {tuple(str(r.get(k, "")) for k in key) for r in rows}
-    kept = [r for r in old if tuple(str(r.get(k, "")) for k in key) not in new_keys]
-    return write_csv(kept + list(rows), path)
+    if path == "-":
+        return write_csv(rows, path)
+    keyed = [tuple(str(r.get(k, "")) for k in key) for r in rows]
+    if unique and len(set(keyed)) < len(keyed):
+        dup = next(k for k in keyed if keyed.count(k) > 1)
+        raise ValueError(f"{os.path.basename(path)}: two results with the same {', '.join(key)} "
+                         f"({', '.join(dup)}); give the stores different names")
+    new_keys = set(keyed)
+    with results_lock(path):
+        old: list[dict] = []
+        if os.path.isfile(path):
+            with open(path, newline="") as fh:
+                old = list(csv.DictReader(fh))
+        kept = [r for r in old if tuple(str(r.get(k, "")) for k in key) not in new_keys]
+        return write_csv(kept + list(rows), path)
 
 
 def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> str:
