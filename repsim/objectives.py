@@ -57,3 +57,28 @@ def with_defaults(objective: str, given: Mapping[str, Any] | None = None) -> dic
             out.update(entry.defaults)
     out.update(given or {})
     return out
+
+
+def logit_map(objective: str | None) -> str:
+    """The logit map of ``objective`` (a name or an ``a+b`` combination): its map component's
+    (``logit_norm``, ``cosine``), else ``linear``."""
+    for part in str(objective or "").split("+"):
+        entry = BY_NAME.get(part.strip())
+        if entry is not None and entry.logit_map:
+            return entry.logit_map
+    return "linear"
+
+
+def classifier_weights(objective: str | None, W: Any) -> Any:
+    """The class directions a network's logits depend on, from its final layer's weights ``W`` (K, P):
+    for a cosine head (Eq. 7, logits sim(W_k, x)/τ + b_k) the rows normalised, W_k / ‖W_k‖, since their
+    norms never reach the output (the paper's Table E.2 gives cosine softmax Std‖w‖/Avg‖w‖ = 0); else
+    ``W`` itself. What Table E.2's weight statistics and Fig. E.2's weight spectrum are computed on."""
+    if logit_map(objective) != "cosine":
+        return W
+    import numpy as np
+
+    W = np.asarray(W, dtype=np.float64)
+    norms = np.linalg.norm(W, axis=1, keepdims=True)
+    return W / np.where(norms > 0, norms, 1.0)
+

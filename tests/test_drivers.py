@@ -77,6 +77,28 @@ def test_collapse_on_pool_uses_stored_head_and_spectra(net):
     assert spectra_arrays(store.path, progress=False).keys() == spectra.keys()
 
 
+def test_a_cosine_heads_weights_enter_collapse_and_spectra_normalised(net, tmp_path):
+    """A cosine softmax head's logits are sim(W_k, x)/τ + b_k (Eq. 7): its row norms never reach the
+    output, so Table E.2's weight statistics and Fig. E.2's weight spectrum see W_k / ‖W_k‖ (the paper:
+    Std‖w‖/Avg‖w‖ = 0); other objectives' heads are used as stored."""
+    store, y, W = net
+    scaled = W * np.arange(1, K + 1, dtype=np.float32)[:, None]  # rows of very different norms
+    pool = stored(store, "pool")
+    rows = {}
+    for objective in ("cosine_softmax", "softmax"):
+        s = make_store(tmp_path / f"{objective}.zarr", {"pool": pool}, labels=y, chunk_rows=20,
+                       head=(scaled, np.zeros(K, np.float32)), meta={"model": {"objective": objective, "seed": 0}})
+        (rows[objective],), spectra = collapse_rows(s.path, spectra=True, progress=False)
+        W64 = scaled.astype(np.float64)
+        used = W64 / np.linalg.norm(W64, axis=1, keepdims=True) if objective == "cosine_softmax" else W64
+        want = repsim.collapse_metrics(pool.astype(np.float64), y, used)
+        for key in ("norm_cv_weights", "cos_std_weights", "equiangular_weights", "self_duality"):
+            assert rows[objective][key] == pytest.approx(want[key], rel=1e-8, abs=1e-12), (objective, key)
+        np.testing.assert_allclose(spectra[f"{objective}/pool/weights"], weight_spectrum(used), rtol=1e-6)
+    assert rows["cosine_softmax"]["norm_cv_weights"] == pytest.approx(0.0, abs=1e-7)
+    assert rows["softmax"]["norm_cv_weights"] > 0.3
+
+
 def test_collapse_refuses_huge_scatter_matrices(tmp_path):
     x = np.zeros((8, 130, 130), np.float16)
     store = make_store(tmp_path / "wide.zarr", {"conv": x})

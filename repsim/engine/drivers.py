@@ -244,7 +244,7 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
             block_rows = max(1, min(store.n, store.chunk_rows))
             kw = dict(spatial=spatial, metrics=metrics, device=device, blocks_per_task=max(1, int(blocks_per_task)),
                       prefetch=prefetch, threads=threads, bar=bar)
-            head = store.head if any(m.reads_head for m in metrics) else None
+            head = _effective_head(store) if any(m.reads_head for m in metrics) else None
             for columns in groups:
                 accs = {c.layer: _accumulators(metrics, num_classes, f"{name}/{c.layer}") for c in columns}
                 merged = _scan_store(columns, store.n, block_rows, accs, **kw)
@@ -262,6 +262,17 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
               f"{'; '.join(undefined[:10])}{' ...' if len(undefined) > 10 else ''} — e.g. float16 storage that "
               "rounded a tiny variance to zero (re-extract with --dtype float32)", file=sys.stderr)
     return out, dict(zip(names, opened))
+
+
+def _effective_head(store: Any) -> Any:
+    """The store's head (W, b) with W as the network's logits see it
+    (:func:`repsim.objectives.classifier_weights`: a cosine head's rows normalised)."""
+    from repsim.objectives import classifier_weights
+
+    head = store.head
+    if head is None:
+        return None
+    return classifier_weights((store.model or {}).get("objective"), head[0]), head[1]
 
 
 def _finish(accs: dict[str, Any], metrics: Sequence[LayerMetric], head: Any, col: Column,
