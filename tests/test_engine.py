@@ -327,6 +327,18 @@ def test_misaligned_example_ids_raise_before_compute(tmp_path):
     assert "net_b" in str(exc.value) and "net_c" in str(exc.value)
 
 
+def test_stores_of_another_split_are_named_as_such_not_as_misaligned_ids(tmp_path):
+    """A test store beside a holdout store (other ids, other n): the refusal says the splits differ."""
+    rng = np.random.default_rng(2)
+    a = make_store(tmp_path / "a.zarr", correlated_layers(rng, 40, {"x": (5,)}),
+                   meta={"dataset": {"name": "digits", "split": "test"}})
+    b = make_store(tmp_path / "b.zarr", correlated_layers(rng, 30, {"x": (5,)}), example_ids=np.arange(100, 130),
+                   meta={"dataset": {"name": "digits", "split": "holdout"}})
+    with pytest.raises(ValueError, match=r"different datasets: 'b' vs 'a': split 'holdout' vs 'test', so their "
+                                         r"example_ids differ too \('b' has n=30 vs n=40 in 'a'\)"):
+        cka_matrix([a.path, b.path], batch_size=10, progress=False)
+
+
 def test_missing_layer_raises_naming_store(tmp_path):
     rng = np.random.default_rng(3)
     layers = correlated_layers(rng, 40, {"x": (5,), "y": (4,)})

@@ -167,3 +167,19 @@ def test_a_checkpoint_named_without_npz_is_removed_after_the_run(nets, tmp_path)
     assert main(["cka", str(nets / "net_a.zarr"), "--layers", "pool", "--epochs", "1", "--checkpoint", str(ckpt),
                  "--out", str(out), "--no-progress"]) == 0
     assert out.exists() and not (tmp_path / "run.ckpt.npz").exists()
+
+
+@pytest.mark.parametrize("command,flag,value,message", [
+    ("cka", "--scheduler", "local:0", "local:N needs N >= 1 worker processes, got 'local:0'"),  # hung forever
+    ("cka", "--scheduler", "local:x", "local:N needs N >= 1 worker processes, got 'local:x'"),
+    ("similarity", "--rbf-threshold", "0", "must be a finite number > 0, got 0"),  # ZeroDivisionError, exit 70
+    ("similarity", "--rbf-threshold", "-1", "must be a finite number > 0, got -1"),  # squared: ran as 1
+    ("similarity", "--ridge-folds", "1", "must be >= 2, got 1"),  # all NaN, exit 0
+    ("similarity", "--rsa-max-rows", "2", "must be >= 3, got 2"),
+])
+def test_out_of_range_flags_are_one_line_naming_the_flag(nets, tmp_path, capsys, command, flag, value, message):
+    with pytest.raises(SystemExit) as exc:
+        main([command, str(nets / "net_a.zarr"), flag, value, "--out", str(tmp_path / "x.npz")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: {message}" in err and "Traceback" not in err

@@ -33,6 +33,34 @@ DEFAULT_BUDGET_MIB = 512
 positive = int_at_least(1)
 
 
+def positive_float(text: str) -> float:
+    """An argparse ``type`` accepting finite floats > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+positive_float.__name__ = "number > 0"
+
+
+def scheduler_address(text: str) -> str:
+    """An argparse ``type`` for ``--scheduler``: ``local:N`` (N >= 1 worker processes), ``threads``, or
+    an address (``tcp://host:8786``); ``local:0`` waited forever for a worker, ``local:x`` raised int()'s
+    message naming no option."""
+    if text.startswith("local:"):
+        n = text.split(":", 1)[1]
+        if not n.isdigit() or int(n) < 1:
+            raise argparse.ArgumentTypeError(f"local:N needs N >= 1 worker processes, got {text!r}")
+    return text
+
+
+scheduler_address.__name__ = "scheduler address"
+
+
 def add_pairing_flags(parser: argparse.ArgumentParser, first: str, second: str, *, same_examples_use: str,
                       mixed_datasets_risk: str, other_classes_scope: str = "") -> None:
     """The overrides of ``repsim.store.pairing``'s refusals for a command that pairs a ``first`` and a

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from repsim.commands._args import scheduler_address
 
 # what --out does with an existing file in the commands that merge their rows (repsim.results.KEYS)
 MERGED_OUT = (" (an existing FILE is merged into: rows of the same store, layer and settings are replaced, "
@@ -20,7 +21,7 @@ def add_store_arguments(parser: argparse.ArgumentParser, *, out_help: str, layer
                              "token sequences (T, D): flatten, or average over the tokens")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu: NumPy (default); cuda: CuPy on the GPU (needs repsim-toolkit[gpu])")
-    parser.add_argument("--scheduler", default=None, metavar="ADDRESS",
+    parser.add_argument("--scheduler", type=scheduler_address, default=None, metavar="ADDRESS",
                         help="dask.distributed scheduler address (tcp://host:8786), or local:N for a local "
                              "cluster of N worker processes; default: this process")
     parser.add_argument("--threads", type=int, default=None,

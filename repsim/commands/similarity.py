@@ -7,7 +7,7 @@ import os
 import sys
 
 from repsim.commands.main import CommandError
-from repsim.commands._args import positive
+from repsim.commands._args import int_at_least, positive, positive_float
 from repsim.commands._stream import layers_arg, progress_arg
 from repsim.commands import cka as _cka
 
@@ -19,12 +19,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--measures", default="linear_cka", metavar="A,B,...",
                         help="comma-separated measures (default linear_cka; the registered measures, listed in "
                              "docs/measures.md and in the error for an unknown name)")
-    parser.add_argument("--rbf-threshold", type=float, default=1.0, metavar="T",
+    parser.add_argument("--rbf-threshold", type=positive_float, default=1.0, metavar="T",
                         help="rbf_cka: sigma^2 = T^2 x median squared distance (default 1.0)")
     parser.add_argument("--knn-k", type=positive, default=10, metavar="K", help="mutual_knn: neighbours (default 10)")
-    parser.add_argument("--rsa-max-rows", type=positive, default=2000, metavar="N",
-                        help="rsa: above N examples, a seeded subsample of N rows (default 2000)")
-    parser.add_argument("--ridge-folds", type=positive, default=5, help="ridge_r2: cross-validation folds (default 5)")
+    parser.add_argument("--rsa-max-rows", type=int_at_least(3), default=2000, metavar="N",
+                        help="rsa: above N examples, a seeded subsample of N rows (default 2000; >= 3)")
+    parser.add_argument("--ridge-folds", type=int_at_least(2), default=5,
+                        help="ridge_r2: cross-validation folds (default 5; >= 2)")
     parser.add_argument("--max-memory", type=float, default=8.0, metavar="GIB",
                         help="exact measures: GiB of columns held in memory, n x min(p, n) float64 each (default 8)")
 

@@ -197,7 +197,11 @@ def resolve_columns(stores: Any, layers: Any = None, *, allow_mixed_datasets: bo
             first = int(np.flatnonzero(ids != ref_ids)[0])
             misaligned.append(f"{nm!r} differs from {names[0]!r} first at row {first} "
                               f"(id {int(ids[first])} vs {int(ref_ids[first])})")
-    if misaligned:
+    mixed_names = _other_data(names, opened, labels=False) if misaligned else []
+    if mixed_names:  # say why the ids differ: another dataset or split (a swapped store), not a corrupt one
+        problems.append("different datasets: " + "; ".join(mixed_names) + ", so their example_ids differ too ("
+                        + "; ".join(misaligned) + "): give stores of one dataset split")
+    elif misaligned:
         problems.append("misaligned example_ids: " + "; ".join(misaligned))
     elif not allow_mixed_datasets and len(opened) > 1:
         mixed = _other_data(names, opened)
@@ -219,17 +223,18 @@ def resolve_columns(stores: Any, layers: Any = None, *, allow_mixed_datasets: bo
     return opened, columns, ref_ids
 
 
-def _other_data(names: Sequence[str], opened: Sequence[Any]) -> list[str]:
-    """Stores whose dataset name/split or labels differ from the first store's (one entry each)."""
+def _other_data(names: Sequence[str], opened: Sequence[Any], labels: bool = True) -> list[str]:
+    """Stores whose dataset name/split (or, with ``labels``, labels) differ from the first store's (one
+    entry each)."""
     from repsim.store.format import dataset_difference
 
     out = []
-    ref_labels = opened[0].labels
+    ref_labels = opened[0].labels if labels else None
     for nm, s in zip(names[1:], opened[1:]):
         diff = dataset_difference(s.dataset, opened[0].dataset)
         if diff:
             out.append(f"{nm!r} vs {names[0]!r}: {diff}")
-        elif not np.array_equal(s.labels, ref_labels):
+        elif labels and not np.array_equal(s.labels, ref_labels):
             first = int(np.flatnonzero(s.labels != ref_labels)[0])
             out.append(f"{nm!r} has other labels than {names[0]!r} on the same example_ids (first at row {first})")
     return out

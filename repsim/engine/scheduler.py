@@ -38,8 +38,10 @@ def _connect(address: str) -> tuple[Any, Any]:
     except ImportError as exc:  # pragma: no cover - distributed is a dependency
         raise ImportError("a scheduler address needs dask.distributed: pip install 'dask[distributed]'") from exc
     if address.startswith("local:"):
-        cluster = LocalCluster(n_workers=int(address.split(":", 1)[1]), threads_per_worker=1, processes=True,
-                               dashboard_address=None)
+        n = address.split(":", 1)[1]
+        if not n.isdigit() or int(n) < 1:  # local:0 would wait forever for a worker
+            raise ValueError(f"scheduler {address!r}: local:N needs N >= 1 worker processes")
+        cluster = LocalCluster(n_workers=int(n), threads_per_worker=1, processes=True, dashboard_address=None)
         return Client(cluster), cluster
     return Client(address), None
 
