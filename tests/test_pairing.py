@@ -215,3 +215,15 @@ def test_a_test_store_inside_a_train_plus_holdout_store_is_caught(tmp_path, caps
     code, err = run(capsys, "probe", "--train", tmp_path / "tr.zarr", "--test", tmp_path / "ho.zarr",
                     "--probe", "knn", "--out", out)
     assert code == 0, err
+
+
+def test_swapped_train_and_test_stores_are_pointed_out(nets, capsys):
+    """--train a test-split store, --test a train-split store: scored, with a WARNING that asks."""
+    code, err = run(capsys, "probe", "--train", nets / "r18_te.zarr", "--test", nets / "r18_tr.zarr",
+                    "--probe", "knn", "--out", nets / "res")
+    assert code == 0
+    assert "WARNING: train store r18_te holds the test split and test store r18_tr the train split: did you swap " \
+           "--train and --test?" in err
+    code, err = run(capsys, "probe", "--train", nets / "r18_tr.zarr", "--test", nets / "r18_te.zarr",
+                    "--probe", "knn", "--out", nets / "res2")
+    assert code == 0 and "did you swap" not in err

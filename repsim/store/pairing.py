@@ -132,6 +132,11 @@ def check_pair(a: Any, b: Any, roles: tuple[str, str], *, same_examples: bool = 
                              "to pair them on purpose")
         print(f"WARNING: {what} (--allow-mixed-datasets): their examples are not compared, and their labels are "
               "taken to number the same classes", file=sys.stderr, flush=True)
+    sa, sb = split_parts((a.dataset or {}).get("split")), split_parts((b.dataset or {}).get("split"))
+    if rb in sa and ra in sb and ra not in sa:  # each holds the other role's split
+        print(f"WARNING: {ra} store {a.name} holds the {'+'.join(sorted(map(str, sa)))} split and {rb} store {b.name} "
+              f"the {'+'.join(sorted(map(str, sb)))} split: did you swap --{ra} and --{rb}? (the results record "
+              "each store's split as given)", file=sys.stderr, flush=True)
     shared = shared_examples(a, b)
     if not shared:
         return
