@@ -61,6 +61,15 @@ def run(args) -> int:
         path = getattr(args, name)
         if path is not None and not path.is_dir():
             raise ValueError(f"--{name} {path} is not a directory")
+    if args.only:
+        from analyses.render import ordered_items
+
+        items = ordered_items()
+        known = {it.id for it in items}
+        per_measure = tuple(f"{it.id}_" for it in items if it.per_measure)  # fig2a_<measure>
+        unknown = [i for i in args.only if i not in known and not i.startswith(per_measure)]
+        if unknown:
+            raise ValueError(f"--only: unknown item(s) {', '.join(unknown)}; `repsim figures --list` lists the items")
     outcomes, report = make_figures(args.stores, args.results, args.out, only=args.only, progress=not args.quiet)
     failed = [o for o in outcomes if o.status == "failed"]
     done = sum(o.status == "done" for o in outcomes)

@@ -154,7 +154,7 @@ class Inputs:
         from repsim import open_store
 
         found: dict[str, Any] = {}
-        for path in sorted(self.stores_dir.rglob("*.zarr")):
+        for path in _zarr_dirs(self.stores_dir):
             if self.only_stores is not None and path.name.removesuffix(".zarr") not in self.only_stores:
                 continue
             try:
@@ -573,3 +573,22 @@ class MeasureMatrices:
         what = ("linear CKA (unbiased HSIC when debiased)" if self.name == "linear_cka" else
                 f"{self.display}, {self.info.get('formula', self.name)} ({self.info.get('source', 'source not recorded')})")
         return f"estimator: {what}; " + "; ".join(texts)
+
+
+def _zarr_dirs(root: Path) -> list[Path]:
+    """Every ``*.zarr`` directory under ``root``, sorted, following symlinked directories (a stores
+    directory assembled from links to other runs' stores) but never into a store, nor twice into one
+    directory (a link cycle)."""
+    import os
+
+    found, seen = [], set()
+    for here, dirs, _ in os.walk(root, followlinks=True):
+        real = os.path.realpath(here)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        found += [Path(here) / d for d in dirs if d.endswith(".zarr")]
+        dirs[:] = [d for d in dirs if not d.endswith(".zarr")]
+    return sorted(found)
+

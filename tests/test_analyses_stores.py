@@ -133,3 +133,25 @@ def test_prediction_figures_with_stores_of_different_class_counts(tmp_path):
     out = tmp_path / "out"
     assert main(["figures", "--stores", str(d), "--out", str(out), "--only", "figC6", "figC7", "--quiet"]) == 0
     assert (out / "figC6.png").stat().st_size > 0 and (out / "figC7.png").stat().st_size > 0
+
+
+def test_stores_under_symlinked_directories_are_found(tmp_path):
+    """A stores directory assembled from links to other runs' store directories (and a link cycle)."""
+    from analyses.data import Inputs
+
+    run = tmp_path / "run1"
+    rng = np.random.default_rng(0)
+    save_store(str(run / "a.zarr"), {"pool": rng.normal(size=(20, 3))}, np.arange(20) % 2)
+    stores = tmp_path / "stores"
+    stores.mkdir()
+    (stores / "linked").symlink_to(run, target_is_directory=True)
+    (run / "loop").symlink_to(stores, target_is_directory=True)  # a cycle back up
+    assert list(Inputs(stores, None).all_stores) == ["a"]
+
+
+def test_figures_only_an_unknown_item_is_refused(tmp_path, capsys):
+    assert main(["figures", "--results", str(tmp_path), "--out", str(tmp_path / "f"), "--only", "fig99"]) == 2
+    err = capsys.readouterr().err
+    assert "--only: unknown item(s) fig99; `repsim figures --list` lists the items" in err
+    assert main(["figures", "--results", str(tmp_path), "--out", str(tmp_path / "f"), "--only", "fig2a_rbf_cka",
+                 "--quiet"]) == 0
