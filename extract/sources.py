@@ -76,6 +76,11 @@ def load_source(source: str | os.PathLike | nn.Module, *, digest: Any = None) ->
     if is_model_spec(spec):
         return load_spec(spec)
     path = Path(spec)
+    if path.is_dir():
+        inside = [n for n in ("best.pt", "checkpoint.pt") if (path / n).is_file()]
+        hint = f": pass {path / inside[0]}" if inside else ""
+        raise ValueError(f"extract: checkpoint {spec!r} is a directory, not a checkpoint file{hint} (a training run "
+                         "holds best.pt, the best-holdout epoch's weights, and checkpoint.pt, the last epoch's)")
     if not path.is_file():
         raise ValueError(f"extract: checkpoint {spec!r} does not exist (model sources: a checkpoint path, "
                          "torchvision:<name>, timm:<name>, hf:<id or dir>, module:<module>:<factory>)")

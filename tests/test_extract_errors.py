@@ -52,9 +52,13 @@ def test_a_classic_model_s_taps_are_described_but_not_printed():
      "the model failed on the first example (input (1, 3, 224, 224)): this model refuses every input"),
     (["--checkpoint", "torchvision:resnet18", "--list-layers", "--layers", "layer1.0.relu"],
      "module 'layer1.0.relu' (layer 'layer1.0.relu') ran twice in one forward pass"),
+    (["--checkpoint", "run", "--out", "s.zarr"],  # a training run's directory ("does not exist" before)
+     "checkpoint 'run' is a directory, not a checkpoint file: pass run/best.pt"),
 ])
 def test_refusals_are_one_line(args, message, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "best.pt").write_bytes(b"x")
     code, err = extract(capsys, *args)
     lines = err.strip().splitlines()
     assert code == 2 and message in lines[-1] and "Traceback" not in err

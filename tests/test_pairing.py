@@ -227,3 +227,16 @@ def test_swapped_train_and_test_stores_are_pointed_out(nets, capsys):
     code, err = run(capsys, "probe", "--train", nets / "r18_tr.zarr", "--test", nets / "r18_te.zarr",
                     "--probe", "knn", "--out", nets / "res2")
     assert code == 0 and "did you swap" not in err
+
+
+def test_a_directory_of_stores_or_a_run_directory_given_as_a_store_says_what_it_is(tmp_path, capsys):
+    d = tmp_path / "stores"
+    net_store(d / "a.zarr", 0, "test", 30)
+    run_dir = tmp_path / "runs" / "softmax-s0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "best.pt").write_bytes(b"x")
+    code, err = run(capsys, "cka", d, "--out", tmp_path / "c.npz")
+    assert code == 2 and f"a directory of 1 store(s) (a.zarr): pass them, e.g. {d}/*.zarr" in err
+    code, err = run(capsys, "cka", run_dir, "--out", tmp_path / "c.npz")
+    assert code == 2 and f"a training run (best.pt): extract its activations first, repsim extract --checkpoint " \
+                         f"{run_dir}/best.pt" in err

@@ -184,7 +184,27 @@ def _open_group(path: str, mode: str):
     try:
         return zarr.open_group(path, mode=mode, zarr_format=3)
     except Exception as exc:
-        raise StoreError(f"store {store_name(path)} ({path}): not a Zarr v3 group: {type(exc).__name__}: {exc}") from exc
+        raise StoreError(f"store {store_name(path)} ({path}): not a Zarr v3 group{_what_it_is(path)}: "
+                         f"{type(exc).__name__}: {exc}") from exc
+
+
+def _what_it_is(path: str) -> str:
+    """What a local directory that is not a store holds, when that says what was meant: stores (a
+    directory of them) or a training run (its checkpoints); else ''."""
+    import os
+
+    if "://" in str(path) or not os.path.isdir(path):
+        return ""
+    names = os.listdir(path)
+    stores = sorted(n for n in names if n.endswith(".zarr"))
+    if stores:
+        shown = ", ".join(stores[:3]) + (", ..." if len(stores) > 3 else "")
+        return f" but a directory of {len(stores)} store(s) ({shown}): pass them, e.g. {os.path.join(str(path), '*.zarr')}"
+    ckpts = [n for n in ("best.pt", "checkpoint.pt") if n in names]
+    if ckpts:
+        return (f" but a training run ({', '.join(ckpts)}): extract its activations first, "
+                f"repsim extract --checkpoint {os.path.join(str(path), ckpts[0])} --out STORE.zarr")
+    return ""
 
 
 class _Members(dict):
