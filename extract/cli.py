@@ -33,7 +33,7 @@ import os
 import re
 from pathlib import Path
 
-from repsim.commands._args import non_negative
+from repsim.commands._args import non_negative, positive
 
 from .specs import is_model_spec
 
@@ -61,28 +61,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list-layers", action="store_true",
                         help="print the layers and modules the model offers, with shapes, and exit")
     parser.add_argument("--spatial", default="flatten",
-                        help="conv maps: flatten (keep C,H,W), mean (global average) or pool<k> (k x k average)")
+                        help="conv maps: flatten (keep C,H,W; default), mean (global average) or pool<k> "
+                             "(k x k average)")
     parser.add_argument("--tokens", default=None, choices=("cls", "mean", "last", "flatten"),
                         help="token outputs (N, T, D): first token, mean over (real) tokens, last (real) token, "
                         "or keep all (default: mean for text, flatten for images)")
-    parser.add_argument("--image-size", type=int, default=None, metavar="PX",
+    parser.add_argument("--image-size", type=positive, default=None, metavar="PX",
                         help="resize images to PX x PX for the model (default: only when the model needs it)")
-    parser.add_argument("--max-length", type=int, default=None, metavar="TOKENS",
+    parser.add_argument("--max-length", type=positive, default=None, metavar="TOKENS",
                         help="text datasets: tokens per example, truncated/padded (default 128)")
     parser.add_argument("--dtype", default="float16", choices=("float16", "float32"),
                         help="layer dtype (logits are always float32); default float16")
     parser.add_argument("--compression", default="zstd", choices=("zstd", "none"),
                         help="layer chunk compression: zstd (level 1, default) or none (no CPU spent on "
                              "compression, 1.5-2x the disk space; every chunk keeps its crc32c)")
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--batch-size", type=positive, default=128, help="examples per forward pass (default 128)")
     parser.add_argument("--order", default="shuffled", choices=("shuffled", "dataset"),
                         help="row order: a fixed seeded permutation of the dataset (default; example_ids "
                         "keep dataset indices, and consecutive chunks are unbiased samples for "
                         "minibatch CKA) or dataset order")
     parser.add_argument("--order-seed", type=non_negative, default=0, help="seed of the row permutation (default 0)")
-    parser.add_argument("--chunk-rows", type=int, default=None, help="examples per store chunk (default: automatic)")
-    parser.add_argument("--workers", type=int, default=None, help="DataLoader worker processes (default min(4, cpus-1))")
-    parser.add_argument("--write-threads", type=int, default=None, help="compression/writing threads (0: write each chunk inline; default: up to 4, overlapping "
+    parser.add_argument("--chunk-rows", type=positive, default=None,
+                        help="examples per store chunk (default: automatic, sized by bytes)")
+    parser.add_argument("--workers", type=non_negative, default=None,
+                        help="DataLoader worker processes (default min(4, cpus-1))")
+    parser.add_argument("--write-threads", type=non_negative, default=None, help="compression/writing threads (0: write each chunk inline; default: up to 4, overlapping "
                         "the forward passes on GPU or spare CPU cores, else in bursts between them)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
                         help="checkpoints extracted side by side in separate processes, each with its share of the "

@@ -176,6 +176,8 @@ def test_a_checkpoint_named_without_npz_is_removed_after_the_run(nets, tmp_path)
     ("similarity", "--rbf-threshold", "-1", "must be a finite number > 0, got -1"),  # squared: ran as 1
     ("similarity", "--ridge-folds", "1", "must be >= 2, got 1"),  # all NaN, exit 0
     ("similarity", "--rsa-max-rows", "2", "must be >= 3, got 2"),
+    ("probe", "--lambdas", "-3", "must be >= 1, got -3"),  # numpy's "Number of samples, -3, must be non-negative"
+    ("probe", "--val-fraction", "1.5", "must lie strictly between 0 and 1, got 1.5"),
 ])
 def test_out_of_range_flags_are_one_line_naming_the_flag(nets, tmp_path, capsys, command, flag, value, message):
     with pytest.raises(SystemExit) as exc:

@@ -47,6 +47,20 @@ def positive_float(text: str) -> float:
 positive_float.__name__ = "number > 0"
 
 
+def fraction(text: str) -> float:
+    """An argparse ``type`` accepting numbers strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {text}")
+    return value
+
+
+fraction.__name__ = "fraction in (0, 1)"
+
+
 def scheduler_address(text: str) -> str:
     """An argparse ``type`` for ``--scheduler``: ``local:N`` (N >= 1 worker processes), ``threads``, or
     an address (``tcp://host:8786``); ``local:0`` waited forever for a worker, ``local:x`` raised int()'s

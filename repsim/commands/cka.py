@@ -15,7 +15,8 @@ HELP = "minibatch CKA between every (store, layer) pair"
 def configure(parser: argparse.ArgumentParser) -> None:
     add_store_arguments(parser, out_help="result file (.npz, CKAResult.save; e.g. cka_resnet50.npz)")
     parser.add_argument("--method", choices=("minibatch", "exact"), default="minibatch",
-                        help="minibatch (paper: unbiased HSIC over batches) or exact (full-data, float64)")
+                        help="minibatch (default, the paper's: unbiased HSIC over batches) or exact (full-data, "
+                             "float64)")
     parser.add_argument("--batch-size", type=positive, default=1500, help="minibatch size (default 1500, paper)")
     parser.add_argument("--epochs", type=positive, default=10, help="passes over the data (default 10, paper)")
     parser.add_argument("--seed", type=non_negative, default=0, help="shuffling seed (default 0)")

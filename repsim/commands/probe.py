@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from repsim._io import atomic_write
-from repsim.commands._args import DEFAULT_BUDGET_MIB, add_pairing_flags, non_negative, positive
+from repsim.commands._args import DEFAULT_BUDGET_MIB, add_pairing_flags, fraction, non_negative, positive
 from repsim.results import KEYS, conform
 
 HELP = "transfer probes: linear / kNN (probes.csv), multi-label AUC (multilabel.csv), relearned heads"
@@ -73,15 +73,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe", nargs="+", choices=["linear", "knn"], default=list(DEFAULTS["probe"]),
                         help="single-label stores only; multi-label stores always get the per-target "
                              "linear probe")
-    parser.add_argument("--metric", choices=["top1", "mean_per_class"], default=DEFAULTS["metric"])
+    parser.add_argument("--metric", choices=["top1", "mean_per_class"], default=DEFAULTS["metric"],
+                        help="accuracy reported and used to pick λ / k: top1 (default) or mean_per_class "
+                             "(Table 2's mean per-class accuracy)")
     parser.add_argument("--task", default=DEFAULTS["task"],
                         help="task name in the output (default: the test store's dataset name; "
                              "'relearn' with --relearn)")
-    parser.add_argument("--val-fraction", type=float, default=DEFAULTS["val_fraction"])
-    parser.add_argument("--lambdas", type=int, default=DEFAULTS["lambdas"],
+    parser.add_argument("--val-fraction", type=fraction, default=DEFAULTS["val_fraction"],
+                        help="share of the training store held out to choose λ and k (default 0.2, App. A.2)")
+    parser.add_argument("--lambdas", type=positive, default=DEFAULTS["lambdas"],
                         help="number of log-spaced λ in [1e-6, 1e5] (default 45, App. A.2)")
-    parser.add_argument("--ks", type=int, nargs="+", default=list(DEFAULTS["ks"]))
-    parser.add_argument("--bins", type=int, default=DEFAULTS["bins"],
+    parser.add_argument("--ks", type=positive, nargs="+", default=list(DEFAULTS["ks"]),
+                        help="kNN probe: neighbour counts tried on the validation split (default 1 3 5 10 20 50 100)")
+    parser.add_argument("--bins", type=positive, default=DEFAULTS["bins"],
                         help="multi-label stores: AUC from this many evenly spaced score bins (default "
                              "1000, App. D.3)")
     add_pairing_flags(parser, "training", "test", same_examples_use="a training-set score, on purpose",
@@ -93,11 +97,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "keeping up to MIB/2 of decoded training rows between passes (the same numbers "
                              "to the solver's tolerance; memory bounded by MIB whatever n); default "
                              f"{DEFAULT_BUDGET_MIB}, 0: always out of core, nothing kept")
-    parser.add_argument("--seed", type=non_negative, default=DEFAULTS["seed"])
+    parser.add_argument("--seed", type=non_negative, default=DEFAULTS["seed"],
+                        help="seed of the validation split and of --relearn's held-out examples (default 0)")
     parser.add_argument("--out", default=".", metavar="FILE.csv|DIR",
                         help="the results CSV (FILE.csv; per-store details go to FILE.json beside it), as for the "
                              "other analysis commands; or a directory for probes.csv / multilabel.csv (default: .)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no per-store progress lines")
 
 
 def _meta(store) -> tuple[str, str]:
@@ -320,8 +325,6 @@ def _single(args, tr, te, Xtr, Xte, lambdas, common) -> tuple[list[dict], list[d
 
 def _relearn(args, store, X, lambdas, common, task) -> tuple[list[dict], list[dict]]:
     """Fig. 6: relearned head and original head on the same ``per_class`` held-out examples per class."""
-    import numpy as np
-
     from repsim.probes._rows import Rows
     from repsim.probes.transfer import relearn_head, relearn_head_rows
     from repsim.store.finite import require_finite
