@@ -133,3 +133,28 @@ def test_prediction_figures_with_stores_of_different_class_counts(tmp_path):
     out = tmp_path / "out"
     assert main(["figures", "--stores", str(d), "--out", str(out), "--only", "figC6", "figC7", "--quiet"]) == 0
     assert (out / "figC6.png").stat().st_size > 0 and (out / "figC7.png").stat().st_size > 0
+
+
+def test_figE3_reads_the_networks_own_training_set_not_a_transfer_task(tmp_path):
+    """Fig. E.3 is of the pretraining task's training set (App. E). With training-split stores of the
+    source and of a transfer task that tie on every other count, the source group is read — whichever
+    dataset name sorts last (the audit: "digits-target" > "digits-source" picked the transfer task)."""
+    from analyses.data import Inputs
+    from analyses.items.predictions import Models, figE3
+
+    d = tmp_path / "stores"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    y = np.arange(40) % 2
+    for o in ("softmax", "sigmoid"):
+        for data, tag in (("digits-source", "src"), ("digits-target", "tgt")):
+            logits = rng.normal(size=(40, 2)).astype(np.float32)
+            save_store(d / f"{o}-s0-{tag}-train.zarr", {"pool": rng.normal(size=(40, 4)).astype(np.float32)}, y,
+                       logits=logits,
+                       meta={"model": {"objective": o, "seed": 0, "train_dataset": {"name": "digits-source@20"}},
+                             "dataset": {"name": data, "split": "train"}})
+    inputs = Inputs(d, None)
+    M = Models(inputs, prefer_split="train")
+    assert (M.dataset, M.split) == ("digits-source", "train")
+    assert all("-src-" in n for n in M.names)
+    assert "digits-source/train" in figE3(inputs).caption

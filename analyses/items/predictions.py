@@ -11,6 +11,19 @@ from analyses.item import Figure, item
 from analyses.style import color
 
 
+def _on_training_dataset(dataset: str, store) -> bool:
+    """Whether ``store`` holds its network's own training dataset: the store's dataset and the
+    network's ``model.train_dataset.name`` denote one dataset up to an ``@N`` size suffix
+    (:func:`repsim.store.pairing.dataset_family`); False when either name is not recorded."""
+    from repsim.store.pairing import dataset_family
+
+    train = (getattr(store, "model", None) or {}).get("train_dataset")
+    name = (train.get("name") or train.get("spec")) if isinstance(train, dict) else train
+    a = dataset_family(dataset if isinstance(dataset, str) and dataset else None)
+    b = dataset_family(name if isinstance(name, str) and name else None)
+    return a is not None and a == b
+
+
 class Models:
     """Networks evaluated on one (dataset, split), ordered by objective: labels ``y``, top-1 predictions
     ``pred`` (M, N) and their softmax probabilities ``conf`` (M, N), read chunk by chunk."""
@@ -27,10 +40,12 @@ class Models:
         groups: dict[tuple, list] = {}
         for s in cands:
             groups.setdefault(key(s), []).append(s)
-        # ``prefer_split`` when ≥ 2 networks have it; else the split with most networks; ties: the one with
-        # most layers (the main evaluation stores), then test
+        # first the networks' own training dataset (the pretraining task the paper's figures are of, not a
+        # transfer task's images under other classes); then ``prefer_split`` when ≥ 2 networks have it; else
+        # the split with most networks; ties: the one with most layers (the main evaluation stores), then test
+        own = lambda kv: all(_on_training_dataset(runs.loc[s.name, "dataset"], s) for s in kv[1])
         (self.dataset, self.split, self.n_classes), chosen = max(
-            groups.items(), key=lambda kv: (kv[0][1] == prefer_split and len(kv[1]) >= 2, len(kv[1]),
+            groups.items(), key=lambda kv: (own(kv), kv[0][1] == prefer_split and len(kv[1]) >= 2, len(kv[1]),
                                             len(kv[1][0].layers), kv[0][1] == "test", kv[0]))
         if len(chosen) < 2:
             raise Missing("fewer than 2 stores with logits on one dataset split")
