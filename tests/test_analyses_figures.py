@@ -441,6 +441,36 @@ def test_tableC3_leaves_out_temperatures_at_the_search_bound(tmp_path):
     assert "classify their holdout perfectly" in t.caption
 
 
+def test_tableC3_leaves_out_fits_one_grid_step_from_the_bound_and_their_T(tmp_path):
+    """A perfect holdout's NLL ties at 0 near T = 0.01, so the fit can land on the grid point after the
+    bound (0.0126): as degenerate as the bound itself, it is blank too, at either end, and no blanked T
+    enters the T column. A fit well inside the range with a perfect holdout (sigmoid, T = 0.29) stays."""
+    from analyses.data import Inputs, display
+    from analyses.items.evaluation import tableC3
+    from repsim.probes.calibration import TEMPERATURE_BOUNDS, temperature_grid_step
+
+    res = write_results(tmp_path)
+    cal = pd.read_csv(res / "calibration.csv")
+    step = np.exp(temperature_grid_step())
+    cal["holdout_top1"] = 0.97
+    first = (cal.objective == OBJS[0]) & (cal.seed == 0)   # one grid step above the lower bound
+    cal.loc[first, ["temperature", "nll_ts", "ece_ts", "holdout_top1"]] = [TEMPERATURE_BOUNDS[0] * step, 3.52, 0.004, 1.0]
+    top = (cal.objective == OBJS[3]) & (cal.seed == 1)     # one grid step below the upper bound
+    cal.loc[top, ["temperature", "nll_ts"]] = [TEMPERATURE_BOUNDS[1] / step, 7.77]
+    sig = (cal.objective == OBJS[1]) & (cal.seed == 1)     # perfect holdout, T inside: a calibration
+    cal.loc[sig, ["temperature", "holdout_top1"]] = [0.29, 1.0]
+    cal.to_csv(res / "calibration.csv", index=False)
+    t = tableC3(Inputs(None, res))
+    shown = t.shown.set_index("Objective")
+    assert shown.loc[display(OBJS[0]), "NLL (TS)"] == "0.850"       # the other seed's alone
+    assert shown.loc[display(OBJS[0]), "T"] == "1.200"              # 0.0126 not averaged in
+    assert shown.loc[display(OBJS[3]), "T"] == "1.200"
+    assert "3.52" not in t.shown.to_string() and "7.77" not in t.shown.to_string()
+    assert shown.loc[display(OBJS[1]), "T"].startswith("0.745")     # mean of 1.2 and 0.29: kept
+    assert "for 2 of 8 networks T stopped at the search bound" in t.caption
+    assert "their T, NLL (TS) and ECE (TS) are left out" in t.caption
+
+
 def test_training_curves_say_where_they_end(tmp_path):
     from analyses.data import Inputs
     from analyses.items.training import figC1, figC2, figC3
