@@ -325,6 +325,25 @@ def test_findings_detect_a_contradiction(tmp_path):
     assert f["Class separation rises and predicts worse transfer"].verdict == "partial"
 
 
+def test_transfer_evidence_lists_worse_and_better_transfer_apart(tmp_path):
+    """Finding 1: of the objectives above softmax on source accuracy, those after "transfer worse" are
+    the ones below softmax's transfer; one that transfers better is listed under "transfer better"."""
+    from analyses.data import Inputs, display
+    from analyses.findings import evaluate
+
+    res = write_results(tmp_path)
+    pro = pd.read_csv(res / "probes.csv")
+    pro.loc[(pro.objective == OBJS[1]) & (pro.task != "source"), "accuracy"] += 0.2  # beats softmax, transfers better
+    pro.to_csv(res / "probes.csv", index=False)
+    ev = {x.name: x for x in evaluate(Inputs(None, res))}["Better objectives transfer worse"].evidence
+    m = re.search(r"3 of 3 objectives beat softmax on source accuracy, 2 of them transfer worse \((.*?)\), "
+                  r"1 transfer better \((.*?)\) \(p: t-test vs softmax\)\.", ev)
+    assert m, ev
+    worse, better = m.groups()
+    assert display(OBJS[2]) in worse and display(OBJS[3]) in worse and display(OBJS[1]) not in worse
+    assert better.startswith(display(OBJS[1]) + " source") and display(OBJS[2]) not in better
+
+
 def test_separation_evidence_ranges_only_the_higher_objectives(tmp_path):
     """Finding 3 lists the objectives not above softmax, and the range it gives is of the others only."""
     from analyses.data import Inputs
