@@ -490,6 +490,51 @@ def test_tableC3_leaves_out_fits_one_grid_step_from_the_bound_and_their_T(tmp_pa
     assert "their T, NLL (TS) and ECE (TS) are left out" in t.caption
 
 
+def _split_separation(res, train_layers):
+    """separation.csv of every layer on the test split and ``train_layers`` on the training split; the
+    training split's R² higher by 0.1, so that the figure's split shows in its values."""
+    rows = []
+    for o in OBJS:
+        for s in SEEDS:
+            for split, layers, shift in (("test", LAYERS, 0.0), ("train", train_layers, 0.1)):
+                for li, layer in enumerate(LAYERS):
+                    if layer in layers:
+                        rows.append(dict(store=f"{o}-s{s}-{split}", objective=o, seed=s, layer=layer, distance="cosine",
+                                         r2=0.1 + 0.1 * li + shift, dataset="digits-source", split=split,
+                                         n=586 if split == "train" else 225))
+    pd.DataFrame(rows).to_csv(res / "separation.csv", index=False)
+
+
+def test_fig4_is_on_the_training_split_when_it_has_every_layer(tmp_path):
+    """The paper's Fig. 4 is on the training set, as Table 3: with every layer of both splits the
+    figure draws the training split, so that its last point is Table 3's R²."""
+    from analyses.data import Inputs
+    from analyses.items.layers import fig4, table3
+
+    res = write_results(tmp_path)
+    _split_separation(res, LAYERS)
+    out = fig4(Inputs(None, res))
+    assert "digits-source/train (n=586)" in out.caption and "digits-source/test" not in out.caption
+    assert "not the training set" not in out.caption
+    last = max(line.get_ydata()[-1] for line in out.fig.axes[0].get_lines() if len(line.get_ydata()) == len(LAYERS))
+    t3 = table3(Inputs(None, res)).numeric
+    assert last == pytest.approx(t3.filter(like="R²").iloc[:, 0].max())
+
+
+def test_fig4_on_the_test_split_says_so(tmp_path):
+    """With the training split at the penultimate layer only, Fig. 4 falls back to the test split and
+    its caption says it is not the paper's training set and that its last point is not Table 3's."""
+    from analyses.data import Inputs
+    from analyses.items.layers import fig4
+
+    res = write_results(tmp_path)
+    _split_separation(res, ["pool"])
+    cap = fig4(Inputs(None, res)).caption
+    assert "digits-source/test (n=225)" in cap
+    assert "Drawn on the test split, not the training set of the paper's Fig. 4" in cap
+    assert "its last point is not Table 3's R²" in cap
+
+
 def test_training_curves_say_where_they_end(tmp_path):
     from analyses.data import Inputs
     from analyses.items.training import figC1, figC2, figC3

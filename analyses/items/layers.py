@@ -261,10 +261,17 @@ def fig4(inputs: Inputs) -> Figure:
     df = df[df["distance"].astype(str) == "cosine"]
     if df.empty:
         raise Missing("separation.csv has no cosine-distance rows")
-    df = one_split(df, prefer="layers")
-    fig, bounds = _per_layer_plot(inputs, df, "r2", "Class separation R² (cosine)", "Class separation per layer")
+    split = one_split(df, prefer="layers")
+    fig, bounds = _per_layer_plot(inputs, split, "r2", "Class separation R² (cosine)", "Class separation per layer")
+    note = ""
+    shown = split["split"].fillna("").astype(str).iloc[0] if "split" in split else ""
+    if shown and shown != "train":  # the paper's Fig. 4 is on the training set, as Table 3 is
+        has_train = "split" in df and (df["split"].fillna("").astype(str) == "train").any()
+        note = (f" Drawn on the {shown} split, not the training set of the paper's Fig. 4 (the training split's "
+                "blocks are not in separation.csv)" + (": its last point is not Table 3's R², which is of the "
+                                                       "training split" if has_train else "") + ".")
     return Figure(fig, "R² = 1 − d̄_within / d̄_total (Eq. 11), convolutional layers flattened across space; "
-                       f"mean over seeds (band: ± sd). {describe_rows(df)}.")
+                       f"mean over seeds (band: ± sd).{note} {describe_rows(split)}.")
 
 
 @item("table3", "Table 3: source accuracy and penultimate-layer class separation", "table", ("separation.csv",))
