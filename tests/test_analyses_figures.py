@@ -535,6 +535,31 @@ def test_fig4_on_the_test_split_says_so(tmp_path):
     assert "its last point is not Table 3's R²" in cap
 
 
+def test_fig6_original_dots_stay_visible_under_equal_relearned_ones(tmp_path):
+    """Fig. 6: where the original head and the relearned probe score alike, both markers show: the blue
+    ones are hollow rings drawn above the filled orange dots, and the legend names each."""
+    from matplotlib.colors import to_rgba
+
+    from analyses.data import Inputs
+    from analyses.items.transfer import fig6
+
+    res = write_results(tmp_path)
+    pro = pd.read_csv(res / "probes.csv")
+    src = pro[(pro.task == "source") & (pro.probe == "linear")]
+    pro = pd.concat([pro, src.assign(probe="original_head")])  # the same accuracy as the relearned probe
+    pro.to_csv(res / "probes.csv", index=False)
+    ax = fig6(Inputs(None, res)).fig.axes[0]
+    colls = {c.get_label(): c for c in ax.collections}
+    blue, orange = colls["original classifier"], colls["relearned linear classifier"]
+    np.testing.assert_allclose(blue.get_offsets(), orange.get_offsets())
+    assert blue.get_zorder() > orange.get_zorder()
+    assert len(blue.get_facecolors()) == 0 or blue.get_facecolors()[:, 3].max() == 0  # hollow
+    assert tuple(blue.get_edgecolors()[0]) == to_rgba("#1f77b4")
+    assert blue.get_sizes()[0] > orange.get_sizes()[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert sorted(legend) == ["original classifier", "relearned linear classifier"]
+
+
 def test_training_curves_say_where_they_end(tmp_path):
     from analyses.data import Inputs
     from analyses.items.training import figC1, figC2, figC3
