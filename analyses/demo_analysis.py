@@ -50,7 +50,8 @@ def similarity(paths: Sequence[str], path: Path, measures: Sequence[str] = ("lin
 
 
 def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path, dynamics: Sequence[str] = ()) -> None:
-    """separation.csv (every layer of the ``test`` stores, cosine; the penultimate layer under all
+    """separation.csv (every layer of the ``test`` stores, cosine; every layer the ``train`` stores hold,
+    cosine (Fig. 4 on the training set when they hold every block); the penultimate layer under all
     three distances on the ``test`` and ``train`` stores; the penultimate layer, cosine, of the
     ``dynamics`` stores of earlier checkpoints, Fig. E.4), sparsity.csv (every layer, ``test``),
     collapse.csv and spectra.npz (penultimate layer, ``train``), by the engine's streaming drivers."""
@@ -61,6 +62,9 @@ def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path, dynamics
     kw = dict(progress=False, threads=1)
     sep = separation_rows(test, blocks, distances=("cosine",), **kw)
     sep += [r for r in separation_rows(test, ["pool"], distances=DISTANCES, **kw) if r["distance"] != "cosine"]
+    train_blocks = [l for l in open_store(train[0]).layers if l not in ("logits", "pool")] if train else []
+    if train_blocks:
+        sep += separation_rows(train, train_blocks, distances=("cosine",), **kw)
     sep += separation_rows(train, ["pool"], distances=DISTANCES, **kw)
     if dynamics:
         sep += separation_rows(dynamics, ["pool"], distances=("cosine",), **kw)

@@ -192,14 +192,21 @@ def finding_transfer(inputs: Inputs) -> Finding:
     src_of = {l: src_runs.get_group(l).to_numpy(float) for l in common}
     n_seeds = sorted({len(v) for v in groups.values()})
     vs_best = "" if best == "softmax" else f", p = {_p(groups['softmax'], groups[best])} vs softmax"
-    details = "; ".join(f"{display(l)} source {_pm(src_of[l])}% (p = {_p(src_of[l], src_of['softmax'])}), "
-                        f"transfer {_pm(groups[l])}% (p = {_p(groups[l], groups['softmax'])})" for l in beat)
+    details = lambda labels: "; ".join(
+        f"{display(l)} source {_pm(src_of[l])}% (p = {_p(src_of[l], src_of['softmax'])}), "
+        f"transfer {_pm(groups[l])}% (p = {_p(groups[l], groups['softmax'])})" for l in labels)
+    better = [l for l in beat if transfer[l] > transfer["softmax"]]
+    equal = [l for l in beat if l not in worse and l not in better]
+    # the objectives that transfer worse listed apart from those that transfer better (or as well)
+    parts = [f"{len(worse)} of them transfer worse" + (f" ({details(worse)})" if worse else "")]
+    parts += [f"{len(ls)} transfer {how} ({details(ls)})" for how, ls in (("better", better), ("as well", equal)) if ls]
+    split_text = ", ".join(parts)
     ev = (f"Softmax: {_pm(src_of['softmax'])}% source top-1, {_pm(groups['softmax'])}% mean linear transfer "
           f"(mean ± s.e. over {'/'.join(map(str, n_seeds))} seeds); best "
           f"transfer {display(best)} ({_pm(groups[best])}%{vs_best}); softmax "
           f"{'is' if softmax_best else 'is not'} best or tied with the best (t-test over seeds). "
           f"{len(beat)} of {len(common) - 1} objectives beat softmax on source accuracy"
-          + (f", {len(worse)} of them transfer worse ({details}; p: t-test vs softmax)" if beat else "")
+          + (f", {split_text} (p: t-test vs softmax)" if beat else "")
           + f". Descriptive: Spearman ρ(source top-1, transfer) = {rho:.2f} (p = {p:.3g}, n = {len(common)}).")
     ev += power_text({l: groups[l] for l in common}) + pixel_text(inputs, lin["task"].unique())
     why = "" if verdict == "reproduced" else _why_transfer(

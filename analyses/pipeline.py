@@ -274,12 +274,17 @@ class Demo:
     def group_paths(self, group: str) -> list[str]:
         return [str(self.store_path(group, n)) for n, _ in self.group_members(group)]
 
-    def _store_ok(self, path: Path, ckpt: Path) -> bool:
+    def _store_ok(self, path: Path, ckpt: Path, layers: str | None) -> bool:
+        """A complete store newer than its checkpoint that holds the group's ``layers`` (None: every block;
+        a store of the penultimate layer alone, from a profile that extracted only that, is rewritten)."""
         from repsim import open_store
 
         try:
-            open_store(path)
+            store = open_store(path)
         except (ValueError, FileNotFoundError, OSError):
+            return False
+        held = [l for l in store.layers if l != "logits"]
+        if layers is None and len(held) <= 1 or layers is not None and not set(layers.split(",")) <= set(held):
             return False
         return (path / "zarr.json").stat().st_mtime >= ckpt.stat().st_mtime
 
@@ -305,7 +310,7 @@ class Demo:
             n_all += len(members)
             for group, store, ckpt in members:
                 path = self.store_path(group, store)
-                if self._store_ok(path, ckpt):
+                if self._store_ok(path, ckpt, {**self.groups, **self.dynamics_groups}[group][2]):
                     continue
                 if path.exists():
                     shutil.rmtree(path)

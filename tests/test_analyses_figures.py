@@ -325,6 +325,25 @@ def test_findings_detect_a_contradiction(tmp_path):
     assert f["Class separation rises and predicts worse transfer"].verdict == "partial"
 
 
+def test_transfer_evidence_lists_worse_and_better_transfer_apart(tmp_path):
+    """Finding 1: of the objectives above softmax on source accuracy, those after "transfer worse" are
+    the ones below softmax's transfer; one that transfers better is listed under "transfer better"."""
+    from analyses.data import Inputs, display
+    from analyses.findings import evaluate
+
+    res = write_results(tmp_path)
+    pro = pd.read_csv(res / "probes.csv")
+    pro.loc[(pro.objective == OBJS[1]) & (pro.task != "source"), "accuracy"] += 0.2  # beats softmax, transfers better
+    pro.to_csv(res / "probes.csv", index=False)
+    ev = {x.name: x for x in evaluate(Inputs(None, res))}["Better objectives transfer worse"].evidence
+    m = re.search(r"3 of 3 objectives beat softmax on source accuracy, 2 of them transfer worse \((.*?)\), "
+                  r"1 transfer better \((.*?)\) \(p: t-test vs softmax\)\.", ev)
+    assert m, ev
+    worse, better = m.groups()
+    assert display(OBJS[2]) in worse and display(OBJS[3]) in worse and display(OBJS[1]) not in worse
+    assert better.startswith(display(OBJS[1]) + " source") and display(OBJS[2]) not in better
+
+
 def test_separation_evidence_ranges_only_the_higher_objectives(tmp_path):
     """Finding 3 lists the objectives not above softmax, and the range it gives is of the others only."""
     from analyses.data import Inputs
@@ -439,6 +458,106 @@ def test_tableC3_leaves_out_temperatures_at_the_search_bound(tmp_path):
     assert "57" not in t.shown.to_string()
     assert f"for {int(hit.sum())} of {len(cal)} networks T stopped at the search bound" in t.caption
     assert "classify their holdout perfectly" in t.caption
+
+
+def test_tableC3_leaves_out_fits_one_grid_step_from_the_bound_and_their_T(tmp_path):
+    """A perfect holdout's NLL ties at 0 near T = 0.01, so the fit can land on the grid point after the
+    bound (0.0126): as degenerate as the bound itself, it is blank too, at either end, and no blanked T
+    enters the T column. A fit well inside the range with a perfect holdout (sigmoid, T = 0.29) stays."""
+    from analyses.data import Inputs, display
+    from analyses.items.evaluation import tableC3
+    from repsim.probes.calibration import TEMPERATURE_BOUNDS, temperature_grid_step
+
+    res = write_results(tmp_path)
+    cal = pd.read_csv(res / "calibration.csv")
+    step = np.exp(temperature_grid_step())
+    cal["holdout_top1"] = 0.97
+    first = (cal.objective == OBJS[0]) & (cal.seed == 0)   # one grid step above the lower bound
+    cal.loc[first, ["temperature", "nll_ts", "ece_ts", "holdout_top1"]] = [TEMPERATURE_BOUNDS[0] * step, 3.52, 0.004, 1.0]
+    top = (cal.objective == OBJS[3]) & (cal.seed == 1)     # one grid step below the upper bound
+    cal.loc[top, ["temperature", "nll_ts"]] = [TEMPERATURE_BOUNDS[1] / step, 7.77]
+    sig = (cal.objective == OBJS[1]) & (cal.seed == 1)     # perfect holdout, T inside: a calibration
+    cal.loc[sig, ["temperature", "holdout_top1"]] = [0.29, 1.0]
+    cal.to_csv(res / "calibration.csv", index=False)
+    t = tableC3(Inputs(None, res))
+    shown = t.shown.set_index("Objective")
+    assert shown.loc[display(OBJS[0]), "NLL (TS)"] == "0.850"       # the other seed's alone
+    assert shown.loc[display(OBJS[0]), "T"] == "1.200"              # 0.0126 not averaged in
+    assert shown.loc[display(OBJS[3]), "T"] == "1.200"
+    assert "3.52" not in t.shown.to_string() and "7.77" not in t.shown.to_string()
+    assert shown.loc[display(OBJS[1]), "T"].startswith("0.745")     # mean of 1.2 and 0.29: kept
+    assert "for 2 of 8 networks T stopped at the search bound" in t.caption
+    assert "their T, NLL (TS) and ECE (TS) are left out" in t.caption
+
+
+def _split_separation(res, train_layers):
+    """separation.csv of every layer on the test split and ``train_layers`` on the training split; the
+    training split's R² higher by 0.1, so that the figure's split shows in its values."""
+    rows = []
+    for o in OBJS:
+        for s in SEEDS:
+            for split, layers, shift in (("test", LAYERS, 0.0), ("train", train_layers, 0.1)):
+                for li, layer in enumerate(LAYERS):
+                    if layer in layers:
+                        rows.append(dict(store=f"{o}-s{s}-{split}", objective=o, seed=s, layer=layer, distance="cosine",
+                                         r2=0.1 + 0.1 * li + shift, dataset="digits-source", split=split,
+                                         n=586 if split == "train" else 225))
+    pd.DataFrame(rows).to_csv(res / "separation.csv", index=False)
+
+
+def test_fig4_is_on_the_training_split_when_it_has_every_layer(tmp_path):
+    """The paper's Fig. 4 is on the training set, as Table 3: with every layer of both splits the
+    figure draws the training split, so that its last point is Table 3's R²."""
+    from analyses.data import Inputs
+    from analyses.items.layers import fig4, table3
+
+    res = write_results(tmp_path)
+    _split_separation(res, LAYERS)
+    out = fig4(Inputs(None, res))
+    assert "digits-source/train (n=586)" in out.caption and "digits-source/test" not in out.caption
+    assert "not the training set" not in out.caption
+    last = max(line.get_ydata()[-1] for line in out.fig.axes[0].get_lines() if len(line.get_ydata()) == len(LAYERS))
+    t3 = table3(Inputs(None, res)).numeric
+    assert last == pytest.approx(t3.filter(like="R²").iloc[:, 0].max())
+
+
+def test_fig4_on_the_test_split_says_so(tmp_path):
+    """With the training split at the penultimate layer only, Fig. 4 falls back to the test split and
+    its caption says it is not the paper's training set and that its last point is not Table 3's."""
+    from analyses.data import Inputs
+    from analyses.items.layers import fig4
+
+    res = write_results(tmp_path)
+    _split_separation(res, ["pool"])
+    cap = fig4(Inputs(None, res)).caption
+    assert "digits-source/test (n=225)" in cap
+    assert "Drawn on the test split, not the training set of the paper's Fig. 4" in cap
+    assert "its last point is not Table 3's R²" in cap
+
+
+def test_fig6_original_dots_stay_visible_under_equal_relearned_ones(tmp_path):
+    """Fig. 6: where the original head and the relearned probe score alike, both markers show: the blue
+    ones are hollow rings drawn above the filled orange dots, and the legend names each."""
+    from matplotlib.colors import to_rgba
+
+    from analyses.data import Inputs
+    from analyses.items.transfer import fig6
+
+    res = write_results(tmp_path)
+    pro = pd.read_csv(res / "probes.csv")
+    src = pro[(pro.task == "source") & (pro.probe == "linear")]
+    pro = pd.concat([pro, src.assign(probe="original_head")])  # the same accuracy as the relearned probe
+    pro.to_csv(res / "probes.csv", index=False)
+    ax = fig6(Inputs(None, res)).fig.axes[0]
+    colls = {c.get_label(): c for c in ax.collections}
+    blue, orange = colls["original classifier"], colls["relearned linear classifier"]
+    np.testing.assert_allclose(blue.get_offsets(), orange.get_offsets())
+    assert blue.get_zorder() > orange.get_zorder()
+    assert len(blue.get_facecolors()) == 0 or blue.get_facecolors()[:, 3].max() == 0  # hollow
+    assert tuple(blue.get_edgecolors()[0]) == to_rgba("#1f77b4")
+    assert blue.get_sizes()[0] > orange.get_sizes()[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert sorted(legend) == ["original classifier", "relearned linear classifier"]
 
 
 def test_training_curves_say_where_they_end(tmp_path):

@@ -155,3 +155,86 @@ def test_figures_only_an_unknown_item_is_refused(tmp_path, capsys):
     assert "--only: unknown item(s) fig99; `repsim figures --list` lists the items" in err
     assert main(["figures", "--results", str(tmp_path), "--out", str(tmp_path / "f"), "--only", "fig2a_rbf_cka",
                  "--quiet"]) == 0
+
+
+def test_figE3_reads_the_networks_own_training_set_not_a_transfer_task(tmp_path):
+    """Fig. E.3 is of the pretraining task's training set (App. E). With training-split stores of the
+    source and of a transfer task that tie on every other count, the source group is read — whichever
+    dataset name sorts last (the audit: "digits-target" > "digits-source" picked the transfer task)."""
+    from analyses.data import Inputs
+    from analyses.items.predictions import Models, figE3
+
+    d = tmp_path / "stores"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    y = np.arange(40) % 2
+    for o in ("softmax", "sigmoid"):
+        for data, tag in (("digits-source", "src"), ("digits-target", "tgt")):
+            logits = rng.normal(size=(40, 2)).astype(np.float32)
+            save_store(d / f"{o}-s0-{tag}-train.zarr", {"pool": rng.normal(size=(40, 4)).astype(np.float32)}, y,
+                       logits=logits,
+                       meta={"model": {"objective": o, "seed": 0, "train_dataset": {"name": "digits-source@20"}},
+                             "dataset": {"name": data, "split": "train"}})
+    inputs = Inputs(d, None)
+    M = Models(inputs, prefer_split="train")
+    assert (M.dataset, M.split) == ("digits-source", "train")
+    assert all("-src-" in n for n in M.names)
+    assert "digits-source/train" in figE3(inputs).caption
+
+
+def _pred_stores(d, preds, y, k):
+    """One store per (name, predictions): logits peaked at each prediction."""
+    rng = np.random.default_rng(0)
+    for name, (obj, seed, pred) in preds.items():
+        logits = np.full((len(y), k), -2.0, np.float32)
+        logits[np.arange(len(y)), pred] = 3.0
+        save_store(d / f"{name}.zarr", {"pool": rng.normal(size=(len(y), 4)).astype(np.float32)}, y, logits=logits,
+                   meta={"model": {"objective": obj, "seed": seed}, "dataset": {"name": "toy", "split": "test"}})
+
+
+def test_figC4_explains_pairs_with_no_common_error_and_clusters_them_neutrally(tmp_path):
+    """Two networks with no example both get wrong have undefined agreement: blank cell, a caption
+    sentence saying why, and in the dendrogram the mean of the other pairs rather than 0 % (distance 1)."""
+    from analyses.data import Inputs
+    from analyses.items.predictions import clustering_similarity, figC4
+
+    S, n, fill = clustering_similarity(np.array([[np.nan, np.nan, 0.2], [np.nan, np.nan, 0.6], [0.2, 0.6, np.nan]]))
+    assert n == 1 and fill == pytest.approx(0.4)
+    np.testing.assert_allclose(S, [[1, 0.4, 0.2], [0.4, 1, 0.6], [0.2, 0.6, 1]])
+
+    d = tmp_path / "stores"
+    d.mkdir()
+    y = np.arange(40) % 4
+    a, b, c = y.copy(), y.copy(), y.copy()
+    a[:4] = (y[:4] + 1) % 4     # a errs on 0–3
+    b[4:8] = (y[4:8] + 1) % 4   # b errs on 4–7: no error in common with a
+    c[:4] = (y[:4] + 2) % 4     # c errs on 0–3 unlike a (0 %) and on 4–7 like b (100 %)
+    c[4:8] = (y[4:8] + 1) % 4
+    _pred_stores(d, {"softmax-s0": ("softmax", 0, a), "softmax-s1": ("softmax", 1, b),
+                     "sigmoid-s0": ("sigmoid", 0, c)}, y, 4)
+    out = figC4(Inputs(d, None))
+    assert "1 pair(s) of networks have no example both get wrong" in out.caption
+    assert "(50.0 %)" in out.caption
+    # b and c join at distance 0; a joins them at the mean of 1 − 0.5 (a, b: filled) and 1 − 0 (a, c) = 0.75,
+    # where the undefined pair taken as 0 % agreement put it at 1
+    segments = np.concatenate([seg for coll in out.fig.axes[1].collections for seg in coll.get_segments()])
+    assert segments[:, 0].max() == pytest.approx(0.75)
+
+
+def test_figE4_puts_the_training_split_left_on_one_y_scale(tmp_path):
+    """App. E.4: training set (left), validation set (right); the panels share their y scale."""
+    from analyses.data import Inputs
+    from analyses.items.layers import figE4
+
+    res = write_results(tmp_path)
+    sep = pd.read_csv(res / "separation.csv")
+    sep = pd.concat([sep.assign(split="test", dataset="toy", n=60),
+                     sep.assign(split="train", dataset="toy", n=90, r2=sep.r2 + 0.3,
+                                store=sep.store.str.replace("-test", "-train"))])
+    sep = pd.concat([sep.assign(epoch=3), sep.assign(epoch=1, r2=sep.r2 * 0.5)])
+    sep.to_csv(res / "separation.csv", index=False)
+    out = figE4(Inputs(None, res))
+    left, right = out.fig.axes[:2]
+    assert left.get_title() == "train split" and right.get_title() == "test split"
+    assert left.get_shared_y_axes().joined(left, right) and left.get_ylim() == right.get_ylim()
+    assert "panels: train split, test split, left to right" in out.caption

@@ -122,3 +122,44 @@ def test_dynamics_checkpoints_stop_before_the_analysed_epoch(tmp_path):
     assert [n for n, _ in got] == ["softmax-s0-epoch-0001", "softmax-s0-epoch-0002"]  # best epoch 3 (first max)
     assert demo.group_paths("dyn-src-train")[0].endswith("dyn-src-train/softmax-s0-epoch-0001-dyn-src-train.zarr")
     assert set(demo.dynamics_groups) == {"dyn-src-train", "dyn-src-test", "dyn-tgt-train", "dyn-tgt-test"}
+
+
+def test_digits_extracts_every_block_of_the_training_split_and_separation_has_them(tmp_path):
+    """Fig. 4 on the training set (the paper's): the digits profile extracts every block of src-train, a
+    penultimate-only src-train store from before is rewritten, and separation.csv holds cosine R² of
+    every block the training stores hold (beside all three distances at pool)."""
+    import numpy as np
+    import pandas as pd
+
+    from analyses.demo_analysis import layer_metrics
+    from analyses.pipeline import Demo
+    from analyses.profiles import DIGITS, FASHION
+    from repsim import save_store
+
+    assert DIGITS.groups["src-train"][2] is None and FASHION.groups["src-train"][2] == "pool"
+    rng = np.random.default_rng(0)
+    y = np.arange(30) % 3
+    shapes = {"block1": (2, 2, 2), "block2": (4,), "pool": (4,)}
+    paths = {}
+    for split, layers in (("test", shapes), ("train", shapes), ("old", {"pool": (4,)})):
+        p = tmp_path / f"softmax-s0-{split}.zarr"
+        save_store(p, {l: rng.normal(size=(30,) + sh).astype(np.float32) for l, sh in layers.items()}, y,
+                   logits=rng.normal(size=(30, 3)).astype(np.float32),
+                   meta={"model": {"objective": "softmax", "seed": 0},
+                         "dataset": {"name": "digits-source", "split": "test" if split == "test" else "train"}})
+        paths[split] = str(p)
+    demo = Demo(tmp_path / "demo", ("softmax",), seeds=1)
+    ckpt = tmp_path / "best.pt"
+    ckpt.write_bytes(b"")
+    import os
+    os.utime(ckpt, (0, 0))
+    assert not demo._store_ok(tmp_path / "softmax-s0-old.zarr", ckpt, demo.groups["src-train"][2])
+    assert demo._store_ok(tmp_path / "softmax-s0-train.zarr", ckpt, demo.groups["src-train"][2])
+    assert demo._store_ok(tmp_path / "softmax-s0-old.zarr", ckpt, "pool")
+    res = tmp_path / "results"
+    res.mkdir()
+    layer_metrics([paths["test"]], [paths["train"]], res)
+    sep = pd.read_csv(res / "separation.csv")
+    train = sep[sep.store == "softmax-s0-train"]
+    assert set(train[train.distance == "cosine"].layer) == {"block1", "block2", "pool"}
+    assert set(train[train.layer == "pool"].distance) == {"cosine", "cosine_centered", "sqeuclidean"}

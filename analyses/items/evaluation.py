@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from repsim.probes.calibration import TEMPERATURE_BOUNDS
+from repsim.probes.calibration import TEMPERATURE_BOUNDS, temperature_grid_step
 
 from analyses.data import Inputs, Missing, describe_rows, display
 from analyses.item import Table, item
@@ -69,12 +69,14 @@ def tableC2(inputs: Inputs) -> Table:
 
 
 def _at_temperature_bound(df: pd.DataFrame) -> pd.Series:
-    """Rows whose fitted T lies within 1 % (in log T) of either end of the search range."""
+    """Rows whose fitted T lies within one step of fit_temperature's log-T grid of either end of the
+    search range: a holdout classified perfectly has NLL 0 (to float precision) at every T near the
+    lower bound, so its tie lands on the bound or the grid point next to it; neither is a calibration."""
     if "temperature" not in df:
         return pd.Series(False, index=df.index)
     logT = np.log(pd.to_numeric(df["temperature"], errors="coerce").clip(lower=1e-300))
     lo, hi = np.log(TEMPERATURE_BOUNDS[0]), np.log(TEMPERATURE_BOUNDS[1])
-    tol = 0.01 * (hi - lo)
+    tol = temperature_grid_step(TEMPERATURE_BOUNDS) * (1 + 1e-6)  # the grid point itself, through exp/log
     return ((logT - lo).abs() <= tol) | ((hi - logT).abs() <= tol)
 
 
@@ -82,10 +84,11 @@ def _at_temperature_bound(df: pd.DataFrame) -> pd.Series:
       ("calibration.csv",))
 def tableC3(inputs: Inputs) -> Table:
     df = inputs.csv("calibration")
-    # a T at the search bound is no calibrated temperature (a perfectly classified holdout drives it to
-    # 0.01): those networks' scaled columns are left blank rather than shown as results
+    # a T at the search bound, or one grid step from it, is no calibrated temperature (a perfectly
+    # classified holdout drives it to 0.01): those networks' T and scaled columns are left blank rather
+    # than shown as results or averaged into their objective's cells
     at_bound = _at_temperature_bound(df)
-    df.loc[at_bound, [c for c in ("nll_ts", "ece_ts") if c in df]] = np.nan
+    df.loc[at_bound, [c for c in ("nll_ts", "ece_ts", "temperature") if c in df]] = np.nan
     names = {"nll": "NLL", "ece": "ECE", "nll_ts": "NLL (TS)", "ece_ts": "ECE (TS)", "temperature": "T"}
     parts = [df.assign(column=shown, value=pd.to_numeric(df[key], errors="coerce"))
              for key, shown in names.items() if key in df]
@@ -107,8 +110,10 @@ def tableC3(inputs: Inputs) -> Table:
         perfect = (pd.to_numeric(df.get("holdout_top1", pd.Series(np.nan, index=df.index)), errors="coerce") >= 1.0)
         why = (f" ({int((perfect & at_bound).sum())} of them classify their holdout perfectly, so its NLL falls "
                "as T → 0)" if (perfect & at_bound).any() else "")
+        step = np.exp(temperature_grid_step(TEMPERATURE_BOUNDS))
         holdout += (f"; for {int(at_bound.sum())} of {len(df)} networks T stopped at the search bound "
-                    f"{TEMPERATURE_BOUNDS[0]:g}–{TEMPERATURE_BOUNDS[1]:g}{why}: no calibrated temperature, so their "
+                    f"{TEMPERATURE_BOUNDS[0]:g}–{TEMPERATURE_BOUNDS[1]:g} or one step of the fit's grid "
+                    f"(a factor {step:.3g} in T) from it{why}: no calibrated temperature, so their T, "
                     "NLL (TS) and ECE (TS) are left out (blank where every seed is)")
     cap = (f"Mean ± s.e. over seeds. NLL = −mean log p(y); ECE over {', '.join(map(str, bins))} equal-width "
            f"confidence bins; TS: temperature T fit to minimise NLL on the holdout split{holdout}, as in Guo et al. "

@@ -261,10 +261,17 @@ def fig4(inputs: Inputs) -> Figure:
     df = df[df["distance"].astype(str) == "cosine"]
     if df.empty:
         raise Missing("separation.csv has no cosine-distance rows")
-    df = one_split(df, prefer="layers")
-    fig, bounds = _per_layer_plot(inputs, df, "r2", "Class separation R² (cosine)", "Class separation per layer")
+    split = one_split(df, prefer="layers")
+    fig, bounds = _per_layer_plot(inputs, split, "r2", "Class separation R² (cosine)", "Class separation per layer")
+    note = ""
+    shown = split["split"].fillna("").astype(str).iloc[0] if "split" in split else ""
+    if shown and shown != "train":  # the paper's Fig. 4 is on the training set, as Table 3 is
+        has_train = "split" in df and (df["split"].fillna("").astype(str) == "train").any()
+        note = (f" Drawn on the {shown} split, not the training set of the paper's Fig. 4 (the training split's "
+                "blocks are not in separation.csv)" + (": its last point is not Table 3's R², which is of the "
+                                                       "training split" if has_train else "") + ".")
     return Figure(fig, "R² = 1 − d̄_within / d̄_total (Eq. 11), convolutional layers flattened across space; "
-                       f"mean over seeds (band: ± sd). {describe_rows(df)}.")
+                       f"mean over seeds (band: ± sd).{note} {describe_rows(split)}.")
 
 
 @item("table3", "Table 3: source accuracy and penultimate-layer class separation", "table", ("separation.csv",))
@@ -336,9 +343,11 @@ def figE4(inputs: Inputs) -> Figure:
     if "epoch" not in sep or sep.groupby(["label", "seed"])["epoch"].nunique().max() < 2:
         raise Missing("separation.csv results for ≥ 2 checkpoints (epochs) of one run are needed")
     sep = sep[sep.groupby(["label", "seed"])["epoch"].transform("nunique") >= 2]  # runs followed over training
-    splits = sorted(sep["split"].fillna("").unique()) if "split" in sep else [""]
+    # the training split left, the evaluation splits right (App. E.4: "training set (left) and validation
+    # set (right)"), on one y scale so that the panels compare at a glance
+    splits = sorted(sep["split"].fillna("").unique(), key=lambda s: (s != "train", s)) if "split" in sep else [""]
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(splits), figsize=(4.6 * len(splits) + 2, 3.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(splits), figsize=(4.6 * len(splits) + 2, 3.8), squeeze=False, sharey=True)
     for ax, split in zip(axes.flat, splits):
         sub = sep[sep["split"].fillna("") == split] if "split" in sep else sep
         for label in labels_in_order(sub["label"]):
@@ -346,8 +355,10 @@ def figE4(inputs: Inputs) -> Figure:
             ax.plot(g.index, g.values, marker="o", ms=3, color=color(label), label=display(label))
         ax.set_title(f"{split or 'all'} split")
         ax.set_xlabel("Epoch")
-        ax.set_ylabel("Class separation R²")
+        ax.tick_params(labelleft=True)  # each panel keeps its own tick labels on the shared scale
+    axes.flat[0].set_ylabel("Class separation R²")
     legend_outside(axes.flat[-1])
     fig.tight_layout()
-    return Figure(fig, f"R² (cosine) of layer {sep['layer'].iloc[0]} at each checkpoint, mean over seeds. "
+    return Figure(fig, f"R² (cosine) of layer {sep['layer'].iloc[0]} at each checkpoint, mean over seeds; "
+                       f"panels: {', '.join((s or 'all') + ' split' for s in splits)}, left to right, one y scale. "
                        f"{describe_rows(sep)}.")

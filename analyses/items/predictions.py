@@ -11,6 +11,19 @@ from analyses.item import Figure, item
 from analyses.style import color
 
 
+def _on_training_dataset(dataset: str, store) -> bool:
+    """Whether ``store`` holds its network's own training dataset: the store's dataset and the
+    network's ``model.train_dataset.name`` denote one dataset up to an ``@N`` size suffix
+    (:func:`repsim.store.pairing.dataset_family`); False when either name is not recorded."""
+    from repsim.store.pairing import dataset_family
+
+    train = (getattr(store, "model", None) or {}).get("train_dataset")
+    name = (train.get("name") or train.get("spec")) if isinstance(train, dict) else train
+    a = dataset_family(dataset if isinstance(dataset, str) and dataset else None)
+    b = dataset_family(name if isinstance(name, str) and name else None)
+    return a is not None and a == b
+
+
 class Models:
     """Networks evaluated on one (dataset, split), ordered by objective: labels ``y``, top-1 predictions
     ``pred`` (M, N) and their softmax probabilities ``conf`` (M, N), read chunk by chunk."""
@@ -27,10 +40,12 @@ class Models:
         groups: dict[tuple, list] = {}
         for s in cands:
             groups.setdefault(key(s), []).append(s)
-        # ``prefer_split`` when ≥ 2 networks have it; else the split with most networks; ties: the one with
-        # most layers (the main evaluation stores), then test
+        # first the networks' own training dataset (the pretraining task the paper's figures are of, not a
+        # transfer task's images under other classes); then ``prefer_split`` when ≥ 2 networks have it; else
+        # the split with most networks; ties: the one with most layers (the main evaluation stores), then test
+        own = lambda kv: all(_on_training_dataset(runs.loc[s.name, "dataset"], s) for s in kv[1])
         (self.dataset, self.split, self.n_classes), chosen = max(
-            groups.items(), key=lambda kv: (kv[0][1] == prefer_split and len(kv[1]) >= 2, len(kv[1]),
+            groups.items(), key=lambda kv: (own(kv), kv[0][1] == prefer_split and len(kv[1]) >= 2, len(kv[1]),
                                             len(kv[1][0].layers), kv[0][1] == "test", kv[0]))
         if len(chosen) < 2:
             raise Missing("fewer than 2 stores with logits on one dataset split")
@@ -140,15 +155,34 @@ def figC4(inputs: Inputs) -> Figure:
     im = _heatmap(ax, a, M.tick_names(), "a: same prediction among examples both get wrong", blank_diagonal=True,
                   groups=[display(l) for l in M.labels])
     fig.colorbar(im, ax=ax, shrink=0.8, label="% agreement")
-    Z = prediction_linkage(np.nan_to_num(a / 100.0, nan=0.0))  # no common error: similarity 0
+    filled, n_undefined, fill = clustering_similarity(a / 100.0)
+    Z = prediction_linkage(filled)
     dendrogram(Z, labels=M.tick_names(), ax=ax2,
                orientation="right", leaf_font_size=7)
     ax2.set_title("b: average-linkage dendrogram (distance 1 − agreement)", fontsize=10)
     ax2.set_xlabel("distance")
     fig.tight_layout()
+    undefined = (f" {n_undefined} pair(s) of networks have no example both get wrong, so their agreement is "
+                 f"undefined: blank in a, and in b given the mean agreement of the other pairs "
+                 f"({100 * fill:.1f} %), neither close nor far." if n_undefined else "")
     return Figure(fig, f"Networks evaluated on {M.dataset}/{M.split} (n = {M.n}); predictions are argmax logits; "
-                       f"diagonal (a network with itself) left blank. "
+                       f"diagonal (a network with itself) left blank.{undefined} "
                        f"{M.describe}.")
+
+
+def clustering_similarity(s: np.ndarray) -> tuple[np.ndarray, int, float]:
+    """Fig. C.4's similarity (M, M, in [0, 1], NaN where undefined) for the dendrogram: an off-diagonal
+    pair with no common error (NaN) takes the mean of the defined off-diagonal pairs — a neutral value,
+    where 0 would place two networks that rarely err far apart — and the diagonal is 1. Returns the
+    filled matrix, the number of undefined pairs and the value they were given (0.5 when none is defined)."""
+    S = np.array(s, dtype=np.float64)
+    off = ~np.eye(len(S), dtype=bool)
+    defined = S[off & np.isfinite(S)]
+    fill = float(defined.mean()) if defined.size else 0.5
+    undefined = off & ~np.isfinite(S)
+    S[undefined] = fill
+    np.fill_diagonal(S, 1.0)
+    return S, int(np.triu(undefined | undefined.T, k=1).sum()), fill
 
 
 @item("figC5", "Fig. C.5: three measures of prediction similarity", "figure", ("stores with logits",))

@@ -298,17 +298,18 @@ def fig6(inputs: Inputs) -> Figure:
     for label in labels:
         x = a.loc[label, "r2"]
         ax.plot([x, x], [a.loc[label, "top1"], b.loc[label, "accuracy"]], color="0.6", lw=1, zorder=1)
-    ax.scatter(a.loc[labels, "r2"], a.loc[labels, "top1"], color="#1f77b4", s=40, zorder=3,
-               label="original classifier")
-    ax.scatter(b.loc[labels, "r2"], b.loc[labels, "accuracy"], color="#ff7f0e", s=40, zorder=3,
+    # blue: hollow rings drawn over the filled orange dots, so that both show where they coincide
+    ax.scatter(b.loc[labels, "r2"], b.loc[labels, "accuracy"], color="#ff7f0e", s=30, zorder=3,
                label="relearned linear classifier")
+    ax.scatter(a.loc[labels, "r2"], a.loc[labels, "top1"], facecolors="none", edgecolors="#1f77b4", s=90,
+               linewidths=1.6, zorder=4, label="original classifier")
     ax.set_xlabel("Class separation R² (penultimate, cosine)")
     ax.set_ylabel("Source-task accuracy (%)")
     legend_outside(ax)
     ax.margins(x=0.12, y=0.1)  # room for the labels at the edges
     label_points(ax, [(a.loc[l, "r2"], b.loc[l, "accuracy"]) for l in labels], [display(l) for l in labels])
-    cap = (f"Blue: accuracy of the network's own final layer ({where}). "
-           f"Orange: L²-regularised logistic regression relearned on fixed penultimate features "
+    cap = (f"Blue rings: accuracy of the network's own final layer ({where}). "
+           f"Orange dots: L²-regularised logistic regression relearned on fixed penultimate features "
            f"(probes.csv tasks {', '.join(sorted(relearn['task'].astype(str).unique()))}). "
            f"Means over seeds. {describe_rows(relearn)}.")
     return Figure(fig, cap)

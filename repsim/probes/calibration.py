@@ -114,6 +114,12 @@ def ece(logits: np.ndarray, labels: np.ndarray, kind: str = "softmax", temperatu
 
 
 TEMPERATURE_BOUNDS = (1e-2, 1e2)  # the search range of fit_temperature
+TEMPERATURE_GRID_POINTS = 41  # points of fit_temperature's grid, evenly spaced in log T over the bounds
+
+
+def temperature_grid_step(bounds: tuple[float, float] = TEMPERATURE_BOUNDS) -> float:
+    """The spacing in log T of :func:`fit_temperature`'s grid over ``bounds``."""
+    return float((np.log(bounds[1]) - np.log(bounds[0])) / (TEMPERATURE_GRID_POINTS - 1))
 
 
 def fit_temperature(logits: np.ndarray, labels: np.ndarray, kind: str = "softmax",
@@ -129,7 +135,7 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, kind: str = "softmax
 def _minimise_temperature(nlls, bounds: tuple[float, float]) -> float:
     """The search of :func:`fit_temperature` given ``nlls(temperatures) -> NLL at each``."""
     lo, hi = np.log(bounds[0]), np.log(bounds[1])
-    grid = np.linspace(lo, hi, 41)
+    grid = np.linspace(lo, hi, TEMPERATURE_GRID_POINTS)
     vals = list(nlls([float(np.exp(g)) for g in grid]))
     i = int(np.argmin(vals))
     a, b = grid[max(i - 1, 0)], grid[min(i + 1, grid.size - 1)]
