@@ -79,7 +79,8 @@ def table1(inputs: Inputs) -> Table:
             keys.remove("top5")
             notes.append("source top-5 omitted (100% for every network)")
         src_long = pd.concat([src.assign(column=f"Source {k[:3]}-{k[3:]}", value=as_percent(src[k])) for k in keys])
-        notes.append(f"source accuracy on the {src['split'].iloc[0]} split (training.csv, final epoch)")
+        notes.append(f"source accuracy on the {src['split'].iloc[0]} split (training.csv: the epoch of the run's best.pt, "
+                     "App. A.1's early-stopping checkpoint, else its last epoch)")
     except Missing as exc:
         src_long, _ = None, notes.append(f"source accuracy omitted ({exc})")
     try:

@@ -17,11 +17,14 @@ import argparse
 import sys
 from pathlib import Path
 
-HELP = "collect training runs' metrics into training.csv"
+HELP = "collect training runs' metrics into training.csv (each curve up to its best.pt epoch)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN_OR_GLOB", help="`repsim train` output directories or quoted globs")
+    parser.add_argument("runs", nargs="+", metavar="RUN_OR_GLOB",
+                        help="`repsim train` output directories or quoted globs; a run with a best.pt (App. A.1's "
+                             "early-stopping checkpoint) contributes its epochs up to best.pt's, as the paper's "
+                             "curves and tables do, else all of them")
     parser.add_argument("--out", required=True, metavar="FILE", help="training.csv to write (merged by run)")
 
 
