@@ -210,3 +210,32 @@ def test_calibrate_refuses_logits_scored_on_other_classes(tmp_path, capsys):
     assert "error: store tgt-test: it holds dataset 'digits-target' but its network was trained on 'digits-source'" in err
     assert main(argv + ["--allow-other-classes"]) == 0 and out.exists()
     assert "WARNING: store tgt-holdout:" in capsys.readouterr().err
+
+
+def test_a_temperature_run_to_the_search_bound_is_warned_about(tmp_path, capsys):
+    """A holdout classified perfectly (the digits demo's 90 images) drives the fit to T -> 0.01: the
+    command says so instead of reporting a 60x worse scaled NLL as a calibration."""
+    import csv
+
+    from repsim.commands.main import main
+    from repsim.probes.calibration import TEMPERATURE_BOUNDS, temperature_at_bound, temperature_grid_step
+    from repsim.store.writer import save_store
+
+    rng = np.random.default_rng(5)
+    stores = {}
+    for split, n in (("test", 60), ("holdout", 40)):
+        y = np.arange(n) % 4
+        z = rng.normal(size=(n, 4)) + (8.0 if split == "holdout" else 1.0) * np.eye(4)[y]  # holdout: no error
+        stores[split] = save_store(tmp_path / f"{split}.zarr", {"pool": np.zeros((n, 2), np.float32)}, y, logits=z,
+                                   meta={"model": {"objective": "softmax", "seed": 0, "checkpoint_sha256": "ab"},
+                                         "dataset": {"name": "toy", "split": split}})
+    out = tmp_path / "c.csv"
+    assert main(["calibrate", "--test", stores["test"].path, "--holdout", stores["holdout"].path, "--out", str(out)]) == 0
+    T = float(next(csv.DictReader(open(out)))["temperature"])
+    assert temperature_at_bound(T)
+    err = capsys.readouterr().err
+    assert "WARNING: test: the temperature fit on holdout store holdout ran to the end of its search range" in err
+    step = np.exp(temperature_grid_step())
+    lo, hi = TEMPERATURE_BOUNDS
+    assert temperature_at_bound([lo, lo * step, hi / step, hi]).all()
+    assert not temperature_at_bound([lo * step ** 1.5, 1.0, np.nan]).any()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from repsim.probes.calibration import TEMPERATURE_BOUNDS, temperature_grid_step
+from repsim.probes.calibration import TEMPERATURE_BOUNDS, temperature_at_bound, temperature_grid_step
 
 from analyses.data import Inputs, Missing, describe_rows, display
 from analyses.item import Table, item
@@ -69,15 +69,11 @@ def tableC2(inputs: Inputs) -> Table:
 
 
 def _at_temperature_bound(df: pd.DataFrame) -> pd.Series:
-    """Rows whose fitted T lies within one step of fit_temperature's log-T grid of either end of the
-    search range: a holdout classified perfectly has NLL 0 (to float precision) at every T near the
-    lower bound, so its tie lands on the bound or the grid point next to it; neither is a calibration."""
+    """Rows whose fitted T is no calibration (:func:`repsim.probes.calibration.temperature_at_bound`)."""
     if "temperature" not in df:
         return pd.Series(False, index=df.index)
-    logT = np.log(pd.to_numeric(df["temperature"], errors="coerce").clip(lower=1e-300))
-    lo, hi = np.log(TEMPERATURE_BOUNDS[0]), np.log(TEMPERATURE_BOUNDS[1])
-    tol = temperature_grid_step(TEMPERATURE_BOUNDS) * (1 + 1e-6)  # the grid point itself, through exp/log
-    return ((logT - lo).abs() <= tol) | ((hi - logT).abs() <= tol)
+    return pd.Series(temperature_at_bound(pd.to_numeric(df["temperature"], errors="coerce").to_numpy()),
+                     index=df.index)
 
 
 @item("tableC3", "Table C.3: calibration (NLL, ECE) before and after temperature scaling", "table",

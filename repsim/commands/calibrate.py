@@ -81,7 +81,7 @@ def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto
 
     from repsim.engine.drivers import merge_csv
     from repsim.probes._rows import Rows
-    from repsim.probes.calibration import calibration_report, calibration_report_rows
+    from repsim.probes.calibration import calibration_report, calibration_report_rows, temperature_at_bound
     from repsim.results import KEYS, conform
     from repsim.store.finite import require_finite
     from repsim.store.pairing import check_label_space, check_pair
@@ -131,5 +131,11 @@ def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto
                      "holdout_n": ho.n, "bins": bins})
         print(f"{te.name} ({net_kind}): NLL {rep['nll']:.4f} ECE {rep['ece']:.4f} | T={rep['temperature']:.3f}: "
               f"NLL {rep['nll_ts']:.4f} ECE {rep['ece_ts']:.4f}", flush=True)
+        if temperature_at_bound(rep["temperature"]):
+            print(f"WARNING: {te.name}: the temperature fit on holdout store {ho.name} ran to the end of its search "
+                  f"range (T = {rep['temperature']:.3g}; holdout top-1 {100 * rep['holdout_top1']:.1f}%: a holdout "
+                  "classified (almost) perfectly has its lowest NLL as T -> 0), so the scaled NLL/ECE are no "
+                  "calibration; Table C.3 leaves them blank. A larger holdout with errors gives a temperature.",
+                  file=sys.stderr, flush=True)
     rows = conform("calibration", rows)
     return rows, merge_csv(rows, out, KEYS["calibration"], unique=True)

@@ -19,6 +19,8 @@ float64 copies before: ~400 MB at 50,000 × 1,000 classes).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import log_softmax
@@ -91,7 +93,6 @@ def ece_from_probabilities(probs: np.ndarray, labels: np.ndarray, bins: int = 15
     conf = p.max(axis=1)
     correct = (p.argmax(axis=1) == y).astype(np.float64)
     b = np.clip(np.ceil(conf * bins).astype(np.int64) - 1, 0, bins - 1)
-    n_b = np.bincount(b, minlength=bins)
     acc_b = np.bincount(b, weights=correct, minlength=bins)
     conf_b = np.bincount(b, weights=conf, minlength=bins)
     return float(np.sum(np.abs(acc_b - conf_b)) / max(y.size, 1))
@@ -120,6 +121,19 @@ TEMPERATURE_GRID_POINTS = 41  # points of fit_temperature's grid, evenly spaced 
 def temperature_grid_step(bounds: tuple[float, float] = TEMPERATURE_BOUNDS) -> float:
     """The spacing in log T of :func:`fit_temperature`'s grid over ``bounds``."""
     return float((np.log(bounds[1]) - np.log(bounds[0])) / (TEMPERATURE_GRID_POINTS - 1))
+
+
+def temperature_at_bound(temperature: Any, bounds: tuple[float, float] = TEMPERATURE_BOUNDS) -> np.ndarray:
+    """Whether fitted temperatures lie within one step of :func:`fit_temperature`'s log-T grid of either
+    end of the search range (elementwise; NaN: False): a holdout classified perfectly has NLL 0 (to float
+    precision) at every T near the lower bound, so its tie lands on the bound or the grid point next to
+    it; neither is a calibration."""
+    t = np.asarray(temperature, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logT = np.log(np.clip(t, 1e-300, None))
+    lo, hi = np.log(bounds[0]), np.log(bounds[1])
+    tol = temperature_grid_step(bounds) * (1 + 1e-6)  # the grid point itself, through exp/log
+    return (np.abs(logT - lo) <= tol) | (np.abs(hi - logT) <= tol)
 
 
 def fit_temperature(logits: np.ndarray, labels: np.ndarray, kind: str = "softmax",
