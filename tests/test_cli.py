@@ -37,3 +37,19 @@ def test_subcommands_are_the_declared_entry_points(monkeypatch):
     assert declared and SUBCOMMANDS == declared
     monkeypatch.setattr(main, "_checkout_commands", lambda: {})
     assert main.registered_commands() == dict(sorted(declared.items()))  # the installed copy's view
+
+
+def test_a_reader_that_stops_reading_stdout_is_no_error(tmp_path):
+    """`repsim check STORE | head -1`: the pipe closes before the table is written; exit 0, no message."""
+    import numpy as np
+
+    from repsim.store.writer import save_store
+
+    store = save_store(str(tmp_path / "s.zarr"), {f"l{i}": np.zeros((8, 2), np.float32) + i for i in range(40)},
+                       np.arange(8) % 2)
+    proc = subprocess.Popen([sys.executable, "-m", "repsim", "check", "--no-progress", str(store.path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Broken pipe" not in err and "Exception ignored" not in err

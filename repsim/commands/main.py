@@ -174,6 +174,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"repsim {command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # stdout's reader stopped reading (`repsim train --print-config | head`): not an error
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit's flush stays quiet
+        except OSError:
+            pass
+        return EXIT_OK
     except Exception as exc:  # noqa: BLE001 - the one place where errors become exit statuses
         if debug:
             raise
