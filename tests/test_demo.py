@@ -87,8 +87,10 @@ def test_the_demo_train_stage_trains_as_a_network_s_own_process_does(tmp_path):
         sa, sb = a["model"], b["model"]
         assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa), f
 
-    bad = [nets[0], {"name": "broken", "commands": [train("digits-nonexistent", tmp_path / "bad")],
-                     "log": str(tmp_path / "broken.log")}]
+    good = {"name": "softmax", "commands": [train("digits-softmax", tmp_path / "again")],  # a new --out: it succeeds
+            "log": str(tmp_path / "again.log")}
+    bad = [good, {"name": "broken", "commands": [train("digits-nonexistent", tmp_path / "bad")],
+                  "log": str(tmp_path / "broken.log")}]
     fail = subprocess.run([sys.executable, "-m", "analyses.command_runs", "--jobs", "2", json.dumps(bad)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert fail.returncode == 2, fail.stderr[-2000:]
