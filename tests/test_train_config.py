@@ -109,3 +109,27 @@ def test_finetune_grid_is_appendix_a3():
     assert wds[1] == pytest.approx(10**-6.5) and wds[-1] == pytest.approx(1e-3)
     ft = load_config("finetune-resnet50")
     assert ft["max_steps"] == 20000 and ft["schedule"]["name"] == "cosine" and not ft["optim"]["nesterov"]
+
+
+@pytest.mark.parametrize("bad,match", [
+    # audit F5: a misspelt schedule used to pass and crash only after warm-up, with checkpoints written
+    ('schedule.name="linear"', "'schedule.name' must be one of 'exponential', 'cosine', got 'linear'"),
+    # audit F6: a misspelt augmentation used to train without augmentation (or with the digits shift)
+    ('data.augment="imagenett"', "'data.augment' must be one of True, False, 'imagenet', 'cifar', 'digits', 'none'"),
+    ('data.augment="random_crop"', "'data.augment' must be one of"),
+])
+def test_misspelt_names_are_refused_when_the_config_is_loaded(bad, match):
+    with pytest.raises(ConfigError, match=match.replace("(", r"\(")):
+        load_config("digits-softmax", [bad])
+    for good in ('schedule.name="cosine"', 'data.augment="none"', "data.augment=true", 'data.augment="shift+flip"'):
+        load_config("digits-softmax", [good])
+
+
+def test_an_augmentation_the_image_dataset_lacks_is_refused_not_the_eval_transform(tmp_path):
+    """Audit F6: ``image_transforms('shift', ...)`` (a Fashion-MNIST name) gave the evaluation transform."""
+    from train.imaging import image_transforms
+
+    with pytest.raises(ValueError, match="'shift' is not one for image datasets: use imagenet, cifar or none"):
+        image_transforms("shift", 32, 36)
+    assert "RandomResizedCrop" in image_transforms(True, 32, 36)[1]
+    assert image_transforms("none", 32, 36)[1] == image_transforms(False, 32, 36)[1] == "Resize(36) + CenterCrop(32); normalise"

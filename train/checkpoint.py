@@ -4,8 +4,9 @@ Keys: ``config`` (arch, arch_params, in_channels, objective, objective_params,
 num_classes, dataset, seed, preset, ...), ``model`` and ``ema`` (state_dicts of
 :class:`train.models.Network`), ``optimizer``, ``scheduler`` ({"step": optimizer steps taken}),
 ``scaler`` (GradScaler state, {} when unused), ``rng`` (one dict per process: torch, cuda, numpy,
-python states), ``epoch`` (last completed, 1-based), ``metrics`` (list of per-epoch dicts),
-``format`` (=1). Only tensors and Python primitives are stored, so ``torch.load(weights_only=True)``
+python states), ``world_size`` (the number of processes that trained it; absent before, when it is
+``len(rng)``), ``epoch`` (last completed, 1-based), ``metrics`` (list of per-epoch dicts), ``format`` (=1).
+``scheduler`` also holds the schedule (``total_steps``, ``steps_per_epoch``, ``name``, ...). Only tensors and Python primitives are stored, so ``torch.load(weights_only=True)``
 reads it.
 """
 from __future__ import annotations

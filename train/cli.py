@@ -19,7 +19,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "--set optim.lr=0.2 --set objective_params.tau=0.05")
     parser.add_argument("--seed", type=int, help="random seed (same as --set seed=S)")
     parser.add_argument("--objective", help="objective name or '+' combination (same as --set objective=NAME)")
-    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt exactly")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt (bitwise the uninterrupted run with "
+                        "deterministic=true; a fresh start when OUT has no checkpoint)")
     parser.add_argument("--init-from", metavar="CKPT", help="fine-tuning (App. A.3): initialise the backbone "
                         "from this checkpoint's EMA weights; the head is new")
     parser.add_argument("--keep-every", type=int, metavar="K", help="also keep OUT/epoch-EEEE.pt every K epochs "

@@ -50,7 +50,7 @@ DEFAULTS: dict[str, Any] = {
         "root": "",
         "image_size": 224,
         "eval_resize": 256,
-        "augment": "imagenet",    # imagenet | cifar | digits | none
+        "augment": "imagenet",    # imagenet | cifar | digits | none | true (dataset default) | shift, flip, shift+flip (Fashion-MNIST)
         "autoaugment": False,     # + torchvision AutoAugment, ImageNet policy (Tables C.5, C.6, E.3)
         "train_split": "train",   # "train+holdout": retrain on both after tuning (App. A.1, A.3)
         "holdout_size": -1,       # -1: dataset default (ImageNet 50,046; torchvision sets 5,000)
@@ -194,9 +194,18 @@ BOUNDS: dict[str, tuple[str, float]] = {
 }
 
 
+# keys with a fixed set of values. data.augment: true is the dataset's standard training augmentation,
+# imagenet/cifar the App. A.1 / ICLR crops (image datasets), digits the digits shift, shift/flip/shift+flip
+# the Fashion-MNIST ones (train.data); schedule.name: train.loop.lr_at
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "schedule.name": ("exponential", "cosine"),
+    "data.augment": (True, False, "imagenet", "cifar", "digits", "none", "shift", "flip", "shift+flip"),
+}
+
+
 def validate(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Refuse out-of-range values (:data:`BOUNDS`; ``ema.decay`` at most 1) with a ConfigError naming
-    the key, before they surface as an obscure error deep inside torch. Returns ``cfg``."""
+    """Refuse out-of-range values (:data:`BOUNDS`; ``ema.decay`` at most 1) and names outside
+    :data:`CHOICES` with a ConfigError naming the key (and the accepted names), before they surface as an obscure error deep inside torch. Returns ``cfg``."""
     for key, (op, low) in BOUNDS.items():
         node: Any = cfg
         for part in key.split("."):
@@ -213,6 +222,12 @@ def validate(cfg: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"config key {key!r} must be {op} {low:g}, got {node!r}")
     if float(cfg.get("ema", {}).get("decay", 0)) > 1:
         raise ConfigError(f"config key 'ema.decay' must be <= 1, got {cfg['ema']['decay']!r}")
+    for key, allowed in CHOICES.items():  # a misspelt name must not train another recipe (or crash late)
+        node = cfg
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None and not any(node is a or (type(node) is type(a) and node == a) for a in allowed):
+            raise ConfigError(f"config key {key!r} must be one of {', '.join(repr(a) for a in allowed)}, got {node!r}")
     return cfg
 
 

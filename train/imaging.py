@@ -30,6 +30,10 @@ def image_transforms(augment: str | bool, image_size: int, eval_resize: int | No
     from torchvision import transforms as T
 
     norm = [T.ToTensor(), T.Normalize(mean, std)]
+    if augment == "none":
+        augment = False
+    if augment not in (True, False, None, "imagenet", "cifar"):  # else it would be the eval transform, silently
+        raise ValueError(f"augmentation {augment!r} is not one for image datasets: use imagenet, cifar or none")
     if augment in (True, "imagenet"):
         t = [T.RandomResizedCrop(image_size, scale=(0.1, 1.0), ratio=(3 / 4, 4 / 3)), T.RandomHorizontalFlip()]
         desc = f"RandomResizedCrop({image_size}, scale=(0.1, 1), ratio=(3/4, 4/3)) + flip"

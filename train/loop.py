@@ -4,6 +4,13 @@
 ``checkpoint.pt`` (every epoch, atomic), ``best.pt`` (best holdout top-1, when ``save_best``),
 ``epoch-EEEE.pt`` (every ``keep_every`` epochs, for training dynamics, Figs. D.2, E.4),
 ``metrics.jsonl`` / ``metrics.csv`` (one row per epoch) and ``config.json`` (the resolved config).
+Each epoch writes the metrics, best.pt and epoch-EEEE.pt before checkpoint.pt, the file ``--resume``
+continues from, so a run killed anywhere resumes into the uninterrupted run's files.
+
+Random streams: training augmentations are seeded per example from (seed, epoch, index)
+(:func:`sample_seed`), whatever the process, worker or worker count; Mixup and dropout draw from each
+process's generator (seeded from (seed, rank), checkpointed). ``--resume`` is therefore exact (with
+``deterministic``) for any ``data.workers``.
 
 Options beyond the App. A.1 recipe: AutoAugment (``data.autoaugment``) and Mixup (``mixup.alpha``),
 App. C.4 (:mod:`train.augment`); ``data.train_split = "train+holdout"`` retrains on the training and
@@ -13,8 +20,10 @@ Distributed: launched by ``torchrun`` (``WORLD_SIZE`` > 1) the process group is 
 ``env://`` with NCCL on CUDA and gloo on CPU (one GPU per process; with fewer GPUs than processes on
 a node the run falls back to the CPU, saying so: :mod:`train.placement`); ``batch_size`` is the global
 batch, split evenly over processes; the DistributedSampler permutation depends on (seed, epoch) only,
-so the union of the per-rank batches at a step is the single-process batch. BatchNorm statistics are
-per process (as on the paper's TPU cores) unless ``sync_bn`` (CUDA only) or ``freeze_bn``.
+so the union of the per-rank batches at a step is the single-process batch (augmentations included).
+BatchNorm statistics are per process (as on the paper's TPU cores) unless ``sync_bn`` (CUDA only) or
+``freeze_bn``; rank 0's EMA buffers are broadcast before evaluating, so every rank evaluates the saved
+network. A checkpoint resumes only with the number of processes that wrote it (unless ``freeze_bn``).
 """
 from __future__ import annotations
 
@@ -116,6 +125,59 @@ class _ShardSampler(Sampler[int]):
         return len(self.idx)
 
 
+_M64 = (1 << 64) - 1
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of example ``index``'s training augmentation in ``epoch`` (0-based): a splitmix64 hash of
+    (run seed, epoch, index), so it depends on nothing else (not the process, worker, worker count or
+    what ran before), and a resumed run, a run with other ``data.workers`` and a DDP run draw the
+    augmentations of the uninterrupted single-process run."""
+    x = (int(seed) * 0x9E3779B97F4A7C15 + int(epoch) * 0xD1B54A32D192ED03 + int(index) * 0xABC98388FB8FAC03) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return (x ^ (x >> 31)) >> 1  # < 2**63
+
+
+class _EpochIndices(Sampler):
+    """The indices of a DistributedSampler as (epoch, index) pairs, for :class:`_SeededExamples`."""
+
+    def __init__(self, sampler: DistributedSampler):
+        self.sampler = sampler
+
+    def __iter__(self):
+        epoch = self.sampler.epoch
+        return ((epoch, i) for i in self.sampler)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class _SeededExamples(torch.utils.data.Dataset):
+    """``dataset[index]`` with torch's CPU generator seeded by :func:`sample_seed` while the example's
+    transform runs (the augmentations here draw from it), and restored afterwards (with
+    ``data.workers = 0`` the transform runs in the training process, whose generator also drives
+    Mixup and dropout). Before, the augmentations drew from each worker's generator, seeded once per
+    worker from the training process's; persistent workers carried that state across epochs, and it
+    was never checkpointed: ``--resume`` with workers was not the uninterrupted run."""
+
+    def __init__(self, dataset, seed: int):
+        self.dataset, self.seed = dataset, int(seed)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, index = key
+        gen = torch.default_generator  # CPU only: torch.manual_seed would also reseed CUDA's generators
+        state = gen.get_state()
+        gen.manual_seed(sample_seed(self.seed, epoch, index))
+        try:
+            return self.dataset[index]
+        finally:
+            gen.set_state(state)
+
+
 class _TrainStep(nn.Module):
     """What DDP wraps: features → objective head → (batch-mean loss, logits)."""
 
@@ -165,8 +227,10 @@ def evaluate(net: nn.Module, dataset, *, batch_size: int, device: torch.device, 
     measure App. A.2 uses for Pets and Flowers)."""
     was = net.training
     net.eval()
+    # a generator of its own: a DataLoader iterator otherwise draws its workers' base seed from the
+    # training process's generator, so whether an epoch evaluated would shift Mixup/dropout after it
     loader = DataLoader(dataset, batch_size=batch_size, sampler=_ShardSampler(len(dataset), rank, world),
-                        num_workers=workers, pin_memory=device.type == "cuda")
+                        num_workers=workers, pin_memory=device.type == "cuda", generator=torch.Generator())
     stats = torch.zeros(3, dtype=torch.float64, device=device)
     K = int(getattr(getattr(net, "head", None), "num_classes", 0) or getattr(dataset, "num_classes", 0))
     per_class = torch.zeros(2, max(K, 1), dtype=torch.float64, device=device)  # correct, count
@@ -278,6 +342,78 @@ def _keep(ckpt: Path, dest: Path) -> None:
     except OSError:
         shutil.copyfile(ckpt, tmp)
     os.replace(tmp, dest)
+
+
+def _save_or_link(state: dict[str, Any], dest: Path, written: Path | None) -> Path:
+    """Write ``state`` to ``dest`` atomically, as a hard link to ``written`` (the same state, already
+    written and synced this epoch) where the file system allows; returns ``dest``."""
+    if written is not None:
+        tmp = dest.with_name(f".{dest.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(written, tmp)
+        except OSError:
+            pass
+        else:
+            os.replace(tmp, dest)
+            return dest
+    save_checkpoint(state, dest)
+    return dest
+
+
+_TEMPORARIES = (".checkpoint.pt.*tmp", ".best.pt.*tmp", ".epoch-*.pt.*tmp", "metrics.jsonl.tmp-*",
+                "metrics.csv.tmp-*", "config.json.tmp-*")
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """Remove the half-written files a run killed inside a save leaves (its temporaries: save_checkpoint's
+    ``.NAME.XXXX.tmp``, atomic_write's ``NAME.tmp-PID``); rank 0, before this run writes any. At ResNet-50
+    scale each is hundreds of MB, hidden by the leading dot."""
+    if not out.is_dir():
+        return
+    for pattern in _TEMPORARIES:
+        for p in out.glob(pattern):
+            p.unlink(missing_ok=True)
+
+
+def _repair_after(ck: dict[str, Any], ckpt_path: Path, out: Path, keep_every: int, save_best: bool) -> None:
+    """On --resume: the files the checkpoint's epoch should have left beside it, from the checkpoint
+    (a repsim that wrote checkpoint.pt first could be killed, or run out of disk, before the rest):
+    metrics.jsonl/.csv with its rows, best.pt when its epoch is the best one, epoch-EEEE.pt."""
+    epoch, metrics = int(ck["epoch"]), list(ck["metrics"])
+    _write_metrics(out, metrics)
+    if save_best and metrics and best_epoch(holdout_curve(metrics)) == epoch:
+        best = out / "best.pt"
+        try:
+            stale = load_checkpoint(best, mmap=True).get("epoch") != epoch if best.exists() else True
+        except CheckpointError:
+            stale = True
+        if stale:
+            _keep(ckpt_path, best)
+    if keep_every and epoch % keep_every == 0 and not (out / f"epoch-{epoch:04d}.pt").exists():
+        _keep(ckpt_path, out / f"epoch-{epoch:04d}.pt")
+
+
+def _check_same_schedule(ck: dict[str, Any], sched: dict[str, Any], cfg: dict[str, Any], path: Path) -> None:
+    """Refuse to resume a cosine schedule over another number of steps (``epochs``/``max_steps`` may change
+    on --resume only where the schedule does not depend on them: under cosine the steps to come would
+    follow another curve, a warm restart nobody asked for)."""
+    was = ck.get("scheduler", {})
+    if sched["name"] != "cosine" or "total_steps" not in was or int(was["total_steps"]) == sched["total_steps"]:
+        return
+    raise CheckpointError(
+        f"checkpoint {path} anneals a cosine schedule over {int(was['total_steps'])} steps, this run over "
+        f"{sched['total_steps']} (epochs={cfg['epochs']}, max_steps={cfg['max_steps']}): the remaining steps would "
+        "follow another schedule; resume with the run's epochs and max_steps (its config.json; stop_epoch stops "
+        "earlier with the schedule unchanged) or train the longer run into another --out")
+
+
+def _broadcast_buffers(module: nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm statistics) on every rank. Each rank's EMA averages its own rank's
+    BN statistics, which DDP does not synchronise, so ranks > 0 evaluated their shard with a network that
+    was never saved (and that a resumed run, which loads rank 0's EMA everywhere, would not have)."""
+    for b in module.buffers():
+        dist.broadcast(b.data, 0)
 
 
 # -- the run -------------------------------------------------------------------------------------------
@@ -400,8 +536,12 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
 
     sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True, seed=cfg["seed"],
                                  drop_last=True)
-    loader = DataLoader(train_set, batch_size=per_rank, sampler=sampler, num_workers=d["workers"],
-                        pin_memory=on_cuda, drop_last=True, persistent_workers=d["workers"] > 0)
+    # augmentations seeded per example from (seed, epoch, index) (_SeededExamples); the loader's own
+    # generator keeps its iterators' worker-seed draws off the training process's generator (with
+    # persistent workers a resumed run made that draw in another epoch than the uninterrupted run)
+    loader = DataLoader(_SeededExamples(train_set, cfg["seed"]), batch_size=per_rank, sampler=_EpochIndices(sampler),
+                        num_workers=d["workers"], pin_memory=on_cuda, drop_last=True,
+                        persistent_workers=d["workers"] > 0, generator=torch.Generator().manual_seed(cfg["seed"]))
     spe = len(loader)
     total = cfg["max_steps"] or cfg["epochs"] * spe
     if total <= 0:
@@ -410,13 +550,25 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
     s = cfg["schedule"]
     sched = dict(peak=peak, steps_per_epoch=spe, total_steps=total, name=s["name"],
                  warmup_epochs=s["warmup_epochs"], decay=s["decay"])
-    lr_at(0, **sched)  # validates the schedule name
 
     # resume ----------------------------------------------------------------------------------------
+    if rank == 0:
+        _remove_stale_temporaries(out)
     start_epoch, step, metrics = 0, 0, []
     if resume and ckpt_path.exists():
         ck = load_checkpoint(ckpt_path)
         _check_same_run(ck["config"], cfg, ckpt_path)
+        _check_same_schedule(ck, sched, cfg, ckpt_path)
+        ck_world = int(ck.get("world_size") or len(ck["rng"]))  # older checkpoints: one RNG state per process
+        if ck_world != world:
+            if not cfg.get("freeze_bn"):
+                raise CheckpointError(
+                    f"checkpoint {ckpt_path} was trained by {ck_world} process(es), this run has {world}: each "
+                    f"process's BatchNorm statistics (over batch_size/{ck_world} examples) and random streams would "
+                    f"change mid-run; resume with {ck_world} process(es) (torchrun --nproc_per_node={ck_world}) "
+                    "or choose another --out")
+            say(f"resuming a {ck_world}-process run with {world} (freeze_bn: BatchNorm statistics are fixed; "
+                "Mixup and dropout draw other random numbers from here on)")
         load_state_strict(net, ck["model"], f"checkpoint {ckpt_path}")
         if ema is not None and ck.get("ema"):
             load_state_strict(ema.module, ck["ema"], f"checkpoint {ckpt_path} (EMA)")
@@ -426,15 +578,19 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
         start_epoch, step, metrics = int(ck["epoch"]), int(ck["scheduler"]["step"]), list(ck["metrics"])
         rngs = ck["rng"]
         set_rng_state(rngs[rank % len(rngs)])
+        if rank >= len(rngs):  # more processes than the checkpoint's (freeze_bn only): a stream of its own
+            torch.manual_seed(cfg["seed"] * 1000 + rank + 1 + 7919 * start_epoch)
         if "source" in ck["config"].get("finetune", {}):
             cfg["finetune"]["source"] = ck["config"]["finetune"]["source"]
         say(f"resuming {out} after epoch {start_epoch} (step {step})")
-        if rank == 0 and keep_every and start_epoch % keep_every == 0:  # killed between save and keep
-            _keep(ckpt_path, out / f"epoch-{start_epoch:04d}.pt")
-    elif resume:
-        say(f"--resume: no checkpoint in {out}; starting from scratch")
+        if rank == 0:  # a run killed (or out of disk) after checkpoint.pt by a repsim that wrote it first
+            _repair_after(ck, ckpt_path, out, keep_every, cfg["save_best"])
     else:
-        torch.manual_seed(cfg["seed"] * 1000 + rank + 1)  # data augmentation / dropout streams per rank
+        if resume:
+            say(f"--resume: no checkpoint in {out}; starting from scratch")
+        # Mixup / dropout streams per rank (augmentations: sample_seed); with or without --resume, a
+        # fresh start is the same run
+        torch.manual_seed(cfg["seed"] * 1000 + rank + 1)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         with atomic_write(out / "config.json", "w") as f:
@@ -502,6 +658,8 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
                                "train_loss": sums[0].item() / max(sums[2].item(), 1),
                                "train_top1": 100.0 * sums[1].item() / max(sums[2].item(), 1)}
         last = epoch + 1 == epochs or step >= total or epoch + 1 == stop_after_epoch
+        if world > 1:  # every rank evaluates (and later resumes from) the network rank 0 saves
+            _broadcast_buffers(eval_net)
         if (epoch + 1) % cfg["eval_every"] == 0 or last:
             for split, ds in eval_sets.items():
                 r = evaluate(eval_net, ds, batch_size=eval_bs, device=device, rank=rank, world=world,
@@ -519,13 +677,16 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
             state = {"config": cfg, "model": net.state_dict(), "ema": ema.module.state_dict() if ema else {},
                      "optimizer": opt.state_dict(), "scheduler": {"step": step, **sched},
                      "scaler": scaler.state_dict() if scaler.is_enabled() else {}, "rng": rngs,
-                     "epoch": epoch + 1, "metrics": metrics}
-            save_checkpoint(state, ckpt_path)
-            if keep_every and (epoch + 1) % keep_every == 0:
-                _keep(ckpt_path, out / f"epoch-{epoch + 1:04d}.pt")
-            if cfg["save_best"] and best_epoch(holdout_curve(metrics)) == epoch + 1:
-                save_checkpoint(state, out / "best.pt")
+                     "world_size": world, "epoch": epoch + 1, "metrics": metrics}
+            # checkpoint.pt last: --resume trusts it, so a run killed (or out of disk) anywhere before it
+            # redoes this epoch, and one killed after it has every other file of this epoch in place
             _write_metrics(out, metrics)
+            written = None
+            if cfg["save_best"] and best_epoch(holdout_curve(metrics)) == epoch + 1:
+                written = _save_or_link(state, out / "best.pt", written)
+            if keep_every and (epoch + 1) % keep_every == 0:
+                written = _save_or_link(state, out / f"epoch-{epoch + 1:04d}.pt", written)
+            _save_or_link(state, ckpt_path, written)
             say(" ".join([f"epoch {epoch + 1}/{epochs}", f"loss {rec['train_loss']:.4f}",
                           f"train {rec['train_top1']:.1f}%"]
                          + [f"{k.split('_')[0]} {rec[k]:.1f}%" for k in ("holdout_top1", "test_top1") if k in rec]
