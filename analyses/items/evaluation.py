@@ -83,9 +83,9 @@ def tableC3(inputs: Inputs) -> Table:
     # a T at the search bound, or one grid step from it, is no calibrated temperature (a perfectly
     # classified holdout drives it to 0.01): those networks' T and scaled columns are left blank rather
     # than shown as results or averaged into their objective's cells
-    at_bound = _at_temperature_bound(df)
-    df.loc[at_bound, [c for c in ("nll_ts", "ece_ts", "temperature") if c in df]] = np.nan
     names = {"nll": "NLL", "ece": "ECE", "nll_ts": "NLL (TS)", "ece_ts": "ECE (TS)", "temperature": "T"}
+    scaled = [c for c in names if c in df and (c.endswith("_ts") or c == "temperature")]  # what T decides
+    df.loc[_at_temperature_bound(df), scaled] = np.nan
     parts = [df.assign(column=shown, value=pd.to_numeric(df[key], errors="coerce"))
              for key, shown in names.items() if key in df]
     if not parts:
