@@ -85,7 +85,8 @@ def tableC3(inputs: Inputs) -> Table:
     # than shown as results or averaged into their objective's cells
     names = {"nll": "NLL", "ece": "ECE", "nll_ts": "NLL (TS)", "ece_ts": "ECE (TS)", "temperature": "T"}
     scaled = [c for c in names if c in df and (c.endswith("_ts") or c == "temperature")]  # what T decides
-    df.loc[_at_temperature_bound(df), scaled] = np.nan
+    at_bound = _at_temperature_bound(df)
+    df.loc[at_bound, scaled] = np.nan
     parts = [df.assign(column=shown, value=pd.to_numeric(df[key], errors="coerce"))
              for key, shown in names.items() if key in df]
     if not parts:
