@@ -133,3 +133,21 @@ def test_an_augmentation_the_image_dataset_lacks_is_refused_not_the_eval_transfo
         image_transforms("shift", 32, 36)
     assert "RandomResizedCrop" in image_transforms(True, 32, 36)[1]
     assert image_transforms("none", 32, 36)[1] == image_transforms(False, 32, 36)[1] == "Resize(36) + CenterCrop(32); normalise"
+
+
+def test_fashion_subsample_sizes_on_another_dataset_are_refused():
+    """data.train_per_class subsamples Fashion-MNIST only; on digits it was silently ignored."""
+    from train.data import build_dataset
+
+    with pytest.raises(ValueError, match="data.train_per_class apply to the Fashion-MNIST specs only .*'digits'"):
+        build_dataset("digits", "train", per_class={"train_per_class": 5})
+
+
+def test_a_network_whose_input_channels_do_not_match_the_data_is_one_line(tmp_path, capsys):
+    """`repsim train --data digits --set epochs=1` without a preset: the default ResNet-50 takes 3-channel
+    images, digits has 1 (a RuntimeError deep in the forward pass, exit 70, before)."""
+    from repsim.commands.main import main
+
+    code = main(["train", "--data", "digits", "--out", str(tmp_path / "r"), "--set", "epochs=1", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "digits has 1-channel images but the network (resnet50) takes in_channels = 3" in err, err

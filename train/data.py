@@ -309,11 +309,14 @@ def build_dataset(spec: str, split: str, *, augment: Any = False, root: str | os
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {', '.join(SPLITS + (TRAIN_ALL,))}")
     spec = str(spec)
-    if spec in ("digits", "digits-source", "digits-target"):
-        return _digits(spec, split, bool(augment) and split == "train", autoaugment)
     from .fashion import parse_spec
 
     fashion_classes = parse_spec(spec)
+    if per_class and fashion_classes is None:  # a subsample the run would silently not take
+        raise ValueError(f"data.{', data.'.join(sorted(per_class))} apply to the Fashion-MNIST specs only "
+                         f"(fashion, fashion-source, fashion-target, fashion:C,...), not to {spec!r}")
+    if spec in ("digits", "digits-source", "digits-target"):
+        return _digits(spec, split, bool(augment) and split == "train", autoaugment)
     if fashion_classes is not None:
         if autoaugment:
             raise ValueError(f"{spec}: AutoAugment is not available for Fashion-MNIST (use data.augment = "

@@ -491,6 +491,11 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
     if cfg["num_classes"] and cfg["num_classes"] != train_set.num_classes:
         raise TrainError(f"num_classes {cfg['num_classes']} but {d['spec']} has {train_set.num_classes} classes")
     cfg["num_classes"] = train_set.num_classes
+    x0 = train_set[0][0]
+    if isinstance(x0, torch.Tensor) and x0.ndim == 3 and x0.shape[0] != int(cfg.get("in_channels", 3)):
+        raise TrainError(f"{d['spec']} has {x0.shape[0]}-channel images but the network ({cfg['arch']}) takes "
+                         f"in_channels = {cfg.get('in_channels', 3)}: start from a preset for this data "
+                         "(repsim train --list-presets) or --set in_channels=" + str(x0.shape[0]))
     cfg["dataset"] = {"spec": d["spec"], "name": train_set.name, "n_train": len(train_set), "train_split": train_split,
                       "classes": list(train_set.classes), "transform": train_set.transform_desc}
     if len(train_set) < cfg["batch_size"]:
