@@ -220,3 +220,25 @@ def test_table_d1_item(tmp_path):
     assert bold.loc["chexpert / test (234 images)|Softmax", "Edema"] and not bold.loc[
         "chexpert / test (234 images)|Sigmoid", "Edema"]
     assert (tmp_path / "fig" / "tableD1.md").is_file() and "1000 evenly spaced" in outcomes[0].caption
+
+
+def test_a_target_without_both_classes_in_the_validation_rows_is_warned_and_shares_a_lambda():
+    """Its validation AUC is undefined at every λ: it took λ = 1e-6 (nearly unregularised) silently."""
+    import warnings
+
+    from repsim.probes.multilabel import multilabel_probe
+
+    rng = np.random.default_rng(0)
+    X, Xt = rng.normal(size=(200, 32)), rng.normal(size=(100, 32))
+    Y = np.zeros((200, 2), bool)
+    Y[:, 0] = X[:, 0] > 0
+    val = set(np.random.default_rng(0).permutation(200)[:40].tolist())  # seed 0's validation rows
+    Y[[i for i in range(200) if i not in val][:3], 1] = True  # target 1: no positive among them
+    Yt = np.zeros((100, 2), bool)
+    Yt[:, 0], Yt[:5, 1] = Xt[:, 0] > 0, True
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = multilabel_probe(X, Y, Xt, Yt, seed=0)
+    assert np.isnan(r.val_auc[:, 1]).all()
+    assert r.best_lambda[1] == r.lambdas[np.argmax(r.val_auc[:, 0])] > r.lambdas[0]
+    assert any("target(s) [1] have only positives or only negatives" in str(w.message) for w in caught)

@@ -80,7 +80,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="task name in the output (default: the test store's dataset name; "
                              "'relearn' with --relearn)")
     parser.add_argument("--val-fraction", type=fraction, default=DEFAULTS["val_fraction"],
-                        help="share of the training store held out to choose λ and k (default 0.2, App. A.2)")
+                        help="share of the training store held out to choose λ and k, then refit on all of it "
+                             "(default 0.2: App. A.2 holds out a validation set without stating its size)")
     parser.add_argument("--lambdas", type=positive, default=DEFAULTS["lambdas"],
                         help="number of log-spaced λ in [1e-6, 1e5] (default 45, App. A.2)")
     parser.add_argument("--ks", type=positive, nargs="+", default=list(DEFAULTS["ks"]),

@@ -2,6 +2,7 @@
 λ chosen per class by validation AUC, AUC on the test set from 1000 equal bins (:func:`binned_auc`)."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -89,6 +90,17 @@ def multilabel_probe(X_train: Any, Y_train: Any, X_test: Any, Y_test: Any,
         val_auc[i] = [binned_auc(P[:, k], Yo[n_tr:, k], bins) for k in range(K)]
     filled = np.where(np.isnan(val_auc), -np.inf, val_auc)
     best_i = np.argmax(filled, axis=0)          # first best = smallest λ
+    blind = np.flatnonzero(np.isnan(val_auc).all(axis=0))  # one class only in the validation rows
+    if blind.size:
+        seen = np.setdiff1d(np.arange(K), blind)
+        if not seen.size:
+            raise ValueError("multi-label probe: no target has both positives and negatives among the validation "
+                             f"rows ({n_val} of {n}): no λ can be chosen; give more examples or a larger val_fraction")
+        shared = int(np.argmax(np.nanmean(val_auc[:, seen], axis=1)))  # best mean AUC over the other targets
+        best_i[blind] = shared
+        warnings.warn(f"multi-label probe: target(s) {blind.tolist()} have only positives or only negatives among "
+                      f"the {n_val} validation rows, so their validation AUC is undefined; they take the λ with the best "
+                      f"mean validation AUC over the other targets ({grid[shared]:.3g})", UserWarning, stacklevel=2)
     best_lam = grid[best_i]
     init = _logreg.Solution(Wd=np.stack([sols[i][0][:, k] for k, i in enumerate(best_i)], axis=1),
                             b=np.array([sols[i][1][k] for k, i in enumerate(best_i)]), n_iter=0,
