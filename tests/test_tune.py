@@ -222,3 +222,31 @@ def test_a_finetune_run_is_not_done_once_its_source_checkpoint_changes(tmp_path)
     assert new != key
     assert "has changed since the run finished" in changed_source(run.dir, new)
     assert run_state(run.dir, new) == "fresh"
+
+
+def test_finetune_grid_rates_are_the_rates_used_at_any_batch_size(tmp_path, monkeypatch, capsys):
+    # A.3's grid: with --set batch_size different from optim.ref_batch the grid's learning rates were
+    # scaled by batch/ref_batch while λ was divided by the unscaled rate and finetune.csv reported the grid
+    # value; now the runs set ref_batch to the batch size, so η (grid) is the peak rate and η·(λ/η) = λ
+    import argparse
+
+    import train.finetune_cli as fc
+    import train.tune as tu
+    from train.config import load_config
+
+    seen = {}
+
+    def fake_tune(*, preset, base_sets, **kw):
+        seen["cfg"] = load_config(preset, [f"{k}={tu.toml_literal(v)}" for k, v in base_sets])
+        return []
+
+    monkeypatch.setattr(tu, "tune", fake_tune)
+    monkeypatch.setattr(fc, "source_groups", lambda patterns: ([], []))
+    parser = argparse.ArgumentParser()
+    fc.configure(parser)
+    args = parser.parse_args(["--preset", "finetune-digits", "--init-from", "x.pt", "--out", str(tmp_path / "o"),
+                              "--set", "batch_size=32", "--device", "cpu"])
+    fc.run(args)
+    cfg = seen["cfg"]
+    assert cfg["batch_size"] == 32 and cfg["optim"]["ref_batch"] == 32  # peak lr = grid lr x 32/32
+    assert "learning rates are used as given" in capsys.readouterr().out
