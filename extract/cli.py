@@ -4,8 +4,10 @@ One store::
 
     repsim extract --checkpoint CKPT --data NAME_OR_PATH --split SPLIT --out STORE.zarr [options]
 
-``--data`` defaults to the run's own dataset; any spec is built with the run's evaluation transform
-(``train.data.dataset_from_config``), so e.g. a digits-source network sees digits-target the same way.
+``--data`` defaults to the run's own dataset; any spec is built through the run's config
+(``train.data.dataset_from_config``), so e.g. a digits-source network sees digits-target the same way:
+the run's own dataset with the run's evaluation transform, another (a transfer task) with App. A.2's
+Resize(image_size) + CenterCrop(image_size) and, for a torchvision-name dataset, its whole training set.
 
 Several checkpoints (repeat ``--checkpoint``, or give a quoted glob) into one directory, one store
 each, named by ``--name`` (default ``{stem}``: the checkpoint file name without its suffix;

@@ -99,3 +99,98 @@ def test_dataset_from_config_uses_the_run_settings():
     np.testing.assert_array_equal(tgt.example_ids, build_dataset("digits-target", "test").example_ids)
     syn = dataset_from_config(load_config(None, ["data.spec=\"synthetic\"", "data.image_size=12", "in_channels=1"]), "train")
     assert syn[0][0].shape == (1, 12, 12)
+
+
+class _FakeCIFAR10:
+    """A stand-in for torchvision's CIFAR10 (nothing downloaded): 32x32 RGB images."""
+
+    def __init__(self, root, train=True, download=False):
+        n = 6000 if train else 50
+        self.targets = list(np.arange(n) % 10)
+        self.classes = [str(i) for i in range(10)]
+
+    def __len__(self):
+        return len(self.targets)
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        return Image.fromarray(np.full((32, 32, 3), i % 255, np.uint8)), self.targets[i]
+
+
+@pytest.fixture
+def fake_cifar(monkeypatch):
+    import torchvision.datasets as tvd
+
+    monkeypatch.setattr(tvd, "CIFAR10", _FakeCIFAR10)
+
+
+def test_cifar_under_an_imagenet_network_is_resized_in_every_split(fake_cifar):
+    # App. A.2/A.3: CIFAR goes into an ImageNet network at 224, at evaluation (probe features, the
+    # fine-tuning holdout and test) as in training -- it was fed at 32x32 with CIFAR's normalisation
+    from train.config import load_config
+    from train.data import dataset_from_config
+
+    cfg = load_config("finetune-resnet50", ['data.spec="cifar10"', 'data.root="/nonexistent"',
+                                            "data.holdout_size=500"])
+    for split, aug in (("train", cfg["data"]["augment"]), ("holdout", False), ("test", False)):
+        ds = dataset_from_config(cfg, split, augment=aug)
+        assert ds[0][0].shape == (3, 224, 224), (split, ds.transform_desc)
+    assert dataset_from_config(cfg, "test").transform_desc == "Resize(256) + CenterCrop(224); normalise"
+    # probe features of CIFAR through an ImageNet run: A.2's resize-224 + centre-crop-224
+    run = load_config("resnet50-imagenet-softmax", ['data.root="/nonexistent"'])
+    te = dataset_from_config(run, "test", spec="cifar10")
+    assert te[0][0].shape == (3, 224, 224) and te.transform_desc == "Resize(224) + CenterCrop(224); normalise"
+    # a CIFAR run at its native 32x32 is unchanged: no resize, CIFAR normalisation, pad-4 crops
+    own = build_dataset("cifar10", "test", root="/nonexistent", image_size=32)
+    assert own[0][0].shape == (3, 32, 32) and own.transform_desc == "none; normalise"
+    assert torch.allclose(own[0][0], (torch.zeros(3, 32, 32) - 0.5) / 0.25)
+    assert "RandomCrop(32, pad 4)" in build_dataset("cifar10", "train", root="/x", image_size=32,
+                                                    augment=True).transform_desc
+
+
+def test_transfer_extraction_of_cifar_keeps_the_whole_training_set(fake_cifar):
+    # A.2: the probe's own validation split comes from the training set, then it refits on all of it;
+    # the 5,000-image holdout of a CIFAR run is not taken out of a transfer task's training store
+    from train.config import load_config
+    from train.data import dataset_from_config
+
+    run = load_config("resnet50-imagenet-softmax", ['data.root="/nonexistent"'])
+    assert len(dataset_from_config(run, "train", spec="cifar10")) == 6000
+    assert len(build_dataset("cifar10", "train", root="/nonexistent")) == 1000  # a run's own: 5,000 held out
+    cifar_run = load_config("cifar10-allcnn-softmax", ['data.root="/nonexistent"'])
+    assert len(dataset_from_config(cifar_run, "train")) == 1000  # the run's own dataset: its holdout
+
+
+def _image_tree(root, splits, size=(300, 400)):
+    from PIL import Image
+
+    for split, n in splits:
+        for c in ("a", "b"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(np.zeros((*size, 3), np.uint8)).save(root / split / c / f"{split}{i}.png")
+
+
+def test_transfer_extraction_uses_the_probe_transform_of_a2(tmp_path):
+    from train.config import load_config
+    from train.data import dataset_from_config
+
+    _image_tree(tmp_path / "t", (("train", 1), ("test", 1)))
+    run = load_config("resnet50-imagenet-softmax")
+    for split in ("train", "test"):
+        assert dataset_from_config(run, split, spec=str(tmp_path / "t")).transform_desc == \
+            "Resize(224) + CenterCrop(224); normalise"
+    # the run's own dataset keeps the run's evaluation transform
+    own = load_config("resnet50-imagenet-softmax", [f'data.spec="{tmp_path / "t"}"'])
+    assert dataset_from_config(own, "test").transform_desc == "Resize(256) + CenterCrop(224); normalise"
+
+
+def test_image_folder_with_val_and_test_is_tested_on_test(tmp_path):
+    _image_tree(tmp_path, (("train", 2), ("val", 1), ("test", 3)), size=(20, 24))
+    te = build_dataset(str(tmp_path), "test", image_size=16)
+    assert len(te) == 6 and all("/test/" in p for p, _ in te.base.samples)
+    import shutil
+
+    shutil.rmtree(tmp_path / "test")  # the ImageNet layout: val/ is the test split
+    assert len(build_dataset(str(tmp_path), "test", image_size=16)) == 2

@@ -122,7 +122,7 @@ def test_finetune_grid_selection_retraining_and_resume(pretrained, tmp_path, cap
     (out / "softmax" / "final" / "s1" / "DONE").unlink()
     assert main(argv) == 0
     log = capsys.readouterr().out
-    assert "4 of 4 runs already done" not in log and "1 of 2 runs already done; running 1" in log
+    assert "4 of 4 runs already done; nothing to run" in log and "1 of 2 runs already done; running 1" in log
     assert "resuming" in (out / "softmax" / "final" / "s1" / "train.log").read_text()
     assert len(_rows(res / "finetune.csv")) == 2
     # Fig. D.3 from real stores: extract source and fine-tuned checkpoints on the target test split, CKA, figures
@@ -199,3 +199,54 @@ def test_runs_under_torchrun(tmp_path):
     run_all([run], nproc=2, say=lambda m: None, device="cpu")  # the gloo path, on any machine
     assert json.loads((run.dir / "DONE").read_text())["key"] == run.key and (run.dir / "train.log").is_file()
     assert len(load_checkpoint(run.dir / "checkpoint.pt")["rng"]) == 2  # one RNG state per rank
+
+
+def test_a_finetune_run_is_not_done_once_its_source_checkpoint_changes(tmp_path):
+    # A.3's Table 2 must come from the given pretrained networks: a checkpoint replaced at the same
+    # --init-from path (retrained, resumed) must not leave its finished fine-tuning runs "done"
+    from train.tune import Run, changed_source, mark_done, run_all, run_state
+
+    src = tmp_path / "best.pt"
+    src.write_bytes(b"network A")
+    run = Run(tmp_path / "ft", "finetune-digits", [("finetune.init_from", str(src))], "ft s0", "final")
+    key = run.key
+    assert json.loads(key)["init_from_sha256"]
+    run_state(run.dir, key)
+    mark_done(run.dir, key)
+    said: list[str] = []
+    run_all([run], say=said.append, device="cpu")  # every run done: says so, runs nothing
+    assert any("1 of 1 runs already done" in m for m in said), said
+    assert run_state(run.dir, run.key) == "done" and changed_source(run.dir, run.key) is None
+    src.write_bytes(b"network B, another checkpoint at the same path")
+    new = Run(tmp_path / "ft", "finetune-digits", [("finetune.init_from", str(src))], "ft s0", "final").key
+    assert new != key
+    assert "has changed since the run finished" in changed_source(run.dir, new)
+    assert run_state(run.dir, new) == "fresh"
+
+
+def test_finetune_grid_rates_are_the_rates_used_at_any_batch_size(tmp_path, monkeypatch, capsys):
+    # A.3's grid: with --set batch_size different from optim.ref_batch the grid's learning rates were
+    # scaled by batch/ref_batch while λ was divided by the unscaled rate and finetune.csv reported the grid
+    # value; now the runs set ref_batch to the batch size, so η (grid) is the peak rate and η·(λ/η) = λ
+    import argparse
+
+    import train.finetune_cli as fc
+    import train.tune as tu
+    from train.config import load_config
+
+    seen = {}
+
+    def fake_tune(*, preset, base_sets, **kw):
+        seen["cfg"] = load_config(preset, [f"{k}={tu.toml_literal(v)}" for k, v in base_sets])
+        return []
+
+    monkeypatch.setattr(tu, "tune", fake_tune)
+    monkeypatch.setattr(fc, "source_groups", lambda patterns: ([], []))
+    parser = argparse.ArgumentParser()
+    fc.configure(parser)
+    args = parser.parse_args(["--preset", "finetune-digits", "--init-from", "x.pt", "--out", str(tmp_path / "o"),
+                              "--set", "batch_size=32", "--device", "cpu"])
+    fc.run(args)
+    cfg = seen["cfg"]
+    assert cfg["batch_size"] == 32 and cfg["optim"]["ref_batch"] == 32  # peak lr = grid lr x 32/32
+    assert "learning rates are used as given" in capsys.readouterr().out

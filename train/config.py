@@ -254,7 +254,9 @@ def finetune_grid(lr: tuple[float, float, int] = A3_LR, wd: tuple[float, float, 
     Weight decays are "divided by the learning rate" (A.3; ICLR version Table A.2: λ is the product of the
     learning rate and the decay coefficient added to the loss), so runs set ``optim.wd_over_lr`` and the
     SGD decay coefficient is λ/η: every grid value is the per-step shrink factor η·(λ/η) = λ at the peak
-    learning rate, whatever η is.
+    learning rate, whatever η is. This holds because η is the peak rate used: ``repsim finetune`` sets
+    ``optim.ref_batch`` to the batch size, so a grid learning rate is never rescaled by
+    batch_size / ref_batch (``train.loop`` scales the rate, but divides λ by the unscaled one).
     """
     import numpy as np
 

@@ -8,7 +8,11 @@ Specs
                       Fashion-MNIST (all classes, the study's source/target classes, any classes) from
                       its idx files: ``root``, the Debian package, or torchvision's downloader
                       (``download=True``); see :mod:`train.fashion`
-  a directory         ImageFolder tree; ``DIR/train`` + ``DIR/val`` (ImageNet layout) or a flat tree
+  a directory         ImageFolder tree; ``DIR/train`` + ``DIR/test`` (``test``: ``DIR/test``), or
+                      ``DIR/train`` + ``DIR/val`` without ``DIR/test`` (ImageNet layout: ``val/`` is
+                      the test split), or a flat tree. With both ``val/`` and ``test/``, ``test/``
+                      is the test split and ``val/`` is not read: merge an official validation split
+                      into ``train/`` to train on train + val (Table A.2's sizes, e.g. Flowers' 2,040)
   a CSV, or a dir     multi-label images labelled by a CSV in CheXpert's layout (``train.csvdata``):
   with train.csv      targets (N, K) bool, uncertain/unmentioned findings negative (App. D.3)
   ``synthetic``       deterministic random images, for benchmarks
@@ -44,6 +48,7 @@ TRAIN_ALL = "train+holdout"
 IMAGENET_HOLDOUT = 50_046
 TORCHVISION_DATASETS = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST",
                         "fashionmnist": "FashionMNIST", "svhn": "SVHN"}
+TORCHVISION_NATIVE_SIZE = {"cifar10": 32, "cifar100": 32, "mnist": 28, "fashionmnist": 28, "svhn": 32}
 
 
 IN_MEMORY_BYTES = 2 << 30  # the largest split SplitDataset.image_tensor materialises
@@ -190,7 +195,9 @@ def _image_folder(path: Path, split: str, augment: Any, image_size: int, eval_re
 
     train_dir = path / "train" if (path / "train").is_dir() else path
     if split == "test":
-        test_dir = next((path / d for d in ("val", "test") if (path / d).is_dir()), None)
+        # test/ when there is one (a dataset's official test set, App. A.3: "tested on the provided test
+        # sets"); val/ only in the ImageNet layout (train/ + val/, no test/), where val/ is the test set
+        test_dir = next((path / d for d in ("test", "val") if (path / d).is_dir()), None)
         if test_dir is None:
             raise ValueError(f"{path} has no val/ or test/ folder for the test split")
         base, idx = ImageFolder(str(test_dir)), None
@@ -210,8 +217,8 @@ def _image_folder(path: Path, split: str, augment: Any, image_size: int, eval_re
                         transform=tf, transform_desc=desc, loader=_pil_loader)
 
 
-def _torchvision(name: str, split: str, root: str | None, download: bool, augment: Any, image_size: int,
-                 holdout_size: int | None, autoaugment: bool = False) -> SplitDataset:
+def _torchvision(name: str, split: str, root: str | None, download: bool, augment: Any, image_size: int | None,
+                 eval_resize: int | None, holdout_size: int | None, autoaugment: bool = False) -> SplitDataset:
     import torchvision.datasets as tvd
 
     if not root:
@@ -229,9 +236,28 @@ def _torchvision(name: str, split: str, root: str | None, download: bool, augmen
     else:
         idx = holdout_split(len(base), 5000 if holdout_size is None else holdout_size, split)
     gray = name in ("mnist", "fashionmnist")
-    mean, std = ((0.5,), (0.5,)) if gray else ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-    aug = ("cifar" if augment is True else augment) if split == "train" else False
-    tf, desc = image_transforms(aug, image_size, None, mean, std, autoaugment=autoaugment)
+    native = TORCHVISION_NATIVE_SIZE[name]
+    if image_size is None or int(image_size) == native:
+        # the dataset's own resolution (a CIFAR recipe run): no resize, the dataset's own normalisation
+        mean, std = ((0.5,), (0.5,)) if gray else ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+        aug = ("cifar" if augment is True else augment) if split == "train" else False
+        tf, desc = image_transforms(aug, native, None, mean, std, autoaugment=autoaugment)
+    else:
+        # a network of another input size (an ImageNet network probed or fine-tuned on CIFAR, App. A.2/A.3):
+        # every split is resized to image_size -- evaluation Resize(eval_resize or image_size) +
+        # CenterCrop(image_size), training ImageNet-style RandomResizedCrop(image_size) -- with the
+        # ImageNet normalisation the network was trained with
+        if split == "train" and augment == "cifar":
+            raise ValueError(f"{name}: the cifar augmentation (pad-4 random crop) is for {native}x{native} "
+                             f"images, not image_size {image_size}; use data.augment = \"imagenet\"")
+        aug = ("imagenet" if augment is True else augment) if split == "train" else False
+        size = int(image_size)
+        tf, desc = image_transforms(aug, size, eval_resize or size, autoaugment=autoaugment)
+        if gray:  # one-channel images: the network's channels are adapted downstream (extract/adapt.py)
+            from torchvision import transforms as T
+
+            tf = T.Compose([T.Grayscale(3)] + list(tf.transforms))
+            desc = "grayscale to 3 channels + " + desc
     return SplitDataset(base, idx, raw_targets[idx], classes=classes, name=name, split=split,
                         transform=tf, transform_desc=desc, loader=_pil_loader)
 
@@ -327,7 +353,7 @@ def build_dataset(spec: str, split: str, *, augment: Any = False, root: str | os
         return _synthetic(split, image_size or 32, num_classes, n, channels)
     if spec.lower() in TORCHVISION_DATASETS:
         return _torchvision(spec.lower(), split, str(root) if root else None, download, augment,
-                            image_size or 32, holdout_size, autoaugment)
+                            image_size, eval_resize, holdout_size, autoaugment)
     path = Path(root) / spec if root and not Path(spec).is_absolute() and (Path(root) / spec).exists() else Path(spec)
     if not path.is_dir() and not (path.is_file() and path.suffix.lower() == ".csv"):
         raise ValueError(f"data directory {str(path)!r} does not exist (and {spec!r} is not a known dataset name)")
@@ -369,14 +395,29 @@ def dataset_from_config(config: dict[str, Any], split: str, *, spec: str | None 
                         augment: Any = False) -> SplitDataset:
     """The dataset of a run config (``config["data"]``: root, image_size, eval_resize, holdout_size,
     ...) — e.g. ``load_model(ckpt).config`` — for ``split``; ``spec`` replaces the run's dataset
-    (extract/ uses this to push another dataset through a trained network with the run's eval
-    transform). The run's ``holdout_size`` belongs to its own dataset: another ``spec`` gets that
-    dataset's default holdout (e.g. CheXpert's 22,431-image i.i.d. split, ``train.csvdata``)."""
+    (extract/ uses this to push another dataset through a trained network). The run's own dataset gets
+    the run's evaluation transform (``eval_resize``, e.g. Resize(256) + CenterCrop(224)); another ``spec``
+    (a transfer task) gets App. A.2's probe transform, Resize(image_size) + CenterCrop(image_size). The
+    run's ``holdout_size`` belongs to its own dataset: another ``spec`` gets that dataset's default
+    holdout (e.g. CheXpert's 22,431-image i.i.d. split, ``train.csvdata``; an ImageFolder of other than
+    1,000 classes: none), except a torchvision-name dataset (``cifar10``, ...), whose ``train`` split is
+    then its whole training set (50,000 CIFAR images, Table A.2), not the 45,000 left by the 5,000-image
+    holdout a run on it uses."""
     d = config["data"]
-    hold = d.get("holdout_size", -1) if spec in (None, d["spec"]) else -1
+    own = spec in (None, d["spec"])
+    hold = d.get("holdout_size", -1) if own else -1
+    eval_resize = d.get("eval_resize") or None
+    if not own:
+        # a transfer task (linear probes, App. A.2): "resizing them to 224 pixels on the shortest side and
+        # taking a 224x224 pixel center crop", i.e. Resize(image_size) + CenterCrop(image_size), not the
+        # run's own evaluation resize (256 for 224); and a torchvision-name dataset keeps all its training
+        # images in `train` (A.2's probe holds out its own validation split of them, then refits on all)
+        eval_resize = d.get("image_size") or None
+        if str(spec).lower() in TORCHVISION_DATASETS:
+            hold = 0
     return build_dataset(spec or d["spec"], split, augment=augment, root=d.get("root") or None,
                          autoaugment=bool(augment) and bool(d.get("autoaugment", False)),
-                         image_size=d.get("image_size"), eval_resize=d.get("eval_resize") or None,
+                         image_size=d.get("image_size"), eval_resize=eval_resize,
                          holdout_size=None if hold is None or hold < 0 else hold,
                          download=d.get("download", False), num_classes=d.get("synthetic_classes", 10),
                          n=d.get("synthetic_n", 512), channels=int(config.get("in_channels", 3)),

@@ -67,6 +67,14 @@ def run(args: argparse.Namespace) -> int:
     groups, arch_sets = source_groups(args.init_from)
     base = arch_sets + sets
     cfg = load_config(args.preset, [f"{k}={toml_literal(v)}" for k, v in base])
+    if cfg["optim"]["ref_batch"] != cfg["batch_size"]:
+        # the grid's learning rates are the rates used (A.3's range), whatever the batch size: no
+        # linear scaling by batch_size / ref_batch, so λ / η is the decay coefficient of the rate used and
+        # finetune.csv's lr is the peak learning rate of the run
+        print(f"[finetune] batch size {cfg['batch_size']} (ref_batch {cfg['optim']['ref_batch']}): the grid's "
+              "learning rates are used as given (optim.ref_batch set to the batch size)", flush=True)
+        base = base + [("optim.ref_batch", cfg["batch_size"])]
+        cfg = load_config(args.preset, [f"{k}={toml_literal(v)}" for k, v in base])
     check_holdout(cfg)
     grid = finetune_grid((args.lr_grid[0], args.lr_grid[1], int(args.lr_grid[2])),
                          (args.wd_grid[0], args.wd_grid[1], int(args.wd_grid[2])), no_decay=not args.no_zero_decay)

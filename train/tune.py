@@ -168,11 +168,55 @@ class Run:
     def key(self) -> str:
         """What makes two runs the same, independent of how they are launched: the configuration `repsim
         train` resolves (the preset files, then the ``--set`` assignments; :func:`train.config.load_config`),
-        so an edited preset is a new run and a value set to what the preset has is the same run."""
+        so an edited preset is a new run and a value set to what the preset has is the same run. A fine-tuning
+        run's key also holds the sha256 of its ``finetune.init_from`` checkpoint (``init_from_sha256``): a
+        checkpoint replaced at the same path (retrained, resumed) makes its runs new ones, not done ones."""
         from .config import load_config
 
         cfg = load_config(self.preset, [f"{k}={toml_literal(v)}" for k, v in self.sets])
+        init = (cfg.get("finetune") or {}).get("init_from")
+        if init:
+            cfg = {**cfg, "init_from_sha256": source_sha256(init)}
         return json.dumps(cfg, sort_keys=True, default=str)
+
+
+_SHA_CACHE: dict[tuple, str] = {}
+
+
+def source_sha256(path: str) -> str | None:
+    """The sha256 of a checkpoint (``repsim._io.sha256_file``; None when it is missing), computed once per
+    (path, size, modification time) in this process."""
+    from repsim._io import sha256_file
+
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    sig = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if sig not in _SHA_CACHE:
+        _SHA_CACHE[sig] = sha256_file(path)
+    return _SHA_CACHE[sig]
+
+
+def changed_source(run_dir: Path, key: str) -> str | None:
+    """Why a run whose DONE was written for the same configuration is not done after all: its
+    ``finetune.init_from`` checkpoint has other content now (or the DONE predates the sha256), else None."""
+    old = _read_json(run_dir / "DONE").get("key")
+    if not old or old == key:
+        return None
+    try:
+        old_cfg, new_cfg = json.loads(old), json.loads(key)
+    except ValueError:
+        return None
+    init = (new_cfg.get("finetune") or {}).get("init_from")
+    if not init or (old_cfg.get("finetune") or {}).get("init_from") != init:
+        return None
+    strip = lambda c: {k: v for k, v in c.items() if k != "init_from_sha256"}  # noqa: E731
+    if strip(old_cfg) != strip(new_cfg):
+        return None
+    if "init_from_sha256" not in old_cfg:
+        return f"its finished run records no sha256 of its source checkpoint {init} (an older repsim)"
+    return f"its source checkpoint {init} has changed since the run finished (another sha256)"
 
 
 def run_state(run_dir: Path, key: str) -> str:
@@ -214,10 +258,15 @@ def run_all(runs: Sequence[Run], *, jobs: int = 1, nproc: int = 1, keep_checkpoi
             say(f"[tune] {placement.note}")
     todo = []
     for r in runs:
-        state = run_state(r.dir, r.key)
+        key = r.key
+        src = changed_source(r.dir, key)
+        if src is not None:
+            say(f"[tune] {r.label}: {src}; running it again")
+        state = run_state(r.dir, key)
         if state != "done":
             todo.append((r, state))
     if not todo:
+        say(f"[tune] {len(runs)} of {len(runs)} runs already done; nothing to run")
         return
     say(f"[tune] {len(runs) - len(todo)} of {len(runs)} runs already done; running {len(todo)} "
         f"({jobs} at a time{f', {nproc} processes each' if nproc > 1 else ''})")
