@@ -117,6 +117,4 @@ def multilabel_probe(X_train: Any, Y_train: Any, X_test: Any, Y_test: Any,
                                                  "refit_converged": final.converged})
 
 
-__all__ = ["ProbeResult", "MultiLabelResult", "linear_probe", "knn_probe", "multilabel_probe",
-           "fit_logistic", "binned_auc", "accuracy", "stratified_split", "knn_neighbours",
-           "knn_vote", "DEFAULT_LAMBDAS", "DEFAULT_KS"]
+__all__ = ["MultiLabelResult", "multilabel_probe", "binned_auc"]
