@@ -233,8 +233,8 @@ def test_a_temperature_run_to_the_search_bound_is_warned_about(tmp_path, capsys)
     assert main(["calibrate", "--test", stores["test"].path, "--holdout", stores["holdout"].path, "--out", str(out)]) == 0
     T = float(next(csv.DictReader(open(out)))["temperature"])
     assert temperature_at_bound(T)
-    err = capsys.readouterr().err
-    assert "WARNING: test: the temperature fit on holdout store holdout ran to the end of its search range" in err
+    out_text = capsys.readouterr().out  # beside the pair's result line
+    assert "WARNING: test: the temperature fit on holdout store holdout ran to the end of its search range" in out_text
     step = np.exp(temperature_grid_step())
     lo, hi = TEMPERATURE_BOUNDS
     assert temperature_at_bound([lo, lo * step, hi / step, hi]).all()

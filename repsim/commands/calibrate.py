@@ -136,6 +136,6 @@ def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto
                   f"range (T = {rep['temperature']:.3g}; holdout top-1 {100 * rep['holdout_top1']:.1f}%: a holdout "
                   "classified (almost) perfectly has its lowest NLL as T -> 0), so the scaled NLL/ECE are no "
                   "calibration; Table C.3 leaves them blank. A larger holdout with errors gives a temperature.",
-                  file=sys.stderr, flush=True)
+                  flush=True)  # beside the pair's result line (stdout: the demo keeps both in calibration.log)
     rows = conform("calibration", rows)
     return rows, merge_csv(rows, out, KEYS["calibration"], unique=True)
