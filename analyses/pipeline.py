@@ -72,6 +72,16 @@ def train_summary(tail) -> str:
     return f"{last}; best holdout {best[0]:.1f}% at epoch {best[1]}"
 
 
+def split_item(line: str) -> tuple[str, str | None]:
+    """(other output, the ``@@item`` JSON or None) of one line of a stage's process. The workers' output
+    shares the pipe with the ``@@item`` lines: a write of theirs longer than the pipe's atomic size may be
+    cut by an ``@@item`` write (atomic, newline-ended), which then ends a line that it does not start."""
+    at = line.find(ITEM)
+    if at < 0:
+        return line.strip() and line, None
+    return line[:at].strip() and line[:at], line[at + len(ITEM):]
+
+
 def run_stage(stage: str, networks: list[dict], jobs: int, item: Callable[[dict], str], verbose: bool = False) -> None:
     """Run the stage's ``networks`` (:mod:`analyses.command_runs` specs) in one ``python -m
     analyses.command_runs`` process with ``jobs`` forked workers; a line ``[demo] STAGE k/n <item(info)>``
@@ -87,18 +97,18 @@ def run_stage(stage: str, networks: list[dict], jobs: int, item: Callable[[dict]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, bufsize=1)
     try:
         for line in iter(p.stdout.readline, ""):
-            line = line.rstrip("\r\n").split("\r")[-1]
-            if line.startswith(ITEM):
+            before, payload = split_item(line.rstrip("\r\n").split("\r")[-1])
+            if before:
+                tail.append(before)
+                if verbose:
+                    print(f"  [{stage}] {before}", flush=True)
+            if payload is not None:
                 try:
-                    text = item(json.loads(line[len(ITEM):]))
+                    text = item(json.loads(payload))
                 except Exception as exc:  # noqa: BLE001 - keep reading, or the subprocess blocks on a full pipe
-                    text = f"{line[len(ITEM):]} (its progress line failed: {exc!r})"
+                    text = f"{payload} (its progress line failed: {exc!r})"
                 finished += 1
                 _say(f"[demo] {stage} {finished}/{len(networks)} {text}")
-            elif line.strip():
-                tail.append(line)
-                if verbose:
-                    print(f"  [{stage}] {line}", flush=True)
         p.stdout.close()
         rc = p.wait()
     finally:

@@ -165,3 +165,16 @@ def test_digits_extracts_every_block_of_the_training_split_and_separation_has_th
     train = sep[sep.store == "softmax-s0-train"]
     assert set(train[train.distance == "cosine"].layer) == {"block1", "block2", "pool"}
     assert set(train[train.layer == "pool"].distance) == {"cosine", "cosine_centered", "sqeuclidean"}
+
+
+def test_an_item_line_that_a_workers_long_write_was_cut_by_is_still_read():
+    """The fashion demo test lost "extract 2/2" once under load: a worker's write longer than the pipe's
+    atomic size was cut by the @@item line, which then ended a line instead of starting it."""
+    from analyses.command_runs import ITEM
+    from analyses.pipeline import split_item
+
+    assert split_item(ITEM + '{"name": "a"}') == ("", '{"name": "a"}')
+    assert split_item("estimated store size 1.2 M" + ITEM + '{"name": "b"}') == ("estimated store size 1.2 M",
+                                                                                 '{"name": "b"}')
+    assert split_item("a plain line") == ("a plain line", None)
+    assert split_item("   ") == ("", None)
