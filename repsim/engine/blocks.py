@@ -30,8 +30,9 @@ Shuffling schemes and their I/O cost (n rows, batch b, L columns):
     blocks; one window when that is n or more), so no window is a leftover of a few blocks; the rows
     of each window are permuted and cut into ``round(rows / b)`` batches of near-equal size. Every
     batch is within about b / 2 of b, never a runt: the minibatch estimate averages its batches with
-    equal weight, and one 64-row batch beside 1,600-row ones made its seed-to-seed spread 60× larger.  Batches never straddle windows, so every chunk is read **exactly once per epoch** and
-    the reader holds one window of one column at a time (plus prefetch).  Batches are uniform
+    equal weight, and one 64-row batch beside 1,600-row ones made its seed-to-seed spread ~45× larger.
+    Batches never straddle windows, so every chunk is read **exactly once per epoch** and the reader
+    holds one window of one column at a time (plus prefetch).  Batches are uniform
     samples of their window, not of the whole dataset.  ``repsim extract`` writes rows in a fixed
     seeded permutation of the dataset by default (``--order shuffled``), so a window of blocks is
     itself a uniform sample and window batches are as good as uniform ones.  For stores written in
