@@ -29,30 +29,29 @@ def _linear_cka_exact(measure: Measure, columns: Sequence[Column], n: int, block
                                   spatial=spatial, xp=xp, memory_budget=memory_budget, prefetch=prefetch,
                                   threads=threads, progress=progress)
     meta.update(plan_info)
-    report_undefined(values, columns, meta)
+    report_undefined(values, columns, meta, measure)
     return values
 
 
-def report_undefined(values: np.ndarray, columns: Sequence[Column], meta: dict[str, Any],
-                      measure: Measure | None = None, bad: Sequence[str] | None = None) -> None:
+def report_undefined(values: np.ndarray, columns: Sequence[Column], meta: dict[str, Any], measure: Measure,
+                      bad: Sequence[str] | None = None) -> None:
     """Columns a measure cannot define (constant over the examples, or the measure's own conditions:
     :meth:`Measure.undefined_when`; NaN row and column, every other pair is computed): one line on
     stderr naming them and saying when that happens, and ``meta["undefined_columns"]`` (linear CKA)
-    or ``meta["undefined"][measure]["columns"]``.  ``measure``: None for linear CKA. ``bad``: the
-    undefined columns' names when the measure says which (default: those with a NaN diagonal)."""
+    or ``meta["undefined"][measure]["columns"]``.  ``bad``: the undefined columns' names when the
+    measure says which (default: those with a NaN diagonal)."""
     if bad is None:
         bad = [f"{c.store}/{c.layer}" for k, c in enumerate(columns) if np.isnan(values[k, k])]
     bad = list(bad)
     if not bad:
         return
-    name = "linear_cka" if measure is None else measure.name
+    name = measure.name
     if name == "linear_cka":
         meta["undefined_columns"] = bad
     meta.setdefault("undefined", {}).setdefault(name, {})["columns"] = bad
     what = "CKA" if name == "linear_cka" else name
-    when = (Measure() if measure is None else measure).undefined_when()
     print(f"repsim: {what} is undefined (NaN, blank in figures) for {len(bad)} column(s): "
-          f"{', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}; a column has no {what} when it is {when}",
+          f"{', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}; a column has no {what} when it is {measure.undefined_when()}",
           file=sys.stderr)
 
 

@@ -261,8 +261,7 @@ class FullColumn:
             tr = float(np.trace(self.centred_gram()))
             if self.gram is not None:
                 shifted = float(np.trace(self.gram))
-                raw = shifted + 2 * float(np.sum(self.shift_dots if self.shift_dots is not None else 0.0)) + self.n * self._shift_sq
-                tol = max(constant_tolerance(self.n, raw / self.n), 1e-12 * shifted)  # raw / n >= ‖x̄‖²
+                tol = max(constant_tolerance(self.n, self.raw_energy() / self.n), 1e-12 * shifted)  # ‖X‖²/n >= ‖x̄‖²
             else:
                 mean = self.rows.mean(axis=0)
                 tol = constant_tolerance(self.n, float(mean @ mean))
