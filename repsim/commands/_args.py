@@ -33,12 +33,16 @@ DEFAULT_BUDGET_MIB = 512
 positive = int_at_least(1)
 
 
-def positive_float(text: str) -> float:
-    """An argparse ``type`` accepting finite floats > 0."""
+def _number(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    """An argparse ``type`` accepting finite floats > 0."""
+    value = _number(text)
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
@@ -49,10 +53,7 @@ positive_float.__name__ = "number > 0"
 
 def fraction(text: str) -> float:
     """An argparse ``type`` accepting numbers strictly between 0 and 1."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    value = _number(text)
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {text}")
     return value
@@ -62,13 +63,14 @@ fraction.__name__ = "fraction in (0, 1)"
 
 
 def scheduler_address(text: str) -> str:
-    """An argparse ``type`` for ``--scheduler``: ``local:N`` (N >= 1 worker processes), ``threads``, or
-    an address (``tcp://host:8786``); ``local:0`` waited forever for a worker, ``local:x`` raised int()'s
-    message naming no option."""
-    if text.startswith("local:"):
-        n = text.split(":", 1)[1]
-        if not n.isdigit() or int(n) < 1:
-            raise argparse.ArgumentTypeError(f"local:N needs N >= 1 worker processes, got {text!r}")
+    """An argparse ``type`` for ``--scheduler``: ``local:N`` (N >= 1 worker processes, the rule of
+    :func:`repsim.engine.scheduler.local_workers`), ``threads``, or an address (``tcp://host:8786``)."""
+    from repsim.engine.scheduler import local_workers
+
+    try:
+        local_workers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 

@@ -31,17 +31,26 @@ def _is_local(address: Any) -> bool:
     return address is None or (isinstance(address, str) and address in ("threads", "local", ""))
 
 
+def local_workers(address: str) -> int | None:
+    """N of a ``local:N`` address (None for any other address); ``ValueError`` unless N >= 1 (``local:0``
+    would wait forever for a worker)."""
+    if not address.startswith("local:"):
+        return None
+    n = address.split(":", 1)[1]
+    if not n.isdigit() or int(n) < 1:
+        raise ValueError(f"local:N needs N >= 1 worker processes, got {address!r}")
+    return int(n)
+
+
 def _connect(address: str) -> tuple[Any, Any]:
     """``(client, cluster or None)`` for a scheduler address or ``local:N``."""
     try:
         from distributed import Client, LocalCluster
     except ImportError as exc:  # pragma: no cover - distributed is a dependency
         raise ImportError("a scheduler address needs dask.distributed: pip install 'dask[distributed]'") from exc
-    if address.startswith("local:"):
-        n = address.split(":", 1)[1]
-        if not n.isdigit() or int(n) < 1:  # local:0 would wait forever for a worker
-            raise ValueError(f"scheduler {address!r}: local:N needs N >= 1 worker processes")
-        cluster = LocalCluster(n_workers=int(n), threads_per_worker=1, processes=True, dashboard_address=None)
+    n = local_workers(address)
+    if n is not None:
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
         return Client(cluster), cluster
     return Client(address), None
 
