@@ -18,12 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
-    import numpy as np
-
-    from repsim.engine.drivers import collapse_rows, merge_csv, results_lock
-    from repsim.engine.result import _atomic_savez
+    from repsim.engine.drivers import collapse_rows, merge_csv, merge_npz
     from repsim.engine.scheduler import scheduler
     from repsim.results import KEYS
 
@@ -33,11 +28,6 @@ def run(args: argparse.Namespace) -> int:
                                       threads=args.threads)
     path = merge_csv(rows, args.out, KEYS["collapse"], unique=True)
     if args.spectra is not None:  # merged as the CSV is: another store's or layer's spectra are kept
-        with results_lock(args.spectra):
-            kept = {}
-            if os.path.isfile(args.spectra):
-                with np.load(args.spectra) as old:
-                    kept = {k: old[k] for k in old.files}
-            _atomic_savez(args.spectra, {**kept, **{k: np.asarray(v) for k, v in spectra.items()}})
+        merge_npz(spectra, args.spectra)
     print(f"repsim collapse: {len(rows)} rows -> {path}", file=sys.stderr)
     return 0

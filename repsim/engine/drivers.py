@@ -401,6 +401,21 @@ def merge_csv(rows: Sequence[dict], path: str | os.PathLike, key: Sequence[str],
         return write_csv(kept + list(rows), path)
 
 
+def merge_npz(arrays: dict[str, np.ndarray], path: str | os.PathLike) -> str:
+    """Merge named ``arrays`` into the .npz at ``path`` (atomically, under :func:`results_lock`): an
+    existing array of the same name is replaced, the others kept (spectra.npz, keyed by store/layer/kind)."""
+    from repsim.engine.result import _atomic_savez
+
+    path = os.fspath(path)
+    with results_lock(path):
+        kept = {}
+        if os.path.isfile(path):
+            with np.load(path) as old:
+                kept = {k: old[k] for k in old.files}
+        _atomic_savez(path, {**kept, **{k: np.asarray(v) for k, v in arrays.items()}})
+    return path
+
+
 def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> str:
     """Write rows (header = union of keys in first-seen order) atomically; ``-`` writes to stdout."""
     header: list[str] = []

@@ -373,8 +373,9 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     if checkpoint is not None:
         fingerprint = {k: meta[k] for k in ("debiased", "spatial", "n", "device", "example_ids_sha1")}
         # a token column's "mean" changed meaning (features -> tokens averaged): those old checkpoints are stale
-        fingerprint.update(plan=asdict(plan), plan_version=PLAN_VERSION, columns=[(c.path, c.layer, "tokens") if c.tokens and spatial == "mean"
-                                                       else (c.path, c.layer) for c in columns],
+        fingerprint.update(plan=asdict(plan), plan_version=PLAN_VERSION,
+                           columns=[(c.path, c.layer, "tokens") if c.tokens and spatial == "mean"
+                                    else (c.path, c.layer) for c in columns],
                            segment_batches=seg, compute_dtype=compute_dtype, measures=spec["measures"])
         ckpt = Checkpoint(checkpoint, fingerprint, {store_location(s): s.identity for s in opened})
         done, state = ckpt.load()
