@@ -272,10 +272,27 @@ def test_debug_shows_the_traceback_and_classify_tells_bugs_from_bad_input(tmp_pa
     from repsim.commands.main import EXIT_CODES, classify
 
     assert EXIT_CODES[EXIT_REFUSED].startswith("refused") and EXIT_CODES[EXIT_IO].startswith("a file could not")
-    for debug_argv in (["--debug", *argv], [*argv, "--debug"]):
-        with pytest.raises(StoreError, match="does not exist"):
-            main(debug_argv)
+    for debug_argv in (["--debug", *argv], [*argv, "--debug"]):  # the traceback, and still the refusal's status
+        code, err = _run(capsys, *debug_argv)
+        assert code == EXIT_REFUSED, err
+        assert err[0] == "Traceback (most recent call last):" and any(line.startswith("repsim.store") and "StoreError" in line
+                                                                      and "does not exist" in line for line in err), err
+        assert err[-1].startswith("repsim cka: error: store missing:"), err
     assert classify(OSError(errno.ENOSPC, "No space left on device", "/x/y")) == (
         EXIT_IO, "/x/y: No space left on device; free some space or choose another output location")
     assert classify(KeyError("layer 'x' is missing")) == (EXIT_REFUSED, "layer 'x' is missing")
     assert classify(TypeError("unsupported operand")) is None  # a bug: traceback, exit 70
+
+
+def test_bad_arguments_are_one_line_naming_the_subcommand(capsys):
+    """argparse's refusals are one line like every other (README "What repsim refuses"), not the usage block."""
+    for argv, expected in ((["cka", "x", "--out", "y", "--batch-size", "-5"], "repsim cka: error: argument --batch-size:"),
+                           (["cka", "x", "--out", "y", "--bogus"], "repsim cka: error: unrecognized arguments: --bogus"),
+                           (["--bogus", "cka", "x", "--out", "y"], "repsim cka: error: unrecognized arguments: --bogus"),
+                           (["cka"], "repsim cka: error: the following arguments are required:"),
+                           (["nosuch"], "repsim: error: argument COMMAND: invalid choice: 'nosuch'")):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert stop.value.code == EXIT_REFUSED and len(err) == 1 and err[0].startswith(expected), (argv, err)
+        assert err[0].endswith("--help lists the options)")

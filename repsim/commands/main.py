@@ -11,8 +11,9 @@ Expected failures are :class:`CommandError`, bad input (``ValueError`` and its s
 ``StoreError``, ``ExtractError``, ``ConfigError``, ``CheckpointError`` … —, ``KeyError``, a missing
 optional dependency ``ImportError``, whose message names the pip extra to install: repsim.extras) and I/O failures (``OSError``: permission denied, read-only
 file system, disk full). Anything else is a bug: its traceback is printed with exit status 70.
-``--debug`` (before or after the subcommand, or ``REPSIM_DEBUG=1``) lets every exception
-propagate with its traceback.
+``--debug`` (before or after the subcommand, or ``REPSIM_DEBUG=1``) prints every exception's
+traceback too; the exit status stays the one its class documents (a refusal is still 2, never 1,
+which means "problems found").
 """
 from __future__ import annotations
 
@@ -96,10 +97,20 @@ class CommandError(Exception):
         self.code = code
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line on stderr, like every other refusal (exit status 2):
+    ``repsim cka: error: argument --batch-size: must be >= 1, got -5 (repsim cka --help lists the
+    options)`` instead of the usage block first. Subparsers are built with the same class."""
+
+    def error(self, message: str):  # type: ignore[override] - argparse's signature, NoReturn
+        text = " ".join(message.split())
+        self.exit(EXIT_REFUSED, f"{self.prog}: error: {text} ({self.prog} --help lists the options)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from repsim import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="repsim",
         description="Train, extract, and analyse neural-network representations "
         "(CKA, class separation, sparsity, neural collapse, transfer probes).",
@@ -109,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show the full traceback of any error")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
+    parser.set_defaults(_subparsers=sub.choices)
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(module_name.split(":")[0])
         sp = sub.add_parser(name, help=module.HELP, description=module.HELP)
@@ -166,7 +178,10 @@ def _strip_prefix(message: str, command: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the subcommand's parser, whose --help lists what it takes
+        args._subparsers[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     debug = bool(getattr(args, "debug", False)) or os.environ.get("REPSIM_DEBUG", "") not in ("", "0")
     command = args.command
     try:
@@ -181,11 +196,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return EXIT_OK
     except Exception as exc:  # noqa: BLE001 - the one place where errors become exit statuses
-        if debug:
-            raise
         known = classify(exc)
-        if known is None:
+        if debug or known is None:
             traceback.print_exc()
+        if known is None:
             print(f"repsim {command}: internal error ({type(exc).__name__}); this is a bug in repsim, "
                   "please report it with the traceback above", file=sys.stderr)
             return EXIT_BUG
