@@ -45,6 +45,8 @@ def test_good_stores_pass_with_table(tmp_path, capsys):
     ]
     assert all(r[-2:] == ["0", "0"] for r in rows)
     assert lines[-1] == "2 store(s) OK"
+    code, out, err = run_check(capsys, "--no-values", tmp_path / "A.zarr")  # says what it did not read
+    assert code == 0 and out.splitlines()[-1].startswith("1 store(s) OK (metadata, ids and labels; --no-values read no")
 
 
 def test_stored_size_and_compression_ratio(tmp_path):

@@ -296,3 +296,22 @@ def test_bad_arguments_are_one_line_naming_the_subcommand(capsys):
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert stop.value.code == EXIT_REFUSED and len(err) == 1 and err[0].startswith(expected), (argv, err)
         assert err[0].endswith("--help lists the options)")
+
+
+def test_a_store_named_twice_is_used_once_with_one_warning_line(tmp_path, capsys):
+    """`repsim cka S S ./S` gave a 3x3 "CKA over 1 store(s)" whose index used paths; a repeat is dropped."""
+    from tests.test_check import make_store
+
+    with pytest.warns(UserWarning):
+        make_store(tmp_path / "S.zarr")
+    argv = ["cka", tmp_path / "S.zarr", tmp_path / "S.zarr", f"{tmp_path}/./S.zarr", "--out", tmp_path / "o.npz",
+            "--batch-size", "100", "--epochs", "1", "--no-progress"]
+    code, err = _run(capsys, *argv)
+    assert code == 0, err
+    assert err[:2] == [f"WARNING: store {tmp_path / 'S.zarr'} is named more than once: it is used once",
+                       f"WARNING: store {tmp_path}/./S.zarr is named more than once (also as {tmp_path / 'S.zarr'}): "
+                       "it is used once"], err
+    assert err[2].startswith("repsim cka: 2x2 CKA over 1 store(s)")
+    from repsim.engine.result import CKAResult
+
+    assert [name for name, _ in CKAResult.load(tmp_path / "o.npz").index] == ["S", "S"]

@@ -56,7 +56,9 @@ def run(args) -> int:
     for problem in report.problems:
         print(problem, file=sys.stderr)
     if report.ok:
-        print(f"{len(args.stores)} store(s) OK")
+        print(f"{len(args.stores)} store(s) OK" if args.scan_values else
+              f"{len(args.stores)} store(s) OK (metadata, ids and labels; --no-values read no layer chunks, so a "
+              "corrupt or swapped chunk is found only by a full check)")
         return 0
     print(f"repsim check: {len(report.problems)} problem(s)", file=sys.stderr)
     return 1

@@ -24,6 +24,7 @@ import importlib.metadata
 import os
 import sys
 import traceback
+import warnings
 from pathlib import Path
 from typing import Sequence
 
@@ -177,6 +178,25 @@ def _strip_prefix(message: str, command: str) -> str:
     return message
 
 
+_OUR_PACKAGES = tuple(str(Path(__file__).resolve().parents[2] / name) + os.sep
+                      for name in ("repsim", "extract", "train", "analyses"))
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - showwarning's
+    """repsim's own warnings as one ``WARNING: ...`` line on stderr, like the commands' printed ones;
+    other libraries' warnings keep Python's format (file, line and source), which names their origin."""
+    if not str(filename).startswith(_OUR_PACKAGES):
+        return _python_show_warning(message, category, filename, lineno, file, line)
+    stream = sys.stderr if file is None else file
+    try:
+        stream.write(f"WARNING: {' '.join(str(message).split())}\n")
+    except OSError:  # as Python's own: a closed stderr loses the warning, not the run
+        pass
+
+
+_python_show_warning = warnings.showwarning
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -185,7 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(getattr(args, "debug", False)) or os.environ.get("REPSIM_DEBUG", "") not in ("", "0")
     command = args.command
     try:
-        return int(args._run(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning
+            return int(args._run(args) or 0)
     except KeyboardInterrupt:
         print(f"repsim {command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -51,6 +51,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -126,7 +127,22 @@ def open_stores(stores: Any) -> list[Any]:
                 opened.append(open_store(path, allow_incomplete=True))
     if not opened:
         raise ValueError("no stores given")
-    return opened
+    return _once_each(opened)
+
+
+def _once_each(opened: list[Any]) -> list[Any]:
+    """The stores without repeats (the same directory named twice, e.g. by a path and an overlapping
+    glob): a repeat would add a copy of every column; it is dropped with a warning naming it."""
+    seen: dict[str, Any] = {}
+    for store in opened:
+        path = os.fspath(store.path)
+        key = path if "://" in path else os.path.realpath(path)
+        if key in seen:
+            also = "" if os.fspath(seen[key].path) == path else f" (also as {seen[key].path})"
+            warnings.warn(f"store {path} is named more than once{also}: it is used once", stacklevel=3)
+            continue
+        seen[key] = store
+    return list(seen.values())
 
 
 def store_location(store: Any) -> str:
