@@ -4,6 +4,8 @@ invariances it claims, independent noise -> near its null; and the protocol (reg
 from __future__ import annotations
 
 import math
+import os
+import re
 
 import numpy as np
 import pytest
@@ -98,11 +100,22 @@ def test_registry_names_and_metadata():
         m = get_measure(name)
         assert MEASURES[name] is type(m) and m.info.name == name and m.info.formula and m.info.source
         lo, hi = m.info.range
-        assert lo <= m.info.null <= hi and m.info.identical == hi
+        assert m.info.identical == hi and isinstance(m.info.null, str) and m.info.null
     assert parse_measures("rbf_cka, linear_cka,rbf_cka") == ["rbf_cka", "linear_cka"]
     with pytest.raises(ValueError, match="unknown measure 'nope'"):
         parse_measures("nope")
     assert not get_measure("pwcca").info.symmetric and not get_measure("ridge_r2").info.symmetric
+
+
+def test_the_docs_table_shows_each_measures_declared_null():
+    """docs/measures.md says its table is the declared metadata: its "range, identical, null" cell ends
+    with MeasureInfo.null (it said ≈ k/(n−1) for mutual k-NN while the metadata said 0.0)."""
+    text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "measures.md")).read()
+    rows = {cells[1].strip("` "): cells for cells in (re.split(r"(?<!\\)\|", line) for line in text.splitlines())
+            if len(cells) > 5 and cells[1].strip().startswith("`")}
+    assert sorted(rows) == sorted(measure_names())
+    for name in measure_names():
+        assert rows[name][5].strip().endswith(", " + get_measure(name).info.null), (name, rows[name][5])
 
 
 @pytest.mark.parametrize("name", ["linear_cka", "rbf_cka", "procrustes", "cca", "svcca", "pwcca", "rsa",

@@ -42,8 +42,9 @@ class MeasureInfo:
     the routes it implements, of ``("minibatch", "exact")``; ``statistic``: the per-batch statistic
     of its minibatch route (``"rows"`` or ``"gram"``, module docstring; ``""`` without one);
     ``symmetric``: m(X, Y) = m(Y, X) (else row i, column j is m(column i, column j): row = first
-    argument); ``range`` its (min, max); ``identical`` its value for m(X, X); ``null`` its expected
-    value for independent noise (about; finite-sample bias aside); ``invariances`` what transforms of
+    argument); ``range`` its (min, max); ``identical`` its value for m(X, X); ``null`` what it gives for
+    independent noise, as text, since for most measures that depends on n and p (``"0"``, ``"≈ k/(n−1)"``,
+    ``"small > 0"``: finite-sample bias; docs/measures.md's table shows it); ``invariances`` what transforms of
     X leave it unchanged; ``order`` its place in listings (docs/measures.md's order; a new measure
     may leave the default: after the others, by name).
     """
@@ -55,7 +56,7 @@ class MeasureInfo:
     symmetric: bool
     range: tuple[float, float]
     identical: float
-    null: float
+    null: str
     statistic: str = ""
     invariances: tuple[str, ...] = ()
     order: int = 100

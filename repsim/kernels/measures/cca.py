@@ -105,7 +105,7 @@ class CCA(_CCABase):
     info = MeasureInfo(
         name="cca", order=3, formula="mean canonical correlation ρ̄ over min(rank) directions",
         source="Hotelling 1936; ρ̄ as in Raghu et al. 2017", estimators=("exact",), symmetric=True,
-        range=(0.0, 1.0), identical=1.0, null=0.0,
+        range=(0.0, 1.0), identical=1.0, null="small > 0",
         invariances=("invertible linear", "orthogonal", "isotropic scaling", "translation"))
 
 
@@ -114,7 +114,7 @@ class SVCCA(_CCABase):
     info = MeasureInfo(
         name="svcca", order=4, formula="ρ̄ of the fewest top PCs of each side explaining ≥ 99 % of its variance",
         source="Raghu, Gilmer, Yosinski & Sohl-Dickstein 2017 (NeurIPS)", estimators=("exact",), symmetric=True,
-        range=(0.0, 1.0), identical=1.0, null=0.0, invariances=("orthogonal", "isotropic scaling", "translation"))
+        range=(0.0, 1.0), identical=1.0, null="small > 0", invariances=("orthogonal", "isotropic scaling", "translation"))
     OPTIONS = {"svcca_variance": 0.99}
 
     @property
@@ -127,7 +127,7 @@ class PWCCA(_CCABase):
     info = MeasureInfo(
         name="pwcca", order=5, formula="Σᵢ αᵢρᵢ / Σᵢ αᵢ, αᵢ = Σⱼ |⟨hᵢ, x̃ⱼ⟩| (hᵢ canonical variates of the first argument)",
         source="Morcos, Raghu & Bengio 2018 (NeurIPS)", estimators=("exact",), symmetric=False,
-        range=(0.0, 1.0), identical=1.0, null=0.0, invariances=("isotropic scaling", "translation"))
+        range=(0.0, 1.0), identical=1.0, null="small > 0", invariances=("isotropic scaling", "translation"))
     needs_features = True
     pairs = Measure.pairs  # (its weights need the canonical variates: pair by pair)
 

@@ -53,7 +53,7 @@ class LinearCKA(CKAFamily):
         name="linear_cka", order=0,
         formula="HSIC(XXᵀ, YYᵀ) / sqrt(HSIC(XXᵀ, XXᵀ) HSIC(YYᵀ, YYᵀ)), HSIC₁ unbiased (Song et al. 2012)",
         source="Kornblith et al. 2019 (ICML); minibatch: Nguyen, Raghu & Kornblith 2021",
-        estimators=("minibatch", "exact"), symmetric=True, range=(0.0, 1.0), identical=1.0, null=0.0,
+        estimators=("minibatch", "exact"), symmetric=True, range=(0.0, 1.0), identical=1.0, null="0",
         statistic="rows", invariances=("orthogonal", "isotropic scaling", "translation"))
     OPTIONS = {"debiased": True, "compute_dtype": None}
 

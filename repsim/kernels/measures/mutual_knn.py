@@ -55,7 +55,7 @@ class MutualKNN(Measure):
     info = MeasureInfo(
         name="mutual_knn", order=7, formula="mean_i |N_X(i) ∩ N_Y(i)| / k, cosine k-NN excluding i (null ≈ k/(n−1))",
         source="Huh, Cheung, Wang & Isola 2024 (ICML), platonic-rep mutual_knn", estimators=("exact",),
-        symmetric=True, range=(0.0, 1.0), identical=1.0, null=0.0,
+        symmetric=True, range=(0.0, 1.0), identical=1.0, null="≈ k/(n−1)",
         invariances=("orthogonal", "isotropic scaling"))
     OPTIONS = {"knn_k": 10}
 

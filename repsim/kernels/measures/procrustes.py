@@ -34,7 +34,7 @@ class Procrustes(Measure):
         name="procrustes", order=2,
         formula="‖X̃ᵀỸ‖_* / (‖X̃‖_F ‖Ỹ‖_F), column-centred; distance arccos of it",
         source="Williams et al. 2021 (NeurIPS), angular Procrustes; Ding et al. 2021",
-        estimators=("exact",), symmetric=True, range=(0.0, 1.0), identical=1.0, null=0.0,
+        estimators=("exact",), symmetric=True, range=(0.0, 1.0), identical=1.0, null="small > 0",
         invariances=("orthogonal", "isotropic scaling", "translation"))
 
     def prepare(self, column: FullColumn) -> Any:
