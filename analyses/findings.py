@@ -33,7 +33,9 @@
 Uncertainty reported beside each verdict (it does not enter the criteria): means ± standard error over
 seeds and t-test p-values (1), with the smallest transfer difference the seeds can resolve (two-sample
 t-test, α = 0.05, power 0.8, from the seed-to-seed s.d.) and the pixel baseline; R² mean ± s.d. over
-seeds and Spearman's p (3). For finding 2 the bootstrap intervals are part of the criterion.
+seeds and Spearman's p (3). For finding 2 the bootstrap intervals are part of the criterion. Finding 1
+carries a caveat when (b) holds in direction only: no objective both beats softmax's source accuracy and
+transfers worse with p < 0.05.
 """
 from __future__ import annotations
 
@@ -63,13 +65,19 @@ def _pm(values: np.ndarray, digits: int = 1) -> str:
     return f"{v.mean():.{digits}f} ± {v.std(ddof=1) / np.sqrt(len(v)):.{digits}f}"
 
 
-def _p(a: np.ndarray, b: np.ndarray) -> str:
-    """Two-sided t-test p of a vs b over seeds (the bold rule's test), or 'n/a' with < 2 seeds."""
+def _pvalue(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Two-sided t-test p of a vs b over seeds (the bold rule's test); None with < 2 seeds or no spread."""
     from repsim.probes.stats import ttest
 
     if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
-        return "n/a"
-    return f"{ttest(a, b)[1]:.2g}"
+        return None
+    return float(ttest(a, b)[1])
+
+
+def _p(a: np.ndarray, b: np.ndarray) -> str:
+    """:func:`_pvalue` as text ('n/a' where there is none)."""
+    p = _pvalue(a, b)
+    return "n/a" if p is None else f"{p:.2g}"
 
 
 def min_detectable_difference(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
@@ -167,6 +175,7 @@ class Finding:
     verdict: str  # "reproduced" | "partial" | "not reproduced" | "not evaluated"
     evidence: str
     why: str = ""  # when not reproduced: which of the criterion's conditions failed, and what the numbers say
+    caveat: str = ""  # when a condition that holds rests on differences the seeds do not resolve
 
 
 def finding_transfer(inputs: Inputs) -> Finding:
@@ -211,7 +220,23 @@ def finding_transfer(inputs: Inputs) -> Finding:
     ev += power_text({l: groups[l] for l in common}) + pixel_text(inputs, lin["task"].unique())
     why = "" if verdict == "reproduced" else _why_transfer(
         softmax_best, best, beat, worse, acc[common], src_of, groups, transfer[common], inputs, lin)
-    return Finding(name, verdict, ev, why)
+    return Finding(name, verdict, ev, why, direction_only_caveat(beat if better_worse else [], src_of, groups))
+
+
+def direction_only_caveat(beat: list[str], src_of: dict, groups: dict, alpha: float = ALPHA) -> str:
+    """Finding 1's (b) compares means: with few seeds it can hold on differences that are noise. When
+    it holds (``beat``: the objectives above softmax's source accuracy, all transferring worse) and no
+    one of them both beats softmax's source accuracy and transfers worse with p < ``alpha`` (t-test over
+    seeds), the verdict is said to rest on direction only. The criterion itself is unchanged."""
+    if not beat:
+        return ""
+    both = [l for l in beat if (p := _pvalue(src_of[l], src_of["softmax"])) is not None and p < alpha
+            and (q := _pvalue(groups[l], groups["softmax"])) is not None and q < alpha]
+    if both:
+        return ""
+    return (f"(b) holds in direction only: none of the {len(beat)} objective(s) above softmax both beats its source "
+            f"accuracy and transfers worse with p < {alpha} (t-test over seeds), so at these seeds the agreement "
+            "with the paper may be chance (Power, above: the smallest difference they resolve).")
 
 
 def _why_transfer(softmax_best: bool, best: str, beat: list[str], worse: list[str], acc, src_of: dict,
@@ -597,7 +622,7 @@ def findings_html(findings: list[Finding], preamble: str = "") -> str:
     items = "".join(
         f"<li><b>{html.escape(f.name)}</b>: <b style='color:{colour[f.verdict]}'>{f.verdict.upper()}</b>. "
         f"{html.escape(f.evidence)}" + (f" <b>Why not reproduced:</b> {html.escape(f.why)}" if f.why else "")
-        + "</li>" for f in findings)
+        + (f" <b>Caveat:</b> {html.escape(f.caveat)}" if f.caveat else "") + "</li>" for f in findings)
     criteria = html.escape(__doc__.split("\n\n", 1)[1]).replace("\n", "<br>")
     return (f"<div class='findings'><h2>Does this run reproduce the paper's findings?</h2>{preamble}<ul>{items}</ul>"
             f"<details><summary>Criteria (fixed in analyses/findings.py before the run)</summary>"
@@ -606,5 +631,5 @@ def findings_html(findings: list[Finding], preamble: str = "") -> str:
 
 def findings_text(findings: list[Finding]) -> str:
     return "\n".join(f"- {f.name}: {f.verdict.upper()}. {f.evidence}" + (f" Why not reproduced: {f.why}" if f.why else "")
-                     for f in findings)
+                     + (f" Caveat: {f.caveat}" if f.caveat else "") for f in findings)
 

@@ -266,3 +266,21 @@ def test_finding2_under_an_asymmetric_measure_takes_both_orders_everywhere(tmp_p
     stated, boot = _late_gap_vs_its_bootstrap(r, inputs, "ridge_r2")
     assert stated == pytest.approx(boot, abs=1e-12) and stated > 0.2
     assert r.ci["late"][0] <= stated <= r.ci["late"][1]
+
+
+def test_finding1_says_when_b_holds_in_direction_only():
+    """(b) compares means: two seeds whose differences are noise still pass it. The verdict stays, and a
+    caveat says so unless one objective both beats softmax's source accuracy and transfers worse with p < 0.05."""
+    soft_src, soft_tr = np.array([70.0, 70.2]), np.array([90.0, 90.2])
+    noisy = {"src": np.array([69.5, 71.3]), "tr": np.array([88.0, 92.0])}  # +0.3 / -0.1 points, p ≈ 0.8
+    clear = {"src": np.array([75.0, 75.1]), "tr": np.array([80.0, 80.1])}  # far beyond the seeds' spread
+    src_of = {"softmax": soft_src, "noisy": noisy["src"], "clear": clear["src"]}
+    groups = {"softmax": soft_tr, "noisy": noisy["tr"], "clear": clear["tr"]}
+    text = F.direction_only_caveat(["noisy"], src_of, groups)
+    assert text.startswith("(b) holds in direction only: none of the 1 objective(s) above softmax")
+    assert F.direction_only_caveat(["noisy", "clear"], src_of, groups) == ""
+    assert F.direction_only_caveat([], src_of, groups) == ""  # (b) does not hold: nothing to qualify
+    one_seed = {k: v[:1] for k, v in src_of.items()}  # no t-test at all: direction only
+    assert F.direction_only_caveat(["clear"], one_seed, {k: v[:1] for k, v in groups.items()}).startswith("(b) holds")
+    f = F.Finding("Better objectives transfer worse", "reproduced", "Softmax: …", caveat=text)
+    assert F.findings_text([f]).endswith(f" Caveat: {text}") and "<b>Caveat:</b>" in F.findings_html([f])
