@@ -591,6 +591,31 @@ def test_point_labels_do_not_overlap():
     plt.close(fig)
 
 
+def test_point_labels_stay_inside_the_axes():
+    """Fig. 6's rightmost point ("Squared error") was labelled to its right, past the axes and under the
+    legend placed beside them; a label goes to the left of a point at the right edge."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from analyses.items.common import label_points, legend_outside
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    pts = [(0.60, 97.0), (0.70, 98.0), (0.80, 98.5)]
+    ax.scatter(*zip(*pts), label="dots")
+    legend_outside(ax)
+    ax.margins(x=0.05, y=0.1)
+    label_points(ax, pts, ["Softmax", "Sigmoid", "Squared error"])
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(r)
+    for t in ax.texts:
+        box = t.get_window_extent(r)
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1, (t.get_text(), box, frame)
+    plt.close(fig)
+
+
 def test_spectra_figure_counts_with_integer_ticks(tmp_path):
     from analyses.data import Inputs
     from analyses.items.predictions import figE2

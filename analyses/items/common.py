@@ -129,12 +129,14 @@ _LABEL_SPOTS = [(4, 3, "left", "bottom"), (4, -3, "left", "top"), (-4, 3, "right
 
 
 def label_points(ax, points, texts, fontsize: float = 7.5) -> None:
-    """Label each (x, y) of ``points`` with its text where it overlaps no label placed before it and no
-    other point, trying the offsets of ``_LABEL_SPOTS`` in turn (the first one when none is free):
-    objectives with nearly equal values get readable labels instead of one overprinted block."""
+    """Label each (x, y) of ``points`` with its text where it stays inside the axes and overlaps no label
+    placed before it and no other point, trying the offsets of ``_LABEL_SPOTS`` in turn (the first one
+    when none is free): objectives with nearly equal values get readable labels instead of one overprinted
+    block, and a point at the right edge is labelled on its left, not under a legend beside the axes."""
     fig = ax.figure
     fig.canvas.draw()  # settle the data limits (autoscaling is lazy) so that display boxes are final
     renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
     dots = [ax.transData.transform(p) for p in points]
     placed = []
     for (x, y), text in zip(points, texts):
@@ -145,7 +147,8 @@ def label_points(ax, points, texts, fontsize: float = 7.5) -> None:
             ann.update_positions(renderer)
             box = ann.get_window_extent(renderer).expanded(1.04, 1.15)
             hits_dot = any(box.x0 <= dx_ <= box.x1 and box.y0 <= dy_ <= box.y1 for dx_, dy_ in dots)
-            if not any(box.overlaps(b) for b in placed) and not hits_dot:
+            inside = frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+            if inside and not any(box.overlaps(b) for b in placed) and not hits_dot:
                 chosen = (ann, box)
                 break
             ann.remove()
