@@ -204,3 +204,26 @@ def test_table_c2_item(bench, tmp_path):
     assert t.numeric.set_index("objective").loc["cosine_softmax", "ImageNet-C (mCE)"] == pytest.approx(70.5)
     assert t.bold["ImageNet-C (mCE)"].tolist() == [False, True]        # lower mCE is better
     assert "imagenet-a (200 classes)" in outcomes[0].caption
+
+
+def test_runs_sharing_one_csv_keep_each_others_rows(bench, tmp_path):
+    """Two `repsim robustness` runs (a job array) writing one CSV: each rewrote the file from the rows it
+    had read at its start, so the other run's rows were lost. The write merges under the results lock."""
+    from train.robustness import evaluate
+
+    root, rand, planted = bench
+    out = tmp_path / "robustness.csv"
+    sets = {"imagenet-sketch": root / "sketch", "imagenet-v2": root / "v2"}
+    fired = []
+
+    def meanwhile(_message):  # the other run finishes while this one evaluates its first set
+        if not fired:
+            fired.append(True)
+            evaluate([rand], sets, out, device="cpu", log=lambda _m: None)
+
+    evaluate([planted], sets, out, device="cpu", log=meanwhile)
+    rows = list(csv.DictReader(open(out)))
+    assert sorted((r["store"], r["benchmark"]) for r in rows) == sorted(
+        (s, b) for s in ("planted-s1", "rand-s0") for b in sets)
+    evaluate([planted], {"imagenet-v2": root / "v2"}, out, device="cpu", overwrite=True, log=lambda _m: None)
+    assert [(r["store"], r["benchmark"]) for r in csv.DictReader(open(out))] == [("planted-s1", "imagenet-v2")]

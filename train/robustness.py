@@ -247,7 +247,6 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
     a rerun skips the (network, set) pairs already in it for the same checkpoint digest (resume).
     """
     from repsim._io import sha256_file
-    from repsim.engine.drivers import write_csv
     from repsim.results import KEYS
     from train.checkpoint import load_checkpoint, load_model
 
@@ -305,18 +304,28 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
                          "transform": tf})
             log(f"robustness: {names[i]} {label}: top-1 {100 * top1:.2f}% of {len(es.paths)}"
                 + (f" (arg max over {len(es.mask)} classes)" if es.mask is not None else ""))
-        _write(rows, out, write_csv)
-    return _write(rows, out, write_csv)
+        _write(rows, out, merge=not overwrite)
+        overwrite = False  # (the file is this run's now: later writes merge with it)
+    return _write(rows, out, merge=not overwrite)
 
 
-def _write(rows: list[dict], out: Path, write_csv) -> list[dict]:
+def _write(rows: list[dict], out: Path, *, merge: bool = True) -> list[dict]:
     """Per-set rows plus the ImageNet-C summaries of every network, written atomically (columns:
-    ``repsim.results.COLUMNS["robustness"]``)."""
-    from repsim.results import conform
+    ``repsim.results.COLUMNS["robustness"]``). ``merge``: under the results file's lock
+    (``repsim.engine.drivers.results_lock``, as every CSV-writing command), the file's per-set rows
+    as they are now are kept unless ``rows`` has their key, so runs of other networks sharing the file
+    (a job array) lose no row; the summaries are recomputed from the merged rows."""
+    from repsim.engine.drivers import results_lock, write_csv
+    from repsim.results import KEYS, conform
 
-    by_net: dict[tuple, list[dict]] = {}
-    for r in rows:
-        by_net.setdefault((r["store"], r["checkpoint_sha256"]), []).append(r)
-    full = [r for net in by_net.values() for r in net + summary_rows(net)]
-    write_csv(conform("robustness", full), out)
+    key = lambda r: tuple(str(r[k]) for k in KEYS["robustness"])
+    with results_lock(str(out)):
+        if merge:
+            ours = {key(r) for r in rows}
+            rows = [r for r in _read_csv(out) if r.get("metric") in ("top1", "error") and key(r) not in ours] + rows
+        by_net: dict[tuple, list[dict]] = {}
+        for r in rows:
+            by_net.setdefault((r["store"], r["checkpoint_sha256"]), []).append(r)
+        full = [r for net in by_net.values() for r in net + summary_rows(net)]
+        write_csv(conform("robustness", full), out)
     return full
