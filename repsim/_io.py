@@ -33,6 +33,33 @@ def naming(path: str | os.PathLike, temporary: str | None = None) -> Iterator[No
         raise OSError(exc.errno, exc.strerror, os.fspath(path)) from exc
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it (``os.umask`` sets it to read it, racing other
+    threads' file creation): Linux's /proc/self/status, else the set-and-restore, done once."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+_FILE_MODE: list[int] = []
+
+
+def give_usual_mode(fd: int) -> None:
+    """Give a file made by ``tempfile.mkstemp`` (always 0600) the mode ``open`` would have given it,
+    0666 less the umask, so that a store's chunks or a checkpoint renamed into place are readable by
+    whoever may read the files beside it (a lab's group sharing a store), like every other output."""
+    if not _FILE_MODE:
+        _FILE_MODE.append(0o666 & ~_umask())
+    os.fchmod(fd, _FILE_MODE[0])
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) -> Iterator[IO]:
     """Open a temporary file for writing ``path``; on success it replaces ``path`` atomically."""

@@ -504,3 +504,31 @@ def test_round_trip_any_shape_and_chunking(n, chunk_rows, tail, dtype, lazy):
         np.testing.assert_array_equal(bits(s.layer("l").compute()), bits(x))
         np.testing.assert_array_equal(bits(np.concatenate([s.read_chunk("l", i) for i in range(s.n_chunks)])), bits(x))
         np.testing.assert_array_equal(s.example_ids, ids)
+
+
+def test_stores_and_checkpoints_get_the_umask_mode_not_mkstemps_0600(tmp_path):
+    """Chunks and checkpoints are written through ``tempfile.mkstemp`` (mode 0600) and renamed: a store
+    shared with a lab's group was unreadable to it, while the results beside it were 0644. Every file
+    now has 0666 less the umask, as ``open`` gives."""
+    import stat
+
+    import torch
+
+    from repsim.store.writer import save_store
+    from train.checkpoint import save_checkpoint
+
+    old = os.umask(0o027)
+    try:
+        import repsim._io as io
+
+        io._FILE_MODE.clear()  # (read once per process: this test sets its own umask)
+        save_store(str(tmp_path / "s.zarr"), {"a": np.ones((40, 3), np.float32)}, np.arange(40) % 2, chunk_rows=16,
+                   meta={"dataset": {"name": "t", "split": "test"}})
+        save_checkpoint({"model": {"w": torch.ones(2)}}, tmp_path / "run" / "checkpoint.pt")
+        files = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs if not f.startswith(".")]
+        modes = {f: stat.S_IMODE(os.stat(f).st_mode) for f in files}
+        assert len(modes) > 5 and any(f.endswith("checkpoint.pt") for f in modes)
+        assert set(modes.values()) == {0o640}, {f: oct(m) for f, m in modes.items() if m != 0o640}
+    finally:
+        os.umask(old)
+        io._FILE_MODE.clear()

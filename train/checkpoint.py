@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from repsim._io import naming
+from repsim._io import give_usual_mode, naming
 
 from .models import Network, build_network
 
@@ -39,6 +39,7 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        give_usual_mode(fd)
         with naming(path), os.fdopen(fd, "wb") as f:
             torch.save({"format": FORMAT, **state}, f)
             f.flush()

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._io import naming
+from repsim._io import give_usual_mode, naming
 
 __all__ = ["FastChunks", "fast_chunks", "object_crc", "remove_stale_parts"]
 
@@ -193,6 +193,7 @@ class FastChunks:
         # the temporary file sits in the array's folder, outside its chunk tree ``c/``
         fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=TMP_PREFIX, suffix=".part")
         try:
+            give_usual_mode(fd)
             with naming(path), os.fdopen(fd, "wb") as fh:
                 fh.write(memoryview(body))
                 fh.write(crc)
