@@ -191,16 +191,27 @@ def store_rows(n: int, batch_size: int) -> dict:
         reads = [engine_read(paths, batch_size, threads)]
         pool = cp.get_default_memory_pool()
         kw = dict(batch_size=batch_size, epochs=1, progress=False)
-        runs = []
-        for _ in range(2):
-            pool.free_all_blocks()
-            t0 = time.perf_counter()
-            got = cka_matrix(paths, device="cuda", **kw)
-            runs.append(time.perf_counter() - t0)
-        out["gpu_pool_peak_bytes"] = int(pool.total_bytes())
         from repsim.engine.device_decode import device_decoder
 
         out["gpu_decoding"] = device_decoder(cp) is not None  # nvCOMP installed: chunks decoded on the GPU
+        runs = []  # (a failed GPU decoding: that try is reported, the next runs with the CPU decoding)
+        for _ in range(2 + out["gpu_decoding"]):
+            if len(runs) == 2:
+                break
+            pool.free_all_blocks()
+            t0 = time.perf_counter()
+            try:
+                got = cka_matrix(paths, device="cuda", **kw)
+            except Exception as exc:  # noqa: BLE001 - the GPU decoding failed: the row runs on with the CPU's
+                if not out["gpu_decoding"]:
+                    raise
+                traceback.print_exc()
+                out.update(gpu_decoding=False, gpu_decoding_error=f"{type(exc).__name__}: {exc}")
+                os.environ["REPSIM_GPU_DECODE"] = "0"
+                continue
+            runs.append(time.perf_counter() - t0)
+        os.environ.pop("REPSIM_GPU_DECODE", None)
+        out["gpu_pool_peak_bytes"] = int(pool.total_bytes())
         if out["gpu_decoding"]:  # ... and the same pass with the CPU decoding them, as before
             os.environ["REPSIM_GPU_DECODE"] = "0"
             try:
@@ -526,9 +537,22 @@ def main() -> int:
         print(json.dumps({key: res[key]}), flush=True)
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")  # after every step: a killed run keeps the rest
-    if not args.no_markdown:
-        write_md(res)
+        if not args.no_markdown:
+            write_md(res)
+        mirror(args.out, markdown=not args.no_markdown)
     return 0
+
+
+def mirror(out: str, markdown: bool) -> None:
+    """On the device machine (``$OUT`` set by its runner), copy the JSON and RESULTS.md into ``$OUT``
+    after every row: a call cut off by its time limit still brings back the rows it finished."""
+    dest = os.environ.get("OUT")
+    if not dest or not os.path.isdir(dest):
+        return
+    for src in [out] + ([str(HERE / "RESULTS.md")] if markdown else []):
+        target = os.path.join(dest, os.path.basename(src))
+        if os.path.abspath(src) != os.path.abspath(target) and os.path.isfile(src):
+            shutil.copyfile(src, target)
 
 
 if __name__ == "__main__":

@@ -60,9 +60,12 @@ class HostZstd:
 
 
 class NvcompZstd:
-    """nvCOMP's GPU zstd (``nvidia.nvcomp``) for CuPy: one batched decode per call, on the calling
-    thread's own CUDA stream's device; every call waits for its decode before returning, so the
-    consumer (the default stream) never reads an unfinished block."""
+    """nvCOMP's GPU zstd (``nvidia.nvcomp``) for CuPy: one batched decode per call on the calling
+    thread's own CUDA stream, which carries the copy of the compressed bytes and the decode in order;
+    every call waits for that stream alone before returning, so the consumer (the default stream)
+    never reads an unfinished block and the other threads' decodes and the consumer's Grams run on.
+    Where the installed nvCOMP cannot take a stream (``cuda_stream``), its codec decodes on a stream of
+    its own and the call waits for the whole device instead."""
 
     def __init__(self, xp: Any) -> None:
         from nvidia import nvcomp  # noqa: F401 - fails early where it is not installed
@@ -70,13 +73,21 @@ class NvcompZstd:
         self.xp = xp
         self._local = threading.local()
 
-    def _codec(self) -> Any:
-        codec = getattr(self._local, "codec", None)
-        if codec is None:  # one codec per thread (nvCOMP: a Codec is not to be shared between threads)
+    def _stream_and_codec(self) -> tuple[Any, Any, bool]:
+        """This thread's (stream, codec, codec runs on that stream); made once per thread (nvCOMP: a
+        Codec is not to be shared between threads)."""
+        local = self._local
+        if getattr(local, "codec", None) is None:
+            import cupy
             from nvidia import nvcomp
 
-            codec = self._local.codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
-        return codec
+            local.stream = cupy.cuda.Stream(non_blocking=True)
+            kind = dict(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
+            try:
+                local.codec, local.on_stream = nvcomp.Codec(cuda_stream=local.stream.ptr, **kind), True
+            except TypeError:  # an nvCOMP without the argument
+                local.codec, local.on_stream = nvcomp.Codec(**kind), False
+        return local.stream, local.codec, local.on_stream
 
     def decode(self, bodies: Sequence[np.ndarray], nbytes: int) -> list[Any]:
         import cupy
@@ -88,17 +99,19 @@ class NvcompZstd:
         staged = cupyx.empty_pinned((int(offs[-1]),), dtype=np.uint8)
         for body, a, e in zip(bodies, offs[:-1], offs[1:]):
             staged[a:e] = body
-        stream = getattr(self._local, "stream", None)
-        if stream is None:
-            stream = self._local.stream = cupy.cuda.Stream(non_blocking=True)
+        stream, codec, on_stream = self._stream_and_codec()
         with stream:
             dev = cupy.empty(staged.shape, dtype=np.uint8)
             dev.set(staged, stream=stream)
-            stream.synchronize()  # (nvCOMP's decode runs on its own stream: the bytes must be there)
-            got = self._codec().decode(nvcomp.as_arrays([nvcomp.as_array(dev[a:e])
-                                                         for a, e in zip(offs[:-1], offs[1:])]))
+            if not on_stream:
+                stream.synchronize()  # (the codec's own stream does not wait for ours: the bytes must be there)
+            got = codec.decode(nvcomp.as_arrays([nvcomp.as_array(dev[a:e])
+                                                 for a, e in zip(offs[:-1], offs[1:])]))
             out = [cupy.asarray(g).view(cupy.uint8) for g in got]
-        cupy.cuda.Device().synchronize()  # every decode finished before the consumer reads a block
+        if on_stream:
+            stream.synchronize()  # this thread's copy and decode are done; nothing else is waited for
+        else:
+            cupy.cuda.Device().synchronize()  # the codec's stream is not ours to wait for
         if any(int(o.size) != nbytes for o in out):
             raise ValueError(f"a chunk object does not decode to {nbytes} bytes on the GPU")
         return out
