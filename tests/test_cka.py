@@ -549,3 +549,42 @@ def test_hard_cases_are_hard_for_uncentred_float32_grams():
         with np.errstate(all="ignore"):
             naive = song_hsic_gram(K, L) / np.sqrt(song_hsic_gram(K, K) * song_hsic_gram(L, L))
         assert not abs(naive - ref) <= 1e-2, (case, naive, ref)
+
+
+def test_batch_records_are_bounded_and_keep_the_interval_width():
+    """One record per batch of every epoch grew memory and checkpoints with n (O(epochs·n/b·L²); the
+    checkpoints, rewriting them all every segment, wrote O(n²) bytes). Past ``max_records`` adjacent records
+    are summed in pairs: the sums stay exact, the records stay bounded, and the bootstrap over records of m
+    batches gives the interval of the one over single batches, to its own Monte-Carlo noise."""
+    rng = np.random.default_rng(21)
+    batches = [planted(rng, 12, [4, 4, 6], mean=0.3) for _ in range(600)]
+    every = MinibatchCKA(3, max_records=10_000)
+    capped = MinibatchCKA(3, max_records=64)
+    halves = [MinibatchCKA(3, max_records=64), MinibatchCKA(3, max_records=64)]
+    for i, b in enumerate(batches):
+        every.update(b)
+        capped.update(b)
+        halves[i >= 300].update(b)
+    merged = halves[0].merge(halves[1])
+    for acc in (capped, merged):
+        assert len(acc._batches) <= 64 and acc.record_batches.sum() == 600 and acc.n_batches == 600
+        np.testing.assert_allclose(acc.hsic, every.hsic, rtol=1e-12)
+        np.testing.assert_allclose(acc.result(), every.result(), rtol=1e-12)
+        assert acc.to_state()["batches"].shape[0] <= 64
+    assert set(capped.record_batches.tolist()) <= {16, 8}  # 600 batches: 37 records of 16, one of 8
+    for draws in (None, 100):  # all batches, or one epoch's worth (CKAResult.ci's m-out-of-n)
+        lo_e, hi_e = every.ci(0.9, n_boot=2000, seed=1, draws=draws)
+        lo_c, hi_c = capped.ci(0.9, n_boot=2000, seed=1, draws=draws)
+        width_e, width_c = (hi_e - lo_e)[np.triu_indices(3, 1)], (hi_c - lo_c)[np.triu_indices(3, 1)]
+        np.testing.assert_allclose(width_c, width_e, rtol=0.25)
+        assert np.all(lo_c <= capped.result() + 1e-12) and np.all(hi_c >= capped.result() - 1e-12)
+    back = MinibatchCKA.from_state(capped.to_state())  # the records, their sizes and m survive a checkpoint
+    np.testing.assert_array_equal(back.record_batches, capped.record_batches)
+    back.update(batches[0])
+    assert back._per_record == capped._per_record and back.n_batches == 601
+    old = every.to_state()  # a version-1 state: one record per batch, no sizes; paired up on load
+    for key in ("record_batches", "per_record", "max_records"):
+        old.pop(key)
+    assert len(MinibatchCKA.from_state(old)._batches) <= 512
+    with pytest.raises(ValueError, match="fewer than two records per resample"):
+        capped.ci(0.9, draws=20)  # 20 batches are 1.25 records of 16

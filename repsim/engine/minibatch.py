@@ -21,7 +21,9 @@ reads them from every store at once (one ``update`` sees all L columns), and sch
 Reading is column-major within a group of batches (see :func:`_cka_segment`): memory is
 ``prefetch + 1`` reads of one column's group (a shuffle window, in the stores' dtype) plus, per
 batch of the group, b × min(p, b) numbers per column (a column with p ≥ 4b enters the accumulator
-as its b × b centred Gram, :func:`centred_gram`); never proportional to n.
+as its b × b centred Gram, :func:`centred_gram`), and the accumulator's at most ``max_records``
+per-batch records (L(L+1)/2 float64 each, :class:`~repsim.kernels.minibatch_cka.MinibatchCKA`); never
+proportional to n.
 ``method="exact"`` (full-data linear CKA) lives in :mod:`repsim.engine.exact`.
 """
 from __future__ import annotations
