@@ -270,7 +270,7 @@ def test_exact_equals_linear_cka_on_all_data_with_both_routes(tmp_path, debiased
     store = make_store(tmp_path / "w.zarr", layers, chunk_rows=8)
     cols = [stored(store, k) for k in layers]
     ref = np.array([[repsim.linear_cka(x, y, debiased=debiased) for y in cols] for x in cols])
-    for budget in (1 << 30, 60_000):  # one Gram panel, or many panels (several passes)
+    for budget in (1 << 30, 6_000):  # one Gram panel, or many panels (several passes)
         res = cka_matrix(store, method="exact", debiased=debiased, memory_budget=budget, progress=False)
         np.testing.assert_allclose(res.values, ref, rtol=1e-9)
         assert set(res.meta["exact_routes"].values()) == {"cross", "gram"}
@@ -299,6 +299,36 @@ def test_exact_route_rule():
     # narrow ones included once a wide one has its own
     assert choose_gram_columns([2048, 512, 8, 10], 225) == [0, 1, 2, 3]
     assert choose_gram_columns([80, 1, 2], 61) == [0]  # ... unless XᵀY is cheaper still
+
+
+def test_exact_route_memory_is_bounded_and_refused_beyond_max_memory(tmp_path):
+    """The exact route's n × n Grams were bounded by nothing (and a second flattened copy of all of them
+    was made), and once they passed ``memory_budget`` every panel was one block: ⌈n/block⌉ passes. The
+    route now keeps within ``max_memory`` (fewer Grams, or a refusal naming what to do) and sizes its
+    panels from ``memory_budget`` alone."""
+    from repsim.engine.exact import choose_gram_columns, route_bytes
+
+    rng = np.random.default_rng(4)
+    n = 96
+    layers = correlated_layers(rng, n, {"wide": (8, 4, 4), "mid": (120,), "pool": (8,)})
+    store = make_store(tmp_path / "m.zarr", layers, chunk_rows=8)
+    cols = [stored(store, k) for k in layers]
+    ref = np.array([[repsim.linear_cka(x, y, debiased=True) for y in cols] for x in cols])
+    widths = [128, 120, 8]
+    free = choose_gram_columns(widths, n)
+    assert len(free) == 3 and route_bytes(widths, n, 3) == 8 * n * n * 4
+    # a limit below three Grams: fewer of them (the cheapest route that fits), same values
+    limit = route_bytes(widths, n, 3) - 1
+    fewer = choose_gram_columns(widths, n, limit)
+    assert len(fewer) < 3 and route_bytes(widths, n, len(fewer)) <= limit
+    res = cka_matrix(store, method="exact", max_memory=limit, memory_budget=20_000, progress=False)
+    np.testing.assert_allclose(res.values, ref, rtol=1e-9)
+    # Grams larger than memory_budget no longer shrink the panels to one block (12 blocks: 12 passes)
+    big = cka_matrix(store, method="exact", memory_budget=150_000, progress=False)
+    np.testing.assert_allclose(big.values, ref, rtol=1e-9)
+    assert big.meta["exact_gram_bytes"] > 150_000 and big.meta["exact_passes"] <= 3
+    with pytest.raises(ValueError, match=r"exact CKA would hold at least .* over the limit of .*--spatial mean"):
+        cka_matrix(store, method="exact", max_memory=10_000, progress=False)
 
 
 # ------------------------------------------------------------------------------------------ validation

@@ -6,7 +6,7 @@ import os
 import sys
 
 from repsim.commands.main import CommandError
-from repsim.commands._args import non_negative, positive
+from repsim.commands._args import non_negative, positive, positive_float
 from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg
 
 HELP = "minibatch CKA between every (store, layer) pair"
@@ -33,6 +33,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-dtype", choices=("float32", "float64"), default=None,
                         help="precision of the batch Grams (default: float32 for float16/float32 layers, "
                              "float64 for float64 ones; centring, slab and HSIC sums are float64 either way)")
+    parser.add_argument("--max-memory", type=positive_float, default=8.0, metavar="GIB",
+                        help="exact estimators: the most they may hold (linear CKA's n x n Grams and "
+                             "cross-covariances; the other measures' columns, n x min(p, n) float64 each); "
+                             "default 8 GiB, beyond it the run is refused before reading")
     parser.add_argument("--checkpoint", default=None, metavar="FILE",
                         help="checkpoint for resuming (default: OUT.ckpt.npz next to the output)")
     parser.add_argument("--checkpoint-every", type=positive, default=8, metavar="BATCHES",
@@ -60,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
                             device=args.device, checkpoint=ckpt if args.method == "minibatch" else None,
                             checkpoint_every=args.checkpoint_every, progress=progress_arg(args),
                             threads=args.threads, compute_dtype=args.compute_dtype,
+                            max_memory=int(args.max_memory * 2**30),
                             allow_mixed_datasets=args.allow_mixed_datasets)
     path = result.save(out)
     if os.path.exists(ckpt):

@@ -26,8 +26,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="rsa: above N examples, a seeded subsample of N rows (default 2000; >= 3)")
     parser.add_argument("--ridge-folds", type=int_at_least(2), default=5,
                         help="ridge_r2: cross-validation folds (default 5; >= 2)")
-    parser.add_argument("--max-memory", type=positive_float, default=8.0, metavar="GIB",
-                        help="exact measures: GiB of columns held in memory, n x min(p, n) float64 each (default 8)")
 
 
 def run(args: argparse.Namespace) -> int:

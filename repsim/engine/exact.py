@@ -29,9 +29,16 @@ ones had theirs.  The set G is the k widest columns for the k that minimises the
 a pair uses the Gram route iff both columns are in G.  All cross pairs of a block come from one
 product Z_Nᵀ Z_X (N: the columns outside G, X: every column with a cross pair), so the pass costs a
 few GEMMs per block whatever the number of pairs.
+
+Memory: the route holds 8·n²·(|G| + 1) bytes of Grams (one more while one is U-centred) and the
+8·(Σ_N p)·(Σ_X p) of Z_NᵀZ_X, both independent of ``memory_budget`` (which sizes the Gram panels:
+rows read per pass). Only the k whose total stays within ``max_memory`` (default 8 GiB, as the
+other exact measures' held columns) are considered; when none does, the run is refused naming what
+to do (``--spatial mean``, fewer layers, or the minibatch estimator), before anything is read.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -39,29 +46,47 @@ import numpy as np
 from repsim.engine.blocks import BlockReader, Column, progress_bar
 
 
-def choose_gram_columns(widths: Sequence[int], n: int) -> list[int]:
+def route_bytes(widths: Sequence[int], n: int, k: int) -> int:
+    """Bytes the exact route holds with Grams for the ``k`` widest columns (module docstring): the Grams
+    (one more while one is U-centred) and Z_NᵀZ_X of the cross pairs."""
+    p = sorted((int(w) for w in widths), reverse=True)
+    grams = 8 * n * n * (k + 1) if k else 0
+    cross = 8 * sum(p[k:]) * sum(p) if k < len(p) else 0
+    return grams + cross
+
+
+def choose_gram_columns(widths: Sequence[int], n: int, max_bytes: int | None = None) -> list[int]:
     """Indices of the columns that get an n × n Gram: the k widest, k minimising the FLOP model of
-    the module docstring (ties: fewer Grams)."""
+    the module docstring (ties: fewer Grams) among the k whose :func:`route_bytes` fit ``max_bytes``
+    (None: any). ``ValueError`` when no k fits."""
     order = sorted(range(len(widths)), key=lambda k: (-widths[k], k))
     p = np.array([float(widths[k]) for k in order])
     s1, s2 = p.sum(), (p * p).sum()
     all_pairs = (s1 * s1 + s2) / 2  # Σ_{i<=j} p_i p_j
-    best_k, best = 0, 2.0 * n * all_pairs
+    fits = [max_bytes is None or route_bytes(widths, n, k) <= max_bytes for k in range(len(order) + 1)]
+    best_k, best = (0, 2.0 * n * all_pairs) if fits[0] else (None, math.inf)
     c1 = c2 = 0.0
     for k in range(1, len(order) + 1):
         c1 += p[k - 1]
         c2 += p[k - 1] ** 2
         within = (c1 * c1 + c2) / 2
         cost = 2.0 * n * n * c1 + 2.0 * n * (all_pairs - within) + float(k * k) * n * n
-        if cost < best:
+        if fits[k] and cost < best:
             best_k, best = k, cost
+    if best_k is None:
+        need = min(route_bytes(widths, n, k) for k in range(len(order) + 1))
+        raise ValueError(
+            f"exact CKA would hold at least {need / 2**30:.1f} GiB ({len(widths)} columns, n = {n}: n × n float64 "
+            f"Grams or a Σp × Σp cross-covariance) over the limit of {max_bytes / 2**30:.1f} GiB: pool conv maps "
+            "(--spatial mean), compare fewer layers, raise --max-memory, or use --method minibatch (the paper's "
+            "estimator, memory independent of n)")
     return sorted(order[:best_k])
 
 
-def choose_routes(widths: Sequence[int], n: int) -> dict[tuple[int, int], str]:
+def choose_routes(widths: Sequence[int], n: int, max_bytes: int | None = None) -> dict[tuple[int, int], str]:
     """``{(i, j): "cross" | "gram"}`` for i <= j: "gram" iff both columns are in
     :func:`choose_gram_columns`."""
-    gram = set(choose_gram_columns(widths, n))
+    gram = set(choose_gram_columns(widths, n, max_bytes))
     return {(i, j): "gram" if i in gram and j in gram else "cross"
             for i in range(len(widths)) for j in range(i, len(widths))}
 
@@ -73,17 +98,19 @@ def _center_gram(K: np.ndarray) -> np.ndarray:
 
 
 def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: bool, spatial: str, xp: Any = np,
-              memory_budget: int = 512 * 2**20, prefetch: int = 2, threads: int = 2,
+              memory_budget: int = 512 * 2**20, max_memory: int = 8 * 2**30, prefetch: int = 2, threads: int = 2,
               progress: bool | None = None) -> tuple[np.ndarray, dict[str, Any]]:
-    """Return ``(values (L, L), meta)`` — meta records the route of every pair and the pass count."""
+    """Return ``(values (L, L), meta)`` — meta records the route of every pair and the pass count.
+    ``memory_budget`` sizes the Gram panels (rows per pass); ``max_memory`` bounds what the routes hold
+    (module docstring, "Memory")."""
     from repsim.engine.blocks import MIN_BATCH
 
     if debiased and n < MIN_BATCH:
         raise ValueError(f"debiased CKA needs n >= {MIN_BATCH}, stores have {n}")
     L = len(columns)
     widths = [c.features_after(spatial) for c in columns]
-    routes = choose_routes(widths, n)
-    gram_set = set(choose_gram_columns(widths, n))
+    gram_set = set(choose_gram_columns(widths, n, max_memory))
+    routes = {(i, j): "gram" if i in gram_set and j in gram_set else "cross" for i in range(L) for j in range(i, L)}
     cross_pairs = [pair for pair, r in routes.items() if r == "cross"]
     gram_cols = sorted({k for pair, r in routes.items() if r == "gram" for k in pair})
     cross_cols = sorted({k for pair in cross_pairs for k in pair})
@@ -92,7 +119,9 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
     passes = 0
     row_bytes = 8 * sum(widths[k] for k in gram_cols)
     gram_bytes = 8 * n * n * len(gram_cols)
-    panel_blocks = max(1, int(max(memory_budget - gram_bytes, 0) // max(1, row_bytes * block_rows)))
+    # (the Grams are bounded by max_memory; subtracting them from the panel budget left one block per
+    # panel once they passed it, and ⌈n / block_rows⌉ passes)
+    panel_blocks = max(1, int(memory_budget // max(1, row_bytes * block_rows)))
     panels = range(0, n_blocks, panel_blocks) if gram_cols else range(0)
     bar = progress_bar((n_blocks if cross_cols else 0) + sum(n_blocks - p0 for p0 in panels), "exact cka", progress,
                        unit="block")
@@ -198,15 +227,16 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
             scale = 1.0 / (n * (n - 3))
         else:
             centre, scale = _center_gram, 1.0
-        # every Gram-route HSIC from one product of the flattened centred Grams (G × n²) — the
-        # same "one product for all pairs" as MinibatchCKA; each Gram is freed once flattened
-        flat = np.empty((len(gram_cols), n * n))
+        # each Gram replaced by its centred self (one more n × n while it is made), then every
+        # Gram-route HSIC as the Frobenius product of two of them (no flattened copy of all of them)
         for g in range(len(gram_cols)):
-            flat[g] = centre(grams[g]).reshape(-1)
-            grams[g] = None
+            grams[g] = centre(grams[g])
+        G = len(gram_cols)
+        gram_hsic = np.empty((G, G))
+        for a in range(G):
+            for b in range(a, G):
+                gram_hsic[a, b] = gram_hsic[b, a] = np.vdot(grams[a], grams[b]) * scale
         del grams
-        gram_hsic = (flat @ flat.T) * scale
-        del flat
         gpos = {k: g for g, k in enumerate(gram_cols)}
         for (i, j), r in routes.items():
             if r == "gram":

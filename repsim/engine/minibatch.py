@@ -221,7 +221,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
                method: str = "minibatch", shuffle_window: int | None = None, device: Any = "cpu",
                checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
                progress: bool | None = None, prefetch: int = 2, threads: int | None = None,
-               memory_budget: int = 512 * 2**20, compute_dtype: str | None = None,
+               memory_budget: int = 512 * 2**20, max_memory: int = 8 * 2**30, compute_dtype: str | None = None,
                allow_mixed_datasets: bool = False) -> CKAResult:
     """CKA between every (store, layer) column and every other, streamed from activation stores.
 
@@ -237,7 +237,8 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     ``spatial``: "flatten" (paper) or "mean" (pool conv maps first).
     ``method``: "minibatch" (paper §3.2) or "exact" (full-data linear CKA, biased or debiased, in
     float64 NumPy in this process; :mod:`repsim.engine.exact`; ``batch_size``/``epochs``/
-    ``shuffle`` unused, ``memory_budget`` sizes its Gram panels).
+    ``shuffle`` unused, ``memory_budget`` sizes its Gram panels, ``max_memory`` bounds its n × n Grams
+    and cross-covariances: beyond it the run is refused before anything is read).
     ``device``: "cpu" (NumPy) or "cuda" (CuPy: blocks are copied to the GPU in the stored dtype and
     the kernels run there, float32 Grams with float64 sums) — or an array-API namespace.
     ``checkpoint``: path of a resumable checkpoint, written atomically after each segment of
@@ -258,7 +259,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     return similarity_matrix(
         stores, ["linear_cka"], layers, batch_size, epochs, seed, shuffle, spatial, debiased, method=method,
         shuffle_window=shuffle_window, device=device, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
-        progress=progress, prefetch=prefetch, threads=threads, memory_budget=memory_budget,
+        progress=progress, prefetch=prefetch, threads=threads, memory_budget=memory_budget, max_memory=max_memory,
         compute_dtype=compute_dtype, allow_mixed_datasets=allow_mixed_datasets).as_cka()
 
 

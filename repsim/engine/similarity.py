@@ -21,13 +21,13 @@ from repsim.kernels.measures._exact import exact_matrix
 
 
 def _linear_cka_exact(measure: Measure, columns: Sequence[Column], n: int, block_rows: int, *, spatial: str,
-                      xp: Any, memory_budget: int, prefetch: int, threads: int, progress: bool | None,
-                      meta: dict[str, Any]) -> np.ndarray:
+                      xp: Any, memory_budget: int, max_memory: int, prefetch: int, threads: int,
+                      progress: bool | None, meta: dict[str, Any]) -> np.ndarray:
     from repsim.engine.exact import exact_cka
 
     values, plan_info = exact_cka(columns, n, block_rows, debiased=bool(measure.options["debiased"]),
-                                  spatial=spatial, xp=xp, memory_budget=memory_budget, prefetch=prefetch,
-                                  threads=threads, progress=progress)
+                                  spatial=spatial, xp=xp, memory_budget=memory_budget, max_memory=max_memory,
+                                  prefetch=prefetch, threads=threads, progress=progress)
     meta.update(plan_info)
     report_undefined(values, columns, meta, measure)
     return values
@@ -80,8 +80,8 @@ def exact_measures(measures: Sequence[Measure], columns: Sequence[Column], n: in
     for m in measures:
         if m.name in STREAMED_EXACT:
             out[m.name] = STREAMED_EXACT[m.name](m, columns, n, block_rows, spatial=spatial, xp=xp,
-                                                 memory_budget=memory_budget, prefetch=prefetch, threads=threads,
-                                                 progress=progress, meta=meta)
+                                                 memory_budget=memory_budget, max_memory=max_memory,
+                                                 prefetch=prefetch, threads=threads, progress=progress, meta=meta)
     if held:
         bar = progress_bar(read_passes(columns, n, block_rows, spatial, memory_budget), "read", progress, unit="block")
         try:
