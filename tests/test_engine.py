@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -445,8 +446,51 @@ def test_cuda_without_cupy_is_a_clear_error(two_stores):
         pytest.skip("cupy is installed")
     except ImportError:
         pass
-    with pytest.raises(ImportError, match="CuPy"):
+    with pytest.raises(ImportError, match="CuPy") as info:
         cka_matrix(two_stores[np.float64], device="cuda")
+    # the message names the extras that install CuPy, as pyproject.toml spells them: [gpu-cuda13] for
+    # CUDA 13 as well as [gpu-cuda12]/[gpu] for CUDA 12
+    import re
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    cupy_extras = {name for name, deps in extras["project"]["optional-dependencies"].items()
+                   if any(d.startswith("cupy") for d in deps)}
+    named = set(re.findall(r"\[([\w-]+)\]", str(info.value)))
+    assert {"gpu-cuda12", "gpu-cuda13"} <= named and named <= cupy_extras, (named, cupy_extras)
+    assert "CUDA 13" in str(info.value) and "CUDA 12" in str(info.value)
+
+
+def test_array_module_cuda_fills_cupy13_gaps(monkeypatch):
+    """array_module("cuda") hands out the namespace CuPy's arrays get (repsim._xp.array_namespace),
+    which fills the names CuPy <= 13 lacks: the GPU-decoding route calls xp.concat on it
+    (BlockReader.gather_decoded), which the bare CuPy 13 module does not have."""
+    import types
+
+    from repsim import _xp
+    from repsim.engine.scheduler import array_module, device_name, reader_threads
+
+    class OldCupy(types.ModuleType):  # NumPy standing in for CuPy 13: no concat/astype/... (_xp._CUPY_GAPS)
+        def __getattr__(self, name):
+            if name in _xp._CUPY_GAPS:
+                raise AttributeError(f"module 'cupy' has no attribute {name!r}")
+            return getattr(np, name)
+
+    fake = OldCupy("cupy")
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "array_api_compat.cupy", None)  # -> repsim's own filler
+    monkeypatch.setattr(_xp, "_NAMESPACE_CACHE", {})
+    xp = array_module("cuda")
+    assert xp is not fake and _xp.is_cupy_namespace(xp)
+    a, b = np.ones((2, 3)), np.zeros((1, 3))
+    assert xp.concat([a, b], axis=0).shape == (3, 3)
+    assert xp.astype(a, np.float32).dtype == np.float32
+    assert device_name(xp) == "cuda" and reader_threads(None, xp) >= 2
 
 
 def test_wide_columns_enter_as_centred_grams_without_changing_the_result(tmp_path):
