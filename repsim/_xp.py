@@ -21,6 +21,7 @@ __all__ = [
     "as_array",
     "to_numpy",
     "asarray_like",
+    "on_device",
     "is_gpu_namespace",
     "is_cupy_namespace",
     "compute_dtype",
@@ -165,13 +166,26 @@ def to_numpy(x: Any) -> np.ndarray:
         return np.asarray(x)
 
 
+def on_device(make: Any, *args: Any, device: Any = None, **kwargs: Any) -> Any:
+    """``make(*args, device=device, **kwargs)`` — ``xp.zeros``, ``xp.empty``, ``xp.ones``,
+    ``xp.asarray``, ... — on ``device`` (an input array's ``x.device``): the array API's keyword
+    (NumPy >= 2, array-api-strict); a CuPy ``Device`` is entered instead (CuPy's allocations follow
+    the current device, and its main namespace may not take the keyword); a namespace without
+    the keyword allocates where it allocates.  ``device=None``: ``make``'s default."""
+    if device is None:
+        return make(*args, **kwargs)
+    if hasattr(device, "__enter__"):  # cupy.cuda.Device
+        with device:
+            return make(*args, **kwargs)
+    try:
+        return make(*args, device=device, **kwargs)
+    except TypeError:  # namespaces without the device keyword
+        return make(*args, **kwargs)
+
+
 def asarray_like(a: Any, ref: Any, xp: Any, dtype: Any = None) -> Any:
     """``a`` (host data) as an array of namespace ``xp`` on the device of ``ref``."""
-    device = getattr(ref, "device", None)
-    try:
-        return xp.asarray(a, dtype=dtype, device=device)
-    except TypeError:  # namespaces without the device keyword
-        return xp.asarray(a, dtype=dtype)
+    return on_device(xp.asarray, a, dtype=dtype, device=getattr(ref, "device", None))
 
 
 def is_gpu_namespace(xp: Any, x: Any = None) -> bool:

@@ -233,7 +233,8 @@ def batch_hsic_and_widths(layers: Sequence[Any], debiased: bool, xp: Any, comput
     if not is_numpy(xp):  # an accelerator's route: whole Grams, few large operations, one host transfer
         items = _checked_layers(layers, first, first_ns, names, seen, widths)
         H = device_batch_hsic(items, L, n, debiased, xp, lambda X: gram_dtype(X.dtype, xp, compute_dtype),
-                              DEVICE_BLOCK_BYTES if block_bytes is None else block_bytes, names, centred, GRAM_SLAB)
+                              DEVICE_BLOCK_BYTES if block_bytes is None else block_bytes, names, centred, GRAM_SLAB,
+                              getattr(first.K if isinstance(first, CentredGram) else first, "device", None))
         return H, n, seen
     block_bytes = HOST_BLOCK_BYTES if block_bytes is None else int(block_bytes)
     groups = pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * 8), 1))
