@@ -101,7 +101,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, as_array, diagonal, gram_dtype, to_numpy
+from repsim._xp import array_namespace, as_array, diagonal, gram_dtype, on_device, to_numpy
 from repsim._xp import astype as _astype
 from repsim.kernels._cka_device import centred_gram_slabs as device_centred_gram
 from repsim.kernels._cka_device import device_batch_hsic
@@ -165,7 +165,7 @@ def ucenter(K: Any, *, xp: Any = None) -> Any:
         raise ValueError(f"U-centering needs n >= 4 examples, got n = {n}")
     if not xp.isdtype(K.dtype, "real floating"):
         K = xp.astype(K, xp.float64)
-    off = 1 - xp.eye(n, dtype=K.dtype)
+    off = 1 - on_device(xp.eye, n, dtype=K.dtype, device=getattr(K, "device", None))
     K0 = K * off
     r = xp.sum(K0, axis=1)
     s = xp.sum(r)
