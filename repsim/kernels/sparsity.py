@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._xp import array_namespace, as_array, astype, check_finite, to_numpy
+from repsim._xp import array_namespace, as_array, astype, check_finite, to_host_checked
 
 __all__ = ["Sparsity", "channel_nonzero", "nonzero_fraction", "nonzero_fraction_per_channel"]
 
@@ -48,10 +48,12 @@ class Sparsity:
             X = xp.reshape(X, (X.shape[0], 1))
         if X.ndim < 2:
             raise ValueError(f"{what} must have an example axis")
+        deferred: list = []  # on an accelerator: checked with the counts' one copy to the host
         if xp.isdtype(X.dtype, "real floating"):
-            check_finite(X, xp, what)
+            check_finite(X, xp, what, deferred)
         b, c = X.shape[0], X.shape[1]
-        counts = np.asarray(to_numpy(channel_nonzero(X, xp)), dtype=np.int64)
+        (counts,) = to_host_checked([channel_nonzero(X, xp)], xp, deferred)
+        counts = counts.astype(np.int64)
         if self.nonzero is None:
             self.nonzero = counts
         elif counts.shape != self.nonzero.shape:
