@@ -431,13 +431,24 @@ def test_checkpoint_resume_is_exact_and_extends_epochs(two_stores, tmp_path, cap
 # -------------------------------------------------------------------------------------------- devices
 
 
-def test_array_namespace_device_matches_numpy(two_stores):
+@pytest.mark.parametrize("spatial", ["flatten", "mean"])
+@pytest.mark.parametrize("device", [None, "device1"])
+def test_array_namespace_device_matches_numpy(two_stores, device, spatial, monkeypatch):
+    """The engine's device route on array-api-strict — blocks uploaded onto its device1 too, where an
+    array made without ``device=`` fails to mix, and np.asarray refused as for CuPy — gives the CPU's
+    CKA with one copy to the host per batch."""
     xps = pytest.importorskip("array_api_strict")
+    from test_engine_helpers import strict_device
+
     stores = two_stores[np.float64]
-    ref = cka_matrix(stores, batch_size=40, epochs=1, shuffle=False, progress=False)
-    got = cka_matrix(stores, batch_size=40, epochs=1, shuffle=False, progress=False, device=xps)
+    kw = dict(batch_size=40, epochs=1, shuffle=False, progress=False, spatial=spatial)
+    ref = cka_matrix(stores, **kw)
+    count = strict_device(monkeypatch, None if device is None else xps.Device(device))
+    got = cka_matrix(stores, device=xps, **kw)
     np.testing.assert_allclose(got.values, ref.values, rtol=1e-12)
     assert got.meta["device"] == "array_api_strict"
+    batches = len(consecutive_batches(N, 40))
+    assert count["upload"] >= batches * 3 and count["host"] == batches
 
 
 def test_cuda_without_cupy_is_a_clear_error(two_stores):
@@ -602,18 +613,22 @@ def test_readers_run_ahead_within_the_byte_budget():
 
 @pytest.mark.parametrize("spatial", ["flatten", "mean"])
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_chunks_decoded_on_the_device_route_give_the_same_cka(two_stores, monkeypatch, spatial, shuffle):
+@pytest.mark.parametrize("device", [None, "device1"])
+def test_chunks_decoded_on_the_device_route_give_the_same_cka(two_stores, monkeypatch, spatial, shuffle, device):
     """The GPU-decoding route (engine/device_decode.py: compressed objects read and checked on the
-    CPU, decoded by the device, rows picked there) with its host stand-in on array-api-strict gives
-    the numbers of the usual route; float64 layers keep the usual route."""
+    CPU, decoded by the device, rows picked there) with its host stand-in on array-api-strict (its
+    CPU device, and device1: the decoded chunks land there, and every index array made to pick rows
+    must too) gives the numbers of the usual route; float64 layers keep the usual route."""
     xps = pytest.importorskip("array_api_strict")
     from repsim.engine import minibatch
     from repsim.engine.blocks import BlockReader
     from repsim.engine.device_decode import HostZstd
+    from test_engine_helpers import strict_device
 
     stores = two_stores[np.float16]
     kw = dict(batch_size=40, epochs=1, shuffle=shuffle, progress=False, device=xps, spatial=spatial)
     ref = cka_matrix(stores, **kw)
+    strict_device(monkeypatch, None if device is None else xps.Device(device))
     used = []
     real = BlockReader.gather_decoded
 
