@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -21,6 +21,7 @@ __all__ = [
     "as_array",
     "to_numpy",
     "asarray_like",
+    "on_device",
     "is_gpu_namespace",
     "is_cupy_namespace",
     "compute_dtype",
@@ -28,6 +29,7 @@ __all__ = [
     "fast_float64_products",
     "flatten_examples",
     "check_finite",
+    "to_host_checked",
     "host_labels",
     "unit_rows",
     "row_sq_norms",
@@ -165,13 +167,26 @@ def to_numpy(x: Any) -> np.ndarray:
         return np.asarray(x)
 
 
+def on_device(make: Any, *args: Any, device: Any = None, **kwargs: Any) -> Any:
+    """``make(*args, device=device, **kwargs)`` — ``xp.zeros``, ``xp.empty``, ``xp.ones``,
+    ``xp.asarray``, ... — on ``device`` (an input array's ``x.device``): the array API's keyword
+    (NumPy >= 2, array-api-strict); a CuPy ``Device`` is entered instead (CuPy's allocations follow
+    the current device, and its main namespace may not take the keyword); a namespace without
+    the keyword allocates where it allocates.  ``device=None``: ``make``'s default."""
+    if device is None:
+        return make(*args, **kwargs)
+    if hasattr(device, "__enter__"):  # cupy.cuda.Device
+        with device:
+            return make(*args, **kwargs)
+    try:
+        return make(*args, device=device, **kwargs)
+    except TypeError:  # namespaces without the device keyword
+        return make(*args, **kwargs)
+
+
 def asarray_like(a: Any, ref: Any, xp: Any, dtype: Any = None) -> Any:
     """``a`` (host data) as an array of namespace ``xp`` on the device of ``ref``."""
-    device = getattr(ref, "device", None)
-    try:
-        return xp.asarray(a, dtype=dtype, device=device)
-    except TypeError:  # namespaces without the device keyword
-        return xp.asarray(a, dtype=dtype)
+    return on_device(xp.asarray, a, dtype=dtype, device=getattr(ref, "device", None))
 
 
 def is_gpu_namespace(xp: Any, x: Any = None) -> bool:
@@ -347,10 +362,54 @@ class UndefinedMetric(ValueError):
     metric as NaN, name the layer once, and compute every other layer."""
 
 
-def check_finite(x: Any, xp: Any, what: str = "X") -> None:
-    """Raise ``ValueError`` when ``x`` holds NaN or infinity (never return a silent NaN)."""
+def _defers(xp: Any, deferred: list | None) -> bool:
+    """A check is deferred (kept on the device as a 0-d array) when the caller collects them and
+    the namespace is not NumPy (where reading the answer costs nothing)."""
+    return deferred is not None and getattr(xp, "__name__", "") != "numpy"
+
+
+def _raise_nonfinite(what: str) -> Callable[[float], None]:
+    def test(bad: float) -> None:
+        if bad != 0:
+            raise ValueError(f"{what} contains NaN or infinite values")
+    return test
+
+
+def check_finite(x: Any, xp: Any, what: str = "X", deferred: list | None = None) -> None:
+    """Raise ``ValueError`` when ``x`` holds NaN or infinity (never return a silent NaN).
+
+    ``deferred`` (a list): on an accelerator the test is appended there as ``(flag, test)`` — a
+    0-d device array and the host function that raises on its value — instead of synchronising
+    here; :func:`to_host_checked` runs it with the batch's one copy to the host."""
+    if _defers(xp, deferred):
+        deferred.append((xp.any(xp.logical_not(xp.isfinite(x))), _raise_nonfinite(what)))
+        return
     if not bool(xp.all(xp.isfinite(x))):
         raise ValueError(f"{what} contains NaN or infinite values")
+
+
+def to_host_checked(parts: Sequence[Any], xp: Any, deferred: Sequence[tuple[Any, Callable[[float], None]]] = ()
+                    ) -> list[np.ndarray]:
+    """``parts`` (arrays of ``xp``) as float64 host arrays of the same shapes, after the deferred
+    checks (:func:`check_finite`, :func:`unit_rows` with ``deferred=``) have run in order on their
+    values — all in one device-to-host copy (one synchronisation) on an accelerator."""
+    if getattr(xp, "__name__", "") == "numpy" or not (deferred or len(parts) > 1):
+        for flag, test in deferred:
+            test(float(to_numpy(flag)))
+        return [np.asarray(to_numpy(p), dtype=np.float64) for p in parts]
+    dt = parts[0].dtype if parts else xp.float64
+    flat = [xp.reshape(p if p.dtype == dt else astype(p, dt, xp), (-1,)) for p in parts]
+    flat += [xp.reshape(astype(flag, dt, xp), (1,)) for flag, _ in deferred]
+    host = np.asarray(to_numpy(xp.concat(flat)), dtype=np.float64)
+    sizes = [int(np.prod(p.shape)) for p in parts]
+    end = sum(sizes)
+    for (_, test), value in zip(deferred, host[end:].tolist()):
+        test(value)
+    out, at = [], 0
+    for p, k in zip(parts, sizes):
+        out.append(host[at:at + k].reshape(tuple(p.shape)))
+        at += k
+    return out
 
 
 def host_labels(labels: Any, n: int, num_classes: int | None, what: str = "labels") -> np.ndarray:
@@ -379,10 +438,21 @@ def row_sq_norms(X: Any, xp: Any) -> Any:
     return vecdot(X, X) if vecdot is not None else xp.sum(X * X, axis=1)
 
 
-def unit_rows(X: Any, xp: Any, what: str = "X") -> Any:
-    """Rows of X scaled to unit L2 norm; ``ValueError`` if a row is all zero (cosine undefined)."""
+def _raise_zero_rows(what: str) -> Callable[[float], None]:
+    def test(zero: float) -> None:
+        if zero:
+            raise ValueError(f"{what}: {int(zero)} row(s) are all zero; cosine similarity is undefined")
+    return test
+
+
+def unit_rows(X: Any, xp: Any, what: str = "X", deferred: list | None = None) -> Any:
+    """Rows of X scaled to unit L2 norm; ``ValueError`` if a row is all zero (cosine undefined).
+    ``deferred``: the count of zero rows is checked later, with the batch's copy to the host
+    (:func:`check_finite`)."""
     norms = xp.sqrt(row_sq_norms(X, xp))
-    zero = int(xp.sum(xp.astype(norms == 0, xp.int32)))
-    if zero:
-        raise ValueError(f"{what}: {zero} row(s) are all zero; cosine similarity is undefined")
+    if _defers(xp, deferred):
+        zero = norms == 0
+        deferred.append((xp.sum(xp.astype(zero, xp.int32)), _raise_zero_rows(what)))
+        return X / xp.where(zero, xp.ones_like(norms), norms)[:, None]  # (refused before it is used)
+    _raise_zero_rows(what)(int(xp.sum(xp.astype(norms == 0, xp.int32))))
     return X / norms[:, None]

@@ -52,3 +52,13 @@ def pytest_configure(config) -> None:
     # Most test stores are anonymous on purpose (save_store without example_ids or a dataset name);
     # tests/test_refusals.py checks the warning that such stores get.
     config.addinivalue_line("filterwarnings", "ignore:store .* example_ids default to:UserWarning")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_batched_dgemm_flag(monkeypatch):
+    """Each test starts with CuPy's batched DGEMM not yet written off (repsim.kernels._cka_device
+    ``_BATCHED_UNAVAILABLE`` is process-wide): a test that switched it off must not change how a
+    later test in the same worker runs."""
+    module = sys.modules.get("repsim.kernels._cka_device")
+    if module is not None:
+        monkeypatch.setattr(module, "_BATCHED_UNAVAILABLE", [])

@@ -40,6 +40,20 @@ def test_topk_against_brute_force_with_ties_and_merging():
         topk_ranks(np.zeros((2, 3)), [0, 3])
 
 
+@pytest.mark.parametrize("device", ["CPU_DEVICE", "device1"])
+def test_topk_takes_device_logits(device):
+    """Logits (and labels) on a device, which refuses np.asarray as CuPy does (array-api-strict's device1),
+    are copied to the host once: the same counts as NumPy's."""
+    xs = pytest.importorskip("array_api_strict")
+    rng = np.random.default_rng(2)
+    z = rng.normal(size=(40, 6))
+    y = rng.integers(0, 6, size=40)
+    dev = xs.Device(device)
+    got = TopKAccuracy(6, ks=(1, 3)).update(xs.asarray(z, device=dev), xs.asarray(y, device=dev)).result()
+    assert got == TopKAccuracy(6, ks=(1, 3)).update(z, y).result()
+    np.testing.assert_array_equal(topk_ranks(xs.asarray(z, device=dev), y), topk_ranks(z, y))
+
+
 def test_accuracy_command_streams_chunks_and_merges(tmp_path, capsys):
     rng = np.random.default_rng(1)
     y = rng.integers(0, 10, size=250)

@@ -123,14 +123,82 @@ def test_tables_have_contract_columns(net, tmp_path):
     assert back[0]["objective"] == "softmax" and float(back[0]["r2"]) == pytest.approx(sep[0]["r2"])
 
 
-def test_array_namespace_device(net):
+def _flat(d, pre=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flat(v, f"{pre}{k}.")
+        else:
+            yield pre + k, v
+
+
+# (options, layers, passes, host copies per layer, block and pass): one per accumulator
+DEVICE_CASES = {
+    "cosine": (dict(distances=("cosine",)), ["block1", "pool"], 1, 1),
+    "sqeuclidean": (dict(distances=("sqeuclidean",)), ["block1", "pool"], 1, 1),
+    "cosine_centered": (dict(distances=("cosine_centered",)), ["block1", "pool"], 2, 1),
+    "sparsity (conv: raw blocks)": (dict(sparsity=True), ["block1", "pool"], 1, 1),
+    "collapse": (dict(collapse=True), ["pool"], 1, 1),
+    "spectra": (dict(spectra=True), ["pool"], 1, 2),
+    "collapse, spatial=mean": (dict(collapse=True, spatial="mean"), ["block1"], 1, 1),
+    "raw and rows fed together": (dict(distances=("cosine",), sparsity=True, spectra=True), ["block1", "pool"], 1, 4),
+}
+
+
+@pytest.mark.parametrize("case", list(DEVICE_CASES))
+@pytest.mark.parametrize("device", [None, "device1"])
+def test_array_namespace_device(net, case, device, monkeypatch):
+    """Every per-layer metric on the device route (array-api-strict: its CPU device, and device1, where
+    an array made without ``device=`` fails to mix with the uploaded blocks; ``np.asarray`` refused as
+    for CuPy) equals the CPU route; each block of each layer is uploaded once per pass (also when
+    sparsity reads the raw conv block and the others its features) and reaches the host once per
+    accumulator — its checks ride with its statistics — however many blocks there are."""
     xps = pytest.importorskip("array_api_strict")
+    from test_engine_helpers import strict_device
+
     store, _, _ = net
-    ref = layer_metrics(store.path, ["pool"], distances=("cosine",), sparsity=True, progress=False)
-    got = layer_metrics(store.path, ["pool"], distances=("cosine",), sparsity=True, progress=False, device=xps)
-    assert got[("toy", "pool")]["separation"]["cosine"] == pytest.approx(ref[("toy", "pool")]["separation"]["cosine"],
-                                                                          rel=1e-12)
-    assert got[("toy", "pool")]["sparsity"] == ref[("toy", "pool")]["sparsity"]
+    opts, layers, passes, copies = DEVICE_CASES[case]
+    ref = layer_metrics(store.path, layers, progress=False, **opts)
+    count = strict_device(monkeypatch, None if device is None else xps.Device(device))
+    got = layer_metrics(store.path, layers, progress=False, device=xps, **opts)
+    n_blocks = -(-N // 20)
+    assert count["upload"] == n_blocks * len(layers) * passes
+    assert count["host"] == n_blocks * len(layers) * passes * copies
+    assert got.keys() == ref.keys()
+    for key in ref:
+        want, have = dict(_flat(ref[key])), dict(_flat(got[key]))
+        assert have.keys() == want.keys()
+        for k in want:
+            np.testing.assert_allclose(np.asarray(have[k], dtype=float), np.asarray(want[k], dtype=float),
+                                       rtol=1e-9, atol=1e-12, err_msg=f"{key} {k}")
+
+
+def test_device_route_reports_bad_blocks_with_the_host_messages(monkeypatch):
+    """The checks kept on the device until the batch's copy to the host raise the host's errors."""
+    xps = pytest.importorskip("array_api_strict")
+    from repsim.kernels.collapse import CollapseStats
+    from repsim.kernels.separation import ClassSeparation
+    from repsim.kernels.sparsity import Sparsity
+
+    dev = xps.Device("device1")
+    X = np.abs(np.random.default_rng(1).normal(size=(12, 4))) + 1.0
+    y = np.arange(12) % 3
+    nan, zero = X.copy(), X.copy()
+    nan[2, 1] = np.nan
+    zero[5] = 0.0
+    put = lambda a: xps.asarray(a, device=dev)  # noqa: E731
+    for d in ("cosine", "sqeuclidean", "cosine_centered"):
+        with pytest.raises(ValueError, match="L contains NaN or infinite values"):
+            ClassSeparation(3, d, name="L").update(put(nan), y)
+    with pytest.raises(ValueError, match="L: 1 row\\(s\\) are all zero; cosine similarity is undefined"):
+        ClassSeparation(3, "cosine", name="L").update(put(zero), y)
+    with pytest.raises(ValueError, match="contains NaN"):
+        CollapseStats(3, name="L").update(put(nan), y)
+    with pytest.raises(ValueError, match="L contains NaN"):
+        Sparsity("L").update(put(nan))
+    acc = ClassSeparation(3, "cosine", name="L").update(put(X), y)  # and nothing was added by a refused batch
+    with pytest.raises(ValueError):
+        acc.update(put(zero), y)
+    assert acc.moments.n == 12
 
 
 def test_layers_are_grouped_into_passes_by_state_size(net):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -460,13 +461,24 @@ def test_checkpoint_resume_is_exact_and_extends_epochs(two_stores, tmp_path, cap
 # -------------------------------------------------------------------------------------------- devices
 
 
-def test_array_namespace_device_matches_numpy(two_stores):
+@pytest.mark.parametrize("spatial", ["flatten", "mean"])
+@pytest.mark.parametrize("device", [None, "device1"])
+def test_array_namespace_device_matches_numpy(two_stores, device, spatial, monkeypatch):
+    """The engine's device route on array-api-strict — blocks uploaded onto its device1 too, where an
+    array made without ``device=`` fails to mix, and np.asarray refused as for CuPy — gives the CPU's
+    CKA with one copy to the host per batch."""
     xps = pytest.importorskip("array_api_strict")
+    from test_engine_helpers import strict_device
+
     stores = two_stores[np.float64]
-    ref = cka_matrix(stores, batch_size=40, epochs=1, shuffle=False, progress=False)
-    got = cka_matrix(stores, batch_size=40, epochs=1, shuffle=False, progress=False, device=xps)
+    kw = dict(batch_size=40, epochs=1, shuffle=False, progress=False, spatial=spatial)
+    ref = cka_matrix(stores, **kw)
+    count = strict_device(monkeypatch, None if device is None else xps.Device(device))
+    got = cka_matrix(stores, device=xps, **kw)
     np.testing.assert_allclose(got.values, ref.values, rtol=1e-12)
     assert got.meta["device"] == "array_api_strict"
+    batches = len(consecutive_batches(N, 40))
+    assert count["upload"] >= batches * 3 and count["host"] == batches
 
 
 def test_cuda_without_cupy_is_a_clear_error(two_stores):
@@ -475,8 +487,51 @@ def test_cuda_without_cupy_is_a_clear_error(two_stores):
         pytest.skip("cupy is installed")
     except ImportError:
         pass
-    with pytest.raises(ImportError, match="CuPy"):
+    with pytest.raises(ImportError, match="CuPy") as info:
         cka_matrix(two_stores[np.float64], device="cuda")
+    # the message names the extras that install CuPy, as pyproject.toml spells them: [gpu-cuda13] for
+    # CUDA 13 as well as [gpu-cuda12]/[gpu] for CUDA 12
+    import re
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    cupy_extras = {name for name, deps in extras["project"]["optional-dependencies"].items()
+                   if any(d.startswith("cupy") for d in deps)}
+    named = set(re.findall(r"\[([\w-]+)\]", str(info.value)))
+    assert {"gpu-cuda12", "gpu-cuda13"} <= named and named <= cupy_extras, (named, cupy_extras)
+    assert "CUDA 13" in str(info.value) and "CUDA 12" in str(info.value)
+
+
+def test_array_module_cuda_fills_cupy13_gaps(monkeypatch):
+    """array_module("cuda") hands out the namespace CuPy's arrays get (repsim._xp.array_namespace),
+    which fills the names CuPy <= 13 lacks: the GPU-decoding route calls xp.concat on it
+    (BlockReader.gather_decoded), which the bare CuPy 13 module does not have."""
+    import types
+
+    from repsim import _xp
+    from repsim.engine.scheduler import array_module, device_name, reader_threads
+
+    class OldCupy(types.ModuleType):  # NumPy standing in for CuPy 13: no concat/astype/... (_xp._CUPY_GAPS)
+        def __getattr__(self, name):
+            if name in _xp._CUPY_GAPS:
+                raise AttributeError(f"module 'cupy' has no attribute {name!r}")
+            return getattr(np, name)
+
+    fake = OldCupy("cupy")
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "array_api_compat.cupy", None)  # -> repsim's own filler
+    monkeypatch.setattr(_xp, "_NAMESPACE_CACHE", {})
+    xp = array_module("cuda")
+    assert xp is not fake and _xp.is_cupy_namespace(xp)
+    a, b = np.ones((2, 3)), np.zeros((1, 3))
+    assert xp.concat([a, b], axis=0).shape == (3, 3)
+    assert xp.astype(a, np.float32).dtype == np.float32
+    assert device_name(xp) == "cuda" and reader_threads(None, xp) >= 2
 
 
 def test_wide_columns_enter_as_centred_grams_without_changing_the_result(tmp_path):
@@ -588,18 +643,22 @@ def test_readers_run_ahead_within_the_byte_budget():
 
 @pytest.mark.parametrize("spatial", ["flatten", "mean"])
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_chunks_decoded_on_the_device_route_give_the_same_cka(two_stores, monkeypatch, spatial, shuffle):
+@pytest.mark.parametrize("device", [None, "device1"])
+def test_chunks_decoded_on_the_device_route_give_the_same_cka(two_stores, monkeypatch, spatial, shuffle, device):
     """The GPU-decoding route (engine/device_decode.py: compressed objects read and checked on the
-    CPU, decoded by the device, rows picked there) with its host stand-in on array-api-strict gives
-    the numbers of the usual route; float64 layers keep the usual route."""
+    CPU, decoded by the device, rows picked there) with its host stand-in on array-api-strict (its
+    CPU device, and device1: the decoded chunks land there, and every index array made to pick rows
+    must too) gives the numbers of the usual route; float64 layers keep the usual route."""
     xps = pytest.importorskip("array_api_strict")
     from repsim.engine import minibatch
     from repsim.engine.blocks import BlockReader
     from repsim.engine.device_decode import HostZstd
+    from test_engine_helpers import strict_device
 
     stores = two_stores[np.float16]
     kw = dict(batch_size=40, epochs=1, shuffle=shuffle, progress=False, device=xps, spatial=spatial)
     ref = cka_matrix(stores, **kw)
+    strict_device(monkeypatch, None if device is None else xps.Device(device))
     used = []
     real = BlockReader.gather_decoded
 

@@ -54,3 +54,41 @@ def checkpoint_segments(path) -> int:
             return int(z["done"])
     except (OSError, ValueError, KeyError, EOFError):
         return -1
+
+
+def strict_device(monkeypatch, device=None) -> dict[str, int]:
+    """Run the engine's device route on array-api-strict as a GPU would see it: every block the engine
+    uploads (:func:`repsim.engine.blocks.to_device`, also behind ``DeviceUploader`` and the decoders)
+    lands on ``device`` (``array_api_strict.Device("device1")``: any array made elsewhere fails to mix
+    with it), ``np.asarray`` on a strict array raises ``TypeError`` as it does for CuPy, and the
+    returned counts grow by one per upload (``"upload"``) and per way a strict array reaches the host
+    (``"host"``: DLPack, ``float``/``bool``/``int``/``index``)."""
+    import array_api_strict as xs
+
+    from repsim.engine import blocks, drivers
+
+    count = {"upload": 0, "host": 0}
+    cls = type(xs.asarray(0.0))
+    for name in ("__dlpack__", "__float__", "__bool__", "__int__", "__index__"):
+        orig = getattr(cls, name)
+
+        def wrapped(self, *a, _orig=orig, **k):
+            count["host"] += 1
+            return _orig(self, *a, **k)
+
+        monkeypatch.setattr(cls, name, wrapped)
+
+    def no_array(self, *a, **k):
+        raise TypeError("Implicit conversion to a NumPy array is not allowed (as for CuPy arrays)")
+
+    monkeypatch.setattr(cls, "__array__", no_array)
+    real = blocks.to_device
+
+    def upload(x, xp):
+        count["upload"] += 1
+        y = real(x, xp)
+        return y.to_device(device) if device is not None and isinstance(y, cls) else y
+
+    monkeypatch.setattr(blocks, "to_device", upload)
+    monkeypatch.setattr(drivers, "to_device", upload)
+    return count

@@ -199,6 +199,52 @@ def test_rbf_cka_minibatch_is_the_sum_over_batch_hsic_and_merges():
     np.testing.assert_allclose(merged.result(), acc.result(), atol=1e-12)
 
 
+@pytest.mark.parametrize("device", ["CPU_DEVICE", "device1"])
+@pytest.mark.parametrize("debiased", [True, False])
+def test_rbf_cka_minibatch_on_a_device_equals_the_host(device, debiased, monkeypatch):
+    """The device route of MinibatchRBFCKA (array-api-strict: its CPU device, and device1, where
+    any array made without ``device=`` fails) gives the host's numbers to 1e-9 — rows and centred
+    Grams in, a constant column and one whose median distance is 0 (most rows zero) undefined on
+    both — copies nothing to the host per column (one transfer per batch: the inner update's), and
+    reports a NaN under the column's name."""
+    xs = pytest.importorskip("array_api_strict")
+    from repsim.kernels.hsic import centred_gram
+
+    dev = xs.Device(device)
+    X, Y, rng = data(7, n=200)
+    W = rng.normal(size=(200, 300))
+    C = np.full((200, 4), 2.5)  # constant
+    Z = np.zeros((200, 5))
+    Z[::8] = rng.normal(size=(25, 5))  # 7/8 of the rows coincide: median distance 0
+    cols = [X, Y, W, C, Z]
+    names = ["x", "y", "w", "c", "z"]
+    batches = np.array_split(rng.permutation(200), 4)
+    m = get_measure("rbf_cka", debiased=debiased)
+    host, onto = m.accumulator(names), m.accumulator(names)
+    syncs = []
+    cls = type(xs.asarray(0.0))
+    for meth in ("__dlpack__", "__array__", "__float__", "__bool__", "__int__", "__index__"):
+        orig = getattr(cls, meth, None)
+        if orig is not None:
+            monkeypatch.setattr(cls, meth, lambda self, *a, _o=orig, **k: syncs.append(1) or _o(self, *a, **k))
+    with pytest.warns(RuntimeWarning):
+        for rows in batches:
+            host.update([c[rows] for c in cols])
+            # the engine's inputs: rows for narrow columns, a centred Gram for the wide one
+            batch = [xs.asarray(c[rows], device=dev) for c in cols]
+            batch[2] = centred_gram(batch[2], xs, "w")
+            before = len(syncs)
+            onto.update(batch)
+            assert len(syncs) - before == 1  # the inner update's one transfer; none per column
+        want, got = host.result(), onto.result()
+    np.testing.assert_allclose(got, want, atol=1e-9, rtol=0)
+    assert np.isnan(got[3]).all() and np.isnan(got[4]).all() and sorted(onto.undefined()) == ["c", "z"]
+    bad = X[batches[0]].copy()
+    bad[3, 1] = np.nan
+    with pytest.raises(ValueError, match="y contains NaN"):
+        m.accumulator(["x", "y"]).update([xs.asarray(X[batches[0]], device=dev), xs.asarray(bad, device=dev)])
+
+
 def test_procrustes_matches_the_nuclear_norm_and_scipy_and_its_wide_route():
     X, Y, rng = data(6)
     Xc, Yc = X - X.mean(0), Y - Y.mean(0)

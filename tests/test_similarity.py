@@ -134,3 +134,21 @@ def test_cli_similarity(stores, tmp_path):
     again = subprocess.run([sys.executable, "-m", "repsim", "similarity", *paths, "--measures", "nope",
                             "--out", str(tmp_path / "t.npz")], capture_output=True, text=True)
     assert again.returncode == 2 and "unknown measure 'nope'" in again.stderr
+
+
+@pytest.mark.parametrize("device", [None, "device1"])
+def test_minibatch_rbf_on_a_device_equals_the_cpu(stores, device, monkeypatch):
+    """similarity_matrix(device=array-api-strict) — its CPU device and device1 (blocks uploaded there;
+    np.asarray refused, as for CuPy) — gives the CPU's linear and RBF CKA, with one copy to the host
+    per measure and batch: the RBF Grams are made on the device."""
+    xps = pytest.importorskip("array_api_strict")
+    from test_engine_helpers import consecutive_batches, strict_device
+
+    # float64 Grams on both routes (float32 stores: the CPU would form float32 Grams, strict float64 ones)
+    kw = dict(batch_size=40, epochs=1, shuffle=False, progress=False, compute_dtype="float64")
+    ref = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], **kw)
+    count = strict_device(monkeypatch, None if device is None else xps.Device(device))
+    got = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], device=xps, **kw)
+    for m in ("linear_cka", "rbf_cka"):
+        np.testing.assert_allclose(got.matrix(m), ref.matrix(m), atol=1e-9, rtol=0, err_msg=m)
+    assert count["host"] == 2 * len(consecutive_batches(N, 40))

@@ -55,3 +55,32 @@ def test_errors_and_state(tmp_path):
     back = Sparsity.from_state(dict(np.load(tmp_path / "s.npz")))
     assert back.to_state()["per_channel_total"] == 2 and back.name == "s/block3"
     np.testing.assert_array_equal(back.nonzero, acc.nonzero)
+
+
+@pytest.mark.parametrize("count_nonzero", [True, False], ids=["count_nonzero", "without"])
+def test_no_wide_integer_copy_of_the_block(count_nonzero):
+    """The counts come from xp.count_nonzero (or an int8 mask summed in int64), never from an int64
+    copy of the whole block (8 bytes per activation: 4x a float16 block on a GPU)."""
+    import types
+
+    made = []
+
+    class Recording(types.ModuleType):
+        def __getattr__(self, name):
+            if name == "count_nonzero" and not count_nonzero:
+                raise AttributeError(name)
+            return getattr(array_api_strict, name)
+
+        @staticmethod
+        def astype(x, dtype, /, **kw):
+            made.append((x.shape, dtype))
+            return array_api_strict.astype(x, dtype, **kw)
+
+    rng = np.random.default_rng(3)
+    X = np.maximum(rng.normal(size=(6, 3, 4, 5)), 0)
+    xp = Recording("recording")
+    acc = Sparsity().update(array_api_strict.asarray(X), xp=xp)
+    np.testing.assert_array_equal(acc.nonzero, [np.count_nonzero(X[:, c]) for c in range(3)])
+    wide = [(shape, dt) for shape, dt in made
+            if int(np.prod(shape)) == X.size and dt in (array_api_strict.int64, array_api_strict.float64)]
+    assert not wide, made

@@ -59,7 +59,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from repsim._paths import expand_paths
-from repsim._xp import astype, is_cupy_namespace
+from repsim._xp import asarray_like, astype, is_cupy_namespace
 
 MIN_BATCH = 4  # HSIC_1 (U-centering) needs at least 4 examples
 SHUFFLE_SCHEMES = ("none", "window", "examples")
@@ -558,8 +558,8 @@ class BlockReader:
         slot[wanted] = np.arange(len(wanted)) * cr
         out = []
         for rows in group.batches:
-            out.append(transform(xp.take(full, xp.asarray(slot[rows // cr] + rows % cr), axis=0), self.spatial, xp,
-                                 tokens=self.columns[c].tokens))
+            picked = xp.take(full, asarray_like(slot[rows // cr] + rows % cr, full, xp), axis=0)
+            out.append(transform(picked, self.spatial, xp, tokens=self.columns[c].tokens))
         return out
 
     def prefetched(self, keys: Sequence[Any], load: Any, ahead: int | None = None) -> Iterator[tuple[Any, Any]]:

@@ -89,6 +89,7 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
     stats = layer_stats([LAYER_METRICS[name](option) for name, option in spec["metrics"].items()])
     accs = {layer: {k: _from_state(stats, k, s) for k, s in per.items()} for layer, per in templates.items()}
     block_rows = spec["block_rows"]
+    host = getattr(xp, "__name__", "") == "numpy"
     with BlockReader(columns, spec["n"], block_rows, spatial="raw", prefetch=spec["prefetch"],
                      threads=spec["threads"]) as reader:
         for k, arrays in reader.iter_blocks(range(start, stop)):
@@ -97,16 +98,22 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
                 per = accs.get(col.layer)
                 if not per:
                     continue
-                x_raw = to_device(channels_first(raw, col), xp)
-                x_mat = None
+                feeds = {stats[key].feed for key in per}
+                if host:
+                    x_raw = channels_first(raw, col) if "raw" in feeds else None
+                    x_mat = transform(raw, spec["spatial"], tokens=col.tokens) if feeds - {"raw"} else None
+                elif "raw" in feeds:  # the block as stored, uploaded once; the features made from it there
+                    x_dev = to_device(raw, xp)
+                    x_raw = channels_first(x_dev, col, xp)
+                    x_mat = transform(x_dev, spec["spatial"], xp, tokens=col.tokens) if feeds - {"raw"} else None
+                    del x_dev
+                else:  # only the features: uploaded as such (a spatial mean is taken on the host, smaller)
+                    x_raw, x_mat = None, to_device(transform(raw, spec["spatial"], tokens=col.tokens), xp)
                 for key, acc in per.items():
                     feed = stats[key].feed
                     if feed == "raw":
                         acc.update(x_raw)
-                        continue
-                    if x_mat is None:
-                        x_mat = to_device(transform(raw, spec["spatial"], tokens=col.tokens), xp)
-                    if feed == "rows":
+                    elif feed == "rows":
                         acc.update(x_mat)
                     else:
                         acc.update(x_mat, y)

@@ -22,6 +22,8 @@ import contextlib
 import threading
 from typing import Any, Callable, Iterator, Sequence
 
+from repsim._xp import array_namespace, is_cupy_namespace
+
 _state = threading.local()
 _LOCAL = object()  # "run here", set by scheduler(None) inside this thread
 _global: dict[str, Any] = {"client": None, "owned": None}
@@ -166,9 +168,16 @@ def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callabl
         submit()
 
 
+# the extras of pyproject.toml that install CuPy: its wheels are built per CUDA major version
+CUDA_NEEDS_CUPY = ("device='cuda' needs CuPy, which is not installed: pip install 'repsim-toolkit[gpu-cuda13]' "
+                   "on CUDA 13, 'repsim-toolkit[gpu-cuda12]' (or '[gpu]') on CUDA 12 (`nvidia-smi` prints the "
+                   "driver's CUDA Version)")
+
+
 def array_module(device: Any = "cpu") -> Any:
     """The array namespace for ``device``: ``"cpu"``/``None`` -> NumPy, ``"cuda"``/``"gpu"`` -> CuPy
-    (clear ImportError when CuPy is missing), or an array-API namespace module passed as is
+    (through :func:`repsim._xp.array_namespace`, which fills CuPy <= 13's missing array-API names;
+    clear ImportError naming the extras when CuPy is missing), or an array-API namespace module passed as is
     (e.g. ``array_api_strict``, which the tests use to check that the engine is namespace-agnostic)."""
     if device is None or device == "cpu":
         import numpy
@@ -179,8 +188,10 @@ def array_module(device: Any = "cpu") -> Any:
             try:
                 import cupy
             except ImportError as exc:
-                raise ImportError("device='cuda' needs CuPy: pip install 'repsim-toolkit[gpu]' (cupy-cuda12x)") from exc
-            return cupy
+                raise ImportError(CUDA_NEEDS_CUPY) from exc
+            # CuPy <= 13 lacks a few array-API names the engine calls (concat, astype, ...):
+            # hand out the same filled namespace as its arrays get (repsim._xp._cupy_namespace)
+            return array_namespace(xp=cupy)
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     return device
 
@@ -200,5 +211,7 @@ def reader_threads(threads: int | None, xp: Any) -> int:
 
 
 def device_name(xp: Any) -> str:
+    if is_cupy_namespace(xp):  # cupy, array_api_compat.cupy, repsim._xp.cupy
+        return "cuda"
     name = getattr(xp, "__name__", str(xp))
-    return {"numpy": "cpu", "cupy": "cuda"}.get(name, name)
+    return "cpu" if name == "numpy" else name

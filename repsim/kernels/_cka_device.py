@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from repsim._xp import astype, flatten_examples, is_cupy_namespace, row_sq_norms, to_numpy
+from repsim._xp import _cupy_array_module, astype, flatten_examples, on_device, row_sq_norms, to_numpy
 from repsim.kernels._precision import CentredGram, is_constant, zero_constant
 
 __all__ = ["device_batch_hsic", "gram_rows", "centre_once", "centred_gram_slabs", "row_products", "Tuning", "TUNING"]
@@ -84,7 +84,8 @@ def centre_once(X: Any, xp: Any) -> tuple[Any, Any]:
     """
     n = X.shape[0]
     if TUNING.colsum == "gemv":
-        mean = xp.reshape(xp.ones((1, n), dtype=xp.float64) @ astype(X, xp.float64, xp), (-1,)) / n
+        ones = on_device(xp.ones, (1, n), dtype=xp.float64, device=X.device)
+        mean = xp.reshape(ones @ astype(X, xp.float64, xp), (-1,)) / n
     else:
         mean = xp.sum(X, axis=0, dtype=xp.float64) / n
     Xc = X - (mean if X.dtype == xp.float64 else astype(mean, X.dtype, xp))
@@ -138,11 +139,10 @@ def row_products(A: Any, xp: Any) -> Any:
     """A Aᵀ (L, L) of a C-contiguous float64 A (L, N): one product (``xp``'s matmul), or on CuPy
     (:class:`Tuning` ``product``) the sum over c chunks of N of A[:, chunk] A[:, chunk]ᵀ, all c
     in one strided-batched DGEMM that reads A in place (the same terms, summed in float64 in
-    another order: the same error bound, γ_N |A||A|ᵀ)."""
-    mode = TUNING.product
-    if mode == "auto":
-        mode = "batched" if is_cupy_namespace(xp) else "gemm"
-    if mode == "gemm" or not is_cupy_namespace(xp) or _BATCHED_UNAVAILABLE:
+    another order: the same error bound, γ_N |A||A|ᵀ).  The batched call is tried only on a real
+    CuPy array (not on another namespace's array handed in with a CuPy-named namespace, which
+    would switch it off for the process: :data:`_BATCHED_UNAVAILABLE`)."""
+    if TUNING.product == "gemm" or _BATCHED_UNAVAILABLE or _cupy_array_module(A) is None:
         return A @ A.T
     try:
         return _batched_row_products(A, TUNING.chunks)
@@ -192,8 +192,9 @@ def _batched_row_products(A: Any, chunks: int) -> Any:
 
 def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased: bool, xp: Any,
                       dtype_of: Callable[[Any], Any], block_bytes: int, names: Sequence[str],
-                      centred: bool, slab: int) -> np.ndarray:
-    """(L, L) float64 NumPy HSIC of one batch (module docstring).
+                      centred: bool, slab: int, device: Any = None) -> np.ndarray:
+    """(L, L) float64 NumPy HSIC of one batch (module docstring), computed on ``device`` (the
+    layers' ``x.device``: every array made here is made there).
 
     ``items`` yields ``(l, X)`` in layer order, each X an (n, ...) array of ``xp`` or a
     :class:`~repsim.kernels._precision.CentredGram`, read once; ``dtype_of(X)`` is the Gram dtype of
@@ -206,11 +207,11 @@ def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased
     bounds = list(range(0, n, rows)) + [n]
     kept: list[Any] | None = [None] * L if len(bounds) > 2 else None
     mean_sqs: list[Any] = [None] * L
-    traces = xp.zeros((L,), dtype=xp.float64)
-    R = xp.zeros((L, n), dtype=xp.float64) if debiased else None
+    traces = on_device(xp.zeros, (L,), dtype=xp.float64, device=device)
+    R = on_device(xp.zeros, (L, n), dtype=xp.float64, device=device) if debiased else None
     H = None
     for gi, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
-        A = xp.empty((L, (b - a) * n), dtype=xp.float64)
+        A = on_device(xp.empty, (L, (b - a) * n), dtype=xp.float64, device=device)
         source = items if gi == 0 else ((l_, kept[l_]) for l_ in range(L))
         for l_, X in source:
             if gi == 0:  # first sight: centre (rows) or take as is (a centred Gram)
@@ -252,7 +253,7 @@ def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased
              - (2 / (n - 2)) * (R @ R.T)) / (n * (n - 3))
     else:
         H = H / ((n - 1) ** 2)
-    zero = xp.zeros((), dtype=xp.float64)
+    zero = on_device(xp.zeros, (), dtype=xp.float64, device=device)
     checks = xp.stack([zero if m is None else xp.asarray(m, dtype=xp.float64) for m in mean_sqs])
     flat = to_numpy(xp.concat([xp.reshape(H, (-1,)), traces, checks]))  # the batch's one device -> host copy
     constant = [is_constant(names[l_], float(flat[L * L + l_]), float(flat[L * L + L + l_]), n) for l_ in range(L)]

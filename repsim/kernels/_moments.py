@@ -14,20 +14,22 @@ accumulated on the host in float64.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import asarray_like, to_numpy
+from repsim._xp import asarray_like, to_host_checked
 
 __all__ = ["ClassMoments", "batch_class_moments"]
 
 
-def batch_class_moments(X: Any, y: np.ndarray, num_classes: int, xp: Any, second: str
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def batch_class_moments(X: Any, y: np.ndarray, num_classes: int, xp: Any, second: str,
+                        deferred: Sequence[Any] = ()) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(counts (K,), means (K, P), M2 (K,) or scatter (P, P)) of one batch, as float64 host arrays.
 
     ``X`` is (b, P) in namespace ``xp`` (any real floating dtype), ``y`` host int labels in [0, K).
+    ``deferred``: the batch's checks kept on the device (:func:`repsim._xp.check_finite`), run on
+    the host with the means and second moments, in one copy (:func:`repsim._xp.to_host_checked`).
     """
     counts = np.bincount(y, minlength=num_classes).astype(np.int64)
     onehot_h = np.zeros((y.shape[0], num_classes), dtype=np.float64)
@@ -42,8 +44,8 @@ def batch_class_moments(X: Any, y: np.ndarray, num_classes: int, xp: Any, second
         sec = xp.matrix_transpose(R) @ R  # (P, P)
     else:  # pragma: no cover - guarded by ClassMoments
         raise ValueError(f"unknown second moment {second!r}")
-    return (counts, np.asarray(to_numpy(means), dtype=np.float64),
-            np.asarray(to_numpy(sec), dtype=np.float64))
+    means_h, sec_h = to_host_checked([means, sec], xp, deferred)
+    return counts, means_h, sec_h
 
 
 class ClassMoments:
@@ -91,8 +93,8 @@ class ClassMoments:
         self.means = self.means + delta * w_b[:, None]
         self.counts = self.counts + counts
 
-    def update(self, X: Any, y: np.ndarray, xp: Any) -> None:
-        self.add(*batch_class_moments(X, y, self.num_classes, xp, self.second))
+    def update(self, X: Any, y: np.ndarray, xp: Any, deferred: Sequence[Any] = ()) -> None:
+        self.add(*batch_class_moments(X, y, self.num_classes, xp, self.second, deferred))
 
     def merge(self, other: "ClassMoments") -> None:
         if (other.num_classes, other.second) != (self.num_classes, self.second):

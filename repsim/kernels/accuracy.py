@@ -12,14 +12,16 @@ from typing import Any
 
 import numpy as np
 
+from repsim._xp import to_numpy
+
 __all__ = ["TopKAccuracy", "topk_ranks"]
 
 
 def topk_ranks(logits: Any, labels: Any) -> np.ndarray:
     """Position (0-based) of each example's label in its logits sorted descending, ties to the lower index:
     #{j: z_j > z_y} + #{j < y: z_j = z_y}."""
-    z = np.asarray(logits, dtype=np.float64)
-    y = np.asarray(labels, dtype=np.int64)
+    z = np.asarray(to_numpy(logits), dtype=np.float64)  # host bookkeeping: one copy of a device array
+    y = np.asarray(to_numpy(labels), dtype=np.int64)
     if z.ndim != 2 or y.shape != (z.shape[0],):
         raise ValueError(f"logits must be (N, K) and labels (N,), got {z.shape} and {y.shape}")
     if y.size and (y.min() < 0 or y.max() >= z.shape[1]):
@@ -47,11 +49,11 @@ class TopKAccuracy:
         return int(self.class_count.sum())
 
     def update(self, logits: Any, labels: Any) -> "TopKAccuracy":
-        z = np.asarray(logits)
+        z = to_numpy(logits)  # CuPy/device arrays refuse np.asarray
         if z.ndim != 2 or z.shape[1] != self.num_classes:
             raise ValueError(f"logits must be (N, {self.num_classes}), got {z.shape}")
-        rank = topk_ranks(z, labels)
-        y = np.asarray(labels, dtype=np.int64)
+        y = np.asarray(to_numpy(labels), dtype=np.int64)
+        rank = topk_ranks(z, y)
         self.hits += np.array([(rank < k).sum() for k in self.ks], dtype=np.int64)
         self.class_hits += np.bincount(y[rank == 0], minlength=self.num_classes)
         self.class_count += np.bincount(y, minlength=self.num_classes)

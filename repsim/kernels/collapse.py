@@ -91,9 +91,10 @@ class CollapseStats:
         """Add penultimate features H (b, P) (more axes are flattened) with labels in [0, C)."""
         xp = array_namespace(H, xp=xp)
         H = flatten_examples(H, xp, compute_dtype(xp, H), self._what())
-        check_finite(H, xp, self._what())
+        deferred: list = []  # on an accelerator: checked with the batch's one copy to the host
+        check_finite(H, xp, self._what(), deferred)
         y = host_labels(labels, H.shape[0], self.num_classes)
-        self.moments.update(H, y, xp)
+        self.moments.update(H, y, xp, deferred)
         return self
 
     def merge(self, other: "CollapseStats") -> "CollapseStats":

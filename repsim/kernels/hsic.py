@@ -101,7 +101,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, as_array, diagonal, gram_dtype, to_numpy
+from repsim._xp import array_namespace, as_array, diagonal, gram_dtype, on_device, to_numpy
 from repsim._xp import astype as _astype
 from repsim.kernels._cka_device import centred_gram_slabs as device_centred_gram
 from repsim.kernels._cka_device import device_batch_hsic
@@ -165,7 +165,7 @@ def ucenter(K: Any, *, xp: Any = None) -> Any:
         raise ValueError(f"U-centering needs n >= 4 examples, got n = {n}")
     if not xp.isdtype(K.dtype, "real floating"):
         K = xp.astype(K, xp.float64)
-    off = 1 - xp.eye(n, dtype=K.dtype)
+    off = 1 - on_device(xp.eye, n, dtype=K.dtype, device=getattr(K, "device", None))
     K0 = K * off
     r = xp.sum(K0, axis=1)
     s = xp.sum(r)
@@ -233,7 +233,8 @@ def batch_hsic_and_widths(layers: Sequence[Any], debiased: bool, xp: Any, comput
     if not is_numpy(xp):  # an accelerator's route: whole Grams, few large operations, one host transfer
         items = _checked_layers(layers, first, first_ns, names, seen, widths)
         H = device_batch_hsic(items, L, n, debiased, xp, lambda X: gram_dtype(X.dtype, xp, compute_dtype),
-                              DEVICE_BLOCK_BYTES if block_bytes is None else block_bytes, names, centred, GRAM_SLAB)
+                              DEVICE_BLOCK_BYTES if block_bytes is None else block_bytes, names, centred, GRAM_SLAB,
+                              getattr(first.K if isinstance(first, CentredGram) else first, "device", None))
         return H, n, seen
     block_bytes = HOST_BLOCK_BYTES if block_bytes is None else int(block_bytes)
     groups = pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * 8), 1))

@@ -34,7 +34,7 @@ import numpy as np
 
 from repsim.kernels._moments import ClassMoments
 from repsim._xp import (UndefinedMetric, array_namespace, as_array, asarray_like, check_finite, compute_dtype,
-                        flatten_examples, host_labels, to_numpy, unit_rows)
+                        flatten_examples, host_labels, to_host_checked, to_numpy, unit_rows)
 
 __all__ = ["DISTANCES", "ClassSeparation", "class_separation"]
 
@@ -73,9 +73,10 @@ class ClassSeparation:
         xp = array_namespace(X, xp=xp)
         X = flatten_examples(X, xp, compute_dtype(xp, X), self._what())
         y = host_labels(labels, X.shape[0], self.num_classes)
-        check_finite(X, xp, self._what())
+        deferred: list = []  # on an accelerator: checked with the batch's one copy to the host
+        check_finite(X, xp, self._what(), deferred)
         if self.needs_second_pass:
-            s = np.asarray(to_numpy(xp.sum(X, axis=0)), dtype=np.float64)
+            (s,) = to_host_checked([xp.sum(X, axis=0)], xp, deferred)
             self.global_sum = s if self.global_sum is None else self.global_sum + s
             self.global_count += X.shape[0]
             return self
@@ -84,8 +85,8 @@ class ClassSeparation:
                 raise ValueError(f"center has {self.center.shape[0]} features, X has {X.shape[1]}")
             X = X - asarray_like(self.center, X, xp, dtype=X.dtype)[None, :]
         if self.distance != "sqeuclidean":
-            X = unit_rows(X, xp, self._what())
-        self.moments.update(X, y, xp)
+            X = unit_rows(X, xp, self._what(), deferred)
+        self.moments.update(X, y, xp, deferred)
         return self
 
     def merge(self, other: "ClassSeparation") -> "ClassSeparation":

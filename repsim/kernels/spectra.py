@@ -57,8 +57,9 @@ class ActivationSpectrum:
     def update(self, X: Any, *, xp: Any = None) -> "ActivationSpectrum":
         xp = array_namespace(X, xp=xp)
         X = flatten_examples(X, xp, compute_dtype(xp, X), self.name or "X")
-        check_finite(X, xp, self.name or "X")
-        self.moments.update(X, np.zeros(X.shape[0], dtype=np.int64), xp)
+        deferred: list = []  # on an accelerator: checked with the batch's one copy to the host
+        check_finite(X, xp, self.name or "X", deferred)
+        self.moments.update(X, np.zeros(X.shape[0], dtype=np.int64), xp, deferred)
         return self
 
     def merge(self, other: "ActivationSpectrum") -> "ActivationSpectrum":

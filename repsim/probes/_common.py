@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._xp import array_namespace, as_array, to_numpy
+from repsim._xp import array_namespace, as_array, asarray_like, to_numpy
 
 
 METRICS = ("top1", "mean_per_class")
@@ -107,7 +107,7 @@ def _as_2d(X: Any, name: str) -> Any:
 
 
 def _take_rows(X: Any, idx: np.ndarray, xp: Any) -> Any:
-    return X[idx] if xp is np else xp.take(X, xp.asarray(idx), axis=0)
+    return X[idx] if xp is np else xp.take(X, asarray_like(idx, X, xp), axis=0)
 
 
 def _check_xy(X: Any, y: Any, name: str) -> tuple[Any, np.ndarray]:

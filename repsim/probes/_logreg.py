@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._xp import array_namespace, to_numpy
+from repsim._xp import array_namespace, asarray_like, on_device, to_numpy
 
 
 @dataclass
@@ -149,9 +149,9 @@ def rotate(X: Any, *, xp: Any = None, overwrite: bool = False) -> RotatedProblem
         s, U = s[order], U[:, order]
         keep = s > max(s[0], 0.0) * n * np.finfo(np.float64).eps * 10
         U = U[:, keep] / np.sqrt(s[keep])
-        Vt = xp.matmul(xp.permute_dims(Xc, (1, 0)), xp.asarray(U, dtype=dt))
+        Vt = xp.matmul(xp.permute_dims(Xc, (1, 0)), asarray_like(U, Xc, xp, dt))
         V, _ = np.linalg.qr(to_numpy(xp.astype(Vt, xp.float64)))
-    Xh = xp.matmul(Xc, xp.asarray(V, dtype=dt))
+    Xh = xp.matmul(Xc, asarray_like(V, Xc, xp, dt))
     del Xc
     s_diag = np.asarray(to_numpy(xp.sum(Xh * Xh, axis=0)), dtype=np.float64)
     return RotatedProblem(Xh=Xh, V=V, mean=mean, s=s_diag, xp=xp, dtype=dt)
@@ -210,6 +210,7 @@ class LogisticObjective:
         self.rp, self.xp, self.dt, self.loss = rp, xp, dt, loss
         self.n = int(n if n is not None else rp.Xh.shape[0])
         self.X = rp.Xh[: self.n, ...]
+        self.device = getattr(rp.Xh, "device", None)  # where the arrays made here go (None: streamed, host)
         self.K = int(n_classes)
         y = np.asarray(y)
         if loss == "softmax":
@@ -217,14 +218,14 @@ class LogisticObjective:
                 raise ValueError(f"softmax labels must have shape ({self.n},), got {y.shape}")
             Yt = np.zeros((self.K, self.n), dtype=bool)
             Yt[y, np.arange(self.n)] = True
-            self.Ymask = xp.asarray(Yt)                                    # (K, n)
-            self.yrow = xp.asarray(y.astype(np.int64)[None, :])            # (1, n)
-            self.neg_inf = xp.asarray(-np.inf, dtype=dt)
+            self.Ymask = self._put(Yt)                                     # (K, n)
+            self.yrow = self._put(y.astype(np.int64)[None, :])             # (1, n)
+            self.neg_inf = self._put(-np.inf, dt)
         else:
             if y.shape != (self.n, self.K):
                 raise ValueError(f"sigmoid targets must have shape ({self.n}, {self.K}), got {y.shape}")
-            self.sign = xp.asarray(2.0 * y.T.astype(np.float64) - 1.0, dtype=dt)  # (K, n), ±1
-        self.zero = xp.asarray(0.0, dtype=dt)
+            self.sign = self._put(2.0 * y.T.astype(np.float64) - 1.0, dt)  # (K, n), ±1
+        self.zero = self._put(0.0, dt)
         self.alpha = 1.0 / self.K if loss == "softmax" else 0.25
         self.r = rp.rank
         self.lam = np.zeros(self.K)
@@ -234,6 +235,10 @@ class LogisticObjective:
         self.n_products = 0
         self.n_trials = 0
         self.n_refreshes = 0
+
+    def _put(self, a: Any, dtype: Any = None) -> Any:
+        """Host data ``a`` as an array of the problem's namespace, on its features' device."""
+        return on_device(self.xp.asarray, a, dtype=dtype, device=self.device)
 
     # ---- parameter packing -------------------------------------------------------------------
     def set_lambda(self, lam: float | np.ndarray) -> None:
@@ -257,7 +262,7 @@ class LogisticObjective:
         xp, dt = self.xp, self.dt
         if _streamed(X):
             return X.t_matmul(np.ascontiguousarray(Wd.T)).T + xp.asarray(b, dtype=dt)
-        return xp.matmul(X, xp.asarray(Wd, dtype=dt)) + xp.asarray(b, dtype=dt)
+        return xp.matmul(X, asarray_like(Wd, X, xp, dt)) + asarray_like(b, X, xp, dt)
 
     def _logits_t(self, Wd: np.ndarray, b: np.ndarray) -> Any:
         """(K, n) logits ``Wdᵀ Xᵀ + b``: one product."""
@@ -265,8 +270,8 @@ class LogisticObjective:
         self.n_products += 1
         if _streamed(self.X):
             return self.X.t_matmul(np.ascontiguousarray(Wd.T)) + xp.asarray(b[:, None], dtype=dt)
-        Zt = xp.matmul(xp.asarray(np.ascontiguousarray(Wd.T), dtype=dt), xp.permute_dims(self.X, (1, 0)))
-        return Zt + xp.asarray(b[:, None], dtype=dt)
+        Zt = xp.matmul(self._put(np.ascontiguousarray(Wd.T), dt), xp.permute_dims(self.X, (1, 0)))
+        return Zt + self._put(b[:, None], dt)
 
     def _linear(self, Zt: Any, *, state: bool) -> Any:
         """The linear form of logits Zt (K, n); ``state=False`` (a direction) keeps 0 instead of −inf
@@ -280,7 +285,7 @@ class LogisticObjective:
     def _state_at(self, theta: np.ndarray) -> _State:
         if not np.any(theta):
             xp = self.xp
-            L = xp.zeros((self.K, self.n), dtype=self.dt)
+            L = on_device(xp.zeros, (self.K, self.n), dtype=self.dt, device=self.device)
             return _State(self, self._linear(L, state=True) if self.loss == "softmax" else L)
         return _State(self, self._linear(self._logits_t(*self.unpack(theta)), state=True))
 
@@ -385,8 +390,8 @@ class LogisticObjective:
             A += np.abs(b)[:, None]
         else:
             absX = xp.abs(self.X)
-            A = xp.matmul(xp.asarray(np.abs(Wd.T), dtype=self.dt), xp.permute_dims(absX, (1, 0)))
-            A = xp.astype(A, xp.float64) + xp.asarray(np.abs(b)[:, None])           # (K, n)
+            A = xp.matmul(self._put(np.abs(Wd.T), self.dt), xp.permute_dims(absX, (1, 0)))
+            A = xp.astype(A, xp.float64) + self._put(np.abs(b)[:, None])           # (K, n)
         aR = xp.abs(xp.astype(R, xp.float64))
         if self.loss == "softmax":
             delta = 2 * gamma(self.r + 2) * xp.max(A, axis=0, keepdims=True)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, to_numpy
+from repsim._xp import array_namespace, asarray_like, on_device, to_numpy
 from repsim.probes._common import METRICS, ProbeResult, _check_xy, accuracy
 from repsim.probes._rows import Rows
 
@@ -43,15 +43,15 @@ def knn_neighbours(Q: Any, X: Any, k: int, *, exclude_self: bool = False,
     itemsize = 8 if Xn.dtype == xp.float64 else 4
     chunk = max(1, min(m, chunk_bytes // (4 * itemsize * max(n, 1))))
     XnT = xp.permute_dims(Xn, (1, 0))
-    cols = xp.arange(n)
+    cols = on_device(xp.arange, n, device=getattr(Xn, "device", None))
     idx_out = np.empty((m, k), dtype=np.int64)
     sim_out = np.empty((m, k), dtype=np.float64)
     for start in range(0, m, chunk):
         stop = min(m, start + chunk)
         S = xp.matmul(Qn[start:stop, ...], XnT)
         if exclude_self:
-            rows = xp.arange(start, stop)
-            S = xp.where(rows[:, None] == cols[None, :], xp.asarray(-xp.inf, dtype=S.dtype), S)
+            rows = on_device(xp.arange, start, stop, device=getattr(Xn, "device", None))
+            S = xp.where(rows[:, None] == cols[None, :], asarray_like(-xp.inf, S, xp, S.dtype), S)
         if xp is np:
             part = np.argpartition(-S, k - 1, axis=1)[:, :k]
         else:

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, to_numpy
+from repsim._xp import array_namespace, asarray_like, to_numpy
 from repsim.probes._rows import Rows
 from repsim.probes._common import (METRICS, ProbeResult, _as_2d, _check_xy, _progress_fn, _take_rows, accuracy,
                                    stratified_split)
@@ -74,8 +74,8 @@ def linear_probe(X_train: Any, y_train: Any, X_test: Any, y_test: Any,
         return _logreg.rotate(_take_rows(X_train, order, xp), xp=xp, overwrite=True)
 
     def predict(W: np.ndarray, b: np.ndarray, dt: Any) -> np.ndarray:
-        Zt = xp.matmul(X_test if X_test.dtype == dt else xp.astype(X_test, dt), xp.asarray(W, dtype=dt))
-        Zt = Zt + xp.asarray(b, dtype=dt)
+        Zt = xp.matmul(X_test if X_test.dtype == dt else xp.astype(X_test, dt), asarray_like(W, X_test, xp, dt))
+        Zt = Zt + asarray_like(b, X_test, xp, dt)
         return np.asarray(to_numpy(xp.argmax(Zt, axis=1)))
 
     return _fit(prepare, predict, y_train, y_test, lambdas, val_fraction, metric, seed, direction=direction,

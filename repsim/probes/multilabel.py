@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, to_numpy
+from repsim._xp import array_namespace, asarray_like, to_numpy
 from repsim.probes._common import _as_2d, _take_rows
 from repsim.probes.linear import DEFAULT_LAMBDAS
 
@@ -109,7 +109,7 @@ def multilabel_probe(X_train: Any, Y_train: Any, X_test: Any, Y_test: Any,
     final = full.solve(best_lam, init, tol=refit_tol, max_iter=max_iter)
     W, b = rp.to_original(final.Wd, final.b)
     dt = rp.dtype
-    Zt = xp.matmul(xp.astype(X_test, dt), xp.asarray(W, dtype=dt)) + xp.asarray(b, dtype=dt)
+    Zt = xp.matmul(xp.astype(X_test, dt), asarray_like(W, X_test, xp, dt)) + asarray_like(b, X_test, xp, dt)
     scores = 1.0 / (1.0 + np.exp(-np.asarray(to_numpy(Zt), dtype=np.float64)))
     auc = np.array([binned_auc(scores[:, k], Y_test[:, k], bins) for k in range(K)])
     return MultiLabelResult(auc=auc, best_lambda=best_lam, lambdas=grid, val_auc=val_auc,

@@ -25,8 +25,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim._blas import blas_thread_split
-from repsim._xp import array_namespace, to_numpy
-from repsim.kernels._precision import CentredGram, is_constant
+from repsim._xp import array_namespace, astype, diagonal, on_device, to_numpy
+from repsim.kernels._precision import CentredGram, constant_tolerance, is_constant
 from repsim.kernels.hsic import centred_gram
 from repsim.kernels.minibatch_cka import MinibatchCKA
 from repsim.kernels.measures import register
@@ -94,6 +94,40 @@ def _double_centre(K: np.ndarray) -> np.ndarray:
     return K
 
 
+def device_rbf_kernel(G: CentredGram, xp: Any, threshold: float) -> CentredGram:
+    """:meth:`MinibatchRBFCKA._kernel` on an accelerator (CuPy; array-api-strict in the tests), with
+    no host synchronisation: the double-centred RBF Gram of a column's centred linear Gram, made on
+    its device with the host route's arithmetic — D = −2K + diag 1ᵀ + 1 diagᵀ clipped at 0 (the
+    order of :func:`squared_distances`), the median of all b² entries (zero diagonal included) as
+    the mean of the two middle entries of ``xp.sort`` (:func:`median_all`'s value), ``xp.exp``,
+    :func:`_double_centre` — and the host route's checks kept on the device: a column constant over
+    the batch (tr K within :func:`constant_tolerance`) or with a zero median distance gets a zero
+    Gram (the inner accumulator then counts it as constant, as on the host), and one with NaN or
+    infinity a NaN Gram, which the inner update's one transfer per batch reports under its name."""
+    K = G.K if G.K.dtype == xp.float64 else astype(G.K, xp.float64, xp)
+    n = K.shape[0]
+    dev = getattr(K, "device", None)
+    d = diagonal(K, xp)
+    D = xp.maximum((K * -2.0 + d[:, None]) + d[None, :], 0.0)
+    flat = xp.sort(xp.reshape(D, (-1,)))
+    N = n * n
+    med = (flat[(N - 1) // 2] + flat[N // 2]) / 2
+    del flat
+    one = on_device(xp.ones, (), dtype=xp.float64, device=dev)
+    scale = xp.where(med > 0, med, one)  # (a zero median: any finite width; the Gram is zeroed below)
+    R = xp.exp(D * (-1.0 / (2.0 * threshold * threshold * scale)))
+    del D
+    r = xp.mean(R, axis=1)
+    R = ((R - r[:, None]) - r[None, :]) + xp.mean(r)
+    trace = xp.sum(d)
+    mean_sq = 0.0 if G.mean_sq is None else G.mean_sq
+    defined = (trace > constant_tolerance(n, 1.0) * mean_sq) & (med > 0)
+    zero = on_device(xp.zeros, (), dtype=xp.float64, device=dev)
+    # 1 where defined, 0 where constant, NaN where the linear Gram is not finite (tr K NaN or inf)
+    keep = xp.where(xp.isfinite(trace), xp.where(defined, one, zero), zero * xp.nan)
+    return CentredGram(R * keep, mean_sq=zero)
+
+
 class MinibatchRBFCKA(Accumulator):
     """All-pairs minibatch RBF CKA: each column's batch becomes its RBF Gram (module docstring),
     then one :class:`MinibatchCKA` sums HSIC over batches (merge, state and CIs are its)."""
@@ -103,8 +137,11 @@ class MinibatchRBFCKA(Accumulator):
         self.threshold = float(threshold)
 
     def _kernel(self, x: Any, name: str) -> CentredGram:
-        G = x if isinstance(x, CentredGram) else centred_gram(x, array_namespace(x), name)
-        K = np.asarray(to_numpy(G.K), dtype=np.float64)
+        xp = array_namespace(x.K if isinstance(x, CentredGram) else x)
+        G = x if isinstance(x, CentredGram) else centred_gram(x, xp, name)
+        if xp is not np:  # an accelerator: the Gram stays on its device (one host transfer per batch)
+            return device_rbf_kernel(G, xp, self.threshold)
+        K = np.asarray(G.K, dtype=np.float64)
         mean_sq = 0.0 if G.mean_sq is None else float(to_numpy(G.mean_sq))
         R = None if is_constant(name, float(np.trace(K)), mean_sq, K.shape[0]) else rbf_gram(K, self.threshold)
         return CentredGram(np.zeros_like(K) if R is None else _double_centre(R), mean_sq=0.0)
@@ -115,6 +152,10 @@ class MinibatchRBFCKA(Accumulator):
         one update of the HSIC sums."""
         names = self.inner._names()
         L = len(batch)
+        first = batch[0].K if L and isinstance(batch[0], CentredGram) else (batch[0] if L else None)
+        if L and array_namespace(first) is not np:  # device work is queued on its stream: no threads
+            self.inner.update([self._kernel(batch[i], names[i]) for i in range(L)])
+            return self
         with blas_thread_split() as k:
             if k > 1 and L > 1:
                 with ThreadPoolExecutor(max_workers=min(k, L), thread_name_prefix="repsim-rbf") as pool:
