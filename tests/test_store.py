@@ -532,3 +532,32 @@ def test_stores_and_checkpoints_get_the_umask_mode_not_mkstemps_0600(tmp_path):
     finally:
         os.umask(old)
         io._FILE_MODE.clear()
+
+
+def test_label_rows_read_only_their_chunks(tmp_path):
+    """A driver task of a few blocks read every chunk of ``labels`` (O(n²) small reads over a run);
+    ``label_rows`` reads the chunks holding its rows, and equals the slice of ``labels``."""
+    from repsim.store.reader import _ChunkReader, open_store
+    from repsim.store.writer import save_store
+
+    n = 200
+    save_store(str(tmp_path / "l.zarr"), {"a": np.ones((n, 2), np.float32)}, (np.arange(n) * 7) % 5, chunk_rows=16,
+               meta={"dataset": {"name": "t", "split": "test"}})
+    store = open_store(str(tmp_path / "l.zarr"))
+    seen = []
+    real = _ChunkReader.__getitem__
+
+    def spy(self, key):
+        seen.append((self.array if hasattr(self, "array") else "?", key))
+        return real(self, key)
+
+    _ChunkReader.__getitem__ = spy
+    try:
+        got = store.label_rows(40, 72)
+    finally:
+        _ChunkReader.__getitem__ = real
+    assert [k for a, k in seen if a == "labels"] == [slice(40, 72)]  # and the manifest rows of its chunks 2-4
+    assert sorted(k.start for a, k in seen if a == "checksums") == [2, 3, 4]
+    fresh = open_store(str(tmp_path / "l.zarr"))
+    np.testing.assert_array_equal(got, fresh.labels[40:72])
+    assert got.dtype == np.int32 and store.label_rows(190, 250).shape == (10,)

@@ -85,15 +85,16 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
 
     columns = [Column(**c) for c in spec["columns"]]
     xp = array_module(spec["device"]) if xp is None else xp
-    labels = open_store(columns[0].path).labels
+    block_rows = spec["block_rows"]
+    first = start * block_rows  # this task's rows only (a store-wide read per task was O(n²) small reads)
+    labels = open_store(columns[0].path).label_rows(first, min(spec["n"], stop * block_rows))
     stats = layer_stats([LAYER_METRICS[name](option) for name, option in spec["metrics"].items()])
     accs = {layer: {k: _from_state(stats, k, s) for k, s in per.items()} for layer, per in templates.items()}
-    block_rows = spec["block_rows"]
     host = getattr(xp, "__name__", "") == "numpy"
     with BlockReader(columns, spec["n"], block_rows, spatial="raw", prefetch=spec["prefetch"],
                      threads=spec["threads"]) as reader:
         for k, arrays in reader.iter_blocks(range(start, stop)):
-            y = labels[k * block_rows:k * block_rows + arrays[0].shape[0]]
+            y = labels[k * block_rows - first:k * block_rows - first + arrays[0].shape[0]]
             for col, raw in zip(columns, arrays):
                 per = accs.get(col.layer)
                 if not per:

@@ -88,8 +88,9 @@ class ClassMoments:
         delta = means - self.means
         if self.second == "trace":
             self.m2 = self.m2 + m2 + w_ab * np.einsum("kp,kp->k", delta, delta)
-        else:
-            self.m2 = self.m2 + m2 + (delta * w_ab[:, None]).T @ delta
+        else:  # P × P: in place, so that an update holds the state, the part's m2 and one product
+            self.m2 += m2  # (self.m2 is this object's own array: _alloc, from_state copy)
+            self.m2 += (delta * w_ab[:, None]).T @ delta
         self.means = self.means + delta * w_b[:, None]
         self.counts = self.counts + counts
 

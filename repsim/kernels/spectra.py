@@ -97,7 +97,9 @@ def weight_spectrum(W: Any) -> np.ndarray:
 def centroid_spectrum(H: Any, labels: Any, *, center: bool = True, xp: Any = None) -> np.ndarray:
     """Singular values of the class centroids of H (n, P) (every label present is a class).
 
-    ``center=True`` subtracts the mean of the class means first (the M of Table E.2).
+    ``center=True`` subtracts the mean of the class means first (the M of Table E.2); the centred
+    means have rank at most C − 1, so min(C − 1, P) values are returned (the C-th is zero but for
+    rounding, ~1e-15, which a log axis would show as a value).
     """
     xp = array_namespace(H, xp=xp)
     H = flatten_examples(H, xp, compute_dtype(xp, H), "H")
@@ -106,8 +108,15 @@ def centroid_spectrum(H: Any, labels: Any, *, center: bool = True, xp: Any = Non
     _, y = np.unique(y, return_inverse=True)
     m = ClassMoments(int(y.max()) + 1, second="trace")
     m.update(H, y, xp)
-    M = m.means - m.means.mean(axis=0) if center else m.means
-    return np.linalg.svd(M, compute_uv=False)
+    if not center:
+        return np.linalg.svd(m.means, compute_uv=False)
+    return centred_means_spectrum(m.means - m.means.mean(axis=0))
+
+
+def centred_means_spectrum(M: np.ndarray) -> np.ndarray:
+    """Singular values of class means M (C, P) whose mean row was subtracted: the first min(C − 1, P)
+    (the rest are structurally zero)."""
+    return np.linalg.svd(M, compute_uv=False)[:max(1, min(M.shape[0] - 1, M.shape[1]))]
 
 
 def angular_visual_hardness(X: Any, labels: Any, W: Any, *, xp: Any = None) -> np.ndarray:

@@ -298,6 +298,14 @@ class ActivationStore:
             self._cache["labels"] = labels
         return self._cache["labels"]
 
+    def label_rows(self, start: int, stop: int) -> np.ndarray:
+        """``labels[start:stop]`` read from the chunks holding those rows only (a task of a few blocks
+        needs its own rows, not every chunk of the store: :attr:`labels` reads and caches all)."""
+        if "labels" in self._cache:
+            return self._cache["labels"][start:stop]
+        rows = self._reader("labels")[start:stop]
+        return rows.astype(bool if rows.ndim == 2 else np.int32, copy=False)
+
     @property
     def has_logits(self) -> bool:
         return "logits" in self._group
