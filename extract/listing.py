@@ -2,7 +2,7 @@
 
 Prints the default store layers (name, tap, the module's output shape and the stored per-example
 shape after ``--spatial``/``--tokens``), then every other module that ran once, by qualname, with its
-output shape: ``--layers`` takes store names, module qualnames, or globs over either. The example is
+output shape (and, by name only, the modules that ran more than once or not at all): ``--layers`` takes store names, module qualnames, or globs over either. The example is
 the first of ``--data`` (adapted as extraction would adapt it) or, without ``--data``, a blank image
 of the model's input size or a short sentence for a text model.
 """
@@ -105,6 +105,10 @@ def list_layers(source: Any, data: Any = None, *, split: str | None = "test", da
     shared = [q for q in modules if q and calls.get(q, 0) > 1]
     if shared:
         lines.append(f"modules that ran more than once (cannot be captured by a hook): {', '.join(shared)}")
+    idle = [q for q in modules if q and q not in calls]
+    if idle:
+        shown = ", ".join(idle[:20]) + (f", ... ({len(idle) - 20} more)" if len(idle) > 20 else "")
+        lines.append(f"modules that forward did not run on this example (not listed above; nothing to capture): {shown}")
     return "\n".join(lines)
 
 

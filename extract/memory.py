@@ -33,6 +33,8 @@ from typing import Any, Generator, Sequence
 import numpy as np
 import torch
 
+from repsim._io import sha256_file
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 LAYOUTS = ("NCHW", "NHWC")
@@ -164,7 +166,8 @@ def as_image_tensor(dataset: Any) -> ImageTensor | None:
 
 def load_array(path: str) -> ImageTensor:
     """An :class:`ImageTensor` from ``images.npy`` (labels zero) or ``.npz`` (arrays ``images`` and,
-    optionally, ``labels``); NHWC when the last axis has 1 or 3 channels and the second does not."""
+    optionally, ``labels``); NHWC when the last axis has 1 or 3 channels and the second does not. Its
+    ``fingerprint`` is the file's sha256 (``dataset.fingerprint``, a resume key)."""
     if str(path).endswith(".npz"):
         with np.load(path) as z:
             if "images" not in z:
@@ -173,7 +176,10 @@ def load_array(path: str) -> ImageTensor:
     else:
         images, labels = np.load(path), None
     layout = "NHWC" if images.ndim == 4 and images.shape[3] in (1, 3) and images.shape[1] not in (1, 3) else "NCHW"
-    return ImageTensor(torch.from_numpy(np.ascontiguousarray(images)), labels, layout=layout, name=Path(path).name)
+    out = ImageTensor(torch.from_numpy(np.ascontiguousarray(images)), labels, layout=layout, name=Path(path).name)
+    # the file's content (a resume after the file changed would mix two datasets; text files: extract/text.py)
+    out.fingerprint = f"file sha256 {sha256_file(Path(path))}"
+    return out
 
 
 class MemoryFeed:

@@ -57,6 +57,7 @@ from repsim.store.finite import ConstantLayers
 
 from .adapt import adapt_dataset
 from .capture import FLOAT16_OVERFLOW, Capture, Spatial, Tokens
+from .errors import ExtractError
 from .inputs import (attention_mask, batch_of_one, check_example, default_tokens, forward, in_memory_format, shape_of,
                      to_device)
 from .layers import (describe_pool, head_mismatch, head_module, is_classic, is_network, layer_modules, model_layout,
@@ -74,10 +75,6 @@ LOADER_SPAWN = threading.Event()  # set while extractions run as threads: DataLo
 def cpu_share() -> int:
     """CPU cores this extraction may use: all of them, or its share when several run side by side."""
     return _CPUS or os.cpu_count() or 1
-
-
-class ExtractError(ValueError):
-    """A refused or failed extraction (bad settings, overflow, no disk room, mismatched resume)."""
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -176,6 +173,7 @@ class _Buffers:
     layers: dict[str, torch.Tensor]
     labels: np.ndarray
     amax: torch.Tensor  # (L,) host float32, pinned on CUDA
+    counts: torch.Tensor | None = None  # (rows,) int32 real tokens per example (Plan.token_counts), pinned on CUDA
     event: Any = None
     chunk: int = -1
 
@@ -192,6 +190,10 @@ class Plan:
     head: str | None = None  # qualname of the final layer whose weights are stored (verified by the probe)
     settings: dict[str, Any] = field(default_factory=dict)
     label_dim: int | None = None  # K for multi-label targets (the dataset yields (K,) vectors), else None
+    # the store records each example's count of real tokens (``token_counts``): padded text and a layer
+    # stored as a token sequence (--tokens flatten), whose padded positions hold zeros
+    token_counts: bool = False
+    tap_layouts: dict[str, str] = field(default_factory=dict)  # 4-D layers laid out unlike the model (capture.tap_layout)
 
     @property
     def n_chunks(self) -> int:
@@ -285,8 +287,10 @@ def extract_store(
     amp_dtype = _resolve_amp(amp, dev)
     store_dtype = DTYPES[dtype]
 
-    given = model if isinstance(model, nn.Module) else None  # a caller's module is handed back in its own format
-    given_format = module_memory_format(given) if given is not None else None
+    given = model if isinstance(model, nn.Module) else None  # a caller's module is handed back as it came:
+    given_format = module_memory_format(given) if given is not None else None  # memory format,
+    given_modes = {m: m.training for m in given.modules()} if given is not None else {}  # training flags
+    given_device = _module_device(given) if given is not None else None  # and device
     fmt = "contiguous"
     # a module's weights_sha256 (the store's record of which model wrote it) on a thread of its own,
     # beside the dataset, the probe and the plan; it is needed first when the store is prepared
@@ -318,6 +322,8 @@ def extract_store(
         net = net.to(dev).eval()
         registry = layer_modules(net)
         chosen = select_layers(registry, layers, (q for q, _ in net.named_modules()))
+        if layers is not None:
+            _refuse_duplicates(chosen)
         hooked = {**chosen, **({"logits": registry["logits"]} if "logits" in registry else {})}
         x0, y0 = dataset[0]
         check_example(x0)
@@ -348,6 +354,7 @@ def extract_store(
             "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
             "batch_size": batch_size, "chunk_rows": plan.chunk_rows, "device_type": dev.type,
             "order": dmeta["order"], "memory_format": fmt, "reductions": REDUCTIONS,
+            "token_counts": plan.token_counts, "tap_layouts": plan.tap_layouts,
         }
         if digest is not None:
             mmeta["weights_sha256"] = digest.result()
@@ -425,6 +432,29 @@ def extract_store(
             hashing.shutdown(wait=True)
         if given is not None and fmt != given_format:
             given.to(memory_format=torch.channels_last if given_format == "channels_last" else torch.contiguous_format)
+        if given_device is not None:
+            given.to(given_device)
+        for m, mode in given_modes.items():
+            m.training = mode
+
+
+def _module_device(net: nn.Module) -> torch.device | None:
+    """The device of a module's parameters and buffers when they share one, else None (left as is)."""
+    devices = {t.device for t in (*net.parameters(), *net.buffers())}
+    return next(iter(devices)) if len(devices) == 1 else None
+
+
+def _refuse_duplicates(chosen: dict[str, str]) -> None:
+    """Refuse two requested layers that tap one module (``block1`` and its qualname ``blocks.0``):
+    the store would hold two identical copies."""
+    by_tap: dict[str, list[str]] = {}
+    for name, tap in chosen.items():
+        by_tap.setdefault(tap, []).append(name)
+    same = [(tap, names) for tap, names in by_tap.items() if len(names) > 1]
+    if same:
+        tap, names = same[0]
+        raise ExtractError(f"extract: --layers {' and '.join(map(repr, names))} name the same module "
+                           f"({tap or '(model output)'!r}); the store would hold identical copies: name it once")
 
 
 class _Reordered(torch.utils.data.Dataset):
@@ -465,7 +495,9 @@ def _plan(net, x0, registry, chosen, hooked, spatial, tokens, layout, dtype, dev
     from repsim.store.format import default_chunk_rows as store_chunk_rows
 
     probe_taps = {**hooked, **({"pool": registry["pool"]} if "pool" in registry else {})}
-    cap = _probe(net, batch_of_one(x0), probe_taps, spatial, tokens, layout, dev, amp_dtype, channels_last)
+    # two rows (the first example twice): an output that is not one row per example (shape (1, ...) for
+    # any batch, like BERT's position embeddings) is refused here, not broadcast or failed on mid-run
+    cap = _probe(net, _batch_of_two(x0), probe_taps, spatial, tokens, layout, dev, amp_dtype, channels_last)
     logits_dim = None
     if "logits" in hooked:
         logits_shape = tuple(cap.probe["logits"].shape[1:])
@@ -489,8 +521,17 @@ def _plan(net, x0, registry, chosen, hooked, spatial, tokens, layout, dtype, dev
         # ... and at least MIN_CHUNKS chunks when the data allows, so that writing overlaps computing
         chunk_rows = min(chunk_rows, math.ceil(n / MIN_CHUNKS))
         chunk_rows = max(batch_size, chunk_rows - chunk_rows % batch_size)
-    return Plan(layers=layers, logits_dim=logits_dim, n=n, chunk_rows=min(chunk_rows, n), row_bytes=row,
-                head=_verified_head(net, registry, cap.probe), label_dim=label_dim)
+    counts = any(kind == "tokens" for _, _, kind in layers.values()) and attention_mask(batch_of_one(x0)) is not None
+    return Plan(layers=layers, logits_dim=logits_dim, n=n, chunk_rows=min(chunk_rows, n), row_bytes=row + 4 * counts,
+                head=_verified_head(net, registry, cap.probe), label_dim=label_dim, token_counts=counts,
+                tap_layouts={k: v for k, v in cap.relaid.items() if k in chosen})
+
+
+def _batch_of_two(x: Any) -> Any:
+    """A single example twice, as a batch of two."""
+    if isinstance(x, dict):
+        return {k: torch.stack([v, v]) for k, v in x.items()}
+    return torch.stack([x, x])
 
 
 def _verified_head(net, registry, probe: dict[str, torch.Tensor]) -> str | None:
@@ -522,17 +563,23 @@ def _probe(net, x, hooked, spatial, tokens, layout, dev, amp_dtype, channels_las
     torch's compiler stack, ~2 s, and not every head runs on the meta device)."""
     with Capture(net, hooked, spatial, torch.float32, tokens, layout) as cap, torch.inference_mode(), \
             _autocast(dev, amp_dtype):
-        cap.begin_batch()
         xb = in_memory_format(to_device(x, dev), channels_last)
+        cap.begin_batch(xb)
         cap.mask = attention_mask(xb)
-        forward_first(net, xb)
+        forward_first(net, xb, rows=2)
         cap.end_batch()
     return cap
 
 
-def forward_first(net, xb) -> Any:
-    """The forward pass on the first example (probing, ``--list-layers``): a model that fails on it, or
-    a hook that refuses it (a shared module), is an :class:`ExtractError` (one line), not a crash."""
+def _one_row(shape: str, rows: int) -> str:
+    """A batch's shape as that of one example (``(2, 3, 8, 8)`` -> ``(1, 3, 8, 8)``)."""
+    return shape.replace(f"({rows},", "(1,") if rows != 1 else shape
+
+
+def forward_first(net, xb, rows: int = 1) -> Any:
+    """The forward pass on the first example (probing, ``--list-layers``; ``rows``: times it is in the
+    batch ``xb``): a model that fails on it, or a hook that refuses it (a shared module), is an
+    :class:`ExtractError` (one line), not a crash."""
     try:
         return forward(net, xb)
     except (RuntimeError, ValueError, TypeError, AssertionError, IndexError, KeyError) as exc:
@@ -540,7 +587,7 @@ def forward_first(net, xb) -> Any:
         if msg.startswith("extract:"):
             raise ExtractError(msg) from None
         raise ExtractError(
-            f"extract: the model failed on the first example (input {shape_of(xb)}): {msg[:500]}; "
+            f"extract: the model failed on the first example (input {_one_row(shape_of(xb), rows)}): {msg[:500]}; "
             "give the images another size with --image-size, or check --data"
         ) from None
 
@@ -549,12 +596,17 @@ def forward_first(net, xb) -> Any:
 # them match (a rerun with any other value would write its remaining chunks differently).
 RESUME_KEYS: dict[str, tuple[str, ...]] = {
     "extraction": ("layers", "spatial", "tokens", "dtype", "amp", "batch_size", "chunk_rows", "device_type",
-                   "compression", "order", "memory_format", "reductions"),
+                   "compression", "order", "memory_format", "reductions", "token_counts", "tap_layouts"),
     "model": ("arch", "checkpoint_sha256", "weights_sha256"),
-    "dataset": ("name", "split", "n", "transform", "order"),
+    "dataset": ("name", "split", "n", "transform", "order", "fingerprint"),
 }
-# what a store written before a key existed recorded implicitly
-_IMPLIED = {"compression": "zstd", "order": "dataset", "tokens": "flatten", "memory_format": "contiguous"}
+# what a store written before a key existed recorded implicitly: no token_counts array (so a text store
+# with token layers written before it existed is refused, not resumed without one), every 4-D layer
+# in the model's layout (a store whose taps are now laid out otherwise is refused), and no dataset
+# fingerprint (an .npz/.npy store written before the file's sha256 was recorded is refused: its
+# file cannot be shown to be the same)
+_IMPLIED = {"compression": "zstd", "order": "dataset", "tokens": "flatten", "memory_format": "contiguous",
+            "token_counts": False, "tap_layouts": {}}
 # averages over space or tokens are taken in float32 (extract.capture.reduction_dtype); before that, under
 # autocast they were taken and rounded in the autocast dtype: such a store's chunks differ from this run's
 REDUCTIONS = "float32"
@@ -639,6 +691,7 @@ def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bo
             str(out), n=plan.n, layers=plan.layers, chunk_rows=plan.chunk_rows,
             logits_dim=plan.logits_dim, meta=meta, overwrite=overwrite,
             compression=meta["extraction"].get("compression", "zstd"), label_dim=plan.label_dim,
+            token_counts=plan.token_counts,
         )
     return ["pending", list(pending)], created
 
@@ -722,7 +775,8 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
         if plan.logits_dim is not None:
             layers["logits"] = torch.empty((rows, plan.logits_dim), dtype=torch.float32, pin_memory=cuda)
         labels = np.empty(rows, np.int32) if plan.label_dim is None else np.empty((rows, plan.label_dim), bool)
-        return _Buffers(layers, labels, torch.empty(len(hooked), pin_memory=cuda))
+        counts = torch.empty(rows, dtype=torch.int32, pin_memory=cuda) if plan.token_counts else None
+        return _Buffers(layers, labels, torch.empty(len(hooked), pin_memory=cuda), counts)
 
     # buffer sets: one being filled plus one per writer thread (GPU: 4 threads, so up to 4 chunks of
     # whole batches queued or being written), fewer when chunks are huge; a
@@ -766,6 +820,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
                 c, layers={k: buf.layers[k][: hi - lo].numpy() for k in chosen},
                 labels=buf.labels[: hi - lo], example_ids=ids[lo:hi],
                 logits=buf.layers["logits"][: hi - lo].numpy() if plan.logits_dim is not None else None,
+                token_counts=buf.counts[: hi - lo].numpy() if buf.counts is not None else None,
             )
         finally:
             free.put(buf)
@@ -827,10 +882,15 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
                     raise ExtractError(f"extract: loader returned {len(y)} rows for batch {lo}..{hi - 1}")
                 buf.labels[off: off + hi - lo] = np.asarray(y, dtype=buf.labels.dtype)
                 cap.target = (buf.layers, off, off + hi - lo)
-                cap.begin_batch()
+                cap.begin_batch(xb)
                 cap.mask = attention_mask(xb)
                 forward(net, xb)
                 cap.end_batch()
+                if buf.counts is not None:  # real tokens per example (the mask's ones), copied like a layer
+                    if cap.mask is None:
+                        raise ExtractError(f"extract: batch {lo}..{hi - 1} has no attention_mask; the store records "
+                                           "real tokens per example (token_counts) for token layers of padded text")
+                    cap.copy_out(buf.counts[off: off + hi - lo], (cap.mask != 0).sum(dim=1, dtype=torch.int32))
             flush()
             if held:
                 drain()

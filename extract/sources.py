@@ -26,7 +26,7 @@ from .models._common import clean as _clean
 from .models._common import weights_sha256
 
 __all__ = ["weights_sha256", "model_meta", "load_model", "load_source", "load_dataset",
-           "example_ids", "head_weights"]
+           "example_ids", "head_weights", "sample_fingerprint"]
 
 
 def _run_config(model: nn.Module) -> dict[str, Any]:
@@ -167,11 +167,18 @@ def load_dataset(source, split: str | None, root: str | None = None, model: nn.M
             _DATASETS[key] = dataset
     else:
         dataset = source
+    fingerprint = getattr(dataset, "fingerprint", None)
+    if fingerprint is None and not isinstance(source, (str, os.PathLike)) and getattr(dataset, "name", None) is None:
+        fingerprint = sample_fingerprint(dataset)  # a Python Dataset that names itself nowhere
     transform = getattr(dataset, "transform_desc", None)
     if transform is None and getattr(dataset, "transform", None) is not None:
         transform = repr(dataset.transform)
     return dataset, _clean({
-        "name": getattr(dataset, "name", None) or (str(source) if source is not None else type(dataset).__name__),
+        # a Python Dataset without a name: its class name (its repr names a memory address, which no
+        # rerun, resume or other process shares)
+        "name": getattr(dataset, "name", None) or (str(source) if isinstance(source, (str, os.PathLike))
+                                                   else type(dataset).__name__),
+        "fingerprint": None if fingerprint is None else str(fingerprint),
         "split": split or getattr(dataset, "split", None),
         "transform": transform,
         "num_classes": getattr(dataset, "num_classes", None),
@@ -180,6 +187,42 @@ def load_dataset(source, split: str | None, root: str | None = None, model: nn.M
         "classes": (list(dataset.classes) if (getattr(dataset, "multilabel", False) or isinstance(dataset, TextDataset))
                     and dataset.classes else None),
     })
+
+
+def sample_fingerprint(dataset) -> str | None:
+    """A digest of a Dataset's length and of examples 0, n // 2 and n - 1 (their tensors' bytes and
+    labels): cheap, and enough to tell a rerun on other data from a resume of the same; None when an
+    example holds something other than tensors, numbers or dicts of tensors."""
+    import hashlib
+
+    try:
+        n = len(dataset)
+    except TypeError:
+        return None
+    h = hashlib.sha256(f"n={n}".encode())
+
+    def feed(v) -> None:
+        if isinstance(v, torch.Tensor):
+            h.update(f"{tuple(v.shape)}{v.dtype}".encode())
+            h.update(v.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes() if v.numel() else b"")
+        elif isinstance(v, dict):
+            for k in sorted(v):
+                h.update(str(k).encode())
+                feed(v[k])
+        elif isinstance(v, (tuple, list)):
+            for item in v:
+                feed(item)
+        elif isinstance(v, (int, float, bool, str, np.integer, np.floating, np.ndarray)):
+            h.update(repr(np.asarray(v).tolist()).encode())
+        else:
+            raise TypeError(type(v).__name__)
+
+    try:
+        for i in sorted({0, n // 2, n - 1}) if n else ():
+            feed(dataset[i])
+    except (TypeError, IndexError, KeyError, ValueError, RuntimeError):
+        return None
+    return f"sample sha256 {h.hexdigest()[:32]} (examples 0, n/2, n-1)"
 
 
 def example_ids(dataset, n: int) -> np.ndarray:

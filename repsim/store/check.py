@@ -4,7 +4,7 @@ Checks, per store: the schema (repsim store version, required arrays, shapes and
 examples only, dimension names, dtypes — labels (N,) int32, or (N, K) bool in a multi-label store —,
 head/logits consistency), completeness (every ``written``
 flag set and ``complete`` true), unique example ids, the checksum of every chunk of ``example_ids``,
-``labels`` and ``head``, and NaN/Inf counts per layer and in the logits (streamed chunk by chunk, so
+``labels``, ``token_counts`` (text stores with token layers; counts within the token axis) and ``head``, and NaN/Inf counts per layer and in the logits (streamed chunk by chunk, so
 memory is one chunk whatever the store size; a chunk that fails its crc32c checksum, or whose object is
 intact but not the one the store's checksum manifest recorded for that array and index — moved,
 swapped or copied from elsewhere — is reported by array and chunk; a version-1 store, written before
@@ -74,6 +74,8 @@ def _schema_problems(label: str, store: Any) -> list[str]:
     expect = {"example_ids": (np.int64, ("example",)),
               "labels": (np.bool_, ("example", "class")) if multilabel else (np.int32, ("example",)),
               "written": (np.bool_, ("chunk",))}
+    if "token_counts" in g:  # real tokens per example (text stores with token layers)
+        expect["token_counts"] = (np.int32, ("example",))
     for name, (dtype, dims) in expect.items():
         arr = g[name]
         if arr.dtype != np.dtype(dtype):
@@ -161,6 +163,7 @@ def _check_one(label: str, store: Any, report: CheckReport, *, scan_values: bool
     rows_ok = np.repeat(written, store.chunk_rows)[: store.n]
     ids = _read_rows(label, store, "example_ids", written, report)
     _read_rows(label, store, "labels", written, report)  # (only their checksums matter here)
+    _check_token_counts(label, store, written, report)
     if ids is not None:
         duplicates = ids.size - np.unique(ids).size
         if duplicates:
@@ -198,6 +201,33 @@ def _check_one(label: str, store: Any, report: CheckReport, *, scan_values: bool
                                                 "re-extract with --dtype float32 if it should vary"
                                                 if arr.dtype == np.float16 else ""))
     return rows_ok
+
+
+def _check_token_counts(label: str, store: Any, written: Any, report: CheckReport) -> None:
+    """``token_counts`` (real tokens per example of a text store with token layers): every chunk's
+    checksum, and counts within 0..T of the store's token layers; a text store with token layers and
+    without them (written before they existed) gets a note: an average over its tokens counts padding."""
+    import numpy as np
+
+    from repsim.store.format import TOKEN_DIMS
+
+    token_len = {store.zarr_array(layer).shape[1] for layer in store.layers
+                 if tuple(store.zarr_array(layer).metadata.dimension_names or ()) == TOKEN_DIMS}
+    if "token_counts" not in store._group:
+        text = "padding to" in str(store.dataset.get("transform") or "")
+        if token_len and text:
+            report.notes.append(f"store {label}: token layers of padded text without token_counts (written before "
+                                "repsim recorded them): their padded positions hold zeros, so an average over tokens "
+                                "counts padding as tokens; re-extract to record them")
+        return
+    counts = _read_rows(label, store, "token_counts", written, report)
+    if counts is None or not counts.size:
+        return
+    top = max(token_len) if token_len else None
+    bad = np.flatnonzero((counts < 0) | ((counts > top) if top is not None else False))
+    if bad.size:
+        report.problems.append(f"store {label}: token_counts out of range 0..{top} (first at written row "
+                               f"{int(bad[0])}: {int(counts[bad[0]])})")
 
 
 def _read_rows(label: str, store: Any, array: str, written: Any, report: CheckReport):

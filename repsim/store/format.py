@@ -8,6 +8,9 @@ Layout (docs/architecture.md "The activation store")::
       labels        (N,)         int32    dims (example,)             one class per example, or
                     (N, K)       bool     dims (example, class)       multi-label targets (CheXpert)
       logits        (N, K)       float32  dims (example, class)             optional
+      token_counts  (N,)         int32    dims (example,)                   optional: real (unpadded) tokens
+                                          per example of a text store with token layers (extract
+                                          --tokens flatten), whose padded positions hold zeros
       layers/<name> (N, ...)     float16/float32/float64, dims (example, channel, y, x) for 4-D,
                                           (example, feature) for 2-D
       head/weight   (K, M)       float32  dims (class, feature)             optional
@@ -247,12 +250,14 @@ def _validate(path: str, group: Any) -> "_Members":
         if req not in group:
             raise StoreError(f"store {name} ({path}): missing array {req!r}")
     n, rows = group["example_ids"].shape[0], group["example_ids"].chunks[0]
-    for req in ("labels", "logits"):
+    for req in ("labels", "logits", "token_counts"):
         if req in group and (group[req].shape[0] != n or group[req].chunks[0] != rows):
             raise StoreError(f"store {name} ({path}): {req} has shape {group[req].shape} / chunks {group[req].chunks}, expected {n} rows in chunks of {rows}")
     labels = group["labels"]
     if labels.ndim > 2 or tuple(labels.chunks[1:]) != tuple(labels.shape[1:]):
         raise StoreError(f"store {name} ({path}): labels has shape {labels.shape} / chunks {labels.chunks}, expected (N,) or multi-label (N, K) chunked along examples only")
+    if "token_counts" in group and group["token_counts"].ndim != 1:
+        raise StoreError(f"store {name} ({path}): token_counts has shape {group['token_counts'].shape}, expected (N,)")
     if group["written"].shape != (-(-n // rows),) or group["written"].chunks != (1,):
         raise StoreError(f"store {name} ({path}): written has shape {group['written'].shape} / chunks {group['written'].chunks}, expected ({-(-n // rows)},) / (1,)")
     layers = attrs.get("layers")
@@ -278,7 +283,7 @@ def _validate_manifest(name: str, path: str, group: Any, layers: list[str], n_ch
         raise StoreError(f"store {name} ({path}): missing array {MANIFEST!r} (the chunk checksum manifest of a "
                          "version-2 store)")
     arr = group[MANIFEST]
-    want = manifest_columns(layers, "logits" in group)
+    want = manifest_columns(layers, "logits" in group, "token_counts" in group)
     cols = list(arr.attrs.get("arrays") or [])
     if sorted(cols) != sorted(want) or arr.shape != (n_chunks, 1 + len(cols)) or arr.chunks != (1, 1 + len(cols)):
         raise StoreError(f"store {name} ({path}): {MANIFEST} has shape {arr.shape} / chunks {arr.chunks} for arrays "
@@ -290,7 +295,7 @@ def full_path(path: str) -> str:
     return path if "://" in str(path) else os.path.abspath(path)
 
 
-_LAYOUT = {"zarr.json", "example_ids", "labels", "logits", "layers", "written", "checksums", "head"}
+_LAYOUT = {"zarr.json", "example_ids", "labels", "logits", "token_counts", "layers", "written", "checksums", "head"}
 
 
 def interrupted_creation(path: str) -> bool:

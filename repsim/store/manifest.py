@@ -25,9 +25,10 @@ MANIFEST = "checksums"
 HEAD_ATTR = "chunk_crc32c"
 
 
-def manifest_columns(layers: Sequence[str], has_logits: bool) -> list[str]:
+def manifest_columns(layers: Sequence[str], has_logits: bool, has_token_counts: bool = False) -> list[str]:
     """The per-example arrays whose chunk checksums the manifest records, in column order."""
-    return ["example_ids", "labels", *(["logits"] if has_logits else []), *(f"layers/{name}" for name in layers)]
+    return ["example_ids", "labels", *(["logits"] if has_logits else []),
+            *(["token_counts"] if has_token_counts else []), *(f"layers/{name}" for name in layers)]
 
 
 def manifest_row(i: int, columns: Sequence[str], crcs: dict[str, int]) -> np.ndarray:

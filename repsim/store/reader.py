@@ -25,7 +25,7 @@ def _wrap_read_error(exc: BaseException, store: str, array: str, start: int, sto
     )
 
 
-_TOP_LEVEL = ("example_ids", "labels", "logits", "written")
+_TOP_LEVEL = ("example_ids", "labels", "logits", "token_counts", "written")
 
 
 class _ChunkReader:
@@ -305,6 +305,20 @@ class ActivationStore:
             return self._cache["labels"][start:stop]
         rows = self._reader("labels")[start:stop]
         return rows.astype(bool if rows.ndim == 2 else np.int32, copy=False)
+
+    @property
+    def token_counts(self) -> np.ndarray | None:
+        """``(N,)`` int32: each example's number of real (unpadded) tokens, recorded in a text store
+        whose token layers are kept whole (``extract --tokens flatten``: padded positions hold zeros,
+        so an average over tokens must divide by this count, not by the token axis); None when the
+        store has none (image stores, reduced tokens, stores written before the array existed)."""
+        if "token_counts" not in self._group:
+            return None
+        if "token_counts" not in self._cache:
+            counts = self._read_all("token_counts").astype(np.int32, copy=False)
+            counts.flags.writeable = False
+            self._cache["token_counts"] = counts
+        return self._cache["token_counts"]
 
     @property
     def has_logits(self) -> bool:

@@ -103,7 +103,8 @@ def _publish(staging: str, path: str) -> None:
 
 def _build(path: str, attrs: dict[str, Any], n: int, chunk_rows: int, n_chunks: int,
            spec: Mapping[str, tuple[tuple[int, ...], np.dtype]], kinds: Mapping[str, str],
-           layer_codecs: dict[str, Any], label_dim: int | None, logits_dim: int | None) -> tuple[Any, dict[str, Any]]:
+           layer_codecs: dict[str, Any], label_dim: int | None, logits_dim: int | None,
+           token_counts: bool = False) -> tuple[Any, dict[str, Any]]:
     """Create the group and every array of a new store at ``path`` (the staging path of a local
     store, see :meth:`StoreWriter.create`); returns the group and its nodes by path."""
     import zarr
@@ -122,11 +123,13 @@ def _build(path: str, attrs: dict[str, Any], n: int, chunk_rows: int, n_chunks: 
     if logits_dim is not None:
         k = int(logits_dim)
         nodes["logits"] = group.create_array("logits", shape=(n, k), chunks=(chunk_rows, k), dtype="float32", fill_value=0.0, dimension_names=list(dimension_names(2, "logits")), **codecs)
+    if token_counts:
+        nodes["token_counts"] = group.create_array("token_counts", shape=(n,), chunks=(chunk_rows,), dtype="int32", fill_value=0, dimension_names=["example"], **codecs)
     lg = group.create_group("layers")
     for name, (tail, dtype) in spec.items():
         nodes[f"layers/{name}"] = lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail), kinds[name])), **layer_codecs)
     nodes["written"] = group.create_array("written", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, dimension_names=["chunk"], **codecs)
-    columns = manifest_columns(list(spec), logits_dim is not None)
+    columns = manifest_columns(list(spec), logits_dim is not None, token_counts)
     nodes[MANIFEST] = group.create_array(MANIFEST, shape=(n_chunks, 1 + len(columns)), chunks=(1, 1 + len(columns)), dtype="uint32", fill_value=0, dimension_names=["chunk", "entry"], attributes={"arrays": columns}, **codecs)
     group.update_attributes(  # one metadata write (attrs.update writes once per key)
         {
@@ -166,6 +169,7 @@ class StoreWriter:
         full = lambda key: nodes[key].with_config({"write_empty_chunks": True})  # noqa: E731
         self._layers = {name: full(f"layers/{name}") for name in self.layer_names}
         self._logits = full("logits") if "logits" in nodes else None
+        self._counts = full("token_counts") if "token_counts" in nodes else None
         self._ids, self._labels, self._written = full("example_ids"), full("labels"), full("written")
         # version 2: chunk i's checksums are recorded before its flag (repsim.store.manifest)
         self._manifest = full(MANIFEST) if int(attrs.get("repsim_store_version", 1)) >= 2 else None
@@ -176,6 +180,7 @@ class StoreWriter:
         self._fast = {id(a): fast_chunks(self.path, a.path, a)
                       for a in [*self._layers.values(), self._ids, self._labels, self._written]
                       + ([self._logits] if self._logits is not None else [])
+                      + ([self._counts] if self._counts is not None else [])
                       + ([self._manifest] if self._manifest is not None else [])}
 
     # construction --------------------------------------------------------------------------------
@@ -192,6 +197,7 @@ class StoreWriter:
         overwrite: bool = False,
         compression: str = "zstd",
         label_dim: int | None = None,
+        token_counts: bool = False,
     ) -> "StoreWriter":
         """Create an empty store for ``n`` examples.
 
@@ -203,6 +209,9 @@ class StoreWriter:
         attribute ``compression`` records it); every chunk keeps its crc32c either way.
         ``label_dim=K`` makes a multi-label store: ``labels`` is ``(N, K)`` bool (dims example, class),
         one column per target (e.g. CheXpert's findings), instead of one int32 class per example.
+        ``token_counts=True`` adds ``token_counts`` ``(N,)`` int32, each example's number of real
+        (unpadded) tokens, which every :meth:`write_chunk` must then give (a text store whose token
+        layers keep zeros at the padded positions: an average over tokens divides by this count).
 
         A local store is built under a temporary name beside ``path`` (``.<name>.creating-<pid>-…``)
         and renamed into place once its arrays and attributes exist, so ``path`` is either absent or
@@ -261,7 +270,7 @@ class StoreWriter:
         try:
             with naming(full_path(path)):  # an OSError that names no file (disk full) names the store
                 group, nodes = _build(build, attrs, n, chunk_rows, n_chunks, spec, kinds, layer_codecs, label_dim,
-                                      logits_dim)
+                                      logits_dim, bool(token_counts))
             if local:
                 _publish(build, path)
         except BaseException:
@@ -306,8 +315,10 @@ class StoreWriter:
         labels: Any,
         example_ids: Any,
         logits: Any = None,
+        token_counts: Any = None,
     ) -> None:
         """Write chunk ``i`` of every array (all layers required), then set ``written[i] = True``.
+        ``token_counts``: the chunk's real-token counts, required exactly when the store has them.
 
         Values are cast to each layer's stored dtype; finite values beyond float16 range raise
         ``ValueError`` naming the layer (never stored as inf).
@@ -347,6 +358,16 @@ class StoreWriter:
             prepared.append((self._logits, _cast(lg, np.dtype(np.float32), f"store {self.name}: logits chunk {i}")))
         elif logits is not None:
             raise ValueError(f"store {self.name}: chunk {i}: logits given but the store was created without logits_dim")
+        if self._counts is not None:
+            if token_counts is None:
+                raise ValueError(f"store {self.name}: chunk {i}: this store has token_counts; pass token_counts=")
+            tc = np.asarray(token_counts)
+            if tc.shape != (m,) or tc.dtype.kind not in "iu" or (tc < 0).any():
+                raise ValueError(f"store {self.name}: chunk {i}: token_counts must be ({m},) non-negative integers, "
+                                 f"got shape {tc.shape} dtype {tc.dtype}")
+            prepared.append((self._counts, tc.astype(np.int32)))
+        elif token_counts is not None:
+            raise ValueError(f"store {self.name}: chunk {i}: token_counts given but the store was created without them")
         crcs = {arr.path: self._put(arr, data, (i,) + (0,) * (data.ndim - 1), sel) for arr, data in prepared}
         if self._manifest is not None:
             self._put(self._manifest, manifest_row(i, self._columns, crcs), (i, 0), slice(i, i + 1))
