@@ -94,6 +94,19 @@ def test_flattened_text_tokens_record_real_token_counts(tmp_path):
 
     report = check_stores([str(tmp_path / "flat.zarr")])
     assert report.ok, report.problems
+    # the engine's --spatial mean divides by them: the flatten store averaged is the --tokens mean store
+    # (CKA 0.685 between the two when the padding's zeros were averaged in), on every route
+    from repsim.engine.drivers import layer_metrics
+    from repsim.engine.minibatch import cka_matrix
+
+    both = [str(tmp_path / "flat.zarr"), str(tmp_path / "mean.zarr")]
+    for method, shuffle in (("exact", "none"), ("minibatch", "window"), ("minibatch", "examples")):
+        res = cka_matrix(both, spatial="mean", method=method, shuffle=shuffle, batch_size=8, epochs=1,
+                         progress=False, allow_mixed_datasets=True)
+        assert res.values[0, 1] == pytest.approx(1.0, abs=1e-6), (method, shuffle, res.values)
+    sep = layer_metrics(both, ["block1"], distances=["cosine"], spatial="mean", progress=False)
+    r2 = [sep[(name, "block1")]["separation"]["cosine"] for name in ("flat", "mean")]
+    assert r2[0] == pytest.approx(r2[1], rel=1e-5)
     # a store written before token_counts existed is not resumed without them (a setting change)
     older = {**flat.attrs, "extraction": {k: v for k, v in flat.attrs["extraction"].items() if k != "token_counts"}}
     assert any(d.startswith("token_counts: store False vs now True") for d in _compatible(older, flat.attrs))

@@ -395,20 +395,35 @@ def progress_bar(total: int, desc: str, progress: bool | None, unit: str = "batc
     return tqdm(total=total, desc=desc, unit=unit, disable=disable, leave=False)
 
 
-def transform(x: Any, spatial: str, xp: Any = None, tokens: bool = False) -> Any:
+def transform(x: Any, spatial: str, xp: Any = None, tokens: bool = False, counts: Any = None) -> Any:
     """(rows, C[, H, W]) -> (rows, features): ``flatten`` keeps every value (paper §3.2), ``mean``
     averages conv maps over space first (in float64), ``raw`` returns the block as stored. A token
     sequence (rows, T, D) (``tokens``, :attr:`Column.tokens`) is averaged over its tokens under ``mean``
-    (rows, D), as ``extract --tokens mean`` would have stored it. ``xp``: the array namespace of a
-    device block (the GPU-decoding route), None for a NumPy block."""
+    (rows, D), as ``extract --tokens mean`` would have stored it: with ``counts`` (the rows' real-token
+    counts, ``ActivationStore.token_counts`` of a padded text store, whose padded positions hold zeros)
+    the sum over tokens is divided by each row's count, not by T. ``xp``: the array namespace of a
+    device block (the GPU-decoding route; ``counts`` then in it too), None for a NumPy block."""
     if spatial == "raw":
         return x
     if spatial not in ("flatten", "mean"):
         raise ValueError(f"spatial must be 'flatten', 'mean' or 'raw', got {spatial!r}")
     if x.ndim > 2 and spatial == "mean":
         axes = (1,) if tokens else tuple(range(2, x.ndim))
+        if tokens and counts is not None:
+            if xp is None:
+                return x.sum(axis=1, dtype=np.float64) / np.maximum(np.asarray(counts, np.float64), 1.0)[:, None]
+            real = xp.maximum(astype(counts, xp.float64, xp), 1.0)
+            return xp.sum(astype(x, xp.float64, xp), axis=1) / real[:, None]
         return x.mean(axis=axes, dtype=np.float64) if xp is None else xp.mean(astype(x, xp.float64, xp), axis=axes)
     return x.reshape(x.shape[0], -1) if xp is None else xp.reshape(x, (x.shape[0], -1))
+
+
+def token_counts_for(store: Any, column: Column, spatial: str) -> np.ndarray | None:
+    """The store's per-example real-token counts where ``mean`` averages this column over its tokens
+    (:func:`transform`), else None."""
+    if spatial != "mean" or not column.tokens:
+        return None
+    return store.token_counts
 
 
 def channels_first(x: Any, column: Column, xp: Any = None) -> Any:
@@ -453,6 +468,7 @@ class BlockReader:
         known = {store_location(s): s for s in opened}
         stores = {p: known.get(p) or open_store(p) for p in dict.fromkeys(c.path for c in self.columns)}
         self._stores = [stores[c.path] for c in self.columns]
+        self._counts = [token_counts_for(s, c, spatial) for s, c in zip(self._stores, self.columns)]
         self._pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="repsim-read")
 
     def close(self) -> None:
@@ -478,7 +494,13 @@ class BlockReader:
         cr = self.columns[c].chunk_rows
         first = a // cr
         data = self._chunks(c, first, (b - 1) // cr)
-        return transform(data[a - first * cr:b - first * cr], self.spatial, tokens=self.columns[c].tokens)
+        return transform(data[a - first * cr:b - first * cr], self.spatial, tokens=self.columns[c].tokens,
+                         counts=self._rows_counts(c, slice(a, b)))
+
+    def _rows_counts(self, c: int, rows: Any) -> np.ndarray | None:
+        """Column ``c``'s real-token counts of ``rows`` (None: a plain mean, :func:`token_counts_for`)."""
+        counts = self._counts[c]
+        return None if counts is None else counts[rows]
 
     def read_block(self, k: int) -> list[np.ndarray]:
         a, b = k * self.block_rows, min(self.n, (k + 1) * self.block_rows)
@@ -521,8 +543,8 @@ class BlockReader:
         """Column ``c`` of every batch of ``group`` (each ``(rows, features)``), reading each of the
         group's blocks once (or, for the "examples" scheme, each batch's rows by selection)."""
         if group.blocks is None:
-            return [transform(self._read_sel(c, rows), self.spatial, tokens=self.columns[c].tokens)
-                    for rows in group.batches]
+            return [transform(self._read_sel(c, rows), self.spatial, tokens=self.columns[c].tokens,
+                              counts=self._rows_counts(c, rows)) for rows in group.batches]
         span = self.read_span(c, group.blocks)
         starts = np.minimum(group.blocks * self.block_rows, self.n)
         sizes = np.minimum((group.blocks + 1) * self.block_rows, self.n) - starts
@@ -559,7 +581,9 @@ class BlockReader:
         out = []
         for rows in group.batches:
             picked = xp.take(full, asarray_like(slot[rows // cr] + rows % cr, full, xp), axis=0)
-            out.append(transform(picked, self.spatial, xp, tokens=self.columns[c].tokens))
+            counts = self._rows_counts(c, rows)
+            out.append(transform(picked, self.spatial, xp, tokens=self.columns[c].tokens,
+                                 counts=None if counts is None else asarray_like(counts, full, xp)))
         return out
 
     def prefetched(self, keys: Sequence[Any], load: Any, ahead: int | None = None) -> Iterator[tuple[Any, Any]]:

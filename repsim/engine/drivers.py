@@ -41,9 +41,10 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from repsim._io import atomic_write
+from repsim._xp import asarray_like
 from repsim.results import conform
 from repsim.engine.blocks import (BlockReader, Column, channels_first, progress_bar, resolve_columns, to_device,
-                                  transform)
+                                  token_counts_for, transform)
 from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
 from repsim.kernels.layer_metrics import DISTANCES, LAYER_METRICS, LayerMetric, Stat
 
@@ -87,29 +88,37 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
     xp = array_module(spec["device"]) if xp is None else xp
     block_rows = spec["block_rows"]
     first = start * block_rows  # this task's rows only (a store-wide read per task was O(n²) small reads)
-    labels = open_store(columns[0].path).label_rows(first, min(spec["n"], stop * block_rows))
+    store = open_store(columns[0].path)
+    labels = store.label_rows(first, min(spec["n"], stop * block_rows))
     stats = layer_stats([LAYER_METRICS[name](option) for name, option in spec["metrics"].items()])
     accs = {layer: {k: _from_state(stats, k, s) for k, s in per.items()} for layer, per in templates.items()}
     host = getattr(xp, "__name__", "") == "numpy"
     with BlockReader(columns, spec["n"], block_rows, spatial="raw", prefetch=spec["prefetch"],
                      threads=spec["threads"]) as reader:
         for k, arrays in reader.iter_blocks(range(start, stop)):
-            y = labels[k * block_rows - first:k * block_rows - first + arrays[0].shape[0]]
+            rows = slice(k * block_rows, k * block_rows + arrays[0].shape[0])
+            y = labels[rows.start - first:rows.stop - first]
             for col, raw in zip(columns, arrays):
                 per = accs.get(col.layer)
                 if not per:
                     continue
                 feeds = {stats[key].feed for key in per}
+                counts = token_counts_for(store, col, spec["spatial"])  # (a padded text layer's real tokens)
+                counts = None if counts is None else counts[rows]
                 if host:
                     x_raw = channels_first(raw, col) if "raw" in feeds else None
-                    x_mat = transform(raw, spec["spatial"], tokens=col.tokens) if feeds - {"raw"} else None
+                    x_mat = (transform(raw, spec["spatial"], tokens=col.tokens, counts=counts)
+                             if feeds - {"raw"} else None)
                 elif "raw" in feeds:  # the block as stored, uploaded once; the features made from it there
                     x_dev = to_device(raw, xp)
                     x_raw = channels_first(x_dev, col, xp)
-                    x_mat = transform(x_dev, spec["spatial"], xp, tokens=col.tokens) if feeds - {"raw"} else None
+                    x_mat = (transform(x_dev, spec["spatial"], xp, tokens=col.tokens,
+                                       counts=None if counts is None else asarray_like(counts, x_dev, xp))
+                             if feeds - {"raw"} else None)
                     del x_dev
                 else:  # only the features: uploaded as such (a spatial mean is taken on the host, smaller)
-                    x_raw, x_mat = None, to_device(transform(raw, spec["spatial"], tokens=col.tokens), xp)
+                    x_raw = None
+                    x_mat = to_device(transform(raw, spec["spatial"], tokens=col.tokens, counts=counts), xp)
                 for key, acc in per.items():
                     feed = stats[key].feed
                     if feed == "raw":
