@@ -300,6 +300,9 @@ def main() -> int:
     res["goals"] = {"defaults_vs_batched>=2": res["speedup"]["defaults_vs_batched"] >= 2,
                     "max_abs_ours<=1e-5": res["agreement"]["max_abs_ours_default_vs_float64"] <= 1e-5
                     and all(r["max_abs"]["ours_default"] <= 1e-5 for r in res["big_p"])}
+    from bench._results import provenance
+
+    res["provenance"] = provenance()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2) + "\n")

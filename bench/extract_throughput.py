@@ -389,6 +389,9 @@ def write_results(results: list[dict], cmd: str) -> None:
     meta = {"command": cmd, "python": platform.python_version(), "torch": torch.__version__,
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "machine": platform.machine(), "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    from _results import provenance
+
+    meta["provenance"] = provenance()
     (ROOT / "bench" / "results" / "extract_throughput.json").write_text(
         json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     lines = ["## extract_throughput", "",
@@ -427,6 +430,9 @@ def write_pipeline_results(measured: dict, cmd: str, device: str, markdown: bool
     name = torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else platform.processor() or "cpu"
     meta = {"command": cmd, "device": name, "torch": torch.__version__, "cpus": os.cpu_count(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    from _results import provenance
+
+    meta["provenance"] = provenance()
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "results" / "extract_throughput_gpu.json").write_text(
         json.dumps({"meta": meta, **measured}, indent=2) + "\n")

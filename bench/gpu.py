@@ -536,6 +536,9 @@ def main() -> int:
         res[key]["wall_s"] = time.perf_counter() - t0
         print(json.dumps({key: res[key]}), flush=True)
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
+        from _results import provenance
+
+        res["provenance"] = provenance()
         Path(args.out).write_text(json.dumps(res, indent=2) + "\n")  # after every step: a killed run keeps the rest
         if not args.no_markdown:
             write_md(res)

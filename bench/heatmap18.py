@@ -523,6 +523,9 @@ def main() -> int:
         res["runs"][-1]["image_size"] = args.image_size
         report(res["runs"][-1])
     shutil.rmtree(peers_dir, ignore_errors=True)
+    from bench._results import provenance
+
+    res["provenance"] = provenance()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     if args.device == "cpu" and not args.no_markdown and os.path.abspath(args.out) == os.path.abspath(str(ROOT / "bench" / "results" / "heatmap18.json")):

@@ -153,6 +153,10 @@ table only). {time.strftime('%Y-%m-%d %H:%M')}.
               "widths": WIDTH_SETS, "runs": best, "linear_plus_rbf_over_linear": ratios, "rss_vs_n": rss,
               "exact_one_pass_s": best[f"narrow: {k} exact measures, one pass"]["s"], "exact_separate_s": separate,
               "cpus": os.cpu_count(), "load": [load0, os.getloadavg()[0]]}
+    sys.path.insert(0, HERE)
+    from _results import provenance
+
+    record["provenance"] = provenance()
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", "measures.json"), "w") as f:
         json.dump(record, f, indent=1)

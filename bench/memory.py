@@ -218,6 +218,9 @@ def main(argv=None) -> int:
               f"{'' if row['ratio'] <= GOAL else '  > ' + str(GOAL)}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    from bench._results import provenance
+
+    res["provenance"] = provenance()
     out.write_text(json.dumps(res, indent=1))
     if not args.no_markdown:
         write_markdown(res)

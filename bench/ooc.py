@@ -240,6 +240,9 @@ def _blas_info() -> str:
 
 
 def write_results(res: dict) -> None:
+    from _results import provenance
+
+    res["provenance"] = provenance()
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", "ooc.json"), "w") as fh:
         json.dump(res, fh, indent=2)
@@ -396,6 +399,9 @@ def _cuda_rows(args, paths: list[str], n: int, read: dict, t_write: float) -> in
          "t_cka_cuda": cka["seconds"], "t_cka_cpu": cpu["seconds"], "cka_cuda_maxrss_MB": cka["maxrss_bytes"] / 1e6}
     res = {"device": "cuda", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "measured": m,
            "machine": f"{platform.machine()} {os.cpu_count()} cores", "load_average": " ".join(f"{v:.1f}" for v in os.getloadavg())}
+    from _results import provenance
+
+    res["provenance"] = provenance()
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", "ooc_cuda.json"), "w") as fh:
         json.dump(res, fh, indent=2)

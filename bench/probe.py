@@ -219,6 +219,9 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     prev = json.loads(out.read_text()) if out.exists() else {}
     key = f"n{args.n}_p{args.p}_k{args.classes}" + ("_reference" if args.reference else "")
+    from bench._results import provenance
+
+    res["provenance"] = provenance()
     prev[key] = res
     out.write_text(json.dumps(prev, indent=1))
     if not args.no_markdown:

@@ -118,6 +118,9 @@ def main() -> int:
         "dask_over_numpy_rate": {c: best[f"numpy_{c}"] / best[f"dask_{c}"] for c in ("zstd", "none")},
         "source_chunk_computations": computations,
     }
+    from bench._results import provenance
+
+    res["provenance"] = provenance()
     res["goal_met"] = all(r >= 0.5 for r in res["dask_over_numpy_rate"].values()) and all(
         c["max_per_block"] == 1 for c in computations.values())
     os.makedirs(os.path.dirname(args.out), exist_ok=True)

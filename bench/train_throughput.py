@@ -146,6 +146,9 @@ def main() -> int:
             "machine": platform.machine(), "cpus": os.cpu_count(),
             "load_avg_1min": os.getloadavg()[0], "results": results,
             "command": "python bench/train_throughput.py " + " ".join(sys.argv[1:])}
+    from bench._results import provenance
+
+    info["provenance"] = provenance()
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "train_throughput.json").write_text(json.dumps(info, indent=2) + "\n")
