@@ -112,3 +112,14 @@ def records(out: str | Path, default: str | Path, quick: bool = False, no_markdo
 
     return (not quick and not no_markdown
             and os.path.abspath(str(out)) == os.path.abspath(str(default)))
+
+
+def json_out(out: str | Path, default: str | Path, quick: bool = False) -> str:
+    """Where a run writes its JSON: ``out``, except that a quick run never writes the recorded file
+    (default ``--out``): it goes to the temporary directory instead."""
+    import os
+    import tempfile
+
+    if quick and os.path.abspath(str(out)) == os.path.abspath(str(default)):
+        return os.path.join(tempfile.gettempdir(), "quick-" + os.path.basename(str(default)))
+    return str(out)

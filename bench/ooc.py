@@ -11,7 +11,8 @@ One run measures, on this machine:
 and extrapolates the paper's case (18 ResNet-50s × 16 blocks, 50,000 ImageNet val images) from the
 architecture and stated hardware assumptions.  Writes ``--out`` (default bench/results/ooc.json) and,
 for a full run into the default ``--out`` only, the ``## ooc`` section of bench/RESULTS.md: a ``--quick``
-run or an ``--out`` elsewhere never replaces the recorded results.
+run (its JSON goes to the temporary directory unless ``--out`` says elsewhere) or an ``--out``
+elsewhere never replaces the recorded results.
 
     python bench/ooc.py                              # ~0.7 GB of float16 stores (records)
     python bench/ooc.py --quick --out /tmp/ooc.json  # ~0.1 GB, for a smoke run
@@ -353,11 +354,12 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite the RESULTS.md section from bench/results/ooc.json without measuring")
     args = ap.parse_args()
-    from _results import records
+    from _results import json_out, records
 
     default_out = DEFAULT_OUT_CUDA if args.device == "cuda" else DEFAULT_OUT
     args.out = args.out or default_out
     args.record = records(args.out, default_out, quick=args.quick, no_markdown=args.no_markdown)
+    args.out = json_out(args.out, default_out, quick=args.quick)  # a quick run never writes the recorded JSON
     if args.report_only:
         with open(DEFAULT_OUT) as fh:
             write_results(json.load(fh))
@@ -396,10 +398,11 @@ def main() -> int:
                "blas": _blas_info(),
                "extrapolation": extrapolate(measured)}
         write_json(res, args.out)
+        print(f"wrote {args.out}")
         if args.record:
             write_results(res)
         else:
-            print(f"wrote {args.out}; bench/RESULTS.md left alone (quick run, --no-markdown or --out elsewhere)")
+            print("bench/RESULTS.md left alone (quick run, --no-markdown or --out elsewhere)")
         print(json.dumps(measured, indent=2))
         print(f"ratio cka/read = {measured['ratio_cka_to_read']:.2f}; engine read schedule/read = "
               f"{measured['ratio_engine_read_to_read']:.2f}; peak RSS {measured['cka_maxrss_MB']:.0f} MB for "

@@ -21,7 +21,8 @@ array already computed.  So two goals are reported:
     would do without it, ``x.compute()`` then ``save_store`` of the NumPy array (``compute + numpy``).
 
 Writes ``--out`` (default bench/results/save_store.json) and, only for a full run into the default
-``--out``, the ``## save_store`` section of bench/RESULTS.md (``--n`` other than the issue's is a quick run).
+``--out``, the ``## save_store`` section of bench/RESULTS.md (``--n`` other than the issue's is a quick run:
+its JSON goes to the temporary directory unless ``--out`` says elsewhere).
 
     python bench/save_store.py                                  # the issue's 655 MB (records)
     python bench/save_store.py --n 4000 --out /tmp/s.json       # a quicker run
@@ -141,7 +142,10 @@ def main() -> int:
     once = all(c["max_per_block"] == 1 for c in computations.values())
     res["goal_met"] = all(r >= 0.5 for r in res["dask_over_numpy_rate"].values()) and once  # issue 19's goal
     res["goal_like_for_like_met"] = all(r >= 1.0 for r in res["compute_plus_numpy_over_dask"].values()) and once
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    from bench._results import json_out
+
+    args.out = json_out(args.out, DEFAULT_OUT, quick=args.n != DEFAULT_N)  # a quick run never writes the recorded JSON
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as fh:
         json.dump(res, fh, indent=2)
     for k, v in best.items():
@@ -153,7 +157,7 @@ def main() -> int:
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     from bench._results import records
 
-    if records(args.out, DEFAULT_OUT, quick=args.n != DEFAULT_N, no_markdown=args.no_markdown):
+    if records(args.out, DEFAULT_OUT, quick=args.n != DEFAULT_N, no_markdown=args.no_markdown):  # (args.out as written)
         write_results_md(res)
     else:
         print(f"wrote {args.out}; bench/RESULTS.md left alone (--no-markdown, --n other than {DEFAULT_N} or --out elsewhere)")
