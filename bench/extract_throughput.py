@@ -97,9 +97,10 @@ def measure(label: str, model, dataset, *, batch_size: int, workers: int, device
 
     model = model.to(device).eval()
     cl = _resolve_memory_format(kw.get("memory_format"), model, dataset[0][0]) == "channels_last"
-    # the contiguous forward (how the model runs as written), for the gain of the layout alone
+    # the contiguous forward (how the model runs as written), for the gain of the layout alone: best of
+    # as many runs (repeats + 1) as the forward in the extraction's layout gets below
     forward_only(model, dataset, batch_size, workers, device)  # warm-up (allocator, oneDNN kernels)
-    contiguous = min(forward_only(model, dataset, batch_size, workers, device)[0] for _ in range(2))
+    contiguous = min(forward_only(model, dataset, batch_size, workers, device)[0] for _ in range(repeats + 1))
     forward_only(model, dataset, batch_size, workers, device, cl)  # warm-up in the extraction's layout
     fwds, ext, fwd_cpu, ext_cpu = [], [], [], []
     wall, cpu = forward_only(model, dataset, batch_size, workers, device, cl)
