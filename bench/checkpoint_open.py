@@ -152,7 +152,9 @@ def main() -> int:
     res["provenance"] = provenance()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
-    if not args.no_markdown:
+    from _results import records
+
+    if records(args.out, HERE / "results" / "checkpoint_open.json", no_markdown=args.no_markdown):
         write_md(res)
     return 0
 

@@ -222,7 +222,9 @@ def main(argv=None) -> int:
 
     res["provenance"] = provenance()
     out.write_text(json.dumps(res, indent=1))
-    if not args.no_markdown:
+    from bench._results import records
+
+    if records(out, HERE / "results" / "memory.json", no_markdown=args.no_markdown):
         write_markdown(res)
     return 0 if all(r["ok"] for r in table) else 1
 
