@@ -147,9 +147,14 @@ def main() -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     res["machine"]["load_end"] = os.getloadavg()[0]
+    from _results import provenance
+
+    res["provenance"] = provenance()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
-    if not args.no_markdown:
+    from _results import records
+
+    if records(args.out, HERE / "results" / "checkpoint_open.json", no_markdown=args.no_markdown):
         write_md(res)
     return 0
 

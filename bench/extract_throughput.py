@@ -97,9 +97,10 @@ def measure(label: str, model, dataset, *, batch_size: int, workers: int, device
 
     model = model.to(device).eval()
     cl = _resolve_memory_format(kw.get("memory_format"), model, dataset[0][0]) == "channels_last"
-    # the contiguous forward (how the model runs as written), for the gain of the layout alone
+    # the contiguous forward (how the model runs as written), for the gain of the layout alone: best of
+    # as many runs (repeats + 1) as the forward in the extraction's layout gets below
     forward_only(model, dataset, batch_size, workers, device)  # warm-up (allocator, oneDNN kernels)
-    contiguous = min(forward_only(model, dataset, batch_size, workers, device)[0] for _ in range(2))
+    contiguous = min(forward_only(model, dataset, batch_size, workers, device)[0] for _ in range(repeats + 1))
     forward_only(model, dataset, batch_size, workers, device, cl)  # warm-up in the extraction's layout
     fwds, ext, fwd_cpu, ext_cpu = [], [], [], []
     wall, cpu = forward_only(model, dataset, batch_size, workers, device, cl)
@@ -389,6 +390,9 @@ def write_results(results: list[dict], cmd: str) -> None:
     meta = {"command": cmd, "python": platform.python_version(), "torch": torch.__version__,
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "machine": platform.machine(), "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    from _results import provenance
+
+    meta["provenance"] = provenance()
     (ROOT / "bench" / "results" / "extract_throughput.json").write_text(
         json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     lines = ["## extract_throughput", "",
@@ -427,6 +431,9 @@ def write_pipeline_results(measured: dict, cmd: str, device: str, markdown: bool
     name = torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else platform.processor() or "cpu"
     meta = {"command": cmd, "device": name, "torch": torch.__version__, "cpus": os.cpu_count(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    from _results import provenance
+
+    meta["provenance"] = provenance()
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "results" / "extract_throughput_gpu.json").write_text(
         json.dumps({"meta": meta, **measured}, indent=2) + "\n")

@@ -5,8 +5,15 @@
 the 1,168 images of ``--data digits --split train``, batch 256, one epoch, debiased CKA:
 
 * **repsim** — what a user runs: ``repsim extract`` of all 18 checkpoints (one command, fresh
-  process) and one ``repsim cka`` over the 18 stores (fresh process, ``--batch-size 256 --epochs 1
-  --shuffle none``: consecutive batches of the stores' row order).  Wall time of both commands.
+  process, its defaults) and one ``repsim cka`` over the 18 stores (fresh process), timed twice on
+  the same stores:
+
+  - **defaults** (the headline): ``repsim cka`` as shipped (batch 1500, 10 epochs, window shuffle);
+  - **matched work** (an extra row): ``--batch-size 256 --epochs 1 --shuffle none``, consecutive
+    batches of the stores' row order, the very batches the peer computes on (the agreement
+    columns and the floor refer to this row).
+
+  Wall time of ``repsim extract`` + that ``repsim cka``.
 * **pytorch-cka** (installed at run time into a temporary directory, never a dependency) — what a
   user of it runs: load the 18 networks, then ``CKA(model_i, model_j, layers)._compare(loader)``
   for the 171 pairs i <= j (the same-model path for i == j), live forward passes over the same
@@ -22,6 +29,9 @@ uncentred float32 Grams fail).
 Where the time goes: process start-up (the imports of each command, measured alone), the
 extraction's per-store times, the CKA pass; the peer's model loading, forward passes (one pass of
 each model over the batches, measured alone, × the 324 passes the 171 pairs make) and the rest.
+
+Both sides run ``--runs`` times (default 2), alternating (repsim, peer, peer, repsim, ...) so that load
+drift hits both; each side's best run counts, every run is in the JSON.
 
 Checkpoints are trained on the first run into ``--cache`` (about a minute per network on 2 cores)
 and reused afterwards.  ``--scale resnet18`` (or ``both``) runs the same comparison with
@@ -121,31 +131,39 @@ def resnet18_checkpoints(cache: Path, nets: int, image_size: int, n: int) -> lis
 # ------------------------------------------------------------------------------------------- repsim
 
 
+def cka_modes(batch: int) -> dict[str, list[str]]:
+    """``repsim cka``'s flags per row: its defaults (the headline) and the peer's work (an extra row)."""
+    return {"defaults": [], "matched": ["--batch-size", str(batch), "--epochs", "1", "--shuffle", "none"]}
+
+
 def run_repsim(ckpts: list[str], data: str, split: str, batch: int, work: Path, device: str = "cpu") -> dict:
+    """``repsim extract`` at its defaults, then ``repsim cka`` over the stores once per :func:`cka_modes` row."""
     work.mkdir(parents=True, exist_ok=True)
     stores = work / "stores"
     t0 = time.perf_counter()
     ex = subprocess.run(_py("-m", "repsim", "extract", *sum([["--checkpoint", c] for c in ckpts], []),
                             "--name", "{parent}", "--data", data, "--split", split, "--out-dir", str(stores),
-                            "--batch-size", str(batch), "--no-progress", "--device", device),
+                            "--no-progress", "--device", device),
                         env=_env(), capture_output=True, text=True)
     t_extract = time.perf_counter() - t0
     if ex.returncode:
         raise SystemExit(f"repsim extract failed:\n{ex.stderr[-3000:]}")
     paths = sorted(glob.glob(str(stores / "*.zarr")), key=lambda p: [Path(c).parent.name for c in ckpts].index(Path(p).stem))
-    t0 = time.perf_counter()
-    ck = subprocess.run(_py("-m", "repsim", "cka", *paths, "--batch-size", str(batch), "--epochs", "1",
-                            "--shuffle", "none", "--out", str(work / "cka.npz"), "--no-progress", "--device", device),
-                        env=_env(), capture_output=True, text=True)
-    t_cka = time.perf_counter() - t0
-    if ck.returncode:
-        raise SystemExit(f"repsim cka failed:\n{ck.stderr[-3000:]}")
-    per_store = [float(m) for m in re.findall(r"wrote .* in ([0-9.]+) s", ex.stderr)]
     from repsim.engine.result import CKAResult
 
-    res = CKAResult.load(work / "cka.npz")
-    return {"seconds": {"extract": t_extract, "cka": t_cka, "total": t_extract + t_cka},
-            "store_seconds": per_store, "values": res.values, "stores": paths,
+    modes = {}
+    for mode, flags in cka_modes(batch).items():
+        t0 = time.perf_counter()
+        ck = subprocess.run(_py("-m", "repsim", "cka", *paths, *flags, "--out", str(work / f"cka-{mode}.npz"),
+                                "--no-progress", "--device", device),
+                            env=_env(), capture_output=True, text=True)
+        t_cka = time.perf_counter() - t0
+        if ck.returncode:
+            raise SystemExit(f"repsim cka ({mode}) failed:\n{ck.stderr[-3000:]}")
+        modes[mode] = {"seconds": {"extract": t_extract, "cka": t_cka, "total": t_extract + t_cka},
+                       "flags": flags, "values": CKAResult.load(work / f"cka-{mode}.npz").values}
+    per_store = [float(m) for m in re.findall(r"wrote .* in ([0-9.]+) s", ex.stderr)]
+    return {"modes": modes, "store_seconds": per_store, "stores": paths,
             "jobs_line": next((ln for ln in ex.stderr.splitlines() if "jobs" in ln), "")}
 
 
@@ -391,25 +409,33 @@ def reference_stored(paths: list[str], batch: int, device: str = "cpu") -> np.nd
 
 
 def compare(scale: str, ckpts: list[str], data: str, split: str, batch: int, peers: str, skip_peer: bool,
-            device: str = "cpu", repsim_runs: int = 2, profile_cka_pass: bool = False) -> dict:
+            device: str = "cpu", runs: int = 2, profile_cka_pass: bool = False) -> dict:
+    """Both sides ``runs`` times, alternating (repsim, peer, peer, repsim, ...: load drift hits both alike);
+    each side's (and each repsim row's) best run counts; every run is recorded."""
     layers = None
     work = Path(tempfile.mkdtemp(prefix=f"repsim-heatmap-{scale}-"))
     try:
         load0 = os.getloadavg()
-        ours = run_repsim(ckpts, data, split, batch, work / "a", device)
-        _stage(f"repsim extract {ours['seconds']['extract']:.1f} s + cka {ours['seconds']['cka']:.1f} s")
         from repsim.store.reader import open_store
 
-        layers = open_store(ours["stores"][0]).layers
-        peer = None if skip_peer else run_peer(ckpts, layers, data, split, batch, work, peers, device)
-        _stage("peer done" + (f": {peer['seconds']['total']:.1f} s" if peer else " (skipped)"))
-        runs = [ours["seconds"]]
-        if repsim_runs > 1:
-            # repsim again after the peer (fresh stores): load drift hits both sides; the faster run counts
-            again = run_repsim(ckpts, data, split, batch, work / "b", device)
-            runs.append(again["seconds"])
-            if again["seconds"]["total"] < ours["seconds"]["total"]:
-                ours = again
+        ours_runs: list[dict] = []
+        peer_runs: list[dict] = []
+        for i in range(runs):
+            for side in (("ours", "peer") if i % 2 == 0 else ("peer", "ours")):
+                if side == "ours":
+                    o = run_repsim(ckpts, data, split, batch, work / f"r{i}", device)
+                    ours_runs.append(o)
+                    layers = layers or open_store(o["stores"][0]).layers
+                    _stage(f"repsim run {i + 1}: extract {o['modes']['defaults']['seconds']['extract']:.1f} s + cka "
+                           + ", ".join(f"{m} {v['seconds']['cka']:.1f} s" for m, v in o["modes"].items()))
+                elif not skip_peer:
+                    if layers is None:  # the peer first (odd runs only start with it; kept general)
+                        continue
+                    peer_runs.append(run_peer(ckpts, layers, data, split, batch, work, peers, device))
+                    _stage(f"peer run {len(peer_runs)}: {peer_runs[-1]['seconds']['total']:.1f} s")
+        best = {m: min(ours_runs, key=lambda o: o["modes"][m]["seconds"]["total"]) for m in cka_modes(batch)}
+        peer = min(peer_runs, key=lambda p: p["seconds"]["total"]) if peer_runs else None
+        ours = best["matched"]  # its stores and values: the agreement, floor and profile refer to the matched row
         floor = floor_parts(ours["stores"], batch)
         _stage(f"floor parts {floor}")
         profile = profile_cka(ours["stores"], batch, work, device) if profile_cka_pass else None
@@ -429,32 +455,43 @@ def compare(scale: str, ckpts: list[str], data: str, split: str, batch: int, pee
             return float(np.max(np.abs(M[cols] - R[cols])))
         return float(np.max(np.abs(M - R)))
 
+    dflt, mtch = best["defaults"]["modes"]["defaults"], ours["modes"]["matched"]
     out = {
         "scale": scale, "networks": N, "layers": layers, "columns": N * L, "batch": batch,
         "data": f"{data}:{split}", "loadavg_start": load0, "loadavg_end": load1,
-        "device": device,
-        "repsim": {"seconds": ours["seconds"], "store_seconds": ours["store_seconds"], "runs": runs},
+        "device": device, "runs_each_side": runs,
+        "repsim": {
+            # the headline: repsim extract + repsim cka at their defaults
+            "seconds": dflt["seconds"],
+            "modes": {m: {"seconds": best[m]["modes"][m]["seconds"], "flags": best[m]["modes"][m]["flags"],
+                          "runs": [o["modes"][m]["seconds"] for o in ours_runs]} for m in cka_modes(batch)},
+            "store_seconds": best["defaults"]["store_seconds"],
+            "runs": [o["modes"]["defaults"]["seconds"] for o in ours_runs]},
         "floor_parts": floor,
         "agreement": {
-            "repsim_vs_float64_of_stored_values": err(ours["values"], ref_stored),
-            "repsim_vs_float64_of_live_float32": err(ours["values"], ref_live),
+            "repsim_vs_float64_of_stored_values": err(mtch["values"], ref_stored),
+            "repsim_vs_float64_of_live_float32": err(mtch["values"], ref_live),
             "float16_storage_effect": err(ref_stored, ref_live),
+            # the defaults row averages other batches (1500 rows, 10 epochs, window shuffle) than the reference's:
+            # its difference from it is the minibatch estimator's batch dependence, not arithmetic error
+            "repsim_defaults_vs_float64_of_live_float32_other_batches": err(dflt["values"], ref_live),
         },
     }
     if profile:
         out["cka_profile"] = profile
     if logit_cols:
-        out["agreement"]["sigmoid_logits_rows"] = {"repsim_vs_live": err(ours["values"], ref_live, logit_cols)}
+        out["agreement"]["sigmoid_logits_rows"] = {"repsim_vs_live": err(mtch["values"], ref_live, logit_cols)}
     if peer is not None:
         out["peer"] = {"seconds": peer["seconds"], "torch_threads": peer["torch_threads"],
                        "pairs": N * (N + 1) // 2,
-                       "model_passes": N * (N + 1) - N}
+                       "model_passes": N * (N + 1) - N, "runs": [p["seconds"] for p in peer_runs]}
         out["agreement"]["peer_vs_float64_of_live_float32"] = err(peer["values"], ref_live)
         # pytorch-cka clamps CKA to [0, 1]; compare it also with the reference clamped the same way
         out["agreement"]["peer_vs_clamped_reference"] = err(peer["values"], np.clip(ref_live, 0, 1))
         if logit_cols:
             out["agreement"]["sigmoid_logits_rows"]["peer_vs_live"] = err(peer["values"], ref_live, logit_cols)
-        out["ratio"] = peer["seconds"]["total"] / ours["seconds"]["total"]
+        out["ratio"] = peer["seconds"]["total"] / dflt["seconds"]["total"]  # headline: defaults
+        out["ratio_matched_work"] = peer["seconds"]["total"] / mtch["seconds"]["total"]
     return out
 
 
@@ -471,7 +508,8 @@ def main() -> int:
     ap.add_argument("--skip-peer", action="store_true")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where both sides run: repsim extract/cka --device, pytorch-cka's device")
-    ap.add_argument("--repsim-runs", type=int, default=2, help="repsim runs (before and after the peer; best counts)")
+    ap.add_argument("--runs", "--repsim-runs", dest="runs", type=int, default=2,
+                    help="runs of each side, alternating (repsim, peer, peer, repsim, ...); each side's best counts")
     ap.add_argument("--profile-cka", action="store_true", help="also profile one more repsim cka pass (cProfile)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "heatmap18.json"))
     ap.add_argument("--no-markdown", action="store_true", help="leave bench/RESULTS.md alone (default when --out names another file than the default)")
@@ -509,7 +547,7 @@ def main() -> int:
     if args.scale in ("digits", "both"):
         ckpts = digits_checkpoints(cache / "digits", args.epochs)
         res["runs"].append(compare("digits", ckpts, "digits", "train", args.batch_size, peers_dir, args.skip_peer,
-                                   args.device, args.repsim_runs, args.profile_cka))
+                                   args.device, args.runs, args.profile_cka))
         add_floor(res["runs"][-1], res["startup_seconds"])
         res["runs"][-1]["training_epochs"] = args.epochs
         report(res["runs"][-1])
@@ -517,12 +555,15 @@ def main() -> int:
         ckpts = resnet18_checkpoints(cache / "resnet18", args.nets, args.image_size, args.resnet_n)
         _stage(f"{len(ckpts)} checkpoints ready")
         res["runs"].append(compare("resnet18", ckpts, "synthetic", "test", args.resnet_batch, peers_dir, args.skip_peer,
-                                   args.device, args.repsim_runs, args.profile_cka))
+                                   args.device, args.runs, args.profile_cka))
         add_floor(res["runs"][-1], res["startup_seconds"])
         res["runs"][-1]["images"] = args.resnet_n
         res["runs"][-1]["image_size"] = args.image_size
         report(res["runs"][-1])
     shutil.rmtree(peers_dir, ignore_errors=True)
+    from bench._results import provenance
+
+    res["provenance"] = provenance()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=2) + "\n")
     if args.device == "cpu" and not args.no_markdown and os.path.abspath(args.out) == os.path.abspath(str(ROOT / "bench" / "results" / "heatmap18.json")):
@@ -539,23 +580,28 @@ def add_floor(r: dict, startup: dict) -> None:
     parts = {"imports": startup["extract"] + startup["cka"], "forwards": r["peer"]["seconds"]["one_pass_each_model"],
              "store_writes": f["write_s"], "cka_reads": f["cka_reads_s"]}
     r["floor"] = {"parts": parts, "seconds": sum(parts.values())}
-    r["floor"]["repsim_over_floor"] = r["repsim"]["seconds"]["total"] / r["floor"]["seconds"]
+    # the floor is one epoch's work (one forward pass of each network, one read of the stores): the matched row's
+    r["floor"]["repsim_over_floor"] = r["repsim"]["modes"]["matched"]["seconds"]["total"] / r["floor"]["seconds"]
+    r["floor"]["repsim_defaults_over_floor"] = r["repsim"]["seconds"]["total"] / r["floor"]["seconds"]
 
 
 def report(r: dict) -> None:
-    s = r["repsim"]["seconds"]
     print(f"[{r['scale']}] {r['networks']} networks x {len(r['layers'])} layers = {r['columns']} columns, batch {r['batch']}; "
-          f"load {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}")
-    print(f"  repsim: extract {s['extract']:.1f} s + cka {s['cka']:.1f} s = {s['total']:.1f} s "
-          f"(runs before/after the peer: {', '.join('%.1f' % x['total'] for x in r['repsim']['runs'])} s)")
+          f"load {r['loadavg_start'][0]:.1f} -> {r['loadavg_end'][0]:.1f}; best of {r['runs_each_side']} runs each side")
+    for mode, m in r["repsim"]["modes"].items():
+        s = m["seconds"]
+        print(f"  repsim ({mode}: repsim cka {' '.join(m['flags']) or 'at its defaults'}): extract {s['extract']:.1f} s "
+              f"+ cka {s['cka']:.1f} s = {s['total']:.1f} s (runs: {', '.join('%.1f' % x['total'] for x in m['runs'])} s)")
     if "peer" in r:
         p = r["peer"]["seconds"]
         print(f"  pytorch-cka: {p['total']:.1f} s (loading {p['load']:.1f} s, {r['peer']['pairs']} pairs {p['pairs']:.1f} s; "
-              f"one forward pass of each model alone {p['one_pass_each_model']:.1f} s)")
-        print(f"  ratio: {r['ratio']:.1f}x")
+              f"one forward pass of each model alone {p['one_pass_each_model']:.1f} s; runs: "
+              f"{', '.join('%.1f' % x['total'] for x in r['peer']['runs'])} s)")
+        print(f"  ratio (headline, repsim at its defaults): {r['ratio']:.1f}x; matched work: {r['ratio_matched_work']:.1f}x")
     if "floor" in r:
         print(f"  floor {r['floor']['seconds']:.1f} s (" + ", ".join(f"{k} {v:.1f}" for k, v in r["floor"]["parts"].items())
-              + f"): repsim at {r['floor']['repsim_over_floor']:.2f}x the floor")
+              + f"): repsim (matched work) at {r['floor']['repsim_over_floor']:.2f}x the floor, at its defaults "
+              f"{r['floor']['repsim_defaults_over_floor']:.2f}x")
     print("  agreement (max |ΔCKA|): " + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
                                                   for k, v in r["agreement"].items()))
 
@@ -567,29 +613,38 @@ def write_results_md(res: dict) -> None:
     lines = ["## heatmap18", "",
              f"`python bench/heatmap18.py --scale both` — {m['cpus']} CPUs, torch {m.get('torch')}, pytorch-cka "
              f"{m.get('pytorch_cka', '?')}, OPENBLAS_CORETYPE={m['openblas_coretype_env'] or 'unset'} (environment); "
-             "every command in a fresh process, wall clock; repsim runs before and after the peer and the "
-             "faster run counts (both are in the JSON).", "",
-             "| workload | repsim extract + cka (s) | pytorch-cka pairwise (s) | ratio | load avg (start → end) |",
-             "|---|---:|---:|---:|---|"]
+             "every command in a fresh process, wall clock; each side runs the same number of times, alternating "
+             "(repsim, peer, peer, repsim, ...), and each side's best run counts (all runs are in the JSON). "
+             "The headline row runs `repsim extract` and `repsim cka` at their defaults (cka: batch 1500, 10 epochs, "
+             "window shuffle); the matched-work row runs `repsim cka --batch-size B --epochs 1 --shuffle none`, the "
+             "peer's batches and one pass (the agreement numbers below are of that row).", "",
+             "| workload | repsim row | repsim extract + cka (s) | pytorch-cka pairwise (s) | ratio | runs each side | "
+             "load avg (start → end) |",
+             "|---|---|---:|---:|---:|---:|---|"]
     for r in res["runs"]:
-        s = r["repsim"]["seconds"]
         what = (f"{r['networks']} digits mini ResNets ({r.get('training_epochs')} epochs), {r['columns']} columns, "
                 f"1,168 images, batch {r['batch']}" if r["scale"] == "digits" else
                 f"{r['networks']} ResNet-18s (random init) at {r.get('image_size')} px, {r['columns']} columns, "
                 f"{r.get('images')} synthetic images, batch {r['batch']}")
         peer = r.get("peer", {}).get("seconds", {}).get("total")
-        lines.append(f"| {what} | {s['extract']:.1f} + {s['cka']:.1f} = **{s['total']:.1f}** | "
-                     f"{peer:.1f} | **{r['ratio']:.1f}×** | {r['loadavg_start'][0]:.1f} → {r['loadavg_end'][0]:.1f} |"
-                     if peer is not None else f"| {what} | {s['total']:.1f} | – | – | |")
+        for mode, label, ratio in (("defaults", "**defaults** (headline)", r.get("ratio")),
+                                   ("matched", "matched work (extra row)", r.get("ratio_matched_work"))):
+            s = r["repsim"]["modes"][mode]["seconds"]
+            bold = "**" if mode == "defaults" else ""
+            lines.append(f"| {what} | {label} | {s['extract']:.1f} + {s['cka']:.1f} = {bold}{s['total']:.1f}{bold} | "
+                         f"{peer:.1f} | {bold}{ratio:.1f}×{bold} | {r['runs_each_side']} | "
+                         f"{r['loadavg_start'][0]:.1f} → {r['loadavg_end'][0]:.1f} |"
+                         if peer is not None else f"| {what} | {label} | {s['total']:.1f} | – | – | | |")
     lines += ["", "Where the time goes:", ""]
     for r in res["runs"]:
         s = r["repsim"]["seconds"]
+        sm = r["repsim"]["modes"]["matched"]["seconds"]
         ss = r["repsim"]["store_seconds"]
         lines.append(f"- **{r['scale']}**, repsim: `repsim extract` {s['extract']:.1f} s, of which process start-up "
                      f"(imports of torch, zarr, the extractor) {st['extract']:.1f} s; {len(ss)} stores written in "
                      f"{sum(ss):.1f} s of store time (median {np.median(ss) if ss else float('nan'):.2f} s each, "
-                     f"several at once: one forked job per core); `repsim cka` {s['cka']:.1f} s, of which start-up "
-                     f"{st['cka']:.1f} s.")
+                     f"several at once: one forked job per core); `repsim cka` {s['cka']:.1f} s at its defaults, "
+                     f"{sm['cka']:.1f} s with matched work, of which start-up {st['cka']:.1f} s.")
         if "peer" in r:
             p = r["peer"]["seconds"]
             lines.append(f"- **{r['scale']}**, pytorch-cka: loading the networks {p['load']:.1f} s; the "
@@ -604,6 +659,10 @@ def write_results_md(res: dict) -> None:
                      f"{a['repsim_vs_float64_of_live_float32']:.1e} (float16 storage alone: {a['float16_storage_effect']:.1e})"
                      + (f"; pytorch-cka {a['peer_vs_float64_of_live_float32']:.1e} ({a['peer_vs_clamped_reference']:.1e} "
                         "against the reference clamped to [0, 1] as it clamps)" if "peer_vs_float64_of_live_float32" in a else "")
+                     + (f"; repsim at its defaults (other batches: 1500 rows, 10 epochs, window shuffle, so "
+                        f"this is the estimator's batch dependence, not arithmetic error) "
+                        f"{a['repsim_defaults_vs_float64_of_live_float32_other_batches']:.1e}"
+                        if "repsim_defaults_vs_float64_of_live_float32_other_batches" in a else "")
                      + (f"; sigmoid networks' logits rows: repsim {a['sigmoid_logits_rows']['repsim_vs_live']:.1e}"
                         + (f", pytorch-cka {a['sigmoid_logits_rows']['peer_vs_live']:.1e}" if "peer_vs_live" in a["sigmoid_logits_rows"] else "")
                         if "sigmoid_logits_rows" in a else "") + ".")
@@ -625,6 +684,10 @@ def write_results_md(res: dict) -> None:
               "commands cannot go below ~9.5-10 s here (~9× this peer). Per-store costs still above that floor: "
               "~0.1 s of zarr `create_array` for 24 arrays (CPU-bound in zarr; concurrent creation is no faster) "
               "and ~0.1 s unpickling the optimizer and EMA state that extraction does not use.", ""]
+    from bench._results import provenance_line
+
+    if "provenance" in res:
+        lines += [provenance_line(res["provenance"]), ""]
     section = "\n".join(lines)
     replace_section("heatmap18", section)
 

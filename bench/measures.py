@@ -14,8 +14,9 @@ Two sets of layer widths, because the cost of RBF CKA relative to linear CKA dep
 Stores: ``--stores`` synthetic float16 stores per set (post-ReLU-like: non-negative, correlated),
 written once into ``--dir``.  Minibatch: batch ``--batch``, one epoch.  Exact: every other measure on
 the full data (narrow set).  Each run is a fresh process: wall time of ``similarity_matrix`` only,
-peak RSS of the process.  Writes bench/results/measures.json and the ``## measures`` section of
-bench/RESULTS.md.
+peak RSS of the process.  Writes ``--out`` (default bench/results/measures.json) and, only when
+``--out`` is the default, the ``## measures`` section of bench/RESULTS.md: a trial run with ``--out``
+elsewhere never replaces the recorded results.
 
     python bench/measures.py                 # n = 2000; the RSS rows at n = 8000 and 32000
 """
@@ -35,6 +36,7 @@ import numpy as np
 WIDTH_SETS = {"narrow": {"l1": 1024, "l2": 256, "l3": 128, "l4": 64},
               "conv": {"b1": 16384, "b2": 8192, "b3": 4096, "b4": 2048}}
 HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_OUT = os.path.join(HERE, "results", "measures.json")
 
 
 def make_stores(root: str, n: int, k: int, widths: str = "narrow") -> list[str]:
@@ -80,7 +82,10 @@ def main() -> None:
     ap.add_argument("--rss-factor", type=int, default=4, help="the RSS rows compare --rss-n and this × it")
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "repsim-bench-measures"))
     ap.add_argument("--ridge", action="store_true", help="time ridge_r2 too (slow at wide layers)")
-    ap.add_argument("--no-results", action="store_true", help="do not rewrite bench/RESULTS.md")
+    ap.add_argument("--out", default=DEFAULT_OUT,
+                    help="results JSON; bench/RESULTS.md is rewritten only when this is the default")
+    ap.add_argument("--no-results", "--no-markdown", dest="no_results", action="store_true",
+                    help="do not rewrite bench/RESULTS.md")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     load0 = os.getloadavg()[0]
@@ -153,14 +158,17 @@ table only). {time.strftime('%Y-%m-%d %H:%M')}.
               "widths": WIDTH_SETS, "runs": best, "linear_plus_rbf_over_linear": ratios, "rss_vs_n": rss,
               "exact_one_pass_s": best[f"narrow: {k} exact measures, one pass"]["s"], "exact_separate_s": separate,
               "cpus": os.cpu_count(), "load": [load0, os.getloadavg()[0]]}
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "measures.json"), "w") as f:
-        json.dump(record, f, indent=1)
-    if not args.no_results:
-        sys.path.insert(0, HERE)
-        from _results import replace_section
+    sys.path.insert(0, HERE)
+    from _results import provenance, records, replace_section
 
+    record["provenance"] = provenance()
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(record, f, indent=1)
+    if records(args.out, DEFAULT_OUT, no_markdown=args.no_results):
         replace_section("measures", section)
+    else:
+        print(f"wrote {args.out}; bench/RESULTS.md left alone (--no-results or --out elsewhere)")
 
 
 if __name__ == "__main__":

@@ -218,8 +218,13 @@ def main(argv=None) -> int:
               f"{'' if row['ratio'] <= GOAL else '  > ' + str(GOAL)}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    from bench._results import provenance
+
+    res["provenance"] = provenance()
     out.write_text(json.dumps(res, indent=1))
-    if not args.no_markdown:
+    from bench._results import records
+
+    if records(out, HERE / "results" / "memory.json", no_markdown=args.no_markdown):
         write_markdown(res)
     return 0 if all(r["ok"] for r in table) else 1
 

@@ -9,11 +9,13 @@ One run measures, on this machine:
   * t_engine_read  the engine's read schedule for the same epoch (same reader, batch groups and
                prefetch) without compute: the engine's I/O path against Dask's;
 and extrapolates the paper's case (18 ResNet-50s × 16 blocks, 50,000 ImageNet val images) from the
-architecture and stated hardware assumptions.  Writes bench/results/ooc.json and the ``## ooc``
-section of bench/RESULTS.md.
+architecture and stated hardware assumptions.  Writes ``--out`` (default bench/results/ooc.json) and,
+for a full run into the default ``--out`` only, the ``## ooc`` section of bench/RESULTS.md: a ``--quick``
+run (its JSON goes to the temporary directory unless ``--out`` says elsewhere) or an ``--out``
+elsewhere never replaces the recorded results.
 
-    python bench/ooc.py            # ~0.7 GB of float16 stores
-    python bench/ooc.py --quick    # ~0.1 GB, for a smoke run
+    python bench/ooc.py                              # ~0.7 GB of float16 stores (records)
+    python bench/ooc.py --quick --out /tmp/ooc.json  # ~0.1 GB, for a smoke run
 """
 from __future__ import annotations
 
@@ -239,10 +241,21 @@ def _blas_info() -> str:
     return ", ".join(info) + (f" (OPENBLAS_CORETYPE={core} set by the environment)" if core else "")
 
 
-def write_results(res: dict) -> None:
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "ooc.json"), "w") as fh:
+DEFAULT_OUT = os.path.join(HERE, "results", "ooc.json")
+DEFAULT_OUT_CUDA = os.path.join(HERE, "results", "ooc_cuda.json")
+
+
+def write_json(res: dict, out: str) -> None:
+    from _results import provenance
+
+    res["provenance"] = provenance()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as fh:
         json.dump(res, fh, indent=2)
+
+
+def write_results(res: dict) -> None:
+    """The ``## ooc`` section of bench/RESULTS.md from a results dict."""
     m, x = res["measured"], res["extrapolation"]
     lines = [
         "## ooc",
@@ -334,11 +347,21 @@ def main() -> int:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                     help="where cka_matrix computes (cuda: CuPy; its rows go to bench/results/ooc_cuda.json and a "
                          "## ooc_cuda section; bench/gpu.py's store row has the GPU's floors too)")
+    ap.add_argument("--out", default=None,
+                    help="results JSON (default bench/results/ooc.json, or ooc_cuda.json with --device cuda); "
+                         "RESULTS.md is rewritten only for the default and never with --quick")
+    ap.add_argument("--no-markdown", action="store_true", help="leave bench/RESULTS.md alone")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite the RESULTS.md section from bench/results/ooc.json without measuring")
     args = ap.parse_args()
+    from _results import json_out, records
+
+    default_out = DEFAULT_OUT_CUDA if args.device == "cuda" else DEFAULT_OUT
+    args.out = args.out or default_out
+    args.record = records(args.out, default_out, quick=args.quick, no_markdown=args.no_markdown)
+    args.out = json_out(args.out, default_out, quick=args.quick)  # a quick run never writes the recorded JSON
     if args.report_only:
-        with open(os.path.join(HERE, "results", "ooc.json")) as fh:
+        with open(DEFAULT_OUT) as fh:
             write_results(json.load(fh))
         return 0
     n = args.n or (600 if args.quick else 4000)
@@ -374,7 +397,12 @@ def main() -> int:
                "load_average": " ".join(f"{v:.1f}" for v in os.getloadavg()),
                "blas": _blas_info(),
                "extrapolation": extrapolate(measured)}
-        write_results(res)
+        write_json(res, args.out)
+        print(f"wrote {args.out}")
+        if args.record:
+            write_results(res)
+        else:
+            print("bench/RESULTS.md left alone (quick run, --no-markdown or --out elsewhere)")
         print(json.dumps(measured, indent=2))
         print(f"ratio cka/read = {measured['ratio_cka_to_read']:.2f}; engine read schedule/read = "
               f"{measured['ratio_engine_read_to_read']:.2f}; peak RSS {measured['cka_maxrss_MB']:.0f} MB for "
@@ -396,12 +424,10 @@ def _cuda_rows(args, paths: list[str], n: int, read: dict, t_write: float) -> in
          "t_cka_cuda": cka["seconds"], "t_cka_cpu": cpu["seconds"], "cka_cuda_maxrss_MB": cka["maxrss_bytes"] / 1e6}
     res = {"device": "cuda", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "measured": m,
            "machine": f"{platform.machine()} {os.cpu_count()} cores", "load_average": " ".join(f"{v:.1f}" for v in os.getloadavg())}
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "ooc_cuda.json"), "w") as fh:
-        json.dump(res, fh, indent=2)
+    write_json(res, args.out)
     from _results import replace_section
 
-    replace_section("ooc_cuda", "\n".join([
+    args.record and replace_section("ooc_cuda", "\n".join([
         "## ooc_cuda", "",
         f"`python bench/ooc.py --device cuda` on {res['machine']} ({res['date']}, load {res['load_average']}): "
         f"{m['n_stores']} stores, n = {n}, {m['store_GB_disk']:.2f} GB on disk, batch {m['batch_size']}, fresh "

@@ -10,9 +10,16 @@ Features: synthetic "penultimate-layer-like" activations: a class-structured lat
 spectrum mapped through a random matrix and a ReLU, float32, ~50-80 % accuracy. Sizes configurable:
 ``--n --p --classes``; the paper-scale run is ``--n 50000 --p 2048 --classes 100``.
 
-    OMP_NUM_THREADS=1 python bench/probe.py --n 10000 --p 512 --classes 100
+    OMP_NUM_THREADS=1 python bench/probe.py --n 10000 --p 512 --classes 100     # one thread, both sides
+    python bench/probe.py --threads all --n 10000 --p 512 --classes 100         # all cores, both sides
 
-Writes bench/results/probe.json and the ``## probe`` section of bench/RESULTS.md.
+Threads: ``--threads 1`` limits BLAS/OpenMP to one thread for both sides (threadpoolctl; the algorithms
+alone), ``--threads all`` leaves both at their defaults (every core: what users get); the default follows
+``OMP_NUM_THREADS`` (1 if it is 1, else all).  Each setting is its own row (JSON key suffix
+``_threads-all`` for all cores).
+
+Writes ``--out`` (default bench/results/probe.json) and, only when ``--out`` is the default, the
+``## probe`` section of bench/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+DEFAULT_OUT = ROOT / "bench" / "results" / "probe.json"
 
 
 def make_features(n: int, p: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -130,7 +138,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reference", action="store_true",
                     help="also compute a tightly converged curve (tol 1e-7) and report each run's "
                          "largest validation-accuracy deviation from it")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "probe.json"))
+    ap.add_argument("--threads", choices=["1", "all"], default=None,
+                    help="BLAS/OpenMP threads for both sides: 1, or all (their defaults); default: 1 when "
+                         "OMP_NUM_THREADS=1, else all")
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
     ap.add_argument("--no-markdown", action="store_true")
     ap.add_argument("--markdown-only", action="store_true",
                     help="only rewrite the RESULTS.md section from the JSON in --out")
@@ -138,6 +149,24 @@ def main(argv=None) -> int:
     if args.markdown_only:
         write_markdown(json.loads(Path(args.out).read_text()))
         return 0
+    if args.threads is None:
+        args.threads = "1" if os.environ.get("OMP_NUM_THREADS") == "1" else "all"
+    from contextlib import nullcontext
+
+    from threadpoolctl import threadpool_limits
+
+    # load every BLAS / OpenMP library both sides use first (scipy and scikit-learn bring their own
+    # OpenBLAS and libgomp): threadpool_limits only limits the libraries already loaded
+    import scipy.linalg  # noqa: F401
+    import sklearn.linear_model  # noqa: F401
+
+    import repsim.probes.linear  # noqa: F401
+
+    with (threadpool_limits(limits=1) if args.threads == "1" else nullcontext()):
+        return _measure(args)
+
+
+def _measure(args) -> int:
 
     from repsim.probes._common import stratified_split
 
@@ -148,7 +177,8 @@ def main(argv=None) -> int:
     res: dict = {"config": {"n": args.n, "p": args.p, "classes": args.classes,
                             "lambdas": args.lambdas, "max_iter": args.max_iter,
                             "sklearn_tol": args.sklearn_tol, "dtype": "float32",
-                            "threads": os.environ.get("OMP_NUM_THREADS", "unset"),
+                            "threads": args.threads,
+                            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS", "unset"),
                             "machine": platform.processor() or platform.machine(),
                             "cpus": os.cpu_count()}}
     runs = {"down": dict(direction="down"), "up": dict(direction="up"),
@@ -218,16 +248,50 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     prev = json.loads(out.read_text()) if out.exists() else {}
-    key = f"n{args.n}_p{args.p}_k{args.classes}" + ("_reference" if args.reference else "")
+    key = (f"n{args.n}_p{args.p}_k{args.classes}" + ("_reference" if args.reference else "")
+           + ("_threads-all" if args.threads == "all" else ""))
+    from bench._results import provenance
+
+    res["provenance"] = provenance()
     prev[key] = res
     out.write_text(json.dumps(prev, indent=1))
-    if not args.no_markdown:
+    from bench._results import records
+
+    if records(out, DEFAULT_OUT, no_markdown=args.no_markdown):
         write_markdown(prev)
+    else:
+        print(f"wrote {out}; bench/RESULTS.md left alone (--no-markdown or --out elsewhere)")
     return 0
+
+
+# Rows measured before a change that bears on them, edited by hand with each re-measurement
+# (JSON key -> what to say beside the row).
+STALE: dict[str, str] = {
+    "n50000_p2048_k100": "2026-11-21, before solver change a73643a: to re-measure",
+    "n20000_p1024_k100": "2026-11-21, before solver change a73643a: to re-measure",
+    "n10000_p512_k100_reference": "2026-11-21, before solver change a73643a: to re-measure",
+    "n20000_p1024_k100_reference": "2026-11-21, before solver change a73643a: to re-measure",
+}
+
+
+def _threads_label(c: dict) -> str:
+    """Which thread setting a row ran with: its ``threads`` (1 / all), or for rows recorded before the
+    ``--threads`` option the ``OMP_NUM_THREADS`` they were run under."""
+    t = str(c.get("threads", "unset"))
+    return "one thread" if t == "1" else "all cores"
 
 
 # Provenance of the numbers above, edited by hand with each re-measurement.
 NOTES: list[str] = [
+    "- Threads: rows marked *one thread* ran with one BLAS/OpenMP thread on both sides (`OMP_NUM_THREADS=1`, "
+    "the algorithms alone): the recorded ratios are all of that kind. Rows marked *all cores* run both sides "
+    "at their default threads (`--threads all`, what users get); none is recorded yet. The 2026-11-26 audit ran "
+    "10,000 × 512 once each way on the shared box: one thread 7.5 s vs 27.0 s (3.57×, load 4.3); all cores "
+    "23.9 s vs 152.0 s (6.36×, load 4–6, both sides 3–6× slower than one thread because two spinning threads "
+    "competed for a saturated box, so that number is not reliable).",
+    "- 50,000 × 2,048 and 20,000 × 1,024 rows (and the 10,000 × 512 reference rows) were measured on 2026-11-21, "
+    "before the solver change a73643a (2026-11-26 05:31, a stall restarts from fresh logits); only the 10,000 × 512 "
+    "rows without reference were rerun since (2026-11-26 08:35). They are to be re-measured.",
     "- Provenance: all rows are from 2026-11-21 with the linear-logits solver (`_logreg` module doc). "
     "10,000 × 512 and 20,000 × 1,024 (with and without reference): 10:38-10:50, shared box at load "
     "0.4-2. 50,000 × 2,048: one run of both (`--skip cold up down_noextrap`), 10:50-10:57, load ≈ 1 "
@@ -251,13 +315,16 @@ NOTES: list[str] = [
 
 def write_markdown(all_res: dict) -> None:
     lines = ["## probe", "",
-             "45-λ linear-probe sweep + refit (App. A.2) on synthetic ReLU features (float32), CPU, one "
-             "BLAS thread, on a shared 2-core box (load from other jobs varies, see provenance; absolute "
-             "times are inflated and noisy; ratios come from one run). Times are the whole protocol "
+             "45-λ linear-probe sweep + refit (App. A.2) on synthetic ReLU features (float32), CPU, on a "
+             "shared 2-core box (load from other jobs varies, see provenance; absolute times are inflated and "
+             "noisy; ratios come from one run). Each row says its threads: **one thread** on both sides "
+             "(`OMP_NUM_THREADS=1`: the algorithms; every ratio recorded so far) or **all cores** on both sides "
+             "(`--threads all`: what users get). Times are the whole protocol "
              "(split, preparation, sweep, refit, test). sklearn = `LogisticRegression(C=1/(2λ), "
              "warm_start=True, tol=1e-4)` swept upward (the paper's order) with the same split, grid "
-             "and iteration cap. Command: `OMP_NUM_THREADS=1 python bench/probe.py --n N --p P "
-             "--classes K [--reference]`.", "",
+             "and iteration cap (`max_iter` 1000, against sklearn's default 100: generous to its accuracy). "
+             "Command: `OMP_NUM_THREADS=1 python bench/probe.py --n N --p P --classes K [--reference]` "
+             "(one thread), `python bench/probe.py --threads all ...` (all cores).", "",
              "What makes repsim fast (all exact reparameterisations or warm starts; same optimum): "
              "features centred (bias decoupled) and rotated once onto the eigenbasis of the centred "
              "Gram matrix, diagonal preconditioning there (≈ whitening, λ-aware), λ swept downward "
@@ -286,18 +353,19 @@ def write_markdown(all_res: dict) -> None:
              "sklearn": "scikit-learn, warm, upward"}
     for key, r in all_res.items():
         c = r["config"]
+        size = f"{c['n']} × {c['p']}, {c['classes']}, {_threads_label(c)}" + (f" ({STALE[key]})" if key in STALE else "")
         for name, label in names.items():
             if name not in r:
                 continue
             d = r[name]
             dev = d.get("curve_max_dev_from_reference")
-            lines.append(f"| {c['n']} × {c['p']}, {c['classes']} | {label} | {d['seconds']:.1f} | "
+            lines.append(f"| {size} | {label} | {d['seconds']:.1f} | "
                          f"{d['iterations_total']} | {d.get('products', '–')} | {d['best_lambda']:.3g} | "
                          f"{d['val_acc_at_best']:.4f} | "
                          f"{d['test_accuracy']:.4f} | {'–' if dev is None else f'{dev:.4f}'} |")
         rt = r.get("ratios", {})
         if rt:
-            lines.append(f"| {c['n']} × {c['p']}, {c['classes']} | **ratios** | "
+            lines.append(f"| {size} | **ratios** | "
                          + ", ".join(f"{k} {v:.2f}" for k, v in rt.items()) + " | | | | | | |")
     lines.append("")
     for key, r in all_res.items():
@@ -305,7 +373,8 @@ def write_markdown(all_res: dict) -> None:
         if rt is None:
             continue
         c, a, b = r["config"], r["repsim_down"], r["sklearn"]
-        lines.append(f"- {c['n']} × {c['p']}, {c['classes']} classes{' (with reference)' if 'reference' in r else ''}: "
+        lines.append(f"- {c['n']} × {c['p']}, {c['classes']} classes{' (with reference)' if 'reference' in r else ''}, "
+                     f"{_threads_label(c)}{' (' + STALE[key] + ')' if key in STALE else ''}: "
                      f"scikit-learn ÷ repsim = {rt:.2f} (goal ≥ 3: {'met' if rt >= 3 else 'NOT met'}); "
                      f"test accuracy {a['test_accuracy']:.4f} vs {b['test_accuracy']:.4f}.")
     lines.append("- Where the time goes (products are the cost unit; line-search trials are elementwise, "

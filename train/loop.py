@@ -658,6 +658,8 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
         sums[2] = seen
         if world > 1:
             dist.all_reduce(sums)
+        if device.type == "cuda":  # the queued kernels belong to this epoch's time (as the reference loop times it)
+            torch.cuda.synchronize(device)
         train_s = time.perf_counter() - t0
         rec: dict[str, Any] = {"epoch": epoch + 1, "step": step, "lr": lr_at(max(step - 1, 0), **sched),
                                "train_loss": sums[0].item() / max(sums[2].item(), 1),
