@@ -58,13 +58,7 @@ class Plain(torch.utils.data.Dataset):
 def _reviews(path: Path, n: int = 24) -> Path:
     import tiny_models
 
-    words = tiny_models.WORDS
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["text", "label"])
-        for i in range(n):  # 1..9 words: rows differ in length, so padding differs per row
-            w.writerow([" ".join(words[(3 * i + j) % len(words)] for j in range(i % 9 + 1)), i % 2])
-    return path
+    return tiny_models.write_reviews(path, n, labels=(0, 1))
 
 
 def test_flattened_text_tokens_record_real_token_counts(tmp_path):

@@ -216,13 +216,7 @@ def test_hf_vit_classifier_equals_hooked_forward(digits_x, tmp_path, capsys):
 def _reviews(path: Path, n: int = 48) -> Path:
     import tiny_models
 
-    words = tiny_models.WORDS
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["text", "label"])
-        for i in range(n):  # 1..9 words: rows differ in length, so padding differs per row
-            w.writerow([" ".join(words[(3 * i + j) % len(words)] for j in range(i % 9 + 1)), ("bad", "good")[i % 2]])
-    return path
+    return tiny_models.write_reviews(path, n)
 
 
 def test_hf_text_model_masked_tokens_equal_hooked_forward(tmp_path, capsys):

@@ -78,6 +78,19 @@ def hf_vit_dir(path: Path, num_labels: int = 10) -> Path:
 WORDS = "the a cat dog sat on mat ran fast slow good bad movie film was is not very".split()
 
 
+def write_reviews(path: Path, n: int = 48, labels: tuple = ("bad", "good")) -> Path:
+    """A text CSV (columns text, label) of ``n`` rows of 1..9 words from :data:`WORDS`: rows differ in
+    length, so padding differs per row; labels alternate over ``labels``."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["text", "label"])
+        for i in range(n):
+            w.writerow([" ".join(WORDS[(3 * i + j) % len(WORDS)] for j in range(i % 9 + 1)), labels[i % len(labels)]])
+    return path
+
+
 def hf_text_dir(path: Path) -> Path:
     """A Hugging Face BERT base model (no head) with a small word-level tokenizer, config only."""
     import transformers
