@@ -596,7 +596,8 @@ def forward_first(net, xb, rows: int = 1) -> Any:
 # them match (a rerun with any other value would write its remaining chunks differently).
 RESUME_KEYS: dict[str, tuple[str, ...]] = {
     "extraction": ("layers", "spatial", "tokens", "dtype", "amp", "batch_size", "chunk_rows", "device_type",
-                   "compression", "order", "memory_format", "reductions", "token_counts", "tap_layouts"),
+                   "compression", "order", "memory_format", "reductions", "token_counts", "tap_layouts",
+                   "module_names"),  # (which module each stored layer taps: an edited extract_layers changes it)
     "model": ("arch", "checkpoint_sha256", "weights_sha256"),
     "dataset": ("name", "split", "n", "transform", "order", "fingerprint"),
 }

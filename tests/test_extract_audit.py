@@ -104,6 +104,10 @@ def test_flattened_text_tokens_record_real_token_counts(tmp_path):
     # a store written before token_counts existed is not resumed without them (a setting change)
     older = {**flat.attrs, "extraction": {k: v for k, v in flat.attrs["extraction"].items() if k != "token_counts"}}
     assert any(d.startswith("token_counts: store False vs now True") for d in _compatible(older, flat.attrs))
+    # a layer mapped to another module (the model's extract_layers edited between the two runs) is not resumed
+    moved = {**flat.attrs, "extraction": {**flat.attrs["extraction"],
+                                          "module_names": {**flat.attrs["extraction"]["module_names"], "block1": "x"}}}
+    assert any(d.startswith("module_names: store") for d in _compatible(moved, flat.attrs))
 
 
 def test_token_counts_are_checksummed_and_checked(tmp_path):
