@@ -297,7 +297,8 @@ class Inputs:
         """Every cka_*.npz and similarity_*.npz, read through :func:`repsim.load_result`."""
         if self.results_dir is None:
             raise Missing("no --results directory")
-        files = sorted(self.results_dir.glob("cka_*.npz")) + sorted(self.results_dir.glob("similarity_*.npz"))
+        files = [f for f in sorted(self.results_dir.glob("cka_*.npz")) + sorted(self.results_dir.glob("similarity_*.npz"))
+                 if not f.name.endswith(".ckpt.npz")]  # (a killed run's resume checkpoint, not a result)
         if not files:
             raise Missing("no cka_*.npz or similarity_*.npz in --results")
         return Similarities(files)
@@ -447,7 +448,10 @@ class Similarities:
 
         self.parts: list[tuple[str, Any, dict[tuple[str, str], int]]] = []
         for f in files:
-            result = load_result(f)
+            try:
+                result = load_result(f)
+            except (ValueError, KeyError, OSError) as exc:
+                raise ValueError(f"{f}: not a readable result of repsim cka/similarity ({exc})") from exc
             index = [(str(s), str(l)) for s, l in result.index]
             for m in result.measures:
                 if result.matrix(m).shape != (len(index), len(index)):

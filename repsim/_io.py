@@ -60,11 +60,43 @@ def give_usual_mode(fd: int) -> None:
     os.fchmod(fd, _FILE_MODE[0])
 
 
+def remove_dead_temporaries(path: str) -> int:
+    """Delete ``PATH.tmp-PID`` files of :func:`atomic_write` whose process no longer runs on this
+    machine (a writer killed mid-write leaves its temporary; each later writer uses its own PID, so
+    nothing else would ever remove it); returns how many."""
+    folder, name = os.path.split(os.path.abspath(path))
+    removed = 0
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return 0
+    for entry in entries:
+        pid = entry[len(name) + 5:] if entry.startswith(name + ".tmp-") else ""
+        if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(folder, entry))
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # (EPERM: it runs, as another user)
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) -> Iterator[IO]:
-    """Open a temporary file for writing ``path``; on success it replaces ``path`` atomically."""
+    """Open a temporary file for writing ``path``; on success it replaces ``path`` atomically. The
+    temporaries of killed writers of the same ``path`` are removed first (:func:`remove_dead_temporaries`)."""
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
+    remove_dead_temporaries(path)
     try:
         with naming(path, tmp):
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

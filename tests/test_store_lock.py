@@ -522,3 +522,46 @@ def test_the_lock_spans_prepare_to_finalise_and_a_failed_run_releases_it(ckpts, 
     assert pipeline.extract_store(str(ckpts[0]), "digits", out, **options).complete  # resumes the failed run's store
     assert held_at["finalize"] is True
     assert not refused_elsewhere(out) and not (tmp_path / ".s.zarr.lock").exists()
+
+
+def test_killed_writers_temporaries_are_removed(tmp_path):
+    """A writer killed mid-write leaves ``NAME.tmp-PID`` (atomic_write) or zarr's ``*.<uuid>.partial``
+    (a metadata write): nothing removed them (each writer has its own PID), and zarr warned about the
+    partial file at every open. The next write of that file / the store's finalize removes them; a live
+    process's temporary is kept."""
+    import subprocess
+    import sys
+
+    from repsim._io import atomic_write
+    from repsim.store._chunkio import remove_stale_parts
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    out = tmp_path / "r.csv"
+    (tmp_path / f"r.csv.tmp-{dead_pid}").write_text("torn")
+    (tmp_path / "r.csv.tmp-1").write_text("pid 1 runs")  # (init: alive)
+    (tmp_path / f"other.csv.tmp-{dead_pid}").write_text("another file's")
+    with atomic_write(out, "w") as fh:
+        fh.write("a,b\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.csv.tmp-%d" % dead_pid, "r.csv", "r.csv.tmp-1"]
+    store = tmp_path / "s.zarr"
+    store.mkdir()
+    (store / "zarr.51e09c52546a419181cae6dbd5baa451.partial").write_text("{")
+    (store / ".repsim-tmp-x.part").write_text("")
+    (store / "zarr.json").write_text("{}")
+    assert remove_stale_parts(str(store)) == 2 and [p.name for p in store.iterdir()] == ["zarr.json"]
+
+
+def test_figures_skip_a_killed_cka_runs_checkpoint(tmp_path):
+    """`repsim cka` killed mid-run leaves RES/cka_X.ckpt.npz, which the figures' cka_*.npz glob took for a
+    result: `repsim figures` failed with "values is not a file in the archive", naming no file."""
+    from analyses.data import Inputs, Missing
+
+    res = tmp_path / "results"
+    res.mkdir()
+    np.savez(res / "cka_x.ckpt.npz", done=np.zeros(1))
+    with pytest.raises(Missing, match="no cka_"):
+        Inputs(None, res).similarities
+    np.savez(res / "cka_bad.npz", junk=np.zeros(1))
+    with pytest.raises(ValueError, match=r"cka_bad.npz: not a readable result"):
+        Inputs(None, res).similarities

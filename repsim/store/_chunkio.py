@@ -31,6 +31,7 @@ written there; :meth:`FastChunks.read` compares the object's trailer with it (``
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from typing import Any
@@ -44,12 +45,18 @@ __all__ = ["FastChunks", "fast_chunks", "object_crc", "remove_stale_parts"]
 TMP_PREFIX = ".repsim-tmp-"
 
 
+# zarr's own temporary of a metadata write (``zarr.json.<32 hex>.partial``-like: a name, a uuid, .partial)
+_ZARR_PARTIAL = re.compile(r".*\.[0-9a-f]{32}\.partial$")
+
+
 def remove_stale_parts(root: str) -> int:
-    """Delete temporary chunk files that a killed writer left under ``root``; returns how many."""
+    """Delete temporary files that a killed writer left under ``root`` — repsim's chunk temporaries and
+    zarr's ``*.<uuid>.partial`` of an interrupted metadata write (which every later open warned about);
+    returns how many."""
     removed = 0
     for folder, _, files in os.walk(root):
         for f in files:
-            if f.startswith(TMP_PREFIX) and f.endswith(".part"):
+            if (f.startswith(TMP_PREFIX) and f.endswith(".part")) or _ZARR_PARTIAL.match(f):
                 try:
                     os.unlink(os.path.join(folder, f))
                     removed += 1
