@@ -7,6 +7,7 @@ error bound there), summed, merged and bootstrapped here.
 """
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any, Sequence
 
@@ -18,6 +19,7 @@ __all__ = ["MinibatchCKA"]
 
 _STATE_VERSION = 2  # 2: records carry how many batches each sums (record_batches)
 MAX_RECORDS = 512
+MIN_CI_BATCHES = 30  # fewer batches per bootstrap resample undercover (MinibatchCKA.ci)
 
 
 class MinibatchCKA:
@@ -31,13 +33,12 @@ class MinibatchCKA:
 
     Bounded records: at most ``max_records`` (default 512) records are kept, whatever the number of
     batches (epochs × n / b). Past that, adjacent records are summed in pairs, so that each record holds
-    m = 2, 4, … consecutive batches (batch means; the last record may hold fewer), and new batches fill
-    the last record up to m. Memory and checkpoint size are then O(max_records · L²) instead of
+    m = 2, 4, … consecutive batches (batch means; a record may hold fewer: the last one, and those of
+    accumulators merged in), and new batches fill the last record up to m. Memory and checkpoint size are then O(max_records · L²) instead of
     O(epochs · n/b · L²) (ImageNet's 1.28 M rows, 306 columns, 10 epochs at b = 1500: 3.0 GiB of
     records, and ~1.6 TiB written by the checkpoints that rewrite them, against 0.18 GiB per save).
-    The bootstrap resamples records (a resample of ``draws`` batches takes draws/m of them), whose
-    sums have the variance of m batches' sums, so the intervals keep their width; below the cap
-    nothing changes.
+    The bootstrap then resamples every record and widens the deviations to the spread of ``draws``
+    batches (:meth:`ci`); below the cap nothing changes.
 
     Constant layers: NaN or infinity in a layer is refused (``ValueError`` naming it), but a layer
     that is constant over a batch (zero variance to working precision, :func:`~repsim.kernels._precision.constant_tolerance`)
@@ -170,7 +171,14 @@ class MinibatchCKA:
         not which n examples were drawn. Resampling all E·B' records would shrink the interval by
         about √E for no new data, so give ``draws`` = batches per epoch (B'): an m-out-of-n
         bootstrap whose resamples have the size, and so the spread, of a single pass.
-        ``CKAResult.ci`` does this.
+        ``CKAResult.ci`` does this. Past ``max_records`` (records of m batches), every record is
+        resampled and the deviations from the estimate are widened by √(B / draws) instead, the same
+        spread to first order without resamples of too few records.
+
+        Coverage (a simulation of Gaussian layers with a planted relation, 500 data sets, statistics
+        audit 2026-11-26): 95.4 % at 64 batches for a nominal 95 %, 92 % at 16 and 87 % at 8, so fewer than
+        ``MIN_CI_BATCHES`` batches per resample get a ``RuntimeWarning``; the multi-epoch rule errs on the
+        safe side (96-99 %).
         """
         self._require_batches("ci")
         self._warn_undefined()
@@ -185,17 +193,26 @@ class MinibatchCKA:
                 f"a bootstrap interval resamples batches, and {'there is' if draws is None else 'each resample holds'} "
                 f"only one ({self.n_examples // max(self.n_batches, 1)} examples): every resample would equal the "
                 "estimate (lo = hi). Use a batch size below half the examples for an interval")
-        # records of m batches each: a resample of `draws` batches is draws/m records
-        per = self.n_batches / len(self._batches)
-        records = len(self._batches) if draws is None else int(round(int(draws) / per))
-        if records < 2:
-            raise ValueError(
-                f"each bootstrap resample should hold {draws} batches, but the {self.n_batches} batches are kept as "
-                f"{len(self._batches)} records of about {per:.0f} (max_records={self.max_records}): fewer than two "
-                "records per resample. Use fewer epochs, smaller batches, or a larger max_records")
+        size = self.n_batches if draws is None else int(draws)
+        if size < MIN_CI_BATCHES:
+            warnings.warn(f"a bootstrap over {size} batches undercovers: measured about 87 % at 8 batches and 92 % at "
+                          f"16 for a nominal 95 % (percentile bootstrap, few resampling units); {MIN_CI_BATCHES} or more "
+                          "batches per epoch (a smaller batch size) give it its nominal coverage",
+                          RuntimeWarning, stacklevel=2)
+        binned = bool(self._counts) and max(self._counts) > 1
         with warnings.catch_warnings():  # undefined layers: all-NaN columns, named above
             warnings.simplefilter("ignore", RuntimeWarning)
-            return self._bootstrap(level, n_boot, seed, records)
+            if draws is None or not binned:
+                return self._bootstrap(level, n_boot, seed, None if draws is None else int(draws))
+            # records of m batches: every record resampled (all of them: a resample of draws/m records is
+            # too coarse when there are few — 2-5 of them covered 80-87 % for a nominal 95 %), and the
+            # deviations from the estimate widened to the spread of `draws` batches, √(B / draws)
+            # (a percentile commutes with this affine map)
+            lo, hi = self._bootstrap(level, n_boot, seed, None)
+            est = hsic_to_cka(self.hsic, self._names(), undefined="nan")
+            R = len(self._batches)  # (≥ max_records / 2 once records are paired; R/(R-1): the bootstrap's
+            widen = math.sqrt(self.n_batches / int(draws) * R / (R - 1))  # variance of a mean of R is (R-1)/R short)
+            return est + widen * (lo - est), np.minimum(est + widen * (hi - est), 1.0)
 
     def _require_batches(self, what: str) -> None:
         if self.n_batches == 0:
