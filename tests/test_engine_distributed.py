@@ -68,3 +68,21 @@ def test_drivers_on_local_cluster_equal_threaded(client, stores):
         for d, r2 in local[key]["separation"].items():
             assert remote[key]["separation"][d] == pytest.approx(r2, rel=1e-12)
         assert remote[key]["sparsity"] == local[key]["sparsity"]
+
+
+def test_a_cluster_without_workers_is_given_up_with_a_clear_error(monkeypatch):
+    """A run whose workers had all died (killed, out of memory) waited forever at 0 % CPU, deaf to
+    Ctrl-C; it now polls, and after NO_WORKERS_S without a worker raises ClusterLost (exit 3) saying
+    that a rerun continues from the checkpoint."""
+    from distributed import Client, LocalCluster
+
+    import repsim.engine.scheduler as sched
+
+    monkeypatch.setattr(sched, "NO_WORKERS_S", 1.5)
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as c:
+        with scheduler(c):
+            with pytest.raises(sched.ClusterLost, match=r"no worker for 2 s while 2 task\(s\) wait.*rerun the same"):
+                list(sched.run_tasks(abs, [(-1,), (-2,), (-3,)]))  # (2 in flight: twice the one worker counted)
+    from repsim.commands.main import EXIT_IO, classify
+
+    assert classify(sched.ClusterLost("x"))[0] == EXIT_IO

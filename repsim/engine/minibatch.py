@@ -12,7 +12,8 @@ reads them from every store at once (one ``update`` sees all L columns), and sch
   ``(seed, epoch)``, reads its rows with a prefetching :class:`~repsim.engine.blocks.BlockReader`, feeds
   a fresh ``MinibatchCKA`` and returns ``to_state()``.
 - Segment states are merged **in segment order** (epoch-major), whether segments ran here or on a
-  ``dask.distributed`` cluster, so both give the same floating-point result.
+  ``dask.distributed`` cluster, so both give the same floating-point result (with the same BLAS
+  thread count per process: it sets how :func:`~repsim.kernels._gram.row_products` splits its sums).
 - With a checkpoint path, the merged state and the number of finished segments are written
   atomically (temp file + ``os.replace``) after every segment; rerunning the same call resumes after
   the last finished segment and reproduces the uninterrupted result exactly (a checkpoint also stays

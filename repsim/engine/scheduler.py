@@ -20,6 +20,7 @@ import os
 
 import contextlib
 import threading
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 from repsim._xp import array_namespace, is_cupy_namespace
@@ -155,17 +156,62 @@ def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callabl
             submitted += 1
 
     submit()
-    for fut in ac:
-        i = futures.pop(fut.key)
-        result = fut.result()
-        fut.release()
-        if on_done:
-            on_done(i, result)
-        done[i] = result
+    watch = _WorkerWatch(client)
+    while futures:
+        ready = ac.next_batch(block=False) if ac.has_ready() else []
+        if not ready:  # poll (Ctrl-C reaches this thread) and notice a cluster that lost every worker
+            watch.check(len(futures))
+            time.sleep(POLL_S)
+            continue
+        for fut in ready:
+            i = futures.pop(fut.key)
+            result = fut.result()
+            fut.release()
+            if on_done:
+                on_done(i, result)
+            done[i] = result
         while next_out in done:
             yield next_out, done.pop(next_out)
             next_out += 1
         submit()
+
+
+POLL_S = 0.05
+NO_WORKERS_S = 120.0  # how long a cluster may have no worker at all before the run is given up
+
+
+class ClusterLost(ConnectionError):
+    """The dask cluster lost every worker while tasks waited (an I/O failure to the CLI: exit 3)."""
+
+
+class _WorkerWatch:
+    """Raise when the cluster has had no worker for ``NO_WORKERS_S`` while tasks wait: a run whose
+    workers all died (killed, out of memory) waited forever at 0 % CPU (resume audit); finished
+    segments are in the checkpoint, so a rerun continues from them."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.since: float | None = None
+        self.last = 0.0
+
+    def check(self, waiting: int) -> None:
+        now = time.monotonic()
+        if now - self.last < 1.0:  # (the scheduler is asked once a second)
+            return
+        self.last = now
+        try:
+            workers = len(self.client.scheduler_info().get("workers", {}))
+        except Exception:  # noqa: BLE001 - a scheduler that does not answer is a failure too
+            workers = 0
+        if workers:
+            self.since = None
+            return
+        self.since = self.since if self.since is not None else now
+        if now - self.since >= NO_WORKERS_S:
+            raise ClusterLost(
+                f"the dask cluster has had no worker for {NO_WORKERS_S:.0f} s while {waiting} task(s) wait "
+                "(workers killed or out of memory?); finished segments are in the checkpoint: rerun the same "
+                "command to continue from them")
 
 
 # the extras of pyproject.toml that install CuPy: its wheels are built per CUDA major version
