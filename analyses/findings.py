@@ -33,7 +33,7 @@
 Uncertainty reported beside each verdict (it does not enter the criteria): means ± standard error over
 seeds and t-test p-values (1), with the smallest transfer difference the seeds can resolve (two-sample
 t-test, α = 0.05, power 0.8, from the seed-to-seed s.d.) and the pixel baseline; R² mean ± s.d. over
-seeds and Spearman's p (3). For finding 2 the bootstrap intervals are part of the criterion. Finding 1
+seeds and Spearman's p (3; exact permutation p over all n! pairings for n ≤ 9, the t approximation beyond). For finding 2 the bootstrap intervals are part of the criterion. Finding 1
 carries a caveat when (b) holds in direction only: no objective both beats softmax's source accuracy and
 transfers worse with p < 0.05.
 """
@@ -124,14 +124,36 @@ def power_text(groups: dict[str, np.ndarray], what: str = "transfer") -> str:
 
 
 def spearman_critical(n: int, alpha: float = ALPHA) -> float:
-    """The smallest |ρ| whose two-sided p (:func:`repsim.spearman`'s t approximation) is below ``alpha`` with
-    ``n`` pairs: ρ* = t / √(n − 2 + t²), t = t_{1−α/2, n−2}. NaN with fewer than 3 pairs."""
+    """The smallest |ρ| whose two-sided p (:func:`repsim.spearman`'s) is below ``alpha`` with ``n`` untied
+    pairs. For n ≤ 9 from the exact null (all n! pairings, :func:`repsim.probes.stats.spearman_null`): the
+    smallest attainable ρ with 2 · P(ρ* ≥ ρ) < ``alpha`` (9 pairs: 0.700), inf when none is (n = 3, 4 at
+    α = 0.05: even ρ = 1 has p ≥ 2/4!). Beyond, the t approximation's ρ* = t / √(n − 2 + t²), t =
+    t_{1−α/2, n−2}. NaN with fewer than 3 pairs."""
     from scipy import stats
+
+    from repsim.probes.stats import SPEARMAN_EXACT_MAX_N, spearman_null
 
     if n < 3:
         return float("nan")
+    if n <= SPEARMAN_EXACT_MAX_N:
+        null = np.sort(np.round(spearman_null(n), 12))
+        vals = np.unique(null[null > 0])
+        p = 2 * (null.size - np.searchsorted(null, vals, side="left")) / null.size
+        ok = vals[p < alpha]
+        return float(ok.min()) if ok.size else float("inf")
     t = stats.t.ppf(1 - alpha / 2, n - 2)
     return float(t / np.sqrt(n - 2 + t * t))
+
+
+def _needs(crit: float, n: int, what: str, sign: str = "|ρ| ≥ ") -> str:
+    """'p < α needs |ρ| ≥ c with n <what>' (exact or t-approximate, as :func:`spearman_critical`), or that no
+    ρ reaches it."""
+    from repsim.probes.stats import SPEARMAN_EXACT_MAX_N
+
+    if not np.isfinite(crit):
+        return f"no ρ reaches p < {ALPHA} with {n} {what} (exact permutation p)"
+    how = "exact permutation p" if n <= SPEARMAN_EXACT_MAX_N else "t approximation"
+    return f"p < {ALPHA} needs {sign}{crit:.2f} with {n} {what} ({how})"
 
 
 def paper_order_text(values, column: int, what: str) -> str:
@@ -525,8 +547,8 @@ def finding_separation(inputs: Inputs) -> Finding:
     if not predicts:
         crit = spearman_critical(len(common))
         sd, _, used = pooled_sd({l: g["r2"].to_numpy(float) for l, g in per_run.groupby("label")})
-        parts.append(f"(b) fails: ρ(R², transfer) = {rho:.2f}, p < {ALPHA} needs |ρ| ≥ {crit:.2f} with "
-                     f"{len(common)} objectives; the objectives' mean R² span {r2[common].max() - r2[common].min():.3f}"
+        parts.append(f"(b) fails: ρ(R², transfer) = {rho:.2f}, {_needs(crit, len(common), 'objectives')}; the "
+                     f"objectives' mean R² span {r2[common].max() - r2[common].min():.3f}"
                      + (f" against a seed-to-seed s.d. of {sd:.3f}" if used else ""))
     return Finding(name, verdict, ev, "; ".join(parts) + "." if parts else "")
 
@@ -571,7 +593,7 @@ def tau_trend(df) -> Finding:
           f"Criterion: ρ(τ, R²) > 0 and ρ(τ, transfer) < 0, each p < {ALPHA}.")
     groups = {t: sub["transfer"].to_numpy(float) for t, sub in df.groupby("tau")}
     crit = spearman_critical(len(df))
-    why = "; ".join(f"ρ(τ, {what}) = {r:.2f} (p = {p:.2g}; p < {ALPHA} needs {sign}{crit:.2f} with {len(df)} runs)"
+    why = "; ".join(f"ρ(τ, {what}) = {r:.2f} (p = {p:.2g}; {_needs(crit, len(df), 'runs', sign)})"
                     for what, r, p, ok, sign in (("R²", r_r2, p_r2, rises, "ρ ≥ "), ("transfer", r_tr, p_tr, falls, "ρ ≤ −"))
                     if not ok)
     return Finding(name, verdict, ev + power_text(groups, "transfer between seeds of one τ"), why + "." if why else "")

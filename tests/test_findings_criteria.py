@@ -147,14 +147,31 @@ def test_tau_trend_on_planted_sweeps():
 
 
 def test_spearman_critical_is_where_p_crosses_alpha():
+    """Up to 9 pairs the critical |ρ| comes from the exact null (tables of Spearman's ρ, two-sided α = 0.05:
+    n = 5: 1.000, 6: 0.886, 7: 0.786, 8: 0.738, 9: 0.700; the t approximation's 0.666 at 9 was
+    anticonservative); beyond, from the t approximation, where repsim.spearman's p crosses α."""
     from scipy import stats
 
-    for n in (5, 9, 15):
+    from repsim import spearman
+
+    for n, want in ((5, 1.0), (6, 0.886), (7, 0.786), (8, 0.738), (9, 0.700)):
+        assert F.spearman_critical(n) == pytest.approx(want, abs=5e-4)
+    assert F.spearman_critical(3) == F.spearman_critical(4) == np.inf  # even ρ = 1 has p ≥ 2/4!
+    x = np.arange(9.0)
+    # at n = 9, ρ = 0.700 is significant exactly and 0.683 is not
+    for d2, sig in ((36, True), (38, False)):
+        perm = next(p for p in __import__("itertools").permutations(range(9))
+                    if sum((i - j) ** 2 for i, j in enumerate(p)) == d2)
+        rho, p = spearman(x, np.array(perm, float))
+        assert (p < F.ALPHA) is sig and (rho >= F.spearman_critical(9) - 1e-9) is sig
+    for n in (10, 15):
         r = F.spearman_critical(n)
         t = r * np.sqrt((n - 2) / (1 - r * r))
         assert 2 * stats.t.sf(t, n - 2) == pytest.approx(F.ALPHA)
-    assert F.spearman_critical(9) == pytest.approx(0.666, abs=0.001)
     assert np.isnan(F.spearman_critical(2))
+    assert "no ρ reaches p < 0.05 with 4 objectives" in F._needs(F.spearman_critical(4), 4, "objectives")
+    assert "needs |ρ| ≥ 0.70 with 9 objectives (exact permutation p)" in F._needs(F.spearman_critical(9), 9,
+                                                                                  "objectives")
 
 
 def test_paper_order_against_table3():
