@@ -104,23 +104,27 @@ def min_detectable_difference(sd: float, n: int, alpha: float = ALPHA, power: fl
 
 
 def pooled_sd(groups: dict[str, np.ndarray]) -> tuple[float, int, int]:
-    """(pooled seed-to-seed s.d. √(mean of the groups' variances), the fewest seeds of a group, groups used)
-    over the groups with ≥ 2 values; (NaN, 0, 0) when none has 2."""
-    var = [np.var(v, ddof=1) for v in groups.values() if len(v) >= 2]
-    if not var:
+    """(pooled seed-to-seed s.d., the fewest seeds of a group, groups used) over the groups with ≥ 2 values;
+    (NaN, 0, 0) when none has 2. The pooled variance weights each group's by its degrees of freedom,
+    Σ(n_i − 1)s_i² / Σ(n_i − 1) (the pooled t-test's); with equal seed counts, the mean of the variances."""
+    used = [np.asarray(v, float) for v in groups.values() if len(v) >= 2]
+    if not used:
         return float("nan"), 0, 0
-    return float(np.sqrt(np.mean(var))), min(len(v) for v in groups.values() if len(v) >= 2), len(var)
+    ss = sum(float(np.sum((v - v.mean()) ** 2)) for v in used)
+    return float(np.sqrt(ss / sum(len(v) - 1 for v in used))), min(len(v) for v in used), len(used)
 
 
 def power_text(groups: dict[str, np.ndarray], what: str = "transfer") -> str:
-    """'Power: ...' from per-objective (or per-setting) values over seeds: the pooled seed-to-seed s.d. and
-    the smallest difference the seeds resolve ('' when no group has 2 seeds)."""
+    """'Power: ...' from per-objective (or per-setting) values over seeds: the pooled seed-to-seed s.d.
+    (estimated from the seeds, and plugged in as if known) and the smallest difference the seeds resolve at
+    the fewest seeds of a group ('' when no group has 2 seeds)."""
     sd, n, used = pooled_sd(groups)
     if not used:
         return ""
     mdd = min_detectable_difference(sd, n)
-    return (f" Power: pooled seed-to-seed s.d. of {what} {sd:.2f} points ({used} groups); with {n} seeds each, "
-            f"the smallest difference a two-sided t-test resolves (α = {ALPHA}, power {POWER}) is {mdd:.2f} points.")
+    return (f" Power: pooled seed-to-seed s.d. of {what} {sd:.2f} points ({used} groups, estimated from the "
+            f"seeds); with {n} seeds each (the fewest of a group), the smallest difference a two-sided Student's "
+            f"t-test resolves (α = {ALPHA}, power {POWER}) is {mdd:.2f} points.")
 
 
 def spearman_critical(n: int, alpha: float = ALPHA) -> float:

@@ -94,9 +94,26 @@ def test_min_detectable_difference_has_the_stated_power():
     text = F.power_text({"softmax": np.array([90.0, 91.0]), "sigmoid": np.array([89.0, 89.0]),
                          "dropout": np.array([88.0])})
     sd = np.sqrt(np.mean([0.5, 0.0]))  # pooled over the groups with 2 seeds
-    assert f"s.d. of transfer {sd:.2f} points (2 groups)" in text
+    assert f"s.d. of transfer {sd:.2f} points (2 groups, " in text
     assert f"is {F.min_detectable_difference(sd, 2):.2f} points" in text
     assert F.power_text({"softmax": np.array([90.0])}) == ""
+
+
+def test_pooled_sd_weights_the_variances_by_their_degrees_of_freedom():
+    """Σ(n_i − 1)s_i² / Σ(n_i − 1), the pooled t-test's variance, not the unweighted mean of the variances
+    (stats audit F8: groups of 2 and 10 values with variances 2 and 0.1 gave 1.02; pooled 0.54); the MDD
+    is stated at the fewest seeds of a group."""
+    rng = np.random.default_rng(0)
+    b = rng.normal(size=10)
+    b = b.mean() + (b - b.mean()) * np.sqrt(0.1 / b.var(ddof=1))
+    a = np.array([0.0, 2.0])  # variance 2
+    sd, n, used = F.pooled_sd({"a": a, "b": b, "c": np.array([5.0])})
+    assert (n, used) == (2, 2)
+    assert sd == pytest.approx(np.sqrt((1 * 2.0 + 9 * 0.1) / 10)) and sd == pytest.approx(0.5385, abs=1e-4)
+    text = F.power_text({"a": a, "b": b})
+    assert "s.d. of transfer 0.54 points (2 groups, estimated from the seeds)" in text
+    assert "with 2 seeds each (the fewest of a group)" in text
+    assert f"is {F.min_detectable_difference(sd, 2):.2f} points" in text
 
 
 def test_pixel_baseline_beside_the_transfer_numbers(tmp_path):
@@ -120,7 +137,7 @@ def test_pixel_baseline_beside_the_transfer_numbers(tmp_path):
     assert "raw pixels" in fig1(inputs).caption and "(85.0%)" in fig5(inputs).caption
     f = F.finding_transfer(inputs)
     assert "Pixel baseline (linear probe on raw pixels of the transfer task): 85.0%." in f.evidence
-    assert "smallest difference a two-sided t-test resolves" in f.evidence
+    assert "smallest difference a two-sided Student's t-test resolves" in f.evidence
 
 
 def _sweep_runs(r2_slope, transfer_slope, noise=0.01, seeds=2, seed=0):
