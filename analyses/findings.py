@@ -557,29 +557,18 @@ def finding_separation(inputs: Inputs) -> Finding:
     return Finding(name, verdict, ev, "; ".join(parts) + "." if parts else "")
 
 
-def _rho_ci(df, y: str, n_boot: int = N_BOOT, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile-bootstrap interval of Spearman ρ(τ, ``y``) over runs, resampling the seeds within
-    each τ (with replacement), so the interval is the seeds' uncertainty at fixed temperatures."""
-    rng = np.random.default_rng(seed)
-    groups = [g[y].to_numpy(float) for _, g in df.groupby("tau")]
-    taus = [np.full(len(g), t) for t, g in zip(sorted(df["tau"].unique()), groups)]
-    x = np.concatenate(taus)
-    draws = []
-    for _ in range(n_boot):
-        v = np.concatenate([rng.choice(g, size=len(g), replace=True) for g in groups])
-        if np.ptp(v) > 0:
-            draws.append(spearman(x, v)[0])
-    if not draws:
-        return float("nan"), float("nan")
-    lo, hi = np.percentile(draws, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
 def tau_trend(df) -> Finding:
     """The temperature sweep's verdict (Table 4, Fig. 5b: "R² rises with τ and transfer falls") from one row
     per run (columns tau, seed, r2, transfer): Spearman ρ(τ, R²) and ρ(τ, transfer) over the runs, each
-    with its p-value and a 95 % bootstrap interval over seeds. REPRODUCED when ρ(τ, R²) > 0 and
-    ρ(τ, transfer) < 0, each with p < 0.05; PARTIAL when one of the two holds; else NOT REPRODUCED."""
+    with its p-value. REPRODUCED when ρ(τ, R²) > 0 and ρ(τ, transfer) < 0, each with p < 0.05; PARTIAL
+    when one of the two holds; else NOT REPRODUCED.
+
+    No interval is given for ρ: with 2 seeds per τ none tried was calibrated. Simulated with 5 τ × 2 seeds
+    from the recorded sweeps' per-τ means and seed s.d.s (analyses/README.md), a 95 % interval that
+    resamples the seeds within each τ covered the expected ρ(τ, transfer) of the 3,000-per-class sweep in
+    0.52 of replicates (it duplicates one of 2 seeds half of the time); a parametric bootstrap (each τ's
+    seeds drawn from N(its mean, pooled s.d.²)) in 0.63, and in 0.84–0.92 under the other sweeps and under
+    no trend."""
     name = "Temperature: R² rises with τ and transfer falls"
     if df["tau"].nunique() < 3:
         raise Missing("fewer than 3 temperatures with both R² and transfer")
@@ -587,12 +576,11 @@ def tau_trend(df) -> Finding:
     r_tr, p_tr = spearman(df["tau"], df["transfer"])
     rises, falls = bool(r_r2 > 0 and p_r2 < ALPHA), bool(r_tr < 0 and p_tr < ALPHA)
     verdict = "reproduced" if rises and falls else "partial" if rises or falls else "not reproduced"
-    ci_r2, ci_tr = _rho_ci(df, "r2"), _rho_ci(df, "transfer")
     g = df.groupby("tau").agg(r2=("r2", "mean"), transfer=("transfer", "mean"), n=("seed", "size"))
     per = "; ".join(f"τ = {t:g}: R² {r.r2:.3f}, transfer {r.transfer:.1f}%" for t, r in g.iterrows())
     ev = (f"Over {len(df)} runs ({len(g)} temperatures × {'/'.join(map(str, sorted(set(g['n']))))} seeds): "
-          f"Spearman ρ(τ, R²) = {r_r2:.2f} (p = {p_r2:.3g}; 95 % bootstrap over seeds [{ci_r2[0]:.2f}, {ci_r2[1]:.2f}]), "
-          f"ρ(τ, linear transfer) = {r_tr:.2f} (p = {p_tr:.3g}; [{ci_tr[0]:.2f}, {ci_tr[1]:.2f}]). Means: {per}. "
+          f"Spearman ρ(τ, R²) = {r_r2:.2f} (p = {p_r2:.3g}), ρ(τ, linear transfer) = {r_tr:.2f} (p = {p_tr:.3g}) "
+          f"(no interval over seeds: none tried was calibrated with 2 seeds per τ). Means: {per}. "
           f"Paper (Table 4, ImageNet τ 0.01–0.08): R² 0.236 → 0.770, transfer falls on 7 of 8 datasets. "
           f"Criterion: ρ(τ, R²) > 0 and ρ(τ, transfer) < 0, each p < {ALPHA}.")
     groups = {t: sub["transfer"].to_numpy(float) for t, sub in df.groupby("tau")}
