@@ -341,7 +341,7 @@ def test_transfer_evidence_lists_worse_and_better_transfer_apart(tmp_path):
     pro.to_csv(res / "probes.csv", index=False)
     ev = {x.name: x for x in evaluate(Inputs(None, res))}["Better objectives transfer worse"].evidence
     m = re.search(r"3 of 3 objectives beat softmax on source accuracy, 2 of them transfer worse \((.*?)\), "
-                  r"1 transfer better \((.*?)\) \(p: t-test vs softmax\)\.", ev)
+                  r"1 transfer better \((.*?)\) \(p: Student's t-test vs softmax\)\.", ev)
     assert m, ev
     worse, better = m.groups()
     assert display(OBJS[2]) in worse and display(OBJS[3]) in worse and display(OBJS[1]) not in worse

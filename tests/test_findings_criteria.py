@@ -138,6 +138,9 @@ def test_pixel_baseline_beside_the_transfer_numbers(tmp_path):
     f = F.finding_transfer(inputs)
     assert "Pixel baseline (linear probe on raw pixels of the transfer task): 85.0%." in f.evidence
     assert "smallest difference a two-sided Student's t-test resolves" in f.evidence
+    assert ("softmax is the best or not significantly different from it (Student's pooled two-sample t-test "
+            "over 2 seeds, p ≥ 0.05, which resolves differences ≥ ") in f.evidence
+    assert "tied" not in f.evidence
 
 
 def _sweep_runs(r2_slope, transfer_slope, noise=0.01, seeds=2, seed=0):
@@ -310,6 +313,49 @@ def test_finding2_under_an_asymmetric_measure_takes_both_orders_everywhere(tmp_p
     stated, boot = _late_gap_vs_its_bootstrap(r, inputs, "ridge_r2")
     assert stated == pytest.approx(boot, abs=1e-12) and stated > 0.2
     assert r.ci["late"][0] <= stated <= r.ci["late"][1]
+
+
+def test_finding1_says_when_a_holds_because_the_seeds_cannot_resolve_the_gap():
+    """(a) "not significantly different from the best" almost always holds with 2 seeds (stats audit F4):
+    when softmax is not the best and its gap to the best is below the smallest difference the seeds
+    resolve, a caveat says (a) holds because the seeds cannot resolve the gap."""
+    groups = {"softmax": np.array([90.0, 91.0]), "other": np.array([91.0, 92.0]), "low": np.array([80.0, 81.0])}
+    assert F.bold_set(groups) == {"softmax", "other"}  # p = 0.29: (a) holds
+    mdd = F.min_detectable_difference(F.pooled_sd(groups)[0], 2)
+    assert mdd == pytest.approx(5.6535 * np.sqrt(0.5), rel=1e-4) and mdd > 1.0
+    text = F.unresolved_best_caveat(True, "other", groups)
+    assert text.startswith("(a) holds because the seeds cannot resolve the gap: other transfers 1.00 points "
+                           "better than softmax (p = 0.29), below the 4.00 points 2 seeds resolve")
+    assert F.unresolved_best_caveat(True, "softmax", groups) == ""  # softmax is the best: nothing to qualify
+    assert F.unresolved_best_caveat(False, "other", groups) == ""  # (a) fails
+    wide = {"softmax": np.array([90.0, 90.1]), "other": np.array([99.0, 99.1]), "noisy": np.array([70.0, 72.0])}
+    assert F.min_detectable_difference(F.pooled_sd(wide)[0], 2) < 9.0
+    assert F.unresolved_best_caveat(True, "other", wide) == ""  # a gap of 9.0 the seeds do resolve
+    one = {k: v[:1] for k, v in groups.items()}
+    assert F.unresolved_best_caveat(True, "other", one) == ""  # no test at all: not this caveat's case
+    assert F.a_test_text(one).startswith("one seed per objective: no test")
+    assert F.a_test_text(groups) == ("Student's pooled two-sample t-test over 2 seeds, p ≥ 0.05, which resolves "
+                                     "differences ≥ 4.00 points with power 0.8; the best is chosen from the same "
+                                     "data and the comparisons are not corrected for multiplicity")
+
+
+def test_finding1_caveat_on_results(tmp_path):
+    """On results: sigmoid transfers 0.16 points better than softmax, below the 0.85 the seeds resolve, so
+    (a) holds and the caveat says why; the evidence names the test and what it resolves."""
+    import pandas as pd
+    from test_analyses_figures import write_results
+
+    from analyses.data import Inputs
+
+    res = write_results(tmp_path)
+    pro = pd.read_csv(res / "probes.csv")
+    pro.loc[(pro.objective == "sigmoid") & (pro.task != "source"), "accuracy"] += 0.0545
+    pro.to_csv(res / "probes.csv", index=False)
+    f = F.finding_transfer(Inputs(None, res))
+    assert f.verdict == "partial" and "best transfer Sigmoid" in f.evidence
+    assert "softmax is the best or not significantly different from it (Student's pooled" in f.evidence
+    assert f.caveat.startswith("(a) holds because the seeds cannot resolve the gap: Sigmoid transfers 0.1")
+    assert "below the 0.85 points 2 seeds resolve" in f.caveat
 
 
 def test_finding1_says_when_b_holds_in_direction_only():
