@@ -131,3 +131,16 @@ def test_spearman_exact_at_nine_is_fast_and_t_beyond():
     assert spearman(x, y)[1] == pytest.approx(stats.spearmanr(x, y).pvalue)
     with pytest.warns(stats.ConstantInputWarning):
         assert np.isnan(spearman(np.ones(5), np.arange(5.0))[1])
+
+
+def test_bold_rule_caption_names_the_test_and_the_missing_multiplicity_control():
+    """The bold rule compares every row with a best chosen from the same data, each at 0.05 with no
+    multiplicity control (as the paper's Table 1 does): the caption says so and names Student's pooled
+    t-test (stats audit F5, F9)."""
+    from analyses.summary import bold_rule_text
+
+    text = bold_rule_text(2)
+    assert text.startswith("Bold: best, or not significantly different from the best (two-sided Student's pooled "
+                           "two-sample t-test over seeds, p ≥ 0.05).")
+    assert "the best is chosen from the same data" in text and "no correction for multiple comparisons" in text
+    assert bold_rule_text(1).startswith("Bold: best mean only")
