@@ -57,6 +57,23 @@ def test_no_differences_do_not_reproduce():
     assert _verdict(lambda b: 0.0) == "not reproduced"
 
 
+def test_finding2_criteria_say_what_the_bootstrap_is_for_and_what_reaching_0_means(tmp_path):
+    """The objectives are resampled as a sample from a population of objectives, and an early interval
+    reaching 0 means no early difference was shown, not that it is absent (stats audit F7)."""
+    from test_analyses_figures import write_results
+
+    from analyses.data import Inputs
+
+    doc = " ".join(F.__doc__.split())
+    assert "resamples the objectives as a sample from a population of objectives" in doc
+    assert "an early difference was not shown, which does not show that there is none" in doc
+    assert "a real early gap of 40 % of the late one gave an early interval reaching 0 in about half" in doc
+    assert "sample from a population of objectives" in " ".join(F.findings_html([]).replace("<br>", " ").split())
+    ev = F.finding_late_blocks(Inputs(None, write_results(tmp_path))).evidence
+    assert "(95 % bootstrap, objectives resampled as a sample of objectives: early [" in ev
+    assert "early interval reaches 0 (no early difference shown, which is not an early difference shown absent)" in ev
+
+
 def test_no_bootstrap_without_three_objectives_with_seeds():
     S, C = _planted(lambda b: 0.05, n_obj=2)
     assert F.bootstrap_gaps(S, C, *F.last_third(BLOCKS)) is None
