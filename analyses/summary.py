@@ -1,9 +1,12 @@
 """Per-objective summaries over seeds and the significance rule of the paper's tables.
 
 Bold rule (Tables 1, 2, B.1, C.5): a cell is bold when its mean is the best of its column or is not
-significantly different from the best by a two-sided t-test over seeds at p < 0.05
-(:func:`repsim.not_significantly_worse`). With fewer than two seeds in either group no test is
-possible, and only the best mean is bold (stated in the caption by :func:`bold_rule_text`).
+significantly different from the best by a two-sided Student's (pooled-variance) two-sample t-test over
+seeds at p < 0.05 (:func:`repsim.not_significantly_worse`). As in the paper's rule, the best is chosen
+from the same data and every other cell is compared with it at 0.05 with no multiplicity correction, so a
+row that does not differ from the best is un-bolded more often than 5 % of the time (stated in the
+caption). With fewer than two seeds in either group no test is possible, and only the best mean is bold
+(stated in the caption by :func:`bold_rule_text`).
 """
 from __future__ import annotations
 
@@ -27,7 +30,8 @@ def as_percent(values: pd.Series) -> pd.Series:
 
 def bold_set(groups: dict[str, np.ndarray], higher_is_better: bool = True, alpha: float = ALPHA) -> set[str]:
     """The best group and every group not significantly different from it (:func:`repsim.not_significantly_worse`:
-    two-sided two-sample t-test over seeds, p ≥ alpha; one-value groups only when equal to the best)."""
+    two-sided Student's pooled two-sample t-test over seeds, p ≥ alpha, against the best chosen from the same
+    data, with no multiplicity correction; one-value groups only when equal to the best)."""
     from repsim import not_significantly_worse
 
     groups = {k: v for k, v in groups.items() if len(v)}
@@ -42,7 +46,10 @@ def bold_rule_text(n_seeds: int, numeric: pd.DataFrame | None = None, columns: S
     since no t-test compares such a cell: it is bold only when best, and a best cell of one seed stands alone."""
     if n_seeds < 2:
         return "Bold: best mean only (one seed per objective, so no significance test is possible)."
-    text = f"Bold: best, or not significantly different from the best (two-sided t-test over seeds, p ≥ {ALPHA})."
+    text = (f"Bold: best, or not significantly different from the best (two-sided Student's pooled two-sample "
+            f"t-test over seeds, p ≥ {ALPHA}). As in the paper's rule, the best is chosen from the same data and "
+            f"each other row is compared with it at {ALPHA} with no correction for multiple comparisons, so a row "
+            "that does not differ from the best is un-bolded more often than 5 % of the time.")
     single = [c for c in columns if numeric is not None and f"{c} n" in numeric
               and (numeric[f"{c} n"] == 1).any() and (numeric[f"{c} n"] >= 2).any()]
     if single:

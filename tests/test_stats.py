@@ -62,3 +62,85 @@ def test_ttest_of_near_identical_groups_does_not_warn():
         warnings.simplefilter("error")
         t, p = ttest([0.96, 0.96], [0.97, 0.97 + 1e-16])
     assert p < 1e-6 and t < 0
+
+
+def _permutation_p(x, y):
+    """SciPy's exact permutation p of Spearman's ρ: every pairing (n_resamples=inf) of ``y`` with ``x``
+    (one sample permuted, as scipy's documentation does for correlations)."""
+    from scipy import stats
+
+    rx = stats.rankdata(x)
+
+    def rho(b, axis=-1):
+        rb = stats.rankdata(b, axis=axis)
+        a, rb = rx - rx.mean(), rb - rb.mean(axis=axis, keepdims=True)
+        return (rb @ a) / np.sqrt((a @ a) * (rb * rb).sum(axis=axis))
+
+    return stats.permutation_test((np.asarray(y, float),), rho, vectorized=True, permutation_type="pairings",
+                                  n_resamples=np.inf).pvalue
+
+
+def test_spearman_p_is_exact_at_small_n():
+    """For n ≤ 9 the p-value is the exact permutation p (scipy.stats.permutation_test over all n! pairings),
+    ties by average ranks; the t approximation it replaced is anticonservative there (stats audit F6)."""
+    rng = np.random.default_rng(0)
+    for n in (3, 4, 5, 6, 7):
+        for k in range(6):
+            x = rng.normal(size=n) if k % 2 else rng.integers(0, 3, n).astype(float)  # ties in x
+            y = rng.normal(size=n) if k % 3 else rng.integers(0, 3, n).astype(float)  # ties in y
+            if np.ptp(x) == 0 or np.ptp(y) == 0:
+                continue
+            assert spearman(x, y)[1] == pytest.approx(_permutation_p(x, y), abs=1e-12), (x, y)
+    x = np.arange(5.0)
+    rho, p = spearman(x, [0, 1, 2, 4, 3])
+    assert rho == pytest.approx(0.9) and p == pytest.approx(10 / 120)  # t approximation: 0.037
+    assert spearman(x, x)[1] == pytest.approx(2 / 120)
+    # n = 9: |ρ| = 0.683 and 0.667 are not significant exactly (t approximation: p = 0.042 and 0.050)
+    y9 = np.array([0, 1, 2, 3, 4, 5, 6, 7, 8])
+    for d2, want in ((38, 0.0503), (40, 0.0589), (36, 0.0433)):
+        perm = _perm_with_d2(9, d2)
+        rho, p = spearman(np.arange(9.0), y9[perm])
+        assert rho == pytest.approx(1 - 6 * d2 / 720) and p == pytest.approx(want, abs=5e-5)
+
+
+def _perm_with_d2(n, d2):
+    """A permutation of range(n) whose Σ (i − π(i))² is ``d2``."""
+    from repsim.probes.stats import _orderings
+
+    perms = _orderings(n)
+    hit = np.flatnonzero(((perms - np.arange(n)) ** 2).sum(axis=1) == d2)
+    return perms[hit[0]]
+
+
+def test_spearman_exact_at_nine_is_fast_and_t_beyond():
+    """n = 9 enumerates 362,880 pairings (well under a second); n = 10 keeps scipy's t approximation."""
+    import time
+
+    from scipy import stats
+
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=9), rng.normal(size=9)
+    spearman(x, y)
+    t0 = time.perf_counter()
+    rho, p = spearman(x, y)
+    assert time.perf_counter() - t0 < 0.5
+    null = __import__("repsim.probes.stats", fromlist=["spearman_null"]).spearman_null(9)
+    assert null.size == 362_880 and p == pytest.approx(2 * min(np.mean(null <= rho + 1e-12),
+                                                               np.mean(null >= rho - 1e-12)))
+    x, y = rng.normal(size=10), rng.normal(size=10)
+    assert spearman(x, y)[1] == pytest.approx(stats.spearmanr(x, y).pvalue)
+    with pytest.warns(stats.ConstantInputWarning):
+        assert np.isnan(spearman(np.ones(5), np.arange(5.0))[1])
+
+
+def test_bold_rule_caption_names_the_test_and_the_missing_multiplicity_control():
+    """The bold rule compares every row with a best chosen from the same data, each at 0.05 with no
+    multiplicity control (as the paper's Table 1 does): the caption says so and names Student's pooled
+    t-test (stats audit F5, F9)."""
+    from analyses.summary import bold_rule_text
+
+    text = bold_rule_text(2)
+    assert text.startswith("Bold: best, or not significantly different from the best (two-sided Student's pooled "
+                           "two-sample t-test over seeds, p ≥ 0.05).")
+    assert "the best is chosen from the same data" in text and "no correction for multiple comparisons" in text
+    assert bold_rule_text(1).startswith("Bold: best mean only")
