@@ -52,7 +52,7 @@ def table2(inputs: Inputs) -> Table:
                           f"seeds as replicates) of each objective against the best, p ≥ {ALPHA}.")
         else:
             if len({a.shape[0] for a in per.values()}) > 1:
-                anova_note = (" Avg.: mean over tasks; bold by a t-test over the per-seed averages (the objectives' "
+                anova_note = (" Avg.: mean over tasks; bold by Student's pooled two-sample t-test over the per-seed averages (the objectives' "
                               "seed counts differ, so the two-way ANOVA's balanced design does not apply).")
             else:
                 anova_note = (" Avg.: mean over tasks; bold as in the other columns (one seed per objective on two "
