@@ -538,8 +538,8 @@ def finding_late_blocks(inputs: Inputs) -> Finding:
           f"({span(r.early)}) {pe:.3f}, last third ({span(r.paper_late)}) {pl:.3f}{ci_text}; "
           f"cross-objective CKA early {r.cross[r.early].mean():.3f}, late {r.cross[r.paper_late].mean():.3f}; "
           f"largest gap at {layers[int(np.argmax(gap))]} ({gap.max():.3f}). Criterion (the paper's words): late "
-          f"interval > 0, late − early interval > 0, early interval reaches 0 (no early difference shown, which "
-          f"is not an early difference shown absent). Old rule (early ≤ "
+          f"interval > 0, late − early interval > 0, early interval reaches 0 (so no early difference is "
+          f"shown, which does not show that there is none). Old rule (early ≤ "
           f"{EARLY_GAP_MAX}, late ≥ early + {LATE_MINUS_EARLY_MIN}; early {span(early)} {r.early_gap:.3f}, late "
           f"{span(late)} {r.late_gap:.3f}): {r.old_verdict.upper()}.")
     return Finding(name, r.verdict, ev, late_blocks_why(ci))  # '' when reproduced: no condition failed

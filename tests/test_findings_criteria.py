@@ -71,7 +71,7 @@ def test_finding2_criteria_say_what_the_bootstrap_is_for_and_what_reaching_0_mea
     assert "sample from a population of objectives" in " ".join(F.findings_html([]).replace("<br>", " ").split())
     ev = F.finding_late_blocks(Inputs(None, write_results(tmp_path))).evidence
     assert "(95 % bootstrap, objectives resampled as a sample of objectives: early [" in ev
-    assert "early interval reaches 0 (no early difference shown, which is not an early difference shown absent)" in ev
+    assert "early interval reaches 0 (so no early difference is shown, which does not show that there is none)" in ev
 
 
 def test_no_bootstrap_without_three_objectives_with_seeds():
