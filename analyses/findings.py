@@ -127,14 +127,20 @@ def pooled_sd(groups: dict[str, np.ndarray]) -> tuple[float, int, int]:
     return float(np.sqrt(ss / sum(len(v) - 1 for v in used))), min(len(v) for v in used), len(used)
 
 
+def resolvable(groups: dict[str, np.ndarray]) -> tuple[float, int, int, float]:
+    """(pooled s.d., fewest seeds of a group, groups used, the smallest difference those seeds resolve:
+    :func:`min_detectable_difference`; NaN when no group has 2 seeds)."""
+    sd, n, used = pooled_sd(groups)
+    return sd, n, used, (min_detectable_difference(sd, n) if used else float("nan"))
+
+
 def power_text(groups: dict[str, np.ndarray], what: str = "transfer") -> str:
     """'Power: ...' from per-objective (or per-setting) values over seeds: the pooled seed-to-seed s.d.
     (estimated from the seeds, and plugged in as if known) and the smallest difference the seeds resolve at
     the fewest seeds of a group ('' when no group has 2 seeds)."""
-    sd, n, used = pooled_sd(groups)
+    sd, n, used, mdd = resolvable(groups)
     if not used:
         return ""
-    mdd = min_detectable_difference(sd, n)
     return (f" Power: pooled seed-to-seed s.d. of {what} {sd:.2f} points ({used} groups, estimated from the "
             f"seeds); with {n} seeds each (the fewest of a group), the smallest difference a two-sided Student's "
             f"t-test resolves (α = {ALPHA}, power {POWER}) is {mdd:.2f} points.")
@@ -268,10 +274,9 @@ def finding_transfer(inputs: Inputs) -> Finding:
 def a_test_text(groups: dict[str, np.ndarray]) -> str:
     """Finding 1 (a)'s test in words: Student's pooled two-sample t-test over n seeds and the smallest
     difference it resolves (:func:`power_text`'s, at the fewest seeds of a group)."""
-    sd, n, used = pooled_sd(groups)
+    sd, n, used, mdd = resolvable(groups)
     if not used:
         return "one seed per objective: no test, so only the best mean counts"
-    mdd = min_detectable_difference(sd, n)
     return (f"Student's pooled two-sample t-test over {n} seeds, p ≥ {ALPHA}, which resolves differences ≥ "
             f"{mdd:.2f} points with power {POWER}; the best is chosen from the same data and the comparisons are "
             "not corrected for multiplicity")
@@ -284,8 +289,7 @@ def unresolved_best_caveat(softmax_best: bool, best: str, groups: dict[str, np.n
     the gap, not because softmax transfers as well. The criterion itself is unchanged."""
     if not softmax_best or best == "softmax":
         return ""
-    sd, n, used = pooled_sd(groups)
-    mdd = min_detectable_difference(sd, n) if used else float("nan")
+    _, n, _, mdd = resolvable(groups)
     gap = float(np.mean(groups[best]) - np.mean(groups["softmax"]))
     if not (np.isfinite(mdd) and gap < mdd):
         return ""
@@ -324,8 +328,7 @@ def _why_transfer(softmax_best: bool, best: str, beat: list[str], worse: list[st
     others = [l for l in acc.index if l != "softmax"]
     if not beat:
         gain = acc[others] - acc["softmax"]
-        sd, n, _ = pooled_sd(src_of)
-        mdd = min_detectable_difference(sd, n)
+        _, _, _, mdd = resolvable(src_of)
         parts.append(f"(b) has no premise: no objective beats softmax's source top-1 (the others are "
                      f"{gain.min():+.1f} to {gain.max():+.1f} points from it"
                      + (f"; the smallest source difference the seeds resolve is {mdd:.1f} points" if np.isfinite(mdd)
