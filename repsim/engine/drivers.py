@@ -93,6 +93,8 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
     stats = layer_stats([LAYER_METRICS[name](option) for name, option in spec["metrics"].items()])
     accs = {layer: {k: _from_state(stats, k, s) for k, s in per.items()} for layer, per in templates.items()}
     host = getattr(xp, "__name__", "") == "numpy"
+    # a padded text layer's real-token counts (a token mean divides by them), looked up once per column
+    token_counts = {col.layer: token_counts_for(store, col, spec["spatial"]) for col in columns}
     with BlockReader(columns, spec["n"], block_rows, spatial="raw", prefetch=spec["prefetch"],
                      threads=spec["threads"]) as reader:
         for k, arrays in reader.iter_blocks(range(start, stop)):
@@ -103,7 +105,7 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
                 if not per:
                     continue
                 feeds = {stats[key].feed for key in per}
-                counts = token_counts_for(store, col, spec["spatial"])  # (a padded text layer's real tokens)
+                counts = token_counts[col.layer]
                 counts = None if counts is None else counts[rows]
                 if host:
                     x_raw = channels_first(raw, col) if "raw" in feeds else None

@@ -25,6 +25,11 @@ def _wrap_read_error(exc: BaseException, store: str, array: str, start: int, sto
     )
 
 
+def _as_labels(raw: np.ndarray) -> np.ndarray:
+    """Stored labels as read: ``(N,)`` int32 classes, or ``(N, K)`` bool multi-label targets."""
+    return raw.astype(bool if raw.ndim == 2 else np.int32, copy=False)
+
+
 _TOP_LEVEL = ("example_ids", "labels", "logits", "token_counts", "written")
 
 
@@ -292,8 +297,7 @@ class ActivationStore:
     def labels(self) -> np.ndarray:
         """``(N,)`` int32 classes, or ``(N, K)`` bool targets of a multi-label store (:attr:`multilabel`)."""
         if "labels" not in self._cache:
-            labels = self._read_all("labels")
-            labels = labels.astype(bool if labels.ndim == 2 else np.int32, copy=False)
+            labels = _as_labels(self._read_all("labels"))
             labels.flags.writeable = False
             self._cache["labels"] = labels
         return self._cache["labels"]
@@ -303,8 +307,7 @@ class ActivationStore:
         needs its own rows, not every chunk of the store: :attr:`labels` reads and caches all)."""
         if "labels" in self._cache:
             return self._cache["labels"][start:stop]
-        rows = self._reader("labels")[start:stop]
-        return rows.astype(bool if rows.ndim == 2 else np.int32, copy=False)
+        return _as_labels(self._reader("labels")[start:stop])
 
     @property
     def token_counts(self) -> np.ndarray | None:
