@@ -14,6 +14,7 @@ extract/ both take it from below.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import mmap
 import os
@@ -48,16 +49,17 @@ def _umask() -> int:
     return old
 
 
-_FILE_MODE: list[int] = []
+@functools.lru_cache(maxsize=1)
+def file_mode() -> int:
+    """The mode ``open`` gives a new file: 0666 less the umask (read once per process)."""
+    return 0o666 & ~_umask()
 
 
 def give_usual_mode(fd: int) -> None:
-    """Give a file made by ``tempfile.mkstemp`` (always 0600) the mode ``open`` would have given it,
-    0666 less the umask, so that a store's chunks or a checkpoint renamed into place are readable by
+    """Give a file made by ``tempfile.mkstemp`` (always 0600) the mode ``open`` would have given it
+    (:func:`file_mode`), so that a store's chunks or a checkpoint renamed into place are readable by
     whoever may read the files beside it (a lab's group sharing a store), like every other output."""
-    if not _FILE_MODE:
-        _FILE_MODE.append(0o666 & ~_umask())
-    os.fchmod(fd, _FILE_MODE[0])
+    os.fchmod(fd, file_mode())
 
 
 def remove_dead_temporaries(path: str) -> int:

@@ -521,7 +521,7 @@ def test_stores_and_checkpoints_get_the_umask_mode_not_mkstemps_0600(tmp_path):
     try:
         import repsim._io as io
 
-        io._FILE_MODE.clear()  # (read once per process: this test sets its own umask)
+        io.file_mode.cache_clear()  # (read once per process: this test sets its own umask)
         save_store(str(tmp_path / "s.zarr"), {"a": np.ones((40, 3), np.float32)}, np.arange(40) % 2, chunk_rows=16,
                    meta={"dataset": {"name": "t", "split": "test"}})
         save_checkpoint({"model": {"w": torch.ones(2)}}, tmp_path / "run" / "checkpoint.pt")
@@ -531,7 +531,7 @@ def test_stores_and_checkpoints_get_the_umask_mode_not_mkstemps_0600(tmp_path):
         assert set(modes.values()) == {0o640}, {f: oct(m) for f, m in modes.items() if m != 0o640}
     finally:
         os.umask(old)
-        io._FILE_MODE.clear()
+        io.file_mode.cache_clear()
 
 
 def test_label_rows_read_only_their_chunks(tmp_path):
