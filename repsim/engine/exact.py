@@ -109,10 +109,10 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
         raise ValueError(f"debiased CKA needs n >= {MIN_BATCH}, stores have {n}")
     L = len(columns)
     widths = [c.features_after(spatial) for c in columns]
-    gram_set = set(choose_gram_columns(widths, n, max_memory))
-    routes = {(i, j): "gram" if i in gram_set and j in gram_set else "cross" for i in range(L) for j in range(i, L)}
+    routes = choose_routes(widths, n, max_memory)
     cross_pairs = [pair for pair, r in routes.items() if r == "cross"]
     gram_cols = sorted({k for pair, r in routes.items() if r == "gram" for k in pair})
+    gram_set = set(gram_cols)
     cross_cols = sorted({k for pair in cross_pairs for k in pair})
     n_blocks = -(-n // block_rows)
     hsic = np.zeros((L, L))
