@@ -79,18 +79,27 @@ def _pm(values: np.ndarray, digits: int = 1) -> str:
 
 def _pvalue(a: np.ndarray, b: np.ndarray) -> float | None:
     """Two-sided Student's (pooled-variance) t-test p of a vs b over seeds (the bold rule's test); None with
-    < 2 seeds or no spread."""
+    < 2 seeds. With no spread in either group it is the limit the bold rule uses
+    (:func:`repsim.not_significantly_worse`): 1 for equal means, 0 for different ones."""
     from repsim.probes.stats import ttest
 
-    if len(a) < 2 or len(b) < 2 or (np.ptp(a) == 0 and np.ptp(b) == 0):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if len(a) < 2 or len(b) < 2:
         return None
+    if np.ptp(a) == 0 and np.ptp(b) == 0:
+        return 1.0 if a[0] == b[0] else 0.0
     return float(ttest(a, b)[1])
 
 
 def _p(a: np.ndarray, b: np.ndarray) -> str:
-    """:func:`_pvalue` as text ('n/a' where there is none)."""
+    """:func:`_pvalue` as text ('n/a' with < 2 seeds; '0, no spread across seeds' for two constant groups
+    with different means, which the bold rule separates)."""
     p = _pvalue(a, b)
-    return "n/a" if p is None else f"{p:.2g}"
+    if p is None:
+        return "n/a"
+    if p == 0.0 and np.ptp(a) == 0 and np.ptp(b) == 0:
+        return "0, no spread across seeds"
+    return f"{p:.2g}"
 
 
 def min_detectable_difference(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:

@@ -391,3 +391,18 @@ def test_finding1_says_when_b_holds_in_direction_only():
     assert F.direction_only_caveat(["clear"], one_seed, {k: v[:1] for k, v in groups.items()}).startswith("(b) holds")
     f = F.Finding("Better objectives transfer worse", "reproduced", "Softmax: …", caveat=text)
     assert F.findings_text([f]).endswith(f" Caveat: {text}") and "<b>Caveat:</b>" in F.findings_html([f])
+
+
+def test_p_of_two_constant_groups_agrees_with_the_bold_rule():
+    """Two objectives whose seeds agree exactly: the bold rule separates different means and ties equal ones,
+    and the findings' p says the same instead of 'n/a' (the statistics audit's case)."""
+    from repsim import not_significantly_worse
+
+    a, b = np.array([90.0, 90.0]), np.array([88.0, 88.0])
+    assert not_significantly_worse({"a": a, "b": b}) == {"a"}
+    assert F._pvalue(a, b) == 0.0
+    assert F._p(a, b) == "0, no spread across seeds"
+    assert F._pvalue(a, a.copy()) == 1.0 and F._p(a, a.copy()) == "1"
+    assert F._p(a, np.array([88.0])) == "n/a"
+    spread = np.array([88.0, 89.0])
+    assert F._pvalue(a, spread) == pytest.approx(__import__("scipy").stats.ttest_ind(a, spread).pvalue)
