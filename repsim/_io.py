@@ -94,8 +94,10 @@ def _alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) -> Iterator[IO]:
-    """Open a temporary file for writing ``path``; on success it replaces ``path`` atomically. The
-    temporaries of killed writers of the same ``path`` are removed first (:func:`remove_dead_temporaries`)."""
+    """Open a temporary file for writing ``path``; on success it replaces ``path`` atomically and durably
+    (the file is fsynced before the rename, its directory after it, so that a power loss leaves the old
+    file or the new one). The temporaries of killed writers of the same ``path`` are removed first
+    (:func:`remove_dead_temporaries`)."""
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     remove_dead_temporaries(path)
@@ -107,10 +109,26 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) 
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
+            fsync_directory(os.path.dirname(os.path.abspath(path)))
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def fsync_directory(path: str | os.PathLike) -> None:
+    """fsync the directory ``path`` so that a rename into it survives a power loss (POSIX; a no-op where
+    directories cannot be opened, as on Windows)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems refuse fsync on a directory
+        pass
+    finally:
+        os.close(fd)
 
 
 def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:

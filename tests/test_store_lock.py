@@ -565,3 +565,26 @@ def test_figures_skip_a_killed_cka_runs_checkpoint(tmp_path):
     np.savez(res / "cka_bad.npz", junk=np.zeros(1))
     with pytest.raises(ValueError, match=r"cka_bad.npz: not a readable result"):
         Inputs(None, res).similarities
+
+
+def test_atomic_write_fsyncs_the_file_and_then_its_directory(tmp_path, monkeypatch):
+    """A rename is durable only once the directory holding it is synced: atomic_write syncs the file's
+    data before the rename and the directory after it (the crash audit's power-loss case)."""
+    import os
+    import stat
+
+    from repsim import _io
+
+    synced: list[tuple[bool, bool]] = []  # (a directory?, the final name already there?)
+    real_fsync = os.fsync
+    out = tmp_path / "sub" / "results.json"
+
+    def spy(fd):
+        synced.append((stat.S_ISDIR(os.fstat(fd).st_mode), out.exists()))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    with _io.atomic_write(out, "w") as fh:
+        fh.write("{}")
+    assert out.read_text() == "{}"
+    assert synced == [(False, False), (True, True)]
