@@ -85,6 +85,41 @@ def test_cka_resume_after_a_store_was_replaced_in_place_is_refused(tmp_path):
     assert not out.exists() and checkpoint_segments(ckpt) == done  # nothing mixed, nothing lost
 
 
+def test_cka_overwrite_after_a_kill_between_output_and_checkpoint_removal(tmp_path, capsys, monkeypatch):
+    """A run killed after writing --out but before removing its checkpoint leaves a finished run's
+    checkpoint, no newer than the output. A later --overwrite over replaced stores must start afresh
+    (removing it, with a note), not refuse as if resuming (the crash audit's case)."""
+    for name, seed in (("a", 0), ("b", 1), ("other", 2)):
+        _store(tmp_path / f"{name}.zarr", seed=seed, n=200, chunk_rows=50)
+    a, b, out = tmp_path / "a.zarr", tmp_path / "b.zarr", tmp_path / "cka.npz"
+    ckpt = tmp_path / "cka.ckpt.npz"
+    argv = ["cka", a, b, "--batch-size", "50", "--shuffle", "none", "--checkpoint-every", "1", "--no-progress",
+            "--out", out]
+    real_remove = os.remove
+    with monkeypatch.context() as m:  # the kill: the checkpoint outlives the finished output
+        m.setattr(os, "remove", lambda p, *k, **kw: None if str(p) == str(ckpt) else real_remove(p, *k, **kw))
+        assert _run(capsys, *argv)[0] == 0
+    assert out.exists() and ckpt.exists() and os.path.getmtime(ckpt) <= os.path.getmtime(out)
+    first = repsim.load_result(str(out)).matrix("linear_cka").copy()
+
+    shutil.rmtree(b)
+    shutil.copytree(tmp_path / "other.zarr", b)
+    code, err = _run(capsys, *argv, "--overwrite")
+    assert code == 0, err
+    assert f"repsim: removing {ckpt}, left by the finished run that wrote {out}" in err
+    assert not ckpt.exists()
+    again = repsim.load_result(str(out)).matrix("linear_cka")
+    assert not np.allclose(again, first)  # b is another network now: computed afresh, not resumed
+
+    # a checkpoint newer than the output is an interrupted --overwrite run's: it is kept for resuming
+    ckpt.write_bytes(b"not yet")
+    os.utime(ckpt, (os.path.getmtime(out) + 10,) * 2)
+    args = __import__("argparse").Namespace(out=str(out), overwrite=True, checkpoint=None)
+    from repsim.commands.cka import output_and_checkpoint
+
+    assert output_and_checkpoint(args) == (str(out), str(ckpt)) and ckpt.exists()
+
+
 def test_store_identity_tells_rewritten_stores_apart_even_without_a_uuid(tmp_path):
     path = tmp_path / "s.zarr"
     first = _store(path, seed=0)

@@ -47,16 +47,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "their example_ids only align by coincidence)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from repsim.engine.minibatch import cka_matrix
-    from repsim.engine.scheduler import scheduler
-
+def output_and_checkpoint(args: argparse.Namespace) -> tuple[str, str]:
+    """(the ``--out`` file, its checkpoint file) of ``repsim cka``/``similarity``; an existing ``--out`` is
+    refused without ``--overwrite``. A checkpoint no newer than an existing ``--out`` is the leftover of the
+    run that wrote it (killed between writing the output and removing the checkpoint): it is removed, with a
+    note, so that a later ``--overwrite`` starts afresh instead of meeting a finished run's checkpoint."""
     out = args.out if args.out.endswith(".npz") else args.out + ".npz"
     if os.path.isdir(out) or (os.path.exists(out) and not args.overwrite):
         raise CommandError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
     ckpt = args.checkpoint or (out[:-4] + ".ckpt.npz")
     if not ckpt.endswith(".npz"):  # the name the checkpoint is written under (engine.checkpoint.Checkpoint)
         ckpt += ".npz"
+    if os.path.isfile(out) and os.path.isfile(ckpt) and os.path.getmtime(ckpt) <= os.path.getmtime(out):
+        print(f"repsim: removing {ckpt}, left by the finished run that wrote {out}", file=sys.stderr)
+        os.remove(ckpt)
+    return out, ckpt
+
+
+def run(args: argparse.Namespace) -> int:
+    from repsim.engine.minibatch import cka_matrix
+    from repsim.engine.scheduler import scheduler
+
+    out, ckpt = output_and_checkpoint(args)
     with scheduler(args.scheduler):
         result = cka_matrix(args.stores, layers=layers_arg(args.layers), batch_size=args.batch_size,
                             epochs=args.epochs, seed=args.seed, shuffle=args.shuffle, spatial=args.spatial,

@@ -6,7 +6,6 @@ import argparse
 import os
 import sys
 
-from repsim.commands.main import CommandError
 from repsim.commands._args import int_at_least, positive, positive_float
 from repsim.commands._stream import layers_arg, progress_arg
 from repsim.commands import cka as _cka
@@ -34,12 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from repsim.kernels.measures import parse_measures
 
     measures = parse_measures(args.measures)  # an unknown name is refused before any store is opened
-    out = args.out if args.out.endswith(".npz") else args.out + ".npz"
-    if os.path.isdir(out) or (os.path.exists(out) and not args.overwrite):
-        raise CommandError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
-    ckpt = args.checkpoint or (out[:-4] + ".ckpt.npz")
-    if not ckpt.endswith(".npz"):  # the name the checkpoint is written under (engine.checkpoint.Checkpoint)
-        ckpt += ".npz"
+    out, ckpt = _cka.output_and_checkpoint(args)
     options = {"rbf_threshold": args.rbf_threshold, "knn_k": args.knn_k, "rsa_max_rows": args.rsa_max_rows,
                "rsa_seed": args.seed, "ridge_folds": args.ridge_folds, "ridge_seed": args.seed}
     with scheduler(args.scheduler):
