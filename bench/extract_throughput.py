@@ -15,11 +15,13 @@ ratios) and fed by the in-memory path (extract/memory.py); extraction of ``pool,
 16 blocks (``--gpu-spatial``) from in-memory float32 and uint8 sources, and through the DataLoader
 (``--workers``); the fixed cost of a store; CPU against nvJPEG decoding of ``--jpegs`` generated
 JPEGs (see :func:`pipeline_rows`); sized to finish within 100 s at ``--gpu-n 10000`` (not yet timed on a GPU); a failing row prints its
-error and the rest still run. Writes bench/results/extract_throughput_gpu.json and the
+error and the rest still run. Writes ``--out`` (default bench/results/extract_throughput_gpu.json) and the
 ``## extract_throughput_gpu`` section of bench/RESULTS.md.
 
-Writes bench/results/extract_throughput.json and the ``## extract_throughput`` section of
-bench/RESULTS.md (CPU mode).
+CPU mode writes ``--out`` (default bench/results/extract_throughput.json) and the ``## extract_throughput``
+section of bench/RESULTS.md. As in every benchmark here (bench/_results.records), only a run of every row
+(no ``--only``, ``--pipeline-on-cpu`` or ``--no-markdown``) to the default ``--out`` rewrites RESULTS.md;
+a trial's JSON to the default path goes to the temporary directory instead.
 
     python bench/extract_throughput.py            # CPU configurations
     python bench/extract_throughput.py --device cuda --gpu-n 10000
@@ -385,16 +387,22 @@ def _gpu_checks(stores: dict[str, Path], dev: torch.device) -> dict:
     return out
 
 
-def write_results(results: list[dict], cmd: str) -> None:
-    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
+def write_results(results: list[dict], cmd: str, out: Path, markdown: bool) -> None:
+    """``out`` (JSON) and, with ``markdown``, the ``## extract_throughput`` section of bench/RESULTS.md."""
+    out.parent.mkdir(parents=True, exist_ok=True)
     meta = {"command": cmd, "python": platform.python_version(), "torch": torch.__version__,
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "machine": platform.machine(), "load_average": os.getloadavg(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     from _results import provenance
 
     meta["provenance"] = provenance()
-    (ROOT / "bench" / "results" / "extract_throughput.json").write_text(
-        json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    out.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    print(f"wrote {out}")
+    if not markdown:
+        print(json.dumps([{k: r[k] for k in ("label", "ratio", "ratio_of_best", "cpu_ratio", "forward_s", "extract_s")}
+                          for r in results], indent=1))
+        print("bench/RESULTS.md left alone (a trial: --no-markdown, --only or --out elsewhere)")
+        return
     lines = ["## extract_throughput", "",
              f"`{cmd}` — {meta['date']}, {meta['cpus']} CPUs ({meta['torch_threads']} torch threads), "
              f"torch {meta['torch']}, load average {meta['load_average'][0]:.1f} at the end (a machine shared "
@@ -425,18 +433,17 @@ def write_results(results: list[dict], cmd: str) -> None:
     path.write_text(text)
 
 
-def write_pipeline_results(measured: dict, cmd: str, device: str, markdown: bool) -> None:
-    """bench/results/extract_throughput_gpu.json, the table printed, and (``markdown``) the
-    ``## extract_throughput_gpu`` section of bench/RESULTS.md."""
+def write_pipeline_results(measured: dict, cmd: str, device: str, out: Path, markdown: bool) -> None:
+    """``out`` (JSON; by default bench/results/extract_throughput_gpu.json), the table printed, and
+    (``markdown``) the ``## extract_throughput_gpu`` section of bench/RESULTS.md."""
     name = torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else platform.processor() or "cpu"
     meta = {"command": cmd, "device": name, "torch": torch.__version__, "cpus": os.cpu_count(),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     from _results import provenance
 
     meta["provenance"] = provenance()
-    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench" / "results" / "extract_throughput_gpu.json").write_text(
-        json.dumps({"meta": meta, **measured}, indent=2) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, **measured}, indent=2) + "\n")
     lines = ["## extract_throughput_gpu", "",
              f"`{cmd}` — {meta['date']}, {name}, torch {meta['torch']}, {meta['cpus']} CPUs, {measured['wall_s']:.0f} s in "
              "all. ResNet-50, channels-last, "
@@ -479,8 +486,20 @@ def main() -> int:
                    help="run the GPU rows on the CPU (a smoke test of the script: small --gpu-n and --image-size)")
     p.add_argument("--only", nargs="*", default=[], metavar="TEXT",
                    help="run only configurations whose label contains one of these (e.g. flatten)")
+    p.add_argument("--out", default=None, metavar="JSON",
+                   help="where the JSON goes (default bench/results/extract_throughput.json, with --device cuda "
+                        "extract_throughput_gpu.json); RESULTS.md is rewritten only by a run of every row to the "
+                        "default file (bench/_results.records)")
     p.add_argument("--no-markdown", action="store_true", help="write the JSON only, leave RESULTS.md alone")
     args = p.parse_args()
+    gpu = args.device == "cuda" or args.pipeline_on_cpu
+    default_out = ROOT / "bench" / "results" / ("extract_throughput_gpu.json" if gpu else "extract_throughput.json")
+    out = Path(args.out or default_out)
+    from _results import json_out, records
+
+    trial = bool(args.only) or args.pipeline_on_cpu or args.no_markdown
+    markdown = records(out, default_out, quick=trial)
+    out = Path(json_out(out, default_out, quick=trial))
     ONLY[:] = args.only
     cmd = "python bench/extract_throughput.py " + " ".join(sys.argv[1:])
     if args.device == "cuda" or args.pipeline_on_cpu:
@@ -488,15 +507,11 @@ def main() -> int:
             t0 = time.perf_counter()
             measured = pipeline_rows(args, Path(tmp), args.device)
             measured["wall_s"] = time.perf_counter() - t0  # the whole measurement (goal: <= 100 s)
-        write_pipeline_results(measured, cmd.strip(), args.device, not args.no_markdown)
+        write_pipeline_results(measured, cmd.strip(), args.device, out, markdown)
         return 0
     with tempfile.TemporaryDirectory(prefix="extract-bench-") as tmp:
         results = [r for r in cpu_configs(args, Path(tmp)) if r is not None]
-    if not args.no_markdown:
-        write_results(results, cmd.strip())
-    else:
-        print(json.dumps([{k: r[k] for k in ("label", "ratio", "ratio_of_best", "cpu_ratio", "forward_s", "extract_s")}
-                          for r in results], indent=1))
+    write_results(results, cmd.strip(), out, markdown)
     return 0
 
 
