@@ -494,10 +494,7 @@ def test_cuda_without_cupy_is_a_clear_error(two_stores):
     import re
     from pathlib import Path
 
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    import tomllib
 
     extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
     cupy_extras = {name for name, deps in extras["project"]["optional-dependencies"].items()

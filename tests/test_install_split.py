@@ -31,10 +31,7 @@ BLOCKED = ("torch", "torchvision", "timm", "transformers")
 
 
 def _pyproject() -> dict:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    import tomllib
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
@@ -109,8 +106,8 @@ def test_every_analysis_import_is_a_core_dependency_or_a_named_extra():
         for top, how in _third_party_imports(path):
             dists = {_name(d) for d in provided.get(top, [])}
             where = f"{path.relative_to(ROOT)}: import {top}"
-            # (a core dependency behind an environment marker this interpreter does not meet, e.g. tomli
-            # on Python >= 3.11, is not installed: its module name is its distribution's)
+            # (a core dependency behind an environment marker this interpreter does not meet is not
+            # installed: its module name is its distribution's)
             if dists & core or how == "optional" or _name(top) in core:
                 continue
             if how == "eager":

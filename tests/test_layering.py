@@ -183,10 +183,7 @@ def test_no_stage_names_a_module_above_it():
 
 def declared_commands(root: Path) -> dict[str, str]:
     """pyproject.toml's ``[project.entry-points."repsim.commands"]``: subcommand -> module."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    import tomllib
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     return dict(project.get("entry-points", {}).get("repsim.commands", {}))
 

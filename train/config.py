@@ -9,14 +9,10 @@ network is built). ``--set`` takes dotted keys and TOML literals: ``--set optim.
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 from typing import Any, Iterable
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+import tomllib
 
 PRESET_DIR = Path(__file__).with_name("presets")
 
