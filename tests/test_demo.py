@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytest.importorskip("torch")  # training and extraction need the [torch] extra
+
 
 def _demo(out, *extra):
     cmd = [sys.executable, "-m", "repsim", "demo", "--out", str(out), "--objectives", "softmax", "sigmoid",

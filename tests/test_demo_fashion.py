@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+pytest.importorskip("torch")  # training and extraction need the [torch] extra
+
 from train import fashion as fm
 
 

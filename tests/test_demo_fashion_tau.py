@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytest.importorskip("torch")  # training and extraction need the [torch] extra
+
 from test_demo_fashion import TINY, _tiny_fashion
 
 

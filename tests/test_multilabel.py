@@ -102,6 +102,7 @@ def _chexpert(root, rng, n_train=12, n_valid=5):
 
 
 def test_csv_loader_chexpert_layout(tmp_path):
+    pytest.importorskip("torch")
     from train.csvdata import read_label_csv
     from train.data import build_dataset
 
@@ -140,6 +141,7 @@ def test_csv_loader_chexpert_layout(tmp_path):
 
 
 def test_extract_writes_multilabel_store(tmp_path):
+    pytest.importorskip("torch")
     from extract.pipeline import extract_store
 
     base, truth = _chexpert(tmp_path, np.random.default_rng(2), n_train=4, n_valid=9)

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
 
 from train.objectives import DEFAULTS, OBJECTIVES, make_objective
 

@@ -68,6 +68,7 @@ def test_one_process_of_a_torchrun_job():
 def test_commands_refuse_with_one_line_before_training(tmp_path, capsys, monkeypatch):
     """An unplaceable request: exit 2, one line, nothing written (GPUs faked: tune reads
     CUDA_VISIBLE_DEVICES, a training process asks torch.cuda)."""
+    pytest.importorskip("torch")
     from repsim.commands.main import main
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")

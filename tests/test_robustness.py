@@ -7,6 +7,8 @@ import csv
 import numpy as np
 import pytest
 
+pytest.importorskip("torch")  # training and extraction need the [torch] extra
+
 from helpers_eval import IMAGE_SIZE, tiny_checkpoint, write_image
 from repsim.probes.robustness import ALEXNET_ERRORS, CORRUPTIONS, corruption_errors, masked_predictions, mce
 

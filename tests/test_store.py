@@ -512,7 +512,7 @@ def test_stores_and_checkpoints_get_the_umask_mode_not_mkstemps_0600(tmp_path):
     now has 0666 less the umask, as ``open`` gives."""
     import stat
 
-    import torch
+    torch = pytest.importorskip("torch")
 
     from repsim.store.writer import save_store
     from train.checkpoint import save_checkpoint

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
 
 from train.config import ConfigError, apply_set, finetune_grid, list_presets, load_config
 from train.models import build_backbone

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
 
 from train import fashion as fm
 from train.data import build_dataset

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
 
 from repsim.commands.main import main
 from train import load_model

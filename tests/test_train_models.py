@@ -3,7 +3,7 @@ objective × model on CPU (tiny inputs: ResNet-50 at 32 px, Inception v3 at 75 p
 from __future__ import annotations
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
 from torch import nn
 
 from train.loop import _TrainStep, param_groups

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-import torch
+torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
 import torch.nn.functional as F
 
 from train.augment import FloatAutoAugment, mixup_batch, variant_of

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
 
 import train.loop as loop
 from repsim.runs import best_epoch, holdout_curve

@@ -9,6 +9,8 @@ import math
 
 import pytest
 
+pytest.importorskip("torch")  # training and extraction need the [torch] extra
+
 from repsim.commands.main import main
 from repsim.results import COLUMNS, columns
 from train.config import finetune_grid, load_config
