@@ -53,3 +53,31 @@ def test_a_reader_that_stops_reading_stdout_is_no_error(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert "Broken pipe" not in err and "Exception ignored" not in err
+
+
+def test_a_train_py_in_the_current_directory_does_not_break_python_m_repsim(tmp_path):
+    """``python -m repsim`` puts the current directory first on sys.path, where a researcher's own
+    ``train.py`` shadows repsim's ``train`` package: every other subcommand still works, the shadowed
+    ones say so in one line (exit 2), and the user's script is never run (the packaging audit's case)."""
+    import os
+    from pathlib import Path
+
+    repo = str(Path(__file__).resolve().parents[1])
+    (tmp_path / "train.py").write_text("print('the user script ran')\n")
+    env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+    def repsim(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "repsim", *argv], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    ok = repsim("check", "--help")
+    assert ok.returncode == 0 and "usage: repsim check" in ok.stdout, ok.stderr
+    listed = repsim("--help")
+    assert listed.returncode == 0 and "(unavailable: cannot import train.cli)" in listed.stdout
+    refused = repsim("train", "--preset", "digits-softmax", "--out", "x")
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        f"repsim train: error: cannot import train.cli: {tmp_path / 'train.py'} shadows repsim's package 'train' "
+        f"({Path(repo) / 'train'}): run the `repsim` command instead of `python -m repsim`, run it from another "
+        "directory, or rename that file")
+    assert "the user script ran" not in ok.stdout + listed.stdout + refused.stdout

@@ -3,7 +3,9 @@
 Each subcommand module defines ``HELP`` (one line), ``configure(parser)`` and ``run(args) -> int``, and
 is registered as an entry point of the group ``repsim.commands`` (pyproject.toml; :data:`SUBCOMMANDS`).
 Modules are imported only to build their parser; anything heavy (torch, dask, zarr) is imported
-inside ``run`` so that ``repsim --help`` is fast and ``import repsim`` never pulls in torch.
+inside ``run`` so that ``repsim --help`` is fast and ``import repsim`` never pulls in torch. A subcommand
+whose module cannot be imported (e.g. :func:`shadowed` by a ``train.py`` in the current directory under
+``python -m repsim``) is listed as unavailable and refuses with the reason; the others still work.
 
 Errors (:func:`main`): a subcommand reports an expected failure by raising; :func:`main` turns it
 into one line ``repsim COMMAND: error: MESSAGE`` on stderr and an exit status from :data:`EXIT_CODES`.
@@ -42,10 +44,7 @@ def _checkout_commands() -> dict[str, str]:
     path = Path(__file__).resolve().parents[2] / "pyproject.toml"
     if not path.is_file():
         return {}
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib
+    import tomllib
     project = tomllib.loads(path.read_text()).get("project", {})
     if project.get("name") != DISTRIBUTION:
         return {}
@@ -123,7 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     parser.set_defaults(_subparsers=sub.choices)
     for name, module_name in SUBCOMMANDS.items():
-        module = importlib.import_module(module_name.split(":")[0])
+        reason = shadowed(module_name.split(":")[0])
+        try:
+            module = None if reason else importlib.import_module(module_name.split(":")[0])
+        except ImportError as exc:  # this one command says why when run; the others still work
+            reason = (f"cannot import {module_name.split(':')[0]} ({exc}); reinstall repsim-toolkit "
+                      "(pip install -e . in a checkout)")
+        if module is None:
+            _add_unimportable(sub, name, module_name.split(":")[0], reason)
+            continue
         sp = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.configure(sp)
         # SUPPRESS: given only after the subcommand, it must not reset a --debug given before it
@@ -131,6 +138,40 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the full traceback of any error")
         sp.set_defaults(_run=module.run)
     return parser
+
+
+def shadowed(module_name: str) -> str | None:
+    """Why the package of ``module_name`` is not repsim's, when it is not (found without importing it);
+    else None. Under ``python -m repsim`` the current directory comes first on ``sys.path``, so a
+    ``train.py`` (or an ``extract``/``analyses`` file or folder) there shadows the package of that name
+    installed beside repsim; the ``repsim`` command does not put the current directory on the path."""
+    import importlib.util
+
+    top = module_name.split(".")[0]
+    ours = Path(__file__).resolve().parents[2] / top
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    origin = spec.origin if spec is not None and spec.has_location else None
+    if origin is None or Path(origin).resolve().is_relative_to(ours):
+        return None
+    kind = "folder" if Path(origin).name == "__init__.py" else "file"
+    return (f"cannot import {module_name}: {Path(origin).parent if kind == 'folder' else origin} shadows "
+            f"repsim's package {top!r} ({ours}): run the `repsim` command instead of `python -m repsim`, "
+            f"run it from another directory, or rename that {kind}")
+
+
+def _add_unimportable(sub, name: str, module_name: str, reason: str) -> None:
+    """Register subcommand ``name`` whose module cannot be imported: listed as unavailable, and running
+    it (with any arguments) ends in ``reason`` as one line, exit 2."""
+    def run(args: argparse.Namespace) -> int:
+        raise CommandError(reason)
+
+    sp = sub.add_parser(name, help=f"(unavailable: cannot import {module_name})", description=reason,
+                        add_help=False, prefix_chars="\0")  # every argument, options too, lands in `rest`
+    sp.add_argument("rest", nargs="*", help=argparse.SUPPRESS)
+    sp.set_defaults(_run=run)
 
 
 def one_line(exc: BaseException) -> str:
