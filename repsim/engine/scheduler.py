@@ -190,6 +190,8 @@ def _result(fut: Any, watch: "_WorkerWatch", waiting: int) -> Any:
     between them: a result whose worker died before the client fetched it is recomputed, and when
     every worker is gone that wait never ended (``fut.result()`` at 0 % CPU for 14 minutes, dist
     audit); now :class:`ClusterLost` ends it as it ends a wait for running tasks."""
+    from distributed import KilledWorker
+
     while True:
         try:
             return fut.result(timeout=RESULT_WAIT_S)
@@ -197,6 +199,68 @@ def _result(fut: Any, watch: "_WorkerWatch", waiting: int) -> Any:
             if fut.status == "error":
                 raise
             watch.check(waiting)
+        except KilledWorker as exc:
+            raise WorkersKilled(killed_message(watch.limits, exc)) from None
+
+
+class WorkersKilled(ConnectionError):
+    """A task's workers died while running it, as many times as the scheduler allows (distributed's
+    ``KilledWorker``; most often the nanny killed them for exceeding their memory limit).  An I/O /
+    cluster failure to the CLI, as :class:`ClusterLost`: exit 3, not "a bug in repsim"."""
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.0f} MiB"
+
+
+def _workers(client: Any) -> dict[str, dict[str, Any]] | None:
+    """The scheduler's ``{address: worker info}`` now (None when it does not answer)."""
+    try:
+        return dict(client.scheduler_info().get("workers", {}))
+    except Exception:  # noqa: BLE001 - a scheduler that does not answer: the callers decide
+        return None
+
+
+def worker_memory_limits(workers: dict[str, dict[str, Any]] | None) -> dict[str, tuple[int, int]]:
+    """``{worker address: (memory limit in bytes, threads)}`` of the scheduler's ``workers``
+    (:func:`_workers`); a limit of 0 means none (``dask worker --memory-limit 0``)."""
+    return {addr: (int(w.get("memory_limit") or 0), max(1, int(w.get("nthreads") or 1)))
+            for addr, w in (workers or {}).items()}
+
+
+def killed_message(limits: dict[str, tuple[int, int]], exc: BaseException) -> str:
+    """One line for distributed's ``KilledWorker``: what happened, the memory limits of the workers
+    seen during the run (``limits``, :func:`worker_memory_limits`; the killed ones may not be back
+    yet), and what to change."""
+    task = getattr(exc, "task", "?")
+    tries = getattr(exc, "allowed_failures", None)
+    tries = "" if tries is None else f" {tries + 1} time(s)"
+    sizes = sorted({lim for lim, _ in limits.values() if lim})
+    limit = (f"the workers' memory limit is {' / '.join(_size(v) for v in sizes)}" if sizes
+             else "the workers report no memory limit")
+    return (f"dask workers died{tries} while running task {task} (KilledWorker: most likely killed for exceeding "
+            f"their memory limit, which their logs would say); {limit}: start the workers with more "
+            "memory (dask worker --memory-limit, fewer --nworkers or --nthreads per node), or make the tasks "
+            "smaller (a smaller --batch-size, --spatial mean, fewer --layers per run); a cka run's finished "
+            "segments are in its checkpoint: rerunning the same command continues from them")
+
+
+MEMORY_SHARE = 0.25  # of a worker thread's memory limit that one task's accumulator state may take
+
+
+def capped_budget(budget: int) -> int:
+    """``budget`` (bytes of accumulator state a task may hold, chosen on the client), at most
+    :data:`MEMORY_SHARE` of the smallest memory limit per worker thread of the cluster in use: a task
+    holds that state about three times over (the empty templates it is sent, the filled accumulators,
+    their serialised result), next to its input blocks.  Unchanged in this process or when no worker
+    reports a limit."""
+    client = get_client()
+    if client is None:
+        return int(budget)
+    shares = [lim // threads for lim, threads in worker_memory_limits(_workers(client)).values() if lim]
+    if not shares:
+        return int(budget)
+    return max(1, min(int(budget), int(MEMORY_SHARE * min(shares))))
 
 
 class _WorkerWatch:
@@ -208,16 +272,16 @@ class _WorkerWatch:
         self.client = client
         self.since: float | None = None
         self.last = 0.0
+        self.limits = worker_memory_limits(_workers(client))  # every worker seen: (memory limit, threads)
 
     def check(self, waiting: int) -> None:
         now = time.monotonic()
         if now - self.last < 1.0:  # (the scheduler is asked once a second)
             return
         self.last = now
-        try:
-            workers = len(self.client.scheduler_info().get("workers", {}))
-        except Exception:  # noqa: BLE001 - a scheduler that does not answer is a failure too
-            workers = 0
+        info = _workers(self.client)  # a scheduler that does not answer is a failure too
+        workers = len(info or {})
+        self.limits.update(worker_memory_limits(info))
         if workers:
             self.since = None
             return
