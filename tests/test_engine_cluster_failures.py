@@ -166,3 +166,61 @@ def test_the_drivers_memory_budget_fits_the_workers_memory_limit(small_workers, 
     assert budgets == [WORKER_MEMORY // 4, 4 << 30]
     assert remote[("a", "f")]["separation"]["cosine"] == pytest.approx(local[("a", "f")]["separation"]["cosine"],
                                                                        rel=1e-12)
+
+
+class _Garbage(__import__("socketserver").BaseRequestHandler):
+    """A TCP service that is not dask: it answers every connection with an HTTP error and closes."""
+
+    def handle(self) -> None:
+        self.request.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n" * 4)
+
+
+@pytest.fixture(params=["http", "garbage"])
+def not_a_scheduler(request, monkeypatch):
+    """``tcp://127.0.0.1:PORT`` of a real local server that is not a dask scheduler: an HTTP server
+    (it waits for a request line, so the dask handshake waited forever) or one that sends bytes at
+    once (read as frame lengths, they made distributed allocate exabytes: MemoryError)."""
+    import http.server
+    import socketserver
+
+    monkeypatch.setattr(sched, "CONNECT_S", 3.0)
+    if request.param == "http":
+        server: Any = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    else:
+        server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Garbage)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"tcp://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_address_that_is_not_a_scheduler_is_refused_in_time(not_a_scheduler):
+    """Connecting to a port where something else listens hung forever (an HTTP server) or crashed with
+    MemoryError, exit 70 (dist audit, finding 3); now ConnectionError (exit 3) within the deadline."""
+    def connect() -> Any:
+        with scheduler(not_a_scheduler):
+            return "connected"
+
+    outcome = run_guarded(connect, 60)
+    assert isinstance(outcome, ConnectionError), outcome
+    assert str(outcome).startswith(f"{not_a_scheduler} is not a dask scheduler (or did not answer in 3 s)")
+
+
+def test_the_cli_says_which_address_is_not_a_scheduler(not_a_scheduler, tmp_path, capsys):
+    """``repsim sparsity --scheduler ADDRESS`` of a non-dask server: one error line, exit 3."""
+    import numpy as np
+
+    from repsim.commands.main import EXIT_IO, main
+    from test_engine_helpers import correlated_layers, make_store
+
+    store = make_store(tmp_path / "a.zarr", correlated_layers(np.random.default_rng(0), 30, {"f": (4,)}))
+    code = run_guarded(lambda: main(["sparsity", store.path, "--scheduler", not_a_scheduler, "--out",
+                                     str(tmp_path / "s.csv"), "--no-progress"]), 60)
+    err = capsys.readouterr().err
+    assert code == EXIT_IO, err
+    assert f"repsim sparsity: error: {not_a_scheduler} is not a dask scheduler" in err
+    assert "Traceback" not in err and not (tmp_path / "s.csv").exists()

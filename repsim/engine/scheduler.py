@@ -55,7 +55,54 @@ def _connect(address: str) -> tuple[Any, Any]:
     if n is not None:
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
         return Client(cluster), cluster
-    return Client(address), None
+    check_scheduler(address)
+    return Client(address, timeout=CONNECT_S), None
+
+
+CONNECT_S = 30.0  # how long connecting to a scheduler may take, handshake included
+
+
+def check_scheduler(address: str, timeout: float | None = None) -> None:
+    """Raise ``ConnectionError`` unless ``address`` answers as a dask scheduler within ``timeout``
+    seconds (default :data:`CONNECT_S`): distributed's ``Client`` bounds only the TCP connect, so an
+    HTTP server on that port (a dashboard's :8787) kept it waiting forever for a handshake, and a
+    server that answered with other bytes made it allocate exabytes (MemoryError, exit 70; dist
+    audit, finding 3).  An address nothing listens on keeps distributed's own clear message
+    ("Timed out trying to connect to ... after 30 s")."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from distributed.comm import connect
+
+    timeout = CONNECT_S if timeout is None else float(timeout)
+
+    async def identity() -> Any:
+        comm = await connect(address, timeout=timeout)  # (its handshake read has no deadline)
+        try:
+            await comm.write({"op": "identity"})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    def ask() -> Any:
+        return asyncio.run(asyncio.wait_for(identity(), timeout + 1.0))
+
+    # on a thread of its own: a fresh event loop, also when the caller's thread runs one (Jupyter)
+    with ThreadPoolExecutor(1, thread_name_prefix="repsim-connect") as pool:
+        try:
+            info = pool.submit(ask).result()
+        except (TimeoutError, asyncio.TimeoutError):
+            info = None
+        except OSError as exc:
+            if str(exc).startswith("Timed out trying to connect"):  # nothing listens there: already clear
+                raise
+            info = None
+        except Exception:  # noqa: BLE001 - bytes that are not dask's protocol (MemoryError, decode errors)
+            info = None
+    if not (isinstance(info, dict) and info.get("type") == "Scheduler"):
+        raise ConnectionError(f"{address} is not a dask scheduler (or did not answer in {timeout:.0f} s): give "
+                              "the address `dask scheduler` prints (port 8786 by default; its dashboard, 8787, "
+                              "is not it)")
 
 
 def _close(owned: Any) -> None:
