@@ -86,3 +86,37 @@ def test_a_cluster_without_workers_is_given_up_with_a_clear_error(monkeypatch):
     from repsim.commands.main import EXIT_IO, classify
 
     assert classify(sched.ClusterLost("x"))[0] == EXIT_IO
+
+
+def test_exact_estimators_run_in_this_process_and_the_meta_says_so(client, stores):
+    """``cka --method exact`` and similarity's exact measures read every column on the client whatever
+    ``--scheduler`` says; the meta said the run was distributed (or nothing) and no line told the user
+    (dist audit, finding 4).  Now a warning and per-estimator meta."""
+    from repsim.engine.minibatch import similarity_matrix
+
+    address = client.scheduler.address
+    with pytest.warns(UserWarning, match=r"exact estimator of linear_cka runs in this process, not on the dask"):
+        exact = cka_matrix(stores, method="exact", progress=False, allow_mixed_datasets=True)
+    assert exact.meta["scheduler"] == "threads" and exact.meta["estimator_schedulers"] == {"exact": "threads"}
+    with pytest.warns(UserWarning, match=r"exact estimator of procrustes runs in this process"):
+        mixed = similarity_matrix(stores, ["linear_cka", "procrustes"], batch_size=25, epochs=1, progress=False,
+                                  allow_mixed_datasets=True)
+    assert mixed.meta["scheduler"] == f"distributed:{address}"
+    assert mixed.meta["estimator_schedulers"] == {"minibatch": f"distributed:{address}", "exact": "threads"}
+    with scheduler(None):
+        local = similarity_matrix(stores, ["linear_cka", "procrustes"], batch_size=25, epochs=1, progress=False,
+                                  allow_mixed_datasets=True)
+    assert local.meta["estimator_schedulers"] == {"minibatch": "threads", "exact": "threads"}
+
+
+def test_cka_exact_with_a_scheduler_prints_one_warning_line(client, stores, tmp_path, capsys):
+    """The CLI through a real scheduler address (the fixture's cluster): one ``WARNING:`` line, exit 0."""
+    from repsim.commands.main import main
+
+    out = tmp_path / "cka.npz"
+    code = main(["cka", "--method", "exact", *stores, "--allow-mixed-datasets", "--scheduler",
+                 client.scheduler.address, "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0 and out.is_file(), err
+    lines = [line for line in err.splitlines() if line.startswith("WARNING:")]
+    assert len(lines) == 1 and "exact estimator of linear_cka runs in this process" in lines[0], err
