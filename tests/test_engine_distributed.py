@@ -1,6 +1,8 @@
 """The same computations on a real dask.distributed LocalCluster (2 worker processes) as in-process."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -120,3 +122,26 @@ def test_cka_exact_with_a_scheduler_prints_one_warning_line(client, stores, tmp_
     assert code == 0 and out.is_file(), err
     lines = [line for line in err.splitlines() if line.startswith("WARNING:")]
     assert len(lines) == 1 and "exact estimator of linear_cka runs in this process" in lines[0], err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/cwd"), reason="needs /proc/self/cwd (Linux)")
+def test_a_store_a_worker_cannot_see_names_the_worker(client, stores, tmp_path, monkeypatch):
+    """``/proc/self/cwd/a.zarr`` is the store on the client (its cwd moved to the store's directory after
+    the workers started) and a missing path on the workers (their cwd stayed): a node without the
+    shared file system.  The error said ``store a: PATH does not exist`` like a refusal of the client's
+    own input (dist audit, finding 9); it now names the worker, and the CLI still exits 2."""
+    from repsim.commands.main import EXIT_REFUSED, classify
+    from repsim.store.format import StoreError
+
+    worker_cwds = set(client.run(os.getcwd).values())
+    monkeypatch.chdir(os.path.dirname(stores[0]))
+    assert os.getcwd() not in worker_cwds and not any(os.path.exists(os.path.join(d, "a.zarr")) for d in worker_cwds)
+    seen_here = "/proc/self/cwd/a.zarr"
+    with pytest.raises(StoreError) as info:
+        cka_matrix([seen_here, stores[1]], batch_size=25, epochs=1, progress=False, allow_mixed_datasets=True)
+    workers = list(client.scheduler_info()["workers"])
+    message = str(info.value)
+    assert message.startswith(f"store a: {seen_here} does not exist (raised on dask worker tcp://"), message
+    assert any(w in message for w in workers)
+    assert "the path exists on the client, not on that worker" in message
+    assert classify(info.value) == (EXIT_REFUSED, message)

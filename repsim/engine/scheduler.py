@@ -197,7 +197,8 @@ def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callabl
     def submit() -> None:
         nonlocal submitted
         while submitted < len(args) and submitted - next_out < limit:
-            fut = client.submit(fn, *args[submitted], pure=False, key=f"repsim-{getattr(fn, '__name__', 'task')}-{tag}-{submitted}")
+            fut = client.submit(_on_worker, fn, *args[submitted], pure=False,
+                                key=f"repsim-{getattr(fn, '__name__', 'task')}-{tag}-{submitted}")
             futures[fut.key] = submitted
             ac.add(fut)
             submitted += 1
@@ -221,6 +222,44 @@ def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callabl
             yield next_out, done.pop(next_out)
             next_out += 1
         submit()
+
+
+def _on_worker(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` as a task on a dask worker: an expected failure (``OSError``, ``ValueError``,
+    ``KeyError``: the one-line errors of the CLI) comes back naming the worker it was raised on
+    (:func:`name_worker`), so that a store one node cannot see no longer reads like a refusal of
+    the client's own input (dist audit, finding 9)."""
+    try:
+        return fn(*args)
+    except (OSError, ValueError, KeyError) as exc:
+        name_worker(exc)
+        raise
+
+
+def name_worker(exc: BaseException) -> BaseException:
+    """Add ``(raised on dask worker ADDRESS, host HOST...)`` to ``exc``'s message, in place and so
+    that it survives pickling back to the client (an ``OSError``'s ``strerror`` and ``args``, other
+    exceptions' first argument when it is a string).  A missing path adds that the client sees it
+    (every path was checked there before any task was sent) and that every worker must."""
+    import socket
+
+    try:
+        from distributed import get_worker
+
+        address = get_worker().address
+    except (ImportError, ValueError):  # not on a worker
+        address = "?"
+    where = f"raised on dask worker {address}, host {socket.gethostname()}"
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc.args[0]) if exc.args else ""
+    if isinstance(exc, FileNotFoundError) or "does not exist" in text:
+        where += ("; the path exists on the client, not on that worker: every worker must see the stores at "
+                  "the client's paths (a shared file system mounted at the same place)")
+    if isinstance(exc, OSError) and exc.errno is not None and exc.strerror:
+        exc.strerror = f"{exc.strerror} ({where})"
+        exc.args = (exc.errno, exc.strerror) + tuple(exc.args[2:])
+    elif exc.args and isinstance(exc.args[0], str):
+        exc.args = (f"{exc.args[0]} ({where})",) + tuple(exc.args[1:])
+    return exc
 
 
 POLL_S = 0.05
