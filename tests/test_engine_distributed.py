@@ -145,3 +145,24 @@ def test_a_store_a_worker_cannot_see_names_the_worker(client, stores, tmp_path, 
     assert any(w in message for w in workers)
     assert "the path exists on the client, not on that worker" in message
     assert classify(info.value) == (EXIT_REFUSED, message)
+
+
+def test_the_cluster_lost_wait_is_set_by_an_environment_variable(monkeypatch):
+    """``REPSIM_CLUSTER_LOST_S`` shortens (or lengthens) the 120 s without a worker after which a run
+    is given up (dist audit, finding 12: a module constant only); a bad value is refused (exit 2)."""
+    from distributed import Client, LocalCluster
+
+    import repsim.engine.scheduler as sched
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as c:
+        with scheduler(c):
+            monkeypatch.setenv("REPSIM_CLUSTER_LOST_S", "1.5")
+            with pytest.raises(sched.ClusterLost, match=r"no worker for 2 s while 2 task\(s\) wait.*"
+                                                         r"REPSIM_CLUSTER_LOST_S sets how long"):
+                list(sched.run_tasks(abs, [(-1,), (-2,)]))
+            monkeypatch.setenv("REPSIM_CLUSTER_LOST_S", "soon")
+            before = set(c.futures)
+            with pytest.raises(ValueError, match=r"^REPSIM_CLUSTER_LOST_S must be a number of seconds > 0, "
+                                                 r"got 'soon'$"):
+                list(sched.run_tasks(abs, [(-1,)]))
+            assert set(c.futures) <= before  # refused before any task was sent

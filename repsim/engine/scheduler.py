@@ -203,8 +203,8 @@ def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callabl
             ac.add(fut)
             submitted += 1
 
+    watch = _WorkerWatch(client)  # (first: it refuses a bad $REPSIM_CLUSTER_LOST_S before any task is sent)
     submit()
-    watch = _WorkerWatch(client)
     while futures:
         ready = ac.next_batch(block=False) if ac.has_ready() else []
         if not ready:  # poll (Ctrl-C reaches this thread) and notice a cluster that lost every worker
@@ -265,6 +265,23 @@ def name_worker(exc: BaseException) -> BaseException:
 POLL_S = 0.05
 RESULT_WAIT_S = 1.0  # how long one wait for a finished task's result lasts before the workers are checked
 NO_WORKERS_S = 120.0  # how long a cluster may have no worker at all before the run is given up
+CLUSTER_LOST_ENV = "REPSIM_CLUSTER_LOST_S"  # ... set in seconds by this environment variable
+
+
+def cluster_lost_s() -> float:
+    """Seconds a cluster may have no worker while tasks wait before :class:`ClusterLost`:
+    ``$REPSIM_CLUSTER_LOST_S`` when set (shorter for a batch job that should fail fast, longer for
+    workers that a queue may take a while to restart), else :data:`NO_WORKERS_S` (120)."""
+    text = os.environ.get(CLUSTER_LOST_ENV, "").strip()
+    if not text:
+        return float(NO_WORKERS_S)
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise ValueError(f"{CLUSTER_LOST_ENV} must be a number of seconds > 0, got {text!r}")
+    return value
 
 
 class ClusterLost(ConnectionError):
@@ -350,15 +367,16 @@ def capped_budget(budget: int) -> int:
 
 
 class _WorkerWatch:
-    """Raise when the cluster has had no worker for ``NO_WORKERS_S`` while tasks wait: a run whose
-    workers all died (killed, out of memory) waited forever at 0 % CPU (resume audit); finished
-    segments are in the checkpoint, so a rerun continues from them."""
+    """Raise when the cluster has had no worker for :func:`cluster_lost_s` seconds while tasks wait:
+    a run whose workers all died (killed, out of memory) waited forever at 0 % CPU (resume audit);
+    finished segments are in the checkpoint, so a rerun continues from them."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         self.since: float | None = None
         self.last = 0.0
         self.limits = worker_memory_limits(_workers(client))  # every worker seen: (memory limit, threads)
+        self.give_up_s = cluster_lost_s()
 
     def check(self, waiting: int) -> None:
         now = time.monotonic()
@@ -372,11 +390,11 @@ class _WorkerWatch:
             self.since = None
             return
         self.since = self.since if self.since is not None else now
-        if now - self.since >= NO_WORKERS_S:
+        if now - self.since >= self.give_up_s:
             raise ClusterLost(
-                f"the dask cluster has had no worker for {NO_WORKERS_S:.0f} s while {waiting} task(s) wait "
+                f"the dask cluster has had no worker for {self.give_up_s:.0f} s while {waiting} task(s) wait "
                 "(workers killed or out of memory?); finished segments are in the checkpoint: rerun the same "
-                "command to continue from them")
+                f"command to continue from them ({CLUSTER_LOST_ENV} sets how long to wait)")
 
 
 # the extras of pyproject.toml that install CuPy: its wheels are built per CUDA major version
