@@ -224,3 +224,29 @@ def test_the_cli_says_which_address_is_not_a_scheduler(not_a_scheduler, tmp_path
     assert code == EXIT_IO, err
     assert f"repsim sparsity: error: {not_a_scheduler} is not a dask scheduler" in err
     assert "Traceback" not in err and not (tmp_path / "s.csv").exists()
+
+
+def test_workers_running_another_repsim_are_named_at_connect(tmp_path):
+    """A worker whose Python imports another repsim (here a package of another version first on its
+    path) was mixed in silently (dist audit, finding 10); connecting now warns, naming it."""
+    from distributed import Client, LocalCluster
+
+    other = tmp_path / "other" / "repsim"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text('__version__ = "0.0.0+other"\n')
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "other"))
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        cmd = [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address, "--no-nanny",
+               "--nthreads", "1", "--no-dashboard"]
+        proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            with Client(cluster) as client:
+                wait_for(lambda: len(client.scheduler_info()["workers"]) == 2, "2 workers")
+                odd = [a for a, pid in client.run(os.getpid).items() if pid == proc.pid]
+            with pytest.warns(UserWarning, match=r"^1 of 2 dask worker\(s\) do not run this client's repsim") as rec:
+                with scheduler(cluster.scheduler_address):
+                    pass
+        finally:
+            proc.kill()
+            proc.wait()
+    assert len(odd) == 1 and f"{odd[0]}: repsim 0.0.0+other" in str(rec[0].message)

@@ -56,7 +56,9 @@ def _connect(address: str) -> tuple[Any, Any]:
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
         return Client(cluster), cluster
     check_scheduler(address)
-    return Client(address, timeout=CONNECT_S), None
+    client = Client(address, timeout=CONNECT_S)
+    check_worker_versions(client)
+    return client, None
 
 
 CONNECT_S = 30.0  # how long connecting to a scheduler may take, handshake included
@@ -103,6 +105,41 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
         raise ConnectionError(f"{address} is not a dask scheduler (or did not answer in {timeout:.0f} s): give "
                               "the address `dask scheduler` prints (port 8786 by default; its dashboard, 8787, "
                               "is not it)")
+
+
+# the workers' repsim version: a lambda, so that cloudpickle sends it by value and a worker without
+# repsim answers with its ImportError instead of failing to unpickle the function
+_WORKER_REPSIM = lambda: __import__("repsim").__version__  # noqa: E731
+
+
+def check_worker_versions(client: Any) -> dict[str, str]:
+    """Warn (one ``WARNING:`` line from the CLI) when workers of ``client``'s cluster run another repsim
+    version than this process, or none: their tasks then fail (a worker without repsim dies unpickling
+    one, and the run goes on silently on the others) or compute with other code (dist audit, finding
+    10).  Returns ``{worker: what it runs}`` of the mismatching workers.  The package records no git
+    commit, so two checkouts of the same version are not told apart."""
+    import warnings
+
+    from repsim import __version__
+
+    try:
+        found = client.run(_WORKER_REPSIM, on_error="return")
+    except Exception:  # noqa: BLE001 - a check only: the run itself reports a cluster that does not answer
+        return {}
+    bad = {}
+    for address, version in found.items():
+        if isinstance(version, ImportError):
+            bad[address] = "no repsim"
+        elif isinstance(version, BaseException):
+            bad[address] = f"repsim not importable ({type(version).__name__})"
+        elif version != __version__:
+            bad[address] = f"repsim {version}"
+    if bad:
+        listed = "; ".join(f"{a}: {what}" for a, what in sorted(bad.items()))
+        warnings.warn(f"{len(bad)} of {len(found)} dask worker(s) do not run this client's repsim {__version__} "
+                      f"({listed}): their tasks fail or compute with other code; install the same repsim on every "
+                      "node", UserWarning, stacklevel=2)
+    return bad
 
 
 def _close(owned: Any) -> None:
