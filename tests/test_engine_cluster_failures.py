@@ -250,3 +250,34 @@ def test_workers_running_another_repsim_are_named_at_connect(tmp_path):
             proc.kill()
             proc.wait()
     assert len(odd) == 1 and f"{odd[0]}: repsim 0.0.0+other" in str(rec[0].message)
+
+
+def test_workers_that_join_a_running_job_get_tasks():
+    """The cap on tasks in flight (2 × workers) was fixed from the workers present when the job started
+    (dist audit, finding 6): one worker at the start kept it at 2 however many joined.  It now grows
+    with the workers: after scaling 1 -> 3, more than 2 tasks are outstanding at once."""
+    from distributed import Client, LocalCluster
+
+    def nap(i: int) -> int:
+        import time
+
+        time.sleep(0.3)
+        return i
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        outstanding: list[int] = []
+
+        def on_done(i: int, result: Any) -> None:
+            if i == 0:
+                cluster.scale(3)
+                wait_for(lambda: len(client.scheduler_info()["workers"]) == 3, "3 workers")
+            outstanding.append(sum(1 for k in client.futures if str(k).startswith("repsim-nap-")))
+
+        def run() -> list:
+            with scheduler(client):
+                return list(sched.run_tasks(nap, [(i,) for i in range(40)], on_done=on_done))
+
+        out = run_guarded(run)
+    assert out == [(i, i) for i in range(40)]
+    assert max(outstanding) >= 5, outstanding  # (the old cap stayed at 2)

@@ -206,7 +206,8 @@ def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callabl
     """Run ``fn(*args[i])`` for every i and yield ``(i, result)`` **in index order**.
 
     Locally the calls run one after the other in this thread.  On a distributed client at most
-    ``max_in_flight`` (default ``2 × workers``) tasks are outstanding; results that arrive early wait
+    ``max_in_flight`` (default ``2 × workers``, recounted as workers join or leave) tasks are outstanding;
+    results that arrive early wait
     until their predecessors are in.  ``on_done(i, result)`` is called as each task finishes
     (progress bars).
     """
@@ -220,8 +221,6 @@ def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callabl
         return
     from distributed import as_completed
 
-    n_workers = max(1, len(client.scheduler_info().get("workers", {})))
-    limit = max_in_flight or 2 * n_workers
     import uuid
 
     tag = uuid.uuid4().hex
@@ -233,6 +232,9 @@ def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callabl
 
     def submit() -> None:
         nonlocal submitted
+        # 2 × the workers there now: recounted by the watch (once a second), so workers that join a
+        # running job (an adaptive cluster, a queue that starts them late) get tasks too
+        limit = max_in_flight or 2 * max(1, watch.workers)
         while submitted < len(args) and submitted - next_out < limit:
             fut = client.submit(_on_worker, fn, *args[submitted], pure=False,
                                 key=f"repsim-{getattr(fn, '__name__', 'task')}-{tag}-{submitted}")
@@ -258,6 +260,7 @@ def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callabl
         while next_out in done:
             yield next_out, done.pop(next_out)
             next_out += 1
+        watch.check(len(futures))
         submit()
 
 
@@ -412,7 +415,9 @@ class _WorkerWatch:
         self.client = client
         self.since: float | None = None
         self.last = 0.0
-        self.limits = worker_memory_limits(_workers(client))  # every worker seen: (memory limit, threads)
+        info = _workers(client)
+        self.workers = len(info or {})  # the workers there at the last check
+        self.limits = worker_memory_limits(info)  # every worker seen: (memory limit, threads)
         self.give_up_s = cluster_lost_s()
 
     def check(self, waiting: int) -> None:
@@ -421,7 +426,7 @@ class _WorkerWatch:
             return
         self.last = now
         info = _workers(self.client)  # a scheduler that does not answer is a failure too
-        workers = len(info or {})
+        workers = self.workers = len(info or {})
         self.limits.update(worker_memory_limits(info))
         if workers:
             self.since = None
