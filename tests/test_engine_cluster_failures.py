@@ -45,7 +45,8 @@ def start_cli_workers(address: str, n: int) -> list[subprocess.Popen]:
     went down does."""
     cmd = [sys.executable, "-m", "distributed.cli.dask_worker", address, "--no-nanny", "--nthreads", "1",
            "--no-dashboard"]
-    return [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n)]
+    quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # (not pytest's pipes)
+    return [subprocess.Popen(cmd, **quiet) for _ in range(n)]
 
 
 def wait_for(condition: Callable[[], bool], what: str, deadline: float = HANG_GUARD_S) -> None:
@@ -89,7 +90,7 @@ def test_workers_lost_after_a_task_finished_end_in_cluster_lost(monkeypatch):
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-    assert killed == [0]
+    assert len(killed) == 1  # (after the first result fetched, whichever task it was)
     assert isinstance(outcome, sched.ClusterLost), outcome
     assert "no worker for 2 s" in str(outcome) and "rerun the same command" in str(outcome)
 
@@ -238,7 +239,8 @@ def test_workers_running_another_repsim_are_named_at_connect(tmp_path):
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
         cmd = [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address, "--no-nanny",
                "--nthreads", "1", "--no-dashboard"]
-        proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
         try:
             with Client(cluster) as client:
                 wait_for(lambda: len(client.scheduler_info()["workers"]) == 2, "2 workers")
