@@ -1,6 +1,8 @@
 """The same computations on a real dask.distributed LocalCluster (2 worker processes) as in-process."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -86,3 +88,81 @@ def test_a_cluster_without_workers_is_given_up_with_a_clear_error(monkeypatch):
     from repsim.commands.main import EXIT_IO, classify
 
     assert classify(sched.ClusterLost("x"))[0] == EXIT_IO
+
+
+def test_exact_estimators_run_in_this_process_and_the_meta_says_so(client, stores):
+    """``cka --method exact`` and similarity's exact measures read every column on the client whatever
+    ``--scheduler`` says; the meta said the run was distributed (or nothing) and no line told the user
+    (dist audit, finding 4).  Now a warning and per-estimator meta."""
+    from repsim.engine.minibatch import similarity_matrix
+
+    address = client.scheduler.address
+    with pytest.warns(UserWarning, match=r"exact estimator of linear_cka runs in this process, not on the dask"):
+        exact = cka_matrix(stores, method="exact", progress=False, allow_mixed_datasets=True)
+    assert exact.meta["scheduler"] == "threads" and exact.meta["estimator_schedulers"] == {"exact": "threads"}
+    with pytest.warns(UserWarning, match=r"exact estimator of procrustes runs in this process"):
+        mixed = similarity_matrix(stores, ["linear_cka", "procrustes"], batch_size=25, epochs=1, progress=False,
+                                  allow_mixed_datasets=True)
+    assert mixed.meta["scheduler"] == f"distributed:{address}"
+    assert mixed.meta["estimator_schedulers"] == {"minibatch": f"distributed:{address}", "exact": "threads"}
+    with scheduler(None):
+        local = similarity_matrix(stores, ["linear_cka", "procrustes"], batch_size=25, epochs=1, progress=False,
+                                  allow_mixed_datasets=True)
+    assert local.meta["estimator_schedulers"] == {"minibatch": "threads", "exact": "threads"}
+
+
+def test_cka_exact_with_a_scheduler_prints_one_warning_line(client, stores, tmp_path, capsys):
+    """The CLI through a real scheduler address (the fixture's cluster): one ``WARNING:`` line, exit 0."""
+    from repsim.commands.main import main
+
+    out = tmp_path / "cka.npz"
+    code = main(["cka", "--method", "exact", *stores, "--allow-mixed-datasets", "--scheduler",
+                 client.scheduler.address, "--out", str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 0 and out.is_file(), err
+    lines = [line for line in err.splitlines() if line.startswith("WARNING:")]
+    assert len(lines) == 1 and "exact estimator of linear_cka runs in this process" in lines[0], err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/cwd"), reason="needs /proc/self/cwd (Linux)")
+def test_a_store_a_worker_cannot_see_names_the_worker(client, stores, tmp_path, monkeypatch):
+    """``/proc/self/cwd/a.zarr`` is the store on the client (its cwd moved to the store's directory after
+    the workers started) and a missing path on the workers (their cwd stayed): a node without the
+    shared file system.  The error said ``store a: PATH does not exist`` like a refusal of the client's
+    own input (dist audit, finding 9); it now names the worker, and the CLI still exits 2."""
+    from repsim.commands.main import EXIT_REFUSED, classify
+    from repsim.store.format import StoreError
+
+    worker_cwds = set(client.run(os.getcwd).values())
+    monkeypatch.chdir(os.path.dirname(stores[0]))
+    assert os.getcwd() not in worker_cwds and not any(os.path.exists(os.path.join(d, "a.zarr")) for d in worker_cwds)
+    seen_here = "/proc/self/cwd/a.zarr"
+    with pytest.raises(StoreError) as info:
+        cka_matrix([seen_here, stores[1]], batch_size=25, epochs=1, progress=False, allow_mixed_datasets=True)
+    workers = list(client.scheduler_info()["workers"])
+    message = str(info.value)
+    assert message.startswith(f"store a: {seen_here} does not exist (raised on dask worker tcp://"), message
+    assert any(w in message for w in workers)
+    assert "the path exists on the client, not on that worker" in message
+    assert classify(info.value) == (EXIT_REFUSED, message)
+
+
+def test_the_cluster_lost_wait_is_set_by_an_environment_variable(monkeypatch):
+    """``REPSIM_CLUSTER_LOST_S`` shortens (or lengthens) the 120 s without a worker after which a run
+    is given up (dist audit, finding 12: a module constant only); a bad value is refused (exit 2)."""
+    from distributed import Client, LocalCluster
+
+    import repsim.engine.scheduler as sched
+
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as c:
+        with scheduler(c):
+            monkeypatch.setenv("REPSIM_CLUSTER_LOST_S", "1.5")
+            with pytest.raises(sched.ClusterLost, match=r"no worker for 2 s while 2 task\(s\) wait.*"
+                                                         r"REPSIM_CLUSTER_LOST_S sets how long"):
+                list(sched.run_tasks(abs, [(-1,), (-2,)]))
+            monkeypatch.setenv("REPSIM_CLUSTER_LOST_S", "soon")
+            before = set(c.futures)
+            with pytest.raises(ValueError, match=r"^REPSIM_CLUSTER_LOST_S must be a number of seconds > 0, "
+                                                 r"got 'soon'$"):
+                list(sched.run_tasks(abs, [(-1,)]))
+            assert set(c.futures) <= before  # refused before any task was sent

@@ -16,7 +16,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_store_arguments(parser, out_help="result file (.npz, CKAResult.save; e.g. cka_resnet50.npz)")
     parser.add_argument("--method", choices=("minibatch", "exact"), default="minibatch",
                         help="minibatch (default, the paper's: unbiased HSIC over batches) or exact (full-data, "
-                             "float64)")
+                             "float64; it runs in this process, also with --scheduler)")
     parser.add_argument("--batch-size", type=positive, default=1500, help="minibatch size (default 1500, paper)")
     parser.add_argument("--epochs", type=positive, default=10, help="passes over the data (default 10, paper)")
     parser.add_argument("--seed", type=non_negative, default=0, help="shuffling seed (default 0)")

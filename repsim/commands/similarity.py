@@ -17,7 +17,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     _cka.configure(parser)  # the same stores, batches, resume and refusals as `repsim cka`
     parser.add_argument("--measures", default="linear_cka", metavar="A,B,...",
                         help="comma-separated measures (default linear_cka; the registered measures, listed in "
-                             "docs/measures.md and in the error for an unknown name)")
+                             "docs/measures.md and in the error for an unknown name; --scheduler distributes the "
+                             "minibatch pass only: the exact estimators run in this process)")
     parser.add_argument("--rbf-threshold", type=positive_float, default=1.0, metavar="T",
                         help="rbf_cka: sigma^2 = T^2 x median squared distance (default 1.0)")
     parser.add_argument("--knn-k", type=positive, default=10, metavar="K", help="mutual_knn: neighbours (default 10)")

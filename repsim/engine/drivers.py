@@ -45,7 +45,8 @@ from repsim._xp import asarray_like
 from repsim.results import conform
 from repsim.engine.blocks import (BlockReader, Column, channels_first, progress_bar, resolve_columns, to_device,
                                   token_counts_for, transform)
-from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
+from repsim.engine.scheduler import (array_module, capped_budget, device_name, get_client, reader_threads,
+                                     run_tasks)
 from repsim.kernels.layer_metrics import DISTANCES, LAYER_METRICS, LayerMetric, Stat
 
 __all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "write_csv",
@@ -189,7 +190,8 @@ def layer_metrics(stores: Any, layers: Any = None, *, distances: Iterable[str] =
     Stores are validated first (complete, layers present); they need not share examples.
     ``memory_budget`` bounds the accumulators' state (class means are K × P per layer and
     distance): layers are packed into groups within it, one pass over the store per group
-    (:func:`state_bytes`, :func:`group_layers`)."""
+    (:func:`state_bytes`, :func:`group_layers`); on a ``dask.distributed`` cluster it is capped at a
+    quarter of the smallest memory limit per worker thread (:func:`~repsim.engine.scheduler.capped_budget`)."""
     return _run(stores, layers, distances=distances, sparsity=sparsity, collapse=collapse, spectra=spectra,
                 spatial=spatial, device=device, progress=progress, blocks_per_task=blocks_per_task,
                 prefetch=prefetch, threads=threads, memory_budget=memory_budget)[0]
@@ -231,6 +233,7 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
         raise ValueError(f"spatial must be 'flatten' or 'mean', got {spatial!r}")
     opened = open_stores(stores)
     names = store_names(opened)
+    memory_budget = capped_budget(int(memory_budget))  # on a cluster: within the workers' memory limit
     plans = []  # per store: (store, name, num_classes, layer groups)
     for store, name in zip(opened, names):
         _, columns, _ = resolve_columns([store], layers)  # validates: complete, layers present

@@ -325,6 +325,17 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     meta["estimators"] = {m.name: "minibatch" if m in mini else "exact" for m in chosen}
     meta["measure_info"] = {m.name: dict(m.info.as_dict(), options=m.options) for m in chosen}
     values: dict[str, np.ndarray] = {}
+    client = get_client()
+    where = "threads" if client is None else f"distributed:{getattr(client.scheduler, 'address', '?')}"
+    # where each estimator ran: the exact ones always in this process (engine.exact / engine.full
+    # read every column here), the minibatch pass on the cluster when one is set
+    meta["estimator_schedulers"] = {e: where if e == "minibatch" else "threads"
+                                    for e in dict.fromkeys(meta["estimators"].values())}
+    meta["scheduler"] = where if mini else "threads"
+    if client is not None and exact:
+        warnings.warn(f"the exact estimator of {', '.join(m.name for m in exact)} runs in this process, not on the "
+                      "dask cluster: it reads every column here (--scheduler distributes only the minibatch pass "
+                      "of linear and RBF CKA)", UserWarning, stacklevel=2)
 
     def run_exact() -> None:  # after the (resumable) minibatch pass, so a resume does not redo it
         if exact:
@@ -393,8 +404,6 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     bar.update(sum(t[3] for t in tasks[:done]))
     remaining = [t[:3] for t in tasks[done:]]
     counts = [t[3] for t in tasks[done:]]
-    client = get_client()
-    meta["scheduler"] = "threads" if client is None else f"distributed:{getattr(client.scheduler, 'address', '?')}"
     reader = None
     try:
         if client is None:
