@@ -72,6 +72,36 @@ def test_drivers_on_local_cluster_equal_threaded(client, stores):
         assert remote[key]["sparsity"] == local[key]["sparsity"]
 
 
+def test_drivers_send_every_stores_tasks_to_the_cluster_at_once(client, stores, monkeypatch):
+    """The per-layer metrics submit the tasks of all stores (and both passes' worth of layers) as one list
+    per pass, so that a store of a few tasks does not leave the other workers idle (dist audit, finding 5:
+    one store at a time, at most 2 tasks ran on 3 workers); the results are unchanged, and within a
+    memory budget too small for both stores' state they go one store at a time again."""
+    from repsim.engine import drivers
+
+    submitted: list[list[str]] = []
+    real = drivers.run_tasks
+
+    def spy(fn, args, **kw):
+        submitted.append([spec["columns"][0]["store"] for spec, *_ in args])
+        return real(fn, args, **kw)
+
+    monkeypatch.setattr(drivers, "run_tasks", spy)
+    kw = dict(distances=("cosine", "cosine_centered"), sparsity=True, progress=False, blocks_per_task=4)
+    remote = layer_metrics(stores, **kw)
+    # a: 12 blocks -> 3 tasks, b: 9 blocks -> 3 tasks; cosine_centered re-reads every layer in a second pass
+    assert submitted == [["a"] * 3 + ["b"] * 3, ["a"] * 3 + ["b"] * 3]
+    with scheduler(None):
+        local = layer_metrics(stores, **kw)
+    for key in local:
+        for d, r2 in local[key]["separation"].items():
+            assert remote[key]["separation"][d] == pytest.approx(r2, rel=1e-12)
+        assert remote[key]["sparsity"] == local[key]["sparsity"]
+    submitted.clear()
+    layer_metrics(stores, **kw, memory_budget=1)  # each layer's state alone is over it
+    assert [set(s) for s in submitted] == [{"a"}, {"a"}, {"a"}, {"a"}, {"b"}, {"b"}]
+
+
 def test_a_cluster_without_workers_is_given_up_with_a_clear_error(monkeypatch):
     """A run whose workers had all died (killed, out of memory) waited forever at 0 % CPU, deaf to
     Ctrl-C; it now polls, and after NO_WORKERS_S without a worker raises ClusterLost (exit 3) saying

@@ -23,7 +23,9 @@ else is exactly one read of each store.
 
 On a ``dask.distributed`` cluster (:func:`repsim.set_scheduler`, :mod:`repsim.engine.scheduler`) work
 is cut into tasks of ``blocks_per_task`` blocks; each returns its accumulators' ``to_state()``, merged
-in block order.  Locally, where tasks would run one after the other, one task reads every block (one
+in block order, and the tasks of consecutive stores and layer groups whose merged state fits
+``memory_budget`` on the client are submitted together (:func:`waves`), so that a store of a few tasks
+does not leave the other workers idle.  Locally, where tasks would run one after the other, one task reads every block (one
 set of accumulators, nothing to merge: peak memory does not step up with the number of tasks).  Conv layers are flattened across space
 (Fig. 4 caption: "we compute cosine distances by flattening"); ``spatial="mean"`` pools them first.
 Sparsity always counts every activation (channels × positions).
@@ -135,40 +137,71 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
     return {layer: {m: a.to_state() for m, a in per.items()} for layer, per in accs.items()}
 
 
-def _scan_store(columns: list[Column], n: int, block_rows: int, accs: dict[str, dict[str, Any]], *, spatial: str,
-                metrics: Sequence[LayerMetric], device: Any, blocks_per_task: int, prefetch: int,
-                threads: int | None, bar: Any) -> dict[str, dict[str, Any]]:
-    """Stream one store's blocks through ``accs`` (one layer -> key -> accumulator of ``metrics``),
-    merging tasks in order."""
-    if not accs:
-        return accs
-    xp = array_module(device)
-    spec = {"columns": [asdict(c) for c in columns if c.layer in accs], "device": device_name(xp), "n": n,
-            "block_rows": block_rows, "spatial": spatial, "prefetch": prefetch,
-            "threads": reader_threads(threads, xp), "metrics": {m.name: m.option for m in metrics}}
-    stats = layer_stats(metrics)
-    templates = {layer: {m: a.to_state() for m, a in per.items()} for layer, per in accs.items()}
-    n_blocks = -(-n // block_rows)
-    if get_client() is None:
-        # here tasks would run one after the other anyway: one task over all blocks keeps one set of
-        # accumulators (no per-task states to restore and merge), so peak memory does not step up
-        # when a store grows from one task's worth of blocks to several (bench/memory.py)
-        results = run_tasks(lambda a, b: _scan_task(spec, templates, a, b, xp=xp, progress=bar.update),
-                            [(0, n_blocks)])
-    else:
-        if spec["device"] not in ("cpu", "cuda"):
-            raise ValueError("a distributed run needs device='cpu' or 'cuda' (not a namespace object)")
-        ranges = [(a, min(n_blocks, a + blocks_per_task)) for a in range(0, n_blocks, blocks_per_task)]
-        results = run_tasks(_scan_task, [(spec, templates, a, b) for a, b in ranges],
-                            on_done=lambda i, _: bar.update(ranges[i][1] - ranges[i][0]))
-    merged: dict[str, dict[str, Any]] = {}
-    for _, states in results:
+class _Scan:
+    """One pass of one store's group of layers: the task spec, the empty accumulator states each task
+    starts from, and the block ranges of its tasks (one range over every block in this process)."""
+
+    def __init__(self, columns: list[Column], n: int, block_rows: int, accs: dict[str, dict[str, Any]], *,
+                 spatial: str, metrics: Sequence[LayerMetric], device: Any, blocks_per_task: int, prefetch: int,
+                 threads: int | None, distributed: bool) -> None:
+        xp = array_module(device)
+        self.spec = {"columns": [asdict(c) for c in columns if c.layer in accs], "device": device_name(xp), "n": n,
+                     "block_rows": block_rows, "spatial": spatial, "prefetch": prefetch,
+                     "threads": reader_threads(threads, xp), "metrics": {m.name: m.option for m in metrics}}
+        self.xp = xp
+        self.stats = layer_stats(metrics)
+        self.templates = {layer: {m: a.to_state() for m, a in per.items()} for layer, per in accs.items()}
+        n_blocks = -(-n // block_rows)
+        step = blocks_per_task if distributed else n_blocks
+        self.ranges = [(a, min(n_blocks, a + step)) for a in range(0, n_blocks, step)] if accs else []
+        self.merged: dict[str, dict[str, Any]] = {}
+
+    def merge(self, states: dict[str, dict[str, dict[str, Any]]]) -> None:
+        """Merge one task's states into :attr:`merged` (tasks arrive in block order)."""
         for layer, per in states.items():
             for key, state in per.items():
-                part = _from_state(stats, key, state)
-                slot = merged.setdefault(layer, {})
+                part = _from_state(self.stats, key, state)
+                slot = self.merged.setdefault(layer, {})
                 slot[key] = part if key not in slot else slot[key].merge(part)
-    return merged
+
+
+def _run_scans(scans: Sequence[_Scan], bar: Any) -> None:
+    """Run every task of ``scans`` and merge each one's states into its scan. In this process the tasks
+    run one after the other, each scan's one task over all its blocks: one set of accumulators, no
+    per-task states to restore and merge, so peak memory does not step up when a store grows from one
+    task's worth of blocks to several (bench/memory.py). On a ``dask.distributed`` cluster the tasks of
+    all ``scans`` (several stores, or groups of layers) are submitted as one list, so that workers are not
+    left idle while a small store's few tasks finish (dist audit, finding 5)."""
+    owner = [(scan, a, b) for scan in scans for a, b in scan.ranges]
+    if not owner:
+        return
+    if get_client() is None:
+        for scan, a, b in owner:
+            scan.merge(_scan_task(scan.spec, scan.templates, a, b, xp=scan.xp, progress=bar.update))
+        return
+    if any(scan.spec["device"] not in ("cpu", "cuda") for scan in scans):
+        raise ValueError("a distributed run needs device='cpu' or 'cuda' (not a namespace object)")
+    for i, states in run_tasks(_scan_task, [(scan.spec, scan.templates, a, b) for scan, a, b in owner],
+                               on_done=lambda i, _: bar.update(owner[i][2] - owner[i][1])):
+        owner[i][0].merge(states)
+
+
+def waves(sizes: Sequence[int], budget: int, distributed: bool) -> list[list[int]]:
+    """Indices of consecutive (store, layer group) scans run together: one each in this process; on a
+    cluster as many as fit ``budget`` bytes of merged state on the client (a scan over it alone), so
+    that the client holds about what one group held before, while the workers get every scan's tasks."""
+    if not distributed:
+        return [[i] for i in range(len(sizes))]
+    out: list[list[int]] = []
+    used = 0
+    for i, size in enumerate(sizes):
+        if out and used + size <= budget:
+            out[-1].append(i)
+            used += size
+        else:
+            out.append([i])
+            used = size
+    return out
 
 
 def _check_matrix_width(col: Column, spatial: str, what: str) -> None:
@@ -261,22 +294,37 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
     out: dict[tuple[str, str], dict[str, Any]] = {}
     undefined: list[str] = []
     bar = progress_bar(total, "scan", progress, unit="block")
+    distributed = get_client() is not None
+    jobs = []  # (store, name, num_classes, head, columns of one group), in order; their state bytes
+    sizes = []
+    for store, name, num_classes, groups in plans:
+        head = _effective_head(store) if any(m.reads_head for m in metrics) else None
+        for columns in groups:
+            jobs.append((store, name, num_classes, head, columns))
+            sizes.append(sum(state_bytes(c, metrics, num_classes, spatial) for c in columns))
+
+    def scan(store: Any, columns: list[Column], accs: dict[str, dict[str, Any]]) -> _Scan:
+        return _Scan(columns, store.n, max(1, min(store.n, store.chunk_rows)), accs, spatial=spatial,
+                     metrics=metrics, device=device, blocks_per_task=max(1, int(blocks_per_task)),
+                     prefetch=prefetch, threads=threads, distributed=distributed)
+
     try:
-        for store, name, num_classes, groups in plans:
-            block_rows = max(1, min(store.n, store.chunk_rows))
-            kw = dict(spatial=spatial, metrics=metrics, device=device, blocks_per_task=max(1, int(blocks_per_task)),
-                      prefetch=prefetch, threads=threads, bar=bar)
-            head = _effective_head(store) if any(m.reads_head for m in metrics) else None
-            for columns in groups:
-                accs = {c.layer: _accumulators(metrics, num_classes, f"{name}/{c.layer}") for c in columns}
-                merged = _scan_store(columns, store.n, block_rows, accs, **kw)
-                second = {layer: again for layer, per in merged.items()
-                          if (again := {k: a for m in metrics for k, a in m.next_pass(per).items()})}
-                if second:
-                    for layer, per in _scan_store(columns, store.n, block_rows, second, **kw).items():
-                        merged[layer].update(per)
+        for wave in waves(sizes, int(memory_budget), distributed):
+            first = [scan(store, columns, {c.layer: _accumulators(metrics, num_classes, f"{name}/{c.layer}")
+                                           for c in columns})
+                     for store, name, num_classes, _, columns in (jobs[j] for j in wave)]
+            _run_scans(first, bar)
+            second = [scan(jobs[j][0], jobs[j][4], {layer: again for layer, per in f.merged.items()
+                                                   if (again := {k: a for m in metrics
+                                                                 for k, a in m.next_pass(per).items()})})
+                      for j, f in zip(wave, first)]
+            _run_scans(second, bar)  # (cosine_centered: the layers that need the global mean first)
+            for j, f, g in zip(wave, first, second):
+                _, name, _, head, columns = jobs[j]
+                for layer, per in g.merged.items():
+                    f.merged[layer].update(per)
                 for col in columns:
-                    out[(name, col.layer)] = _finish(merged.pop(col.layer), metrics, head, col, undefined)
+                    out[(name, col.layer)] = _finish(f.merged.pop(col.layer), metrics, head, col, undefined)
     finally:
         bar.close()
     if undefined:
