@@ -102,6 +102,27 @@ def test_drivers_send_every_stores_tasks_to_the_cluster_at_once(client, stores, 
     assert [set(s) for s in submitted] == [{"a"}, {"a"}, {"a"}, {"a"}, {"b"}, {"b"}]
 
 
+def test_tasks_on_a_cluster_size_their_reader_threads_on_their_worker(client, stores, monkeypatch):
+    """Reader threads not asked for are left to each worker (a GPU node's cores, not the client's: dist
+    audit, finding 7); asked for, they travel in the spec. The results do not depend on it."""
+    import numpy
+
+    from repsim.engine import drivers, minibatch
+    from repsim.engine.scheduler import reader_threads, task_threads
+
+    sent: list = []
+    for module in (drivers, minibatch):
+        real = module.run_tasks
+        monkeypatch.setattr(module, "run_tasks", lambda fn, args, _real=real, **kw: (
+            sent.append(args[0][0]["threads"]), _real(fn, args, **kw))[1])
+    layer_metrics(stores, distances=("cosine",), progress=False)
+    cka_matrix(stores, batch_size=30, epochs=1, progress=False, allow_mixed_datasets=True)
+    layer_metrics(stores, distances=("cosine",), progress=False, threads=3)
+    assert sent == [None, None, 3]
+    assert task_threads({"threads": None}, numpy) == reader_threads(None, numpy)
+    assert task_threads({"threads": 3}, numpy) == 3
+
+
 def test_a_cluster_without_workers_is_given_up_with_a_clear_error(monkeypatch):
     """A run whose workers had all died (killed, out of memory) waited forever at 0 % CPU, deaf to
     Ctrl-C; it now polls, and after NO_WORKERS_S without a worker raises ClusterLost (exit 3) saying

@@ -47,8 +47,8 @@ from repsim._xp import asarray_like
 from repsim.results import conform
 from repsim.engine.blocks import (BlockReader, Column, channels_first, progress_bar, resolve_columns, to_device,
                                   token_counts_for, transform)
-from repsim.engine.scheduler import (array_module, capped_budget, device_name, get_client, reader_threads,
-                                     run_tasks)
+from repsim.engine.scheduler import (array_module, capped_budget, device_name, get_client, run_tasks, spec_threads,
+                                     task_threads)
 from repsim.kernels.layer_metrics import DISTANCES, LAYER_METRICS, LayerMetric, Stat
 
 __all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "write_csv",
@@ -99,7 +99,7 @@ def _scan_task(spec: dict[str, Any], templates: dict[str, dict[str, dict[str, An
     # a padded text layer's real-token counts (a token mean divides by them), looked up once per column
     token_counts = {col.layer: token_counts_for(store, col, spec["spatial"]) for col in columns}
     with BlockReader(columns, spec["n"], block_rows, spatial="raw", prefetch=spec["prefetch"],
-                     threads=spec["threads"]) as reader:
+                     threads=task_threads(spec, xp)) as reader:
         for k, arrays in reader.iter_blocks(range(start, stop)):
             rows = slice(k * block_rows, k * block_rows + arrays[0].shape[0])
             y = labels[rows.start - first:rows.stop - first]
@@ -147,7 +147,7 @@ class _Scan:
         xp = array_module(device)
         self.spec = {"columns": [asdict(c) for c in columns if c.layer in accs], "device": device_name(xp), "n": n,
                      "block_rows": block_rows, "spatial": spatial, "prefetch": prefetch,
-                     "threads": reader_threads(threads, xp), "metrics": {m.name: m.option for m in metrics}}
+                     "threads": spec_threads(threads, xp), "metrics": {m.name: m.option for m in metrics}}
         self.xp = xp
         self.stats = layer_stats(metrics)
         self.templates = {layer: {m: a.to_state() for m, a in per.items()} for layer, per in accs.items()}

@@ -46,7 +46,8 @@ from repsim.engine.checkpoint import Checkpoint
 from repsim.engine.grams import REDUCE_FACTOR, centred_gram, gram_dtype
 from repsim.engine.result import CKAResult, SimilarityResult, _json_default
 from repsim.engine.similarity import report_undefined as _report_undefined
-from repsim.engine.scheduler import array_module, device_name, get_client, reader_threads, run_tasks
+from repsim.engine.scheduler import (array_module, device_name, get_client, reader_threads, run_tasks, spec_threads,
+                                     task_threads)
 from repsim.engine.device_decode import device_decoder
 from repsim.engine.upload import DeviceUploader, HeldUploads
 
@@ -75,6 +76,7 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     columns = [Column(**c) for c in spec["columns"]]
     L = len(columns)
     xp = array_module(spec["device"]) if xp is None else xp
+    spec = {**spec, "threads": task_threads(spec, xp)}  # (None on a cluster: this worker's own)
     groups = plan.groups(epoch)[start:stop]
     own = reader is None
     if own:
@@ -303,7 +305,7 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     opened, columns, example_ids = resolve_columns(stores, layers, allow_mixed_datasets=allow_mixed_datasets)
     names = list(dict.fromkeys(c.store for c in columns))
     xp = array_module(device)
-    threads = reader_threads(threads, xp)
+    asked, threads = threads, reader_threads(threads, xp)
     n = int(example_ids.shape[0])
     block_rows = block_rows_for(columns, n)
     meta: dict[str, Any] = {
@@ -369,7 +371,7 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     first = plan.batches(0)
     spec = {
         "plan": asdict(plan), "columns": [asdict(c) for c in columns], "device": device_name(xp),
-        "spatial": spatial, "debiased": bool(debiased), "prefetch": int(prefetch), "threads": int(threads),
+        "spatial": spatial, "debiased": bool(debiased), "prefetch": int(prefetch), "threads": spec_threads(asked, xp),
         "compute_dtype": compute_dtype, "measures": [[m.name, m.options] for m in mini],
     }
     meta.update({

@@ -481,6 +481,20 @@ def reader_threads(threads: int | None, xp: Any) -> int:
     return max(2, min(16, os.cpu_count() or 2))
 
 
+def spec_threads(threads: int | None, xp: Any) -> int | None:
+    """The reader threads a task spec carries: :func:`reader_threads` resolved here, except on a
+    ``dask.distributed`` cluster when none were asked for: then None, which each task resolves on its
+    own worker (:func:`task_threads`; a GPU node's cores, not the client's)."""
+    if threads is None and get_client() is not None:
+        return None
+    return reader_threads(threads, xp)
+
+
+def task_threads(spec: dict[str, Any], xp: Any) -> int:
+    """A task's reader threads: its spec's, else :func:`reader_threads` of the machine it runs on."""
+    return reader_threads(spec.get("threads"), xp)
+
+
 def device_name(xp: Any) -> str:
     if is_cupy_namespace(xp):  # cupy, array_api_compat.cupy, repsim._xp.cupy
         return "cuda"
