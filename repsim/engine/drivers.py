@@ -192,16 +192,7 @@ def waves(sizes: Sequence[int], budget: int, distributed: bool) -> list[list[int
     that the client holds about what one group held before, while the workers get every scan's tasks."""
     if not distributed:
         return [[i] for i in range(len(sizes))]
-    out: list[list[int]] = []
-    used = 0
-    for i, size in enumerate(sizes):
-        if out and used + size <= budget:
-            out[-1].append(i)
-            used += size
-        else:
-            out.append([i])
-            used = size
-    return out
+    return pack(list(range(len(sizes))), sizes, budget)
 
 
 def _check_matrix_width(col: Column, spatial: str, what: str) -> None:
@@ -240,19 +231,26 @@ def state_bytes(col: Column, metrics: Sequence[LayerMetric], num_classes: int, s
     return sum(st.nbytes(num_classes, P, C) for st in layer_stats(metrics).values())
 
 
-def group_layers(columns: Sequence[Column], sizes: Sequence[int], budget: int) -> list[list[Column]]:
-    """Consecutive layers packed into groups whose accumulator states total at most ``budget``
-    bytes (a layer larger than the budget forms its own group); one pass over the store per group."""
-    groups: list[list[Column]] = []
+def pack(items: Sequence[Any], sizes: Sequence[int], budget: int) -> list[list[Any]]:
+    """Consecutive ``items`` packed into lists whose ``sizes`` total at most ``budget`` (an item larger
+    than the budget forms its own list)."""
+    out: list[list[Any]] = []
     used = 0
-    for col, size in zip(columns, sizes):
-        if groups and used + size <= budget:
-            groups[-1].append(col)
+    for item, size in zip(items, sizes):
+        if out and used + size <= budget:
+            out[-1].append(item)
             used += size
         else:
-            groups.append([col])
+            out.append([item])
             used = size
-    return groups
+    return out
+
+
+def group_layers(columns: Sequence[Column], sizes: Sequence[int], budget: int) -> list[list[Column]]:
+    """Consecutive layers packed into groups whose accumulator states total at most ``budget``
+    bytes (a layer larger than the budget forms its own group, :func:`pack`); one pass over the store
+    per group."""
+    return pack(columns, sizes, budget)
 
 
 def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, collapse: bool, spectra: bool,
