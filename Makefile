@@ -12,7 +12,7 @@ FASHION_OUT ?= demo-out-fashion
 FASHION_DEBIAN := /usr/share/datasets/fashion-mnist
 DATA_ROOT ?=
 
-.PHONY: demo demo-fashion demo-fashion-tau fashion-data test install disk-check bench check-core clean
+.PHONY: demo demo-fashion demo-fashion-tau fashion-data test install disk-check bench check-core check-floors clean
 
 install: $(STAMP)
 
@@ -63,6 +63,10 @@ fashion-data:
 # tests/test_install_split.py checks the same cheaply
 check-core:
 	PYTHON=$(PYTHON) bash tests/check_core_install.sh
+
+# the suite at the oldest dependency releases pyproject.toml allows (uv --resolution lowest-direct; no torch)
+check-floors:
+	PYTHON=$(PYTHON) bash tests/check_floors.sh
 
 bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
