@@ -257,8 +257,12 @@ class Inputs:
                     extra = df.pop(f"{col}_store")
                     if col in ("epoch", "n"):
                         df[col] = pd.to_numeric(df[col], errors="coerce").fillna(pd.to_numeric(extra, errors="coerce"))
-                    else:  # a blank CSV column reads as float NaN: fill it as text
-                        df[col] = df[col].astype(object).fillna(extra)
+                    else:  # a blank CSV column reads as float NaN: fill it as text (filled by hand:
+                        # pandas 2.2's fillna/where on object columns warn that they will stop downcasting)
+                        values = df[col].astype(object).to_numpy(copy=True)
+                        missing = pd.isna(values)
+                        values[missing] = extra.astype(object).to_numpy()[missing]
+                        df[col] = values
             df[["label", "base_label"]] = df[["label", "base_label"]].astype(object)  # all-NaN columns are float
             known = df["label"].notna()
             df.loc[~known, ["label", "base_label"]] = self._csv_labels(df[~known]).to_numpy()
