@@ -44,7 +44,9 @@ seeds and Student's t-test p-values (1), with the smallest transfer difference t
 (Student's two-sample t-test, α = 0.05, power 0.8, at the fewest seeds of an objective, from the pooled
 seed-to-seed s.d. estimated from the seeds) and the pixel baseline; R² mean ± s.d. over seeds and
 Spearman's p (3; the exact permutation p over all n! pairings for n ≤ 9, the t approximation beyond).
-For finding 2 the bootstrap intervals are part of the criterion. Finding 1 carries a caveat when (a)
+For finding 2 the bootstrap intervals are part of the criterion; it carries a caveat when its verdict
+changes under other bootstrap seeds (a bound within the resampling's Monte Carlo noise of 0). Finding 1
+carries a caveat when (a)
 holds with softmax below the best by less than the seeds resolve (the seeds cannot resolve the gap),
 and when (b) holds in direction only: no objective both beats softmax's source accuracy and transfers
 worse with p < 0.05.
@@ -494,6 +496,7 @@ class LateBlocks:
     old_verdict: str = ""
     paper_late: list[int] = field(default_factory=list)
     ci: dict | None = None
+    ci_other_seeds: list = field(default_factory=list)  # the same bootstrap at seeds 1..MC_SEEDS
 
     @property
     def gap(self) -> np.ndarray:
@@ -528,7 +531,29 @@ def late_blocks(inputs: Inputs, measure: str = "linear_cka") -> LateBlocks:
     r = LateBlocks(measure, layers, same, cross, early, late, scale, paper_late=paper_late,
                    ci=bootstrap_gaps(S, C, early, paper_late))
     r.verdict, r.old_verdict = paper_verdict(r.ci), old_verdict(r.early_gap, r.late_gap, scale)
+    if r.ci is not None:
+        r.ci_other_seeds = [bootstrap_gaps(S, C, early, paper_late, seed=s) for s in range(1, MC_SEEDS + 1)]
     return r
+
+
+MC_SEEDS = 4  # other bootstrap seeds tried for finding 2's verdict (bootstrap_caveat)
+
+
+def bootstrap_caveat(r: LateBlocks) -> str:
+    """'' when finding 2's verdict is the same under :data:`MC_SEEDS` other bootstrap seeds; else a caveat:
+    an interval bound within the bootstrap's Monte Carlo noise of 0 makes the verdict a coin flip of the
+    resampling, not a property of the networks (the fashion profile's late − early bound: 0.0004)."""
+    if r.ci is None or not r.ci_other_seeds:
+        return ""
+    verdicts = [paper_verdict(c) for c in r.ci_other_seeds]
+    if all(v == r.verdict for v in verdicts):
+        return ""
+    bounds = [c[k][0] for c in [r.ci, *r.ci_other_seeds] for k in ("late-early",)]
+    counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
+    return (f"the verdict rests on the bootstrap's Monte Carlo noise: with {len(verdicts)} other bootstrap seeds "
+            f"({N_BOOT} draws each) it is {', '.join(f'{v} {k}×' for v, k in counts.items())}; late − early's "
+            f"lower bound ranges {min(bounds):.4f} to {max(bounds):.4f} across the {len(bounds)} seeds, so the "
+            "data do not decide it.")
 
 
 def _ci(ci: tuple[float, float]) -> str:
@@ -554,7 +579,8 @@ def finding_late_blocks(inputs: Inputs) -> Finding:
           f"shown, which does not show that there is none). Old rule (early ≤ "
           f"{EARLY_GAP_MAX}, late ≥ early + {LATE_MINUS_EARLY_MIN}; early {span(early)} {r.early_gap:.3f}, late "
           f"{span(late)} {r.late_gap:.3f}): {r.old_verdict.upper()}.")
-    return Finding(name, r.verdict, ev, late_blocks_why(ci))  # '' when reproduced: no condition failed
+    return Finding(name, r.verdict, ev, late_blocks_why(ci),  # '' when reproduced: no condition failed
+                   caveat=bootstrap_caveat(r))
 
 
 def late_blocks_why(ci: dict[str, tuple[float, float]] | None) -> str:

@@ -406,3 +406,27 @@ def test_p_of_two_constant_groups_agrees_with_the_bold_rule():
     assert F._p(a, np.array([88.0])) == "n/a"
     spread = np.array([88.0, 89.0])
     assert F._pvalue(a, spread) == pytest.approx(__import__("scipy").stats.ttest_ind(a, spread).pvalue)
+
+
+def test_finding2_says_when_its_verdict_rests_on_the_bootstraps_monte_carlo_noise():
+    """An interval bound within the bootstrap's Monte Carlo noise of 0 flips the verdict between bootstrap
+    seeds: the finding then says so (the fashion profile's late − early bound was 0.0004); a clear case
+    stays silent."""
+    def ci(late_early_lo):
+        return {"early": (-0.02, 0.04), "late": (0.007, 0.065), "late-early": (late_early_lo, 0.05)}
+
+    r = F.LateBlocks("linear_cka", BLOCKS, np.zeros(17), np.zeros(17), [0], [1], 1.0, verdict="reproduced",
+                     ci=ci(0.0004), ci_other_seeds=[ci(0.0009), ci(-0.0003), ci(0.0011), ci(-0.0001)])
+    text = F.bootstrap_caveat(r)
+    assert text.startswith("the verdict rests on the bootstrap's Monte Carlo noise: with 4 other bootstrap seeds")
+    assert "it is reproduced 2×, not reproduced 2×;" in text and "ranges -0.0003 to 0.0011 across the 5 seeds" in text
+    r.ci_other_seeds = [ci(0.0009), ci(0.0002), ci(0.0011), ci(0.0001)]
+    assert F.bootstrap_caveat(r) == ""
+    # end to end on planted networks: a late-only difference well above the noise is stable
+    S, C = _planted(lambda b: 0.05 if b >= 13 else 0.0)
+    early, late = F.last_third(BLOCKS)
+    clear = F.LateBlocks("linear_cka", BLOCKS, np.zeros(17), np.zeros(17), early, late, 1.0, paper_late=late,
+                         ci=F.bootstrap_gaps(S, C, early, late))
+    clear.verdict = F.paper_verdict(clear.ci)
+    clear.ci_other_seeds = [F.bootstrap_gaps(S, C, early, late, seed=s) for s in range(1, F.MC_SEEDS + 1)]
+    assert clear.verdict == "reproduced" and F.bootstrap_caveat(clear) == ""
