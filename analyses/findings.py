@@ -269,7 +269,7 @@ def finding_transfer(inputs: Inputs) -> Finding:
     ev = (f"Softmax: {_pm(src_of['softmax'])}% source top-1, {_pm(groups['softmax'])}% mean linear transfer "
           f"(mean ± s.e. over {'/'.join(map(str, n_seeds))} seeds); best "
           f"transfer {display(best)} ({_pm(groups[best])}%{vs_best}); softmax "
-          f"{'is' if softmax_best else 'is not'} the best or not significantly different from it "
+          f"{'is the best or not significantly different from it' if softmax_best else 'transfers significantly worse than the best'} "
           f"({a_test_text(groups)}). "
           f"{len(beat)} of {len(common) - 1} objectives beat softmax on source accuracy"
           + (f", {split_text} (p: Student's t-test vs softmax)" if beat else "")
@@ -288,7 +288,7 @@ def a_test_text(groups: dict[str, np.ndarray]) -> str:
     sd, n, used, mdd = resolvable(groups)
     if not used:
         return "one seed per objective: no test, so only the best mean counts"
-    return (f"Student's pooled two-sample t-test over {n} seeds, p ≥ {ALPHA}, which resolves differences ≥ "
+    return (f"Student's pooled two-sample t-test over {n} seeds at α = {ALPHA}, which resolves differences ≥ "
             f"{mdd:.2f} points with power {POWER}; the best is chosen from the same data and the comparisons are "
             "not corrected for multiplicity")
 

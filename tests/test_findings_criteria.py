@@ -156,7 +156,7 @@ def test_pixel_baseline_beside_the_transfer_numbers(tmp_path):
     assert "Pixel baseline (linear probe on raw pixels of the transfer task): 85.0%." in f.evidence
     assert "smallest difference a two-sided Student's t-test resolves" in f.evidence
     assert ("softmax is the best or not significantly different from it (Student's pooled two-sample t-test "
-            "over 2 seeds, p ≥ 0.05, which resolves differences ≥ ") in f.evidence
+            "over 2 seeds at α = 0.05, which resolves differences ≥ ") in f.evidence
     assert "tied" not in f.evidence
 
 
@@ -272,6 +272,14 @@ def test_why_of_the_transfer_and_separation_findings(tmp_path):
     assert "(a) fails: 0 of 3 objectives above softmax's R², 3 needed" in f3.why
     assert "Table 3" in f3.why
     assert "Why not reproduced: (a) fails" in F.findings_text([f3]) and "Why not reproduced:" in F.findings_html([f3])
+    # softmax clearly below the best transfer: (a) fails, and the evidence says so in words that agree
+    probes = pd.read_csv(res / "probes.csv")
+    low = (probes["objective"] == "softmax") & (probes["task"] != "source") & (probes["probe"] == "linear")
+    probes.loc[low, "accuracy"] = 0.5 + 0.001 * probes.loc[low, "seed"]
+    probes.to_csv(res / "probes.csv", index=False)
+    f1 = F.finding_transfer(Inputs(None, res))
+    assert "softmax transfers significantly worse than the best (Student's pooled two-sample t-test" in f1.evidence
+    assert "is not the best or" not in f1.evidence and f1.why.startswith("(a) fails")
 
 
 def test_tau_trend_why():
@@ -351,7 +359,7 @@ def test_finding1_says_when_a_holds_because_the_seeds_cannot_resolve_the_gap():
     one = {k: v[:1] for k, v in groups.items()}
     assert F.unresolved_best_caveat(True, "other", one) == ""  # no test at all: not this caveat's case
     assert F.a_test_text(one).startswith("one seed per objective: no test")
-    assert F.a_test_text(groups) == ("Student's pooled two-sample t-test over 2 seeds, p ≥ 0.05, which resolves "
+    assert F.a_test_text(groups) == ("Student's pooled two-sample t-test over 2 seeds at α = 0.05, which resolves "
                                      "differences ≥ 4.00 points with power 0.8; the best is chosen from the same "
                                      "data and the comparisons are not corrected for multiplicity")
 
