@@ -125,12 +125,13 @@ def test_window_shuffle_reads_each_block_once_per_epoch_and_gathers_the_right_ro
 @pytest.mark.parametrize("dtype,rtol", [(np.float64, 1e-6), (np.float16, 1e-4)])
 def test_unshuffled_equals_in_memory_minibatch_cka(two_stores, dtype, rtol):
     stores = two_stores[dtype]
-    res = cka_matrix(stores, batch_size=40, epochs=2, shuffle=False, progress=False, checkpoint_every=2)
+    with pytest.warns(UserWarning, match="shuffle 'none' cuts the same consecutive batches every epoch"):
+        res = cka_matrix(stores, batch_size=40, epochs=2, shuffle=False, progress=False, checkpoint_every=2)
     ref = minibatch_reference(stored_columns(stores), consecutive_batches(N, 40) * 2)
     assert res.index == [("a", "conv"), ("a", "fc"), ("b", "pool")]
-    np.testing.assert_allclose(res.values, ref, rtol=rtol, atol=0)
-    # 203 = 5 * 40 + 3: the trailing 3 rows are dropped in each epoch
-    assert res.meta["n_batches"] == 10 and res.meta["rows_dropped_per_epoch"] == 3
+    np.testing.assert_allclose(res.values, ref, rtol=rtol, atol=0)  # the second epoch repeats the first
+    # 203 = 5 * 40 + 3: the trailing 3 rows are dropped; the one epoch run has 5 batches
+    assert res.meta["n_batches"] == 5 and res.meta["rows_dropped_per_epoch"] == 3
 
 
 def test_partial_trailing_batch_of_four_or_more_is_kept(two_stores):
@@ -672,3 +673,26 @@ def test_chunks_decoded_on_the_device_route_give_the_same_cka(two_stores, monkey
     used.clear()
     cka_matrix(two_stores[np.float64], **kw)  # float64: the host's magnitude check, the usual route
     assert used and not any(used)
+
+
+def test_epochs_that_would_repeat_the_same_batches_run_once(two_stores):
+    """Every epoch cuts the same batches when one batch holds all n rows, or with shuffle 'none': an
+    unbiased HSIC does not depend on the order of a batch's rows, so further epochs only repeat the first
+    one (the 18-network heatmap's default run spent 10x its time on that). They run once, with a warning,
+    and the estimate is the brute-force one; epochs that differ still all run."""
+    stores = [s.path for s in two_stores[np.float64]]
+    arrays = [np.asarray(a, np.float64).reshape(N, -1) for s in two_stores[np.float64]
+              for a in (s.zarr_array(layer) for layer in s.layers)]
+    for kw, batches in ((dict(batch_size=4 * N, shuffle="window"), [np.arange(N)]),
+                        (dict(batch_size=N // 3, shuffle="none"), consecutive_batches(N, N // 3))):
+        with pytest.warns(UserWarning, match="so each of the 5 epochs asked for would repeat the same computation"):
+            r = cka_matrix(stores, epochs=5, progress=False, **kw)
+        assert r.meta["epochs"] == 1 and r.meta["epochs_requested"] == 5
+        assert r.meta["n_batches"] == len(batches)
+        np.testing.assert_allclose(r.values, minibatch_reference(arrays, batches), rtol=1e-10, atol=1e-12)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        r = cka_matrix(stores, epochs=2, batch_size=N // 4, progress=False)  # window shuffle: epochs differ
+    assert r.meta["epochs"] == 2 and "epochs_requested" not in r.meta

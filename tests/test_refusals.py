@@ -58,7 +58,7 @@ def test_cka_resume_after_a_store_was_replaced_in_place_is_refused(tmp_path):
         _store(tmp_path / f"{name}.zarr", seed=seed, n=400, chunk_rows=100)
     a, b, out = tmp_path / "a.zarr", tmp_path / "b.zarr", tmp_path / "cka.npz"
     ckpt = tmp_path / "cka.ckpt.npz"
-    cmd = [sys.executable, "-m", "repsim", "cka", str(a), str(b), "--batch-size", "100", "--shuffle", "none",
+    cmd = [sys.executable, "-m", "repsim", "cka", str(a), str(b), "--batch-size", "100", "--shuffle", "window",
            "--epochs", "200", "--checkpoint-every", "1", "--no-progress", "--out", str(out)]
     proc = subprocess.Popen(cmd, env=_env(), stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120  # a hang guard, not a speed check

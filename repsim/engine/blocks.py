@@ -351,6 +351,18 @@ class BatchPlan:
         rows inside a batch changes no HSIC, and sorted rows read contiguously)."""
         return [r for g in self.groups(epoch) for r in g.batches]
 
+    def same_every_epoch(self) -> str | None:
+        """Why every epoch cuts the rows into the same batches (as sets of rows), or None when epochs
+        differ: ``shuffle="none"`` (consecutive rows, the same each epoch), or one batch of all n rows
+        (``batch_size`` about n or more). An unbiased HSIC is the same for any order of a batch's rows, so
+        further epochs would repeat the first one's computation."""
+        if self.shuffle == "none":
+            return "shuffle 'none' cuts the same consecutive batches every epoch"
+        only = self.batches(0)
+        if len(only) == 1 and only[0].size == self.n:
+            return f"one batch holds all {self.n} examples (batch size {self.batch_size})"
+        return None
+
     def describe(self) -> str:
         if self.shuffle == "none":
             return "none: consecutive rows [0:b], [b:2b], ...; trailing batch < 4 rows dropped"

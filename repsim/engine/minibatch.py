@@ -356,6 +356,13 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     plan = BatchPlan(n=n, batch_size=int(batch_size), shuffle=_shuffle_scheme(shuffle), seed=int(seed),
                      block_rows=block_rows, window_rows=int(shuffle_window or 0))
+    repeats = plan.same_every_epoch() if int(epochs) > 1 else None
+    if repeats:  # every epoch would compute the first one's HSICs again, in another row order
+        warnings.warn(f"{repeats}, so each of the {int(epochs)} epochs asked for would repeat the same computation: "
+                      "it runs once (the same estimate to rounding); for epochs that differ, give a batch size "
+                      "well below n and a shuffle", UserWarning, stacklevel=2)
+        meta["epochs_requested"] = int(epochs)
+        epochs = 1
     seg = max(1, int(checkpoint_every))
     tasks: list[tuple[int, int, int, int]] = []  # (epoch, first group, end group, batches)
     epoch_sizes = []
