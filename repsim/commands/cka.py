@@ -18,7 +18,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="minibatch (default, the paper's: unbiased HSIC over batches) or exact (full-data, "
                              "float64; it runs in this process, also with --scheduler)")
     parser.add_argument("--batch-size", type=positive, default=1500, help="minibatch size (default 1500, paper)")
-    parser.add_argument("--epochs", type=positive, default=10, help="passes over the data (default 10, paper)")
+    parser.add_argument("--epochs", type=positive, default=10,
+                        help="passes over the data (default 10, paper; one when every pass would cut the same "
+                             "batches: a batch of all n examples, or --shuffle none)")
     parser.add_argument("--seed", type=non_negative, default=0, help="shuffling seed (default 0)")
     parser.add_argument("--shuffle", choices=("window", "examples", "none"), default="window",
                         help="window: permute chunk blocks and rows within windows, each chunk read once per "
