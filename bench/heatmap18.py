@@ -530,7 +530,7 @@ def main() -> int:
         pip = install_peers(peers_dir, ("pytorch-cka",))
     if pip.get("pytorch-cka") != "installed" and not args.skip_peer:
         raise SystemExit(f"could not install pytorch-cka: {pip}")
-    res: dict = {"benchmark": "heatmap18", "machine": {
+    res: dict = {"benchmark": "heatmap18", "command": " ".join(["python bench/heatmap18.py", *sys.argv[1:]]), "machine": {
         "python": platform.python_version(), "cpus": os.cpu_count(), "numpy": np.__version__,
         "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE")}, "runs": []}
     import torch
@@ -611,13 +611,15 @@ def write_results_md(res: dict) -> None:
 
     m, st = res["machine"], res["startup_seconds"]
     lines = ["## heatmap18", "",
-             f"`python bench/heatmap18.py --scale both` — {m['cpus']} CPUs, torch {m.get('torch')}, pytorch-cka "
+             f"`{res.get('command', 'python bench/heatmap18.py')}` — {m['cpus']} CPUs, torch {m.get('torch')}, pytorch-cka "
              f"{m.get('pytorch_cka', '?')}, OPENBLAS_CORETYPE={m['openblas_coretype_env'] or 'unset'} (environment); "
              "every command in a fresh process, wall clock; each side runs the same number of times, alternating "
              "(repsim, peer, peer, repsim, ...), and each side's best run counts (all runs are in the JSON). "
              "The headline row runs `repsim extract` and `repsim cka` at their defaults (cka: batch 1500, 10 epochs, "
-             "window shuffle); the matched-work row runs `repsim cka --batch-size B --epochs 1 --shuffle none`, the "
-             "peer's batches and one pass (the agreement numbers below are of that row).", "",
+             "window shuffle; when one batch holds every image, as the 1,168 here, `repsim cka` runs one epoch, since "
+             "every epoch would cut that same batch); the matched-work row runs `repsim cka --batch-size B "
+             "--epochs 1 --shuffle none`, the peer's batches and one pass (the agreement numbers below are of that "
+             "row).", "",
              "| workload | repsim row | repsim extract + cka (s) | pytorch-cka pairwise (s) | ratio | runs each side | "
              "load avg (start → end) |",
              "|---|---|---:|---:|---:|---:|---|"]
@@ -635,6 +637,11 @@ def write_results_md(res: dict) -> None:
                          f"{peer:.1f} | {bold}{ratio:.1f}×{bold} | {r['runs_each_side']} | "
                          f"{r['loadavg_start'][0]:.1f} → {r['loadavg_end'][0]:.1f} |"
                          if peer is not None else f"| {what} | {label} | {s['total']:.1f} | – | – | | |")
+    if not any(r["scale"] == "resnet18" for r in res["runs"]):
+        lines += ["", "The ResNet-18 scale (`--scale resnet18`: 18 random-init ResNet-18s at 64 px, 512 synthetic "
+                  "images, 180 columns) was not rerun here. Its last numbers, 2026-11-23 with an older script (matched "
+                  "work only, repsim's better of two runs against one peer run): 34.2 + 3.9 = 38.1 s against 633.2 s "
+                  "(16.6×)."]
     lines += ["", "Where the time goes:", ""]
     for r in res["runs"]:
         s = r["repsim"]["seconds"]
