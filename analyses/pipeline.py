@@ -31,7 +31,6 @@ import csv
 import hashlib
 import json
 import math
-import os
 import re
 import shutil
 import subprocess
@@ -87,7 +86,9 @@ def run_stage(stage: str, networks: list[dict], jobs: int, item: Callable[[dict]
     analyses.command_runs`` process with ``jobs`` forked workers; a line ``[demo] STAGE k/n <item(info)>``
     as each network finishes (``item`` also marks it done), every other output line too when ``verbose``;
     fail on an error with the process's last lines."""
-    env = dict(os.environ)
+    from repsim._subprocess import module_env
+
+    env = module_env()  # (a train.py in the current directory must not shadow train/)
     if jobs > 1:  # the workers run one thread each
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(var, "1")
@@ -435,7 +436,9 @@ class Demo:
         fit, test = self.groups["tgt-train"][0], self.groups["tgt-test"][0]
         argv = [sys.executable, "-m", "analyses.pixel_baseline", str(self.run_dir(self.run_names[0])), fit, test,
                 self.profile.transfer_task, str(path)]
-        r = subprocess.run(argv, capture_output=True, text=True)
+        from repsim._subprocess import module_env
+
+        r = subprocess.run(argv, capture_output=True, text=True, env=module_env())
         if r.returncode != 0:
             raise AnalysisError(f"pixel baseline failed: {(r.stderr or r.stdout).strip()[-2000:]}")
         print(r.stdout.strip())

@@ -273,7 +273,9 @@ def run_all(runs: Sequence[Run], *, jobs: int = 1, nproc: int = 1, keep_checkpoi
     slots: queue.Queue = queue.Queue()
     for env in placement.slots:
         slots.put(env)
-    base_env = dict(os.environ)
+    from repsim._subprocess import module_env
+
+    base_env = module_env()  # `python -m repsim train` / torchrun `-m train`: not a train.py in the current directory
     if jobs > 1:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             base_env.setdefault(var, "1")
