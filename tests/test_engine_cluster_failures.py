@@ -64,7 +64,7 @@ def test_workers_lost_after_a_task_finished_end_in_cluster_lost(monkeypatch):
     from distributed import Client, LocalCluster
 
     monkeypatch.setattr(sched, "NO_WORKERS_S", 2.0)
-    with LocalCluster(n_workers=0, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
+    with LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as cluster, Client(cluster) as client:
         procs = start_cli_workers(cluster.scheduler_address, 2)
         try:
             wait_for(lambda: len(client.scheduler_info()["workers"]) == 2, "2 workers")
@@ -108,7 +108,7 @@ def small_workers():
 
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
         with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit=WORKER_MEMORY,
-                          dashboard_address=None) as cluster, Client(cluster) as client:
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
             yield client
 
 
@@ -236,7 +236,7 @@ def test_workers_running_another_repsim_are_named_at_connect(tmp_path):
     other.mkdir(parents=True)
     (other / "__init__.py").write_text('__version__ = "0.0.0+other"\n')
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "other"))
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster:
         cmd = [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address, "--no-nanny",
                "--nthreads", "1", "--no-dashboard"]
         proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -266,7 +266,7 @@ def test_workers_that_join_a_running_job_get_tasks():
         time.sleep(0.3)
         return i
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         outstanding: list[int] = []
 

@@ -132,7 +132,7 @@ def test_a_cluster_without_workers_is_given_up_with_a_clear_error(monkeypatch):
     import repsim.engine.scheduler as sched
 
     monkeypatch.setattr(sched, "NO_WORKERS_S", 1.5)
-    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as c:
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, Client(cluster) as c:
         with scheduler(c):
             with pytest.raises(sched.ClusterLost, match=r"no worker for 2 s while 2 task\(s\) wait.*rerun the same"):
                 list(sched.run_tasks(abs, [(-1,), (-2,), (-3,)]))  # (2 in flight: twice the one worker counted)
@@ -205,7 +205,7 @@ def test_the_cluster_lost_wait_is_set_by_an_environment_variable(monkeypatch):
 
     import repsim.engine.scheduler as sched
 
-    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as cluster, Client(cluster) as c:
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, Client(cluster) as c:
         with scheduler(c):
             monkeypatch.setenv("REPSIM_CLUSTER_LOST_S", "1.5")
             with pytest.raises(sched.ClusterLost, match=r"no worker for 2 s while 2 task\(s\) wait.*"

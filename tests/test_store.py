@@ -475,7 +475,7 @@ def test_distributed_cluster_reads_and_writes(tmp_path):
     distributed = pytest.importorskip("distributed")
     d = make_data(n=200, seed=5)
     src = save_store(tmp_path / "src.zarr", {"conv": d["conv"], "pool": d["pool"]}, d["labels"], chunk_rows=64)
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
             distributed.Client(cluster):
         # readers are pickled to a worker process and reopen the store there
         np.testing.assert_array_equal(src.layer("pool").compute(), d["pool"])

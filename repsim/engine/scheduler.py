@@ -53,7 +53,7 @@ def _connect(address: str) -> tuple[Any, Any]:
         raise ImportError("a scheduler address needs dask.distributed: pip install 'dask[distributed]'") from exc
     n = local_workers(address)
     if n is not None:
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0")
         return Client(cluster), cluster
     check_scheduler(address)
     client = Client(address, timeout=CONNECT_S)
