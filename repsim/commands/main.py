@@ -123,8 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.set_defaults(_subparsers=sub.choices)
     for name, module_name in SUBCOMMANDS.items():
         reason = shadowed(module_name.split(":")[0])
+        module = None
         try:
-            module = None if reason else importlib.import_module(module_name.split(":")[0])
+            if not reason:
+                module = importlib.import_module(module_name.split(":")[0])
         except ImportError as exc:  # this one command says why when run; the others still work
             reason = (f"cannot import {module_name.split(':')[0]} ({exc}); reinstall repsim-toolkit "
                       "(pip install -e . in a checkout)")
