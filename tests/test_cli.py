@@ -86,28 +86,37 @@ def test_a_train_py_in_the_current_directory_does_not_break_python_m_repsim(tmp_
 def test_repsims_own_module_subprocesses_do_not_import_a_train_py_from_the_current_directory(tmp_path,
                                                                                               monkeypatch):
     """The demo's ``python -m analyses.command_runs`` and tune's ``python -m repsim train`` run with
-    :func:`repsim._subprocess.module_env`: repsim's packages come before the current directory, where a
-    researcher's ``train.py``/``analyses.py`` would otherwise be imported in their place; the current
-    directory stays importable, last."""
+    :func:`repsim._subprocess.module_env`: nothing puts the current directory, where a researcher's
+    ``train.py``/``analyses.py`` would be imported in place of repsim's packages, on their path — with
+    repsim run from a checkout (its folder goes first on PYTHONPATH) and installed (found as usual; a
+    PYTHONPATH entry for the current directory would come before site-packages: review of this change)."""
     import os
+    import site
     from pathlib import Path
 
     from repsim._subprocess import module_env
 
-    for name in ("train.py", "analyses.py", "mymodel.py"):
+    root = Path(__file__).resolve().parents[1]
+    for name in ("train.py", "analyses.py"):
         (tmp_path / name).write_text(f"print('{name} ran')\n")
     monkeypatch.chdir(tmp_path)
-    env = module_env()
-    assert env["PYTHONSAFEPATH"] == "1" and env["PYTHONPATH"].split(os.pathsep)[-1] == str(tmp_path)
-    listed = subprocess.run([sys.executable, "-m", "repsim", "--help"], env=env, capture_output=True, text=True,
-                            timeout=120)
-    assert listed.returncode == 0 and "unavailable" not in listed.stdout, listed.stdout + listed.stderr
-    runs = subprocess.run([sys.executable, "-m", "analyses.command_runs", "[]"], env=env, capture_output=True,
-                          text=True, timeout=120)
-    assert runs.returncode == 0 and "ran" not in runs.stdout + runs.stderr, runs.stdout + runs.stderr
-    mine = subprocess.run([sys.executable, "-c", "import mymodel, train; print(train.__file__)"], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert mine.stdout.splitlines() == ["mymodel.py ran", str(Path(__file__).resolve().parents[1] / "train" / "__init__.py")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([".", str(tmp_path)]))  # the cwd, twice
+    checkout = module_env()
+    assert checkout["PYTHONSAFEPATH"] == "1" and checkout["PYTHONPATH"].split(os.pathsep) == [str(root)]
+    # an installed repsim (its folder a site-packages folder): nothing of ours on PYTHONPATH, the cwd neither
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(root)])
+    installed = module_env()
+    assert "PYTHONPATH" not in installed and installed["PYTHONSAFEPATH"] == "1"
+    for env in (checkout, installed):
+        listed = subprocess.run([sys.executable, "-m", "repsim", "--help"], env=env, capture_output=True, text=True,
+                                timeout=120)
+        assert listed.returncode == 0 and "unavailable" not in listed.stdout, listed.stdout + listed.stderr
+        runs = subprocess.run([sys.executable, "-m", "analyses.command_runs", "[]"], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert runs.returncode == 0 and "ran" not in runs.stdout + runs.stderr, runs.stdout + runs.stderr
+        where = subprocess.run([sys.executable, "-c", "import train; print(train.__file__)"], env=env,
+                               capture_output=True, text=True, timeout=120)
+        assert where.stdout.strip() == str(root / "train" / "__init__.py"), where.stdout + where.stderr
 
 
 def test_a_subcommand_whose_module_cannot_be_imported_refuses_alone(monkeypatch, capsys):
