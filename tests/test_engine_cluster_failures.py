@@ -64,6 +64,7 @@ def test_workers_lost_after_a_task_finished_end_in_cluster_lost(monkeypatch):
     from distributed import Client, LocalCluster
 
     monkeypatch.setattr(sched, "NO_WORKERS_S", 2.0)
+    monkeypatch.delenv("REPSIM_CLUSTER_LOST_S", raising=False)  # (it would override the 2 s)
     with LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as cluster, Client(cluster) as client:
         procs = start_cli_workers(cluster.scheduler_address, 2)
         try:
@@ -283,3 +284,28 @@ def test_workers_that_join_a_running_job_get_tasks():
         out = run_guarded(run)
     assert out == [(i, i) for i in range(40)]
     assert max(outstanding) >= 5, outstanding  # (the old cap stayed at 2)
+
+
+def test_a_tls_scheduler_passes_the_check_with_the_clients_tls_settings(tmp_path):
+    """``check_scheduler`` connects with the TLS settings ``Client(address)`` takes from dask's config, so
+    a real ``tls://`` scheduler is not refused as 'not a dask scheduler' (review of the connect check)."""
+    import shutil
+
+    import dask
+    from distributed import Client, LocalCluster
+    from distributed.security import Security
+
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command to make a self-signed certificate")
+    key, pem = tmp_path / "tls.key", tmp_path / "tls.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-keyout", str(key), "-out", str(pem)], check=True, capture_output=True, timeout=60)
+    tls = {"distributed.comm.tls.ca-file": str(pem),
+           **{f"distributed.comm.tls.{role}.{what}": str(path) for role in ("scheduler", "worker", "client")
+              for what, path in (("cert", pem), ("key", key))}}
+    with dask.config.set(tls), LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tls://",
+                                             security=Security(), dashboard_address=":0") as cluster:
+        assert cluster.scheduler_address.startswith("tls://")
+        run_guarded(lambda: sched.check_scheduler(cluster.scheduler_address, timeout=20))
+        with scheduler(cluster.scheduler_address) as client:
+            assert isinstance(client, Client) and client.submit(abs, -3).result() == 3

@@ -132,6 +132,7 @@ def test_a_cluster_without_workers_is_given_up_with_a_clear_error(monkeypatch):
     import repsim.engine.scheduler as sched
 
     monkeypatch.setattr(sched, "NO_WORKERS_S", 1.5)
+    monkeypatch.delenv("REPSIM_CLUSTER_LOST_S", raising=False)  # (it would override the 1.5 s)
     with LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as cluster, Client(cluster) as c:
         with scheduler(c):
             with pytest.raises(sched.ClusterLost, match=r"no worker for 2 s while 2 task\(s\) wait.*rerun the same"):
@@ -194,7 +195,7 @@ def test_a_store_a_worker_cannot_see_names_the_worker(client, stores, tmp_path, 
     message = str(info.value)
     assert message.startswith(f"store a: {seen_here} does not exist (raised on dask worker tcp://"), message
     assert any(w in message for w in workers)
-    assert "the path exists on the client, not on that worker" in message
+    assert "if the client can open this path, that worker cannot" in message
     assert classify(info.value) == (EXIT_REFUSED, message)
 
 

@@ -56,17 +56,28 @@ def _connect(address: str) -> tuple[Any, Any]:
         cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=":0")
         return Client(cluster), cluster
     check_scheduler(address)
-    client = Client(address, timeout=CONNECT_S)
+    client = Client(address, timeout=connect_s())
     check_worker_versions(client)
     return client, None
 
 
-CONNECT_S = 30.0  # how long connecting to a scheduler may take, handshake included
+CONNECT_S: float | None = None  # how long connecting may take, handshake included (None: dask's config)
+
+
+def connect_s() -> float:
+    """Seconds a connection to a scheduler may take: :data:`CONNECT_S` when set, else dask's
+    ``distributed.comm.timeouts.connect`` (30 s by default), as ``Client(address)`` uses."""
+    if CONNECT_S is not None:
+        return float(CONNECT_S)
+    import dask
+    from dask.utils import parse_timedelta
+
+    return float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect", "30s"), default="seconds"))
 
 
 def check_scheduler(address: str, timeout: float | None = None) -> None:
     """Raise ``ConnectionError`` unless ``address`` answers as a dask scheduler within ``timeout``
-    seconds (default :data:`CONNECT_S`): distributed's ``Client`` bounds only the TCP connect, so an
+    seconds (default :func:`connect_s`): distributed's ``Client`` bounds only the TCP connect, so an
     HTTP server on that port (a dashboard's :8787) kept it waiting forever for a handshake, and a
     server that answered with other bytes made it allocate exabytes (MemoryError, exit 70; dist
     audit, finding 3).  An address nothing listens on keeps distributed's own clear message
@@ -76,10 +87,14 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
 
     from distributed.comm import connect
 
-    timeout = CONNECT_S if timeout is None else float(timeout)
+    from distributed.security import Security
+
+    timeout = connect_s() if timeout is None else float(timeout)
+    # tls:// addresses: the client's TLS settings from dask's config, as Client(address) takes them
+    tls = Security().get_connection_args("client")
 
     async def identity() -> Any:
-        comm = await connect(address, timeout=timeout)  # (its handshake read has no deadline)
+        comm = await connect(address, timeout=timeout, **tls)  # (its handshake read has no deadline)
         try:
             await comm.write({"op": "identity"})
             return await comm.read()
@@ -101,7 +116,7 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
             info = None
         except Exception:  # noqa: BLE001 - bytes that are not dask's protocol (MemoryError, decode errors)
             info = None
-    if not (isinstance(info, dict) and info.get("type") == "Scheduler"):
+    if not (isinstance(info, dict) and "Scheduler" in str(info.get("type", ""))):  # (subclasses: "MyScheduler")
         raise ConnectionError(f"{address} is not a dask scheduler (or did not answer in {timeout:.0f} s): give "
                               "the address `dask scheduler` prints (port 8786 by default; its dashboard, 8787, "
                               "is not it)")
@@ -279,8 +294,9 @@ def _on_worker(fn: Callable[..., Any], *args: Any) -> Any:
 def name_worker(exc: BaseException) -> BaseException:
     """Add ``(raised on dask worker ADDRESS, host HOST...)`` to ``exc``'s message, in place and so
     that it survives pickling back to the client (an ``OSError``'s ``strerror`` and ``args``, other
-    exceptions' first argument when it is a string).  A missing path adds that the client sees it
-    (every path was checked there before any task was sent) and that every worker must."""
+    exceptions' first argument when it is a string).  A missing path adds that every worker must see
+    the paths the client opens (the stores' were checked there before any task was sent; a missing
+    file inside a store is worded so as not to claim the client has it)."""
     import socket
 
     try:
@@ -292,7 +308,7 @@ def name_worker(exc: BaseException) -> BaseException:
     where = f"raised on dask worker {address}, host {socket.gethostname()}"
     text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc.args[0]) if exc.args else ""
     if isinstance(exc, FileNotFoundError) or "does not exist" in text:
-        where += ("; the path exists on the client, not on that worker: every worker must see the stores at "
+        where += ("; if the client can open this path, that worker cannot: every worker must see the stores at "
                   "the client's paths (a shared file system mounted at the same place)")
     if isinstance(exc, OSError) and exc.errno is not None and exc.strerror:
         exc.strerror = f"{exc.strerror} ({where})"
@@ -338,9 +354,9 @@ def _result(fut: Any, watch: "_WorkerWatch", waiting: int) -> Any:
     while True:
         try:
             return fut.result(timeout=RESULT_WAIT_S)
-        except TimeoutError:  # (an OSError: a task that raised one has status "error" and is re-raised)
-            if fut.status == "error":
-                raise
+        except TimeoutError:  # (an OSError: a task that raised one has status "error")
+            if fut.status == "error":  # the task's own error, not this wait's timeout (which may race it)
+                return fut.result()
             watch.check(waiting)
         except KilledWorker as exc:
             raise WorkersKilled(killed_message(watch.limits, exc)) from None
@@ -359,7 +375,11 @@ def _size(nbytes: float) -> str:
 def _workers(client: Any) -> dict[str, dict[str, Any]] | None:
     """The scheduler's ``{address: worker info}`` now (None when it does not answer)."""
     try:
-        return dict(client.scheduler_info().get("workers", {}))
+        try:  # every worker: distributed 2025.4-2026.6 list 5 by default
+            info = client.scheduler_info(n_workers=-1)
+        except TypeError:  # before 2025.4: every worker, and no such argument
+            info = client.scheduler_info()
+        return dict(info.get("workers", {}))
     except Exception:  # noqa: BLE001 - a scheduler that does not answer: the callers decide
         return None
 
