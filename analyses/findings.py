@@ -269,7 +269,7 @@ def finding_transfer(inputs: Inputs) -> Finding:
     ev = (f"Softmax: {_pm(src_of['softmax'])}% source top-1, {_pm(groups['softmax'])}% mean linear transfer "
           f"(mean ± s.e. over {'/'.join(map(str, n_seeds))} seeds); best "
           f"transfer {display(best)} ({_pm(groups[best])}%{vs_best}); softmax "
-          f"{'is the best or not significantly different from it' if softmax_best else 'transfers significantly worse than the best'} "
+          f"{_a_outcome(softmax_best, groups['softmax'], groups[best])} "
           f"({a_test_text(groups)}). "
           f"{len(beat)} of {len(common) - 1} objectives beat softmax on source accuracy"
           + (f", {split_text} (p: Student's t-test vs softmax)" if beat else "")
@@ -280,6 +280,15 @@ def finding_transfer(inputs: Inputs) -> Finding:
     caveat = " ".join(c for c in (unresolved_best_caveat(softmax_best, best, groups),
                                   direction_only_caveat(beat if better_worse else [], src_of, groups)) if c)
     return Finding(name, verdict, ev, why, caveat)
+
+
+def _a_outcome(softmax_best: bool, softmax: np.ndarray, best: np.ndarray) -> str:
+    """Finding 1 (a)'s outcome in words: 'significantly' only where a t-test was possible (≥ 2 seeds on
+    both sides; with one, the bold rule keeps only the best mean)."""
+    if softmax_best:
+        return "is the best or not significantly different from it"
+    tested = len(softmax) >= 2 and len(best) >= 2
+    return "transfers significantly worse than the best" if tested else "transfers worse than the best (not tested)"
 
 
 def a_test_text(groups: dict[str, np.ndarray]) -> str:
@@ -540,20 +549,23 @@ MC_SEEDS = 4  # other bootstrap seeds tried for finding 2's verdict (bootstrap_c
 
 
 def bootstrap_caveat(r: LateBlocks) -> str:
-    """'' when finding 2's verdict is the same under :data:`MC_SEEDS` other bootstrap seeds; else a caveat:
-    an interval bound within the bootstrap's Monte Carlo noise of 0 makes the verdict a coin flip of the
-    resampling, not a property of the networks (the fashion profile's late − early bound: 0.0004)."""
+    """'' when finding 2's verdict is the same under :data:`MC_SEEDS` other bootstrap seeds; else a caveat
+    naming the interval bounds whose sign changes between the seeds: a bound within the bootstrap's Monte
+    Carlo noise of 0 makes the verdict a coin flip of the resampling, not a property of the networks (the
+    fashion profile's late − early bound: 0.0004)."""
     if r.ci is None or not r.ci_other_seeds:
         return ""
     verdicts = [paper_verdict(c) for c in r.ci_other_seeds]
     if all(v == r.verdict for v in verdicts):
         return ""
-    bounds = [c[k][0] for c in [r.ci, *r.ci_other_seeds] for k in ("late-early",)]
+    every = [r.ci, *r.ci_other_seeds]
+    names = {"early": "early", "late": "late", "late-early": "late − early"}
+    flips = [f"{names[k]}'s lower bound ranges {min(c[k][0] for c in every):.4f} to {max(c[k][0] for c in every):.4f}"
+             for k in ("early", "late", "late-early") if len({c[k][0] > 0 for c in every}) > 1]
     counts = {v: verdicts.count(v) for v in dict.fromkeys(verdicts)}
     return (f"the verdict rests on the bootstrap's Monte Carlo noise: with {len(verdicts)} other bootstrap seeds "
-            f"({N_BOOT} draws each) it is {', '.join(f'{v} {k}×' for v, k in counts.items())}; late − early's "
-            f"lower bound ranges {min(bounds):.4f} to {max(bounds):.4f} across the {len(bounds)} seeds, so the "
-            "data do not decide it.")
+            f"({N_BOOT} draws each) it is {', '.join(f'{v} {k}×' for v, k in counts.items())}; "
+            f"{'; '.join(flips)} across the {len(every)} seeds, so the data do not decide it.")
 
 
 def _ci(ci: tuple[float, float]) -> str:

@@ -280,6 +280,11 @@ def test_why_of_the_transfer_and_separation_findings(tmp_path):
     f1 = F.finding_transfer(Inputs(None, res))
     assert "softmax transfers significantly worse than the best (Student's pooled two-sample t-test" in f1.evidence
     assert "is not the best or" not in f1.evidence and f1.why.startswith("(a) fails")
+    # with one seed per objective no test was run: the words say so
+    one = probes[probes["seed"] == 0]
+    one.to_csv(res / "probes.csv", index=False)
+    f1 = F.finding_transfer(Inputs(None, res))
+    assert "softmax transfers worse than the best (not tested) (one seed per objective: no test" in f1.evidence
 
 
 def test_tau_trend_why():
@@ -427,7 +432,12 @@ def test_finding2_says_when_its_verdict_rests_on_the_bootstraps_monte_carlo_nois
                      ci=ci(0.0004), ci_other_seeds=[ci(0.0009), ci(-0.0003), ci(0.0011), ci(-0.0001)])
     text = F.bootstrap_caveat(r)
     assert text.startswith("the verdict rests on the bootstrap's Monte Carlo noise: with 4 other bootstrap seeds")
-    assert "it is reproduced 2×, not reproduced 2×;" in text and "ranges -0.0003 to 0.0011 across the 5 seeds" in text
+    assert "it is reproduced 2×, not reproduced 2×; late − early's lower bound ranges -0.0003 to 0.0011 across the 5 seeds" in text
+    # the bound named is the one whose sign changes: here the early one (the verdict needs it to reach 0)
+    early_flip = [dict(ci(0.001), early=(lo, 0.04)) for lo in (0.0002, -0.001, 0.0003, -0.002)]
+    r.ci_other_seeds = early_flip
+    text = F.bootstrap_caveat(r)
+    assert "early's lower bound ranges -0.0200 to 0.0003" in text and "late − early" not in text
     r.ci_other_seeds = [ci(0.0009), ci(0.0002), ci(0.0011), ci(0.0001)]
     assert F.bootstrap_caveat(r) == ""
     # end to end on planted networks: a late-only difference well above the noise is stable
