@@ -267,8 +267,6 @@ def _measure(args) -> int:
 # Rows measured before a change that bears on them, edited by hand with each re-measurement
 # (JSON key -> what to say beside the row).
 STALE: dict[str, str] = {
-    "n50000_p2048_k100": "2026-11-21, before solver change a73643a: to re-measure",
-    "n20000_p1024_k100": "2026-11-21, before solver change a73643a: to re-measure",
     "n10000_p512_k100_reference": "2026-11-21, before solver change a73643a: to re-measure",
     "n20000_p1024_k100_reference": "2026-11-21, before solver change a73643a: to re-measure",
 }
@@ -290,13 +288,18 @@ NOTES: list[str] = [
     "scikit-learn on all cores took 2.5× its one-thread time (19.6 s), its threads spinning on this small "
     "problem, while repsim's L-BFGS ran about as fast as on one thread. Only 10,000 × 512 has an all-cores row. "
     "(The 2026-11-26 audit's all-cores run, 23.9 s vs 152.0 s at load 4–6 on a saturated box, is superseded.)",
-    "- 50,000 × 2,048 and 20,000 × 1,024 rows (and the 10,000 × 512 reference rows) were measured on 2026-11-21, "
-    "before the solver change a73643a (2026-11-26 05:31, a stall restarts from fresh logits); only the 10,000 × 512 "
-    "rows without reference were rerun since (2026-11-26 08:35). They are to be re-measured.",
-    "- Provenance: all rows are from 2026-11-21 with the linear-logits solver (`_logreg` module doc). "
+    "- Re-measured after the solver change a73643a (2026-11-26 05:31, a stall restarts from fresh logits), one "
+    "thread, on a quiet box (load ≈ 1, nothing else running), 2026-11-27 01:00-01:15 UTC: 20,000 × 1,024 (every "
+    "mode) and 50,000 × 2,048 (`--skip cold up down_noextrap streamed streamed_cached`). repsim's times are "
+    "within 10 % of the 2026-11-21 ones (69.3 → 63.2 s, 14.9 → 15.2 s); scikit-learn (1.9.1 here) took longer "
+    "than then (270.3 → 527.6 s, 58.3 → 81.6 s), so the ratios rose (3.90 → 8.35, 3.91 → 5.36). The reference "
+    "rows (`--reference`, both sizes) are from 2026-11-21, before a73643a, and were not rerun.",
+    "- Provenance of the 2026-11-21 rows (the reference rows, and the figures quoted as 'then' above), with "
+    "the linear-logits solver (`_logreg` module doc): "
     "10,000 × 512 and 20,000 × 1,024 (with and without reference): 10:38-10:50, shared box at load "
     "0.4-2. 50,000 × 2,048: one run of both (`--skip cold up down_noextrap`), 10:50-10:57, load ≈ 1 "
-    "(this job only); a repsim-only run at 10:44 gave the same 69.3 s. Before this solver, on an "
+    "(this job only); a repsim-only run at 10:44 gave the same 69.3 s. Each row's JSON entry records its "
+    "own provenance (bench/results/probe.json). Before this solver, on an "
     "idle box: repsim with scipy's L-BFGS-B driver 123.3 s (136 sweep iterations, 273 evaluations = "
     "546 products; 10:05) against scikit-learn's 275.5 s (09:52), ratio 2.24; earlier still 168.4 s "
     "(223 iterations, anchors stopped at tol; ratio 1.64).",
