@@ -265,7 +265,7 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
     opened = open_stores(stores)
     names = store_names(opened)
     memory_budget = capped_budget(int(memory_budget))  # on a cluster: within the workers' memory limit
-    plans = []  # per store: (store, name, num_classes, layer groups)
+    plans = []  # per store: (store, name, num_classes, layer groups, each group's state bytes)
     for store, name in zip(opened, names):
         _, columns, _ = resolve_columns([store], layers)  # validates: complete, layers present
         columns = [Column(**{**asdict(c), "store": name}) for c in columns]
@@ -285,21 +285,21 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
                              "example); class separation and collapse need a class for every example: give a store "
                              "of labelled examples")
         num_classes = int(labels.max()) + 1
-        sizes = [state_bytes(c, metrics, num_classes, spatial) for c in columns]
-        plans.append((store, name, num_classes, group_layers(columns, sizes, int(memory_budget))))
+        size_of = {c.layer: state_bytes(c, metrics, num_classes, spatial) for c in columns}
+        groups = group_layers(columns, [size_of[c.layer] for c in columns], int(memory_budget))
+        plans.append((store, name, num_classes, groups, [sum(size_of[c.layer] for c in g) for g in groups]))
     passes_per_group = max([m.passes() for m in metrics], default=1)
-    total = sum(-(-s.n // max(1, s.chunk_rows)) * len(g) * passes_per_group for s, _, _, g in plans)
+    total = sum(-(-s.n // max(1, s.chunk_rows)) * len(g) * passes_per_group for s, _, _, g, _ in plans)
     out: dict[tuple[str, str], dict[str, Any]] = {}
     undefined: list[str] = []
     bar = progress_bar(total, "scan", progress, unit="block")
     distributed = get_client() is not None
     jobs = []  # (store, name, num_classes, head, columns of one group), in order; their state bytes
     sizes = []
-    for store, name, num_classes, groups in plans:
+    for store, name, num_classes, groups, group_sizes in plans:
         head = _effective_head(store) if any(m.reads_head for m in metrics) else None
-        for columns in groups:
-            jobs.append((store, name, num_classes, head, columns))
-            sizes.append(sum(state_bytes(c, metrics, num_classes, spatial) for c in columns))
+        jobs += [(store, name, num_classes, head, columns) for columns in groups]
+        sizes += group_sizes
 
     def scan(store: Any, columns: list[Column], accs: dict[str, dict[str, Any]]) -> _Scan:
         return _Scan(columns, store.n, max(1, min(store.n, store.chunk_rows)), accs, spatial=spatial,
