@@ -86,7 +86,6 @@ def check_scheduler(address: str, timeout: float | None = None) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from distributed.comm import connect
-
     from distributed.security import Security
 
     timeout = connect_s() if timeout is None else float(timeout)
@@ -221,10 +220,9 @@ def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callabl
     """Run ``fn(*args[i])`` for every i and yield ``(i, result)`` **in index order**.
 
     Locally the calls run one after the other in this thread.  On a distributed client at most
-    ``max_in_flight`` (default ``2 × workers``, recounted as workers join or leave) tasks are outstanding;
-    results that arrive early wait
-    until their predecessors are in.  ``on_done(i, result)`` is called as each task finishes
-    (progress bars).
+    ``max_in_flight`` (default ``2 × workers``, recounted as workers join or leave) tasks are
+    outstanding; results that arrive early wait until their predecessors are in.  ``on_done(i, result)``
+    is called as each task finishes (progress bars).
     """
     client = get_client()
     if client is None:
