@@ -82,15 +82,11 @@ def _pm(values: np.ndarray, digits: int = 1) -> str:
 def _pvalue(a: np.ndarray, b: np.ndarray) -> float | None:
     """Two-sided Student's (pooled-variance) t-test p of a vs b over seeds (the bold rule's test); None with
     < 2 seeds. With no spread in either group it is the limit the bold rule uses
-    (:func:`repsim.not_significantly_worse`): 1 for equal means, 0 for different ones."""
-    from repsim.probes.stats import ttest
+    (:func:`repsim.not_significantly_worse`): 1 for equal means, 0 for different ones
+    (:func:`repsim.probes.stats.ttest_p`)."""
+    from repsim.probes.stats import ttest_p
 
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    if len(a) < 2 or len(b) < 2:
-        return None
-    if np.ptp(a) == 0 and np.ptp(b) == 0:
-        return 1.0 if a[0] == b[0] else 0.0
-    return float(ttest(a, b)[1])
+    return ttest_p(a, b)
 
 
 def _p(a: np.ndarray, b: np.ndarray) -> str:

@@ -49,6 +49,17 @@ def ttest(a: Sequence[float], b: Sequence[float], equal_var: bool = True) -> tup
     return float(r.statistic), float(r.pvalue)
 
 
+def ttest_p(a: Sequence[float], b: Sequence[float], equal_var: bool = True) -> float | None:
+    """Two-sided p of :func:`ttest` of a vs b as the bold rule reads it: None with fewer than 2 values in
+    either group (no test); with no spread in either, its limit: 1 for equal means, 0 for different ones."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.size < 2 or b.size < 2:
+        return None
+    if np.all(a == a[0]) and np.all(b == b[0]):
+        return 1.0 if a[0] == b[0] else 0.0
+    return ttest(a, b, equal_var)[1]
+
+
 def not_significantly_worse(groups: Mapping[str, Sequence[float]], alpha: float = 0.05,
                             higher_is_better: bool = True, equal_var: bool = True) -> set[str]:
     """Names to bold-face: the group with the best mean and every group whose t-test (Student's pooled;
@@ -56,11 +67,9 @@ def not_significantly_worse(groups: Mapping[str, Sequence[float]], alpha: float 
     comparisons nor for the best being chosen from the same data. Groups of one value cannot be tested:
     they are included only if they are the best (or equal to it). Identical constant groups count as tied
     (p = 1)."""
-    def tied(v, best) -> bool:
-        a, b = np.asarray(v, float), np.asarray(best, float)
-        if a.size < 2 or b.size < 2 or (np.all(a == a[0]) and np.all(b == b[0])):
-            return False                       # untestable, or zero variance with different means
-        return ttest(a, b, equal_var)[1] >= alpha
+    def tied(v, best) -> bool:  # (equal constant groups: equal means, which _best_and_ties keeps anyway)
+        p = ttest_p(v, best, equal_var)
+        return p is not None and p >= alpha  # untestable, or zero variance with different means: not tied
 
     return _best_and_ties(groups, higher_is_better, tied)
 
@@ -165,5 +174,5 @@ def not_significantly_worse_anova(groups: Mapping[str, np.ndarray], alpha: float
     return _best_and_ties(groups, higher_is_better, lambda v, best: anova_two_way(v, best)[1] >= alpha)
 
 
-__all__ = ["mean_se", "ttest", "not_significantly_worse", "spearman", "spearman_null", "anova_two_way",
+__all__ = ["mean_se", "ttest", "ttest_p", "not_significantly_worse", "spearman", "spearman_null", "anova_two_way",
            "not_significantly_worse_anova"]
