@@ -103,8 +103,8 @@ def _p(a: np.ndarray, b: np.ndarray) -> str:
 def min_detectable_difference(sd: float, n: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """The smallest difference between two objectives' means that a two-sided Student's two-sample t-test
     over ``n`` seeds each detects at level ``alpha`` with probability ``power``, for seed-to-seed s.d.
-    ``sd``: d = δ · sd · √(2/n), δ the noncentrality at which P(|T| > t_{1−α/2, 2n−2}) = power for T ~ noncentral t(2n − 2,
-    δ) (exact; the shortcut (t_{1−α/2} + t_{power}) · sd · √(2/n) gives power 0.77 at 2 seeds). NaN with
+    ``sd``: d = δ · sd · √(2/n), δ the noncentrality at which P(|T| > t_{1−α/2, 2n−2}) = power for
+    T ~ noncentral t(2n − 2, δ) (exact; the shortcut (t_{1−α/2} + t_{power}) · sd · √(2/n) gives power 0.77 at 2 seeds). NaN with
     fewer than 2 seeds."""
     from scipy import optimize, stats
 

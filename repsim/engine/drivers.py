@@ -25,9 +25,10 @@ On a ``dask.distributed`` cluster (:func:`repsim.set_scheduler`, :mod:`repsim.en
 is cut into tasks of ``blocks_per_task`` blocks; each returns its accumulators' ``to_state()``, merged
 in block order, and the tasks of consecutive stores and layer groups whose merged state fits
 ``memory_budget`` on the client are submitted together (:func:`waves`), so that a store of a few tasks
-does not leave the other workers idle.  Locally, where tasks would run one after the other, one task reads every block (one
-set of accumulators, nothing to merge: peak memory does not step up with the number of tasks).  Conv layers are flattened across space
-(Fig. 4 caption: "we compute cosine distances by flattening"); ``spatial="mean"`` pools them first.
+does not leave the other workers idle.  Locally, where tasks would run one after the other, one task
+reads every block (one set of accumulators, nothing to merge: peak memory does not step up with the
+number of tasks).  Conv layers are flattened across space (Fig. 4 caption: "we compute cosine distances
+by flattening"); ``spatial="mean"`` pools them first.
 Sparsity always counts every activation (channels × positions).
 """
 from __future__ import annotations
