@@ -1,6 +1,6 @@
 """What opening a training checkpoint costs `repsim extract` per store, before and now, in one run.
 
-Each store that `repsim extract` writes from a checkpoint first opens it (``extract.sources.load_source``):
+Each store that `repsim extract` writes from a checkpoint first opens it (``repsim.extract.sources.load_source``):
 the file's sha256 (provenance), ``torch.load`` of the dict (weights, EMA weights, optimizer state) and
 the network rebuilt from its config with the EMA weights.  On a GPU, where forwards are cheap, these
 fixed costs are a large part of an 18-network heatmap (issue 26).  Rows, best of ``--repeats`` over
@@ -10,7 +10,7 @@ format with an EMA copy and SGD momentum buffers; files in the page cache, so ha
 * ``before``: sha256 of the file, then ``torch.load``, then ``build_network`` (its initialisers draw
   random weights) and ``load_state_dict`` copying the EMA weights in — what load_source did;
 * ``load_source``: what it does now — the hash on a thread beside the unpickling, and the network
-  built on the meta device adopting the checkpoint's tensors (``train.checkpoint.network_from_checkpoint``);
+  built on the meta device adopting the checkpoint's tensors (``repsim.train.checkpoint.network_from_checkpoint``);
 * the parts: the ordinary build + copy against the meta build + assign, from a dict already loaded.
 
     python bench/checkpoint_open.py              # ~1 minute on 2 cores
@@ -35,9 +35,9 @@ def make_checkpoints(root: Path, arch: str, nets: int) -> list[Path]:
     """``nets`` checkpoints of ``arch`` as `repsim train` writes them (model, EMA, optimizer state)."""
     import torch
 
-    from train.checkpoint import save_checkpoint
-    from train.config import load_config
-    from train.models import build_network
+    from repsim.train.checkpoint import save_checkpoint
+    from repsim.train.config import load_config
+    from repsim.train.models import build_network
 
     paths = []
     for i in range(nets):
@@ -59,10 +59,10 @@ def make_checkpoints(root: Path, arch: str, nets: int) -> list[Path]:
 
 def measure(paths: list[Path], repeats: int) -> dict:
     from _timing import best_of
-    from extract.sources import load_source
-    from repsim._io import sha256_file
-    from train.checkpoint import load_checkpoint, load_state_strict, network_from_checkpoint
-    from train.models import build_network
+    from repsim.extract.sources import load_source
+    from repsim.fileio import sha256_file
+    from repsim.train.checkpoint import load_checkpoint, load_state_strict, network_from_checkpoint
+    from repsim.train.models import build_network
 
     def ordinary(ckpt: dict):
         net = build_network(ckpt["config"])

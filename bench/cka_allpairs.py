@@ -443,7 +443,7 @@ def write_results_md(res: dict) -> None:
         f"{res['gemm_gflops']['one']['numpy_float32']:.0f} GFLOP/s: {res['flop_bound']['bound_seconds_one_thread'] * 1e3:.0f} ms); "
         "the rest is centring (float64 means), copying each Gram's upper panels into the float64 buffer A with "
         "their row sums, and the float64 SYRK A Aᵀ (L² · ~n(n+128)/2). With all cores, repsim spreads whole layers, "
-        "then column slabs of A Aᵀ, over the BLAS threads (`repsim._blas`: single-threaded BLAS in k threads, reused "
+        "then column slabs of A Aᵀ, over the BLAS threads (`repsim.blas`: single-threaded BLAS in k threads, reused "
         "buffers), so the element-wise work runs in parallel too and no BLAS worker is left busy-waiting; the peer's "
         "threads work inside each torch op (which also does twice the Gram FLOPs: full GEMMs).",
         "",

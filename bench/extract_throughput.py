@@ -11,7 +11,7 @@ For each configuration (model, data, batch), on the CPU:
 
 With a GPU (``--device cuda``, issue 26): ResNet-50 at 224 px, channels-last, autocast (``--amp``,
 bfloat16 by default): forwards of device-resident batches, of pinned host batches (the floor of the
-ratios) and fed by the in-memory path (extract/memory.py); extraction of ``pool,logits`` and of the
+ratios) and fed by the in-memory path (repsim/extract/memory.py); extraction of ``pool,logits`` and of the
 16 blocks (``--gpu-spatial``) from in-memory float32 and uint8 sources, and through the DataLoader
 (``--workers``); the fixed cost of a store; CPU against nvJPEG decoding of ``--jpegs`` generated
 JPEGs (see :func:`pipeline_rows`); sized to finish within 100 s at ``--gpu-n 10000`` (not yet timed on a GPU); a failing row prints its
@@ -46,7 +46,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))  # run from a checkout without installing
 
-from extract import extract_store  # noqa: E402
+from repsim.extract import extract_store  # noqa: E402
 
 from _timing import best_of  # noqa: E402  (bench/ is this script's directory)
 
@@ -95,7 +95,7 @@ def measure(label: str, model, dataset, *, batch_size: int, workers: int, device
     of these paired ratios is reported next to the ratio of the best times."""
     if ONLY and not any(o in label for o in ONLY):
         return None
-    from extract.pipeline import _resolve_memory_format
+    from repsim.extract.pipeline import _resolve_memory_format
 
     model = model.to(device).eval()
     cl = _resolve_memory_format(kw.get("memory_format"), model, dataset[0][0]) == "channels_last"
@@ -152,8 +152,8 @@ def measure(label: str, model, dataset, *, batch_size: int, workers: int, device
 
 def cpu_configs(args, tmp: Path) -> list[dict]:
     import torchvision
-    from train.data import build_dataset
-    from train.models import build_network
+    from repsim.train.data import build_dataset
+    from repsim.train.models import build_network
 
     results = []
     torch.manual_seed(0)
@@ -259,8 +259,8 @@ def pipeline_rows(args, tmp: Path, device: str) -> dict:
     A failing row prints its error and the others still run. Returns ``{"rows": [...], "checks":
     {...}}`` (:func:`_gpu_checks`)."""
     import torchvision
-    from extract.memory import ImageTensor, MemoryFeed
-    from train.data import build_dataset
+    from repsim.extract.memory import ImageTensor, MemoryFeed
+    from repsim.train.data import build_dataset
 
     dev = torch.device(device)
     cuda = dev.type == "cuda"

@@ -88,7 +88,7 @@ def allpairs(L: int, n: int, p: int, repeats: int) -> dict:
     x64 = None  # (freed)
     h64 = batch_hsic(layers, compute_dtype="float64")
     ref = hsic_to_cka(h64)
-    from repsim._xp import fast_float64_products
+    from repsim.array_api import fast_float64_products
 
     fast64 = fast_float64_products(cp)
     host = hsic_to_cka(batch_hsic([cp.asnumpy(x).astype(np.float64) for x in layers]))  # NumPy, float64
@@ -289,8 +289,8 @@ def extract_profile(batch: int = 256, size: int = 224) -> dict:
     import torch.nn.functional as F
     import torchvision
 
-    from extract.memory import ImageTensor
-    from extract.pipeline import extract_store
+    from repsim.extract.memory import ImageTensor
+    from repsim.extract.pipeline import extract_store
 
     dev = torch.device("cuda")
     torch.backends.cudnn.benchmark = True

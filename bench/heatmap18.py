@@ -109,9 +109,9 @@ def resnet18_checkpoints(cache: Path, nets: int, image_size: int, n: int) -> lis
     reads them (``--data synthetic`` then builds those images)."""
     import torch
 
-    from train.checkpoint import save_checkpoint
-    from train.config import load_config
-    from train.models import build_network
+    from repsim.train.checkpoint import save_checkpoint
+    from repsim.train.config import load_config
+    from repsim.train.models import build_network
 
     out = []
     for i in range(nets):
@@ -170,7 +170,7 @@ def run_repsim(ckpts: list[str], data: str, split: str, batch: int, work: Path, 
 def startup_seconds(repeats: int = 3) -> dict:
     """Wall time of each command's imports alone, in a fresh process (best of ``repeats``)."""
     out = {}
-    for key, code in (("extract", "import extract.cli, extract.pipeline, train.data, repsim.store.writer"),
+    for key, code in (("extract", "import repsim.extract.cli, repsim.extract.pipeline, repsim.train.data, repsim.store.writer"),
                       ("cka", "import repsim.commands.cka, repsim.engine.minibatch, zarr")):
         best = float("inf")
         for _ in range(repeats):
@@ -224,9 +224,9 @@ def load_models_and_loader(spec: dict):
     """The networks (as ``repsim extract`` loads them) and a DataLoader over the stores' rows."""
     import torch
 
-    from extract.layers import layer_modules
-    from extract.pipeline import reorder_rows
-    from extract.sources import load_dataset, load_model
+    from repsim.extract.layers import layer_modules
+    from repsim.extract.pipeline import reorder_rows
+    from repsim.extract.sources import load_dataset, load_model
 
     models, qualnames = [], []
     for c in spec["checkpoints"]:

@@ -130,7 +130,7 @@ def run_child(argv: list[str]) -> dict:
 
 def route(name: str, fit: dict, ev: dict, budget_mib: float) -> str:
     """The route ``probe`` / ``calibrate`` choose (their own rules: commands.probe._fits, calibrate)."""
-    from repsim.probes._rows import nbytes_in_memory
+    from repsim.probes.rows import nbytes_in_memory
 
     if name == "calibrate":
         return "in memory" if (fit["n"] + ev["n"]) * CLASSES * 32 <= budget_mib * 2**20 else "out of core"
@@ -148,7 +148,7 @@ def _load() -> str:
 
 
 def main(argv=None) -> int:
-    from repsim.commands._args import DEFAULT_BUDGET_MIB
+    from repsim.commands.args import DEFAULT_BUDGET_MIB
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs=2, default=list(SIZES))

@@ -107,7 +107,7 @@ def run_repsim_streamed(Xtr, ytr, Xte, yte, lambdas, root: str, cache_mib: float
     ``cache_mib`` (the command keeps half its budget: 0 at ``--memory-budget 0``). Store writing is
     not timed; opening the stores and every read is."""
     import repsim
-    from repsim.probes._rows import Rows
+    from repsim.probes.rows import Rows
     from repsim.probes.linear import linear_probe_rows
 
     paths = []
@@ -203,7 +203,7 @@ def _measure(args) -> int:
     # training rows cached as the default budget allows (half of 512 MiB)
     import tempfile
 
-    from repsim.commands._args import DEFAULT_BUDGET_MIB
+    from repsim.commands.args import DEFAULT_BUDGET_MIB
     from repsim.commands.probe import cache_bytes
 
     with tempfile.TemporaryDirectory(prefix="repsim-probe-bench-") as root:

@@ -1,4 +1,4 @@
-"""Training throughput (images/s): our loop (``train.loop.train_run``) vs torchvision's reference
+"""Training throughput (images/s): our loop (``repsim.train.loop.train_run``) vs torchvision's reference
 recipe loop (references/classification/train.py ``train_one_epoch``) on the same model, batch, data.
 
 Both read the same in-memory ``synthetic`` dataset through a DataLoader with the same settings and
@@ -74,9 +74,9 @@ def run_reference(case: dict, device) -> tuple[float, float]:
     from torch import nn
     from torch.utils.data import DataLoader
 
-    from train.data import build_dataset
-    from train.loop import param_groups
-    from train.models import build_backbone
+    from repsim.train.data import build_dataset
+    from repsim.train.loop import param_groups
+    from repsim.train.models import build_backbone
 
     torch.manual_seed(0)
     backbone, m = build_backbone(case["arch"], **case["arch_params"])
@@ -94,8 +94,8 @@ def run_reference(case: dict, device) -> tuple[float, float]:
 
 
 def run_ours(case: dict) -> tuple[float, float]:
-    from train.config import load_config
-    from train.loop import train_run
+    from repsim.train.config import load_config
+    from repsim.train.loop import train_run
 
     sets = [f'arch="{case["arch"]}"', "data.spec=\"synthetic\"", f"data.image_size={case['size']}",
             f"data.synthetic_n={case['n']}", f"data.synthetic_classes={case['classes']}", f"in_channels={case['channels']}",

@@ -9,7 +9,7 @@ Public names are imported lazily so that ``import repsim`` stays cheap and never
 """
 from __future__ import annotations
 
-from ._lazy import lazy_exports
+from .lazy import lazy_exports
 
 __version__ = "0.1.0"
 

@@ -15,7 +15,7 @@ EXTRAS: dict[str, str] = {
     "torch": "torch",
     "torchvision": "torch",
     "PIL": "torch",
-    "train": "torch",  # repsim's own torch packages: train/ and extract/ need the [torch] extra
+    "train": "torch",  # repsim's own torch packages: repsim/train/ and repsim/extract/ need the [torch] extra
     "extract": "torch",
     "timm": "timm",
     "transformers": "hf",

@@ -17,7 +17,7 @@ COLLAPSE_KEYS: tuple[str, ...] = ("norm_cv_means", "norm_cv_weights", "cos_std_m
 ESTIMATOR: tuple[str, ...] = ("dataset", "split", "n", "spatial", "method", "engine_spatial")
 
 _NETWORK = ("store", "objective", "seed")
-# a retrained network's columns in tune.csv and finetune.csv (``train.tune.tune``)
+# a retrained network's columns in tune.csv and finetune.csv (``repsim.train.tune.tune``)
 _TUNED = ("metric", "accuracy", "top1", "top5", "mean_per_class", "holdout_accuracy", "select_on", "selected",
           "selected_epoch", "epochs_trained", "steps", "grid_points", "replicates", "checkpoint", "run")
 
@@ -36,7 +36,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "accuracy": (*_NETWORK, "epoch", "dataset", "split", "n", "top1", "top5", "mean_per_class"),
     "robustness": (*_NETWORK, "checkpoint_sha256", "checkpoint", "benchmark", "subset", "metric", "value", "n",
                    "classes", "masked", "transform"),
-    # train.tune: the group's and replicate's info, then the retrained network's scores (``tune``'s rows;
+    # repsim.train.tune: the group's and replicate's info, then the retrained network's scores (``tune``'s rows;
     # finetune adds the selected point's lr and weight_decay); OUT/results.csv holds the same rows
     "tune": ("preset", "objective", "params", "variant", "grid", "seed", *_TUNED),
     "finetune": ("objective", "params", "variant", "task", "preset", "seed", "source_checkpoint", *_TUNED,

@@ -17,15 +17,15 @@ def write_image(path: Path, rng: np.random.Generator, size: int = 12) -> None:
 
 def tiny_checkpoint(path: Path, num_classes: int, *, data_spec: str = "digits", seed: int = 0,
                     objective: str = "softmax", head_bias: np.ndarray | None = None, zero_head: bool = False) -> Path:
-    """A mini ResNet-14 (width 4, RGB, 8 x 8 inputs) with random weights, saved as train/ saves checkpoints.
+    """A mini ResNet-14 (width 4, RGB, 8 x 8 inputs) with random weights, saved as repsim/train/ saves checkpoints.
 
     ``zero_head`` zeroes the final layer's weights, so that the logits are ``head_bias`` for every image.
     """
     import torch
 
-    from train.checkpoint import save_checkpoint
-    from train.config import load_config
-    from train.models import build_network
+    from repsim.train.checkpoint import save_checkpoint
+    from repsim.train.config import load_config
+    from repsim.train.models import build_network
 
     cfg = load_config(f"digits-{objective}")
     cfg.update(arch="mini_resnet14", arch_params={"width": 4, "layers": [1, 1, 1, 1]}, in_channels=3,

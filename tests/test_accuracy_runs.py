@@ -111,10 +111,10 @@ def test_runs_collects_training_csv(tmp_path, monkeypatch):
 
 
 def test_the_early_stopping_rule_has_one_home(tmp_path, monkeypatch):
-    """App. A.1's rule (first epoch with the best holdout score, NaN never) lives in repsim.runs; the
+    """App. A.1's rule (first epoch with the best holdout score, NaN never) lives in repsim.study.runs; the
     training curves of a run evaluated every 2nd epoch stop at best.pt's epoch (they ran to the end
-    while the first epoch had no holdout score), and train/, `repsim runs` and the demo import it."""
-    from repsim.runs import best_epoch
+    while the first epoch had no holdout score), and repsim/train/, `repsim runs` and the demo import it."""
+    from repsim.study.runs import best_epoch
 
     assert best_epoch({1: math.nan, 2: 50.0, 3: 50.0, 4: 49.0}) == 2 and best_epoch({1: math.nan}) is None
     assert best_epoch({3: 1.0, 1: 2.0, 2: 2.0}) == 1 and best_epoch({}) is None
@@ -130,14 +130,14 @@ def test_the_early_stopping_rule_has_one_home(tmp_path, monkeypatch):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    for user in ("train/loop.py", "train/tune.py", "repsim/commands/runs.py", "analyses/pipeline.py",
-                 "analyses/demo_analysis.py"):
+    for user in ("repsim/train/loop.py", "repsim/train/tune.py", "repsim/commands/runs.py", "repsim/analyses/pipeline.py",
+                 "repsim/analyses/demo_analysis.py"):
         tree = ast.parse((root / user).read_text())
-        assert any(isinstance(n, ast.ImportFrom) and n.module == "repsim.runs" for n in ast.walk(tree)), user
+        assert any(isinstance(n, ast.ImportFrom) and n.module == "repsim.study.runs" for n in ast.walk(tree)), user
 
 
 def test_tune_grid_best_epoch_skips_a_diverged_epoch(tmp_path):
-    from train.tune import Group, Replicate, _write_grid
+    from repsim.train.tune import Group, Replicate, _write_grid
 
     class _Run:
         dir = tmp_path / "r0"

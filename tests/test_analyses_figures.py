@@ -98,7 +98,7 @@ def test_figures_from_results_only(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["figures", "--results", str(res), "--out", str(out), "--quiet"]) == 0
     report = (out / "report.html").read_text()
-    from analyses.items import ORDER
+    from repsim.analyses.items.catalog import ORDER
 
     for item in ORDER:
         kind_files = (f"{item}.png", f"{item}.pdf") if item.startswith("fig") else (f"{item}.csv", f"{item}.md")
@@ -181,11 +181,11 @@ def test_stores_of_equal_names_are_refused_not_merged(tmp_path, capsys):
 def test_fig2a_counts_pairs_of_networks_not_ordered_pairs(tmp_path):
     """Softmax vs. softmax with 2 seeds is 1 pair of distinct networks (its title said 2: both orders);
     softmax vs. another objective with 2 seeds each, 4; the control's mean block averages both orders."""
-    from analyses.data import Inputs
-    from analyses.items.layers import _cka_groups, _mean_block
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.layers import cka_groups, _mean_block
 
     inputs = Inputs(None, write_results(tmp_path))
-    cka, groups, layers = _cka_groups(inputs, "linear_cka")
+    cka, groups, layers = cka_groups(inputs, "linear_cka")
     m, n = _mean_block(cka, groups["softmax"], groups["softmax"], layers, layers)
     a, b = groups["softmax"]
     assert n == 1 and np.allclose(m, (cka.block(a, b, layers, layers) + cka.block(b, a, layers, layers)) / 2)
@@ -194,8 +194,8 @@ def test_fig2a_counts_pairs_of_networks_not_ordered_pairs(tmp_path):
 
 def test_table2_avg_note_names_its_actual_reason(tmp_path):
     """One seed per objective on two tasks: the Avg. note said the objectives' seed counts differ."""
-    from analyses.data import Inputs
-    from analyses.items.finetune import table2
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.finetune import table2
 
     res = write_results(tmp_path)
     rows = [dict(store=f"{o}-s0-ft-{t}", objective=o, seed=0, task=t, accuracy=0.8 + 0.01 * i + 0.005 * j,
@@ -208,8 +208,8 @@ def test_table2_avg_note_names_its_actual_reason(tmp_path):
 def test_tableC3_caption_names_the_columns_whose_cells_rest_on_one_seed(tmp_path):
     """A network whose T stopped at the search bound has blank TS columns: its objective's TS cells rest on
     one seed, which no t-test compares; the caption stated the t-test rule for every cell (stats audit)."""
-    from analyses.data import Inputs
-    from analyses.items.evaluation import tableC3
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.evaluation import tableC3
     from repsim.probes.calibration import TEMPERATURE_BOUNDS
 
     res = write_results(tmp_path)
@@ -274,7 +274,7 @@ def test_partial_inputs(tmp_path):
 
 
 def test_modal_breaks_ties_by_confidence():
-    from analyses.items.predictions import modal
+    from repsim.analyses.items.predictions import modal
 
     pred = np.array([[0, 1, 1, 2], [0, 2, 1, 1], [0, 2, 0, 0]])
     conf = np.array([[0.9] * 4, [0.6] * 4, [0.5] * 4])
@@ -287,8 +287,8 @@ def test_modal_breaks_ties_by_confidence():
 
 
 def test_findings_on_synthetic_results(tmp_path):
-    from analyses.data import Inputs
-    from analyses.findings import evaluate
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.findings import evaluate
 
     res = write_results(tmp_path)
     f = {x.name: x for x in evaluate(Inputs(None, res))}
@@ -307,15 +307,15 @@ def test_findings_on_synthetic_results(tmp_path):
 
 
 def test_findings_not_evaluated_without_inputs(tmp_path):
-    from analyses.data import Inputs
-    from analyses.findings import evaluate
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.findings import evaluate
 
     assert {x.verdict for x in evaluate(Inputs(None, tmp_path))} == {"not evaluated"}
 
 
 def test_findings_detect_a_contradiction(tmp_path):
-    from analyses.data import Inputs
-    from analyses.findings import evaluate
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.findings import evaluate
 
     res = write_results(tmp_path)
     pro = pd.read_csv(res / "probes.csv")
@@ -332,8 +332,8 @@ def test_findings_detect_a_contradiction(tmp_path):
 def test_transfer_evidence_lists_worse_and_better_transfer_apart(tmp_path):
     """Finding 1: of the objectives above softmax on source accuracy, those after "transfer worse" are
     the ones below softmax's transfer; one that transfers better is listed under "transfer better"."""
-    from analyses.data import Inputs, display
-    from analyses.findings import evaluate
+    from repsim.analyses.data import Inputs, display
+    from repsim.analyses.findings import evaluate
 
     res = write_results(tmp_path)
     pro = pd.read_csv(res / "probes.csv")
@@ -350,8 +350,8 @@ def test_transfer_evidence_lists_worse_and_better_transfer_apart(tmp_path):
 
 def test_separation_evidence_ranges_only_the_higher_objectives(tmp_path):
     """Finding 3 lists the objectives not above softmax, and the range it gives is of the others only."""
-    from analyses.data import Inputs
-    from analyses.findings import evaluate
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.findings import evaluate
 
     res = write_results(tmp_path)
     sep = pd.read_csv(res / "separation.csv")
@@ -385,8 +385,8 @@ def test_fig2a_caption_names_its_stores(tmp_path):
     """Fig. 2a describes the stores it averaged (it once passed its matplotlib axes instead: a caption
     of 'data: not recorded' under pandas 2, ArrowInvalid under pandas 3 with pyarrow); describe() takes
     store names only."""
-    from analyses.data import Inputs
-    from analyses.items.layers import fig2a
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.layers import fig2a
 
     inputs = Inputs(None, write_results(tmp_path))
     fig = fig2a(inputs)
@@ -401,8 +401,8 @@ def test_blocks_consecutive_cka_on_planted_numbers(tmp_path):
     CKA(layer a, layer a+1) = e⁻¹ · (0.98 − 0.1 · (a+1)/4); a second file plants one network whose blocks 2 → 3
     are identical (1.0). Without stores there are no stage boundaries: the summary spans every block → block
     transition (pool excluded)."""
-    from analyses.data import Inputs
-    from analyses.items.layers import blocks
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.layers import blocks
 
     res = write_results(tmp_path)
     t = blocks(Inputs(None, res))
@@ -429,7 +429,7 @@ def test_blocks_consecutive_cka_on_planted_numbers(tmp_path):
 
 def test_kde_bandwidths():
     """Fig. E.1's kernel: the paper's 5e-6 for 1,000 classes (rescaled by 1000/K); the density by its definition."""
-    from analyses.items.predictions import avh_bandwidth, kde_density
+    from repsim.analyses.items.predictions import avh_bandwidth, kde_density
 
     assert avh_bandwidth(1000) == 5e-6 and avh_bandwidth(5) == pytest.approx(1e-3)
     v = np.array([0.10, 0.11, 0.13, 0.20])
@@ -444,8 +444,8 @@ def test_kde_bandwidths():
 def test_tableC3_leaves_out_temperatures_at_the_search_bound(tmp_path):
     """A T stopped at the search bound (0.01: a perfectly classified holdout) is no calibrated
     temperature: that network's NLL (TS) / ECE (TS) are blank, and the caption says why."""
-    from analyses.data import Inputs
-    from analyses.items.evaluation import tableC3
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.evaluation import tableC3
 
     res = write_results(tmp_path)
     cal = pd.read_csv(res / "calibration.csv")
@@ -455,7 +455,7 @@ def test_tableC3_leaves_out_temperatures_at_the_search_bound(tmp_path):
     cal["holdout_top1"] = np.where(hit, 1.0, 0.97)
     cal.to_csv(res / "calibration.csv", index=False)
     t = tableC3(Inputs(None, res))
-    from analyses.data import display
+    from repsim.analyses.data import display
 
     row = t.shown.set_index("Objective").loc[display(OBJS[1])]
     assert row["NLL (TS)"] == "–" and row["ECE (TS)"] == "–"
@@ -468,8 +468,8 @@ def test_tableC3_leaves_out_fits_one_grid_step_from_the_bound_and_their_T(tmp_pa
     """A perfect holdout's NLL ties at 0 near T = 0.01, so the fit can land on the grid point after the
     bound (0.0126): as degenerate as the bound itself, it is blank too, at either end, and no blanked T
     enters the T column. A fit well inside the range with a perfect holdout (sigmoid, T = 0.29) stays."""
-    from analyses.data import Inputs, display
-    from analyses.items.evaluation import tableC3
+    from repsim.analyses.data import Inputs, display
+    from repsim.analyses.items.evaluation import tableC3
     from repsim.probes.calibration import TEMPERATURE_BOUNDS, temperature_grid_step
 
     res = write_results(tmp_path)
@@ -512,8 +512,8 @@ def _split_separation(res, train_layers):
 def test_fig4_is_on_the_training_split_when_it_has_every_layer(tmp_path):
     """The paper's Fig. 4 is on the training set, as Table 3: with every layer of both splits the
     figure draws the training split, so that its last point is Table 3's R²."""
-    from analyses.data import Inputs
-    from analyses.items.layers import fig4, table3
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.layers import fig4, table3
 
     res = write_results(tmp_path)
     _split_separation(res, LAYERS)
@@ -528,8 +528,8 @@ def test_fig4_is_on_the_training_split_when_it_has_every_layer(tmp_path):
 def test_fig4_on_the_test_split_says_so(tmp_path):
     """With the training split at the penultimate layer only, Fig. 4 falls back to the test split and
     its caption says it is not the paper's training set and that its last point is not Table 3's."""
-    from analyses.data import Inputs
-    from analyses.items.layers import fig4
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.layers import fig4
 
     res = write_results(tmp_path)
     _split_separation(res, ["pool"])
@@ -544,8 +544,8 @@ def test_fig6_original_dots_stay_visible_under_equal_relearned_ones(tmp_path):
     ones are hollow rings drawn above the filled orange dots, and the legend names each."""
     from matplotlib.colors import to_rgba
 
-    from analyses.data import Inputs
-    from analyses.items.transfer import fig6
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.transfer import fig6
 
     res = write_results(tmp_path)
     pro = pd.read_csv(res / "probes.csv")
@@ -565,8 +565,8 @@ def test_fig6_original_dots_stay_visible_under_equal_relearned_ones(tmp_path):
 
 
 def test_training_curves_say_where_they_end(tmp_path):
-    from analyses.data import Inputs
-    from analyses.items.training import figC1, figC2, figC3
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.training import figC1, figC2, figC3
 
     res = write_results(tmp_path)
     for fn in (figC1, figC2, figC3):
@@ -580,7 +580,7 @@ def test_point_labels_do_not_overlap():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from analyses.items.common import label_points
+    from repsim.analyses.items.common import label_points
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     pts = [(0.770, 99.0), (0.778, 99.0), (0.772, 99.0), (0.60, 97.0)]
@@ -603,7 +603,7 @@ def test_point_labels_stay_inside_the_axes():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from analyses.items.common import label_points, legend_outside
+    from repsim.analyses.items.common import label_points, legend_outside
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     pts = [(0.60, 97.0), (0.70, 98.0), (0.80, 98.5)]
@@ -621,8 +621,8 @@ def test_point_labels_stay_inside_the_axes():
 
 
 def test_spectra_figure_counts_with_integer_ticks(tmp_path):
-    from analyses.data import Inputs
-    from analyses.items.predictions import figE2
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.predictions import figE2
 
     res = write_results(tmp_path)
     fig = figE2(Inputs(None, res)).fig
@@ -638,7 +638,7 @@ def test_heatmap_labels_each_objective_once():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from analyses.items.predictions import _heatmap
+    from repsim.analyses.items.predictions import _heatmap
 
     fig, ax = plt.subplots()
     groups = ["Softmax", "Softmax", "Sigmoid", "Sigmoid", "Dropout", "Dropout"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from analyses.data import _params_text, _shown_params, _varying, compose_label, groups_text
+from repsim.analyses.data import _params_text, _shown_params, _varying, compose_label, groups_text
 
 
 def test_a_store_and_its_training_run_carry_the_same_parameter_text():

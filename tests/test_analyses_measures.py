@@ -1,5 +1,5 @@
-"""Fig. 2 under every similarity measure in the results and the measures' agreement item (analyses/items/
-layers.py, analyses/items/measures.py), on tiny results files with known answers; the analyses read
+"""Fig. 2 under every similarity measure in the results and the measures' agreement item (repsim/analyses/items/
+layers.py, repsim/analyses/items/measures.py), on tiny results files with known answers; the analyses read
 every results file through `repsim.load_result`."""
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def with_measures(tmp_path, **values):
 
 
 def test_every_results_file_is_read_through_load_result(tmp_path, monkeypatch):
-    from analyses.data import Inputs
+    from repsim.analyses.data import Inputs
 
     res = with_measures(tmp_path, rbf_cka=lambda v, _: v ** 2)
     read = []
@@ -56,9 +56,9 @@ def test_agreement_known_answers(tmp_path):
     """Monotone transforms of one matrix rank the layer pairs alike (ρ = 1), a decreasing one reverses
     them (ρ = −1); an affine transform scales finding 2's gaps by its factor, and RSA's thresholds by
     its range width, so RSA = 2·CKA − 1 reaches CKA's verdict."""
-    from analyses.data import Inputs
-    from analyses.findings import finding_late_blocks, late_blocks
-    from analyses.items.measures import agreement
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.findings import finding_late_blocks, late_blocks
+    from repsim.analyses.items.measures import agreement
 
     res = with_measures(tmp_path, rbf_cka=lambda v, _: v ** 3, rsa=lambda v, _: 2 * v - 1,
                         mutual_knn=lambda v, _: 1 - v)
@@ -82,8 +82,8 @@ def test_agreement_known_answers(tmp_path):
 
 
 def test_agreement_needs_two_measures_and_drops_undefined_pairs(tmp_path):
-    from analyses.data import Inputs, Missing
-    from analyses.items.measures import agreement_matrix
+    from repsim.analyses.data import Inputs, Missing
+    from repsim.analyses.items.measures import agreement_matrix
 
     res = write_results(tmp_path)
     with pytest.raises(Missing, match="one measure"):
@@ -105,8 +105,8 @@ def test_per_measure_fig2_items(tmp_path):
     """`repsim figures` renders Fig. 2a/2b once per measure: linear CKA under fig2a/fig2b, the others as
     fig2a_<measure>; colour scale = the declared range (ridge R²'s open end from the data); an asymmetric
     measure's rows are its first argument."""
-    from analyses.data import Inputs
-    from analyses.items.layers import fig2a
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.layers import fig2a
 
     def by_row_layer(v, index):  # asymmetric: depends on the row's (first argument's) layer only
         depth = np.array([LAYERS.index(l) for _, l in index], float)

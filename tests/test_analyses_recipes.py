@@ -128,8 +128,8 @@ def test_figD3_pairs_and_store_selection(tmp_path):
     res.mkdir()
     paths = [str(stores / f"{k}-s{s}.zarr") for s in (0, 1) for k in ("pre", "post")]
     assert main(["cka", *paths, "--method", "exact", "--out", str(res / "cka_ft.npz"), "--no-progress"]) == 0
-    from analyses.data import Inputs
-    from analyses.items.finetune import _finetune_pairs
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.finetune import _finetune_pairs
 
     inputs = Inputs(stores, res)
     assert sorted(inputs.stores) == ["pre-s0", "pre-s1"]  # not fine-tuned, not the epoch-2 checkpoints

@@ -55,7 +55,7 @@ def rendered(tmp_path_factory):
 def test_every_store_item_renders(rendered):
     rc, out, report = rendered
     assert rc == 0, report
-    from analyses.items import ORDER
+    from repsim.analyses.items.catalog import ORDER
 
     dynamics = {"figD2", "figE4",  # need several checkpoints per run
                 # inputs of tests/test_analyses_recipes.py: finetune.csv, accuracy.csv, training variants
@@ -137,7 +137,7 @@ def test_prediction_figures_with_stores_of_different_class_counts(tmp_path):
 
 def test_stores_under_symlinked_directories_are_found(tmp_path):
     """A stores directory assembled from links to other runs' store directories (and a link cycle)."""
-    from analyses.data import Inputs
+    from repsim.analyses.data import Inputs
 
     run = tmp_path / "run1"
     rng = np.random.default_rng(0)
@@ -161,8 +161,8 @@ def test_figE3_reads_the_networks_own_training_set_not_a_transfer_task(tmp_path)
     """Fig. E.3 is of the pretraining task's training set (App. E). With training-split stores of the
     source and of a transfer task that tie on every other count, the source group is read — whichever
     dataset name sorts last (the audit: "digits-target" > "digits-source" picked the transfer task)."""
-    from analyses.data import Inputs
-    from analyses.items.predictions import Models, figE3
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.predictions import Models, figE3
 
     d = tmp_path / "stores"
     d.mkdir()
@@ -195,8 +195,8 @@ def _pred_stores(d, preds, y, k):
 def test_figC4_explains_pairs_with_no_common_error_and_clusters_them_neutrally(tmp_path):
     """Two networks with no example both get wrong have undefined agreement: blank cell, a caption
     sentence saying why, and in the dendrogram the mean of the other pairs rather than 0 % (distance 1)."""
-    from analyses.data import Inputs
-    from analyses.items.predictions import clustering_similarity, figC4
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.predictions import clustering_similarity, figC4
 
     S, n, fill = clustering_similarity(np.array([[np.nan, np.nan, 0.2], [np.nan, np.nan, 0.6], [0.2, 0.6, np.nan]]))
     assert n == 1 and fill == pytest.approx(0.4)
@@ -223,8 +223,8 @@ def test_figC4_explains_pairs_with_no_common_error_and_clusters_them_neutrally(t
 
 def test_figE4_puts_the_training_split_left_on_one_y_scale(tmp_path):
     """App. E.4: training set (left), validation set (right); the panels share their y scale."""
-    from analyses.data import Inputs
-    from analyses.items.layers import figE4
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.layers import figE4
 
     res = write_results(tmp_path)
     sep = pd.read_csv(res / "separation.csv")

@@ -1,4 +1,4 @@
-"""The BLAS thread budget spent across columns (repsim._blas): set, shared and restored."""
+"""The BLAS thread budget spent across columns (repsim.blas): set, shared and restored."""
 from __future__ import annotations
 
 import threading
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
-from repsim._blas import blas_thread_split
+from repsim.blas import blas_thread_split
 from repsim.kernels.hsic import batch_hsic
 from repsim.kernels.minibatch_cka import MinibatchCKA
 
@@ -146,7 +146,7 @@ def test_split_also_limits_a_blas_loaded_after_its_first_use():
     code = """
 import numpy as np
 from threadpoolctl import ThreadpoolController, threadpool_limits
-from repsim._blas import blas_thread_split
+from repsim.blas import blas_thread_split
 with blas_thread_split():
     pass
 import scipy.linalg  # loads SciPy's BLAS

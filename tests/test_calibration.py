@@ -157,7 +157,7 @@ def test_calibrate_command_matches_definitions(tmp_path, capsys, budget):
 def test_table_c3_item(tmp_path):
     import csv
 
-    from analyses.cli import make_figures
+    from repsim.analyses.cli import make_figures
     from repsim.commands.main import main
 
     nets = [_logit_stores(tmp_path, o, s, sha=f"{o}{s}") for o in ("softmax", "label_smoothing") for s in (0, 1)]

@@ -13,7 +13,7 @@ import array_api_strict
 import numpy as np
 import pytest
 
-from repsim._xp import to_numpy
+from repsim.array_api import to_numpy
 from repsim.kernels._precision import GRAM_SLAB, CentredGram
 from repsim.kernels.cka import linear_cka
 from repsim.kernels.hsic import batch_hsic, centred_gram
@@ -200,14 +200,14 @@ def test_batched_product_only_for_real_cupy_arrays(monkeypatch):
     import dataclasses
     import warnings
 
-    from repsim import _xp
+    from repsim import array_api
     from repsim.kernels import _cka_device
 
     monkeypatch.setattr(_cka_device, "TUNING", dataclasses.replace(_cka_device.TUNING, product="batched"))
     layers = _layers(19, np.random.default_rng(9))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        got = batch_hsic(layers, xp=_xp.CupyCompat(np))
+        got = batch_hsic(layers, xp=array_api.CupyCompat(np))
     assert not _cka_device._BATCHED_UNAVAILABLE
     np.testing.assert_allclose(got, batch_hsic(_strict(layers)), rtol=1e-9, atol=1e-9 * np.abs(got).max())
 

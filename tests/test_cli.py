@@ -55,68 +55,32 @@ def test_a_reader_that_stops_reading_stdout_is_no_error(tmp_path):
     assert "Broken pipe" not in err and "Exception ignored" not in err
 
 
-def test_a_train_py_in_the_current_directory_does_not_break_python_m_repsim(tmp_path):
-    """``python -m repsim`` puts the current directory first on sys.path, where a researcher's own
-    ``train.py`` shadows repsim's ``train`` package: every other subcommand still works, the shadowed
-    ones say so in one line (exit 2), and the user's script is never run (the packaging audit's case)."""
-    import os
-    from pathlib import Path
-
-    repo = str(Path(__file__).resolve().parents[1])
-    (tmp_path / "train.py").write_text("print('the user script ran')\n")
-    env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
-
-    def repsim(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "repsim", *argv], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=120)
-
-    ok = repsim("check", "--help")
-    assert ok.returncode == 0 and "usage: repsim check" in ok.stdout, ok.stderr
-    listed = repsim("--help")
-    assert listed.returncode == 0 and "(unavailable: cannot import train.cli)" in listed.stdout
-    refused = repsim("train", "--preset", "digits-softmax", "--out", "x")
-    assert refused.returncode == 2
-    assert refused.stderr.strip() == (
-        f"repsim train: error: cannot import train.cli: {tmp_path / 'train.py'} shadows repsim's package 'train' "
-        f"({Path(repo) / 'train'}): run the `repsim` command instead of `python -m repsim`, run it from another "
-        "directory, or rename that file")
-    assert "the user script ran" not in ok.stdout + listed.stdout + refused.stdout
-
-
-def test_repsims_own_module_subprocesses_do_not_import_a_train_py_from_the_current_directory(tmp_path,
-                                                                                              monkeypatch):
-    """The demo's ``python -m analyses.command_runs`` and tune's ``python -m repsim train`` run with
-    :func:`repsim._subprocess.module_env`: nothing puts the current directory, where a researcher's
-    ``train.py``/``analyses.py`` would be imported in place of repsim's packages, on their path — with
-    repsim run from a checkout (its folder goes first on PYTHONPATH) and installed (found as usual; a
-    PYTHONPATH entry for the current directory would come before site-packages: review of this change)."""
+def test_module_env_puts_a_checkout_on_the_path_and_leaves_an_install_alone(tmp_path, monkeypatch):
+    """The demo's ``python -m repsim.analyses.command_runs`` and tune's ``python -m repsim train`` run with
+    :func:`repsim.subprocesses.module_env`: a checkout run without installing goes first on PYTHONPATH, an
+    installed repsim is found in site-packages as usual; a researcher's ``train.py``/``analyses.py`` in the
+    current directory is never imported (every stage lives under the one import root ``repsim``)."""
     import os
     import site
     from pathlib import Path
 
-    from repsim._subprocess import module_env
+    from repsim.subprocesses import module_env
 
     root = Path(__file__).resolve().parents[1]
-    for name in ("train.py", "analyses.py"):
+    for name in ("train.py", "analyses.py", "extract.py"):
         (tmp_path / name).write_text(f"print('{name} ran')\n")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([".", str(tmp_path)]))  # the cwd, twice
+    monkeypatch.delenv("PYTHONPATH", raising=False)
     checkout = module_env()
-    assert checkout["PYTHONSAFEPATH"] == "1" and checkout["PYTHONPATH"].split(os.pathsep) == [str(root)]
-    # an installed repsim (its folder a site-packages folder): nothing of ours on PYTHONPATH, the cwd neither
-    monkeypatch.setattr(site, "getsitepackages", lambda: [str(root)])
-    installed = module_env()
-    assert "PYTHONPATH" not in installed and installed["PYTHONSAFEPATH"] == "1"
-    for env in (checkout, installed):
-        listed = subprocess.run([sys.executable, "-m", "repsim", "--help"], env=env, capture_output=True, text=True,
-                                timeout=120)
-        assert listed.returncode == 0 and "unavailable" not in listed.stdout, listed.stdout + listed.stderr
-        runs = subprocess.run([sys.executable, "-m", "analyses.command_runs", "[]"], env=env, capture_output=True,
-                              text=True, timeout=120)
-        assert runs.returncode == 0 and "ran" not in runs.stdout + runs.stderr, runs.stdout + runs.stderr
-        where = subprocess.run([sys.executable, "-c", "import train; print(train.__file__)"], env=env,
-                               capture_output=True, text=True, timeout=120)
-        assert where.stdout.strip() == str(root / "train" / "__init__.py"), where.stdout + where.stderr
+    assert checkout["PYTHONPATH"].split(os.pathsep) == [str(root)]
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(root)])  # an installed repsim
+    assert "PYTHONPATH" not in module_env()
+    listed = subprocess.run([sys.executable, "-m", "repsim", "--help"], env=checkout, capture_output=True, text=True,
+                            timeout=120)
+    assert listed.returncode == 0 and "unavailable" not in listed.stdout, listed.stdout + listed.stderr
+    runs = subprocess.run([sys.executable, "-m", "repsim.analyses.command_runs", "[]"], env=checkout,
+                          capture_output=True, text=True, timeout=120)
+    assert runs.returncode == 0 and "ran" not in runs.stdout + runs.stderr, runs.stdout + runs.stderr
 
 
 def test_a_subcommand_whose_module_cannot_be_imported_refuses_alone(monkeypatch, capsys):

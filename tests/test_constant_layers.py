@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from extract import extract_store  # noqa: E402
+from repsim.extract import extract_store  # noqa: E402
 from repsim.store.reader import open_store  # noqa: E402
 
 import repsim  # noqa: E402

@@ -57,7 +57,7 @@ def test_demo_smoke_and_rerun(tmp_path):
 
 
 def test_the_demo_train_stage_trains_as_a_network_s_own_process_does(tmp_path):
-    """`python -m analyses.command_runs --jobs 2` with `repsim train` commands (the demo's train stage): two
+    """`python -m repsim.analyses.command_runs --jobs 2` with `repsim train` commands (the demo's train stage): two
     forked workers, each network's output in its log, checkpoints bitwise equal to `repsim train` in a
     process of its own; a failing network's status, name and the end of its log on stderr."""
     import os
@@ -73,7 +73,7 @@ def test_the_demo_train_stage_trains_as_a_network_s_own_process_does(tmp_path):
 
     nets = [{"name": p, "commands": [train(f"digits-{p}", tmp_path / "forked" / p)],
              "log": str(tmp_path / f"{p}.log")} for p in ("softmax", "sigmoid")]
-    run = subprocess.run([sys.executable, "-m", "analyses.command_runs", "--jobs", "2", json.dumps(nets)],
+    run = subprocess.run([sys.executable, "-m", "repsim.analyses.command_runs", "--jobs", "2", json.dumps(nets)],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     items = [json.loads(ln[len("@@item "):]) for ln in run.stdout.splitlines() if ln.startswith("@@item ")]
@@ -93,14 +93,14 @@ def test_the_demo_train_stage_trains_as_a_network_s_own_process_does(tmp_path):
             "log": str(tmp_path / "again.log")}
     bad = [good, {"name": "broken", "commands": [train("digits-nonexistent", tmp_path / "bad")],
                   "log": str(tmp_path / "broken.log")}]
-    fail = subprocess.run([sys.executable, "-m", "analyses.command_runs", "--jobs", "2", json.dumps(bad)],
+    fail = subprocess.run([sys.executable, "-m", "repsim.analyses.command_runs", "--jobs", "2", json.dumps(bad)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert fail.returncode == 2, fail.stderr[-2000:]
     assert "command_runs: broken failed (exit 2); the end of" in fail.stderr and "nonexistent" in fail.stderr
 
 
 def test_fresh_removes_only_the_demo_outputs(tmp_path):
-    from analyses.pipeline import fresh
+    from repsim.analyses.pipeline import fresh
 
     for sub in ("runs/a", "stores/b", "results", "report", "mine"):
         (tmp_path / sub).mkdir(parents=True)
@@ -112,7 +112,7 @@ def test_fresh_removes_only_the_demo_outputs(tmp_path):
 
 def test_dynamics_checkpoints_stop_before_the_analysed_epoch(tmp_path):
     """Figs. D.2/E.4 in the demo: the seed-0 runs' kept checkpoints before best.pt's epoch."""
-    from analyses.pipeline import Demo
+    from repsim.analyses.pipeline import Demo
 
     demo = Demo(tmp_path, ("softmax",), seeds=2)
     for seed in (0, 1):
@@ -135,9 +135,9 @@ def test_digits_extracts_every_block_of_the_training_split_and_separation_has_th
     import numpy as np
     import pandas as pd
 
-    from analyses.demo_analysis import layer_metrics
-    from analyses.pipeline import Demo
-    from analyses.profiles import DIGITS, FASHION
+    from repsim.analyses.demo_analysis import layer_metrics
+    from repsim.analyses.pipeline import Demo
+    from repsim.analyses.profiles import DIGITS, FASHION
     from repsim import save_store
 
     assert DIGITS.groups["src-train"][2] is None and FASHION.groups["src-train"][2] == "pool"
@@ -172,8 +172,8 @@ def test_digits_extracts_every_block_of_the_training_split_and_separation_has_th
 def test_an_item_line_that_a_workers_long_write_was_cut_by_is_still_read():
     """The fashion demo test lost "extract 2/2" once under load: a worker's write longer than the pipe's
     atomic size was cut by the @@item line, which then ended a line instead of starting it."""
-    from analyses.command_runs import ITEM
-    from analyses.pipeline import split_item
+    from repsim.analyses.command_runs import ITEM
+    from repsim.analyses.pipeline import split_item
 
     assert split_item(ITEM + '{"name": "a"}') == ("", '{"name": "a"}')
     assert split_item("estimated store size 1.2 M" + ITEM + '{"name": "b"}') == ("estimated store size 1.2 M",

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")  # training and extraction need the [torch] extra
 
-from train import fashion as fm
+from repsim.train import fashion as fm
 
 
 def _tiny_fashion(root, per_class=(30, 12)):
@@ -63,8 +63,8 @@ def test_fashion_profile_tiny(tmp_path):
 
 
 def test_fashion_profile_missing_data_fails_before_training(tmp_path, monkeypatch):
-    from analyses.pipeline import Demo, DemoError
-    from analyses.profiles import FASHION
+    from repsim.analyses.pipeline import Demo, DemoError
+    from repsim.analyses.profiles import FASHION
 
     monkeypatch.setattr(fm, "DEBIAN_DIR", tmp_path / "no-debian")
     demo = Demo(tmp_path / "out", ("softmax",), 1, profile=FASHION, data_root=str(tmp_path / "empty"))
@@ -76,8 +76,8 @@ def test_fashion_profile_missing_data_fails_before_training(tmp_path, monkeypatc
 
 
 def test_train_argv_carries_profile_and_data_options(tmp_path):
-    from analyses.pipeline import Demo
-    from analyses.profiles import DIGITS, FASHION
+    from repsim.analyses.pipeline import Demo
+    from repsim.analyses.profiles import DIGITS, FASHION
 
     d = Demo(tmp_path, ("softmax",), 1, 3, profile=FASHION, sets=("data.train_per_class=50",),
              data_root="/data/fm", download=True)
@@ -99,9 +99,9 @@ def test_finished_networks_are_reused_by_their_resolved_config(tmp_path):
     """The demo reuses a network when its configuration as `repsim train` resolves it is unchanged: a value
     given by --set that the preset already has is the same run; a different value, seed or epoch count
     is not (an edited preset changes the resolved config too)."""
-    from analyses.pipeline import Demo
-    from analyses.profiles import FASHION
-    from train.config import load_config
+    from repsim.analyses.pipeline import Demo
+    from repsim.analyses.profiles import FASHION
+    from repsim.train.config import load_config
 
     per_class = load_config("fashion-softmax")["data"]["train_per_class"]
     key = lambda *sets, seed=0, epochs=None: Demo(tmp_path, ("softmax",), 1, epochs, profile=FASHION,  # noqa: E731
@@ -113,9 +113,9 @@ def test_finished_networks_are_reused_by_their_resolved_config(tmp_path):
 
 
 def test_report_says_when_fewer_than_two_findings_reproduce():
-    from analyses.findings import Finding
-    from analyses.pipeline import shortfall
-    from analyses.profiles import DIGITS, FASHION
+    from repsim.analyses.findings import Finding
+    from repsim.analyses.pipeline import shortfall
+    from repsim.analyses.profiles import DIGITS, FASHION
 
     two = [Finding("a", "reproduced", ""), Finding("b", "reproduced", ""), Finding("c", "partial", "")]
     assert shortfall(two, FASHION) == ""

@@ -14,9 +14,9 @@ from test_demo_fashion import TINY, _tiny_fashion
 
 
 def test_fashion_tau_profile_spans_the_rules_temperature():
-    from analyses.pipeline import Demo
-    from analyses.profiles import FASHION_TAU
-    from repsim.rescale import params
+    from repsim.analyses.pipeline import Demo
+    from repsim.analyses.profiles import FASHION_TAU
+    from repsim.study.rescale import params
 
     star = params("cosine_softmax", 5, 0.05)["tau"]
     taus = [float(v[0].split("=")[1]) for v in FASHION_TAU.settings.values()]

@@ -1,6 +1,6 @@
-"""extract/ end to end on the digits set with the small ResNet of train/ (issue 6 acceptance).
+"""repsim/extract/ end to end on the digits set with the small ResNet of repsim/train/ (issue 6 acceptance).
 
-Real checkpoints (train.checkpoint format), real Zarr stores on disk, real subprocesses for the
+Real checkpoints (repsim.train.checkpoint format), real Zarr stores on disk, real subprocesses for the
 SIGKILL/resume and torchrun/gloo tests.
 """
 from __future__ import annotations
@@ -18,15 +18,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 zarr = pytest.importorskip("zarr")
-pytest.importorskip("train.models")
+pytest.importorskip("repsim.train.models")
 
-from extract import ExtractError, extract_store, layer_modules  # noqa: E402
+from repsim.extract import ExtractError, extract_store, layer_modules  # noqa: E402
 from repsim.commands.main import main as repsim_main  # noqa: E402
 from repsim.store.reader import open_store  # noqa: E402
-from train.checkpoint import load_model, save_checkpoint  # noqa: E402
-from train.config import load_config  # noqa: E402
-from train.data import build_dataset  # noqa: E402
-from train.models import build_network  # noqa: E402
+from repsim.train.checkpoint import load_model, save_checkpoint  # noqa: E402
+from repsim.train.config import load_config  # noqa: E402
+from repsim.train.data import build_dataset  # noqa: E402
+from repsim.train.models import build_network  # noqa: E402
 
 BLOCKS = [f"block{i}" for i in range(1, 17)]
 FAST = dict(workers=0, progress=False, device="cpu")
@@ -42,7 +42,7 @@ def _config(seed: int) -> dict:
 
 
 def _make_checkpoint(path: Path, seed: int) -> Path:
-    """A small ResNet (16 bottlenecks) with non-trivial BN statistics, saved as train/ saves it."""
+    """A small ResNet (16 bottlenecks) with non-trivial BN statistics, saved as repsim/train/ saves it."""
     torch.manual_seed(seed)
     net = build_network(_config(seed))
     with torch.no_grad():
@@ -332,8 +332,8 @@ def _cli(ckpt, out, *extra) -> list[str]:
 
 
 def _killed_mid_run(ckpt, out, *extra) -> np.ndarray:
-    """Run ``python -m extract`` into ``out`` and SIGKILL it once 2 chunks are written; the flags."""
-    proc = subprocess.Popen([sys.executable, "-m", "extract", *_cli(ckpt, out, *extra)],
+    """Run ``python -m repsim.extract`` into ``out`` and SIGKILL it once 2 chunks are written; the flags."""
+    proc = subprocess.Popen([sys.executable, "-m", "repsim.extract", *_cli(ckpt, out, *extra)],
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
@@ -425,7 +425,7 @@ def test_a_full_disk_is_one_line_and_the_store_stays_resumable(ckpts, tmp_path):
 
     out = tmp_path / "full" / "s.zarr"
     limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # noqa: E731
-    run = subprocess.run([sys.executable, "-m", "extract", *_cli(ckpts[0], out)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+    run = subprocess.run([sys.executable, "-m", "repsim.extract", *_cli(ckpts[0], out)], env={**os.environ, "OMP_NUM_THREADS": "1"},
                          capture_output=True, text=True, timeout=240, preexec_fn=limit)
     err = [line for line in run.stderr.splitlines() if not line.startswith("extract: ")]  # (progress notes)
     assert run.returncode == 3 and len(err) == 1, run.stderr
@@ -540,7 +540,7 @@ def test_torchrun_two_process_gloo_equals_single_process(ckpts, tmp_path):
             "--batch-size", "16", "--workers", "0", "--device", "cpu"]
     sharded = tmp_path / "sharded.zarr"
     run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "extract",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "repsim.extract",
          *args, "--out", str(sharded)],
         env=env, capture_output=True, text=True, timeout=120,
     )
@@ -565,7 +565,7 @@ def test_torchrun_two_process_gloo_equals_single_process(ckpts, tmp_path):
 def test_store_provenance_records_the_objective_defaults_too(objective, given, want):
     """attrs["model"]["params"] is what the network trained with, defaults included (Table 4 from the
     stores alone needs τ even when a run kept the default)."""
-    from extract.sources import model_meta
+    from repsim.extract.sources import model_meta
 
     class Net(torch.nn.Module):
         config = {"arch": "mini_resnet", "objective": objective, "objective_params": given, "seed": 3}
@@ -576,7 +576,7 @@ def test_store_provenance_records_the_objective_defaults_too(objective, given, w
 def test_jobs_default_per_device(monkeypatch):
     """--jobs by default: one per core on the CPU; on one GPU up to GPU_JOBS, at most one per two
     cores; one checkpoint or torchrun: 1."""
-    from extract import cli
+    from repsim.extract import cli
 
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     assert cli._jobs(None, 18, "cpu", False) == 16
@@ -590,9 +590,9 @@ def test_jobs_default_per_device(monkeypatch):
 
 def test_checkpoints_as_threads_write_the_stores_one_at_a_time_writes(ckpts, tmp_path, monkeypatch):
     """On a GPU with a dataset held in memory, --jobs runs the checkpoints as threads of one process
-    (extract/cli.py): the stores are byte-identical to one-at-a-time ones (here on the CPU, the same
+    (repsim/extract/cli.py): the stores are byte-identical to one-at-a-time ones (here on the CPU, the same
     thread path without CUDA streams), and a failing job is one error."""
-    from extract import cli
+    from repsim.extract import cli
 
     common = ["--checkpoint", str(ckpts[0]), "--checkpoint", str(ckpts[1]), "--name", "{parent}", "--data", "digits",
               "--split", "test", "--layers", "block1,block16,pool", "--batch-size", "64", "--workers", "0",
@@ -607,7 +607,7 @@ def test_checkpoints_as_threads_write_the_stores_one_at_a_time_writes(ckpts, tmp
     for name in ("seed0.zarr", "seed1.zarr"):
         one, two = tmp_path / "one" / name, tmp_path / "two" / name
         assert _chunk_files(one) == _chunk_files(two) and _chunk_files(one)
-    from extract import pipeline
+    from repsim.extract import pipeline
     assert pipeline._CPUS is None and not pipeline.LOADER_SPAWN.is_set()  # restored
     fake = tmp_path / "fake" / "checkpoint.pt"
     fake.parent.mkdir()
@@ -622,7 +622,7 @@ def test_cuda_device_resolution():
     """--device resolves to the CUDA device the thread path sets (an explicit index kept), or None."""
     import torch
 
-    from extract import cli
+    from repsim.extract import cli
 
     assert cli._cuda_device("cpu") is None and not cli._on_gpu("cpu")
     assert cli._cuda_device("cuda:1") == torch.device("cuda", 1) and cli._on_gpu("cuda")
@@ -630,14 +630,14 @@ def test_cuda_device_resolution():
 
 
 def test_in_memory_specs():
-    from extract.memory import in_memory_spec
+    from repsim.extract.memory import in_memory_spec
 
     assert all(in_memory_spec(s) for s in ("digits", "synthetic", "fashion-source", "fashion-target@2000", "x.npz"))
     assert not any(in_memory_spec(s) for s in (None, "cifar10", "/data/imagenet", "list.csv"))
 
 
 def test_the_demo_extract_stage_forks_workers_that_take_the_networks_in_turn(ckpts, tmp_path):
-    """`python -m analyses.command_runs --jobs 2` (the demo's extract stage): one process, two forked
+    """`python -m repsim.analyses.command_runs --jobs 2` (the demo's extract stage): one process, two forked
     workers, an ``@@item`` line per network, stores bitwise equal to a network's own process; a
     failing network's status and name."""
     import json
@@ -649,19 +649,19 @@ def test_the_demo_extract_stage_forks_workers_that_take_the_networks_in_turn(ckp
                  "--no-progress", "--workers", "0", "--layers", "block1,pool"]]
 
     networks = [{"name": f"net{i}", "commands": cmds(c, tmp_path / "forked" / f"net{i}.zarr")} for i, c in enumerate(ckpts)]
-    run = subprocess.run([sys.executable, "-m", "analyses.command_runs", "--jobs", "2", json.dumps(networks)],
+    run = subprocess.run([sys.executable, "-m", "repsim.analyses.command_runs", "--jobs", "2", json.dumps(networks)],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     items = sorted(json.loads(ln[len("@@item "):])["name"] for ln in run.stdout.splitlines() if ln.startswith("@@item "))
     assert items == ["net0", "net1"]
     assert all(json.loads(ln[len("@@item "):])["commands"] == 1 for ln in run.stdout.splitlines() if ln.startswith("@@item "))
-    alone = subprocess.run([sys.executable, "-m", "analyses.command_runs", json.dumps(cmds(ckpts[1], tmp_path / "alone.zarr"))],
+    alone = subprocess.run([sys.executable, "-m", "repsim.analyses.command_runs", json.dumps(cmds(ckpts[1], tmp_path / "alone.zarr"))],
                            env=env, capture_output=True, text=True, timeout=600)
     assert alone.returncode == 0, alone.stderr[-2000:]
     a, b = open_store(str(tmp_path / "forked" / "net1.zarr")), open_store(str(tmp_path / "alone.zarr"))
     assert all(np.array_equal(np.asarray(a.zarr_array(k)[:]), np.asarray(b.zarr_array(k)[:])) for k in a.layers)
 
     bad = [networks[0], {"name": "broken", "commands": [cmds(ckpts[1], tmp_path / "bad.zarr")[0] + ["--layers", "nope"]]}]
-    fail = subprocess.run([sys.executable, "-m", "analyses.command_runs", "--jobs", "2", json.dumps(bad)],
+    fail = subprocess.run([sys.executable, "-m", "repsim.analyses.command_runs", "--jobs", "2", json.dumps(bad)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert fail.returncode != 0 and "command_runs: broken failed" in fail.stderr and "nope" in fail.stderr

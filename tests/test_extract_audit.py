@@ -19,9 +19,9 @@ pytest.importorskip("zarr")
 
 from torch import nn  # noqa: E402
 
-from extract import ExtractError, extract_store  # noqa: E402
-from extract.capture import output_tensor  # noqa: E402
-from extract.pipeline import _compatible  # noqa: E402
+from repsim.extract import ExtractError, extract_store  # noqa: E402
+from repsim.extract.capture import output_tensor  # noqa: E402
+from repsim.extract.pipeline import _compatible  # noqa: E402
 from repsim.commands.main import main as repsim_main  # noqa: E402
 from repsim.store.check import check_stores  # noqa: E402
 from repsim.store.writer import StoreWriter  # noqa: E402
@@ -260,7 +260,7 @@ def test_layers_forward_never_runs_are_one_line_and_listed(tmp_path, capsys):
     with pytest.raises(ExtractError, match=r"layers \['unused'\].*were not computed by model.forward.*--list-layers"):
         extract_store(Unusual().eval(), Plain(_images()), tmp_path / "u.zarr", layers="unused", **FAST)
     assert not (tmp_path / "u.zarr").exists()
-    from extract.listing import list_layers
+    from repsim.extract.listing import list_layers
 
     listing = list_layers(Unusual().eval(), layers="stem", image_size=8)
     assert "modules that forward did not run on this example (not listed above; nothing to capture): unused" in listing
@@ -299,7 +299,7 @@ def test_position_embeddings_of_a_text_model_are_refused_at_the_probe(tmp_path):
 
 
 def test_a_module_named_twice_is_refused(tmp_path):
-    from extract import layer_modules
+    from repsim.extract import layer_modules
 
     torch.manual_seed(0)
     net = PermNet().eval()

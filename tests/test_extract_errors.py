@@ -41,7 +41,7 @@ def test_generic_pool_choice_is_said_and_a_failed_head_check_warns_naming_the_la
 
 def test_a_classic_model_s_taps_are_described_but_not_printed():
     """(A classic registry is fixed, not guessed: extraction prints the line for generic models only.)"""
-    from extract.layers import describe_pool
+    from repsim.extract.layers import describe_pool
     from torchvision.models import resnet18
 
     assert describe_pool(resnet18()) == "pool = output of 'avgpool' (flattened), logits = output of 'fc'"

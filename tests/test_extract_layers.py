@@ -9,8 +9,8 @@ import numpy as np  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from extract import layer_modules, select_layers  # noqa: E402
-from extract.capture import Capture, Spatial  # noqa: E402
+from repsim.extract import layer_modules, select_layers  # noqa: E402
+from repsim.extract.capture import Capture, Spatial  # noqa: E402
 
 
 def _resnet50_manual(m: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -148,7 +148,7 @@ def test_generic_resnet_style_and_declared_blocks():
             super().__init__()
             self.blocks = nn.Sequential(nn.Conv2d(3, 4, 1), nn.ReLU(), nn.Conv2d(4, 4, 1))
 
-    from train.models import Network as TrainNetwork
+    from repsim.train.models import Network as TrainNetwork
 
     def Network(backbone):  # a train Network: its backbone(x) is the penultimate (N, M)
         return TrainNetwork(backbone, nn.Linear(4, 2), arch="test", objective="softmax")
@@ -169,8 +169,8 @@ def test_lookalikes_of_the_classic_models_take_the_generic_rule(tmp_path):
     torchvision classifier: its backbone may return a map (pooled in forward), or a layer may sit between
     avgpool and fc; pool was the backbone's flattened map, or avgpool's output, with the head stored beside
     it, silently. Now pool is the input of the classifier, checked against the logits."""
-    from extract import extract_store
-    from extract.layers import is_classic
+    from repsim.extract import extract_store
+    from repsim.extract.layers import is_classic
 
     class MapBackbone(nn.Module):
         def __init__(self):
@@ -220,7 +220,7 @@ def test_a_model_with_several_classifier_heads_has_logits_and_no_pool():
     the penultimate one; pool used to be the model's output (the averaged logits) and the store said it
     had no logits."""
     timm = pytest.importorskip("timm")
-    from extract.layers import describe_pool
+    from repsim.extract.layers import describe_pool
 
     model = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=32, patch_size=8, depth=2)
     taps = layer_modules(model)

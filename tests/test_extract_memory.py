@@ -1,4 +1,4 @@
-"""The in-memory source path of extract/ (extract/memory.py): no DataLoader, the same store bytes.
+"""The in-memory source path of repsim/extract/ (repsim/extract/memory.py): no DataLoader, the same store bytes.
 
 A dataset whose images are one tensor (``ImageTensor``, a float ``TensorDataset``, ``--data x.npz``)
 is sliced directly; the stores must equal, byte for byte, those written through a DataLoader from the
@@ -11,18 +11,18 @@ import pytest
 
 torch = pytest.importorskip("torch")
 zarr = pytest.importorskip("zarr")
-pytest.importorskip("train.models")
+pytest.importorskip("repsim.train.models")
 
-from extract import ExtractError, extract_store  # noqa: E402
-from extract.memory import ImageTensor, MemoryFeed  # noqa: E402
+from repsim.extract import ExtractError, extract_store  # noqa: E402
+from repsim.extract.memory import ImageTensor, MemoryFeed  # noqa: E402
 from repsim.store.reader import open_store  # noqa: E402
-from train.models import build_network  # noqa: E402
+from repsim.train.models import build_network  # noqa: E402
 
 FAST = dict(workers=0, progress=False, device="cpu", batch_size=16, chunk_rows=32)
 
 
 def _net(in_channels: int = 3) -> torch.nn.Module:
-    """The mini ResNet of train/ (16 bottlenecks, a head), narrow: a conv net, so channels-last."""
+    """The mini ResNet of repsim/train/ (16 bottlenecks, a head), narrow: a conv net, so channels-last."""
     torch.manual_seed(0)
     cfg = {"arch": "mini_resnet", "arch_params": {"width": 4, "layers": [3, 4, 6, 3]}, "in_channels": in_channels,
            "objective": "softmax", "objective_params": {}, "num_classes": 10, "seed": 0}
@@ -152,12 +152,12 @@ def test_image_tensor_refuses_what_it_cannot_hold():
 
 
 def test_digits_and_synthetic_splits_take_the_in_memory_path(tmp_path, monkeypatch):
-    """train.data's digits and synthetic splits hand extraction their images as one tensor
+    """repsim.train.data's digits and synthetic splits hand extraction their images as one tensor
     (SplitDataset.image_tensor): the stores equal the DataLoader path's, bit for bit."""
-    from train.data import SplitDataset, build_dataset
+    from repsim.train.data import SplitDataset, build_dataset
 
-    from extract import extract_store
-    from extract.memory import as_image_tensor
+    from repsim.extract import extract_store
+    from repsim.extract.memory import as_image_tensor
 
     for spec, kw in (("digits", {}), ("synthetic", {"image_size": 8, "n": 40})):
         ds = build_dataset(spec, "test", **kw)
@@ -178,12 +178,12 @@ def test_digits_and_synthetic_splits_take_the_in_memory_path(tmp_path, monkeypat
 
 
 def test_an_adapted_split_keeps_its_per_item_adaptation():
-    """A digits split adapted to a 3-channel model (extract/adapt.py forwards attributes to the split)
+    """A digits split adapted to a 3-channel model (repsim/extract/adapt.py forwards attributes to the split)
     is not taken for an in-memory tensor: its per-item channel repeat must run."""
-    from train.data import build_dataset
+    from repsim.train.data import build_dataset
 
-    from extract.adapt import AdaptedDataset, Chain, ChannelRepeat
-    from extract.memory import as_image_tensor
+    from repsim.extract.adapt import AdaptedDataset, Chain, ChannelRepeat
+    from repsim.extract.memory import as_image_tensor
 
     ds = build_dataset("digits", "test")
     adapted = AdaptedDataset(ds, Chain(ChannelRepeat(3)), "repeat")
@@ -192,7 +192,7 @@ def test_an_adapted_split_keeps_its_per_item_adaptation():
 
 
 def test_a_split_stacks_its_images_once():
-    from train.data import build_dataset
+    from repsim.train.data import build_dataset
 
     ds = build_dataset("synthetic", "test", image_size=8, n=16)
     a, b = ds.image_tensor(), ds.image_tensor()

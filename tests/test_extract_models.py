@@ -3,7 +3,7 @@ a Hugging Face ViT and a Hugging Face text transformer, each with random weights
 
 Every store is compared with a direct forward pass of an independently built copy of the model with
 plain forward hooks, reduced by hand as the docs say (``--tokens``, channels-last maps, masked
-means), on inputs adapted by hand as extract/adapt.py documents (channel repeat, bilinear resize).
+means), on inputs adapted by hand as repsim/extract/adapt.py documents (channel repeat, bilinear resize).
 """
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
-pytest.importorskip("train.data")
+pytest.importorskip("repsim.train.data")
 
 import torch.nn.functional as F  # noqa: E402
 
-from extract import layer_modules  # noqa: E402
-from extract.sources import weights_sha256  # noqa: E402
+from repsim.extract import layer_modules  # noqa: E402
+from repsim.extract.sources import weights_sha256  # noqa: E402
 from repsim.commands.main import main as repsim_main  # noqa: E402
 from repsim.store.reader import open_store  # noqa: E402
-from train.data import build_dataset  # noqa: E402
+from repsim.train.data import build_dataset  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 RUN = ["--split", "test", "--workers", "0", "--device", "cpu", "--dtype", "float32", "--order", "dataset",
@@ -398,8 +398,8 @@ def test_weights_preprocessing_replaces_the_dataset_transform_on_raw_images(tmp_
     PIL images, after RGB conversion, instead of the dataset's own transform."""
     from PIL import Image
 
-    from extract.adapt import adapt_dataset
-    from extract.models import LoadedModel, Preprocess
+    from repsim.extract.adapt import adapt_dataset
+    from repsim.extract.models import LoadedModel, Preprocess
 
     folder = _image_folder(tmp_path / "imgs")
     ds = build_dataset(str(folder), "test")

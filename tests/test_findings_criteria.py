@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analyses import findings as F
+from repsim.analyses import findings as F
 
 BLOCKS = [f"block{i}" for i in range(1, 17)] + ["pool"]
 
@@ -62,7 +62,7 @@ def test_finding2_criteria_say_what_the_bootstrap_is_for_and_what_reaching_0_mea
     reaching 0 means no early difference was shown, not that it is absent (stats audit F7)."""
     from test_analyses_figures import write_results
 
-    from analyses.data import Inputs
+    from repsim.analyses.data import Inputs
 
     doc = " ".join(F.__doc__.split())
     assert "resamples the objectives as a sample from a population of objectives" in doc
@@ -82,7 +82,7 @@ def test_no_bootstrap_without_three_objectives_with_seeds():
 
 def test_old_rule_kept_beside_the_new_one():
     assert F.old_verdict(0.01, 0.07) == "reproduced"
-    assert F.old_verdict(0.001, 0.031) == "partial"  # the Fashion run of analyses/README.md
+    assert F.old_verdict(0.001, 0.031) == "partial"  # the Fashion run of repsim/analyses/README.md
     assert F.old_verdict(0.0, 0.0) == "not reproduced"
     assert F.old_verdict(0.02, 0.14, scale=2.0) == "reproduced"
 
@@ -134,12 +134,12 @@ def test_pooled_sd_weights_the_variances_by_their_degrees_of_freedom():
 
 
 def test_pixel_baseline_beside_the_transfer_numbers(tmp_path):
-    """pixels.csv (the demo's analyses.pixel_baseline) gives Table 1 a 'Raw pixels' row, Figs. 1 and 5 a
+    """pixels.csv (the demo's repsim.analyses.pixel_baseline) gives Table 1 a 'Raw pixels' row, Figs. 1 and 5 a
     dashed line, and finding 1 its pixel sentence and power line."""
     from test_analyses_figures import write_results
 
-    from analyses.data import Inputs
-    from analyses.items.transfer import fig1, fig5, table1
+    from repsim.analyses.data import Inputs
+    from repsim.analyses.items.transfer import fig1, fig5, table1
 
     res = write_results(tmp_path)
     (res / "pixels.csv").write_text("task,features,probe,metric,accuracy,best_param,n_train,n_test,dim\n"
@@ -224,7 +224,7 @@ def test_spearman_critical_is_where_p_crosses_alpha():
 def test_paper_order_against_table3():
     import pandas as pd
 
-    from repsim.objectives import REGISTRY
+    from repsim.study.objectives import REGISTRY
 
     r2 = pd.Series({o.name: o.table3[1] for o in REGISTRY})
     assert r2["squared_error"] == 0.845 and r2["softmax"] == 0.349  # Table 3's first and last rows
@@ -249,7 +249,7 @@ def test_why_of_the_transfer_and_separation_findings(tmp_path):
     import pandas as pd
     from test_analyses_figures import write_results
 
-    from analyses.data import Inputs
+    from repsim.analyses.data import Inputs
 
     res = write_results(tmp_path)
     assert F.finding_transfer(Inputs(None, res)).why == ""  # later objectives: better source, worse transfer
@@ -305,7 +305,7 @@ def test_finding2_states_the_gap_its_interval_is_for_with_a_missing_seed(tmp_pat
     (0.325) while the bootstrap, over objectives with 2 seeds, gave [0.225, 0.225] (stats audit)."""
     from test_analyses_figures import write_results
 
-    from analyses.data import Inputs
+    from repsim.analyses.data import Inputs
 
     res = write_results(tmp_path)
     z = dict(np.load(res / "cka_all.npz"))
@@ -328,7 +328,7 @@ def test_finding2_under_an_asymmetric_measure_takes_both_orders_everywhere(tmp_p
     stated 0.300 sat outside its own interval [0.150, 0.150] (stats audit)."""
     from test_analyses_measures import with_measures
 
-    from analyses.data import Inputs
+    from repsim.analyses.data import Inputs
 
     def ridge(v, index):  # +0.3 when the predicting network is seed 1 and the predicted one seed 0, late
         out = v.copy()
@@ -375,7 +375,7 @@ def test_finding1_caveat_on_results(tmp_path):
     import pandas as pd
     from test_analyses_figures import write_results
 
-    from analyses.data import Inputs
+    from repsim.analyses.data import Inputs
 
     res = write_results(tmp_path)
     pro = pd.read_csv(res / "probes.csv")

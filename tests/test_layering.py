@@ -1,9 +1,10 @@
-"""The package layout is the architecture (docs/architecture.md): each layer of ``repsim/`` imports only
-the layers below it, nothing in ``repsim/`` imports torch, each stage (``repsim`` ← ``train`` ← ``extract``
-← ``analyses``) imports only the stages below it, no stage names a module of a stage above it (the
-``repsim`` command finds its subcommands through the entry points pyproject.toml declares), and no
-package has an import circle. Imports are read from the source (module level and inside functions
-alike)."""
+"""The package layout is the architecture (docs/architecture.md): ``repsim`` is the one import root; each
+layer of the core imports only the layers below it, nothing in the core imports torch, each stage (the
+core ← ``repsim.train`` ← ``repsim.extract`` ← ``repsim.analyses``) imports only the stages below it, no
+stage names a module of a stage above it (the ``repsim`` command finds its subcommands through the entry
+points pyproject.toml declares), no package has an import circle (counting the imports a package's
+``__init__`` runs), and no module imports another package's private (underscore) module or name.
+Imports are read from the source (module level and inside functions alike)."""
 from __future__ import annotations
 
 import ast
@@ -14,20 +15,38 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# layer -> the layers it may import (itself included). "base" is repsim/_xp.py, repsim/_lazy.py and
+# layer -> the layers it may import (itself included). "base" is repsim/array_api.py, repsim/lazy.py, the other root modules and
 # the package root (``from repsim import __version__``).
 ALLOWED: dict[str, set[str]] = {
     "base": {"base"},
+    "study": {"base", "study"},  # the paper study's registry, rescale rule and run directories
     "kernels": {"base", "kernels"},
     "store": {"base", "store"},
     "probes": {"base", "kernels", "store", "probes"},  # out-of-core probes read store layers chunk by chunk
-    "engine": {"base", "kernels", "probes", "store", "engine"},
-    "commands": {"base", "kernels", "probes", "store", "engine", "commands"},
+    "engine": {"base", "study", "kernels", "probes", "store", "engine"},
+    "commands": {"base", "study", "kernels", "probes", "store", "engine", "commands"},
 }
 FORBIDDEN_TOP = {"torch", "torchvision", "timm", "transformers"}  # the core stays torch-free
 
 # The stages, from the ground up (docs/architecture.md "Stages"): each may import the ones before it.
-STAGES: tuple[str, ...] = ("repsim", "train", "extract", "analyses")
+# "repsim" is the torch-free core: every module of repsim/ outside the three stage packages.
+STAGES: tuple[str, ...] = ("repsim", "repsim.train", "repsim.extract", "repsim.analyses")
+
+
+def stage_of(module: str) -> str | None:
+    """The stage of a repsim module (the longest stage prefix), or None outside repsim."""
+    hits = [s for s in STAGES if module == s or module.startswith(s + ".")]
+    return max(hits, key=len) if hits else None
+
+
+def stage_files(root: Path, stage: str) -> list[Path]:
+    """The source files of one stage (the core: repsim/ less the stage packages)."""
+    base = root / Path(*stage.split("."))
+    files = sorted(base.rglob("*.py"))
+    if stage == "repsim":
+        inner = [root / Path(*s.split(".")) for s in STAGES[1:]]
+        files = [f for f in files if not any(f.is_relative_to(i) for i in inner)]
+    return files
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -63,11 +82,11 @@ def imports_of(path: Path, root: Path) -> list[tuple[int, str]]:
 
 
 def layer_of(module: str) -> str | None:
-    """The layer of a ``repsim`` module, or None for modules outside ``repsim``."""
+    """The layer of a module of the core, or None for modules outside it (other packages, the stages)."""
     parts = module.split(".")
-    if parts[0] != "repsim":
+    if parts[0] != "repsim" or stage_of(module) != "repsim":
         return None
-    if len(parts) == 1 or parts[1] in ("_xp", "_lazy", "__main__", "__version__"):
+    if len(parts) == 1 or parts[1] in ("array_api", "lazy", "__main__", "__version__"):
         return "commands" if parts[1:2] == ["__main__"] else "base"
     return parts[1] if parts[1] in ALLOWED else "base"
 
@@ -75,7 +94,7 @@ def layer_of(module: str) -> str | None:
 def layering_violations(root: Path) -> list[str]:
     """One line per import that breaks :data:`ALLOWED` or imports a deep-learning framework."""
     bad = []
-    for path in sorted((root / "repsim").rglob("*.py")):
+    for path in stage_files(root, "repsim"):
         mod = module_name(path, root)
         mine = layer_of(mod)
         for line, target in imports_of(path, root):
@@ -89,19 +108,28 @@ def layering_violations(root: Path) -> list[str]:
 
 
 def import_cycles(root: Path, packages: tuple[str, ...]) -> list[list[str]]:
-    """Strongly connected components (size > 1) of the module import graph of ``packages``."""
+    """Strongly connected components (size > 1) of the module import graph of ``packages`` (dotted
+    names: "repsim.analyses"). Importing ``a.b.c`` runs the ``__init__`` of ``a.b`` first, so an import
+    also counts as an edge to each package above its target that is not a package of the importer's own
+    (those are running already); the root ``repsim``, whose ``__init__`` imports nothing eagerly, is left
+    out."""
+    def inside(mod: str) -> bool:
+        return any(mod == p or mod.startswith(p + ".") for p in packages)
+
     graph: dict[str, set[str]] = {}
     for pkg in packages:
-        for path in sorted((root / pkg).rglob("*.py")):
+        for path in stage_files(root, pkg) if pkg in STAGES else sorted((root / Path(*pkg.split("."))).rglob("*.py")):
             mod = module_name(path, root)
+            own = {".".join(mod.split(".")[:i]) for i in range(1, mod.count(".") + 2)}
             deps = graph.setdefault(mod, set())
             for _, target in imports_of(path, root):
-                if target.split(".")[0] in packages and target != mod:
-                    deps.add(target)
-    # a package's __init__ is imported whenever one of its modules is: ignore edges to the root
-    # package itself (``from repsim import __version__``), which imports nothing eagerly
+                parts = target.split(".")
+                for i in range(2, len(parts) + 1):  # the target and the packages above it, root left out
+                    t_ = ".".join(parts[:i])
+                    if inside(t_) and t_ != mod and (t_ == target or t_ not in own):
+                        deps.add(t_)
     for deps in graph.values():
-        deps.difference_update(packages)
+        deps.discard("repsim")
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -145,26 +173,25 @@ def stage_violations(root: Path) -> list[str]:
     """One line per import of a stage above the importing one (:data:`STAGES`)."""
     bad = []
     for i, pkg in enumerate(STAGES):
-        for path in sorted((root / pkg).rglob("*.py")):
+        for path in stage_files(root, pkg):
             for line, target in imports_of(path, root):
-                top = target.split(".")[0]
-                if top in STAGES[i + 1:]:
+                if stage_of(target) in STAGES[i + 1:]:
                     bad.append(f"{path.relative_to(root)}:{line}: {pkg} imports {target} (a stage above it)")
     return bad
 
 
 def named_upper_modules(root: Path) -> list[str]:
-    """One line per string constant that names a module of a stage above the file's own (``"train.cli"``,
-    ``"analyses.demo:run"``): an import by name (importlib) that :func:`stage_violations` cannot see."""
+    """One line per string constant that names a module of a stage above the file's own (``"repsim.train.cli"``,
+    ``"repsim.analyses.demo:run"``): an import by name (importlib) that :func:`stage_violations` cannot see."""
     bad = []
     for i, pkg in enumerate(STAGES):
-        for path in sorted((root / pkg).rglob("*.py")):
+        for path in stage_files(root, pkg):
             for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
                 if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
                     continue
                 name = node.value.split(":")[0]
                 parts = name.split(".")
-                if parts[0] not in STAGES[i + 1:] or len(parts) < 2 or not all(p.isidentifier() for p in parts):
+                if stage_of(name) not in STAGES[i + 1:] or len(parts) < 3 or not all(p.isidentifier() for p in parts):
                     continue
                 target = root / Path(*parts)
                 if target.with_suffix(".py").is_file() or (target / "__init__.py").is_file():
@@ -177,7 +204,7 @@ def test_stages_import_only_downwards():
 
 
 def test_no_stage_names_a_module_above_it():
-    """e.g. a command table in repsim/ that importlib-loads train.cli: the ground floor calling the top."""
+    """e.g. a command table in repsim/ that importlib-loads repsim.train.cli: the ground floor calling the top."""
     assert named_upper_modules(ROOT) == []
 
 
@@ -207,22 +234,22 @@ def test_every_command_is_a_declared_entry_point_with_its_three_names():
 def test_no_import_circles_in_any_package():
     for pkg in STAGES:
         assert import_cycles(ROOT, (pkg,)) == [], pkg
-    assert import_cycles(ROOT, STAGES) == []
+    assert import_cycles(ROOT, ("repsim",)) == []
 
 
 # library helpers that had copies or lived in the wrong stage: each is defined in one module only
 ONE_HOME: dict[str, str] = {
     "merge_csv": "repsim/engine/drivers.py",  # results CSVs merged by key (repsim probe had its own)
-    "best_epoch": "repsim/runs.py",  # the early-stopping rule (was in repsim/commands/runs.py, train/)
-    "sha256_file": "repsim/_io.py",  # a checkpoint's identity (was in extract/, imported by train/)
-    "holdout_split": "train/imaging.py",  # (was train.data's, imported back by train.csvdata)
+    "best_epoch": "repsim/study/runs.py",  # the early-stopping rule (was in repsim/commands/runs.py, repsim/train/)
+    "sha256_file": "repsim/fileio.py",  # a checkpoint's identity (was in repsim/extract/, imported by repsim/train/)
+    "holdout_split": "repsim/train/imaging.py",  # (was repsim.train.data's, imported back by repsim.train.csvdata)
 }
 
 
 def test_shared_helpers_have_one_home():
     bad = []
     for pkg in STAGES:
-        for path in sorted((ROOT / pkg).rglob("*.py")):
+        for path in stage_files(ROOT, pkg):
             rel = path.relative_to(ROOT).as_posix()
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.FunctionDef) and node.name.lstrip("_") in ONE_HOME \
@@ -239,19 +266,19 @@ def test_the_docs_state_what_these_tests_enforce():
     readme = (ROOT / "README.md").read_text()
     listing = doc.split("## The layers of `repsim/`")[1].split("```")[1]
     words = set(re.findall(r"[A-Za-z_]\w*", listing))
-    unlisted = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "repsim").rglob("*.py"))
+    unlisted = [str(p.relative_to(ROOT)) for p in stage_files(ROOT, "repsim")
                 if not p.stem.startswith("__") and p.stem not in words
                 and not (p.parent.name == "commands" and not p.stem.startswith("_"))]  # "one module per subcommand"
     assert unlisted == []
     for text in (doc, readme):
         assert "imports only layers listed before it" in " ".join(text.split())
-        assert "`repsim` ← `train` ← `extract` ← `analyses`" in " ".join(text.split())
-    assert " ".join(STAGES) == "repsim train extract analyses"
+        assert "`repsim` ← `repsim.train` ← `repsim.extract` ← `repsim.analyses`" in " ".join(text.split())
+    assert " ".join(STAGES) == "repsim repsim.train repsim.extract repsim.analyses"
     for where, text in (("README.md", readme), ("docs/architecture.md", doc)):
         for name in set(re.findall(r"[\w./-]*\w\.md\b", text)):
             assert (ROOT / name).exists() or (ROOT / where).parent.joinpath(name).exists(), (where, name)
     kernels = (ROOT / "repsim" / "kernels" / "__init__.py").read_text()
-    assert "May import only :mod:`repsim._xp` and" not in kernels  # they use _blas too (base)
+    assert "May import only :mod:`repsim.array_api` and" not in kernels  # they use _blas too (base)
 
 
 # ------------------------------------------------------------------------ the seams inside the kernels
@@ -260,32 +287,52 @@ def test_the_docs_state_what_these_tests_enforce():
 # one-shot linear CKA.
 CKA_ORDER = ("repsim.kernels._precision", "repsim.kernels._cka_device", "repsim.kernels._gram",
              "repsim.kernels.hsic", "repsim.kernels.minibatch_cka", "repsim.kernels.cka")
-# private kernel modules imported from outside repsim/kernels today (the exact route's column driver)
-PRIVATE_KERNEL_IMPORTS = {("repsim.engine.similarity", "repsim.kernels.measures._exact")}
-
-
 def repsim_imports(root: Path) -> dict[str, list[tuple[int, str]]]:
     """module -> its imports of repsim modules (line, module), for every module of repsim/."""
     return {module_name(p, root): [(line, t) for line, t in imports_of(p, root) if t.split(".")[0] == "repsim"]
             for p in sorted((root / "repsim").rglob("*.py"))}
 
 
-def private_kernel_imports(root: Path) -> list[str]:
-    """Imports of a private module of repsim.kernels (``_gram``, ``_precision``, ``measures._exact``, ...)
-    from outside repsim/kernels, beyond :data:`PRIVATE_KERNEL_IMPORTS`."""
+def private_imports(root: Path) -> list[str]:
+    """One line per import of a private (underscore) module or name of repsim from outside the package
+    that owns it. ``pkg._mod`` and ``pkg.mod._name`` are owned by ``pkg`` and by ``pkg.mod``'s package
+    ``pkg``: its modules and its subpackages' may use them; the root's own (``repsim._x``) only the root's
+    modules, since every stage lives under the root. Whatever another package needs has a public name."""
     bad = []
-    for mod, targets in repsim_imports(root).items():
-        if mod.startswith("repsim.kernels"):
-            continue
-        for line, t in targets:
-            if t.startswith("repsim.kernels.") and any(p.startswith("_") for p in t.split(".")[2:]) \
-                    and (mod, t) not in PRIVATE_KERNEL_IMPORTS:
-                bad.append(f"{mod}:{line}: imports {t}, private to repsim/kernels")
+    for path in sorted((root / "repsim").rglob("*.py")):
+        mod = module_name(path, root)
+        pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        here = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here[: len(here) - (node.level - 1)] + ([node.module] if node.module else []))
+                names = [f"{base}.{a.name}" for a in node.names]
+            else:
+                continue
+            for full in names:
+                parts = full.split(".")
+                if parts[0] != "repsim":
+                    continue
+                private = [i for i, p_ in enumerate(parts) if p_.startswith("_") and not p_.startswith("__")]
+                if not private:
+                    continue
+                owner_parts = parts[: private[0]]
+                leaf = root / Path(*owner_parts)
+                if not (leaf / "__init__.py").is_file():  # pkg.mod._name: owned by mod's package
+                    owner_parts = owner_parts[:-1]
+                owner = ".".join(owner_parts)
+                ok = pkg == owner or (owner != "repsim" and pkg.startswith(owner + "."))
+                if not ok:
+                    bad.append(f"{mod}:{node.lineno}: imports {full}, private to {owner}")
     return bad
 
 
-def test_private_kernel_machinery_stays_inside_the_kernels():
-    assert private_kernel_imports(ROOT) == []
+def test_no_module_imports_another_packages_private_module_or_name():
+    assert private_imports(ROOT) == []
 
 
 def test_the_cka_modules_import_only_the_ones_below_them():
@@ -306,12 +353,13 @@ def test_a_measure_module_is_a_registered_measure_on_the_protocol_and_the_kernel
 
     graph = repsim_imports(ROOT)
     names = set(measure_names())
-    modules = sorted(p for p in (ROOT / "repsim" / "kernels" / "measures").glob("*.py") if not p.stem.startswith("_"))
+    modules = sorted(p for p in (ROOT / "repsim" / "kernels" / "measures").glob("*.py")
+                     if not p.stem.startswith("_") and p.stem != "exact")  # exact.py: the all-pairs driver
     assert len(modules) >= 7
     for path in modules:
         mod = module_name(path, ROOT)
         for line, t in graph[mod]:
-            assert layer_of(t) in ("base", "kernels") and t != "repsim.kernels.measures._exact", (mod, line, t)
+            assert layer_of(t) in ("base", "kernels") and t != "repsim.kernels.measures.exact", (mod, line, t)
         tree = ast.parse(path.read_text())
         registered = [n.name for n in tree.body if isinstance(n, ast.ClassDef)
                       and any(isinstance(d, ast.Name) and d.id == "register" for d in n.decorator_list)]
@@ -360,26 +408,48 @@ def test_checks_catch_a_kernel_importing_upwards(tmp_path, source, culprit):
 
 
 def test_cycle_check_finds_a_lazy_circle(tmp_path):
-    root = _tree(tmp_path, {"analyses/__init__.py": "", "analyses/a.py": "from analyses.b import f\n",
-                            "analyses/b.py": "def f():\n    from analyses import a\n"})
-    assert import_cycles(root, ("analyses",)) == [["analyses.a", "analyses.b"]]
+    root = _tree(tmp_path, {"repsim/__init__.py": "", "repsim/analyses/__init__.py": "",
+                            "repsim/analyses/a.py": "from repsim.analyses.b import f\n",
+                            "repsim/analyses/b.py": "def f():\n    from repsim.analyses import a\n"})
+    assert import_cycles(root, ("repsim.analyses",)) == [["repsim.analyses.a", "repsim.analyses.b"]]
+
+
+def test_cycle_check_sees_the_imports_a_package_init_runs(tmp_path):
+    """findings imports items.common, which runs items/__init__, which imports items.measures, which imports
+    findings: a circle through an ``__init__`` (the loop the old check missed)."""
+    root = _tree(tmp_path, {"repsim/__init__.py": "", "repsim/analyses/__init__.py": "",
+                            "repsim/analyses/findings.py": "from repsim.analyses.items.common import f\n",
+                            "repsim/analyses/items/__init__.py": "from repsim.analyses.items import measures\n",
+                            "repsim/analyses/items/common.py": "def f():\n    pass\n",
+                            "repsim/analyses/items/measures.py": "from repsim.analyses import findings\n"})
+    assert import_cycles(root, ("repsim.analyses",)) == [
+        ["repsim.analyses.findings", "repsim.analyses.items", "repsim.analyses.items.measures"]]
+    (root / "repsim/analyses/items/__init__.py").write_text("")  # no eager import: no circle
+    assert import_cycles(root, ("repsim.analyses",)) == []
 
 
 def test_stage_checks_catch_train_importing_extract(tmp_path):
-    root = _tree(tmp_path, {"repsim/__init__.py": "", "train/__init__.py": "", "extract/__init__.py": "",
-                            "extract/cli.py": "def f():\n    from train.loop import g\n",
-                            "train/loop.py": "def g():\n    from extract.cli import f\n",
-                            "repsim/main.py": "TABLE = {'x': 'extract.cli'}\n"})
-    assert stage_violations(root) == ["train/loop.py:2: train imports extract.cli (a stage above it)"]
-    assert named_upper_modules(root) == ["repsim/main.py:1: repsim names 'extract.cli' (a stage above it)"]
-    assert import_cycles(root, STAGES) == [["extract.cli", "train.loop"]]
+    root = _tree(tmp_path, {"repsim/__init__.py": "", "repsim/train/__init__.py": "", "repsim/extract/__init__.py": "",
+                            "repsim/extract/cli.py": "def f():\n    from repsim.train.loop import g\n",
+                            "repsim/train/loop.py": "def g():\n    from repsim.extract.cli import f\n",
+                            "repsim/main.py": "TABLE = {'x': 'repsim.extract.cli'}\n"})
+    assert stage_violations(root) == ["repsim/train/loop.py:2: repsim.train imports repsim.extract.cli (a stage above it)"]
+    assert named_upper_modules(root) == ["repsim/main.py:1: repsim names 'repsim.extract.cli' (a stage above it)"]
+    assert import_cycles(root, STAGES) == [["repsim.extract.cli", "repsim.train.loop"]]
 
 
-def test_private_kernel_check_catches_the_engine_using_the_gram_machinery(tmp_path):
-    root = _tree(tmp_path, {"repsim/__init__.py": "", "repsim/kernels/__init__.py": "",
-                            "repsim/kernels/_gram.py": "",
+def test_private_check_catches_imports_across_packages(tmp_path):
+    root = _tree(tmp_path, {"repsim/__init__.py": "", "repsim/_base.py": "", "repsim/top.py": "from repsim import _base\n",
+                            "repsim/kernels/__init__.py": "", "repsim/kernels/_gram.py": "def g():\n    pass\n",
                             "repsim/kernels/hsic.py": "from repsim.kernels import _gram\n",
+                            "repsim/kernels/measures/__init__.py": "",
+                            "repsim/kernels/measures/rbf.py": "from repsim.kernels._gram import g\n",
+                            "repsim/kernels/open.py": "def _helper():\n    pass\n",
                             "repsim/engine/__init__.py": "",
-                            "repsim/engine/grams.py": "def f():\n    from repsim.kernels._gram import gram64\n"})
-    assert private_kernel_imports(root) == [
-        "repsim.engine.grams:2: imports repsim.kernels._gram, private to repsim/kernels"]
+                            "repsim/engine/grams.py": "def f():\n    from repsim.kernels._gram import g\n"
+                                                      "    from repsim.kernels.open import _helper\n"
+                                                      "    from repsim import _base\n"})
+    assert private_imports(root) == [
+        "repsim.engine.grams:2: imports repsim.kernels._gram.g, private to repsim.kernels",
+        "repsim.engine.grams:3: imports repsim.kernels.open._helper, private to repsim.kernels",
+        "repsim.engine.grams:4: imports repsim._base, private to repsim"]

@@ -14,7 +14,7 @@ from scipy.spatial.distance import pdist
 from scipy.stats import spearmanr
 
 from repsim.kernels.measures import MEASURES, get_measure, measure_names, parse_measures
-from repsim.kernels.measures._exact import exact_matrix, full_column, similarity
+from repsim.kernels.measures.exact import exact_matrix, full_column, similarity
 from repsim.kernels.measures.rbf_cka import MinibatchRBFCKA
 
 N = 150

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from repsim.kernels.measures import get_measure
-from repsim.kernels.measures._exact import exact_matrix, full_column, similarity
+from repsim.kernels.measures.exact import exact_matrix, full_column, similarity
 
 torch = pytest.importorskip("torch")
 ckatorch = pytest.importorskip("ckatorch")

@@ -103,8 +103,8 @@ def _chexpert(root, rng, n_train=12, n_valid=5):
 
 def test_csv_loader_chexpert_layout(tmp_path):
     pytest.importorskip("torch")
-    from train.csvdata import read_label_csv
-    from train.data import build_dataset
+    from repsim.train.csvdata import read_label_csv
+    from repsim.train.data import build_dataset
 
     base, truth = _chexpert(tmp_path, np.random.default_rng(1))
     paths, T, names = read_label_csv(base / "valid.csv")
@@ -118,7 +118,7 @@ def test_csv_loader_chexpert_layout(tmp_path):
     ho = build_dataset(str(base), "holdout", image_size=8, holdout_size=4)
     assert len(tr) == 8 and len(ho) == 4 and not set(tr.example_ids) & set(ho.example_ids)
     assert len(build_dataset(str(base), "holdout", image_size=8)) == 1   # default: 10 % of a small CSV
-    from train.data import dataset_from_config
+    from repsim.train.data import dataset_from_config
 
     run = {"data": {"spec": "digits", "holdout_size": 5, "image_size": 8}}  # a run's holdout is its own dataset's
     assert len(dataset_from_config(run, "holdout", spec=str(base))) == 1
@@ -142,7 +142,7 @@ def test_csv_loader_chexpert_layout(tmp_path):
 
 def test_extract_writes_multilabel_store(tmp_path):
     pytest.importorskip("torch")
-    from extract.pipeline import extract_store
+    from repsim.extract.pipeline import extract_store
 
     base, truth = _chexpert(tmp_path, np.random.default_rng(2), n_train=4, n_valid=9)
     ckpt = tiny_checkpoint(tmp_path / "run" / "best.pt", 6)
@@ -196,7 +196,7 @@ def test_probe_multilabel_auc_against_sklearn(tmp_path):
 
 
 def test_table_d1_item(tmp_path):
-    from analyses.cli import make_figures
+    from repsim.analyses.cli import make_figures
 
     rows = []
     for obj, aucs in (("softmax", (0.80, 0.70)), ("sigmoid", (0.75, 0.72))):

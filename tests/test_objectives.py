@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 import pytest
-torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
+torch = pytest.importorskip("torch")  # repsim/train/ needs the [torch] extra
 
-from train.objectives import DEFAULTS, OBJECTIVES, make_objective
+from repsim.train.objectives import DEFAULTS, OBJECTIVES, make_objective
 
 N, M, K = 7, 5, 6
 
@@ -246,7 +246,7 @@ def _objective_lists(root):
     holds per-objective data (a dict keyed by 4 or more); a table's layout naming a few is neither."""
     import ast
 
-    from repsim.objectives import OBJECTIVES as names
+    from repsim.study.objectives import OBJECTIVES as names
 
     out = []
     for pkg in ("repsim", "train", "extract", "analyses"):
@@ -261,18 +261,18 @@ def _objective_lists(root):
 
 
 def test_the_objectives_are_listed_once():
-    """repsim/objectives.py is the registry (torch-free): train builds heads from it, the analyses order
+    """repsim/study/objectives.py is the registry (torch-free): train builds heads from it, the analyses order
     and label by it; no other literal lists the objectives."""
     from pathlib import Path
 
-    import analyses.data
-    import repsim.objectives as registry
+    import repsim.analyses.data
+    import repsim.study.objectives as registry
 
     root = Path(__file__).resolve().parents[1]
     assert _objective_lists(root) == []  # the registry holds one Objective(...) per name, no literal list
-    assert OBJECTIVES is registry.OBJECTIVES and analyses.data.OBJECTIVES is registry.OBJECTIVES
+    assert OBJECTIVES is registry.OBJECTIVES and repsim.analyses.data.OBJECTIVES is registry.OBJECTIVES
     assert DEFAULTS == {o.name: dict(o.defaults) for o in registry.REGISTRY}
-    assert set(OBJECTIVES) <= set(analyses.data.DISPLAY)
+    assert set(OBJECTIVES) <= set(repsim.analyses.data.DISPLAY)
 
 
 def test_head_dispatches_through_one_table(monkeypatch):
@@ -281,8 +281,8 @@ def test_head_dispatches_through_one_table(monkeypatch):
     import ast
     import inspect
 
-    import train.objectives as objectives
-    from repsim.objectives import BY_NAME, Objective
+    import repsim.train.objectives as objectives
+    from repsim.study.objectives import BY_NAME, Objective
 
     tree = ast.parse(inspect.getsource(objectives.Head))
     compared = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Compare)

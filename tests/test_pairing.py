@@ -160,7 +160,7 @@ def test_probe_and_calibrate_refuse_stores_of_different_datasets_unless_asked(tm
     code, err = run(capsys, "probe", "--train", tmp_path / "all_tr.zarr", "--test", tmp_path / "src_tr.zarr",
                     "--probe", "knn", "--allow-mixed-datasets", "--out", out)
     assert code == 0 and "WARNING: train store all_tr (dataset 'digits') and test store src_tr" in err
-    # one dataset at two sizes (train.data's @N: at most N training images per class) pairs, and its
+    # one dataset at two sizes (repsim.train.data's @N: at most N training images per class) pairs, and its
     # example ids are compared: a test store inside the training store is caught across the suffix
     net_store(tmp_path / "t2000_tr.zarr", 0, "train", 90, digest="aa" * 32, dataset="target@2000", ids=ids)
     net_store(tmp_path / "t_te.zarr", 0, "test", 45, digest="aa" * 32, dataset="target", ids=ids[:45])

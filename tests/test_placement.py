@@ -1,10 +1,10 @@
-"""Every placement rule of train.placement, with the number of GPUs given (no GPU needed), and the
+"""Every placement rule of repsim.train.placement, with the number of GPUs given (no GPU needed), and the
 commands refusing an unplaceable request with one line before anything starts."""
 from __future__ import annotations
 
 import pytest
 
-from train.placement import Placement, PlacementError, plan_placement, plan_process
+from repsim.train.placement import Placement, PlacementError, plan_placement, plan_process
 
 CPU_ONLY = {"CUDA_VISIBLE_DEVICES": ""}
 

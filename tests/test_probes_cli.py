@@ -101,7 +101,7 @@ def test_cli_relearn_paper_protocol(tmp_path, capsys):
 
 
 def test_fig6_uses_the_held_out_original_head(tmp_path):
-    from analyses.cli import make_figures
+    from repsim.analyses.cli import make_figures
     from repsim.engine.drivers import write_csv
 
     res = tmp_path / "res"
@@ -159,7 +159,7 @@ def test_the_command_and_the_library_call_write_the_same_files(tmp_path):
 
 
 def test_the_demo_calls_the_library_not_the_cli():
-    """analyses/demo_analysis.py drove `repsim probe` / `repsim calibrate` with argv lists through
+    """repsim/analyses/demo_analysis.py drove `repsim probe` / `repsim calibrate` with argv lists through
     ``repsim.commands.main``; it calls the functions those commands call."""
     import ast
     from pathlib import Path

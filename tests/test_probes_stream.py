@@ -9,7 +9,7 @@ import pytest
 
 from repsim.commands.main import main
 from repsim.probes import _logreg
-from repsim.probes._rows import Rows
+from repsim.probes.rows import Rows
 from repsim.probes.knn import knn_probe, knn_probe_rows
 from repsim.probes.linear import linear_probe, linear_probe_rows
 from repsim.store.writer import save_store

@@ -51,10 +51,10 @@ def test_result_save_load_recipe(store, tmp_path):
 
 
 def test_extract_recipe_names_a_checkpoint_training_writes():
-    """The README's extraction line names a file that `repsim train` writes (train/loop.py)."""
+    """The README's extraction line names a file that `repsim train` writes (repsim/train/loop.py)."""
     name = Path(re.search(r"--checkpoint (\S+\.pt)", _line(r"^repsim extract --checkpoint runs/")).group(1)).name
     loop = (ROOT / "train" / "loop.py").read_text()
-    assert f'"{name}"' in loop, f"README extracts {name}, which train/loop.py never writes"
+    assert f'"{name}"' in loop, f"README extracts {name}, which repsim/train/loop.py never writes"
 
 
 def test_check_exit_status_of_a_missing_store_is_as_documented(tmp_path):

@@ -1,5 +1,5 @@
-"""The objective-settings rule (repsim/rescale.py) on the paper's own numbers, and the Fashion-MNIST
-presets recording its values for K = 5 classes and base weight decay 0.05 (analyses/README.md,
+"""The objective-settings rule (repsim/study/rescale.py) on the paper's own numbers, and the Fashion-MNIST
+presets recording its values for K = 5 classes and base weight decay 0.05 (repsim/analyses/README.md,
 "Settings by rule")."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from repsim import rescale
-from repsim.objectives import OBJECTIVES
+from repsim.study import rescale
+from repsim.study.objectives import OBJECTIVES
 
 PRESETS = Path(__file__).resolve().parents[1] / "train" / "presets"
 
@@ -46,7 +46,7 @@ def test_k_free_and_nearest_study_parameters():
 
 
 def test_fashion_presets_record_the_rules_values():
-    from train.fashion import SOURCE_CLASSES
+    from repsim.train.fashion import SOURCE_CLASSES
 
     base = _preset("_fashion")
     k, wd = len(SOURCE_CLASSES), base["optim"]["weight_decay"]
@@ -57,9 +57,9 @@ def test_fashion_presets_record_the_rules_values():
 
 
 def test_fashion_presets_residual_init():
-    """Blocks that do work (analyses/README.md): every fashion network starts its blocks' last BN at γ = 1,
+    """Blocks that do work (repsim/analyses/README.md): every fashion network starts its blocks' last BN at γ = 1,
     except squared error, which diverges there and keeps the zero-γ init."""
-    from train.config import load_config
+    from repsim.train.config import load_config
 
     for obj in OBJECTIVES:
         want = obj == "squared_error"

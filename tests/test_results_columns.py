@@ -71,11 +71,11 @@ def test_the_check_finds_the_old_local_lists_of_robustness_and_tune(tmp_path):
         'write_rows(p, rows, key=("preset", "objective", "params", "variant", "seed"))\n'
         'write_rows(p, rows, key=("objective", "params", "variant", "seed", "task", "source_checkpoint"))\n'
         'grid = ("point", "replicate", "holdout_last")\n')
-    assert sorted(column_lists(tmp_path)) == ["train/robustness.py:1: columns of robustness.csv",
-                                      "train/robustness.py:2: columns of robustness.csv",
-                                      "train/tune_cli.py:1: columns of tune.csv",
-                                      "train/tune_cli.py:2: columns of finetune.csv",
-                                      "train/tune_cli.py:3: columns of grid.csv"]
+    assert sorted(column_lists(tmp_path)) == ["repsim/train/robustness.py:1: columns of robustness.csv",
+                                      "repsim/train/robustness.py:2: columns of robustness.csv",
+                                      "repsim/train/tune_cli.py:1: columns of tune.csv",
+                                      "repsim/train/tune_cli.py:2: columns of finetune.csv",
+                                      "repsim/train/tune_cli.py:3: columns of grid.csv"]
 
 
 def test_conform_puts_a_grids_parameter_columns_at_their_declared_position():

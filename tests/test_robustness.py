@@ -89,7 +89,7 @@ def _brute(ckpt, paths, mask, crop_only):
     from PIL import Image
     from torchvision import transforms as T
 
-    from train.checkpoint import load_model
+    from repsim.train.checkpoint import load_model
 
     net = load_model(ckpt)
     tf = [T.CenterCrop(IMAGE_SIZE)] if crop_only else [T.Resize(round(IMAGE_SIZE * 256 / 224)), T.CenterCrop(IMAGE_SIZE)]
@@ -129,8 +129,8 @@ def test_robustness_command(bench, tmp_path, capsys):
     # random network: the command's predictions are the brute-force ones, masked and unmasked
     import torch
 
-    from train.checkpoint import load_checkpoint, load_model
-    from train.robustness import folder_set, predict
+    from repsim.train.checkpoint import load_checkpoint, load_model
+    from repsim.train.robustness import folder_set, predict
 
     es = folder_set(root / "a", "imagenet-a", 1000, WNIDS)
     assert es.paths == [str(root / "a" / WNIDS[c] / "x.png") for c in A_CLASSES]
@@ -182,7 +182,7 @@ def test_robustness_refusals(bench, tmp_path, capsys):
 
 
 def test_table_c2_item(bench, tmp_path):
-    from analyses.cli import make_figures
+    from repsim.analyses.cli import make_figures
     from repsim.engine.drivers import write_csv
 
     rows = []
@@ -211,7 +211,7 @@ def test_table_c2_item(bench, tmp_path):
 def test_runs_sharing_one_csv_keep_each_others_rows(bench, tmp_path):
     """Two `repsim robustness` runs (a job array) writing one CSV: each rewrote the file from the rows it
     had read at its start, so the other run's rows were lost. The write merges under the results lock."""
-    from train.robustness import evaluate
+    from repsim.train.robustness import evaluate
 
     root, rand, planted = bench
     out = tmp_path / "robustness.csv"

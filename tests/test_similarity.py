@@ -11,7 +11,7 @@ import pytest
 
 import repsim
 from repsim.kernels.measures import get_measure, measure_names
-from repsim.kernels.measures._exact import exact_matrix, full_column
+from repsim.kernels.measures.exact import exact_matrix, full_column
 from test_engine_helpers import correlated_layers, make_store, stored
 
 N = 130

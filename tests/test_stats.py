@@ -137,7 +137,7 @@ def test_bold_rule_caption_names_the_test_and_the_missing_multiplicity_control()
     """The bold rule compares every row with a best chosen from the same data, each at 0.05 with no
     multiplicity control (as the paper's Table 1 does): the caption says so and names Student's pooled
     t-test (stats audit F5, F9)."""
-    from analyses.summary import bold_rule_text
+    from repsim.analyses.summary import bold_rule_text
 
     text = bold_rule_text(2)
     assert text.startswith("Bold: best, or not significantly different from the best (two-sided Student's pooled "

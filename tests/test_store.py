@@ -515,11 +515,11 @@ def test_stores_and_checkpoints_get_the_umask_mode_not_mkstemps_0600(tmp_path):
     torch = pytest.importorskip("torch")
 
     from repsim.store.writer import save_store
-    from train.checkpoint import save_checkpoint
+    from repsim.train.checkpoint import save_checkpoint
 
     old = os.umask(0o027)
     try:
-        import repsim._io as io
+        import repsim.fileio as io
 
         io.file_mode.cache_clear()  # (read once per process: this test sets its own umask)
         save_store(str(tmp_path / "s.zarr"), {"a": np.ones((40, 3), np.float32)}, np.arange(40) % 2, chunk_rows=16,

@@ -168,11 +168,11 @@ def test_a_corrupt_written_flag_is_named_by_its_chunk(tmp_path, capsys):
 
 
 def test_sha256_file_is_the_sha256_of_the_bytes(tmp_path):
-    """repsim._io.sha256_file (a checkpoint's identity, model.checkpoint_sha256): the file mapped and
+    """repsim.fileio.sha256_file (a checkpoint's identity, model.checkpoint_sha256): the file mapped and
     hashed in one call, or read block by block where it cannot be mapped (an empty file)."""
     import hashlib
 
-    from repsim._io import sha256_file
+    from repsim.fileio import sha256_file
 
     data = np.random.default_rng(0).bytes(3 << 20)
     full, empty = tmp_path / "f.bin", tmp_path / "e.bin"

@@ -2,7 +2,7 @@
 naming the holder; a killed holder leaves no lock; threads of one process are kept apart too.
 
 Holders are real processes (``python -c`` holding ``lock_store``, forked children, ``python -m
-extract`` stopped with SIGSTOP mid-run); the extraction tests need torch and run on the CPU.
+repsim.extract`` stopped with SIGSTOP mid-run); the extraction tests need torch and run on the CPU.
 """
 from __future__ import annotations
 
@@ -344,12 +344,12 @@ def test_save_store_holds_the_lock_while_writing_and_releases_it(tmp_path):
 
 @pytest.fixture(scope="module")
 def ckpts(tmp_path_factory) -> list[Path]:
-    """Two small digits ResNets saved as train/ saves them (seeds 0 and 1)."""
+    """Two small digits ResNets saved as repsim/train/ saves them (seeds 0 and 1)."""
     torch = pytest.importorskip("torch")
-    pytest.importorskip("train.models")
-    from train.checkpoint import save_checkpoint
-    from train.config import load_config
-    from train.models import build_network
+    pytest.importorskip("repsim.train.models")
+    from repsim.train.checkpoint import save_checkpoint
+    from repsim.train.config import load_config
+    from repsim.train.models import build_network
 
     out = []
     for seed in (0, 1):
@@ -380,8 +380,8 @@ def _written(out: Path) -> int:
 
 
 def _extract_until(out: Path, chunks: int, *args: str) -> subprocess.Popen:
-    """``python -m extract`` into ``out``, stopped (SIGSTOP) once ``chunks`` chunks are written."""
-    proc = subprocess.Popen([sys.executable, "-m", "extract", *args], env=ENV, cwd=ROOT, stderr=subprocess.PIPE,
+    """``python -m repsim.extract`` into ``out``, stopped (SIGSTOP) once ``chunks`` chunks are written."""
+    proc = subprocess.Popen([sys.executable, "-m", "repsim.extract", *args], env=ENV, cwd=ROOT, stderr=subprocess.PIPE,
                             text=True)
     deadline = time.monotonic() + 120  # a hang guard, not a speed check
     while proc.poll() is None and time.monotonic() < deadline:
@@ -418,7 +418,7 @@ def test_a_running_extraction_refuses_a_resume_and_an_overwrite(ckpts, tmp_path,
             line = _one_line(capsys.readouterr().err)
             assert line.startswith(f"repsim extract: error: store s: {out} is being written by another process "
                                    f"(pid {first.pid} on host "), line
-            assert "python -m extract --checkpoint" in line and line.endswith("or choose another --out")
+            assert "python -m repsim.extract --checkpoint" in line and line.endswith("or choose another --out")
     finally:
         first.send_signal(signal.SIGCONT)
         _, err = first.communicate(timeout=120)
@@ -447,10 +447,10 @@ def test_a_killed_extraction_leaves_no_lock_and_resumes(ckpts, tmp_path, capsys)
 
 
 def test_an_extraction_thread_is_refused_by_another_of_the_same_process(ckpts, tmp_path):
-    """Extraction runs several checkpoints as threads of one process (extract/cli.py on a GPU): two of
+    """Extraction runs several checkpoints as threads of one process (repsim/extract/cli.py on a GPU): two of
     them on one --out, one is refused, the other writes the store as a lone run does."""
-    from extract import cli
-    from extract.pipeline import extract_store
+    from repsim.extract import cli
+    from repsim.extract.pipeline import extract_store
 
     out = tmp_path / "s.zarr"
     options = dict(split="test", layers="block1,pool", batch_size=16, chunk_rows=32, workers=0, device="cpu",
@@ -474,7 +474,7 @@ def test_torchrun_rank0_refused_tells_every_rank(ckpts, tmp_path):
     pytest.importorskip("torch.distributed")
     args = ["--checkpoint", str(ckpts[1]), "--data", "digits", "--split", "test", "--chunk-rows", "32",
             "--batch-size", "16", "--workers", "0", "--device", "cpu", "--layers", "block1,pool"]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "extract"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "repsim.extract"]
     out = tmp_path / "s.zarr"
     holder = Holder(out)
     try:
@@ -492,7 +492,7 @@ def test_torchrun_rank0_refused_tells_every_rank(ckpts, tmp_path):
 
 
 def test_the_lock_spans_prepare_to_finalise_and_a_failed_run_releases_it(ckpts, tmp_path, monkeypatch):
-    from extract import pipeline
+    from repsim.extract import pipeline
     from repsim.store.writer import StoreWriter
 
     out = tmp_path / "s.zarr"
@@ -532,7 +532,7 @@ def test_killed_writers_temporaries_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from repsim._io import atomic_write
+    from repsim.fileio import atomic_write
     from repsim.store._chunkio import remove_stale_parts
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -555,7 +555,7 @@ def test_killed_writers_temporaries_are_removed(tmp_path):
 def test_figures_skip_a_killed_cka_runs_checkpoint(tmp_path):
     """`repsim cka` killed mid-run leaves RES/cka_X.ckpt.npz, which the figures' cka_*.npz glob took for a
     result: `repsim figures` failed with "values is not a file in the archive", naming no file."""
-    from analyses.data import Inputs, Missing
+    from repsim.analyses.data import Inputs, Missing
 
     res = tmp_path / "results"
     res.mkdir()
@@ -573,7 +573,7 @@ def test_atomic_write_fsyncs_the_file_and_then_its_directory(tmp_path, monkeypat
     import os
     import stat
 
-    from repsim import _io
+    from repsim import fileio
 
     synced: list[tuple[bool, bool]] = []  # (a directory?, the final name already there?)
     real_fsync = os.fsync
@@ -584,7 +584,7 @@ def test_atomic_write_fsyncs_the_file_and_then_its_directory(tmp_path, monkeypat
         return real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", spy)
-    with _io.atomic_write(out, "w") as fh:
+    with fileio.atomic_write(out, "w") as fh:
         fh.write("{}")
     assert out.read_text() == "{}"
     assert synced == [(False, False), (True, True)]

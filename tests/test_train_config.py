@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import pytest
-torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
+torch = pytest.importorskip("torch")  # repsim/train/ needs the [torch] extra
 
-from train.config import ConfigError, apply_set, finetune_grid, list_presets, load_config
-from train.models import build_backbone
-from train.objectives import OBJECTIVES, make_objective
+from repsim.train.config import ConfigError, apply_set, finetune_grid, list_presets, load_config
+from repsim.train.models import build_backbone
+from repsim.train.objectives import OBJECTIVES, make_objective
 
 NUM_CLASSES = {"imagenet": 1000, "cifar10": 10, "cifar100": 100, "digits": 5, "fashion": 5, "finetune": 10}
 
@@ -127,7 +127,7 @@ def test_misspelt_names_are_refused_when_the_config_is_loaded(bad, match):
 
 def test_an_augmentation_the_image_dataset_lacks_is_refused_not_the_eval_transform(tmp_path):
     """Audit F6: ``image_transforms('shift', ...)`` (a Fashion-MNIST name) gave the evaluation transform."""
-    from train.imaging import image_transforms
+    from repsim.train.imaging import image_transforms
 
     with pytest.raises(ValueError, match="'shift' is not one for image datasets: use imagenet, cifar or none"):
         image_transforms("shift", 32, 36)
@@ -137,7 +137,7 @@ def test_an_augmentation_the_image_dataset_lacks_is_refused_not_the_eval_transfo
 
 def test_fashion_subsample_sizes_on_another_dataset_are_refused():
     """data.train_per_class subsamples Fashion-MNIST only; on digits it was silently ignored."""
-    from train.data import build_dataset
+    from repsim.train.data import build_dataset
 
     with pytest.raises(ValueError, match="data.train_per_class apply to the Fashion-MNIST specs only .*'digits'"):
         build_dataset("digits", "train", per_class={"train_per_class": 5})

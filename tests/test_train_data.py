@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
+torch = pytest.importorskip("torch")  # repsim/train/ needs the [torch] extra
 
-from train.data import SPLITS, build_dataset, load_digits_arrays
+from repsim.train.data import SPLITS, build_dataset, load_digits_arrays
 
 
 def test_digits_arrays_equal_sklearn():
@@ -89,8 +89,8 @@ def test_bad_specs():
 
 
 def test_dataset_from_config_uses_the_run_settings():
-    from train.config import load_config
-    from train.data import dataset_from_config
+    from repsim.train.config import load_config
+    from repsim.train.data import dataset_from_config
 
     cfg = load_config("digits-softmax")
     ds = dataset_from_config(cfg, "test")
@@ -128,8 +128,8 @@ def fake_cifar(monkeypatch):
 def test_cifar_under_an_imagenet_network_is_resized_in_every_split(fake_cifar):
     # App. A.2/A.3: CIFAR goes into an ImageNet network at 224, at evaluation (probe features, the
     # fine-tuning holdout and test) as in training -- it was fed at 32x32 with CIFAR's normalisation
-    from train.config import load_config
-    from train.data import dataset_from_config
+    from repsim.train.config import load_config
+    from repsim.train.data import dataset_from_config
 
     cfg = load_config("finetune-resnet50", ['data.spec="cifar10"', 'data.root="/nonexistent"',
                                             "data.holdout_size=500"])
@@ -152,8 +152,8 @@ def test_cifar_under_an_imagenet_network_is_resized_in_every_split(fake_cifar):
 def test_transfer_extraction_of_cifar_keeps_the_whole_training_set(fake_cifar):
     # A.2: the probe's own validation split comes from the training set, then it refits on all of it;
     # the 5,000-image holdout of a CIFAR run is not taken out of a transfer task's training store
-    from train.config import load_config
-    from train.data import dataset_from_config
+    from repsim.train.config import load_config
+    from repsim.train.data import dataset_from_config
 
     run = load_config("resnet50-imagenet-softmax", ['data.root="/nonexistent"'])
     assert len(dataset_from_config(run, "train", spec="cifar10")) == 6000
@@ -173,8 +173,8 @@ def _image_tree(root, splits, size=(300, 400)):
 
 
 def test_transfer_extraction_uses_the_probe_transform_of_a2(tmp_path):
-    from train.config import load_config
-    from train.data import dataset_from_config
+    from repsim.train.config import load_config
+    from repsim.train.data import dataset_from_config
 
     _image_tree(tmp_path / "t", (("train", 1), ("test", 1)))
     run = load_config("resnet50-imagenet-softmax")

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
+torch = pytest.importorskip("torch")  # repsim/train/ needs the [torch] extra
 
-from train import fashion as fm
-from train.data import build_dataset
+from repsim.train import fashion as fm
+from repsim.train.data import build_dataset
 
 
 def _write_tiny(root, *, gz: bool, n_train_per_class: int = 12, n_test_per_class: int = 4, size: int = 28):
@@ -181,8 +181,8 @@ def test_augmentation_train_split_only(tmp_path):
 
 
 def test_run_config_sizes_reach_the_dataset(tmp_path):
-    from train.config import load_config
-    from train.data import dataset_from_config
+    from repsim.train.config import load_config
+    from repsim.train.data import dataset_from_config
 
     root = _write_tiny(tmp_path, gz=True)
     cfg = load_config("fashion-softmax", [f'data.root="{root}"', "data.train_per_class=6",

@@ -11,15 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
+torch = pytest.importorskip("torch")  # repsim/train/ needs the [torch] extra
 
 from repsim.commands.main import main
-from train import load_model
-from train.checkpoint import load_checkpoint
-from train.config import load_config
-from repsim.runs import best_epoch, holdout_curve
-from train.loop import EMA, lr_at, train_run
-from train.models import Network
+from repsim.train import load_model
+from repsim.train.checkpoint import load_checkpoint
+from repsim.train.config import load_config
+from repsim.study.runs import best_epoch, holdout_curve
+from repsim.train.loop import EMA, lr_at, train_run
+from repsim.train.models import Network
 
 ROOT = Path(__file__).resolve().parents[1]
 # a small, fast variant of the demo preset: 4 blocks of width 4, 2 epochs
@@ -95,7 +95,7 @@ def test_run_writes_checkpoint_metrics_and_load_model(trained):
     assert torch.allclose(net(x), net.head(net.backbone(x))) and net(x).shape == (4, 5)
     assert list(net.backbone.layer1) and isinstance(net.backbone.fc, torch.nn.Identity)
     assert (out / "best.pt").exists() and not list(out.glob(".*.tmp"))
-    # best.pt is the epoch of the one early-stopping rule (repsim.runs, which `repsim runs` and tune read)
+    # best.pt is the epoch of the one early-stopping rule (repsim.study.runs, which `repsim runs` and tune read)
     assert load_checkpoint(out / "best.pt")["epoch"] == best_epoch(holdout_curve(metrics))
 
 
@@ -140,7 +140,7 @@ def test_ddp_two_gloo_processes_match_one_process(tmp_path):
     ref = tmp_path / "one"
     train_run(load_config("digits-softmax", sets), ref, progress=False, log=lambda s: None, device="cpu")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "train",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "repsim.train",
            "--preset", "digits-softmax", "--out", str(tmp_path / "two"), "--no-progress", "--device", "cpu"]
     for s in sets:
         cmd += ["--set", s]
@@ -186,8 +186,8 @@ def test_cli_bad_input_one_line_error(capsys, tmp_path, argv, match):
 def test_load_model_takes_the_checkpoint_tensors_without_running_the_initialisers(trained):
     """The network is built on the meta device and adopts the checkpoint's tensors: no random draws
     (the initialisers never ran), no meta tensor left, the same outputs as the ordinary build + copy."""
-    from train.checkpoint import network_from_checkpoint
-    from train.models import build_network
+    from repsim.train.checkpoint import network_from_checkpoint
+    from repsim.train.models import build_network
 
     ck = load_checkpoint(trained[0] / "checkpoint.pt")
     torch.manual_seed(0)
@@ -203,7 +203,7 @@ def test_load_model_takes_the_checkpoint_tensors_without_running_the_initialiser
 
 
 def test_load_model_falls_back_to_the_ordinary_build_when_the_state_does_not_fit(trained):
-    from train.checkpoint import CheckpointError, network_from_checkpoint
+    from repsim.train.checkpoint import CheckpointError, network_from_checkpoint
 
     ck = load_checkpoint(trained[0] / "checkpoint.pt")
     # a float64 tensor: the ordinary route casts it into the float32 parameter
@@ -271,7 +271,7 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path):
     import resource
 
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "train", "--preset", "digits-softmax", "--out", str(out), "--no-progress",
+    cmd = [sys.executable, "-m", "repsim.train", "--preset", "digits-softmax", "--out", str(out), "--no-progress",
            *[a for s in SMALL + ["max_steps=1"] for a in ("--set", s)]]
     limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384))  # noqa: E731
     r = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"), capture_output=True,

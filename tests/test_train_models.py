@@ -3,12 +3,12 @@ objective × model on CPU (tiny inputs: ResNet-50 at 32 px, Inception v3 at 75 p
 from __future__ import annotations
 
 import pytest
-torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
+torch = pytest.importorskip("torch")  # repsim/train/ needs the [torch] extra
 from torch import nn
 
-from train.loop import _TrainStep, param_groups
-from train.models import ARCHS, Network, build_backbone, build_network
-from train.objectives import OBJECTIVES, make_objective
+from repsim.train.loop import _TrainStep, param_groups
+from repsim.train.models import ARCHS, Network, build_backbone, build_network
+from repsim.train.objectives import OBJECTIVES, make_objective
 
 # arch -> (build params, input channels, input size)
 SHAPES = {

@@ -6,15 +6,15 @@ import math
 
 import numpy as np
 import pytest
-torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
+torch = pytest.importorskip("torch")  # repsim/train/ needs the [torch] extra
 import torch.nn.functional as F
 
-from train.augment import FloatAutoAugment, mixup_batch, variant_of
-from train.checkpoint import load_checkpoint
-from train.config import load_config
-from train.data import DIGITS_RANGE, build_dataset
-from train.loop import train_run
-from train.objectives import make_objective
+from repsim.train.augment import FloatAutoAugment, mixup_batch, variant_of
+from repsim.train.checkpoint import load_checkpoint
+from repsim.train.config import load_config
+from repsim.train.data import DIGITS_RANGE, build_dataset
+from repsim.train.loop import train_run
+from repsim.train.objectives import make_objective
 
 SMALL = ['arch="mini_resnet14"', "arch_params.width=4", "batch_size=32", "optim.ref_batch=32",
          "schedule.warmup_epochs=1", "deterministic=true"]
@@ -91,7 +91,7 @@ def test_float_autoaugment_on_digits():
     assert torch.equal(((x - lo) * (255.0 / (hi - lo))).round(), q)
     assert aa(x).shape == x.shape
     # the ImageFolder/torchvision transform: policy after crop and flip, before normalisation
-    from train.imaging import image_transforms
+    from repsim.train.imaging import image_transforms
 
     tf, desc = image_transforms("imagenet", 32, 36, autoaugment=True)
     names = [type(t).__name__ for t in tf.transforms]
@@ -148,7 +148,7 @@ def test_keep_every_and_stop_epoch_and_variant(recipe_run, tmp_path):
 
 
 def test_mean_per_class_matches_brute_force(recipe_run):
-    from train import load_model
+    from repsim.train import load_model
 
     cfg, out, metrics = recipe_run
     net = load_model(out / "checkpoint.pt")

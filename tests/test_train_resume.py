@@ -1,5 +1,5 @@
 """--resume after a kill anywhere, with data workers, into an empty --out, with a longer cosine schedule
-or another number of processes, and the files a kill inside a save leaves (audit of train/, F1-F4, F7-F9).
+or another number of processes, and the files a kill inside a save leaves (audit of repsim/train/, F1-F4, F7-F9).
 Tiny digits runs (the SMALL recipe of test_train_loop), 2 epochs."""
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-torch = pytest.importorskip("torch")  # train/ needs the [torch] extra
+torch = pytest.importorskip("torch")  # repsim/train/ needs the [torch] extra
 
-import train.loop as loop
-from repsim.runs import best_epoch, holdout_curve
-from train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from train.config import load_config
-from train.loop import sample_seed, train_run
+import repsim.train.loop as loop
+from repsim.study.runs import best_epoch, holdout_curve
+from repsim.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from repsim.train.config import load_config
+from repsim.train.loop import sample_seed, train_run
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["arch=\"mini_resnet14\"", "arch_params.width=4", "epochs=2", "batch_size=32", "optim.ref_batch=32",
@@ -171,7 +171,7 @@ def test_resume_with_another_number_of_processes_is_refused(tmp_path, full):
 
 
 DUMP = """import sys, torch
-import train.loop as L
+import repsim.train.loop as L
 _eval = L.evaluate
 def evaluate(net, dataset, **kw):
     out = sys.argv[sys.argv.index("--out") + 1]

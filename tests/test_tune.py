@@ -1,4 +1,4 @@
-"""The tuning protocol of App. A.1/A.3 (train.tune): the selection rule on planted holdout accuracies, the
+"""The tuning protocol of App. A.1/A.3 (repsim.train.tune): the selection rule on planted holdout accuracies, the
 grid, and `repsim finetune` / `repsim tune` end to end on digits (real training subprocesses)."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ pytest.importorskip("torch")  # training and extraction need the [torch] extra
 
 from repsim.commands.main import main
 from repsim.results import COLUMNS, columns
-from train.config import finetune_grid, load_config
-from train.tune import Run, select_point, toml_literal
+from repsim.train.config import finetune_grid, load_config
+from repsim.train.tune import Run, select_point, toml_literal
 
 SMALL = ['arch="mini_resnet14"', "arch_params.width=4", "batch_size=32", "optim.ref_batch=32",
          "schedule.warmup_epochs=1", "threads=1"]
@@ -72,7 +72,7 @@ def test_finetune_grid_options_and_literals():
 # -- end to end ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
-    from train.loop import train_run
+    from repsim.train.loop import train_run
 
     root = tmp_path_factory.mktemp("pre")
     for s in (0, 1):
@@ -194,8 +194,8 @@ def test_cli_errors_are_one_line(capsys, tmp_path):
 @pytest.mark.slow
 def test_runs_under_torchrun(tmp_path):
     """--nproc-per-node 2: a run is a 2-process (gloo) torchrun job, marked done, its log kept."""
-    from train.checkpoint import load_checkpoint
-    from train.tune import parse_sets, run_all
+    from repsim.train.checkpoint import load_checkpoint
+    from repsim.train.tune import parse_sets, run_all
 
     run = Run(tmp_path / "ddp", "digits-softmax", parse_sets(SMALL + ["epochs=1"]), "ddp", "final")
     run_all([run], nproc=2, say=lambda m: None, device="cpu")  # the gloo path, on any machine
@@ -206,7 +206,7 @@ def test_runs_under_torchrun(tmp_path):
 def test_a_finetune_run_is_not_done_once_its_source_checkpoint_changes(tmp_path):
     # A.3's Table 2 must come from the given pretrained networks: a checkpoint replaced at the same
     # --init-from path (retrained, resumed) must not leave its finished fine-tuning runs "done"
-    from train.tune import Run, changed_source, mark_done, run_all, run_state
+    from repsim.train.tune import Run, changed_source, mark_done, run_all, run_state
 
     src = tmp_path / "best.pt"
     src.write_bytes(b"network A")
@@ -232,9 +232,9 @@ def test_finetune_grid_rates_are_the_rates_used_at_any_batch_size(tmp_path, monk
     # value; now the runs set ref_batch to the batch size, so η (grid) is the peak rate and η·(λ/η) = λ
     import argparse
 
-    import train.finetune_cli as fc
-    import train.tune as tu
-    from train.config import load_config
+    import repsim.train.finetune_cli as fc
+    import repsim.train.tune as tu
+    from repsim.train.config import load_config
 
     seen = {}
 

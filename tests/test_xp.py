@@ -1,4 +1,4 @@
-"""Array-namespace detection (repsim._xp) and the CuPy filler namespace.
+"""Array-namespace detection (repsim.array_api) and the CuPy filler namespace.
 
 CuPy is not installed here. Its arrays are recognised by type once ``cupy`` is imported (CuPy's
 ndarray has no ``__array_namespace__``), and CuPy <= 13 lacks a few array-API names the kernels
@@ -16,49 +16,49 @@ import numpy as np
 import pytest
 
 import repsim
-from repsim import _xp
+from repsim import array_api
 from repsim.kernels.minibatch_cka import MinibatchCKA
 from repsim.kernels.spectra import activation_spectrum, angular_visual_hardness
 
 
 def test_detection_numpy_strict_and_mixing():
     a, s = np.ones((3, 2)), array_api_strict.ones((3, 2))
-    assert _xp.array_namespace(a) is np
-    assert _xp.array_namespace(s) is array_api_strict
-    assert _xp.array_namespace([1.0, 2.0], None) is np  # plain sequences fall back to NumPy
+    assert array_api.array_namespace(a) is np
+    assert array_api.array_namespace(s) is array_api_strict
+    assert array_api.array_namespace([1.0, 2.0], None) is np  # plain sequences fall back to NumPy
     with pytest.raises(TypeError, match="different array namespaces"):
-        _xp.array_namespace(a, s)
-    assert _xp._cupy_array_module(a) is None and _xp._cupy_array_module(s) is None
+        array_api.array_namespace(a, s)
+    assert array_api.cupy_array_module(a) is None and array_api.cupy_array_module(s) is None
     if "cupy" not in sys.modules:  # detection never imports CuPy
-        _xp.array_namespace(a)
+        array_api.array_namespace(a)
         assert "cupy" not in sys.modules
 
 
 def test_cupy_namespace_names():
-    for name in ("cupy", "array_api_compat.cupy", "repsim._xp.cupy"):
+    for name in ("cupy", "array_api_compat.cupy", "repsim.array_api.cupy"):
         ns = type(sys)(name)
-        assert _xp.is_cupy_namespace(ns) and _xp.is_gpu_namespace(ns)
+        assert array_api.is_cupy_namespace(ns) and array_api.is_gpu_namespace(ns)
     for name in ("numpy", "array_api_strict", "cupyx", "cupy_backends", "mycupy"):
-        assert not _xp.is_cupy_namespace(type(sys)(name))
-    assert not _xp.is_gpu_namespace(np, np.ones(2))
-    assert not _xp.is_gpu_namespace(array_api_strict, array_api_strict.ones(2))
+        assert not array_api.is_cupy_namespace(type(sys)(name))
+    assert not array_api.is_gpu_namespace(np, np.ones(2))
+    assert not array_api.is_gpu_namespace(array_api_strict, array_api_strict.ones(2))
 
 
 def test_cupy_compat_fills_gaps_and_forwards():
-    sh = _xp.CupyCompat(np)
+    sh = array_api.CupyCompat(np)
     x = np.arange(6.0).reshape(2, 3)
     assert sh.matrix_transpose(x).shape == (3, 2)
     assert sh.astype(x, np.float32).dtype == np.float32
     assert sh.isdtype(np.float32, "real floating") and not sh.isdtype(np.int64, "real floating")
     assert sh.acos(np.asarray(1.0)) == 0.0
     assert sh.mean is np.mean and sh.float64 is np.float64  # everything else is forwarded
-    assert _xp.array_namespace(x, xp=sh) is sh
+    assert array_api.array_namespace(x, xp=sh) is sh
 
 
 def test_kernels_run_through_cupy_compat():
     """Every kernel through the filler namespace; float32 input is computed in float32 there
     (GPU policy), so results agree with the float64 NumPy path to float32 accuracy."""
-    sh = _xp.CupyCompat(np)
+    sh = array_api.CupyCompat(np)
     rng = np.random.default_rng(0)
     X = (rng.normal(size=(60, 30)) + 3.0).astype(np.float32)
     Y = (X[:, :5] @ rng.normal(size=(5, 40)) + rng.normal(size=(60, 40))).astype(np.float32)
@@ -80,10 +80,10 @@ def test_kernels_run_through_cupy_compat():
 
 
 def test_float16_upcast_is_bit_exact_on_every_pattern(monkeypatch):
-    """repsim._xp.astype's float16 fast paths (exponent rebias for non-negative finite values,
+    """repsim.array_api.astype's float16 fast paths (exponent rebias for non-negative finite values,
     table lookup otherwise) equal NumPy's own conversion on all 65,536 bit patterns."""
-    from repsim import _xp
-    from repsim._xp import astype
+    from repsim import array_api
+    from repsim.array_api import astype
 
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     nonneg = every[:0x7C00]  # +0 … largest finite: the rebias path
@@ -93,19 +93,19 @@ def test_float16_upcast_is_bit_exact_on_every_pattern(monkeypatch):
             assert got.dtype == dt and got.shape == ref.shape
             np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), ref.view(f"u{ref.itemsize}"))
     # a thread that flushes subnormals takes the table path
-    monkeypatch.setattr(_xp, "_subnormals_kept", lambda: False)
+    monkeypatch.setattr(array_api, "_subnormals_kept", lambda: False)
     got = astype(nonneg, np.float32, np)
     np.testing.assert_array_equal(got.view(np.uint32), nonneg.astype(np.float32).view(np.uint32))
-    assert _xp._TWO_112 * np.float32(1) == 2.0 ** 112
+    assert array_api._TWO_112 * np.float32(1) == 2.0 ** 112
 
 
 def test_gram_dtype_float64_on_gpus_with_fast_float64_products(monkeypatch):
     """float16/32 columns get float32 Grams, except where float64 products are about as fast
     (a data-centre GPU): float64 there; a requested dtype always wins; never on the CPU."""
-    from repsim import _xp
+    from repsim import array_api
 
-    assert not _xp.fast_float64_products(np)
-    assert _xp.gram_dtype(np.float32, np) == np.float32 and _xp.gram_dtype("float16", np) == np.float32
-    monkeypatch.setattr(_xp, "fast_float64_products", lambda xp: True)
-    assert _xp.gram_dtype(np.float32, np) == np.float64 and _xp.gram_dtype("float16", np) == np.float64
-    assert _xp.gram_dtype(np.float32, np, "float32") == np.float32
+    assert not array_api.fast_float64_products(np)
+    assert array_api.gram_dtype(np.float32, np) == np.float32 and array_api.gram_dtype("float16", np) == np.float32
+    monkeypatch.setattr(array_api, "fast_float64_products", lambda xp: True)
+    assert array_api.gram_dtype(np.float32, np) == np.float64 and array_api.gram_dtype("float16", np) == np.float64
+    assert array_api.gram_dtype(np.float32, np, "float32") == np.float32

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from repsim.commands._args import scheduler_address
+from repsim.commands.args import scheduler_address
 
 # what --out does with an existing file in the commands that merge their rows (repsim.results.KEYS)
 MERGED_OUT = (" (an existing FILE is merged into: rows of the same store, layer and settings are replaced, "

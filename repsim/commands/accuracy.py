@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from repsim.engine.drivers import merge_csv
     from repsim.results import KEYS
 
-    from repsim._paths import expand_paths
+    from repsim.paths import expand_paths
 
     paths = expand_paths(args.stores, "store")
     rows = accuracy_rows(paths, progress=not args.no_progress, allow_other_classes=args.allow_other_classes)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from repsim.commands._args import DEFAULT_BUDGET_MIB, add_pairing_flags, non_negative
+from repsim.commands.args import DEFAULT_BUDGET_MIB, add_pairing_flags, non_negative
 
 HELP = "NLL and ECE before/after temperature scaling from stores' logits (calibration.csv, Table C.3)"
 
@@ -80,7 +80,7 @@ def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto
     import numpy as np
 
     from repsim.engine.drivers import merge_csv
-    from repsim.probes._rows import Rows
+    from repsim.probes.rows import Rows
     from repsim.probes.calibration import calibration_report, calibration_report_rows, temperature_at_bound
     from repsim.results import KEYS, conform
     from repsim.store.finite import require_finite

@@ -6,7 +6,7 @@ import os
 import sys
 
 from repsim.commands.main import CommandError
-from repsim.commands._args import non_negative, positive, positive_float
+from repsim.commands.args import non_negative, positive, positive_float
 from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg
 
 HELP = "minibatch CKA between every (store, layer) pair"

@@ -4,8 +4,8 @@ Each subcommand module defines ``HELP`` (one line), ``configure(parser)`` and ``
 is registered as an entry point of the group ``repsim.commands`` (pyproject.toml; :data:`SUBCOMMANDS`).
 Modules are imported only to build their parser; anything heavy (torch, dask, zarr) is imported
 inside ``run`` so that ``repsim --help`` is fast and ``import repsim`` never pulls in torch. A subcommand
-whose module cannot be imported (e.g. :func:`shadowed` by a ``train.py`` in the current directory under
-``python -m repsim``) is listed as unavailable and refuses with the reason; the others still work.
+whose module cannot be imported (a missing optional dependency) is listed as unavailable and refuses with
+the reason; the others still work.
 
 Errors (:func:`main`): a subcommand reports an expected failure by raising; :func:`main` turns it
 into one line ``repsim COMMAND: error: MESSAGE`` on stderr and an exit status from :data:`EXIT_CODES`.
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Sequence
 
 # The subcommands are declared, not imported by name here: pyproject.toml's
-# [project.entry-points."repsim.commands"] maps each to the module implementing it (train/, extract/,
-# analyses/ sit above repsim/ and register themselves; tests/test_layering.py checks that nothing in
+# [project.entry-points."repsim.commands"] maps each to the module implementing it (repsim/train/, repsim/extract/,
+# repsim/analyses/ sit above repsim/ and register themselves; tests/test_layering.py checks that nothing in
 # repsim/ names them).
 ENTRY_POINTS = "repsim.commands"
 DISTRIBUTION = "repsim-toolkit"
@@ -122,11 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     parser.set_defaults(_subparsers=sub.choices)
     for name, module_name in SUBCOMMANDS.items():
-        reason = shadowed(module_name.split(":")[0])
-        module = None
+        reason, module = "", None
         try:
-            if not reason:
-                module = importlib.import_module(module_name.split(":")[0])
+            module = importlib.import_module(module_name.split(":")[0])
         except ImportError as exc:  # this one command says why when run; the others still work
             reason = (f"cannot import {module_name.split(':')[0]} ({exc}); reinstall repsim-toolkit "
                       "(pip install -e . in a checkout)")
@@ -140,28 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show the full traceback of any error")
         sp.set_defaults(_run=module.run)
     return parser
-
-
-def shadowed(module_name: str) -> str | None:
-    """Why the package of ``module_name`` is not repsim's, when it is not (found without importing it);
-    else None. Under ``python -m repsim`` the current directory comes first on ``sys.path``, so a
-    ``train.py`` (or an ``extract``/``analyses`` file or folder) there shadows the package of that name
-    installed beside repsim; the ``repsim`` command does not put the current directory on the path."""
-    import importlib.util
-
-    top = module_name.split(".")[0]
-    ours = Path(__file__).resolve().parents[2] / top
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return None
-    origin = spec.origin if spec is not None and spec.has_location else None
-    if origin is None or Path(origin).resolve().is_relative_to(ours):
-        return None
-    kind = "folder" if Path(origin).name == "__init__.py" else "file"
-    return (f"cannot import {module_name}: {Path(origin).parent if kind == 'folder' else origin} shadows "
-            f"repsim's package {top!r} ({ours}): run the `repsim` command instead of `python -m repsim`, "
-            f"run it from another directory, or rename that {kind}")
 
 
 def _add_unimportable(sub, name: str, module_name: str, reason: str) -> None:
@@ -221,14 +197,13 @@ def _strip_prefix(message: str, command: str) -> str:
     return message
 
 
-_OUR_PACKAGES = tuple(str(Path(__file__).resolve().parents[2] / name) + os.sep
-                      for name in ("repsim", "extract", "train", "analyses"))
+_OUR_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep  # repsim/, every stage included
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - showwarning's
     """repsim's own warnings as one ``WARNING: ...`` line on stderr, like the commands' printed ones;
     other libraries' warnings keep Python's format (file, line and source), which names their origin."""
-    if not str(filename).startswith(_OUR_PACKAGES):
+    if not str(filename).startswith(_OUR_PACKAGE):
         return _python_show_warning(message, category, filename, lineno, file, line)
     stream = sys.stderr if file is None else file
     try:

@@ -44,8 +44,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from repsim._io import atomic_write
-from repsim.commands._args import DEFAULT_BUDGET_MIB, add_pairing_flags, fraction, non_negative, positive
+from repsim.fileio import atomic_write
+from repsim.commands.args import DEFAULT_BUDGET_MIB, add_pairing_flags, fraction, non_negative, positive
 from repsim.results import KEYS, conform
 
 HELP = "transfer probes: linear / kNN (probes.csv), multi-label AUC (multilabel.csv), relearned heads"
@@ -187,7 +187,7 @@ def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
         # multi-label stores are probed in memory (one binary probe per target; not streamed yet)
         streamed = not tr.multilabel and not _fits(args, tr, None if args.relearn else te)
         if streamed:
-            from repsim.probes._rows import Rows
+            from repsim.probes.rows import Rows
 
             # the training rows are read once per solver step (linear) or query block (kNN): up to
             # half the budget of them is kept decoded (probes._rows, probes._streamed); test rows are
@@ -269,11 +269,11 @@ def _features(store, layer: str):
 
 
 def _fits(args, tr, te) -> bool:
-    """Does the in-memory probe of ``args.layer`` fit ``--memory-budget`` (``repsim.probes._rows.nbytes_in_memory``
+    """Does the in-memory probe of ``args.layer`` fit ``--memory-budget`` (``repsim.probes.rows.nbytes_in_memory``
     of the training and test rows)?"""
     import numpy as np
 
-    from repsim.probes._rows import nbytes_in_memory
+    from repsim.probes.rows import nbytes_in_memory
 
     tr._check_layer(args.layer)
     p = int(np.prod(tr.zarr_array(f"layers/{args.layer}").shape[1:], dtype=np.int64))
@@ -297,7 +297,7 @@ def _common(args, tr, te, lambdas) -> dict[str, Any]:
 
 
 def _single(args, tr, te, Xtr, Xte, lambdas, common) -> tuple[list[dict], list[dict]]:
-    from repsim.probes._rows import Rows
+    from repsim.probes.rows import Rows
     from repsim.probes.knn import knn_probe, knn_probe_rows
     from repsim.probes.linear import linear_probe, linear_probe_rows
 
@@ -326,7 +326,7 @@ def _single(args, tr, te, Xtr, Xte, lambdas, common) -> tuple[list[dict], list[d
 
 def _relearn(args, store, X, lambdas, common, task) -> tuple[list[dict], list[dict]]:
     """Fig. 6: relearned head and original head on the same ``per_class`` held-out examples per class."""
-    from repsim.probes._rows import Rows
+    from repsim.probes.rows import Rows
     from repsim.probes.transfer import relearn_head, relearn_head_rows
     from repsim.store.finite import require_finite
 

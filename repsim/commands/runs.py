@@ -4,7 +4,7 @@ accuracy of Tables 1, 3, C.4–C.6, E.3).
     repsim runs 'runs/*' 'tune/*/final/*' --out results/training.csv
 
 Each RUN directory is a `repsim train` output (metrics.csv, config.json). With a best.pt (the App. A.1
-early-stopping checkpoint: ``repsim.runs.best_epoch``) the curve stops at that epoch, as the
+early-stopping checkpoint: ``repsim.study.runs.best_epoch``) the curve stops at that epoch, as the
 paper's curves do (Figs. C.1–C.3); otherwise it runs to the last epoch. Rows: store (the run's name:
 its path relative to the working directory), objective, params (JSON), variant, seed, epoch, split (train:
 the running training accuracy as logged; holdout; test), top1, top5, mean_per_class (%), plus the
@@ -29,9 +29,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from repsim._paths import expand_paths
+    from repsim.paths import expand_paths
     from repsim.engine.drivers import merge_csv
-    from repsim.runs import training_rows
+    from repsim.study.runs import training_rows
 
     dirs = [Path(h) for h in expand_paths(args.runs, "run directory") if (Path(h) / "metrics.csv").is_file()]
     if not dirs:

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from repsim.commands._args import int_at_least, positive, positive_float
+from repsim.commands.args import int_at_least, positive, positive_float
 from repsim.commands._stream import layers_arg, progress_arg
 from repsim.commands import cka as _cka
 

@@ -58,8 +58,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from repsim._paths import expand_paths
-from repsim._xp import asarray_like, astype, is_cupy_namespace
+from repsim.paths import expand_paths
+from repsim.array_api import asarray_like, astype, is_cupy_namespace
 
 MIN_BATCH = 4  # HSIC_1 (U-centering) needs at least 4 examples
 SHUFFLE_SCHEMES = ("none", "window", "examples")
@@ -107,7 +107,7 @@ class Column:
 def expand_store_paths(patterns: Iterable[str]) -> list[str]:
     """Store arguments as paths: an existing one as given, a missing one with glob characters
     expanded (``runs/*.zarr``, sorted); a missing literal path is kept (so that opening it produces
-    the store's own error message). The rule is :func:`repsim._paths.expand_paths`."""
+    the store's own error message). The rule is :func:`repsim.paths.expand_paths`."""
     return expand_paths(patterns, "store")
 
 
@@ -453,7 +453,7 @@ def to_device(x: np.ndarray, xp: Any) -> Any:
     name = getattr(xp, "__name__", "")
     if name == "numpy":
         return x
-    if is_cupy_namespace(xp):  # cupy, array_api_compat.cupy, repsim._xp.cupy
+    if is_cupy_namespace(xp):  # cupy, array_api_compat.cupy, repsim.array_api.cupy
         y = xp.asarray(x)
         return y.astype(xp.float32, copy=False) if y.dtype.kind == "f" and y.dtype.itemsize < 4 else y
     return xp.asarray(np.asarray(x, dtype=np.float64))

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import is_cupy_namespace
+from repsim.array_api import is_cupy_namespace
 
 __all__ = ["HostZstd", "NvcompZstd", "device_decoder"]
 

@@ -43,8 +43,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from repsim._io import atomic_write
-from repsim._xp import asarray_like
+from repsim.fileio import atomic_write
+from repsim.array_api import asarray_like
 from repsim.results import conform
 from repsim.engine.blocks import (BlockReader, Column, channels_first, progress_bar, resolve_columns, to_device,
                                   token_counts_for, transform)
@@ -335,8 +335,8 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
 
 def _effective_head(store: Any) -> Any:
     """The store's head (W, b) with W as the network's logits see it
-    (:func:`repsim.objectives.classifier_weights`: a cosine head's rows normalised)."""
-    from repsim.objectives import classifier_weights
+    (:func:`repsim.study.objectives.classifier_weights`: a cosine head's rows normalised)."""
+    from repsim.study.objectives import classifier_weights
 
     head = store.head
     if head is None:

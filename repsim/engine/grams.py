@@ -1,9 +1,9 @@
 """Which batch columns the engine reduces to their centred b × b Gram (all that linear HSIC sees of
 them): :data:`REDUCE_FACTOR`; the reduction itself (:func:`~repsim.kernels.hsic.centred_gram`) and its
-precision (:func:`~repsim._xp.gram_dtype`) are the kernels', re-exported here."""
+precision (:func:`~repsim.array_api.gram_dtype`) are the kernels', re-exported here."""
 from __future__ import annotations
 
-from repsim._xp import gram_dtype
+from repsim.array_api import gram_dtype
 from repsim.kernels.hsic import centred_gram
 
 __all__ = ["REDUCE_FACTOR", "centred_gram", "gram_dtype"]

@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._heap import release_free_memory
+from repsim.heap import release_free_memory
 from repsim.engine.blocks import (PLAN_VERSION, BatchPlan, BlockReader, Column, block_rows_for, ids_digest,
                                   progress_bar, resolve_columns, store_location)
 from repsim.engine.checkpoint import Checkpoint
@@ -114,10 +114,10 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
 
     # On the host the reader threads are the parallelism (decoding and the wide columns' Grams run on
     # them, and MinibatchCKA.update spreads its columns over the BLAS budget): BLAS itself runs one
-    # thread meanwhile (repsim._blas), so no thread spin-waits on a busy core at a BLAS barrier.
+    # thread meanwhile (repsim.blas), so no thread spin-waits on a busy core at a BLAS barrier.
     from contextlib import nullcontext
 
-    from repsim._blas import blas_thread_split
+    from repsim.blas import blas_thread_split
 
     try:
         with blas_thread_split() if host else nullcontext():
@@ -139,7 +139,7 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
                         for acc in accs:
                             acc.update(batch)  # ends with the batch's device-to-host copy (a sync)
                         if host:
-                            release_free_memory()  # peak RSS flat in n (repsim/_heap.py)
+                            release_free_memory()  # peak RSS flat in n (repsim/heap.py)
                     held.release()  # ... so the group's uploads are no longer read by the device
                     if progress is not None:
                         progress(len(parts))
@@ -255,7 +255,7 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     CPU, one per core (at most 16) on a device (:func:`~repsim.engine.scheduler.reader_threads`).
     ``compute_dtype``: precision of the batch Grams, wide and narrow columns alike; ``None``
     (default) picks float32 for float16/float32 columns and float64 for float64 ones on every
-    device (:func:`repsim._xp.gram_dtype`, the error bound of ``repsim.kernels.hsic``); centring
+    device (:func:`repsim.array_api.gram_dtype`, the error bound of ``repsim.kernels.hsic``); centring
     means, slab sums, U-centring and HSIC sums are float64 either way.
     Tasks run here, or on the ``dask.distributed`` cluster set by :func:`repsim.set_scheduler`.
     """

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._io import atomic_write
+from repsim.fileio import atomic_write
 
 
 _STATE_PREFIX = "state__"

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Sequence
 
-from repsim._xp import array_namespace, is_cupy_namespace
+from repsim.array_api import array_namespace, is_cupy_namespace
 
 _state = threading.local()
 _LOCAL = object()  # "run here", set by scheduler(None) inside this thread
@@ -465,7 +465,7 @@ CUDA_NEEDS_CUPY = ("device='cuda' needs CuPy, which is not installed: pip instal
 
 def array_module(device: Any = "cpu") -> Any:
     """The array namespace for ``device``: ``"cpu"``/``None`` -> NumPy, ``"cuda"``/``"gpu"`` -> CuPy
-    (through :func:`repsim._xp.array_namespace`, which fills CuPy <= 13's missing array-API names;
+    (through :func:`repsim.array_api.array_namespace`, which fills CuPy <= 13's missing array-API names;
     clear ImportError naming the extras when CuPy is missing), or an array-API namespace module passed as is
     (e.g. ``array_api_strict``, which the tests use to check that the engine is namespace-agnostic)."""
     if device is None or device == "cpu":
@@ -479,7 +479,7 @@ def array_module(device: Any = "cpu") -> Any:
             except ImportError as exc:
                 raise ImportError(CUDA_NEEDS_CUPY) from exc
             # CuPy <= 13 lacks a few array-API names the engine calls (concat, astype, ...):
-            # hand out the same filled namespace as its arrays get (repsim._xp._cupy_namespace)
+            # hand out the same filled namespace as its arrays get (repsim.array_api._cupy_namespace)
             return array_namespace(xp=cupy)
         raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
     return device
@@ -514,7 +514,7 @@ def task_threads(spec: dict[str, Any], xp: Any) -> int:
 
 
 def device_name(xp: Any) -> str:
-    if is_cupy_namespace(xp):  # cupy, array_api_compat.cupy, repsim._xp.cupy
+    if is_cupy_namespace(xp):  # cupy, array_api_compat.cupy, repsim.array_api.cupy
         return "cuda"
     name = getattr(xp, "__name__", str(xp))
     return "cpu" if name == "numpy" else name

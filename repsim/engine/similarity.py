@@ -5,7 +5,7 @@ Linear CKA keeps its own streamed all-pairs route (:mod:`repsim.engine.exact`: c
 n × n Gram panels, chosen by FLOPs), registered in :data:`STREAMED_EXACT`; every other measure reads
 each column once into a :class:`~repsim.kernels.measures.FullColumn` (:mod:`repsim.engine.full`:
 rows when p <= n, else the n × n Gram) and runs its ``prepare``/``pair`` over all pairs
-(:func:`repsim.kernels.measures._exact.exact_matrix`).
+(:func:`repsim.kernels.measures.exact.exact_matrix`).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 from repsim.engine.blocks import Column, progress_bar
 from repsim.engine.full import full_columns, read_passes
 from repsim.kernels.measures import Measure
-from repsim.kernels.measures._exact import exact_matrix
+from repsim.kernels.measures.exact import exact_matrix
 
 
 def _linear_cka_exact(measure: Measure, columns: Sequence[Column], n: int, block_rows: int, *, spatial: str,

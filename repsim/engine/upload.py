@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._xp import is_cupy_namespace
+from repsim.array_api import is_cupy_namespace
 
 __all__ = ["DeviceUploader", "HeldUploads"]
 

@@ -13,7 +13,7 @@ docstring of :mod:`repsim.kernels.hsic`):
 1. each layer's rows are centred with float64 column means, rounded once to the Gram dtype
    (:func:`~repsim.kernels._precision.centre_rounded`: a handful of elementwise passes);
 2. its Gram K_l = X_c X_cᵀ is formed whole — one float64 GEMM where the Gram dtype is float64 (on
-   GPUs with fast float64 products, :func:`repsim._xp.fast_float64_products`), else
+   GPUs with fast float64 products, :func:`repsim.array_api.fast_float64_products`), else
    ``ceil(p / GRAM_SLAB)`` float32 GEMMs whose products are summed in float64 (:func:`gram_rows`),
    the precision rule and error bound of the host route;
 3. K_l's rows go into row l of A (L, n·n) float64; for debiased HSIC the diagonal entries are
@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from repsim._xp import _cupy_array_module, astype, flatten_examples, on_device, row_sq_norms, to_numpy
+from repsim.array_api import cupy_array_module, astype, flatten_examples, on_device, row_sq_norms, to_numpy
 from repsim.kernels._precision import CentredGram, is_constant, zero_constant
 
 __all__ = ["device_batch_hsic", "gram_rows", "centre_once", "centred_gram_slabs", "row_products", "Tuning", "TUNING"]
@@ -142,7 +142,7 @@ def row_products(A: Any, xp: Any) -> Any:
     another order: the same error bound, γ_N |A||A|ᵀ).  The batched call is tried only on a real
     CuPy array (not on another namespace's array handed in with a CuPy-named namespace, which
     would switch it off for the process: :data:`_BATCHED_UNAVAILABLE`)."""
-    if TUNING.product == "gemm" or _BATCHED_UNAVAILABLE or _cupy_array_module(A) is None:
+    if TUNING.product == "gemm" or _BATCHED_UNAVAILABLE or cupy_array_module(A) is None:
         return A @ A.T
     try:
         return _batched_row_products(A, TUNING.chunks)

@@ -2,7 +2,7 @@
 under the precision rule (float32 slabs summed in float64, :mod:`repsim.kernels._precision`; the error
 bound is derived in :mod:`repsim.kernels.hsic`), a layer's validation and centring, the row panels of
 the buffer A, the buffers reused between layers and batches, and the split of the BLAS thread budget
-over columns (:mod:`repsim._blas`).  Private to :mod:`repsim.kernels`: nothing here is part of the
+over columns (:mod:`repsim.blas`).  Private to :mod:`repsim.kernels`: nothing here is part of the
 API, and nothing outside the subpackage imports it (tests/test_layering.py)."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from repsim._xp import asarray_like, check_finite, diagonal, flatten_examples, row_sq_norms
-from repsim._xp import astype as _astype
+from repsim.array_api import asarray_like, check_finite, diagonal, flatten_examples, row_sq_norms
+from repsim.array_api import astype as _astype
 from repsim.kernels._precision import GRAM_SLAB, CentredGram, centre_rounded, constant_tolerance, is_constant
 
 HOST_BLOCK_BYTES = 1 << 30  # default bound of the buffer A on NumPy (upper-triangle panels)
@@ -300,7 +300,7 @@ def row_products(A: np.ndarray) -> np.ndarray:
     parts summed — the same sums in another order.  Unlike one k-threaded BLAS call this leaves no
     BLAS worker threads busy-waiting (OpenBLAS spins ~0.1 s after a threaded call) to slow the next
     batch's columns."""
-    from repsim._blas import blas_thread_split
+    from repsim.blas import blas_thread_split
 
     with blas_thread_split() as k:
         m = A.shape[1]
@@ -319,14 +319,14 @@ def each_column(items: Any, work: Any, parallel: bool) -> None:
     """``work(l, X)`` for each ``(l, X)`` of ``items`` (consumed in order on this thread).
 
     With ``parallel`` (NumPy) the BLAS thread budget is spent across columns: k worker threads,
-    each with single-threaded BLAS (:func:`repsim._blas.blas_thread_split`).  At most k + 1
+    each with single-threaded BLAS (:func:`repsim.blas.blas_thread_split`).  At most k + 1
     columns are in flight (the next one is read while k are computed) and a finished column
     frees its slot whichever it is, so no worker waits for a slower neighbour.  After a failure
     no new column starts and the error of the lowest failed column is raised.  Each column
     writes only its own row of A, so the result does not depend on the split.
     """
     if parallel:
-        from repsim._blas import blas_thread_split
+        from repsim.blas import blas_thread_split
 
         with blas_thread_split() as k:
             if k > 1:

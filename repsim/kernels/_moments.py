@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import asarray_like, to_host_checked
+from repsim.array_api import asarray_like, to_host_checked
 
 __all__ = ["ClassMoments", "batch_class_moments"]
 
@@ -28,8 +28,8 @@ def batch_class_moments(X: Any, y: np.ndarray, num_classes: int, xp: Any, second
     """(counts (K,), means (K, P), M2 (K,) or scatter (P, P)) of one batch, as float64 host arrays.
 
     ``X`` is (b, P) in namespace ``xp`` (any real floating dtype), ``y`` host int labels in [0, K).
-    ``deferred``: the batch's checks kept on the device (:func:`repsim._xp.check_finite`), run on
-    the host with the means and second moments, in one copy (:func:`repsim._xp.to_host_checked`).
+    ``deferred``: the batch's checks kept on the device (:func:`repsim.array_api.check_finite`), run on
+    the host with the means and second moments, in one copy (:func:`repsim.array_api.to_host_checked`).
     """
     counts = np.bincount(y, minlength=num_classes).astype(np.int64)
     onehot_h = np.zeros((y.shape[0], num_classes), dtype=np.float64)

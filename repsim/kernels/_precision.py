@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import astype as _astype
+from repsim.array_api import astype as _astype
 
 __all__ = ["GRAM_SLAB", "CentredGram", "centre_rounded", "constant_tolerance", "is_constant", "zero_constant"]
 

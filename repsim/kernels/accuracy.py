@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._xp import to_numpy
+from repsim.array_api import to_numpy
 
 __all__ = ["TopKAccuracy", "topk_ranks"]
 

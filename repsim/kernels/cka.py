@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from repsim._xp import array_namespace, as_array, gram_dtype
+from repsim.array_api import array_namespace, as_array, gram_dtype
 from repsim.kernels._gram import gram64, prepare_layer
 from repsim.kernels.hsic import batch_hsic, check_n, hsic_to_cka
 

@@ -38,7 +38,7 @@ import numpy as np
 
 from repsim.kernels._moments import ClassMoments
 from repsim.results import COLLAPSE_KEYS  # the result keys are collapse.csv's columns (declared there)
-from repsim._xp import (UndefinedMetric, array_namespace, as_array, check_finite, compute_dtype, flatten_examples,
+from repsim.array_api import (UndefinedMetric, array_namespace, as_array, check_finite, compute_dtype, flatten_examples,
                         host_labels, to_numpy)
 
 __all__ = ["COLLAPSE_KEYS", "CollapseStats", "collapse_metrics"]

@@ -44,7 +44,7 @@ instead: whole Grams, one float64 A Aᵀ, one device-to-host copy, the same prec
    for any symmetric K, so this is ⟨U(K), U(L)⟩ of the Grams exactly as computed — nothing
    assumes that their rows sum to zero.
 
-With NumPy the L layers are spread over the BLAS thread budget (:mod:`repsim._blas`): k threads,
+With NumPy the L layers are spread over the BLAS thread budget (:mod:`repsim.blas`): k threads,
 each forming whole layers with single-threaded BLAS in reused buffers; A Aᵀ is likewise split into
 k column slabs, so no call runs multi-threaded BLAS (OpenBLAS's idle workers busy-wait ~0.1 s after
 one, taking cores from whatever runs next). A itself is kept for the next batch
@@ -52,7 +52,7 @@ one, taking cores from whatever runs next). A itself is kept for the next batch
 
 Precision and error bound (docs/architecture.md "Numerics")
 -------------------------------------------------------------
-Each column's Gram precision comes from its dtype (:func:`repsim._xp.gram_dtype`, also used by the
+Each column's Gram precision comes from its dtype (:func:`repsim.array_api.gram_dtype`, also used by the
 out-of-core engine): float32 for float16/float32 layers, float64 for float64 (and integer) ones;
 ``compute_dtype`` overrides it.  A float32 column is computed as
 
@@ -92,7 +92,7 @@ BLAS kernel's summation order (1.27e-7 on OpenBLAS's SkylakeX kernel, 1.0e-8 on 
 the bound, which is what the tests assert — it holds for any correct BLAS.  The accelerator route
 (``kernels/_cka_device.py``) keeps the same rule (2.3e-9 measured on an H100 and an H200), except on
 GPUs with fast float64 products, where its Grams are float64 (1.2e-15 from NumPy float64 on an H100;
-:func:`repsim._xp.gram_dtype`, bench/RESULTS.md "gpu").
+:func:`repsim.array_api.gram_dtype`, bench/RESULTS.md "gpu").
 """
 from __future__ import annotations
 
@@ -101,8 +101,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, as_array, diagonal, gram_dtype, on_device, to_numpy
-from repsim._xp import astype as _astype
+from repsim.array_api import array_namespace, as_array, diagonal, gram_dtype, on_device, to_numpy
+from repsim.array_api import astype as _astype
 from repsim.kernels._cka_device import centred_gram_slabs as device_centred_gram
 from repsim.kernels._cka_device import device_batch_hsic
 from repsim.kernels._gram import (A_CACHE, DEVICE_BLOCK_BYTES, HOST_BLOCK_BYTES, HostScratch, centred_gram_slabs,

@@ -15,7 +15,7 @@ examples, by mergeable accumulators fed block by block.  It declares
 - :meth:`~LayerMetric.next_pass`: the accumulators that need another pass over the store
   (class separation with ``cosine_centered`` needs the global mean first);
 - :meth:`~LayerMetric.finish`: its entries of the layer's result from the merged accumulators; a
-  value the layer does not define (a constant layer's R², :class:`repsim._xp.UndefinedMetric`) is
+  value the layer does not define (a constant layer's R², :class:`repsim.array_api.UndefinedMetric`) is
   NaN and recorded by name (:func:`defined`).
 
 :data:`LAYER_METRICS` maps each name to its class, in the order of the drivers' results: class
@@ -29,7 +29,7 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
-from repsim._xp import UndefinedMetric
+from repsim.array_api import UndefinedMetric
 from repsim.kernels.collapse import COLLAPSE_KEYS, CollapseStats
 from repsim.kernels.separation import DISTANCES, ClassSeparation
 from repsim.kernels.sparsity import Sparsity

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from repsim.kernels._moments import ClassMoments
-from repsim._xp import (UndefinedMetric, array_namespace, as_array, asarray_like, check_finite, compute_dtype,
+from repsim.array_api import (UndefinedMetric, array_namespace, as_array, asarray_like, check_finite, compute_dtype,
                         flatten_examples, host_labels, to_host_checked, to_numpy, unit_rows)
 
 __all__ = ["DISTANCES", "ClassSeparation", "class_separation"]

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._xp import array_namespace, as_array, astype, check_finite, to_host_checked
+from repsim.array_api import array_namespace, as_array, astype, check_finite, to_host_checked
 
 __all__ = ["Sparsity", "channel_nonzero", "nonzero_fraction", "nonzero_fraction_per_channel"]
 

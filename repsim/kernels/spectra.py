@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from repsim.kernels._moments import ClassMoments
-from repsim._xp import (array_namespace, asarray_like, check_finite, compute_dtype, flatten_examples,
+from repsim.array_api import (array_namespace, asarray_like, check_finite, compute_dtype, flatten_examples,
                         host_labels, to_numpy, unit_rows)
 
 __all__ = ["activation_spectrum", "ActivationSpectrum", "weight_spectrum", "centroid_spectrum",

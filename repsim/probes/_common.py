@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._xp import array_namespace, as_array, asarray_like, to_numpy
+from repsim.array_api import array_namespace, as_array, asarray_like, to_numpy
 
 
 METRICS = ("top1", "mean_per_class")

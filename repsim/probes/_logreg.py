@@ -61,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._xp import array_namespace, asarray_like, on_device, to_numpy
+from repsim.array_api import array_namespace, asarray_like, on_device, to_numpy
 
 
 @dataclass

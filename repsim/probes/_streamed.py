@@ -1,5 +1,5 @@
 """The linear probe's features out of core: :func:`streamed_problem` is :func:`repsim.probes._logreg.rotate`
-for features read in row blocks (:class:`repsim.probes._rows.Rows`), holding O(P² + P·K) floats and
+for features read in row blocks (:class:`repsim.probes.rows.Rows`), holding O(P² + P·K) floats and
 one block instead of the (N, P) rotated copy.
 
 The solver needs only two products with the rotated features ``X̂ = (X − μ) V`` (module doc of
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from repsim.probes._logreg import GRAM_BYTES
-from repsim.probes._rows import Rows
+from repsim.probes.rows import Rows
 
 
 

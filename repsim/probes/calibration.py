@@ -169,7 +169,7 @@ def calibration_report(logits: np.ndarray, labels: np.ndarray, holdout_logits: n
 
 
 def _pass(rows, labels: np.ndarray, kind: str, temps, bins: int = 15) -> tuple[np.ndarray, float, float]:
-    """One pass over logits ``rows`` (:class:`repsim.probes._rows.Rows`): (mean NLL at each T in
+    """One pass over logits ``rows`` (:class:`repsim.probes.rows.Rows`): (mean NLL at each T in
     ``temps``, ECE at ``temps[0]``, top-1 accuracy)."""
     y_all = np.asarray(labels)
     if y_all.shape != (rows.n,):

@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, asarray_like, on_device, to_numpy
+from repsim.array_api import array_namespace, asarray_like, on_device, to_numpy
 from repsim.probes._common import METRICS, ProbeResult, _check_xy, accuracy
-from repsim.probes._rows import Rows
+from repsim.probes.rows import Rows
 
 
 DEFAULT_KS = (1, 3, 5, 10, 20, 50, 100)
@@ -173,7 +173,7 @@ def knn_search_rows(queries: Rows, q_select: np.ndarray, train: Rows, t_select: 
 def knn_probe_rows(train: Rows, y_train: Any, test: Rows, y_test: Any, ks: Sequence[int] = DEFAULT_KS,
                    metric: str = "top1", *, train_select: np.ndarray | None = None,
                    test_select: np.ndarray | None = None, query_bytes: int | None = None) -> ProbeResult:
-    """:func:`knn_probe` out of core (module doc): features are :class:`repsim.probes._rows.Rows`, rows
+    """:func:`knn_probe` out of core (module doc): features are :class:`repsim.probes.rows.Rows`, rows
     ``train_select`` / ``test_select`` (default all; labels for those rows, in that order). The same
     neighbours as the in-memory search (but where ties straddle the k-th place: the in-memory
     ``argpartition`` picks any of them, this search keeps the smallest indices when they meet in one

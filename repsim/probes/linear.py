@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, asarray_like, to_numpy
-from repsim.probes._rows import Rows
+from repsim.array_api import array_namespace, asarray_like, to_numpy
+from repsim.probes.rows import Rows
 from repsim.probes._common import (METRICS, ProbeResult, _as_2d, _check_xy, _progress_fn, _take_rows, accuracy,
                                    stratified_split)
 
@@ -87,7 +87,7 @@ def linear_probe_rows(train: Rows, y_train: Any, test: Rows, y_test: Any,
                       lambdas: Sequence[float] = DEFAULT_LAMBDAS, val_fraction: float = 0.2,
                       metric: str = "top1", seed: int = 0, *, train_select: np.ndarray | None = None,
                       test_select: np.ndarray | None = None, **kw) -> ProbeResult:
-    """:func:`linear_probe` out of core: the features are :class:`repsim.probes._rows.Rows` (a store's
+    """:func:`linear_probe` out of core: the features are :class:`repsim.probes.rows.Rows` (a store's
     layer chunk by chunk, or an array's row blocks), rows ``train_select`` / ``test_select`` of them
     (default all; labels given for those rows, in that order). Every solver product is a pass over the
     blocks (``repsim.probes._streamed``): memory O(P² + P·K + n·K) floats plus one block, never the

@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, asarray_like, to_numpy
+from repsim.array_api import array_namespace, asarray_like, to_numpy
 from repsim.probes._common import _as_2d, _take_rows
 from repsim.probes.linear import DEFAULT_LAMBDAS
 

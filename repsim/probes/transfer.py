@@ -21,7 +21,7 @@ from scipy.optimize import linear_sum_assignment
 
 from repsim.probes.linear import DEFAULT_LAMBDAS, linear_probe
 from repsim.probes._common import ProbeResult, accuracy
-from repsim.probes._rows import Rows
+from repsim.probes.rows import Rows
 
 
 @dataclass
@@ -79,7 +79,7 @@ def _head_predictions(X: np.ndarray, head: tuple[np.ndarray, np.ndarray]) -> np.
 def relearn_head_rows(X: Rows, labels: np.ndarray, *, logits: Rows | None = None,
                       head: tuple[np.ndarray, np.ndarray] | None = None, per_class: int = 10,
                       seed: int = 0, lambdas=DEFAULT_LAMBDAS, **probe_kw) -> RelearnResult:
-    """:func:`relearn_head` out of core: features (and logits) are :class:`repsim.probes._rows.Rows`
+    """:func:`relearn_head` out of core: features (and logits) are :class:`repsim.probes.rows.Rows`
     (a store's chunks); the probe is :func:`repsim.probes.linear.linear_probe_rows` on the rows not held
     out, and only the held-out rows (``per_class`` × classes) are gathered. Every logits chunk is
     read once and checked finite (the rule of the in-memory route, which loads them all)."""

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from repsim._io import give_usual_mode, naming
+from repsim.fileio import give_usual_mode, naming
 
 __all__ = ["FastChunks", "fast_chunks", "object_crc", "remove_stale_parts"]
 

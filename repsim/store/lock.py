@@ -87,7 +87,7 @@ def lock_path(path: str | os.PathLike) -> str | None:
 
 
 def _command() -> str | None:
-    """This process's command line as a user would type it (``python -m extract ...`` for ``-m``),
+    """This process's command line as a user would type it (``python -m repsim.extract ...`` for ``-m``),
     shortened; None in an interactive interpreter."""
     argv = list(sys.argv)
     if not argv or not argv[0]:

@@ -28,7 +28,7 @@ under A's name, and a store given as both members scores a network on its own tr
 other classes than the head's K outputs (see there). Stores record the class names of image datasets
 only for the network's training set (``model.train_dataset.classes``), not for the data they hold
 (``dataset.classes`` is written for multi-label and text datasets only), so for images the rule rests
-on the class count and on the names of ``train.data``'s class-subset specs.
+on the class count and on the names of ``repsim.train.data``'s class-subset specs.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 DIGESTS = ("checkpoint_sha256", "weights_sha256")
-_SIZE_SUFFIX = re.compile(r"@\d+$")        # train.data's "at most N training images per class" (fashion-target@2000)
+_SIZE_SUFFIX = re.compile(r"@\d+$")        # repsim.train.data's "at most N training images per class" (fashion-target@2000)
 # what a pair across datasets would measure, by the pair's roles (check_pair's refusal says it)
 _ACROSS = {("train", "test"): "a probe fit on one dataset and scored on another gives no held-out estimate of "
                               "either (their examples may overlap, their labels may number other classes)",
@@ -89,7 +89,7 @@ def dataset_mismatch(a: Any, b: Any) -> tuple[str, str] | None:
 
 
 def split_parts(split: Any) -> frozenset:
-    """The splits a recorded ``dataset.split`` is made of: ``train+holdout`` (``train.data``'s retraining
+    """The splits a recorded ``dataset.split`` is made of: ``train+holdout`` (``repsim.train.data``'s retraining
     set, App. A.1) is ``{train, holdout}``; any other split itself (None when none is recorded)."""
     return frozenset(str(split).split("+")) if split not in (None, "") else frozenset([None])
 
@@ -157,7 +157,7 @@ _SUBSET = re.compile(r"^(?P<family>.+?)(?:-(?P<role>source|target)|:(?P<classes>
 
 def class_subset(name: Any) -> tuple[str, str] | None:
     """``(family, subset)`` when a dataset name says it is one class subset of a family, by the
-    convention of ``train.data``'s specs: ``F-source`` / ``F-target`` (a transfer study's pretraining
+    convention of ``repsim.train.data``'s specs: ``F-source`` / ``F-target`` (a transfer study's pretraining
     classes and the disjoint transfer classes, each numbered from 0: ``digits-source`` is digits 0–4,
     ``digits-target`` digits 5–9 as labels 0–4) or ``F:C,C,...`` (those classes of F, numbered in that
     order); None for any other name. Two names of one family with different subsets number other

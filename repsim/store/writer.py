@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from repsim._io import naming
+from repsim.fileio import naming
 from repsim.store.format import (STORE_VERSION, StoreError, _cast, _codecs, _float_dtype, _Members, _open_group,
                                  _validate, default_chunk_rows, dimension_names, full_path, interrupted_creation,
                                  store_name)
@@ -145,7 +145,7 @@ def _build(path: str, attrs: dict[str, Any], n: int, chunk_rows: int, n_chunks: 
 
 
 class StoreWriter:
-    """Incremental writer of an activation store (used by ``extract/`` and by :func:`save_store`).
+    """Incremental writer of an activation store (used by ``repsim/extract/`` and by :func:`save_store`).
 
     Chunk ``i`` holds rows ``[i*chunk_rows, min(n, (i+1)*chunk_rows))`` of every per-example array.
     :meth:`write_chunk` writes the data first and sets ``written[i]`` last; :meth:`finalize` checks

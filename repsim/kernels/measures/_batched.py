@@ -3,7 +3,7 @@
 The exact measures whose pair is a small SVD (Procrustes' nuclear norm, CCA's canonical
 correlations) spend their time in LAPACK.  NumPy keeps the GIL for a gufunc call over one matrix and
 lets go of it for a stack of a few (4 or more here, NumPy 2.4): the engine's pair threads
-(:func:`repsim.kernels.measures._exact.exact_matrix`) ran one 225 x 225 SVD at a time (0.95x on 2
+(:func:`repsim.kernels.measures.exact.exact_matrix`) ran one 225 x 225 SVD at a time (0.95x on 2
 threads), and 1.8x with stacks of 4-16.  The digits demo's similarity step (306 columns, 46,971
 Procrustes pairs on 2 cores): 150 s -> 90 s, values bitwise equal.  Stacking leaves each matrix's
 SVD as it was: the same LAPACK routine on the same matrix.

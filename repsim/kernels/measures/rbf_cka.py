@@ -24,8 +24,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._blas import blas_thread_split
-from repsim._xp import array_namespace, astype, diagonal, on_device, to_numpy
+from repsim.blas import blas_thread_split
+from repsim.array_api import array_namespace, astype, diagonal, on_device, to_numpy
 from repsim.kernels._precision import CentredGram, constant_tolerance, is_constant
 from repsim.kernels.hsic import centred_gram
 from repsim.kernels.minibatch_cka import MinibatchCKA
@@ -148,7 +148,7 @@ class MinibatchRBFCKA(Accumulator):
 
     def update(self, batch: Sequence[Any]) -> "MinibatchRBFCKA":
         """One batch of all L columns: their RBF Grams (independent, element-wise work that releases
-        the GIL: spread over the BLAS thread budget, :func:`repsim._blas.blas_thread_split`), then
+        the GIL: spread over the BLAS thread budget, :func:`repsim.blas.blas_thread_split`), then
         one update of the HSIC sums."""
         names = self.inner._names()
         L = len(batch)
