@@ -45,7 +45,7 @@ _EXPORTS: dict[str, str] = {
     "similarity_matrix": "engine.minibatch",
     "SimilarityResult": "engine.result",
     "load_result": "engine.result",
-    "similarity": "kernels.measures._exact",
+    "similarity": "kernels.measures.exact",
     "CKAResult": "engine.result",
     "set_scheduler": "engine.scheduler",
     "layer_metrics": "engine.drivers",

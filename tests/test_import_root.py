@@ -90,3 +90,23 @@ def test_another_distributions_top_level_train_package_changes_nothing(tmp_path)
     """, tmp_path, extra_path=[other])
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == ["someone else", "repsim.train.config repsim.train.cli"]
+
+
+@pytest.mark.parametrize("package", ["repsim", "repsim.train", "repsim.extract"])
+def test_every_lazy_export_resolves(package):
+    """Each public name a package exports lazily (:func:`repsim.lazy.lazy_exports`) is found in the module
+    its table names (a renamed module left ``repsim.similarity`` raising ModuleNotFoundError)."""
+    import importlib
+
+    if package != "repsim":
+        pytest.importorskip("torch")
+    pkg = importlib.import_module(package)
+    missing = []
+    for name in pkg.__all__:
+        if name.startswith("__"):
+            continue
+        try:
+            getattr(pkg, name)
+        except (AttributeError, ImportError) as exc:
+            missing.append(f"{name}: {exc}")
+    assert missing == []
