@@ -403,7 +403,7 @@ def test_finding1_says_when_b_holds_in_direction_only():
     one_seed = {k: v[:1] for k, v in src_of.items()}  # no t-test at all: direction only
     assert F.direction_only_caveat(["clear"], one_seed, {k: v[:1] for k, v in groups.items()}).startswith("(b) holds")
     f = F.Finding("Better objectives transfer worse", "reproduced", "Softmax: …", caveat=text)
-    assert F.findings_text([f]).endswith(f" Caveat: {text}") and "<b>Caveat:</b>" in F.findings_html([f])
+    assert f"\n\nCaveat: {text}\n\n" in F.findings_text([f]) and "<b>Caveat:</b>" in F.findings_html([f])
 
 
 def test_p_of_two_constant_groups_agrees_with_the_bold_rule():
@@ -448,3 +448,79 @@ def test_finding2_says_when_its_verdict_rests_on_the_bootstraps_monte_carlo_nois
     clear.verdict = F.paper_verdict(clear.ci)
     clear.ci_other_seeds = [F.bootstrap_gaps(S, C, early, late, seed=s) for s in range(1, F.MC_SEEDS + 1)]
     assert clear.verdict == "reproduced" and F.bootstrap_caveat(clear) == ""
+
+
+def _table(block: str) -> list[list[str]]:
+    """The rows (cells) of the first Markdown table in ``block``, header first, the --- line dropped."""
+    import re
+
+    lines = [ln for ln in block.splitlines() if ln.startswith("|")]
+    rows = [[c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", ln)[1:-1]] for ln in lines]
+    return [r for r in rows if set("".join(r)) != {"-", " "} and not all(set(c) <= {"-", " "} for c in r)]
+
+
+def test_findings_md_gives_each_finding_a_verdict_line_and_a_table_of_its_conditions(tmp_path):
+    """findings.md as a reader meets it: per finding a '## NAME: VERDICT' line, then a table of the
+    criterion's conditions (criterion, this run's value, 95 % interval or p, holds), the rule, and the long
+    why below; the table agrees with the verdict by the rule, and with the numbers in the evidence."""
+    from test_analyses_figures import write_results
+
+    from repsim.analyses.data import Inputs
+
+    findings = F.evaluate(Inputs(None, write_results(tmp_path)))
+    text = F.findings_text(findings)
+    blocks = text.split("\n\n## ")
+    assert len(blocks) == 3 and text.startswith("## ")
+    for f, block in zip(findings, blocks):
+        head = block.splitlines()[0].removeprefix("## ")
+        assert head == f"{f.name}: {f.verdict.upper()}"
+        rows = _table(block)
+        assert rows[0] == list(F.CONDITION_COLUMNS)
+        assert len(rows) - 1 == len(f.conditions) >= 2
+        holds = [r[3] for r in rows[1:]]
+        assert set(holds) <= {"yes", "no", "not evaluated"}
+        # the long text comes after the table, never inside it
+        table_end = block.rindex("|")
+        assert block.index("Evidence: ") > table_end and f.rule in block[table_end:]
+        if f.why:
+            assert block.index("Why not reproduced: ") > table_end
+        # the verdict follows from the table by the finding's rule
+        ok = [h == "yes" for h in holds]
+        if f.name == "Objectives differ only in late blocks":
+            late, exceeds, early = ok
+            want = "reproduced" if all(ok) else "partial" if exceeds else "not reproduced"
+            # the values are the gaps the evidence states, the intervals the bootstrap's
+            r = F.late_blocks(Inputs(None, tmp_path / "results"))
+            assert rows[1][1] == f"{r.paper_gaps[1]:.3f}" and rows[3][1] == f"{r.paper_gaps[0]:.3f}"
+            assert rows[1][2] == F._ci(r.ci["late"]) and rows[2][2] == F._ci(r.ci["late-early"])
+        else:
+            want = "reproduced" if all(ok) else "partial" if any(ok) else "not reproduced"
+        assert f.verdict == want, (f.name, holds)
+    # a finding that could not be evaluated: its verdict line and why, no empty table
+    missing = F.Finding("Objectives differ only in late blocks", "not evaluated", "inputs missing: no CKA file")
+    assert F.findings_text([missing]) == "## Objectives differ only in late blocks: NOT EVALUATED\n\ninputs missing: no CKA file"
+    html = F.findings_html(findings)
+    assert html.count("<table class='conditions'>") == 3 and "<summary>Evidence</summary>" in html
+
+
+def test_a_pipe_in_a_cell_does_not_break_the_table():
+    f = F.Finding("x", "partial", "e", conditions=[F.Condition("a | b", "1", "", True), F.Condition("c", "2", "p = 0.5", False)])
+    rows = _table(F.findings_text([f]))
+    assert rows[1] == ["a | b", "1", "—", "yes"] and rows[2] == ["c", "2", "p = 0.5", "no"]
+
+
+def test_condition_a_interval_excludes_0_exactly_when_the_bold_rules_test_separates():
+    """Finding 1 (a)'s interval (Student's pooled interval of the difference) and the bold rule's t-test
+    agree on every draw, and the interval covers the true difference at its nominal rate."""
+    rng = np.random.default_rng(0)
+    covered, n = 0, 4000
+    for i in range(n):
+        k = int(rng.integers(2, 5))
+        a, b = rng.normal(1.0, 1.0, k), rng.normal(0.0, 1.0, int(rng.integers(2, 5)))
+        lo, hi = F.diff_interval(a, b)
+        p = F._pvalue(a, b)
+        assert (lo > 0 or hi < 0) == (p < F.ALPHA), (a, b, lo, hi, p)
+        covered += lo <= 1.0 <= hi
+    assert abs(covered / n - 0.95) < 3 * np.sqrt(0.95 * 0.05 / n)
+    assert F.diff_interval([1.0, 1.0], [0.0, 0.0]) == (1.0, 1.0) and F._pvalue([1.0, 1.0], [0.0, 0.0]) == 0.0
+    assert F.diff_interval([1.0], [0.0, 0.5]) is None

@@ -222,12 +222,47 @@ def pixel_text(inputs: Inputs, tasks) -> str:
 
 
 @dataclass
+class Condition:
+    """One condition of a finding's criterion as this run met it: what must hold (``criterion``), the run's
+    number(s) (``value``), the uncertainty beside them (``interval``: a 95 % interval, or the test's p where the
+    criterion is a test; '' when the criterion compares means only) and whether it holds (None: not
+    evaluated)."""
+    criterion: str
+    value: str
+    interval: str = ""
+    holds: bool | None = None
+
+
+@dataclass
 class Finding:
     name: str
     verdict: str  # "reproduced" | "partial" | "not reproduced" | "not evaluated"
     evidence: str
     why: str = ""  # when not reproduced: which of the criterion's conditions failed, and what the numbers say
     caveat: str = ""  # when a condition that holds rests on differences the seeds do not resolve
+    conditions: list[Condition] = field(default_factory=list)  # the criterion's conditions, in its order
+    rule: str = ""  # how the conditions make the verdict, in one sentence
+
+
+RULE_AB = "REPRODUCED when (a) and (b) hold; PARTIAL when one does."
+
+
+def diff_interval(a: np.ndarray, b: np.ndarray, alpha: float = ALPHA) -> tuple[float, float] | None:
+    """The (1 − ``alpha``) interval of mean(a) − mean(b) from Student's pooled two-sample t distribution:
+    d ± t_{1−α/2, n_a+n_b−2} · s_p · √(1/n_a + 1/n_b), s_p² = (Σ(a − ā)² + Σ(b − b̄)²) / (n_a + n_b − 2). It
+    excludes 0 exactly when the pooled t-test's two-sided p (:func:`_pvalue`) is below ``alpha``, also in
+    that test's limit for two groups without spread (a zero-width interval at d). None with < 2 values in
+    either group."""
+    from scipy import stats
+
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if len(a) < 2 or len(b) < 2:
+        return None
+    df = len(a) + len(b) - 2
+    sp = np.sqrt((np.sum((a - a.mean()) ** 2) + np.sum((b - b.mean()) ** 2)) / df)
+    half = float(stats.t.ppf(1 - alpha / 2, df) * sp * np.sqrt(1 / len(a) + 1 / len(b)))
+    d = float(a.mean() - b.mean())
+    return d - half, d + half
 
 
 def finding_transfer(inputs: Inputs) -> Finding:
@@ -275,7 +310,31 @@ def finding_transfer(inputs: Inputs) -> Finding:
         softmax_best, best, beat, worse, acc[common], src_of, groups, transfer[common], inputs, lin)
     caveat = " ".join(c for c in (unresolved_best_caveat(softmax_best, best, groups),
                                   direction_only_caveat(beat if better_worse else [], src_of, groups)) if c)
-    return Finding(name, verdict, ev, why, caveat)
+    return Finding(name, verdict, ev, why, caveat, transfer_conditions(
+        softmax_best, best, groups, beat, worse, acc["softmax"]), RULE_AB)
+
+
+def transfer_conditions(softmax_best: bool, best: str, groups: dict[str, np.ndarray], beat: list[str],
+                        worse: list[str], softmax_source: float) -> list[Condition]:
+    """Finding 1's conditions (a) and (b) (module docstring) as a table's rows. (a)'s interval is the 95 %
+    Student's pooled interval of best − softmax transfer (:func:`diff_interval`): it reaches 0 exactly when
+    the bold rule's t-test cannot tell them apart."""
+    sm = groups["softmax"]
+    if best == "softmax":
+        a_value, a_interval = f"softmax transfers best ({_pm(sm)} %)", ""
+    else:
+        ci = diff_interval(groups[best], sm)
+        a_value = (f"softmax {_pm(sm)} %, best {display(best)} {_pm(groups[best])} % "
+                   f"(+{np.mean(groups[best]) - np.mean(sm):.2f} points)")
+        a_interval = (f"{display(best)} − softmax [{ci[0]:.2f}, {ci[1]:.2f}] points, p = {_p(groups[best], sm)}"
+                      if ci else "one seed: no test")
+    b_value = (f"{len(beat)} of {len(groups) - 1} objectives above softmax's {softmax_source:.1f} % source top-1; "
+               f"{len(worse)} of them transfer worse" if beat else
+               f"no objective above softmax's {softmax_source:.1f} % source top-1")
+    return [Condition("(a) softmax transfers best, or not significantly worse than the best (Student's t, "
+                      f"p ≥ {ALPHA})", a_value, a_interval, softmax_best),
+            Condition("(b) some objective beats softmax's source top-1, and every one that does transfers worse "
+                      "(means)", b_value, "", bool(beat) and len(worse) == len(beat))]
 
 
 def _a_outcome(softmax_best: bool, softmax: np.ndarray, best: np.ndarray) -> str:
@@ -588,7 +647,22 @@ def finding_late_blocks(inputs: Inputs) -> Finding:
           f"{EARLY_GAP_MAX}, late ≥ early + {LATE_MINUS_EARLY_MIN}; early {span(early)} {r.early_gap:.3f}, late "
           f"{span(late)} {r.late_gap:.3f}): {r.old_verdict.upper()}.")
     return Finding(name, r.verdict, ev, late_blocks_why(ci),  # '' when reproduced: no condition failed
-                   caveat=bootstrap_caveat(r))
+                   caveat=bootstrap_caveat(r), conditions=late_blocks_conditions(r),
+                   rule="REPRODUCED when all three hold; PARTIAL when late − early holds and another does not.")
+
+
+def late_blocks_conditions(r: LateBlocks) -> list[Condition]:
+    """Finding 2's three conditions (the paper's words, module docstring): the gap of the last third, late −
+    early and the gap of the first two thirds, each with its 95 % bootstrap interval (objectives
+    resampled); not evaluated without the bootstrap."""
+    pe, pl = r.paper_gaps
+    ci = r.ci
+    none = "no bootstrap: fewer than 3 objectives with ≥ 2 seeds"
+    rows = (("late gap > 0 (last third of the blocks: interval above 0)", pl, "late", lambda lo: lo > 0),
+            ("late − early > 0 (interval above 0)", pl - pe, "late-early", lambda lo: lo > 0),
+            ("no early difference shown (first two thirds: interval reaches 0)", pe, "early", lambda lo: lo <= 0))
+    return [Condition(crit, f"{v:.3f}", _ci(ci[k]) if ci else none, bool(ok(ci[k][0])) if ci else None)
+            for crit, v, k, ok in rows]
 
 
 def late_blocks_why(ci: dict[str, tuple[float, float]] | None) -> str:
@@ -648,7 +722,12 @@ def finding_separation(inputs: Inputs) -> Finding:
         parts.append(f"(b) fails: ρ(R², transfer) = {rho:.2f}, {_needs(crit, len(common), 'objectives')}; the "
                      f"objectives' mean R² span {r2[common].max() - r2[common].min():.3f}"
                      + (f" against a seed-to-seed s.d. of {sd:.3f}" if used else ""))
-    return Finding(name, verdict, ev, "; ".join(parts) + "." if parts else "")
+    conditions = [
+        Condition(f"(a) at least {need} of the {len(others)} other objectives have a higher penultimate R² than "
+                  "softmax", f"{len(higher)} of {len(others)} (softmax {r2['softmax']:.3f})", "", rises),
+        Condition(f"(b) Spearman ρ(R², mean linear transfer) < 0 with p < {ALPHA}",
+                  f"ρ = {rho:.2f} over {len(common)} objectives", f"p = {p:.2g}", bool(predicts))]
+    return Finding(name, verdict, ev, "; ".join(parts) + "." if parts else "", conditions=conditions, rule=RULE_AB)
 
 
 def tau_trend(df) -> Finding:
@@ -682,7 +761,11 @@ def tau_trend(df) -> Finding:
     why = "; ".join(f"ρ(τ, {what}) = {r:.2f} (p = {p:.2g}; {_needs(crit, len(df), 'runs', sign)})"
                     for what, r, p, ok, sign in (("R²", r_r2, p_r2, rises, "ρ ≥ "), ("transfer", r_tr, p_tr, falls, "ρ ≤ −"))
                     if not ok)
-    return Finding(name, verdict, ev + power_text(groups, "transfer between seeds of one τ"), why + "." if why else "")
+    conditions = [Condition(f"ρ(τ, {what}) {sign} 0 with p < {ALPHA}", f"ρ = {r:.2f} over {len(df)} runs", f"p = {p:.2g}",
+                            ok) for what, sign, r, p, ok in (("R²", ">", r_r2, p_r2, rises),
+                                                            ("linear transfer", "<", r_tr, p_tr, falls))]
+    return Finding(name, verdict, ev + power_text(groups, "transfer between seeds of one τ"), why + "." if why else "",
+                   conditions=conditions, rule="REPRODUCED when both hold; PARTIAL when one does.")
 
 
 def evaluate_tau(inputs: Inputs) -> list[Finding]:
@@ -703,14 +786,19 @@ def evaluate_tau(inputs: Inputs) -> list[Finding]:
         return [Finding(name, "not evaluated", f"inputs missing: {exc}")]
 
 
-def source_range(inputs: Inputs) -> str:
-    """'a–b %': the lowest and highest mean source top-1 over the objectives of this run ('' if unknown)."""
+def source_span(inputs: Inputs) -> tuple[float, float] | None:
+    """(lowest, highest) mean source top-1 (%) over the objectives of this run (None if unknown)."""
     try:
         src = inputs.source_accuracy()
     except Missing:
-        return ""
+        return None
     acc = as_percent(src["top1"]).groupby(src["label"]).mean()
-    return f"{acc.min():.0f}–{acc.max():.0f} %" if len(acc) else ""
+    return (float(acc.min()), float(acc.max())) if len(acc) else None
+
+
+def format_span(span: tuple[float, float]) -> str:
+    """'a–b %' (whole percent)."""
+    return f"{span[0]:.0f}–{span[1]:.0f} %"
 
 
 def evaluate(inputs: Inputs) -> list[Finding]:
@@ -725,19 +813,67 @@ def evaluate(inputs: Inputs) -> list[Finding]:
     return out
 
 
+HOLDS = {True: "yes", False: "no", None: "not evaluated"}
+CONDITION_COLUMNS = ("criterion", "this run", "95 % interval or p", "holds")
+
+
+def _condition_cells(c: Condition) -> tuple[str, str, str, str]:
+    return c.criterion, c.value, c.interval or "—", HOLDS[c.holds]
+
+
+def _conditions_html(f: Finding) -> str:
+    if not f.conditions:
+        return ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in CONDITION_COLUMNS)
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in _condition_cells(c)) + "</tr>"
+                   for c in f.conditions)
+    rule = f"<p class='caption'>{html.escape(f.rule)}</p>" if f.rule else ""
+    return f"<table class='conditions'><tr>{head}</tr>{rows}</table>{rule}"
+
+
 def findings_html(findings: list[Finding], preamble: str = "") -> str:
     colour = {"reproduced": "#070", "partial": "#a60", "not reproduced": "#b00", "not evaluated": "#777"}
     items = "".join(
-        f"<li><b>{html.escape(f.name)}</b>: <b style='color:{colour[f.verdict]}'>{f.verdict.upper()}</b>. "
-        f"{html.escape(f.evidence)}" + (f" <b>Why not reproduced:</b> {html.escape(f.why)}" if f.why else "")
-        + (f" <b>Caveat:</b> {html.escape(f.caveat)}" if f.caveat else "") + "</li>" for f in findings)
+        f"<li><b>{html.escape(f.name)}</b>: <b style='color:{colour[f.verdict]}'>{f.verdict.upper()}</b>."
+        + _conditions_html(f)
+        + (f" <b>Why not reproduced:</b> {html.escape(f.why)}" if f.why else "")
+        + (f" <b>Caveat:</b> {html.escape(f.caveat)}" if f.caveat else "")
+        + f" <details><summary>Evidence</summary>{html.escape(f.evidence)}</details></li>" for f in findings)
     criteria = html.escape(__doc__.split("\n\n", 1)[1]).replace("\n", "<br>")
     return (f"<div class='findings'><h2>Does this run reproduce the paper's findings?</h2>{preamble}<ul>{items}</ul>"
             f"<details><summary>Criteria (fixed in repsim/analyses/findings.py before the run)</summary>"
             f"<p class='caption'>{criteria}</p></details></div>")
 
 
+def verdict_line(f: Finding) -> str:
+    """'## NAME: VERDICT', the first line of a finding in findings.md."""
+    return f"## {f.name}: {f.verdict.upper()}"
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.replace("|", "\\|").split())
+
+
 def findings_text(findings: list[Finding]) -> str:
-    return "\n".join(f"- {f.name}: {f.verdict.upper()}. {f.evidence}" + (f" Why not reproduced: {f.why}" if f.why else "")
-                     + (f" Caveat: {f.caveat}" if f.caveat else "") for f in findings)
+    """findings.md: per finding a verdict line (:func:`verdict_line`), the table of its criterion's conditions
+    (criterion, this run's value, its 95 % interval or test p, holds or not) and the rule that makes the
+    verdict, then the long why: the failed conditions, any caveat, and the evidence in full."""
+    blocks = []
+    for f in findings:
+        lines = [verdict_line(f), ""]
+        if f.conditions:
+            lines += ["| " + " | ".join(CONDITION_COLUMNS) + " |", "|" + " --- |" * len(CONDITION_COLUMNS)]
+            lines += ["| " + " | ".join(map(_cell, _condition_cells(c))) + " |" for c in f.conditions]
+            lines += ([f"", f.rule] if f.rule else []) + [""]
+        lines += [f"Why not reproduced: {f.why}", ""] if f.why else []
+        lines += [f"Caveat: {f.caveat}", ""] if f.caveat else []
+        lines.append(f"Evidence: {f.evidence}" if f.conditions else f.evidence)
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def verdict_lines(text: str) -> list[str]:
+    """The verdict lines of a findings.md (:func:`findings_text`), without their '## ' (what the demo's log
+    prints of it)."""
+    return [ln[3:] for ln in text.splitlines() if ln.startswith("## ")]
 
