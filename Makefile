@@ -12,7 +12,7 @@ FASHION_OUT ?= demo-out-fashion
 FASHION_DEBIAN := /usr/share/datasets/fashion-mnist
 DATA_ROOT ?=
 
-.PHONY: demo demo-fashion demo-fashion-tau fashion-data test install disk-check bench check-core check-floors clean
+.PHONY: demo demo-fashion demo-fashion-tau fashion-data test docs install disk-check bench check-core check-floors clean
 
 install: $(STAMP)
 
@@ -37,6 +37,10 @@ disk-check:
 
 test: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -q
+
+# the documentation site (mkdocs.yml) into site/, warnings as errors
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
 
 demo: $(STAMP)
 	$(VENV)/bin/repsim demo --out $(DEMO_OUT)
@@ -72,4 +76,4 @@ bench: $(STAMP)
 	for b in bench/*.py; do $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) .venv-core .pytest_cache .hypothesis $(DEMO_OUT) $(FASHION_OUT)
+	rm -rf $(VENV) .venv-core .pytest_cache .hypothesis $(DEMO_OUT) $(FASHION_OUT) site
