@@ -73,7 +73,8 @@ def python_steps(code: str) -> list[str]:
 
 
 def run_recipe(name: str, cwd: Path, env: dict, skipped: list[str]) -> dict:
-    """Run recipe ``name`` in ``cwd`` (Python: in namespace ``env``, which it updates); steps that need a
+    """Run recipe ``name`` in ``cwd`` (Python: in namespace ``env``, which it updates, from ``cwd`` as the
+    working directory, which stays so for what the test does with the results: relative store paths); steps that need a
     pending feature are appended to ``skipped``. Returns ``env``; each expression statement's value is
     kept in ``env["_values"]`` (source -> value)."""
     lang, code = recipes()[name]
@@ -90,20 +91,16 @@ def run_recipe(name: str, cwd: Path, env: dict, skipped: list[str]) -> dict:
             assert r.returncode == 0, f"recipe {name}: `{step}` exited {r.returncode}:\n{r.stderr[-3000:]}"
         return env
     assert lang == "python", f"recipe {name}: language {lang!r}"
-    old = Path.cwd()
-    os.chdir(cwd)
-    try:
-        for step in python_steps(code):
-            if why := _pending(step):
-                skipped.append(f"{name}: `{step}` needs {why}")
-                continue
-            tree = ast.parse(step)
-            if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr):
-                env.setdefault("_values", {})[step] = eval(compile(ast.Expression(tree.body[0].value), name, "eval"), env)
-            else:
-                exec(compile(tree, name, "exec"), env)
-    finally:
-        os.chdir(old)
+    assert Path.cwd() == Path(cwd).resolve(), "run Python recipes from their directory (monkeypatch.chdir)"
+    for step in python_steps(code):
+        if why := _pending(step):
+            skipped.append(f"{name}: `{step}` needs {why}")
+            continue
+        tree = ast.parse(step)
+        if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr):
+            env.setdefault("_values", {})[step] = eval(compile(ast.Expression(tree.body[0].value), name, "eval"), env)
+        else:
+            exec(compile(tree, name, "exec"), env)
     return env
 
 
@@ -127,9 +124,10 @@ def _unbiased_hsic(K: np.ndarray, L: np.ndarray) -> float:
                   - 2 / (n - 2) * (one @ K @ L @ one)) / (n * (n - 3)))
 
 
-def test_python_api_recipe(tmp_path):
+def test_python_api_recipe(tmp_path, monkeypatch):
     """The in-memory recipe runs as written, and the number it shows for linear CKA is the paper's
     debiased CKA, computed here from its formula."""
+    monkeypatch.chdir(tmp_path)
     skipped: list[str] = []
     env = run_recipe("python-api", tmp_path, {}, skipped)
     assert not skipped, skipped
@@ -145,12 +143,13 @@ def test_python_api_recipe(tmp_path):
 
 
 @pytest.mark.slow
-def test_own_models_recipes(tmp_path):
+def test_own_models_recipes(tmp_path, monkeypatch):
     """The first screen's three commands with random-init torchvision, timm and `module:` models, then the
     Python that reads their result, then the store recipe: stores of one dataset aligned row by row, a
     result with both measures over every column of the three stores, and (with `repsim plot`) a PNG."""
     pytest.importorskip("torch")
     pytest.importorskip("timm")
+    monkeypatch.chdir(tmp_path)
     skipped: list[str] = []
     run_recipe("own-models", tmp_path, {}, skipped)
     stores = [repsim.open_store(tmp_path / f"{s}.zarr") for s in "abc"]
