@@ -828,7 +828,8 @@ def _conditions_html(f: Finding) -> str:
     rows = "".join("<tr>" + "".join(f"<td>{html.escape(x)}</td>" for x in _condition_cells(c)) + "</tr>"
                    for c in f.conditions)
     rule = f"<p class='caption'>{html.escape(f.rule)}</p>" if f.rule else ""
-    return f"<table class='conditions'><tr>{head}</tr>{rows}</table>{rule}"
+    return (f"<table class='conditions'><tr>{head}</tr>{rows}</table>{rule}"
+            "<style>.conditions td,.conditions th{text-align:left;vertical-align:top}</style>")
 
 
 def findings_html(findings: list[Finding], preamble: str = "") -> str:
