@@ -12,9 +12,10 @@ import pkgutil
 from typing import Any, Iterable
 
 from repsim.kernels.measures._protocol import (Accumulator, FullColumn, Measure, MeasureInfo,
-                                               MinibatchUnsupported, shift_dots, source_eps)
+                                               MinibatchUnsupported, NoNull, shift_dots, source_eps)
 
-__all__ = ["Accumulator", "FullColumn", "Measure", "MeasureInfo", "MinibatchUnsupported", "register", "shift_dots",
+__all__ = ["Accumulator", "FullColumn", "Measure", "MeasureInfo", "MinibatchUnsupported", "NoNull", "register",
+           "shift_dots",
            "source_eps",
            "get_measure", "check_options", "measure_names", "MEASURES"]
 

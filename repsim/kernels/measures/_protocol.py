@@ -31,7 +31,8 @@ import numpy as np
 
 from repsim.kernels._precision import constant_tolerance
 
-__all__ = ["MeasureInfo", "Measure", "Accumulator", "FullColumn", "MinibatchUnsupported", "shift_dots", "source_eps"]
+__all__ = ["MeasureInfo", "Measure", "Accumulator", "FullColumn", "MinibatchUnsupported", "NoNull", "shift_dots",
+           "source_eps"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class MeasureInfo:
 
 class MinibatchUnsupported(ValueError):
     """The measure has no minibatch estimator."""
+
+
+class NoNull(ValueError):
+    """The measure defines no permutation null (no :meth:`Measure.permute`)."""
 
 
 class Accumulator:
@@ -311,6 +316,31 @@ class Measure:
         """``[pair(a, b) for b in bs]``: one row of the matrix; a measure whose pairs batch (stacked
         LAPACK calls, repsim.kernels.measures._batched) overrides it with the same values."""
         return [self.pair(a, b) for b in bs]
+
+    # -- permutation null (repsim.kernels.permutation) ------------------------------------------
+    def null_rows(self, n: int) -> int:
+        """How many rows a prepared column indexes (the length of its permutations): n, or fewer for a
+        measure that subsamples (RSA)."""
+        return int(n)
+
+    def permute(self, prepared: Any, perm: np.ndarray) -> Any:
+        """The prepared column of Y[perm] (row i of the new column is row perm[i]) from Y's prepared
+        column, without recomputing what does not depend on the row order."""
+        raise NoNull(f"{self.name} defines no permutation null (no Measure.permute)")
+
+    def null_block(self, rows: Sequence[Any], cols: Sequence[Any], perms: np.ndarray) -> np.ndarray:
+        """(K, len(rows), len(cols)): ``pair(rows[r], permute(cols[c], perms[k]))`` (NaN where either is
+        undefined); measures whose nulls batch (CKA: Gram products, mutual k-NN: index maps) override it
+        with the same values."""
+        K = perms.shape[0]
+        out = np.full((K, len(rows), len(cols)), np.nan)
+        live_c = [c for c, b in enumerate(cols) if b is not None]
+        live_r = [r for r, a in enumerate(rows) if a is not None]
+        for k in range(K):
+            moved = [self.permute(cols[c], perms[k]) for c in live_c]
+            for r in live_r:
+                out[k, r, live_c] = self.pairs(rows[r], moved)
+        return out
 
     def undefined_when(self) -> str:
         """When a column has no value of this measure (NaN row and column), as the warning that names

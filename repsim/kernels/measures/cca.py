@@ -91,6 +91,9 @@ class _CCABase(Measure):
         out = canonical(a, b)
         return math.nan if out is None else float(np.mean(out[0]))
 
+    def permute(self, prepared: Basis, perm: np.ndarray) -> Basis:
+        return Basis(prepared.Q[perm], prepared.n, None if prepared.Xc is None else prepared.Xc[perm])
+
     def pairs(self, a: Basis, bs: Sequence[Basis]) -> list[float]:
         """``pair`` for a row, the canonical correlations of its defined pairs in stacked SVDs."""
         defined = [k for k, b in enumerate(bs) if _defined(a, b)]

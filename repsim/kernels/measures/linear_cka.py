@@ -39,12 +39,40 @@ def cka_pair(a: tuple[np.ndarray, float], b: tuple[np.ndarray, float]) -> float:
     return float(np.sum(a[0] * b[0])) / float(np.sqrt(a[1] * b[1]))
 
 
+def cka_null_block(rows: Sequence[Any], cols: Sequence[Any], perms: np.ndarray) -> np.ndarray:
+    """(K, len(rows), len(cols)) null CKA of :func:`hsic_prepared` columns (None: NaN)."""
+    from repsim.kernels.permutation import gram_null_products
+
+    out = np.full((perms.shape[0], len(rows), len(cols)), np.nan)
+    live_r = [r for r, a in enumerate(rows) if a is not None]
+    live_c = [c for c, b in enumerate(cols) if b is not None]
+    if not live_r or not live_c:
+        return out
+    A = np.stack([rows[r][0] for r in live_r])
+    B = np.stack([cols[c][0] for c in live_c])
+    diag = bool(np.any(np.diagonal(A, axis1=1, axis2=2)) and np.any(np.diagonal(B, axis1=1, axis2=2)))
+    h = gram_null_products(A, B, perms, diagonal=diag)
+    ha = np.sqrt([rows[r][1] for r in live_r])
+    hb = np.sqrt([cols[c][1] for c in live_c])
+    out[np.ix_(range(perms.shape[0]), live_r, live_c)] = h / (ha[None, :, None] * hb[None, None, :])
+    return out
+
+
 class CKAFamily(Measure):
     """The CKA measures: ``prepare`` gives :func:`hsic_prepared` of a column's kernel matrix, and a
     pair is :func:`cka_pair` of two of them."""
 
     def pair(self, a: Any, b: Any) -> float:
         return cka_pair(a, b)
+
+    def permute(self, prepared: Any, perm: np.ndarray) -> Any:
+        U, h = prepared
+        return U[np.ix_(perm, perm)], h
+
+    def null_block(self, rows: Sequence[Any], cols: Sequence[Any], perms: np.ndarray) -> np.ndarray:
+        """HSIC is bilinear: every draw's nulls are Frobenius products of the prepared Grams with the
+        permuted ones (:func:`repsim.kernels.permutation.gram_null_products`), over the self-HSICs."""
+        return cka_null_block(rows, cols, perms)
 
 
 @register

@@ -71,3 +71,19 @@ class MutualKNN(Measure):
 
     def pair(self, a: Any, b: Any) -> float:
         return overlap(a, b)
+
+    def permute(self, prepared: Any, perm: np.ndarray) -> Any:
+        """N'(i) = π⁻¹(N(π(i))): an index map of the lists, O(n k)."""
+        inv = np.argsort(perm)
+        return np.sort(inv[prepared[perm]], axis=1)
+
+    def null_block(self, rows: Any, cols: Any, perms: np.ndarray) -> np.ndarray:
+        from repsim.kernels.permutation import knn_null_overlaps
+
+        out = np.full((perms.shape[0], len(rows), len(cols)), np.nan)
+        live_r = [r for r, a in enumerate(rows) if a is not None]
+        live_c = [c for c, b in enumerate(cols) if b is not None]
+        if live_r and live_c:
+            out[np.ix_(range(perms.shape[0]), live_r, live_c)] = knn_null_overlaps(
+                [rows[r] for r in live_r], [cols[c] for c in live_c], perms)
+        return out

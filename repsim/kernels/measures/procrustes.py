@@ -49,6 +49,9 @@ class Procrustes(Measure):
     def pairs(self, a: Any, bs: Sequence[Any]) -> list[float]:
         return [self._value(s, a, b) for s, b in zip(cross_singular_values(a[0], [b[0] for b in bs]), bs)]
 
+    def permute(self, prepared: Any, perm: np.ndarray) -> Any:
+        return prepared[0][perm], prepared[1]
+
     @staticmethod
     def _value(s: np.ndarray, a: Any, b: Any) -> float:
         value = float(np.sum(s)) / (a[1] * b[1])

@@ -100,6 +100,11 @@ class RidgeR2(Measure):
             out.append(Fold(train, test, mean, U, s, Vt, float(np.sum(s ** 2)) / min(train.size, column.features)))
         return Prepared(R, out)
 
+    def permute(self, prepared: Prepared, perm: np.ndarray) -> Prepared:
+        """The target side's rows permuted (a pair reads only the target's R; the folds are the
+        predictor's)."""
+        return Prepared(prepared.R[perm], prepared.folds)
+
     def pair(self, a: Prepared, b: Prepared) -> float:
         sse = sst = 0.0
         for f in a.folds:

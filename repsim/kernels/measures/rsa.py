@@ -84,6 +84,20 @@ class RSA(Measure):
         norm = float(np.linalg.norm(ranks))
         return ranks / norm if norm > 0 else None
 
+    def null_rows(self, n: int) -> int:
+        used = self.rows_used(n)
+        return int(n) if used is None else int(used.size)
+
+    def permute(self, prepared: Any, perm: np.ndarray) -> Any:
+        """The RDM of the permuted rows is the RDM's entries re-indexed: entry (a, b) of the new
+        one is entry (π(a), π(b)) of the old (ranks move with their entries)."""
+        m = perm.size
+        ia, ib = np.triu_indices(m, 1)
+        pa, pb = perm[ia], perm[ib]
+        lo, hi = np.minimum(pa, pb), np.maximum(pa, pb)
+        pos = lo * m - lo * (lo + 1) // 2 + (hi - lo - 1)  # index of (lo, hi) in the row-major triangle
+        return prepared[pos]
+
     def pair(self, a: Any, b: Any) -> float:
         value = float(a @ b)
         return max(-1.0, min(1.0, value)) if math.isfinite(value) else math.nan
