@@ -85,6 +85,7 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     names = [f"{c.store}/{c.layer}" for c in columns]
     measures = segment_measures(spec)
     accs = [m.accumulator(names) for m in measures]
+    nulls = null_accumulators(spec, measures, names)
     want_gram = any(m.info.statistic == "gram" for m in measures)
     dtypes = [gram_dtype(c.dtype, xp, spec.get("compute_dtype")) for c in columns]
 
@@ -135,9 +136,11 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
                 for i, a in enumerate(arrays):
                     parts[i][c] = a if host else reduce(held.hold(a), c)
                 if c == L - 1:
-                    for batch in parts:
+                    for i, batch in enumerate(parts):
                         for acc in accs:
                             acc.update(batch)  # ends with the batch's device-to-host copy (a sync)
+                        for nacc in nulls:  # the batch's permutations are keyed by its place in the plan
+                            nacc.update(batch, key=(epoch, start + g, i))
                         if host:
                             release_free_memory()  # peak RSS flat in n (repsim/heap.py)
                     held.release()  # ... so the group's uploads are no longer read by the device
@@ -147,10 +150,52 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     finally:
         if own:
             reader.close()
-    return join_states(measures, accs)
+    return dict(join_states(measures, accs), **join_null_states(measures, nulls))
 
 
-SEP = "__"  # state keys of several measures: "<measure>__<key>"
+SEP = "__"
+NULL_PREFIX = "null~"  # state keys of a measure's permutation null: "null~<measure>__<key>"
+
+
+def null_accumulators(spec: dict[str, Any], measures: Sequence[Any], names: Sequence[str]) -> list[Any]:
+    """The within-batch null accumulators of a segment (:mod:`repsim.kernels.minibatch_null`; none
+    without ``spec["null"]``), one per minibatch measure, in its order."""
+    null = spec.get("null")
+    if not null:
+        return []
+    if null["kind"] == "analytic":
+        from repsim.kernels.analytic_null import MinibatchAnalytic
+
+        return [MinibatchAnalytic(len(names), debiased=bool(m.options.get("debiased", True)), names=names)
+                for m in measures]
+    from repsim.kernels.minibatch_null import MinibatchNull
+
+    return [MinibatchNull(len(names), null["groups"], int(null["permutations"]), int(null["seed"]),
+                          debiased=bool(m.options.get("debiased", True)), names=names, kernel=m.null_kernel())
+            for m in measures]
+
+
+def join_null_states(measures: Sequence[Any], nulls: Sequence[Any]) -> dict[str, Any]:
+    return {f"{NULL_PREFIX}{m.name}{SEP}{k}": v for m, acc in zip(measures, nulls) for k, v in acc.to_state().items()}
+
+
+def split_null_states(measures: Sequence[Any], state: dict[str, Any]) -> list[Any]:
+    """The null accumulators back from :func:`join_null_states`'s keys (none when it has none)."""
+    out = []
+    for m in measures:
+        prefix = f"{NULL_PREFIX}{m.name}{SEP}"
+        part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        if not part:
+            return []
+        if str(part.get("kind")) == "MinibatchAnalytic":
+            from repsim.kernels.analytic_null import MinibatchAnalytic
+
+            out.append(MinibatchAnalytic.from_state(part))
+        else:
+            from repsim.kernels.minibatch_null import MinibatchNull
+
+            out.append(MinibatchNull.from_state(part, kernel=m.null_kernel()))
+    return out  # state keys of several measures: "<measure>__<key>"
 
 
 def segment_measures(spec: dict[str, Any]) -> list[Any]:

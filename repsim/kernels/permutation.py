@@ -125,7 +125,7 @@ def gram_null_products(rows: Any, cols: Any, perms: Any, *, diagonal: bool = Tru
     out = []
     step = max(1, int(gather_bytes // max(1, 8 * Lc * max(m, 1))))
     for k0 in range(0, K, step):
-        Pk = P[k0:k0 + step, :]
+        Pk = P[k0:min(K, k0 + step), :]
         c = Pk.shape[0]
         pa = xp.take(Pk, ia, axis=1)  # (c, m): π(a)
         pb = xp.take(Pk, ib, axis=1)

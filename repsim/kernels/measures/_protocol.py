@@ -328,6 +328,17 @@ class Measure:
         column, without recomputing what does not depend on the row order."""
         raise NoNull(f"{self.name} defines no permutation null (no Measure.permute)")
 
+    def null_kernel(self) -> Any:
+        """The minibatch null's kernel of a batch column (:class:`repsim.kernels.minibatch_null.MinibatchNull`):
+        None for the linear Gram; a measure whose minibatch route starts from another kernel returns
+        ``kernel(x, name) -> CentredGram``."""
+        return None
+
+    @classmethod
+    def has_null(cls) -> bool:
+        """Whether the measure defines a permutation null (overrides :meth:`permute`)."""
+        return cls.permute is not Measure.permute
+
     def null_block(self, rows: Sequence[Any], cols: Sequence[Any], perms: np.ndarray) -> np.ndarray:
         """(K, len(rows), len(cols)): ``pair(rows[r], permute(cols[c], perms[k]))`` (NaN where either is
         undefined); measures whose nulls batch (CKA: Gram products, mutual k-NN: index maps) override it

@@ -213,6 +213,10 @@ class RBFCKA(CKAFamily):
         inner = MinibatchCKA(len(names), debiased=bool(self.options["debiased"]), keep_batches=True, names=names)
         return MinibatchRBFCKA(inner, float(self.options["rbf_threshold"]))
 
+    def null_kernel(self) -> Any:
+        """The batch's double-centred RBF Gram, as the minibatch accumulator forms it."""
+        return MinibatchRBFCKA(None, float(self.options["rbf_threshold"]))._kernel  # type: ignore[arg-type]
+
     def accumulator_from_state(self, state: dict[str, Any]) -> MinibatchRBFCKA:
         return MinibatchRBFCKA.from_state(state)
 
