@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
 from repsim.commands.args import int_at_least, positive, positive_float
 from repsim.commands._stream import layers_arg, progress_arg
 from repsim.commands import cka as _cka
@@ -26,6 +28,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="rsa: above N examples, a seeded subsample of N rows (default 2000; >= 3)")
     parser.add_argument("--ridge-folds", type=int_at_least(2), default=5,
                         help="ridge_r2: cross-validation folds (default 5; >= 2)")
+    calib = parser.add_argument_group("calibration (permutation nulls, Groeger et al. 2026)")
+    calib.add_argument("--permutations", type=positive, default=None, metavar="K",
+                       help="K permutation nulls of every measure and pair in the same pass (rows of one side "
+                            "permuted, within each batch on the minibatch route; one permutation per store and "
+                            "draw, drawn from --seed): p-values, thresholds and calibrated scores in the result")
+    calib.add_argument("--alpha", type=_alpha, default=0.05, metavar="A",
+                       help="level of the threshold tau, the ceil((1-A)(K+1))-th order statistic (default 0.05; "
+                            "needs K >= 1/A - 1)")
+    calib.add_argument("--null", choices=("permutation", "analytic"), default="permutation",
+                       help="permutation (default: needs --permutations) or analytic (linear/RBF CKA: exact "
+                            "permutation moments, Pearson type III p-values, no draws)")
+
+
+def _alpha(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
+    if not 0.0 < value < 1.0:
+        raise argparse.ArgumentTypeError(f"alpha must lie in (0, 1), got {text}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +57,11 @@ def run(args: argparse.Namespace) -> int:
     from repsim.kernels.measures import parse_measures
 
     measures = parse_measures(args.measures)  # an unknown name is refused before any store is opened
+    if args.permutations is not None or args.null == "analytic":  # refused before any store is opened
+        from repsim.engine.calibration import null_request
+        from repsim.kernels.measures import get_measure
+
+        null_request(args.permutations, args.alpha, args.null, args.seed, [get_measure(m) for m in measures], [])
     out, ckpt = _cka.output_and_checkpoint(args)
     options = {"rbf_threshold": args.rbf_threshold, "knn_k": args.knn_k, "rsa_max_rows": args.rsa_max_rows,
                "rsa_seed": args.seed, "ridge_folds": args.ridge_folds, "ridge_seed": args.seed}
@@ -45,11 +73,18 @@ def run(args: argparse.Namespace) -> int:
                                    device=args.device, checkpoint=ckpt if args.method == "minibatch" else None,
                                    checkpoint_every=args.checkpoint_every, progress=progress_arg(args),
                                    threads=args.threads, max_memory=int(args.max_memory * 2**30),
-                                   compute_dtype=args.compute_dtype, allow_mixed_datasets=args.allow_mixed_datasets)
+                                   compute_dtype=args.compute_dtype, allow_mixed_datasets=args.allow_mixed_datasets,
+                                   permutations=args.permutations, alpha=args.alpha, null=args.null)
     path = result.save(out)
     if os.path.exists(ckpt):
         os.remove(ckpt)
     L = len(result.index)
     print(f"repsim similarity: {', '.join(result.measures)} ({L}x{L}) over "
           f"{len(dict.fromkeys(s for s, _ in result.index))} store(s), n={result.meta['n']} -> {path}", file=sys.stderr)
+    for m in result.calibration:
+        p = result.pvalues(m)
+        cal = result.meta["calibration"]
+        what = f"{cal['permutations']} permutations" if cal["kind"] == "permutation" else "analytic null"
+        print(f"repsim similarity: {m}: {int((p <= cal['alpha']).sum())} of {int((~np.isnan(p)).sum())} "
+              f"entries significant at alpha = {cal['alpha']} ({what})", file=sys.stderr)
     return 0

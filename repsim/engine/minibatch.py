@@ -318,7 +318,9 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
                       checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
                       progress: bool | None = None, prefetch: int = 2, threads: int | None = None,
                       memory_budget: int = 512 * 2**20, max_memory: int = 8 * 2**30,
-                      compute_dtype: str | None = None, allow_mixed_datasets: bool = False) -> SimilarityResult:
+                      compute_dtype: str | None = None, allow_mixed_datasets: bool = False,
+                      permutations: int | None = None, alpha: float = 0.05,
+                      null: str = "permutation") -> SimilarityResult:
     """Every measure of ``measures`` (names of :mod:`repsim.kernels.measures`, or ``"a,b"``) between
     every (store, layer) column and every other, streamed from activation stores.
 
@@ -334,6 +336,15 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     ``method="exact"``: every measure on the full data (linear CKA through :mod:`repsim.engine.exact`).
     The estimator each measure used is ``result.meta["estimators"]``.  A column or pair a measure
     cannot define is NaN, reported once per measure on stderr and in ``meta["undefined"]``.
+
+    Calibration (Gröger et al. 2026; :mod:`repsim.kernels.permutation`): ``permutations=K`` computes,
+    in the same pass, K permutation nulls of every measure and pair — within each batch on the
+    minibatch route (:mod:`repsim.kernels.minibatch_null`), from the prepared columns on the exact
+    route — with one permutation per store and draw (layer-aggregate calibration) drawn from ``seed``;
+    ``null="analytic"`` (CKA only, no K) uses the exact permutation moments instead
+    (:mod:`repsim.kernels.analytic_null`).  ``alpha`` sets the threshold τ.  The result's
+    :meth:`~SimilarityResult.pvalues`, :meth:`~SimilarityResult.threshold` and
+    :meth:`~SimilarityResult.calibrated` give them, shaped like :meth:`~SimilarityResult.matrix`.
     """
     from repsim.kernels.measures import check_options, get_measure, parse_measures
 
@@ -366,6 +377,13 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     except ImportError:  # pragma: no cover
         pass
     index = [(c.store, c.layer) for c in columns]
+    from repsim.engine.calibration import SCHEME, null_request
+
+    null_req = null_request(permutations, alpha, null, seed, chosen, [names.index(c.store) for c in columns])
+    calibration: dict[str, Any] = {}
+    if null_req is not None:
+        meta["calibration"] = {k: v for k, v in null_req.items() if k != "groups"}
+        meta["calibration"]["scheme"] = SCHEME
     mini = [m for m in chosen if method == "minibatch" and m.has("minibatch")]
     exact = [m for m in chosen if m not in mini]
     meta["measures"] = names_m
@@ -390,12 +408,14 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
 
             values.update(exact_measures(exact, columns, n, block_rows, spatial=spatial, xp=xp,
                                          memory_budget=memory_budget, max_memory=max_memory, prefetch=prefetch,
-                                         threads=threads, progress=progress, meta=meta))
+                                         threads=threads, progress=progress, meta=meta, null=null_req,
+                                         calibration=calibration))
 
     if not mini:
         run_exact()
         meta["device"] = "cpu"  # the exact estimators run in float64 NumPy, whatever ``device`` asked for
-        return SimilarityResult(values={m: values[m] for m in names_m}, index=index, meta=meta)
+        return with_calibration(SimilarityResult(values={m: values[m] for m in names_m}, index=index, meta=meta),
+                                calibration)
 
     if int(epochs) < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
@@ -424,7 +444,7 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     spec = {
         "plan": asdict(plan), "columns": [asdict(c) for c in columns], "device": device_name(xp),
         "spatial": spatial, "debiased": bool(debiased), "prefetch": int(prefetch), "threads": spec_threads(asked, xp),
-        "compute_dtype": compute_dtype, "measures": [[m.name, m.options] for m in mini],
+        "compute_dtype": compute_dtype, "measures": [[m.name, m.options] for m in mini], "null": null_req,
     }
     meta.update({
         "batch_size": int(batch_size), "epochs": int(epochs), "seed": int(seed), "shuffle": plan.shuffle,
@@ -446,6 +466,8 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
                            columns=[(c.path, c.layer, "tokens") if c.tokens and spatial == "mean"
                                     else (c.path, c.layer) for c in columns],
                            segment_batches=seg, compute_dtype=compute_dtype, measures=spec["measures"])
+        if null_req is not None:  # (absent without a null: the checkpoints of earlier runs stay valid)
+            fingerprint["null"] = null_req
         ckpt = Checkpoint(checkpoint, fingerprint, {store_location(s): s.identity for s in opened})
         done, state = ckpt.load()
         if done > len(tasks):  # made by a run with more epochs: cannot be cut back
@@ -453,6 +475,7 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
         if done:
             print(f"repsim: resuming from {ckpt.path}: {done}/{len(tasks)} segments done", file=sys.stderr)
     accs = split_states(mini, state) if state is not None else None
+    naccs = split_null_states(mini, state) if state is not None else None
 
     bar = progress_bar(sum(t[3] for t in tasks), "cka" if names_m == ["linear_cka"] else "similarity", progress)
     bar.update(sum(t[3] for t in tasks[:done]))
@@ -473,9 +496,11 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
         for _, seg_state in results:
             seg_accs = split_states(mini, seg_state)
             accs = seg_accs if accs is None else [a.merge(b) for a, b in zip(accs, seg_accs)]
+            seg_nulls = split_null_states(mini, seg_state)
+            naccs = seg_nulls if not naccs else [a.merge(b) for a, b in zip(naccs, seg_nulls)]
             done += 1
             if ckpt is not None:
-                ckpt.save(done, join_states(mini, accs))
+                ckpt.save(done, dict(join_states(mini, accs), **join_null_states(mini, naccs or [])))
     finally:
         bar.close()
         if reader is not None:
@@ -490,5 +515,26 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
             values[m.name] = np.asarray(acc.result(), dtype=np.float64)
         _report_undefined(values[m.name], columns, meta, m)
         states[m.name] = acc.to_state()
+    for m, nacc in zip(mini, naccs or []):
+        calibration[m.name] = minibatch_calibration(m, nacc, null_req)
     run_exact()
-    return SimilarityResult(values={m: values[m] for m in names_m}, index=index, meta=meta, states=states)
+    return with_calibration(SimilarityResult(values={m: values[m] for m in names_m}, index=index, meta=meta,
+                                             states=states), calibration)
+
+
+def minibatch_calibration(measure: Any, nacc: Any, request: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A minibatch measure's calibration arrays from its null accumulator (observed and null CKA from
+    the same float64 products of the batches' Grams)."""
+    from repsim.engine.calibration import analytic_arrays, calibration_arrays
+
+    if request["kind"] == "analytic":
+        obs, mean, var, mu3 = nacc.result()
+        return analytic_arrays(measure, obs, mean, var, mu3, request["alpha"])
+    obs, nulls = nacc.result()
+    return calibration_arrays(measure, obs, nulls, request["alpha"])
+
+
+def with_calibration(result: SimilarityResult, calibration: dict[str, Any]) -> SimilarityResult:
+    """The result with each measure's calibration arrays (in measure order)."""
+    result.calibration = {m: calibration[m] for m in result.measures if m in calibration}
+    return result

@@ -14,6 +14,7 @@ from repsim.fileio import atomic_write
 
 
 _STATE_PREFIX = "state__"
+_CALIB_PREFIX = "calibration__"  # SimilarityResult: "calibration__<measure>__<observed|null|pvalues|threshold|calibrated>"
 
 
 @dataclass
@@ -115,17 +116,80 @@ class SimilarityResult:
     ``measure_info`` {measure: declared metadata and options} and ``undefined`` {measure: columns,
     pairs}; ``states`` {measure: accumulator state} of the minibatch measures (bootstrap CIs).
     Saved as ``.npz``: ``measures``, ``values__<measure>``, ``stores``, ``layers``, ``meta`` (JSON),
-    ``state__<measure>__<key>``; :func:`load_result` reads it (and ``cka_*.npz`` files).
+    ``state__<measure>__<key>``, and with a null ``calibration__<measure>__<key>`` (``observed``, ``pvalues``,
+    ``threshold``, ``calibrated``; ``null`` (K, L, L) for a permutation null, ``null_mean``/``null_var``/
+    ``null_mu3`` for the analytic one); :func:`load_result` reads it (and ``cka_*.npz`` files).
     """
 
     values: dict[str, np.ndarray]
     index: list[tuple[str, str]]
     meta: dict[str, Any] = field(default_factory=dict)
     states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # {measure: {"observed", "pvalues", "threshold", "calibrated", "null" (K, L, L) | "null_mean", ...}}
+    calibration: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     @property
     def measures(self) -> list[str]:
         return list(self.values)
+
+    # -- calibration (Gröger et al. 2026; repsim.kernels.permutation) ----------------------------------
+    def _calibrated(self, measure: str, key: str) -> np.ndarray:
+        self.matrix(measure)
+        if measure not in self.calibration:
+            raise ValueError(f"{measure} has no null in this result: compute it with permutations=K "
+                             "(repsim similarity --permutations K) or null='analytic'")
+        return self.calibration[measure][key]
+
+    def pvalues(self, measure: str) -> np.ndarray:
+        """(L, L) permutation p-values (1 + #{null ≥ observed}) / (K + 1) (analytic null: Pearson III)."""
+        return self._calibrated(measure, "pvalues")
+
+    def threshold(self, measure: str) -> np.ndarray:
+        """(L, L) thresholds τ: the ⌈(1 − α)(K + 1)⌉-th order statistic of the observed and null scores."""
+        return self._calibrated(measure, "threshold")
+
+    def calibrated(self, measure: str) -> np.ndarray:
+        """(L, L) calibrated scores clip((s − τ)/(s_max − τ), 0, 1) (ReLU(s − τ) without an upper bound):
+        0 where the score does not exceed chance at level α."""
+        return self._calibrated(measure, "calibrated")
+
+    def null(self, measure: str) -> np.ndarray:
+        """(K, L, L) null scores of a permutation null (draw k, entry (i, j): column j's store permuted)."""
+        arrays = self.calibration.get(measure, {})
+        if arrays and "null" not in arrays:
+            raise ValueError(f"{measure}'s null is analytic (moments, no draws): a layer aggregate needs "
+                             "permutation draws (permutations=K)")
+        return self._calibrated(measure, "null")
+
+    def aggregate(self, measure: str, store_a: str, store_b: str | None = None, agg: str = "max",
+                  alpha: float | None = None) -> dict[str, float]:
+        """Layer-aggregate calibration (Gröger et al. 2026, Algorithm 2; ``calibrate_layers``): the
+        aggregate (``"max"`` or ``"mean"``) of the (layers of a) × (layers of b) block and its
+        calibration against the same aggregate of every draw's block — valid because one permutation
+        serves every layer of a store within a draw.  ``{"value", "pvalue", "threshold", "calibrated"}``."""
+        from repsim.kernels.measures import get_measure
+        from repsim.kernels.measures._null import smax_of
+        from repsim.kernels.permutation import calibrate
+
+        nulls = self.null(measure)
+        store_b = store_a if store_b is None else store_b
+        rows = [i for i, (s, _) in enumerate(self.index) if s == store_a]
+        cols = [i for i, (s, _) in enumerate(self.index) if s == store_b]
+        if not rows or not cols:
+            raise KeyError(f"unknown store {store_a if not rows else store_b!r}; stores: {self.stores}")
+        if agg not in ("max", "mean"):
+            raise ValueError(f"agg must be 'max' or 'mean', got {agg!r}")
+        fn = np.max if agg == "max" else np.mean
+        obs = float(fn(self.calibration[measure]["observed"][np.ix_(rows, cols)]))
+        draws = fn(nulls[:, rows][:, :, cols].reshape(nulls.shape[0], -1), axis=1)
+        a = float(self.meta.get("calibration", {}).get("alpha", 0.05)) if alpha is None else float(alpha)
+        cal, p, tau = calibrate(np.asarray(obs), draws, a, smax_of(get_measure(measure)))
+        return {"value": obs, "pvalue": float(p), "threshold": float(tau), "calibrated": float(cal)}
+
+    @property
+    def stores(self) -> list[str]:
+        """Store names in index order, each once."""
+        return list(dict.fromkeys(s for s, _ in self.index))
 
     def matrix(self, measure: str) -> np.ndarray:
         """The (L, L) matrix of ``measure``."""
@@ -173,6 +237,9 @@ class SimilarityResult:
         for name, state in self.states.items():
             for key, value in state.items():
                 arrays[f"{_STATE_PREFIX}{name}__{key}"] = np.asarray(value)
+        for name, arrs in self.calibration.items():
+            for key, value in arrs.items():
+                arrays[f"{_CALIB_PREFIX}{name}__{key}"] = np.asarray(value, dtype=np.float64)
         return _atomic_savez(path, arrays)
 
     @classmethod
@@ -195,13 +262,17 @@ def load_result(path: str | os.PathLike) -> SimilarityResult:
                                     {"linear_cka": cka.state} if cka.state else {})
         measures = z["measures"].tolist()
         states: dict[str, dict[str, Any]] = {}
+        calibration: dict[str, dict[str, np.ndarray]] = {}
         for k in z.files:
             if k.startswith(_STATE_PREFIX):
                 name, key = k[len(_STATE_PREFIX):].split("__", 1)
                 states.setdefault(name, {})[key] = _unwrap(z[k])
+            elif k.startswith(_CALIB_PREFIX):
+                name, key = k[len(_CALIB_PREFIX):].split("__", 1)
+                calibration.setdefault(name, {})[key] = np.array(z[k])
         return SimilarityResult(values={m: np.array(z[f"values__{m}"]) for m in measures},
                                 index=list(zip(z["stores"].tolist(), z["layers"].tolist())),
-                                meta=json.loads(str(z["meta"])), states=states)
+                                meta=json.loads(str(z["meta"])), states=states, calibration=calibration)
 
 
 def _json_default(obj: Any) -> Any:

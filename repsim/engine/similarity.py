@@ -73,12 +73,16 @@ def report_pairs(measure: str, pairs: Sequence[tuple[str, str]], meta: dict[str,
 
 def exact_measures(measures: Sequence[Measure], columns: Sequence[Column], n: int, block_rows: int, *,
                    spatial: str, xp: Any, memory_budget: int, max_memory: int, prefetch: int, threads: int,
-                   progress: bool | None, meta: dict[str, Any]) -> dict[str, np.ndarray]:
-    """``{measure name: (L, L) values}`` of each measure's exact estimator on the full data."""
+                   progress: bool | None, meta: dict[str, Any], null: dict[str, Any] | None = None,
+                   calibration: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
+    """``{measure name: (L, L) values}`` of each measure's exact estimator on the full data.  With a
+    ``null`` (:func:`repsim.engine.calibration.null_request`) every measure runs on held columns (linear
+    CKA too: its nulls are products of the n × n Grams) and ``calibration[name]`` receives its arrays
+    (:func:`repsim.engine.calibration.exact_calibration`)."""
     out: dict[str, np.ndarray] = {}
-    held = [m for m in measures if m.name not in STREAMED_EXACT]
+    held = [m for m in measures if m.name not in STREAMED_EXACT or null is not None]
     for m in measures:
-        if m.name in STREAMED_EXACT:
+        if m.name in STREAMED_EXACT and m not in held:
             out[m.name] = STREAMED_EXACT[m.name](m, columns, n, block_rows, spatial=spatial, xp=xp,
                                                  memory_budget=memory_budget, max_memory=max_memory,
                                                  prefetch=prefetch, threads=threads, progress=progress, meta=meta)
@@ -92,10 +96,20 @@ def exact_measures(measures: Sequence[Measure], columns: Sequence[Column], n: in
         for m in held:
             bar = progress_bar(len(full), m.name, progress, unit="column")
             try:
-                outcome = exact_matrix(m, full, bar.update)
+                outcome = exact_matrix(m, full, bar.update, keep_prepared=null is not None)
             finally:
                 bar.close()
             out[m.name] = outcome.values
+            if null is not None and calibration is not None:
+                from repsim.engine.calibration import exact_calibration
+
+                what = "analytic null" if null["kind"] == "analytic" else f"null ({null['permutations']} draws)"
+                bar = progress_bar(len(full), f"{m.name} {what}", progress, unit="column")
+                try:
+                    calibration[m.name] = exact_calibration(m, outcome.prepared, outcome.values, n, null, bar.update)
+                finally:
+                    bar.close()
+                outcome.prepared = None
             meta["measure_info"][m.name].update(m.exact_info(n))
             report_undefined(outcome.values, columns, meta, m, outcome.undefined_columns)
             report_pairs(m.name, outcome.undefined_pairs, meta)

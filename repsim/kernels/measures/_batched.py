@@ -37,3 +37,19 @@ def cross_singular_values(A: np.ndarray, Bs: Sequence[np.ndarray]) -> list[np.nd
             for k, s in zip(part, np.linalg.svd(M, compute_uv=False)):
                 out[k] = s
     return out
+
+
+def null_singular_values(A: np.ndarray, B: np.ndarray, perms: np.ndarray) -> list[np.ndarray]:
+    """The singular values of Aᵀ B[π_k] for every permutation π_k of ``perms`` (K, n): per chunk of draws
+    one batched product and one batched SVD (the permutation nulls of Procrustes and the CCA family,
+    :meth:`repsim.kernels.measures.Measure.null_block`); a list of K descending arrays."""
+    K = perms.shape[0]
+    if A.shape[1] == 0 or B.shape[1] == 0:
+        return [np.zeros(0)] * K
+    per = max(1, min(K, STACK_BYTES // max(1, 8 * B.shape[0] * B.shape[1])))
+    out: list[np.ndarray] = []
+    At = A.T
+    for k0 in range(0, K, per):
+        M = np.matmul(At, B[perms[k0:k0 + per]])  # (c, r_a, r_b)
+        out.extend(np.linalg.svd(M, compute_uv=False))
+    return out

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from repsim.kernels.measures import register
-from repsim.kernels.measures._batched import cross_singular_values
+from repsim.kernels.measures._batched import cross_singular_values, null_singular_values
 from repsim.kernels.measures._protocol import FullColumn, Measure, MeasureInfo
 
 
@@ -94,6 +94,16 @@ class _CCABase(Measure):
     def permute(self, prepared: Basis, perm: np.ndarray) -> Basis:
         return Basis(prepared.Q[perm], prepared.n, None if prepared.Xc is None else prepared.Xc[perm])
 
+    def null_block(self, rows: Sequence[Any], cols: Sequence[Any], perms: np.ndarray) -> np.ndarray:
+        """Per pair, the K nulls' canonical correlations in stacked SVDs of Q_aᵀ Q_b[π] (the whitened
+        bases of :meth:`prepare`, reused by every draw)."""
+        out = np.full((perms.shape[0], len(rows), len(cols)), np.nan)
+        for c, b in enumerate(cols):
+            for r, a in enumerate(rows):
+                if a is not None and b is not None and _defined(a, b):
+                    out[:, r, c] = [float(np.mean(np.clip(s, 0.0, 1.0))) for s in null_singular_values(a.Q, b.Q, perms)]
+        return out
+
     def pairs(self, a: Basis, bs: Sequence[Basis]) -> list[float]:
         """``pair`` for a row, the canonical correlations of its defined pairs in stacked SVDs."""
         defined = [k for k, b in enumerate(bs) if _defined(a, b)]
@@ -133,6 +143,7 @@ class PWCCA(_CCABase):
         range=(0.0, 1.0), identical=1.0, null="small > 0", invariances=("isotropic scaling", "translation"))
     needs_features = True
     pairs = Measure.pairs  # (its weights need the canonical variates: pair by pair)
+    null_block = Measure.null_block
 
     def pair(self, a: Basis, b: Basis) -> float:
         out = canonical(a, b)

@@ -19,6 +19,7 @@ class ExactOutcome:
     values: np.ndarray
     undefined_columns: list[str] = field(default_factory=list)
     undefined_pairs: list[tuple[str, str]] = field(default_factory=list)
+    prepared: list[Any] | None = None  # each column's prepared form (keep_prepared=True: the nulls reuse it)
 
 
 def full_column(x: Any, name: str = "X") -> FullColumn:
@@ -38,7 +39,8 @@ def full_column(x: Any, name: str = "X") -> FullColumn:
                       source_eps=eps)
 
 
-def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any = None) -> ExactOutcome:
+def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any = None, *,
+                 keep_prepared: bool = False) -> ExactOutcome:
     """m(column i, column j) for every pair (row = first argument): each column prepared once, then
     the upper triangle (symmetric measures) or every ordered pair, a row at a time
     (``Measure.pairs``: stacked LAPACK calls where a measure batches them).  The pairs are
@@ -52,7 +54,8 @@ def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any 
         if progress is not None:
             progress(1)
     values = np.full((L, L), np.nan)
-    out = ExactOutcome(values, [c.name for c, p in zip(columns, prepared) if p is None])
+    out = ExactOutcome(values, [c.name for c, p in zip(columns, prepared) if p is None],
+                       prepared=prepared if keep_prepared else None)
     symmetric = measure.info.symmetric
 
     def row(i: int) -> list[tuple[int, float]]:

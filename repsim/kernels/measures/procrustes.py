@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim.kernels.measures import register
-from repsim.kernels.measures._batched import cross_singular_values
+from repsim.kernels.measures._batched import cross_singular_values, null_singular_values
 from repsim.kernels.measures._protocol import FullColumn, Measure, MeasureInfo
 
 
@@ -51,6 +51,15 @@ class Procrustes(Measure):
 
     def permute(self, prepared: Any, perm: np.ndarray) -> Any:
         return prepared[0][perm], prepared[1]
+
+    def null_block(self, rows: Sequence[Any], cols: Sequence[Any], perms: np.ndarray) -> np.ndarray:
+        """Per pair, the K nulls' singular values in stacked SVDs (:func:`null_singular_values`)."""
+        out = np.full((perms.shape[0], len(rows), len(cols)), np.nan)
+        for c, b in enumerate(cols):
+            for r, a in enumerate(rows):
+                if a is not None and b is not None:
+                    out[:, r, c] = [self._value(s, a, b) for s in null_singular_values(a[0], b[0], perms)]
+        return out
 
     @staticmethod
     def _value(s: np.ndarray, a: Any, b: Any) -> float:
