@@ -17,7 +17,7 @@ project = tomllib.load(open(sys.argv[1], "rb"))["project"]
 extras = project["optional-dependencies"]
 wanted = list(project["dependencies"]) + extras["xarray"]
 wanted += [r for r in extras["dev"] if not r.startswith("repsim-toolkit")
-           and re.match(r"[A-Za-z0-9_.-]+", r).group(0) not in ("ckatorch", "rsatoolbox")]  # these need torch
+           and re.match(r"[A-Za-z0-9_.-]+", r).group(0) not in ("ckatorch", "rsatoolbox", "calibrated-similarity")]  # these need torch
 print("\n".join(wanted))
 PY
 rm -rf "$VENV"
