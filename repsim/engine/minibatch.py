@@ -166,12 +166,13 @@ def null_accumulators(spec: dict[str, Any], measures: Sequence[Any], names: Sequ
     if null["kind"] == "analytic":
         from repsim.kernels.analytic_null import MinibatchAnalytic
 
-        return [MinibatchAnalytic(len(names), debiased=bool(m.options.get("debiased", True)), names=names)
-                for m in measures]
+        return [MinibatchAnalytic(len(names), debiased=bool(m.options.get("debiased", True)), names=names,
+                                  compute_dtype=spec.get("compute_dtype")) for m in measures]
     from repsim.kernels.minibatch_null import MinibatchNull
 
     return [MinibatchNull(len(names), null["groups"], int(null["permutations"]), int(null["seed"]),
-                          debiased=bool(m.options.get("debiased", True)), names=names, kernel=m.null_kernel())
+                          debiased=bool(m.options.get("debiased", True)), names=names, kernel=m.null_kernel(),
+                          compute_dtype=spec.get("compute_dtype"))
             for m in measures]
 
 

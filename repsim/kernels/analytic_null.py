@@ -122,8 +122,10 @@ class MinibatchAnalytic:
     batches are permuted independently): observed sums (L, L) and the null's mean, variance and third
     central moment (L, L each) of Σ_B h_B(i, j)."""
 
-    def __init__(self, n_layers: int, *, debiased: bool = True, names: Sequence[str] | None = None) -> None:
+    def __init__(self, n_layers: int, *, debiased: bool = True, names: Sequence[str] | None = None,
+                 compute_dtype: str | None = None) -> None:
         self.n_layers = int(n_layers)
+        self.compute_dtype = compute_dtype
         self.debiased = bool(debiased)
         self.names = [str(s) for s in names] if names is not None else [f"layer {i}" for i in range(self.n_layers)]
         L = self.n_layers
@@ -138,7 +140,8 @@ class MinibatchAnalytic:
 
         first = batch[0].K if isinstance(batch[0], CentredGram) else batch[0]
         xp = array_namespace(first)
-        shaper = MinibatchNull(self.n_layers, [0] * self.n_layers, 1, debiased=self.debiased, names=self.names)
+        shaper = MinibatchNull(self.n_layers, [0] * self.n_layers, 1, debiased=self.debiased, names=self.names,
+                               compute_dtype=self.compute_dtype)
         A = xp.stack([shaper._centred(x, name, xp) for x, name in zip(batch, self.names)])
         L, b = A.shape[0], A.shape[1]
         flat = xp.reshape(A, (L, b * b))
@@ -169,12 +172,14 @@ class MinibatchAnalytic:
     def to_state(self) -> dict[str, Any]:
         return {"kind": "MinibatchAnalytic", "n_layers": self.n_layers, "debiased": self.debiased,
                 "names": np.asarray(self.names, dtype=np.str_), "obs": self.obs.copy(), "mean": self.mean.copy(),
-                "var": self.var.copy(), "mu3": self.mu3.copy(), "n_batches": self.n_batches}
+                "var": self.var.copy(), "mu3": self.mu3.copy(), "n_batches": self.n_batches,
+                "compute_dtype": self.compute_dtype or ""}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "MinibatchAnalytic":
         acc = cls(int(state["n_layers"]), debiased=bool(state["debiased"]),
-                  names=[str(s) for s in np.asarray(state["names"]).reshape(-1)])
+                  names=[str(s) for s in np.asarray(state["names"]).reshape(-1)],
+                  compute_dtype=str(state.get("compute_dtype", "")) or None)
         for k in ("obs", "mean", "var", "mu3"):
             setattr(acc, k, np.array(state[k], dtype=np.float64))
         acc.n_batches = int(state["n_batches"])

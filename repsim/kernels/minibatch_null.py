@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, diagonal, on_device, to_numpy
+from repsim._xp import array_namespace, diagonal, gram_dtype, on_device, to_numpy
 from repsim.kernels._precision import CentredGram, constant_tolerance
 from repsim.kernels.hsic import centred_gram, ucenter
 from repsim.kernels.permutation import gram_null_products, permutations
@@ -40,11 +40,12 @@ class MinibatchNull:
 
     ``groups``: a group id (store) per column; ``kernel(x, name)``: a batch column -> its centred b × b
     Gram as a :class:`CentredGram` (default: the linear one; RBF CKA passes its RBF kernel).
-    ``update(batch, key)``: ``key`` names the batch's place in the plan (epoch, group, batch)."""
+    ``update(batch, key)``: ``key`` names the batch's place in the plan (epoch, group, batch).
+    ``compute_dtype``: the Gram precision of columns given as rows, as :class:`~repsim.kernels.minibatch_cka.MinibatchCKA`'s."""
 
     def __init__(self, n_layers: int, groups: Sequence[int], permutations: int, seed: int = 0, *,
                  debiased: bool = True, names: Sequence[str] | None = None,
-                 kernel: Callable[[Any, str], CentredGram] | None = None) -> None:
+                 kernel: Callable[[Any, str], CentredGram] | None = None, compute_dtype: str | None = None) -> None:
         self.n_layers = int(n_layers)
         self.groups = [int(g) for g in groups]
         if len(self.groups) != self.n_layers:
@@ -54,6 +55,7 @@ class MinibatchNull:
         self.debiased = bool(debiased)
         self.names = [str(s) for s in names] if names is not None else [f"layer {i}" for i in range(self.n_layers)]
         self.kernel = kernel
+        self.compute_dtype = compute_dtype  # the Gram precision of a column given as rows (repsim._xp.gram_dtype)
         self.obs = np.zeros((self.n_layers, self.n_layers))
         self.null = np.zeros((self.K, self.n_layers, self.n_layers))
         self.n_batches = 0
@@ -62,7 +64,7 @@ class MinibatchNull:
         """The batch column's HSIC-form matrix A (b × b float64): U(K)/√(b(b−3)) or K/(b − 1), zero
         when the column is constant over the batch."""
         G = self.kernel(x, name) if self.kernel is not None else (
-            x if isinstance(x, CentredGram) else centred_gram(x, xp, name))
+            x if isinstance(x, CentredGram) else centred_gram(x, xp, name, gram_dtype(x.dtype, xp, self.compute_dtype)))
         K = G.K if G.K.dtype == xp.float64 else xp.astype(G.K, xp.float64)
         b = K.shape[0]
         mean_sq = 0.0 if G.mean_sq is None else G.mean_sq
@@ -122,7 +124,7 @@ class MinibatchNull:
         return {"kind": "MinibatchNull", "n_layers": self.n_layers, "groups": np.asarray(self.groups, dtype=np.int64),
                 "permutations": self.K, "seed": self.seed, "debiased": self.debiased,
                 "names": np.asarray(self.names, dtype=np.str_), "obs": self.obs.copy(), "null": self.null.copy(),
-                "n_batches": self.n_batches}
+                "n_batches": self.n_batches, "compute_dtype": self.compute_dtype or ""}
 
     @classmethod
     def from_state(cls, state: dict[str, Any], kernel: Callable[[Any, str], CentredGram] | None = None
@@ -131,7 +133,8 @@ class MinibatchNull:
             raise ValueError(f"not a MinibatchNull state (kind={state.get('kind')!r})")
         acc = cls(int(state["n_layers"]), [int(g) for g in np.asarray(state["groups"]).reshape(-1)],
                   int(state["permutations"]), int(state["seed"]), debiased=bool(state["debiased"]),
-                  names=[str(s) for s in np.asarray(state["names"]).reshape(-1)], kernel=kernel)
+                  names=[str(s) for s in np.asarray(state["names"]).reshape(-1)], kernel=kernel,
+                  compute_dtype=str(state.get("compute_dtype", "")) or None)
         acc.obs = np.array(state["obs"], dtype=np.float64)
         acc.null = np.array(state["null"], dtype=np.float64)
         acc.n_batches = int(state["n_batches"])
