@@ -120,7 +120,7 @@ def gram_null_products(rows: Any, cols: Any, perms: Any, *, diagonal: bool = Tru
     At = xp.take(flat_r, ia * n + ib, axis=1)  # (L_r, m)
     m = int(At.shape[1])
     if diagonal:
-        d = xp.arange(n, dtype=xp.int64, device=dev) if dev is not None else xp.arange(n, dtype=xp.int64)
+        d = on_device(xp.arange, n, dtype=xp.int64, device=dev)
         Ad = xp.take(flat_r, d * (n + 1), axis=1)  # (L_r, n)
     out = []
     step = max(1, int(gather_bytes // max(1, 8 * Lc * max(m, 1))))
@@ -130,14 +130,12 @@ def gram_null_products(rows: Any, cols: Any, perms: Any, *, diagonal: bool = Tru
         pa = xp.take(Pk, ia, axis=1)  # (c, m): π(a)
         pb = xp.take(Pk, ib, axis=1)
         idx = xp.reshape(pa * n + pb, (c * m,))
-        Bt = xp.reshape(xp.take(flat_c, idx, axis=1), (Lc, c, m))  # (L_c, c, m)
-        Bt = xp.reshape(xp.permute_dims(Bt, (1, 0, 2)), (c * Lc, m))
-        prod = 2.0 * (At @ xp.matrix_transpose(Bt))  # (L_r, c·L_c)
+        Bt = xp.reshape(xp.take(flat_c, idx, axis=1), (Lc * c, m))  # rows (column j, draw k)
+        prod = 2.0 * (At @ xp.matrix_transpose(Bt))  # (L_r, L_c·c)
         if diagonal:
-            Bd = xp.take(flat_c, xp.reshape(Pk * (n + 1), (c * n,)), axis=1)
-            Bd = xp.reshape(xp.permute_dims(xp.reshape(Bd, (Lc, c, n)), (1, 0, 2)), (c * Lc, n))
+            Bd = xp.reshape(xp.take(flat_c, xp.reshape(Pk * (n + 1), (c * n,)), axis=1), (Lc * c, n))
             prod = prod + Ad @ xp.matrix_transpose(Bd)
-        out.append(xp.permute_dims(xp.reshape(prod, (Lr, c, Lc)), (1, 0, 2)))
+        out.append(xp.moveaxis(xp.reshape(prod, (Lr, Lc, c)), 2, 0))
     return xp.concat(out, axis=0) if len(out) > 1 else out[0]
 
 
@@ -151,12 +149,11 @@ def knn_null_overlaps(rows: Sequence[Any], cols: Sequence[Any], perms: Any, *, x
     P = on_device(xp.asarray, np.asarray(perms, dtype=np.int64), device=dev) if isinstance(perms, np.ndarray) else perms
     K, n = P.shape
     k = rows[0].shape[1]
-    ar = xp.arange(n, dtype=xp.int64, device=dev) if dev is not None else xp.arange(n, dtype=xp.int64)
+    ar = on_device(xp.arange, n, dtype=xp.int64, device=dev)
     # π⁻¹ by scattering (array API has no put): the inverse of π is argsort(π)
     inv = xp.argsort(P, axis=1)
     base = xp.reshape(ar * n, (1, n, 1))
-    offsets = xp.reshape(xp.arange(K, dtype=xp.int64, device=dev) if dev is not None
-                         else xp.arange(K, dtype=xp.int64), (K, 1)) * n
+    offsets = xp.reshape(on_device(xp.arange, K, dtype=xp.int64, device=dev), (K, 1)) * n
     row_keys = [xp.reshape(xp.sort(xp.reshape(ar * n, (n, 1)) + xp.astype(a, xp.int64), axis=1), (n * k,))
                 for a in rows]
     out = []
