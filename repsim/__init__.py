@@ -46,6 +46,8 @@ _EXPORTS: dict[str, str] = {
     "SimilarityResult": "engine.result",
     "load_result": "engine.result",
     "similarity": "kernels.measures.exact",
+    "calibrated_similarity": "kernels.measures._null",
+    "calibrated_matrix": "kernels.measures._null",
     "CKAResult": "engine.result",
     "set_scheduler": "engine.scheduler",
     "layer_metrics": "engine.drivers",

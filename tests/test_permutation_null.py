@@ -456,3 +456,17 @@ def test_within_batch_route_agrees_with_the_reference_within_monte_carlo_error()
                                               perm_fn=perm_feed(P))
     assert float(p_same) == float(np.float32(p))
     assert abs(float(tau_same) - float(tau)) < 1e-7
+
+
+def test_calibrated_matrix_is_calibrated_similarity_per_pair_with_one_permutation_per_draw():
+    import repsim
+
+    rng = np.random.default_rng(18)
+    X, Y = related(rng, 40)
+    A, B = [X, np.tanh(X)], [Y, rng.normal(size=(40, 3)), X[:, :2]]
+    out = repsim.calibrated_matrix(A, B, "mutual_knn", permutations=39, seed=2, knn_k=4)
+    for i, j in itertools.product(range(2), range(3)):
+        one = repsim.calibrated_similarity(A[i], B[j], "mutual_knn", permutations=39, seed=2, knn_k=4)
+        assert out["values"][i, j] == one["value"] and out["pvalues"][i, j] == one["pvalue"]
+        assert out["threshold"][i, j] == one["threshold"] and out["calibrated"][i, j] == one["calibrated"]
+        np.testing.assert_array_equal(out["null"][:, i, j], one["null"])

@@ -168,8 +168,7 @@ class SimilarityResult:
         calibration against the same aggregate of every draw's block — valid because one permutation
         serves every layer of a store within a draw.  ``{"value", "pvalue", "threshold", "calibrated"}``."""
         from repsim.kernels.measures import get_measure
-        from repsim.kernels.measures._null import smax_of
-        from repsim.kernels.permutation import calibrate
+        from repsim.kernels.measures._null import aggregate_calibration, smax_of
 
         nulls = self.null(measure)
         store_b = store_a if store_b is None else store_b
@@ -177,14 +176,9 @@ class SimilarityResult:
         cols = [i for i, (s, _) in enumerate(self.index) if s == store_b]
         if not rows or not cols:
             raise KeyError(f"unknown store {store_a if not rows else store_b!r}; stores: {self.stores}")
-        if agg not in ("max", "mean"):
-            raise ValueError(f"agg must be 'max' or 'mean', got {agg!r}")
-        fn = np.max if agg == "max" else np.mean
-        obs = float(fn(self.calibration[measure]["observed"][np.ix_(rows, cols)]))
-        draws = fn(nulls[:, rows][:, :, cols].reshape(nulls.shape[0], -1), axis=1)
         a = float(self.meta.get("calibration", {}).get("alpha", 0.05)) if alpha is None else float(alpha)
-        cal, p, tau = calibrate(np.asarray(obs), draws, a, smax_of(get_measure(measure)))
-        return {"value": obs, "pvalue": float(p), "threshold": float(tau), "calibrated": float(cal)}
+        return aggregate_calibration(self.calibration[measure]["observed"][np.ix_(rows, cols)],
+                                     nulls[:, rows][:, :, cols], a, agg, smax_of(get_measure(measure)))
 
     @property
     def stores(self) -> list[str]:

@@ -74,3 +74,50 @@ def calibrated_similarity(X: Any, Y: Any, measure: str | Measure = "linear_cka",
     null = m.null_block([pa], [pb], group_permutations(permutations, m.null_rows(a.n), seed, 1))[:, 0, 0]
     cal, p, tau = calibrate(np.asarray(value), null, alpha, smax_of(m))
     return {"value": value, "pvalue": float(p), "threshold": float(tau), "calibrated": float(cal), "null": null}
+
+
+def calibrated_matrix(layers_a: Sequence[Any], layers_b: Sequence[Any], measure: str | Measure = "linear_cka", *,
+                      permutations: int = 200, seed: int = 0, alpha: float = 0.05, **options: Any) -> dict[str, Any]:
+    """Every pair of two in-memory layer lists (row i = ``layers_a[i]``), each calibrated against K draws
+    that permute the rows of every layer of ``layers_b`` alike (Gröger et al.'s Algorithm 2: the
+    block's maximum or mean then has a valid null too, :func:`aggregate_calibration`):
+    ``{"values", "pvalues", "threshold", "calibrated"}`` (L_a, L_b) and ``"null"`` (K, L_a, L_b).
+    Each layer is prepared once (Grams, bases, neighbour lists) and every draw reuses it."""
+    from repsim.kernels.measures import check_options, get_measure
+    from repsim.kernels.measures._exact import full_column
+
+    check_null(permutations, alpha)
+    if isinstance(measure, str):
+        check_options([measure], options)
+        m = get_measure(measure, **options)
+    else:
+        m = measure
+    cols_a = [full_column(x, f"A[{i}]") for i, x in enumerate(layers_a)]
+    cols_b = [full_column(y, f"B[{j}]") for j, y in enumerate(layers_b)]
+    n = cols_a[0].n
+    if any(c.n != n for c in cols_a + cols_b):
+        raise ValueError("every layer must hold the same examples (rows)")
+    pa = [m.prepare(c) for c in cols_a]
+    pb = [m.prepare(c) for c in cols_b]
+    values = np.full((len(pa), len(pb)), np.nan)
+    for i, a in enumerate(pa):
+        live = [j for j, b in enumerate(pb) if b is not None]
+        if a is not None and live:
+            values[i, live] = m.pairs(a, [pb[j] for j in live])
+    null = m.null_block(pa, pb, group_permutations(permutations, m.null_rows(n), seed, 1))
+    cal, p, tau = calibrate(values, null, alpha, smax_of(m))
+    return {"values": values, "pvalues": p, "threshold": tau, "calibrated": cal, "null": null}
+
+
+def aggregate_calibration(values: np.ndarray, null: np.ndarray, alpha: float = 0.05, agg: str = "max",
+                          smax: float | None = 1.0) -> dict[str, float]:
+    """The calibration of an aggregate (``"max"`` or ``"mean"``) of a block of pairs against the same
+    aggregate of each draw's block (``calibrate_layers``): valid when one permutation served every
+    column of the block's permuted side within a draw, as in :func:`calibrated_matrix` and the engine."""
+    if agg not in ("max", "mean"):
+        raise ValueError(f"agg must be 'max' or 'mean', got {agg!r}")
+    fn = np.max if agg == "max" else np.mean
+    obs = float(fn(values))
+    draws = fn(np.asarray(null).reshape(np.asarray(null).shape[0], -1), axis=1)
+    cal, p, tau = calibrate(np.asarray(obs), draws, alpha, smax)
+    return {"value": obs, "pvalue": float(p), "threshold": float(tau), "calibrated": float(cal)}
