@@ -16,8 +16,8 @@ from scipy import stats
 
 from repsim.kernels.analytic_null import MinibatchAnalytic, invariants, pearson3_calibration, permutation_moments
 from repsim.kernels.measures import Measure, get_measure, measure_names
-from repsim.kernels.measures._exact import full_column
-from repsim.kernels.measures._null import calibrated_similarity, exact_null, group_permutations
+from repsim.kernels.measures.exact import full_column
+from repsim.kernels.measures.exact import calibrated_similarity, exact_null, group_permutations
 from repsim.kernels.measures.linear_cka import hsic_prepared
 from repsim.kernels.minibatch_cka import MinibatchCKA
 from repsim.kernels.minibatch_null import MinibatchNull

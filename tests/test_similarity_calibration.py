@@ -14,8 +14,8 @@ import repsim
 from repsim.engine.blocks import BatchPlan
 from repsim.engine.result import load_result
 from repsim.kernels.measures import get_measure, measure_names
-from repsim.kernels.measures._exact import full_column
-from repsim.kernels.measures._null import exact_null
+from repsim.kernels.measures.exact import full_column
+from repsim.kernels.measures.exact import exact_null
 from repsim.kernels.minibatch_null import MinibatchNull
 from repsim.kernels.permutation import calibrate
 from test_engine_helpers import correlated_layers, make_store, stored

@@ -46,7 +46,7 @@ def null_request(permutations: int | None, alpha: float, null: str, seed: int, m
 
 
 def smax_of(measure: Measure) -> float | None:
-    from repsim.kernels.measures._null import smax_of as _smax
+    from repsim.kernels.measures.exact import smax_of as _smax
 
     return _smax(measure)
 
@@ -90,7 +90,7 @@ def exact_calibration(measure: Measure, prepared: Sequence[Any], values: np.ndar
         if progress is not None:
             progress(L)
         return analytic_arrays(measure, values, mean, var, mu3, request["alpha"])
-    from repsim.kernels.measures._null import exact_null
+    from repsim.kernels.measures.exact import exact_null
 
     nulls = exact_null(measure, prepared, request["groups"], request["permutations"], request["seed"], n, progress)
     return calibration_arrays(measure, values, nulls, request["alpha"])

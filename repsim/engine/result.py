@@ -168,7 +168,7 @@ class SimilarityResult:
         calibration against the same aggregate of every draw's block — valid because one permutation
         serves every layer of a store within a draw.  ``{"value", "pvalue", "threshold", "calibrated"}``."""
         from repsim.kernels.measures import get_measure
-        from repsim.kernels.measures._null import aggregate_calibration, smax_of
+        from repsim.kernels.measures.exact import aggregate_calibration, smax_of
 
         nulls = self.null(measure)
         store_b = store_a if store_b is None else store_b

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, diagonal, to_numpy
+from repsim.array_api import array_namespace, diagonal, to_numpy
 from repsim.kernels._precision import CentredGram
 
 __all__ = ["invariants", "permutation_moments", "pearson3_calibration", "MinibatchAnalytic"]

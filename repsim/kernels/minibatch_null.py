@@ -7,7 +7,7 @@ Minibatch CKA sums per-batch HSIC (Nguyen, Raghu & Kornblith 2021),
 A_iB the batch's U-centred Gram over √(b(b−3)) (HSIC₁, Song et al. 2012) or its double-centred Gram over
 b − 1 (HSIC₀).  The null permutes the rows of the column side *within each batch*: draw k replaces
 h_B(i, j) by ⟨A_iB, P_Bk A_jB P_Bkᵀ⟩, P_Bk one permutation of the batch's b rows per draw, batch and
-store (every column of a store shares it: layer-aggregate calibration, :mod:`repsim.kernels.measures._null`).
+store (every column of a store shares it: layer-aggregate calibration, :mod:`repsim.kernels.measures.exact`).
 Permutations within batches form a subgroup of all permutations of the examples, so for one pass
 over disjoint batches the test is exact (Phipson & Smyth 2010); the self-HSICs, and so the
 normalisers, do not change under a permutation.  Over several epochs the examples recur in other
@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, diagonal, gram_dtype, on_device, to_numpy
+from repsim.array_api import array_namespace, diagonal, gram_dtype, on_device, to_numpy
 from repsim.kernels._precision import CentredGram, constant_tolerance
 from repsim.kernels.hsic import centred_gram, ucenter
 from repsim.kernels.permutation import gram_null_products, permutations
@@ -55,7 +55,7 @@ class MinibatchNull:
         self.debiased = bool(debiased)
         self.names = [str(s) for s in names] if names is not None else [f"layer {i}" for i in range(self.n_layers)]
         self.kernel = kernel
-        self.compute_dtype = compute_dtype  # the Gram precision of a column given as rows (repsim._xp.gram_dtype)
+        self.compute_dtype = compute_dtype  # the Gram precision of a column given as rows (repsim.array_api.gram_dtype)
         self.obs = np.zeros((self.n_layers, self.n_layers))
         self.null = np.zeros((self.K, self.n_layers, self.n_layers))
         self.n_batches = 0

@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim._xp import array_namespace, on_device
+from repsim.array_api import array_namespace, on_device
 
 __all__ = ["check_null", "permutations", "calibrate", "order_index", "gram_null_products", "triangle",
            "knn_null_overlaps", "GATHER_BYTES"]
