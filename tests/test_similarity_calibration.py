@@ -104,6 +104,16 @@ def test_resume_distributed_and_device_give_the_fresh_result(stores, tmp_path, m
         np.testing.assert_allclose(dev.null(m), ref.null(m), atol=1e-9, rtol=0, err_msg=m)
 
 
+def test_the_minibatch_null_uses_the_first_epoch(stores):
+    """Later epochs re-pair the same examples: the null (and its observed values) come from epoch 0 alone."""
+    kw = dict(batch_size=24, seed=6, progress=False, permutations=19)
+    one = repsim.similarity_matrix(stores, ["linear_cka"], epochs=1, **kw)
+    three = repsim.similarity_matrix(stores, ["linear_cka"], epochs=3, **kw)
+    for what in ("null", "pvalues", "threshold", "calibrated"):
+        np.testing.assert_array_equal(getattr(three, what)("linear_cka"), getattr(one, what)("linear_cka"))
+    assert three.meta["calibration"]["minibatch_batches"] == one.meta["n_batches"] == three.meta["n_batches"] // 3
+
+
 def test_analytic_null_on_both_routes(stores):
     for method in ("exact", "minibatch"):
         res = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], method=method, batch_size=24, epochs=1,

@@ -15,7 +15,8 @@ __all__ = ["null_request", "calibration_arrays", "exact_calibration", "analytic_
 
 SCHEME = ("entry (i, j), i <= j for symmetric measures, is m(column i, column j with its rows permuted); every "
           "column of one store shares a draw's permutation (layer-aggregate calibration, Groeger et al. 2026 "
-          "Algorithm 2); minibatch: permutations within each batch")
+          "Algorithm 2); minibatch: permutations within each batch of the first epoch (observed values from the same "
+          "batches)")
 
 
 def null_request(permutations: int | None, alpha: float, null: str, seed: int, measures: Sequence[Measure],

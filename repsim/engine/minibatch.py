@@ -85,7 +85,10 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     names = [f"{c.store}/{c.layer}" for c in columns]
     measures = segment_measures(spec)
     accs = [m.accumulator(names) for m in measures]
-    nulls = null_accumulators(spec, measures, names)
+    # the null sees the first epoch only: one pass over disjoint batches, where permutations within
+    # batches act on the data set itself (an exact test); later epochs re-pair the same examples, and
+    # fresh permutations there would shrink the null's spread below the statistic's (anti-conservative)
+    nulls = null_accumulators(spec, measures, names) if epoch == 0 else []
     want_gram = any(m.info.statistic == "gram" for m in measures)
     dtypes = [gram_dtype(c.dtype, xp, spec.get("compute_dtype")) for c in columns]
 
@@ -150,6 +153,8 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     finally:
         if own:
             reader.close()
+    if spec.get("null") and not nulls:  # a later epoch's segment: empty nulls (merging adds nothing)
+        nulls = null_accumulators(spec, measures, names)
     return dict(join_states(measures, accs), **join_null_states(measures, nulls))
 
 
@@ -341,7 +346,9 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     Calibration (Gröger et al. 2026; :mod:`repsim.kernels.permutation`): ``permutations=K`` computes,
     in the same pass, K permutation nulls of every measure and pair — within each batch on the
     minibatch route (:mod:`repsim.kernels.minibatch_null`), from the prepared columns on the exact
-    route — with one permutation per store and draw (layer-aggregate calibration) drawn from ``seed``;
+    route — with one permutation per store and draw (layer-aggregate calibration) drawn from ``seed``
+    (the minibatch null and its observed values use the first epoch: one pass over disjoint batches,
+    where the within-batch test is exact);
     ``null="analytic"`` (CKA only, no K) uses the exact permutation moments instead
     (:mod:`repsim.kernels.analytic_null`).  ``alpha`` sets the threshold τ.  The result's
     :meth:`~SimilarityResult.pvalues`, :meth:`~SimilarityResult.threshold` and
@@ -518,6 +525,8 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
         states[m.name] = acc.to_state()
     for m, nacc in zip(mini, naccs or []):
         calibration[m.name] = minibatch_calibration(m, nacc, null_req)
+    if naccs:
+        meta["calibration"]["minibatch_batches"] = int(naccs[0].n_batches)  # the first epoch's: the test's data
     run_exact()
     return with_calibration(SimilarityResult(values={m: values[m] for m in names_m}, index=index, meta=meta,
                                              states=states), calibration)

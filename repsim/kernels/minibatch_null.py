@@ -11,9 +11,9 @@ store (every column of a store shares it: layer-aggregate calibration, :mod:`rep
 Permutations within batches form a subgroup of all permutations of the examples, so for one pass
 over disjoint batches the test is exact (Phipson & Smyth 2010); the self-HSICs, and so the
 normalisers, do not change under a permutation.  Over several epochs the examples recur in other
-batches and each batch gets fresh permutations: the null then is the within-batch null of every
-epoch's statistic, still a valid comparison but no longer one permutation of one data set (use one
-epoch for an exact test).
+batches: fresh permutations there would pair them anew in every epoch while the data keep one pairing,
+so the null would be narrower than the statistic's spread (anti-conservative); the engine therefore
+feeds this accumulator the first epoch's batches only.
 
 The K null products of a batch are batched products over the Grams the pass formed
 (:func:`repsim.kernels.permutation.gram_null_products`): no rows are re-read.  Draws come from
