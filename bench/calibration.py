@@ -96,7 +96,7 @@ def part_matrix(args: argparse.Namespace) -> dict:
             import torch
             from calibrated_similarity import calibrate
 
-            torch.set_num_threads(os.cpu_count() or 1)
+            torch.set_num_threads(args.threads)
             sim = torch_metrics(10)[name]
             At = [torch.as_tensor(x) for x in A]
             Bt = [torch.as_tensor(y) for y in B]
@@ -177,7 +177,8 @@ def markdown(res: dict, gpu: bool) -> str:
                 + f"\nGoal: K = {h['permutations']} null products ≤ 2× the uncalibrated GPU pass: "
                 f"{'met' if h['ratio_permutation'] <= 2 else 'NOT met'} ({h['ratio_permutation']:.2f}×).\n\n{prov}\n")
     m, h = res["matrix"], res["heatmap"]
-    lines = [f"## calibration\n\n`python bench/calibration.py` ({res['provenance']['date_utc']}; 2-core shared CPU).\n",
+    lines = [f"## calibration\n\n`python bench/calibration.py` ({res['provenance']['date_utc']}; 2-core shared CPU, "
+             f"{res['args']['threads']} BLAS/torch thread(s) for both sides; arguments {res['args']}).\n",
              f"**Calibrated {m['layers']} × {m['layers']}-layer matrix, K = {m['permutations']}** (n = {m['n']}, "
              f"p = {m['p']} per layer; every pair's p-value, τ and calibrated score): repsim.calibrated_matrix against "
              "calibrated_similarity.calibrate per pair with the same metric in torch float64 (reference time "
@@ -219,6 +220,9 @@ def main() -> int:
     ap.add_argument("--mb-widths", default="16384,8192,4096", help="flattened conv widths, cycled over the layers")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="BLAS and torch threads for both sides (default 1: the algorithms; on this shared 2-core "
+                         "box threaded BLAS thrashed — 36 MFLOP/s for one product at load 18)")
     ap.add_argument("--quick", action="store_true", help="small sizes, a trial (writes no recorded results)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -229,11 +233,14 @@ def main() -> int:
         args.layers, args.n, args.p, args.reference_pairs = 4, 120, 32, 2
         args.mb_layers, args.mb_n, args.mb_widths, args.batch = 2, 256, "1024,512", 64
     res: dict = {"args": vars(args)}
-    if not gpu:
-        print("calibrated matrix:", flush=True)
-        res["matrix"] = part_matrix(args)
-    print("minibatch heatmap:", flush=True)
-    res["heatmap"] = part_heatmap(args, args.device)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(args.threads):
+        if not gpu:
+            print("calibrated matrix:", flush=True)
+            res["matrix"] = part_matrix(args)
+        print("minibatch heatmap:", flush=True)
+        res["heatmap"] = part_heatmap(args, args.device)
     res["provenance"] = provenance()
     path = json_out(out, default, args.quick)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -35,6 +35,22 @@ from repsim.kernels.permutation import gram_null_products, permutations
 __all__ = ["MinibatchNull"]
 
 
+def _host_products(A: np.ndarray, B: np.ndarray, perms: np.ndarray, diagonal: bool) -> np.ndarray:
+    """:func:`gram_null_products` on the host, its draws split over :func:`repsim.blas.blas_thread_split`'s
+    k threads (inside the engine's segments BLAS already runs one thread each)."""
+    from repsim.blas import blas_thread_split
+
+    with blas_thread_split() as k:
+        parts = [p for p in np.array_split(np.arange(perms.shape[0]), min(k, perms.shape[0])) if p.size]
+        if len(parts) < 2:
+            return gram_null_products(A, B, perms, diagonal=diagonal)
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(parts), thread_name_prefix="repsim-null") as pool:
+            return np.concatenate(list(pool.map(lambda i: gram_null_products(A, B, perms[i], diagonal=diagonal),
+                                                parts)), axis=0)
+
+
 class MinibatchNull:
     """Sums over batches of the observed per-batch HSIC (L, L) and of K within-batch null HSICs (K, L, L).
 
@@ -91,8 +107,11 @@ class MinibatchNull:
             cols = [j for j in range(L) if self.groups[j] == g]
             perms = permutations(self.K, b, [self.seed, *[int(v) for v in key], g])
             idx = on_device(xp.asarray, np.asarray(cols, dtype=np.int64), device=getattr(A, "device", None))
-            null[:, :, cols] = to_numpy(gram_null_products(A, xp.take(A, idx, axis=0), perms,
-                                                           diagonal=not self.debiased, xp=xp))
+            B = xp.take(A, idx, axis=0)
+            if xp is np:  # the draws split over the BLAS thread budget (each thread single-threaded BLAS)
+                null[:, :, cols] = _host_products(A, B, perms, not self.debiased)
+            else:
+                null[:, :, cols] = to_numpy(gram_null_products(A, B, perms, diagonal=not self.debiased, xp=xp))
         self.obs += (obs + obs.T) / 2
         self.null += null
         self.n_batches += 1
