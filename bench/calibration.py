@@ -14,6 +14,11 @@ uncalibrated pass, each ratio from one run.
    uncalibrated, with ``permutations=200`` (the within-batch Monte Carlo null of all column pairs in the
    same pass) and with ``null="analytic"``.  Goals: ≤ 5× and ≤ 1.1× the uncalibrated pass.
 3. ``--device cuda``: part 2 on the GPU (CuPy) — goal: K = 200 null products ≤ 2× the uncalibrated GPU pass.
+   On a lent H200 (the image lacks zarr and dask: the wheels of bench/gpu_device.sh in .whl/, carried):
+   ``python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl && python3 -m pip install -q
+   --no-index --no-deps --no-build-isolation -e . && PYTHONUNBUFFERED=1 python3 bench/calibration.py
+   --device cuda --mb-n 4096 --batch 1024 --mb-layers 9 --repeats 2 && cp bench/RESULTS.md
+   bench/results/calibration_gpu.json $OUT/`` (``carry: [".whl"]``, ``timeout_s: 500``).
 
 Writes JSON (``--out``, default bench/results/calibration.json; a ``--device cuda`` run writes
 calibration_gpu.json) and, for a full run with the default ``--out``, the ``## calibration`` section of
@@ -233,7 +238,10 @@ def main() -> int:
         args.layers, args.n, args.p, args.reference_pairs = 4, 120, 32, 2
         args.mb_layers, args.mb_n, args.mb_widths, args.batch = 2, 256, "1024,512", 64
     res: dict = {"args": vars(args)}
-    from threadpoolctl import threadpool_limits
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # (the GPU image may lack it: the device run uses no host BLAS to speak of)
+        from contextlib import nullcontext as threadpool_limits  # type: ignore[assignment]
 
     with threadpool_limits(args.threads):
         if not gpu:
