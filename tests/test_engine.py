@@ -514,18 +514,18 @@ def test_array_module_cuda_fills_cupy13_gaps(monkeypatch):
     from repsim import array_api
     from repsim.engine.scheduler import array_module, device_name, reader_threads
 
-    class OldCupy(types.ModuleType):  # NumPy standing in for CuPy 13: no concat/astype/... (_xp._CUPY_GAPS)
+    class OldCupy(types.ModuleType):  # NumPy standing in for CuPy 13: no concat/astype/... (array_api._CUPY_GAPS)
         def __getattr__(self, name):
-            if name in _xp._CUPY_GAPS:
+            if name in array_api._CUPY_GAPS:
                 raise AttributeError(f"module 'cupy' has no attribute {name!r}")
             return getattr(np, name)
 
     fake = OldCupy("cupy")
     monkeypatch.setitem(sys.modules, "cupy", fake)
     monkeypatch.setitem(sys.modules, "array_api_compat.cupy", None)  # -> repsim's own filler
-    monkeypatch.setattr(_xp, "_NAMESPACE_CACHE", {})
+    monkeypatch.setattr(array_api, "_NAMESPACE_CACHE", {})
     xp = array_module("cuda")
-    assert xp is not fake and _xp.is_cupy_namespace(xp)
+    assert xp is not fake and array_api.is_cupy_namespace(xp)
     a, b = np.ones((2, 3)), np.zeros((1, 3))
     assert xp.concat([a, b], axis=0).shape == (3, 3)
     assert xp.astype(a, np.float32).dtype == np.float32

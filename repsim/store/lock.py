@@ -93,8 +93,10 @@ def _command() -> str | None:
     if not argv or not argv[0]:
         return None
     head = os.path.basename(argv[0])
-    if head == "__main__.py":  # python -m package
-        head = f"python -m {os.path.basename(os.path.dirname(argv[0]))}"
+    if head == "__main__.py":  # python -m package (dotted: python -m repsim.extract)
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        package = spec.name.rpartition(".")[0] if spec is not None and spec.name else ""
+        head = f"python -m {package or os.path.basename(os.path.dirname(argv[0]))}"
     elif head in ("-c", "-m"):
         head = "python " + head
     text = " ".join([head, *map(shlex.quote, argv[1:])])
