@@ -423,15 +423,12 @@ def describe_rows(df: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
-# Display names of the similarity measures (repsim.kernels.measures; docs/measures.md), for titles and labels.
-MEASURE_NAMES: dict[str, str] = {
-    "linear_cka": "linear CKA", "rbf_cka": "RBF CKA", "procrustes": "Procrustes", "cca": "CCA (mean ρ)",
-    "svcca": "SVCCA", "pwcca": "PWCCA", "rsa": "RSA", "mutual_knn": "mutual k-NN", "ridge_r2": "ridge R²",
-}
-
-
 def measure_display(name: str) -> str:
-    return MEASURE_NAMES.get(name, name)
+    """The measure's display name for titles and labels (its registry entry's ``MeasureInfo.label``;
+    an unknown name as it is)."""
+    from repsim.kernels.measures import measure_label
+
+    return measure_label(name)
 
 
 def measure_order(names: Iterable[str]) -> list[str]:
