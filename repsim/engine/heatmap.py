@@ -90,9 +90,7 @@ def _label(measure: str) -> str:
 def _cmap() -> Any:
     import matplotlib
 
-    cmap = matplotlib.colormaps[CMAP].copy()
-    cmap.set_bad(NAN_COLOUR)
-    return cmap
+    return matplotlib.colormaps[CMAP].with_extremes(bad=NAN_COLOUR)
 
 
 def _nan_note(fig: Any, count: int) -> None:
