@@ -110,3 +110,26 @@ def test_python_views_hold_the_results_matrices(own):
     np.testing.assert_array_equal(da.sel(measure="linear_cka").values, res.matrix("linear_cka"))
     assert float(da.sel(measure="rbf_cka", store_a=a.name, layer_a="pool", store_b="vit", layer_b="pool")) == \
         res.matrix("rbf_cka")[i, j]
+
+
+def test_figures_over_own_models_draw_heatmaps_and_skip_what_has_no_meaning(own, capfd):
+    """`repsim figures` finds the result by content (similarity.npz matches no name pattern; a non-result
+    .npz beside it is passed over), draws one heatmap per measure, and skips every item that compares
+    objectives — none known here — with its reason, instead of empty, all-zero or "s?"-labelled figures."""
+    np.savez(own / "results" / "notes.npz", x=np.arange(3))  # not a result
+    out = own / "figs_all"
+    items = ["heatmap", "fig2a", "fig2b", "figC4", "figC5", "figC6", "figC7", "figE1", "figE3"]
+    assert repsim_main(["figures", "--stores", str(own / "stores"), "--results", str(own / "results"),
+                        "--out", str(out), "--only", *items]) == 0
+    printed = capfd.readouterr()
+    assert "No artists with labels" not in printed.out + printed.err
+    report = (out / "report.html").read_text()
+    for m in ("linear_cka", "rbf_cka"):
+        assert (out / f"heatmap_similarity_{m}.png").read_bytes()[:4] == b"\x89PNG"
+        assert f"<h2 id='heatmap_similarity_{m}'>" in report and f"<img src='heatmap_similarity_{m}.png'" in report
+    assert not list(out.glob("heatmap_notes*"))
+    for it in items[1:]:
+        assert f"id='{it}' class='skipped'" in report, it
+        assert not (out / f"{it}.png").exists(), it
+        line = next(l for l in printed.out.splitlines() if l.startswith(f"[figures] {it} "))
+        assert "skipped: " in line and "objective" in line, line

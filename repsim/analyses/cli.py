@@ -16,7 +16,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stores", type=Path, default=None,
                         help="directory holding activation stores (*.zarr, searched recursively)")
     parser.add_argument("--results", type=Path, default=None,
-                        help="directory of results files (cka_*.npz, similarity_*.npz, separation.csv, probes.csv, ...)")
+                        help="directory of results files: every .npz written by repsim cka/similarity (found by content, "
+                             "any name), separation.csv, probes.csv, ...")
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory for figures, tables, report.html (required unless --list)")
     parser.add_argument("--only", nargs="+", metavar="ID", default=None,

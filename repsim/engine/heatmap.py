@@ -168,7 +168,7 @@ def _matrix(result: "SimilarityResult", measures: list[str], picked: list[int],
 
     L = len(index)
     side = float(np.clip(3.2 + 0.16 * L, 5.0, 13.0))
-    fig = Figure(figsize=(side * len(measures) + 1.2 * len(measures), side + 1.3), layout="constrained")
+    fig = Figure(figsize=(side * len(measures) + 1.2 * len(measures), side + 0.7), layout="constrained")
     axes = fig.subplots(1, len(measures), squeeze=False)[0]
     blocks = _blocks(index)
     ticks = thin(L, MAX_TICKS)

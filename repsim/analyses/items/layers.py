@@ -39,7 +39,9 @@ def cka_groups(inputs: Inputs, measure: str = "linear_cka") -> tuple[object, dic
         except Missing:
             continue
     if not groups:
-        raise Missing(f"the objective of no {cka.display} store is known (pass --stores or results CSVs naming them)")
+        where = ("their attrs name none: random-init or own models; the heatmap items draw them"
+                 if inputs.stores_dir is not None else "pass --stores, or results CSVs naming them")
+        raise Missing(f"the objective of no {cka.display} store is known ({where})")
     layers = sorted(set.intersection(*(set(cka.layers(s)) for ss in groups.values() for s in ss)), key=natural_key)
     layers = [l for l in layers if l != "logits"]
     if len(layers) < 2:
