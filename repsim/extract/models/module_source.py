@@ -2,7 +2,7 @@
 
 ``factory`` is called without arguments (seeded, so random weights are the same on every run) and
 must return an ``nn.Module``; the optional state dict (a ``torch.save``d mapping of tensors, or a
-dict holding one under ``state_dict``/``model``) is loaded strictly. The module is imported from the
+dict holding one under ``state_dict``/``model``, or a ``.safetensors`` file) is loaded strictly. The module is imported from the
 installed packages or the current directory. Its layers follow the generic registry
 (repsim/extract/layers.py); a model can declare them itself (``extract_layers``), and ``output_fmt =
 "NHWC"`` (timm's convention) marks channels-last maps.
@@ -51,7 +51,12 @@ def load(spec: str) -> LoadedModel:
         path = Path(state_path)
         if not path.is_file():
             raise ValueError(f"extract: {spec!r}: state dict {state_path!r} does not exist")
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        if path.suffix == ".safetensors":  # (timm's and the hub's format)
+            from safetensors.torch import load_file
+
+            state = load_file(str(path), device="cpu")
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
         if isinstance(state, dict) and not any(isinstance(v, torch.Tensor) for v in state.values()):
             state = state.get("state_dict") or state.get("model") or state
         try:

@@ -38,7 +38,7 @@ def load(spec: str) -> LoadedModel:
         with seeded():
             model = get_model(name, weights=None)
     else:
-        model = get_model(name, weights=chosen)
+        model = _pretrained(spec, name, chosen, get_model)
     model.eval()
     default = enum.DEFAULT  # every torchvision classifier has weights; their transform gives the usual size
     crop = side(getattr(default.transforms(), "crop_size", None))
@@ -58,3 +58,29 @@ def load(spec: str) -> LoadedModel:
         input_size=int(fixed) if fixed else crop, fixed_size=bool(fixed),
         min_size=side((chosen or default).meta.get("min_size")),
     )
+
+
+def _pretrained(spec: str, name: str, weights, get_model):
+    """torchvision's model with ``weights``, from torch.hub's cache or downloaded; without network and
+    without the cached file, one line naming the file, the cache and a local route (extract/models/offline.py)."""
+    import os
+    import urllib.error
+    from urllib.parse import urlparse
+
+    import torch
+
+    from .offline import host_of, reachable, unavailable
+
+    filename = os.path.basename(urlparse(weights.url).path)
+    cache = os.path.join(torch.hub.get_dir(), "checkpoints")
+
+    def error(reason: str = "cannot be reached (no network?)") -> ValueError:
+        return unavailable(spec, filename, cache, host_of(weights.url), "TORCH_HOME",
+                           f"module:torchvision.models:{name}:/path/to/{filename}", reason)
+
+    if not os.path.isfile(os.path.join(cache, filename)) and not reachable(weights.url):
+        raise error()
+    try:
+        return get_model(name, weights=weights)
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise error(f"did not give it ({getattr(exc, 'reason', exc)})") from None
