@@ -301,7 +301,8 @@ class Inputs:
         """Every results file of `repsim cka` / `repsim similarity` in --results, found by content: each
         ``*.npz`` that :func:`repsim.load_result` reads (whatever its name; resume checkpoints
         ``*.ckpt.npz`` and other arrays such as spectra.npz are not results and are passed over)."""
-        from repsim.engine.result import NotAResult, load_result
+        from repsim import load_result
+        from repsim.engine.result import NotAResult
 
         if self.results_dir is None:
             raise Missing("no --results directory")

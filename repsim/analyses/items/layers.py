@@ -84,7 +84,7 @@ def _measure_text(mm, lo: float, hi: float) -> str:
 
 
 @item("fig2a", "Fig. 2a: block × block {measure} between softmax networks and networks of each objective",
-      "figure", ("cka_*.npz or similarity_*.npz", "stores or results CSVs naming objectives"), per_measure=True)
+      "figure", ("results of repsim cka/similarity (.npz)", "stores or results CSVs naming objectives"), per_measure=True)
 def fig2a(inputs: Inputs, measure: str = "linear_cka") -> Figure:
     cka, groups, layers = cka_groups(inputs, measure)
     if "softmax" not in groups:
@@ -124,7 +124,7 @@ def fig2a(inputs: Inputs, measure: str = "linear_cka") -> Figure:
 
 
 @item("fig2b", "Fig. 2b: {measure} between objectives at corresponding layers", "figure",
-      ("cka_*.npz or similarity_*.npz", "stores or results CSVs naming objectives"), per_measure=True)
+      ("results of repsim cka/similarity (.npz)", "stores or results CSVs naming objectives"), per_measure=True)
 def fig2b(inputs: Inputs, measure: str = "linear_cka") -> Figure:
     cka, groups, layers = cka_groups(inputs, measure)
     labels = labels_in_order(groups)
@@ -175,7 +175,7 @@ def consecutive_similarity(cka, groups: dict[str, list[str]], layers: list[str])
 
 
 @item("blocks", "Consecutive-block linear CKA within one network", "table",
-      ("cka_*.npz or similarity_*.npz with each store against itself",))
+      ("results of repsim cka/similarity (.npz) with each store against itself",))
 def blocks(inputs: Inputs) -> Table:
     """Not a paper item (issue 28): linear CKA between each block's output and the next one's within one
     network. Values near 1 within a stage mean the blocks there add nearly nothing (a zero-γ residual branch
