@@ -133,3 +133,22 @@ def test_figures_over_own_models_draw_heatmaps_and_skip_what_has_no_meaning(own,
         assert not (out / f"{it}.png").exists(), it
         line = next(l for l in printed.out.splitlines() if l.startswith(f"[figures] {it} "))
         assert "skipped: " in line and "objective" in line, line
+
+
+def test_extract_seed_draws_other_random_weights_and_records_the_seed(tmp_path, monkeypatch):
+    """`repsim extract --seed S` for a model named without weights: S draws the weights (another S,
+    another network; the same S, the same one) and is recorded as the store's model.seed and init."""
+    monkeypatch.syspath_prepend(str(TESTS))
+    stores = {}
+    for name, seed in (("s0", None), ("s3", "3"), ("s3b", "3")):
+        argv = ["extract", "--checkpoint", "module:tiny_models:vit", "--data", "digits", "--split", "test",
+                "--layers", "pool", "--out", str(tmp_path / f"{name}.zarr"), "--workers", "0", "--no-progress"]
+        assert repsim_main(argv + (["--seed", seed] if seed else [])) == 0
+        stores[name] = repsim.open_store(str(tmp_path / f"{name}.zarr"))
+    assert stores["s0"].attrs["model"]["seed"] == 0 and stores["s0"].attrs["model"]["init"] == "factory(seed=0)"
+    assert stores["s3"].attrs["model"]["seed"] == 3 and stores["s3"].attrs["model"]["init"] == "factory(seed=3)"
+    sha = {k: s.attrs["model"]["weights_sha256"] for k, s in stores.items()}
+    assert sha["s3"] == sha["s3b"] != sha["s0"]
+    pool = {k: np.asarray(s.zarr_array("pool")[...], dtype=np.float32) for k, s in stores.items()}
+    np.testing.assert_array_equal(pool["s3"], pool["s3b"])
+    assert not np.array_equal(pool["s0"], pool["s3"])

@@ -21,7 +21,7 @@ from .common import LoadedModel, clean, infer_input, seeded, weights_sha256
 PREFIX = "module:"
 
 
-def load(spec: str) -> LoadedModel:
+def load(spec: str, *, seed: int = 0) -> LoadedModel:
     import torch
     from torch import nn
 
@@ -41,7 +41,7 @@ def load(spec: str) -> LoadedModel:
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise ValueError(f"extract: {spec!r}: {module_name} has no callable {factory_name!r}")
-    with seeded():
+    with seeded(seed):
         model = factory()
     if not isinstance(model, nn.Module):
         raise ValueError(f"extract: {spec!r}: {factory_name}() returned {type(model).__name__}, not an nn.Module")
@@ -66,6 +66,7 @@ def load(spec: str) -> LoadedModel:
             raise ValueError(f"extract: {spec!r}: the state dict does not fit the model: {' '.join(first[:3])[:400]}") from None
         meta.update(checkpoint=str(path.resolve()), checkpoint_sha256=sha256_file(path), init="state dict")
     else:
-        meta["init"] = "factory(seed=0)"
+        meta["init"] = f"factory(seed={seed})"
+        meta["seed"] = seed
     meta["weights_sha256"] = weights_sha256(model)
     return LoadedModel(model.eval(), clean(meta), **infer_input(model))

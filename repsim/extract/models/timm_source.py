@@ -16,7 +16,7 @@ from .common import LoadedModel, Preprocess, clean, seeded, side, weights_sha256
 PREFIX = "timm:"
 
 
-def load(spec: str) -> LoadedModel:
+def load(spec: str, *, seed: int = 0) -> LoadedModel:
     require("timm", f"model source {spec!r}")
     import timm
     from timm.data import create_transform, resolve_data_config
@@ -30,7 +30,7 @@ def load(spec: str) -> LoadedModel:
     if pretrained:
         model = _pretrained(spec, name, timm)
     else:
-        with seeded():
+        with seeded(seed):
             model = timm.create_model(name, pretrained=False)
     model.eval()
     cfg = resolve_data_config({}, model=model)
@@ -39,7 +39,8 @@ def load(spec: str) -> LoadedModel:
         t = create_transform(**cfg, is_training=False)
         preprocess = Preprocess(t, f"timm transform {cfg}", mode="L" if cfg["input_size"][0] == 1 else "RGB")
     meta = {
-        "arch": name, "source": "timm", "init": "pretrained" if pretrained else "random(seed=0)",
+        "arch": name, "source": "timm", "init": "pretrained" if pretrained else f"random(seed={seed})",
+        "seed": None if pretrained else seed,
         "weights_sha256": weights_sha256(model), "timm": timm.__version__,
     }
     return LoadedModel(

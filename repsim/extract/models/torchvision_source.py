@@ -16,7 +16,7 @@ from .common import LoadedModel, Preprocess, clean, seeded, side, weights_sha256
 PREFIX = "torchvision:"
 
 
-def load(spec: str) -> LoadedModel:
+def load(spec: str, *, seed: int = 0) -> LoadedModel:
     import torchvision
     from torchvision.models import get_model, get_model_weights, list_models
 
@@ -35,7 +35,7 @@ def load(spec: str) -> LoadedModel:
             f"{', '.join(w.name for w in enum)}"
         ) from None
     if chosen is None:
-        with seeded():
+        with seeded(seed):
             model = get_model(name, weights=None)
     else:
         model = _pretrained(spec, name, chosen, get_model)
@@ -50,7 +50,8 @@ def load(spec: str) -> LoadedModel:
                                    + " ".join(repr(t).split()))
     meta = {
         "arch": name, "source": "torchvision", "weights": f"{type(chosen).__name__}.{chosen.name}" if chosen else None,
-        "init": "pretrained" if chosen else "random(seed=0)", "weights_sha256": weights_sha256(model),
+        "init": "pretrained" if chosen else f"random(seed={seed})",
+        "seed": None if chosen else seed, "weights_sha256": weights_sha256(model),
         "torchvision": torchvision.__version__,
     }
     return LoadedModel(
