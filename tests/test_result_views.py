@@ -68,7 +68,7 @@ def test_every_linear_cka_entry_point_gives_the_debiased_value_at_its_defaults(a
 
 
 def test_every_entry_point_states_its_default_in_its_docstring():
-    from repsim.kernels.measures._exact import similarity
+    from repsim.kernels.measures.exact import similarity
 
     for fn in (repsim.linear_cka, repsim.MinibatchCKA, repsim.cka_matrix, repsim.similarity_matrix, similarity):
         doc = " ".join((fn.__doc__ or "").split())

@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
-    from repsim._io import atomic_write
+    from repsim.fileio import atomic_write
     from repsim.engine.result import load_result
 
     result = load_result(args.result)

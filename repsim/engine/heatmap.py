@@ -16,14 +16,13 @@ with a legend entry saying so.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 from repsim.engine.result_views import measure_range
 
-if TYPE_CHECKING:  # pragma: no cover
-    from repsim.engine.result import SimilarityResult
+SimilarityResult = Any  # repsim.engine.result.SimilarityResult (not imported: result imports this module)
 
 KINDS = ("matrix", "grid")
 MAX_TICKS = 24  # layer ticks per axis of a matrix panel (per store-pair panel: 8)
@@ -31,7 +30,7 @@ NAN_COLOUR = "#d0d0d0"  # light grey: not a colour of the viridis map
 CMAP = "viridis"
 
 
-def select(result: "SimilarityResult", stores: Sequence[str] | None = None,
+def select(result: SimilarityResult, stores: Sequence[str] | None = None,
            layers: Sequence[str] | Mapping[str, Sequence[str]] | None = None) -> list[int]:
     """Positions in ``result.index`` of the chosen columns: ``stores`` (names, in the order given; default
     all, in the result's order) and ``layers`` (names kept in every store, or {store: names}; default all).
@@ -60,7 +59,7 @@ def select(result: "SimilarityResult", stores: Sequence[str] | None = None,
     return picked
 
 
-def colour_limits(result: "SimilarityResult", measure: str, values: np.ndarray) -> tuple[float, float, str]:
+def colour_limits(result: SimilarityResult, measure: str, values: np.ndarray) -> tuple[float, float, str]:
     """(vmin, vmax, colour-bar extend) from the measure's declared range; an unbounded or undeclared
     end is the data's (0 when the data give none); ``extend`` marks values beyond a declared end."""
     lo, hi = measure_range(result, measure)
@@ -121,7 +120,7 @@ def _hatch_nan(ax: Any, values: np.ndarray) -> None:
                 j += 1
 
 
-def plot(result: "SimilarityResult", measure: str | Sequence[str] | None = None, *,
+def plot(result: SimilarityResult, measure: str | Sequence[str] | None = None, *,
          stores: Sequence[str] | None = None, layers: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
          kind: str = "matrix", title: str | None = None) -> Any:
     """The heatmap figure of ``result`` (module docstring): ``measure`` one name or several (default: every
@@ -162,7 +161,7 @@ def _blocks(index: Sequence[tuple[str, str]]) -> list[tuple[str, int, int]]:
     return out
 
 
-def _matrix(result: "SimilarityResult", measures: list[str], picked: list[int],
+def _matrix(result: SimilarityResult, measures: list[str], picked: list[int],
             index: list[tuple[str, str]], title: str) -> Any:
     from matplotlib.figure import Figure
 
@@ -205,7 +204,7 @@ def _matrix(result: "SimilarityResult", measures: list[str], picked: list[int],
     return fig
 
 
-def _grid(result: "SimilarityResult", measure: str, picked: list[int], index: list[tuple[str, str]],
+def _grid(result: SimilarityResult, measure: str, picked: list[int], index: list[tuple[str, str]],
           title: str) -> Any:
     from matplotlib.figure import Figure
 
@@ -243,7 +242,7 @@ def _grid(result: "SimilarityResult", measure: str, picked: list[int], index: li
     return fig
 
 
-def _symmetric(result: "SimilarityResult", measure: str) -> bool:
+def _symmetric(result: SimilarityResult, measure: str) -> bool:
     from repsim.engine.result_views import measure_info
 
     return bool(measure_info(result, measure).get("symmetric", True))

@@ -7,18 +7,17 @@ that: ``store_a``/``layer_a`` name the row (first argument), ``store_b``/``layer
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover
-    from repsim.engine.result import SimilarityResult
+SimilarityResult = Any  # repsim.engine.result.SimilarityResult (not imported: result imports this module)
 
 # the estimator settings a view carries along (xarray attrs, the repr's estimator line)
 SETTINGS = ("method", "n", "batch_size", "epochs", "debiased", "spatial", "seed", "shuffle")
 
 
-def to_pandas(result: "SimilarityResult", *, wide: bool = False) -> Any:
+def to_pandas(result: SimilarityResult, *, wide: bool = False) -> Any:
     """A :class:`pandas.DataFrame` of every pair of columns and every measure.
 
     Tidy (default): one row per (store_a, layer_a, store_b, layer_b, measure), columns ``store_a``,
@@ -43,7 +42,7 @@ def to_pandas(result: "SimilarityResult", *, wide: bool = False) -> Any:
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[*pairs, "measure", "value"])
 
 
-def to_xarray(result: "SimilarityResult") -> Any:
+def to_xarray(result: SimilarityResult) -> Any:
     """An :class:`xarray.DataArray` of dims (``measure``, ``a``, ``b``): ``a`` the rows (first argument),
     indexed by the levels ``store_a`` and ``layer_a``, ``b`` the columns (``store_b``, ``layer_b``), so that
     ``da.sel(measure="linear_cka", store_a="resnet18", store_b="vit")`` is one store pair's block.  Attrs:
@@ -75,7 +74,7 @@ def _attr(value: Any) -> Any:
     return value if isinstance(value, (int, float, str)) else str(value)
 
 
-def measure_info(result: "SimilarityResult", measure: str) -> dict[str, Any]:
+def measure_info(result: SimilarityResult, measure: str) -> dict[str, Any]:
     """The measure's declared metadata: as recorded in the result, else the registry's (a ``repsim cka``
     file records none), else {}."""
     recorded = result.meta.get("measure_info", {}).get(measure)
@@ -89,13 +88,13 @@ def measure_info(result: "SimilarityResult", measure: str) -> dict[str, Any]:
         return {}
 
 
-def measure_range(result: "SimilarityResult", measure: str) -> tuple[float, float]:
+def measure_range(result: SimilarityResult, measure: str) -> tuple[float, float]:
     """The measure's declared (min, max) (±inf where unbounded, NaN when nothing declares it)."""
     lo, hi = measure_info(result, measure).get("range", (np.nan, np.nan))
     return float(lo), float(hi)
 
 
-def describe(result: "SimilarityResult", kind: str = "SimilarityResult") -> str:
+def describe(result: SimilarityResult, kind: str = SimilarityResult) -> str:
     """What the result holds, in a few lines: measures and their estimators, stores and their layer
     counts, the estimator settings, undefined columns, and how to look at it."""
     stores = list(dict.fromkeys(s for s, _ in result.index))
