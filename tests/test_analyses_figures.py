@@ -259,7 +259,7 @@ def test_missing_inputs_are_skipped_with_a_note(tmp_path):
     assert main(["figures", "--results", str(res), "--out", str(out), "--quiet"]) == 0
     report = (out / "report.html").read_text()
     assert "probes.csv not found in --results" in report
-    assert "no cka_*.npz or similarity_*.npz in --results" in report
+    assert "no results file of repsim cka or repsim similarity in --results" in report
     assert not list(out.glob("*.png"))
 
 

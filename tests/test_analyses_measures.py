@@ -42,7 +42,9 @@ def test_every_results_file_is_read_through_load_result(tmp_path, monkeypatch):
     monkeypatch.setattr(repsim, "load_result", spy)
     inputs = Inputs(None, res)
     assert inputs.similarities.measures == ["linear_cka", "rbf_cka"]
-    assert read == ["cka_all.npz", "similarity_x.npz"]
+    # every .npz is read by content: the two results, and spectra.npz, which is not one and is passed over
+    assert [f for f in read if f != "spectra.npz"] == ["cka_all.npz", "similarity_x.npz"]
+    assert [f for f, _, _ in inputs.similarities.parts] == ["cka_all.npz", "similarity_x.npz"]
     v, index = _cka_file(res)
     a, b = index[0][0], index[-1][0]
     rows = [i for i, (s, _) in enumerate(index) if s == a]

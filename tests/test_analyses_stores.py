@@ -60,7 +60,8 @@ def test_every_store_item_renders(rendered):
     dynamics = {"figD2", "figE4",  # need several checkpoints per run
                 # inputs of tests/test_analyses_recipes.py: finetune.csv, accuracy.csv, training variants
                 "table2", "figD3", "tableC1", "tableC4", "tableC5", "tableC6", "tableE3",
-                "agreement"}  # ≥ 2 similarity measures (one CKA file here): tests/test_analyses_measures.py
+                "agreement",  # ≥ 2 similarity measures (one CKA file here): tests/test_analyses_measures.py
+                "heatmap"}  # own models' heatmaps: every store here has an objective (tests/test_own_models.py)
     for item in ORDER:
         files = (f"{item}.png", f"{item}.pdf") if item.startswith("fig") else (f"{item}.csv", f"{item}.md")
         if item in dynamics:
@@ -238,3 +239,27 @@ def test_figE4_puts_the_training_split_left_on_one_y_scale(tmp_path):
     assert left.get_title() == "train split" and right.get_title() == "test split"
     assert left.get_shared_y_axes().joined(left, right) and left.get_ylim() == right.get_ylim()
     assert "panels: train split, test split, left to right" in out.caption
+
+
+def test_prediction_figures_skip_networks_whose_logits_are_not_their_datas_classes(tmp_path):
+    """A 1000-class head on 5-class data (a pretrained or random-init model's own head): its predictions
+    can be neither right nor wrong, so the prediction items skip it with that reason; and stores of
+    unknown objective (own models) are skipped with theirs, instead of "s?" ticks and all-zero cells."""
+    rng = np.random.default_rng(0)
+    y = np.arange(40) % 5
+    for case, (k, objective) in {"wide": (1000, "softmax"), "own": (5, None)}.items():
+        d = tmp_path / case
+        d.mkdir()
+        for name in ("a", "b", "c"):
+            model = {"objective": objective, "seed": 0} if objective else {"arch": "resnet18"}
+            save_store(d / f"{name}.zarr", {"pool": rng.normal(size=(40, 4)).astype(np.float32)}, y,
+                       logits=rng.normal(size=(40, k)).astype(np.float32),
+                       meta={"model": model, "dataset": {"name": "toy", "split": "test", "num_classes": 5}})
+        out = tmp_path / f"out-{case}"
+        assert main(["figures", "--stores", str(d), "--out", str(out), "--only", "figC4", "figC5", "figC6",
+                     "figC7", "figE3", "--quiet"]) == 0
+        report = (out / "report.html").read_text()
+        why = "not over their data&#x27;s classes" if case == "wide" else "the objective of no store with logits is known"
+        for item in ("figC4", "figC5", "figC6", "figC7", "figE3"):
+            assert f"id='{item}' class='skipped'" in report and not (out / f"{item}.png").exists(), (case, item)
+        assert why in report, (case, report[-2000:])

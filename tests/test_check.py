@@ -40,8 +40,8 @@ def test_good_stores_pass_with_table(tmp_path, capsys):
     assert lines[0].split() == ["store", "layer", "shape", "dtype", "stored", "ratio", "NaN", "Inf"]
     rows = [line.split() for line in lines[2:-1]]
     assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
-        ("A", "conv", "300x4x3x3", "float16"), ("A", "pool", "300x16", "float32"), ("A", "(logits)", "300x5", "float32"),
-        ("B", "conv", "300x4x3x3", "float16"), ("B", "pool", "300x16", "float32"), ("B", "(logits)", "300x5", "float32"),
+        ("A", "conv", "300x4x3x3", "float16"), ("A", "pool", "300x16", "float32"), ("A", "logits", "300x5", "float32"),
+        ("B", "conv", "300x4x3x3", "float16"), ("B", "pool", "300x16", "float32"), ("B", "logits", "300x5", "float32"),
     ]
     assert all(r[-2:] == ["0", "0"] for r in rows)
     assert lines[-1] == "2 store(s) OK"
@@ -66,7 +66,7 @@ def test_different_example_ids_fail_naming_both(tmp_path, capsys):
     ids = np.arange(300)
     ids[17], ids[200] = 1000, 1001
     make_store(tmp_path / "B.zarr", ids=ids)
-    code, out, err = run_check(capsys, tmp_path / "A.zarr", tmp_path / "B.zarr")
+    code, out, err = run_check(capsys, "--compare", tmp_path / "A.zarr", tmp_path / "B.zarr")
     assert code == 1
     assert "store B: example_ids differ from store A (first mismatch at row 17)" in err
     assert err[-1] == "repsim check: 1 problem(s)"
@@ -79,7 +79,7 @@ def test_different_sizes_and_labels(tmp_path, capsys):
     labels = np.arange(300) % 5
     labels[42] = 4 if labels[42] != 4 else 3
     make_store(tmp_path / "C.zarr", labels=labels)
-    code, _, err = run_check(capsys, tmp_path / "A.zarr", tmp_path / "short.zarr", tmp_path / "C.zarr")
+    code, _, err = run_check(capsys, "--compare", tmp_path / "A.zarr", tmp_path / "short.zarr", tmp_path / "C.zarr")
     assert code == 1
     assert "store short: 250 examples but store A has 300; example_ids differ" in err
     assert "store C: labels differ from store A (first mismatch at row 42)" in err
@@ -91,7 +91,7 @@ def test_incomplete_store_reported(tmp_path, capsys):
     for i in (0, 1):
         a, b = w.rows(i)
         w.write_chunk(i, layers={"conv": np.random.default_rng(i).standard_normal((b - a, 4, 3, 3))}, labels=np.arange(a, b) % 5, example_ids=np.arange(a, b))
-    code, _, err = run_check(capsys, tmp_path / "A.zarr", tmp_path / "half.zarr")
+    code, _, err = run_check(capsys, "--compare", tmp_path / "A.zarr", tmp_path / "half.zarr")
     assert code == 1
     assert err[0].startswith("store half: incomplete: 2 of 5 chunks written")
     # rows that were written agree with A, and unwritten (fill) rows are not reported as misaligned
@@ -160,7 +160,7 @@ def test_duplicate_names_use_paths(tmp_path, capsys):
     (tmp_path / "y").mkdir()
     make_store(tmp_path / "x" / "net.zarr")
     make_store(tmp_path / "y" / "net.zarr", ids=np.arange(300) + 1)
-    code, _, err = run_check(capsys, tmp_path / "x" / "net.zarr", tmp_path / "y" / "net.zarr")
+    code, _, err = run_check(capsys, "--compare", tmp_path / "x" / "net.zarr", tmp_path / "y" / "net.zarr")
     assert code == 1
     assert f"store {tmp_path / 'y' / 'net.zarr'}: example_ids differ from store {tmp_path / 'x' / 'net.zarr'} (first mismatch at row 0)" in err
 
@@ -189,7 +189,36 @@ def test_console_exit_code(tmp_path):
     make_store(tmp_path / "A.zarr")
     make_store(tmp_path / "B.zarr", ids=np.arange(300)[::-1].copy())
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-m", "repsim", "check", str(tmp_path / "A.zarr"), str(tmp_path / "B.zarr")],
+    r = subprocess.run([sys.executable, "-m", "repsim", "check", "--compare", str(tmp_path / "A.zarr"),
+                        str(tmp_path / "B.zarr")],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 1
     assert "store B: example_ids differ from store A (first mismatch at row 0)" in r.stderr
+
+
+def test_stores_of_other_data_are_each_checked_on_their_own(tmp_path, capsys):
+    """A model's train, holdout and test stores: three good stores (one note saying how they differ),
+    unless --compare says they are meant to be compared; the --allow-mixed-datasets hint only then."""
+    make_store(tmp_path / "test.zarr", meta={"dataset": {"name": "digits", "split": "test"}})
+    make_store(tmp_path / "train.zarr", n=400, ids=np.arange(400) + 1000, meta={"dataset": {"name": "digits", "split": "train"}})
+    code, out, err = run_check(capsys, tmp_path / "test.zarr", tmp_path / "train.zarr")
+    assert code == 0, err
+    assert out.splitlines()[-1] == "2 store(s) OK"
+    assert len(err) == 1 and err[0].startswith("note: the stores hold different examples or data (store train: other data")
+    assert "--compare" in err[0] and "--allow-mixed-datasets" not in err[0]
+    code, _, err = run_check(capsys, "--compare", tmp_path / "test.zarr", tmp_path / "train.zarr")
+    assert code == 1 and "pass --allow-mixed-datasets if they hold the same examples" in err[0]
+    assert err[-1] == "repsim check: 1 problem(s)"
+
+
+def test_logits_kept_as_a_layer_are_listed_once(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((100, 5)).astype(np.float32)
+    z[3, 1] = np.nan
+    save_store(tmp_path / "L.zarr", {"pool": rng.standard_normal((100, 8)).astype(np.float32), "logits": z},
+               np.arange(100) % 5, logits=z, chunk_rows=64)
+    code, out, err = run_check(capsys, tmp_path / "L.zarr")
+    rows = [line.split() for line in out.splitlines()[2:] if line.startswith("L ")]
+    assert [r[1] for r in rows] == ["pool", "logits"]
+    assert rows[1][-2:] == ["1", "0"]  # its NaN counted once, in its one row
+    assert code == 1 and "store L: layer logits: 1 NaN and 0 Inf values" in err

@@ -49,7 +49,7 @@ def test_multilabel_store_roundtrip_and_check(tmp_path, capsys):
     _ml_store(tmp_path / "e.zarr", np.zeros((70, 4), np.float32), Y2)
     save_store(tmp_path / "f.zarr", {"pool": np.zeros((70, 4), np.float32)}, np.arange(70) % 3, chunk_rows=32)
     capsys.readouterr()
-    assert main(["check", "--no-progress", *(str(tmp_path / f"{x}.zarr") for x in "aef")]) == 1
+    assert main(["check", "--no-progress", "--compare", *(str(tmp_path / f"{x}.zarr") for x in "aef")]) == 1
     err = capsys.readouterr().err
     assert "labels differ from store a (first mismatch at row 41)" in err
     assert "store f: labels have shape (70,) but store a has (70, 3)" in err

@@ -16,7 +16,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stores", type=Path, default=None,
                         help="directory holding activation stores (*.zarr, searched recursively)")
     parser.add_argument("--results", type=Path, default=None,
-                        help="directory of results files (cka_*.npz, similarity_*.npz, separation.csv, probes.csv, ...)")
+                        help="directory of results files: every .npz written by repsim cka/similarity (found by content, "
+                             "any name), separation.csv, probes.csv, ...")
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory for figures, tables, report.html (required unless --list)")
     parser.add_argument("--only", nargs="+", metavar="ID", default=None,
@@ -51,7 +52,10 @@ def run(args) -> int:
 
         for it in ordered_items():
             more = f"; also {it.id}_<measure> for every other measure in the results" if it.per_measure else ""
-            print(f"{it.id:8s} {it.kind:6s} {it.title.format(measure='linear CKA')}  [needs: {', '.join(it.needs)}{more}]")
+            if it.per_result:
+                more = f"; one {it.id}_<file>_<measure> per results file and measure"
+            title = it.title.format(measure="<measure>" if it.per_result else "linear CKA", file="<file>")
+            print(f"{it.id:8s} {it.kind:6s} {title}  [needs: {', '.join(it.needs)}{more}]")
         for key, (title, why) in NOT_PRODUCED.items():
             print(f"{key:8s} {'-':6s} {title}  [not an item: {why}]")
         return 0

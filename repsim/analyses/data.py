@@ -298,14 +298,26 @@ class Inputs:
 
     @cached_property
     def similarities(self) -> "Similarities":
-        """Every cka_*.npz and similarity_*.npz, read through :func:`repsim.load_result`."""
+        """Every results file of `repsim cka` / `repsim similarity` in --results, found by content: each
+        ``*.npz`` that :func:`repsim.load_result` reads (whatever its name; resume checkpoints
+        ``*.ckpt.npz`` and other arrays such as spectra.npz are not results and are passed over)."""
+        from repsim import load_result
+        from repsim.engine.result import NotAResult
+
         if self.results_dir is None:
             raise Missing("no --results directory")
-        files = [f for f in sorted(self.results_dir.glob("cka_*.npz")) + sorted(self.results_dir.glob("similarity_*.npz"))
-                 if not f.name.endswith(".ckpt.npz")]  # (a killed run's resume checkpoint, not a result)
-        if not files:
-            raise Missing("no cka_*.npz or similarity_*.npz in --results")
-        return Similarities(files)
+        results, others = [], []
+        for f in sorted(self.results_dir.glob("*.npz")):
+            if f.name.endswith(".ckpt.npz"):  # a killed run's resume checkpoint, not a result
+                continue
+            try:
+                results.append((f, load_result(f)))
+            except NotAResult:
+                others.append(f.name)
+        if not results:
+            seen = f" (the .npz files there, {', '.join(others)}, are not results)" if others else ""
+            raise Missing("no results file of repsim cka or repsim similarity in --results" + seen)
+        return Similarities(results)
 
     def similarity(self, measure: str) -> "MeasureMatrices":
         """One measure's matrices over the results files holding it; Missing when none does."""
@@ -423,15 +435,12 @@ def describe_rows(df: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
-# Display names of the similarity measures (repsim.kernels.measures; docs/measures.md), for titles and labels.
-MEASURE_NAMES: dict[str, str] = {
-    "linear_cka": "linear CKA", "rbf_cka": "RBF CKA", "procrustes": "Procrustes", "cca": "CCA (mean ρ)",
-    "svcca": "SVCCA", "pwcca": "PWCCA", "rsa": "RSA", "mutual_knn": "mutual k-NN", "ridge_r2": "ridge R²",
-}
-
-
 def measure_display(name: str) -> str:
-    return MEASURE_NAMES.get(name, name)
+    """The measure's display name for titles and labels (its registry entry's ``MeasureInfo.label``;
+    an unknown name as it is)."""
+    from repsim.kernels.measures import measure_label
+
+    return measure_label(name)
 
 
 def measure_order(names: Iterable[str]) -> list[str]:
@@ -443,23 +452,22 @@ def measure_order(names: Iterable[str]) -> list[str]:
 
 
 class Similarities:
-    """Every results file of pairwise measures in a results directory (``cka_*.npz`` of `repsim cka`,
-    ``similarity_*.npz`` of `repsim similarity`), each read by :func:`repsim.load_result`; queried by
+    """Every results file of pairwise measures in a results directory (of `repsim cka` or `repsim
+    similarity`, whatever their names), each read by :func:`repsim.load_result`; queried by
     measure name through :meth:`measure`. A (store, layer) pair in several files is read from the first."""
 
-    def __init__(self, files: list[Path]):
+    def __init__(self, files: list[Path] | list[tuple[Path, Any]]):
         from repsim import load_result
 
         self.parts: list[tuple[str, Any, dict[tuple[str, str], int]]] = []
-        for f in files:
-            try:
-                result = load_result(f)
-            except (ValueError, KeyError, OSError) as exc:
-                raise ValueError(f"{f}: not a readable result of repsim cka/similarity ({exc})") from exc
+        for entry in files:
+            f, result = entry if isinstance(entry, tuple) else (entry, None)
+            if result is None:
+                try:
+                    result = load_result(f)
+                except (ValueError, KeyError, OSError) as exc:
+                    raise ValueError(f"{f}: not a readable result of repsim cka/similarity ({exc})") from exc
             index = [(str(s), str(l)) for s, l in result.index]
-            for m in result.measures:
-                if result.matrix(m).shape != (len(index), len(index)):
-                    raise ValueError(f"{f}: {m} values {result.matrix(m).shape} do not match an index of {len(index)}")
             self.parts.append((Path(f).name, result, {key: i for i, key in enumerate(index)}))
 
     @property

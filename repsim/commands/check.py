@@ -2,7 +2,9 @@
 :func:`repsim.store.check.check_stores`).
 
 Prints one table row per array (store, layer, shape, dtype, stored size, compression ratio, NaN,
-Inf), then one line per problem on stderr; the exit status is 1 when there is any problem, else 0.
+Inf; the logits once), then one line per problem on stderr; the exit status is 1 when there is any
+problem, else 0. Each store is checked on its own; ``--compare`` also requires every store to hold the
+first one's examples (stores meant for one ``repsim cka``/``similarity``).
 """
 from __future__ import annotations
 
@@ -19,8 +21,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("stores", nargs="+", metavar="STORE", help="activation store directories (.zarr)")
     parser.add_argument("--no-values", dest="scan_values", action="store_false",
                         help="skip the NaN/Inf scan of layers and logits (reads metadata, ids and labels only; fast)")
+    parser.add_argument("--compare", action="store_true",
+                        help="the stores are meant to be compared (one repsim cka/similarity): report every store "
+                             "whose examples, labels or dataset differ from the first store's (default: each store "
+                             "is checked on its own, differences are one note)")
     parser.add_argument("--allow-mixed-datasets", action="store_true",
-                        help="do not report stores whose dataset name/split differ from the first store's")
+                        help="with --compare: do not report stores whose dataset name/split differ from the first "
+                             "store's (they hold the same examples in the same order)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                         help="no progress bar (default: shown when stderr is a terminal)")
 
@@ -48,7 +55,7 @@ def format_table(arrays: Sequence[ArrayReport]) -> str:
 
 def run(args) -> int:
     report = check_stores(args.stores, scan_values=args.scan_values, progress=args.progress,
-                          allow_mixed_datasets=args.allow_mixed_datasets)
+                          allow_mixed_datasets=args.allow_mixed_datasets, compare=args.compare)
     if report.arrays:
         print(format_table(report.arrays))
     for note in report.notes:

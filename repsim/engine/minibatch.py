@@ -279,6 +279,10 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
                allow_mixed_datasets: bool = False) -> CKAResult:
     """CKA between every (store, layer) column and every other, streamed from activation stores.
 
+    Default ``debiased=True``: the paper's debiased linear CKA (unbiased HSIC₁), as every linear-CKA
+    entry point at its defaults (:func:`repsim.linear_cka`, ``repsim.similarity(X, Y, "linear_cka")``,
+    :class:`~repsim.kernels.minibatch_cka.MinibatchCKA`, ``repsim cka``/``repsim similarity``).
+
     ``stores``: paths, globs or ``ActivationStore``s (aligned on ``example_ids``; checked first;
     stores whose dataset name/split or labels differ are refused unless ``allow_mixed_datasets``).
     ``layers``: ``None`` (all), a list for every store, or ``{store: [layers]}``.
@@ -330,7 +334,7 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     """Every measure of ``measures`` (names of :mod:`repsim.kernels.measures`, or ``"a,b"``) between
     every (store, layer) column and every other, streamed from activation stores.
 
-    Arguments as :func:`cka_matrix`, plus ``options`` (measure options, e.g. ``{"rbf_threshold": 1.0,
+    Arguments as :func:`cka_matrix` (linear and RBF CKA debiased by default, ``debiased=True``), plus ``options`` (measure options, e.g. ``{"rbf_threshold": 1.0,
     "knn_k": 10}``; ``debiased`` and ``compute_dtype`` are passed to every measure that takes them)
     and ``max_memory`` (the exact measures' held columns, :mod:`repsim.engine.full`).
 

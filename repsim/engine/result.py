@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -97,10 +98,29 @@ class CKAResult:
             return cls(values=np.array(z["values"]), index=list(zip(z["stores"].tolist(), z["layers"].tolist())),
                        meta=json.loads(str(z["meta"])), state=state or None)
 
+    def as_similarity(self) -> "SimilarityResult":
+        """This result as a :class:`SimilarityResult` holding the one measure ``linear_cka``."""
+        meta = dict(self.meta, measures=["linear_cka"], estimators={"linear_cka": self.meta.get("method")})
+        return SimilarityResult({"linear_cka": self.values}, list(self.index), meta,
+                                {"linear_cka": self.state} if self.state else {})
+
+    def to_pandas(self, *, wide: bool = False) -> Any:
+        """As :meth:`SimilarityResult.to_pandas` (measure ``linear_cka``)."""
+        return self.as_similarity().to_pandas(wide=wide)
+
+    def to_xarray(self) -> Any:
+        """As :meth:`SimilarityResult.to_xarray` (measure ``linear_cka``); needs ``repsim-toolkit[xarray]``."""
+        return self.as_similarity().to_xarray()
+
+    def plot(self, *, stores: Sequence[str] | None = None, layers: Any = None, kind: str = "matrix",
+             title: str | None = None) -> Any:
+        """As :meth:`SimilarityResult.plot` (measure ``linear_cka``): a matplotlib Figure."""
+        return self.as_similarity().plot("linear_cka", stores=stores, layers=layers, kind=kind, title=title)
+
     def __repr__(self) -> str:
-        m = self.meta
-        return (f"CKAResult({len(self.index)}×{len(self.index)}, stores={len(self.stores)}, "
-                f"method={m.get('method')}, debiased={m.get('debiased')}, n={m.get('n')})")
+        from repsim.engine.result_views import describe
+
+        return describe(self.as_similarity(), "CKAResult")
 
 
 _MEASURE_KEYS = ("measures", "estimators", "measure_info", "undefined")  # SimilarityResult's own meta
@@ -240,33 +260,87 @@ class SimilarityResult:
     def load(cls, path: str | os.PathLike) -> "SimilarityResult":
         return load_result(path)
 
+    def to_pandas(self, *, wide: bool = False) -> Any:
+        """A pandas DataFrame: tidy, one row per (store_a, layer_a, store_b, layer_b, measure) with its
+        ``value`` (row a = the first argument of asymmetric measures); ``wide=True``: one row per pair
+        (indexed by the four names), one column per measure (:func:`repsim.engine.result_views.to_pandas`)."""
+        from repsim.engine.result_views import to_pandas
+
+        return to_pandas(self, wide=wide)
+
+    def to_xarray(self) -> Any:
+        """An xarray DataArray of dims (measure, a, b), ``a`` indexed by ``store_a``/``layer_a`` and ``b``
+        by ``store_b``/``layer_b`` (:func:`repsim.engine.result_views.to_xarray`); needs the extra
+        ``pip install 'repsim-toolkit[xarray]'``."""
+        from repsim.engine.result_views import to_xarray
+
+        return to_xarray(self)
+
+    def plot(self, measure: str | Sequence[str] | None = None, *, stores: Sequence[str] | None = None,
+             layers: Any = None, kind: str = "matrix", title: str | None = None) -> Any:
+        """A matplotlib Figure: ``kind="matrix"`` the store × layer heatmap of every column (one panel per
+        measure; default every measure), store boundaries drawn, layer ticks thinned; ``kind="grid"`` one
+        panel per (store A, store B) pair for one measure (default the first), as the paper's Fig. 2a.
+        Colours span the measure's declared range; NaN cells are grey and hatched, with a legend note.
+        ``stores``: names (in the order to draw); ``layers``: names kept in every store, or {store: names}
+        (:mod:`repsim.engine.heatmap`)."""
+        from repsim.engine.heatmap import plot
+
+        return plot(self, measure, stores=stores, layers=layers, kind=kind, title=title)
+
     def __repr__(self) -> str:
-        return (f"SimilarityResult({', '.join(self.measures)}; {len(self.index)}×{len(self.index)}, "
-                f"method={self.meta.get('method')}, n={self.meta.get('n')})")
+        from repsim.engine.result_views import describe
+
+        return describe(self)
+
+
+class NotAResult(ValueError):
+    """A file that is not a results file of ``repsim cka`` or ``repsim similarity``."""
 
 
 def load_result(path: str | os.PathLike) -> SimilarityResult:
     """A results file of ``repsim similarity`` or ``repsim cka`` as a :class:`SimilarityResult`
-    (a CKA file holds the one measure ``linear_cka``)."""
-    with np.load(os.fspath(path), allow_pickle=False) as z:
-        if "measures" not in z.files:
-            cka = CKAResult.load(path)
-            meta = dict(cka.meta, measures=["linear_cka"], estimators={"linear_cka": cka.meta.get("method")})
-            return SimilarityResult({"linear_cka": cka.values}, cka.index, meta,
-                                    {"linear_cka": cka.state} if cka.state else {})
-        measures = z["measures"].tolist()
-        states: dict[str, dict[str, Any]] = {}
-        calibration: dict[str, dict[str, np.ndarray]] = {}
-        for k in z.files:
-            if k.startswith(_STATE_PREFIX):
-                name, key = k[len(_STATE_PREFIX):].split("__", 1)
-                states.setdefault(name, {})[key] = _unwrap(z[k])
-            elif k.startswith(_CALIB_PREFIX):
-                name, key = k[len(_CALIB_PREFIX):].split("__", 1)
-                calibration.setdefault(name, {})[key] = np.array(z[k])
-        return SimilarityResult(values={m: np.array(z[f"values__{m}"]) for m in measures},
-                                index=list(zip(z["stores"].tolist(), z["layers"].tolist())),
-                                meta=json.loads(str(z["meta"])), states=states, calibration=calibration)
+    (a CKA file holds the one measure ``linear_cka``).  A file that is not one (another ``.npz``, a
+    resume checkpoint, not an ``.npz`` at all) raises :class:`NotAResult` (a ``ValueError``) saying so,
+    a damaged result (arrays missing, shapes that disagree) a plain ``ValueError``, a missing file
+    ``FileNotFoundError``."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            files = set(z.files)
+            if not {"stores", "layers", "meta"} <= files or not ({"measures"} & files or {"values"} & files):
+                raise NotAResult(f"{path} is not a result of repsim cka/similarity (it holds "
+                                 f"{', '.join(sorted(files)[:6]) or 'no arrays'}{' ...' if len(files) > 6 else ''})")
+            if "measures" not in files:
+                return CKAResult.load(path).as_similarity()
+            measures = z["measures"].tolist()
+            states: dict[str, dict[str, Any]] = {}
+            calibration: dict[str, dict[str, np.ndarray]] = {}
+            for k in z.files:
+                if k.startswith(_STATE_PREFIX):
+                    name, key = k[len(_STATE_PREFIX):].split("__", 1)
+                    states.setdefault(name, {})[key] = _unwrap(z[k])
+                elif k.startswith(_CALIB_PREFIX):
+                    name, key = k[len(_CALIB_PREFIX):].split("__", 1)
+                    calibration.setdefault(name, {})[key] = np.array(z[k])
+            result = SimilarityResult(values={m: np.array(z[f"values__{m}"]) for m in measures},
+                                      index=list(zip(z["stores"].tolist(), z["layers"].tolist())),
+                                      meta=json.loads(str(z["meta"])), states=states, calibration=calibration)
+    except NotAResult:
+        raise
+    except (KeyError, json.JSONDecodeError) as exc:  # a result's arrays, but not all of them: damaged
+        raise ValueError(f"{path}: a damaged result of repsim cka/similarity ({type(exc).__name__}: {exc})") from exc
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        what = "a directory" if os.path.isdir(path) else "not an .npz file"
+        raise NotAResult(f"{path} is not a result of repsim cka/similarity ({what})") from exc
+    L = len(result.index)
+    for m in result.measures:
+        if result.values[m].shape != (L, L):
+            raise ValueError(f"{path}: a damaged result: {m} values {result.values[m].shape} do not match its "
+                             f"{L} columns")
+    return result
 
 
 def _json_default(obj: Any) -> Any:

@@ -83,6 +83,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "keep dataset indices, and consecutive chunks are unbiased samples for "
                         "minibatch CKA) or dataset order")
     parser.add_argument("--order-seed", type=non_negative, default=0, help="seed of the row permutation (default 0)")
+    parser.add_argument("--seed", type=non_negative, default=0,
+                        help="seed of the random weights of a model source named without weights (torchvision:<name>, "
+                             "timm:<name>, module:..., hf:<config dir>): one seed, one network; recorded as the "
+                             "store's model.seed (default 0)")
     parser.add_argument("--chunk-rows", type=positive, default=None,
                         help="examples per store chunk (default: automatic, sized by bytes)")
     parser.add_argument("--workers", type=non_negative, default=None,
@@ -184,7 +188,7 @@ def run(args) -> int:
         overwrite=args.overwrite, check_space=not args.no_space_check, progress=args.progress,
         order=args.order, order_seed=args.order_seed, compression=args.compression,
         tokens=args.tokens, image_size=args.image_size, max_length=args.max_length,
-        memory_format=args.memory_format,
+        memory_format=args.memory_format, seed=args.seed,
     )
     try:
         jobs = _jobs(getattr(args, "jobs", None), len(checkpoints), args.device, started)

@@ -235,6 +235,7 @@ def extract_store(
     image_size: int | None = None,
     max_length: int | None = None,
     memory_format: str = "auto",
+    seed: int = 0,
 ):
     """Extract ``model``'s layers over ``data`` into the Zarr store ``out``; returns the opened store.
 
@@ -266,6 +267,7 @@ def extract_store(
     order and seed aligns row by row. Shuffled rows make every run of consecutive chunks an unbiased
     sample of the dataset, which the streaming CKA engine's chunk-window shuffling relies on: ImageNet's
     folder order is sorted by class, and windows of class-sorted rows would bias minibatch CKA.
+    ``seed``: of the random weights of a model source named without weights (recorded as ``model.seed``).
     Resumes an incomplete store written with the same settings; a complete one is returned as is
     (``overwrite=True`` recomputes). Under ``torch.distributed`` the chunks are shared across ranks.
     """
@@ -308,7 +310,7 @@ def extract_store(
                 if world == 1:
                     raise
                 refused = exc  # raised where rank 0 prepares the store: the other ranks hear of it there
-        loaded = load_source(model, digest="(computing)" if digest is not None else None)
+        loaded = load_source(model, digest="(computing)" if digest is not None else None, seed=seed)
         net, mmeta = loaded.model, loaded.meta
         dataset, dmeta = load_dataset(data, split, data_root, net, loaded.tokenizer, max_length)
         n = len(dataset)

@@ -65,16 +65,17 @@ def load_model(source: str | os.PathLike | nn.Module) -> tuple[nn.Module, dict[s
     return loaded.model, loaded.meta
 
 
-def load_source(source: str | os.PathLike | nn.Module, *, digest: Any = None) -> LoadedModel:
+def load_source(source: str | os.PathLike | nn.Module, *, digest: Any = None, seed: int = 0) -> LoadedModel:
     """The model with its provenance and input requirements (repsim/extract/models) for any model source.
     ``digest``: a module's ``weights_sha256`` when the caller computes it (e.g. on a thread of its
-    own, as extraction does: 70 ms for ResNet-50, beside the rest of its start)."""
+    own, as extraction does: 70 ms for ResNet-50, beside the rest of its start).  ``seed``: of the random
+    weights of a model source named without weights (repsim/extract/models)."""
     if isinstance(source, nn.Module):
         return from_module(source, {**model_meta(source),
                                     "weights_sha256": weights_sha256(source) if digest is None else digest})
     spec = str(source)
     if is_model_spec(spec):
-        return load_spec(spec)
+        return load_spec(spec, seed=seed)
     path = Path(spec)
     if path.is_dir():
         inside = [n for n in ("best.pt", "checkpoint.pt") if (path / n).is_file()]

@@ -22,11 +22,16 @@ def _constant_error(what: str) -> ValueError:
     return ValueError(f"{what} is constant over the examples (zero variance): CKA is undefined")
 
 
-def linear_cka(X: Any, Y: Any, debiased: bool = False, *, xp: Any = None,
+def linear_cka(X: Any, Y: Any, debiased: bool = True, *, xp: Any = None,
                compute_dtype: Any = None) -> float:
     """Linear CKA of X (n, p1) and Y (n, p2) (paper Eq. 10); inputs with more axes are flattened.
 
-    ``debiased=False``: Eq. 10, ‖Ycᵀ Xc‖²_F / (‖Xcᵀ Xc‖_F ‖Ycᵀ Yc‖_F) with column-centred
+    Default: the debiased estimator (``debiased=True``, Song et al.'s unbiased HSIC₁, n >= 4), the
+    paper's and that of every other linear-CKA entry point at its defaults (``repsim.similarity(X, Y,
+    "linear_cka")``, :class:`MinibatchCKA`, :func:`repsim.cka_matrix`, ``repsim cka``/``similarity``),
+    so that all give the same number on the same arrays.
+
+    ``debiased=False``: Eq. 10 itself (biased HSIC₀), ‖Ycᵀ Xc‖²_F / (‖Xcᵀ Xc‖_F ‖Ycᵀ Yc‖_F) with column-centred
     features. ``debiased=True``: the same ratio with Song et al.'s unbiased HSIC₁ (:mod:`repsim.kernels.hsic`
     docstring). The cheaper of the feature-space form (cost ~ n(p1 p2 + p1² + p2²)) and the Gram
     form (cost ~ n²(p1 + p2)) is used; the debiased feature-space form

@@ -52,7 +52,8 @@ class MinibatchCKA:
     depend on the merge order either (below ``max_records``; past it, records are formed in the order
     batches and merges arrive, as the engine's are: in segment order).
 
-    ``names`` (e.g. "store/layer") label layers in error messages; ``compute_dtype`` None picks
+    ``debiased`` (default True: the paper's unbiased HSIC₁, as every linear-CKA entry point at its
+    defaults, :func:`repsim.linear_cka` included); ``names`` (e.g. "store/layer") label layers in error messages; ``compute_dtype`` None picks
     each layer's Gram precision from its dtype (float32 Grams for float16/float32 layers, float64
     otherwise; :mod:`repsim.kernels.hsic`, "Precision and error bound"); ``block_bytes`` bounds the
     per-batch buffer A (L × ≈ n(n + 128)/2 float64, split into groups of panels beyond it).

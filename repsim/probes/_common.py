@@ -48,6 +48,19 @@ class ProbeResult:
             raise AttributeError("best_k is defined for kNN probes only")
         return int(self.best_param)
 
+    def __repr__(self) -> str:
+        """One line: the probe, its test metric, the chosen λ or k within its grid, the classes and the
+        weights' shape (the predictions, weights and validation curve stay attributes)."""
+        grid = sorted(self.curve)
+        name = "λ" if self.probe == "linear" else "k"
+        where = ""
+        if len(grid) > 1:
+            edge = " (at the grid's edge)" if self.best_param in (grid[0], grid[-1]) else ""
+            where = f" of {len(grid)} from {grid[0]:g} to {grid[-1]:g}{edge}"
+        coef = f", coef_ {tuple(self.coef_.shape)}" if self.coef_ is not None else ""
+        return (f"ProbeResult({self.probe}: {self.metric} {self.accuracy:.4f} on {len(self.predictions)} test "
+                f"examples; {name} = {self.best_param:g}{where}; {len(self.classes)} classes{coef})")
+
     def to_dict(self) -> dict:
         """JSON-ready summary (no weights, no predictions)."""
         return {"probe": self.probe, "metric": self.metric, "accuracy": self.accuracy,

@@ -10,6 +10,7 @@ products per iteration). Ties: the selected λ is the first best in grid order (
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -177,6 +178,7 @@ def _fit(prepare, predict, y_train: np.ndarray, y_test: np.ndarray, lambdas, val
     t_sweep = time.perf_counter() - t1
     curve = {float(lam): curve[float(lam)] for lam in grid}
     best = best_sol[0]
+    at_edge = edge_warning(curve, best)
 
     # --- refit on train + validation at the chosen λ (warm start from the sweep's solution there)
     t2 = time.perf_counter()
@@ -196,12 +198,28 @@ def _fit(prepare, predict, y_train: np.ndarray, y_test: np.ndarray, lambdas, val
             "line_search_trials": obj.n_trials + full.n_trials,
             "refit_converged": final.converged, "refit_message": final.message,
             "rank": rp.rank, "n_train": int(n_tr), "n_val": int(val_idx.size),
-            "direction": direction, "warm_start": warm_start, "streamed": bool(rp.stats.get("streamed")),
+            "direction": direction, "warm_start": warm_start, "lambda_at_edge": at_edge, "streamed": bool(rp.stats.get("streamed")),
             "dtype": str(np.dtype(
                 "float64" if dt == xp.float64 else "float32"))}
     return ProbeResult(probe="linear", metric=metric, accuracy=acc, best_param=float(best),
                        curve=curve, predictions=pred_test, classes=classes,
                        coef_=W.T.copy(), intercept_=b, info=info)
+
+
+def edge_warning(curve: dict, best: float) -> bool:
+    """Warn (one ``RuntimeWarning`` line) when the chosen λ is the smallest or largest of the grid and its
+    validation metric beats its neighbour's: the best λ may lie beyond the grid.  Returns whether it did."""
+    grid = sorted(curve)
+    if len(grid) < 3 or best not in (grid[0], grid[-1]):
+        return False
+    inner = grid[1] if best == grid[0] else grid[-2]
+    if curve[best] <= curve[inner]:  # a plateau that reaches the edge: no sign that more lies beyond it
+        return False
+    side = "smallest" if best == grid[0] else "largest"
+    warnings.warn(f"linear probe: λ = {best:g}, the {side} of the grid ({grid[0]:g} to {grid[-1]:g}), scored best "
+                  f"on validation ({curve[best]:.4f} against {curve[inner]:.4f} at {inner:g}): the best λ may lie "
+                  "beyond the grid (repsim.linear_probe(..., lambdas=...) takes a wider one)", RuntimeWarning, stacklevel=4)
+    return True
 
 
 def _better(curve: dict, a: float, b: float) -> bool:

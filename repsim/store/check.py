@@ -112,8 +112,13 @@ def _schema_problems(label: str, store: Any) -> list[str]:
 
 
 def check_stores(paths: Sequence[str], *, scan_values: bool = True, progress: bool | None = None,
-                 allow_mixed_datasets: bool = False) -> CheckReport:
-    """Validate stores; returns the per-array table and the list of one-line problems."""
+                 allow_mixed_datasets: bool = False, compare: bool = False) -> CheckReport:
+    """Validate stores; returns the per-array table and the list of one-line problems.
+
+    Each store is checked on its own (a model's train, holdout and test stores are three good stores).
+    ``compare``: the stores are meant to be compared (one ``repsim cka``/``similarity``): every store must
+    then hold the first one's examples, labels and (unless ``allow_mixed_datasets``) dataset, else a
+    problem; without it such differences are one note."""
     from repsim.store.format import StoreError, store_name
     from repsim.store.reader import open_store
 
@@ -126,7 +131,14 @@ def check_stores(paths: Sequence[str], *, scan_values: bool = True, progress: bo
             report.problems.append(_relabel(exc, store_name(path), label))
     show = sys.stderr.isatty() if progress is None else bool(progress)
     rows_ok = {label: _check_one(label, store, report, scan_values=scan_values, show=show) for label, store in opened}
-    _check_alignment(opened, rows_ok, report, allow_mixed_datasets)
+    found: list[str] = []
+    _check_alignment(opened, rows_ok, found, allow_mixed_datasets, hint=compare)
+    if compare:
+        report.problems.extend(found)
+    elif found:
+        report.notes.append(f"the stores hold different examples or data ({found[0]}{'; ...' if len(found) > 1 else ''}): "
+                            "fine, each was checked on its own; `repsim check --compare` checks stores meant to be "
+                            "compared in one `repsim cka`/`similarity`")
     return report
 
 
@@ -171,8 +183,9 @@ def _check_one(label: str, store: Any, report: CheckReport, *, scan_values: bool
 
     # (table label, array): every layer, then the top-level logits
     arrays = [(layer, f"layers/{layer}") for layer in store.layers]
-    if store.has_logits:
-        arrays.append(("(logits)", "/logits"))
+    if store.has_logits:  # the top-level logits (probes, predictions): listed once, as "logits", when the
+        # store also keeps them as a layer; both copies are read, so that either one's damage is found
+        arrays.append((None if "logits" in store.layers else "logits", "/logits"))
     counts = {key: [0, 0] for _, key in arrays}
     flat = ConstantLayers([key for _, key in arrays])
     chunks = np.flatnonzero(written) if scan_values else np.array([], int)
@@ -188,9 +201,14 @@ def _check_one(label: str, store: Any, report: CheckReport, *, scan_values: bool
                     counts[key][1] += int(np.count_nonzero(np.isinf(x)))
                     flat.see({key: x})
                 bar.update(1)
+    twin = "layers/logits" if any(layer is None for layer, _ in arrays) else None
     for layer, key in arrays:
+        if layer is None:
+            continue  # the top-level copy of the logits layer: its counts are in that layer's row
         arr = store.zarr_array(key)
         nan, inf = counts[key] if scan_values else (None, None)
+        if key == twin and scan_values:
+            nan, inf = max(nan, counts["/logits"][0]), max(inf, counts["/logits"][1])
         report.arrays.append(ArrayReport(label, layer, tuple(arr.shape), str(arr.dtype), int(arr.nbytes), int(arr.nbytes_stored()), nan, inf))
         if nan or inf:
             report.problems.append(f"store {label}: layer {layer}: {nan} NaN and {inf} Inf values")
@@ -249,10 +267,11 @@ def _read_rows(label: str, store: Any, array: str, written: Any, report: CheckRe
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def _check_alignment(opened: Sequence[tuple[str, Any]], rows_ok: dict[str, Any], report: CheckReport,
-                     allow_mixed_datasets: bool = False) -> None:
-    """Every store must hold the first store's example_ids (and labels) row by row, and (unless
-    ``allow_mixed_datasets``) name the same dataset and split where both record them."""
+def _check_alignment(opened: Sequence[tuple[str, Any]], rows_ok: dict[str, Any], found: list[str],
+                     allow_mixed_datasets: bool = False, *, hint: bool = True) -> None:
+    """Append to ``found`` one line per store that does not hold the first store's example_ids (and
+    labels) row by row, or (unless ``allow_mixed_datasets``) names another dataset or split where both
+    record them; ``hint``: the dataset line names --allow-mixed-datasets."""
     import numpy as np
 
     from repsim.store.format import StoreError, dataset_difference
@@ -263,30 +282,30 @@ def _check_alignment(opened: Sequence[tuple[str, Any]], rows_ok: dict[str, Any],
     for label, store in opened[1:]:
         diff = None if allow_mixed_datasets else dataset_difference(store.dataset, ref.dataset)
         if diff:
-            report.problems.append(f"store {label}: other data than store {ref_label} ({diff}); pass "
-                                   "--allow-mixed-datasets if they hold the same examples in the same order")
+            found.append(f"store {label}: other data than store {ref_label} ({diff})"
+                         + ("; pass --allow-mixed-datasets if they hold the same examples in the same order" if hint else ""))
             continue
         try:
             a, b = ref.example_ids, store.example_ids
         except StoreError:
             continue  # already reported
         if a.size != b.size:
-            report.problems.append(f"store {label}: {b.size} examples but store {ref_label} has {a.size}; example_ids differ")
+            found.append(f"store {label}: {b.size} examples but store {ref_label} has {a.size}; example_ids differ")
             continue
         both = rows_ok[ref_label] & rows_ok[label]  # compare rows written in both stores
         row = _first_mismatch(np.where(both, a, 0), np.where(both, b, 0))
         if row >= 0:
-            report.problems.append(f"store {label}: example_ids differ from store {ref_label} (first mismatch at row {row})")
+            found.append(f"store {label}: example_ids differ from store {ref_label} (first mismatch at row {row})")
             continue
         try:
             la, lb = ref.labels, store.labels
         except StoreError:
             continue
         if la.shape != lb.shape:
-            report.problems.append(f"store {label}: labels have shape {lb.shape} but store {ref_label} has {la.shape}")
+            found.append(f"store {label}: labels have shape {lb.shape} but store {ref_label} has {la.shape}")
             continue
         mask = both.reshape((-1,) + (1,) * (la.ndim - 1))  # multi-label targets: whole rows
         row = _first_mismatch(np.where(mask, la, 0), np.where(mask, lb, 0))  # flat index for (N, K)
         row = row if la.ndim == 1 or row < 0 else row // la.shape[1]
         if row >= 0:
-            report.problems.append(f"store {label}: labels differ from store {ref_label} (first mismatch at row {row})")
+            found.append(f"store {label}: labels differ from store {ref_label} (first mismatch at row {row})")

@@ -102,7 +102,7 @@ def _finetune_pairs(inputs: Inputs) -> list[dict]:
 
 
 @item("figD3", "Fig. D.3: CKA between each layer before and after fine-tuning", "figure",
-      ("cka_*.npz with stores of source and fine-tuned checkpoints",))
+      ("results of repsim cka (.npz) with stores of source and fine-tuned checkpoints",))
 def figD3(inputs: Inputs) -> Figure:
     pairs = _finetune_pairs(inputs)
     layers = max((p["layers"] for p in pairs), key=len)

@@ -39,7 +39,9 @@ def cka_groups(inputs: Inputs, measure: str = "linear_cka") -> tuple[object, dic
         except Missing:
             continue
     if not groups:
-        raise Missing(f"the objective of no {cka.display} store is known (pass --stores or results CSVs naming them)")
+        where = ("their attrs name none: random-init or own models; the heatmap items draw them"
+                 if inputs.stores_dir is not None else "pass --stores, or results CSVs naming them")
+        raise Missing(f"the objective of no {cka.display} store is known ({where})")
     layers = sorted(set.intersection(*(set(cka.layers(s)) for ss in groups.values() for s in ss)), key=natural_key)
     layers = [l for l in layers if l != "logits"]
     if len(layers) < 2:
@@ -82,7 +84,7 @@ def _measure_text(mm, lo: float, hi: float) -> str:
 
 
 @item("fig2a", "Fig. 2a: block × block {measure} between softmax networks and networks of each objective",
-      "figure", ("cka_*.npz or similarity_*.npz", "stores or results CSVs naming objectives"), per_measure=True)
+      "figure", ("results of repsim cka/similarity (.npz)", "stores or results CSVs naming objectives"), per_measure=True)
 def fig2a(inputs: Inputs, measure: str = "linear_cka") -> Figure:
     cka, groups, layers = cka_groups(inputs, measure)
     if "softmax" not in groups:
@@ -122,7 +124,7 @@ def fig2a(inputs: Inputs, measure: str = "linear_cka") -> Figure:
 
 
 @item("fig2b", "Fig. 2b: {measure} between objectives at corresponding layers", "figure",
-      ("cka_*.npz or similarity_*.npz", "stores or results CSVs naming objectives"), per_measure=True)
+      ("results of repsim cka/similarity (.npz)", "stores or results CSVs naming objectives"), per_measure=True)
 def fig2b(inputs: Inputs, measure: str = "linear_cka") -> Figure:
     cka, groups, layers = cka_groups(inputs, measure)
     labels = labels_in_order(groups)
@@ -173,7 +175,7 @@ def consecutive_similarity(cka, groups: dict[str, list[str]], layers: list[str])
 
 
 @item("blocks", "Consecutive-block linear CKA within one network", "table",
-      ("cka_*.npz or similarity_*.npz with each store against itself",))
+      ("results of repsim cka/similarity (.npz) with each store against itself",))
 def blocks(inputs: Inputs) -> Table:
     """Not a paper item (issue 28): linear CKA between each block's output and the next one's within one
     network. Values near 1 within a stage mean the blocks there add nearly nothing (a zero-γ residual branch

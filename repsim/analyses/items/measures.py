@@ -41,7 +41,7 @@ def agreement_matrix(inputs: Inputs) -> tuple[list[str], np.ndarray, np.ndarray]
 
 
 @item("agreement", "Measures' agreement: rank correlation between measures and the Fig. 2 verdict under each",
-      "table", ("cka_*.npz / similarity_*.npz holding ≥ 2 measures over the same stores",))
+      "table", ("results of repsim similarity holding ≥ 2 measures over the same stores",))
 def agreement(inputs: Inputs) -> Table:
     from repsim.analyses.findings import EARLY_GAP_MAX, LATE_MINUS_EARLY_MIN, late_blocks
 

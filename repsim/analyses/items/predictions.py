@@ -34,6 +34,15 @@ class Models:
         cands = [s for s in stores.values() if s.logits is not None and (s.head is not None or not need_head)]
         if not cands:
             raise Missing("no store with logits" + (" and a final-layer head" if need_head else ""))
+        cands = [s for s in cands if runs.loc[s.name, "label"]]
+        if not cands:
+            raise Missing("these figures compare the networks of each training objective, and the objective of no "
+                          "store with logits is known (random-init and own models record none; "
+                          "`repsim plot RESULT.npz` draws their similarity)")
+        cands, foreign = _own_classes(cands)
+        if not cands:
+            raise Missing(f"the logits of {foreign} are not over their data's classes, so no prediction can be "
+                          "right or wrong (a classifier head of another dataset)")
         # networks are compared class by class, so one group holds one class count (a 5-class and a
         # 1000-class network on the same images have no common classes to agree on)
         key = lambda s: (runs.loc[s.name, "dataset"], runs.loc[s.name, "split"], int(s.logits.shape[1]))
@@ -75,13 +84,29 @@ class Models:
         self.describe = inputs.describe(self.names)
 
     def tick_names(self) -> list[str]:
-        return [f"{display(l)} s{int(s) if pd.notna(s) else '?'}" for l, s in zip(self.labels, self.seeds)]
+        """"<objective> s<seed>", or "<objective> (<store>)" where the seed is not recorded."""
+        return [f"{display(l)} s{int(s)}" if pd.notna(s) else f"{display(l)} ({name})"
+                for l, s, name in zip(self.labels, self.seeds, self.names)]
 
     def by_label(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for i, l in enumerate(self.labels):
             out.setdefault(l, []).append(i)
         return out
+
+
+def _own_classes(stores: list) -> tuple[list, str]:
+    """The stores whose logits have as many classes as their dataset records (``dataset.num_classes``;
+    kept when it records none), and a text naming the others with both counts ("" when none)."""
+    keep, other = [], []
+    for s in stores:
+        k = ((s.attrs or {}).get("dataset") or {}).get("num_classes")
+        width = int(s.logits.shape[1])
+        if k is None or int(k) == width:
+            keep.append(s)
+        else:
+            other.append(f"{s.name} ({width} classes; its data {int(k)})")
+    return keep, ", ".join(other)
 
 
 def agreement(pred: np.ndarray, y: np.ndarray, kind: str) -> np.ndarray:
@@ -209,6 +234,8 @@ def figC6(inputs: Inputs) -> Figure:
     groups = M.by_label()
     if max(len(v) for v in groups.values()) < 2:
         raise Missing("ensembles need ≥ 2 networks (seeds) per objective")
+    if len(groups) < 2:
+        raise Missing(f"one objective ({display(next(iter(groups)))}): agreement between ensembles needs ≥ 2")
     labels = labels_in_order(groups)
     ens = np.stack([modal(M.pred[groups[l]], M.conf[groups[l]], M.n_classes) for l in labels])
     plt = pyplot()
@@ -281,12 +308,14 @@ def kde_density(values: np.ndarray, xs: np.ndarray, bandwidth: float | None = No
     return gaussian_kde(values, bw_method=bandwidth / np.std(values, ddof=1))(xs)
 
 
-def _kde(ax, values, bandwidth: float | None = None, **kw):
+def _kde(ax, values, bandwidth: float | None = None, **kw) -> bool:
+    """Draw the KDE of the finite ``values``; False (nothing drawn) when they have no spread."""
     values = values[np.isfinite(values)]
     if len(values) < 2 or np.ptp(values) == 0:
-        return
+        return False
     xs = np.linspace(values.min(), values.max(), 300)
     ax.plot(xs, kde_density(values, xs, bandwidth), **kw)
+    return True
 
 
 @item("figE1", "Fig. E.1: angular visual hardness", "figure", ("stores with logits, head and penultimate layer",))
@@ -296,6 +325,7 @@ def figE1(inputs: Inputs) -> Figure:
     M = Models(inputs, need_head=True)
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.6, 4.2))
+    drawn = 0
     for label, idx in sorted(M.by_label().items(), key=lambda kv: labels_in_order(M.labels).index(kv[0])):
         s = M.stores[idx[0]]
         W, _ = s.head
@@ -305,7 +335,10 @@ def figE1(inputs: Inputs) -> Figure:
         avh = np.concatenate([angular_visual_hardness(X, M.y[i:i + len(X)], W)
                               for i, X in _penultimate_blocks(inputs, s)])  # per example: chunk by chunk
         acc = 100 * np.mean(M.pred[idx] == M.y)
-        _kde(ax, avh, avh_bandwidth(M.n_classes), color=color(label), label=f"{display(label)} ({acc:.1f}%)")
+        drawn += _kde(ax, avh, avh_bandwidth(M.n_classes), color=color(label), label=f"{display(label)} ({acc:.1f}%)")
+    if not drawn:
+        plt.close(fig)
+        raise Missing("no network's angular visual hardness has any spread")
     ax.set_xlabel("Angular visual hardness")
     ax.set_ylabel("Density")
     legend_outside(ax, title="objective (top-1)")
@@ -325,13 +358,17 @@ def figE3(inputs: Inputs) -> Figure:
     rows = np.sort(np.random.default_rng(0).choice(M.n, min(M.n, MAX_ROWS_E3), replace=False))
     plt = pyplot()
     fig, axes = plt.subplots(2, 1, figsize=(6.8, 6.2), sharex=True)
+    drawn = 0
     for label, idx in sorted(M.by_label().items(), key=lambda kv: labels_in_order(M.labels).index(kv[0])):
         X = np.concatenate([X[np.isin(np.arange(i, i + len(X)), rows)] for i, X in
                             _penultimate_blocks(inputs, M.stores[idx[0]])])
         within, between = cosine_distance_samples(X, M.y[rows], n_pairs, seed=0)
         for ax in axes:
-            _kde(ax, within, color=color(label), ls="-", label=display(label))
+            drawn += _kde(ax, within, color=color(label), ls="-", label=display(label))
             _kde(ax, between, color=color(label), ls="--")
+    if not drawn:
+        plt.close(fig)
+        raise Missing("no network's penultimate layer gives cosine distances with any spread")
     axes[1].set_yscale("log")
     axes[1].set_xlabel("Cosine distance (penultimate layer)")
     for ax in axes:

@@ -12,8 +12,8 @@ A source is a string (``repsim extract --checkpoint SPEC``, ``extract_store(SPEC
 ``module:<package.module>:<factory>[:<state dict path>]``   any ``nn.Module`` (module_source)
 ==========================================================  ===========================================
 
-Without weights named, torchvision/timm/module models get seeded random weights (the same on every
-run); nothing is downloaded unless weights are asked for, and then only by the library's own loader.
+Without weights named, torchvision/timm/module/hf models get seeded random weights (the same on every
+run with one ``seed``, ``repsim extract --seed``); nothing is downloaded unless weights are asked for, and then only by the library's own loader.
 """
 from __future__ import annotations
 
@@ -26,11 +26,12 @@ from .common import LoadedModel, Preprocess, clean, infer_input
 __all__ = ["LoadedModel", "Preprocess", "SOURCES", "is_model_spec", "load_spec", "from_module"]
 
 
-def load_spec(spec: str) -> LoadedModel:
-    """Build the model a ``prefix:...`` spec names."""
+def load_spec(spec: str, *, seed: int = 0) -> LoadedModel:
+    """Build the model a ``prefix:...`` spec names; random weights (no weights named) are drawn under
+    ``seed`` (recorded as the model's ``seed`` and in its ``init``)."""
     for prefix, module in SOURCES.items():
         if spec.startswith(prefix):
-            return import_module(f"{__name__}.{module}").load(spec)
+            return import_module(f"{__name__}.{module}").load(spec, seed=seed)
     raise ValueError(f"extract: unknown model source {spec!r}; use one of {', '.join(SOURCES)} or a checkpoint path")
 
 

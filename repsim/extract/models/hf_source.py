@@ -54,7 +54,7 @@ def _is_vision(config: Any) -> bool:
     return getattr(config, "num_channels", None) is not None and getattr(config, "image_size", None) is not None
 
 
-def load(spec: str) -> LoadedModel:
+def load(spec: str, *, seed: int = 0) -> LoadedModel:
     require("transformers", f"model source {spec!r}")
     import torch
     import transformers
@@ -77,7 +77,7 @@ def load(spec: str) -> LoadedModel:
     if pretrained:
         model = cls.from_pretrained(source)
     else:
-        with seeded():
+        with seeded(seed):
             model = cls.from_config(config) if cls is AutoModel else cls(config)
     model = model.float().eval()
 
@@ -99,7 +99,8 @@ def load(spec: str) -> LoadedModel:
         check_vocabulary(spec, len(tokenizer), getattr(config, "vocab_size", None))
     meta = {
         "arch": type(model).__name__, "source": "hf", "model_id": source,
-        "init": "pretrained" if pretrained else "random(seed=0)", "weights_sha256": weights_sha256(model),
+        "init": "pretrained" if pretrained else f"random(seed={seed})",
+        "seed": None if pretrained else seed, "weights_sha256": weights_sha256(model),
         "transformers": transformers.__version__, "torch_dtype": str(torch.float32).removeprefix("torch."),
     }
     vision = _is_vision(config)

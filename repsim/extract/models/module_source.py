@@ -2,7 +2,7 @@
 
 ``factory`` is called without arguments (seeded, so random weights are the same on every run) and
 must return an ``nn.Module``; the optional state dict (a ``torch.save``d mapping of tensors, or a
-dict holding one under ``state_dict``/``model``) is loaded strictly. The module is imported from the
+dict holding one under ``state_dict``/``model``, or a ``.safetensors`` file) is loaded strictly. The module is imported from the
 installed packages or the current directory. Its layers follow the generic registry
 (repsim/extract/layers.py); a model can declare them itself (``extract_layers``), and ``output_fmt =
 "NHWC"`` (timm's convention) marks channels-last maps.
@@ -21,7 +21,7 @@ from .common import LoadedModel, clean, infer_input, seeded, weights_sha256
 PREFIX = "module:"
 
 
-def load(spec: str) -> LoadedModel:
+def load(spec: str, *, seed: int = 0) -> LoadedModel:
     import torch
     from torch import nn
 
@@ -41,7 +41,7 @@ def load(spec: str) -> LoadedModel:
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise ValueError(f"extract: {spec!r}: {module_name} has no callable {factory_name!r}")
-    with seeded():
+    with seeded(seed):
         model = factory()
     if not isinstance(model, nn.Module):
         raise ValueError(f"extract: {spec!r}: {factory_name}() returned {type(model).__name__}, not an nn.Module")
@@ -51,7 +51,12 @@ def load(spec: str) -> LoadedModel:
         path = Path(state_path)
         if not path.is_file():
             raise ValueError(f"extract: {spec!r}: state dict {state_path!r} does not exist")
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        if path.suffix == ".safetensors":  # (timm's and the hub's format)
+            from safetensors.torch import load_file
+
+            state = load_file(str(path), device="cpu")
+        else:
+            state = torch.load(path, map_location="cpu", weights_only=True)
         if isinstance(state, dict) and not any(isinstance(v, torch.Tensor) for v in state.values()):
             state = state.get("state_dict") or state.get("model") or state
         try:
@@ -61,6 +66,7 @@ def load(spec: str) -> LoadedModel:
             raise ValueError(f"extract: {spec!r}: the state dict does not fit the model: {' '.join(first[:3])[:400]}") from None
         meta.update(checkpoint=str(path.resolve()), checkpoint_sha256=sha256_file(path), init="state dict")
     else:
-        meta["init"] = "factory(seed=0)"
+        meta["init"] = f"factory(seed={seed})"
+        meta["seed"] = seed
     meta["weights_sha256"] = weights_sha256(model)
     return LoadedModel(model.eval(), clean(meta), **infer_input(model))

@@ -16,7 +16,7 @@ from .common import LoadedModel, Preprocess, clean, seeded, side, weights_sha256
 PREFIX = "torchvision:"
 
 
-def load(spec: str) -> LoadedModel:
+def load(spec: str, *, seed: int = 0) -> LoadedModel:
     import torchvision
     from torchvision.models import get_model, get_model_weights, list_models
 
@@ -35,10 +35,10 @@ def load(spec: str) -> LoadedModel:
             f"{', '.join(w.name for w in enum)}"
         ) from None
     if chosen is None:
-        with seeded():
+        with seeded(seed):
             model = get_model(name, weights=None)
     else:
-        model = get_model(name, weights=chosen)
+        model = _pretrained(spec, name, chosen, get_model)
     model.eval()
     default = enum.DEFAULT  # every torchvision classifier has weights; their transform gives the usual size
     crop = side(getattr(default.transforms(), "crop_size", None))
@@ -50,7 +50,8 @@ def load(spec: str) -> LoadedModel:
                                    + " ".join(repr(t).split()))
     meta = {
         "arch": name, "source": "torchvision", "weights": f"{type(chosen).__name__}.{chosen.name}" if chosen else None,
-        "init": "pretrained" if chosen else "random(seed=0)", "weights_sha256": weights_sha256(model),
+        "init": "pretrained" if chosen else f"random(seed={seed})",
+        "seed": None if chosen else seed, "weights_sha256": weights_sha256(model),
         "torchvision": torchvision.__version__,
     }
     return LoadedModel(
@@ -58,3 +59,29 @@ def load(spec: str) -> LoadedModel:
         input_size=int(fixed) if fixed else crop, fixed_size=bool(fixed),
         min_size=side((chosen or default).meta.get("min_size")),
     )
+
+
+def _pretrained(spec: str, name: str, weights, get_model):
+    """torchvision's model with ``weights``, from torch.hub's cache or downloaded; without network and
+    without the cached file, one line naming the file, the cache and a local route (extract/models/offline.py)."""
+    import os
+    import urllib.error
+    from urllib.parse import urlparse
+
+    import torch
+
+    from .offline import host_of, reachable, unavailable
+
+    filename = os.path.basename(urlparse(weights.url).path)
+    cache = os.path.join(torch.hub.get_dir(), "checkpoints")
+
+    def error(reason: str = "cannot be reached (no network?)") -> ValueError:
+        return unavailable(spec, filename, cache, host_of(weights.url), "TORCH_HOME",
+                           f"module:torchvision.models:{name}:/path/to/{filename}", reason)
+
+    if not os.path.isfile(os.path.join(cache, filename)) and not reachable(weights.url):
+        raise error()
+    try:
+        return get_model(name, weights=weights)
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise error(f"did not give it ({getattr(exc, 'reason', exc)})") from None

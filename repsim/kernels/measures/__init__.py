@@ -17,7 +17,7 @@ from repsim.kernels.measures._protocol import (Accumulator, FullColumn, Measure,
 __all__ = ["Accumulator", "FullColumn", "Measure", "MeasureInfo", "MinibatchUnsupported", "NoNull", "register",
            "shift_dots",
            "source_eps",
-           "get_measure", "check_options", "measure_names", "MEASURES"]
+           "get_measure", "measure_label", "check_options", "measure_names", "MEASURES"]
 
 MEASURES: dict[str, type[Measure]] = {}
 
@@ -49,6 +49,15 @@ def measure_class(name: str) -> type[Measure]:
         if name not in MEASURES:
             raise ValueError(f"unknown measure {name!r}; known: {', '.join(measure_names())}")
     return MEASURES[name]
+
+
+def measure_label(name: str) -> str:
+    """The display name of measure ``name`` (``MeasureInfo.label``: "linear CKA", "ridge R²"), or ``name``
+    itself when no registered measure has it (a result file written by another version)."""
+    try:
+        return measure_class(name).info.label
+    except ValueError:
+        return name
 
 
 def get_measure(name: str, **options: Any) -> Measure:

@@ -39,7 +39,7 @@ __all__ = ["MeasureInfo", "Measure", "Accumulator", "FullColumn", "MinibatchUnsu
 class MeasureInfo:
     """A measure's declared metadata.
 
-    ``name``: as on the command line; ``formula`` and ``source`` (the paper it follows); ``estimators``:
+    ``name``: as on the command line; ``display``: as in figure titles and legends (default: ``name``); ``formula`` and ``source`` (the paper it follows); ``estimators``:
     the routes it implements, of ``("minibatch", "exact")``; ``statistic``: the per-batch statistic
     of its minibatch route (``"rows"`` or ``"gram"``, module docstring; ``""`` without one);
     ``symmetric``: m(X, Y) = m(Y, X) (else row i, column j is m(column i, column j): row = first
@@ -61,9 +61,15 @@ class MeasureInfo:
     statistic: str = ""
     invariances: tuple[str, ...] = ()
     order: int = 100
+    display: str = ""
+
+    @property
+    def label(self) -> str:
+        """The display name (``display``, else ``name``)."""
+        return self.display or self.name
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "formula": self.formula, "source": self.source,
+        return {"name": self.name, "display": self.label, "formula": self.formula, "source": self.source,
                 "estimators": list(self.estimators), "symmetric": self.symmetric, "range": list(self.range),
                 "identical": self.identical, "null": self.null, "statistic": self.statistic,
                 "invariances": list(self.invariances)}

@@ -116,7 +116,7 @@ class _CCABase(Measure):
 @register
 class CCA(_CCABase):
     info = MeasureInfo(
-        name="cca", order=3, formula="mean canonical correlation ρ̄ over min(rank) directions",
+        name="cca", display="CCA (mean ρ)", order=3, formula="mean canonical correlation ρ̄ over min(rank) directions",
         source="Hotelling 1936; ρ̄ as in Raghu et al. 2017", estimators=("exact",), symmetric=True,
         range=(0.0, 1.0), identical=1.0, null="small > 0",
         invariances=("invertible linear", "orthogonal", "isotropic scaling", "translation"))
@@ -125,7 +125,7 @@ class CCA(_CCABase):
 @register
 class SVCCA(_CCABase):
     info = MeasureInfo(
-        name="svcca", order=4, formula="ρ̄ of the fewest top PCs of each side explaining ≥ 99 % of its variance",
+        name="svcca", display="SVCCA", order=4, formula="ρ̄ of the fewest top PCs of each side explaining ≥ 99 % of its variance",
         source="Raghu, Gilmer, Yosinski & Sohl-Dickstein 2017 (NeurIPS)", estimators=("exact",), symmetric=True,
         range=(0.0, 1.0), identical=1.0, null="small > 0", invariances=("orthogonal", "isotropic scaling", "translation"))
     OPTIONS = {"svcca_variance": 0.99}
@@ -138,7 +138,7 @@ class SVCCA(_CCABase):
 @register
 class PWCCA(_CCABase):
     info = MeasureInfo(
-        name="pwcca", order=5, formula="Σᵢ αᵢρᵢ / Σᵢ αᵢ, αᵢ = Σⱼ |⟨hᵢ, x̃ⱼ⟩| (hᵢ canonical variates of the first argument)",
+        name="pwcca", display="PWCCA", order=5, formula="Σᵢ αᵢρᵢ / Σᵢ αᵢ, αᵢ = Σⱼ |⟨hᵢ, x̃ⱼ⟩| (hᵢ canonical variates of the first argument)",
         source="Morcos, Raghu & Bengio 2018 (NeurIPS)", estimators=("exact",), symmetric=False,
         range=(0.0, 1.0), identical=1.0, null="small > 0", invariances=("isotropic scaling", "translation"))
     needs_features = True

@@ -97,7 +97,9 @@ def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any 
 
 def similarity(X: Any, Y: Any, measure: str | Measure = "linear_cka", **options: Any) -> float:
     """One measure's exact value for two in-memory representations X (n, ...) and Y (n, ...)
-    (row = X for asymmetric measures); NaN when undefined."""
+    (row = X for asymmetric measures); NaN when undefined.  ``options`` as the measure's ``OPTIONS``
+    (``"linear_cka"`` and ``"rbf_cka"``: ``debiased=True`` by default, the paper's estimator, as
+    :func:`repsim.linear_cka`)."""
     from repsim.kernels.measures import check_options, get_measure
 
     if isinstance(measure, str):

@@ -78,7 +78,7 @@ class CKAFamily(Measure):
 @register
 class LinearCKA(CKAFamily):
     info = MeasureInfo(
-        name="linear_cka", order=0,
+        name="linear_cka", display="linear CKA", order=0,
         formula="HSIC(XXᵀ, YYᵀ) / sqrt(HSIC(XXᵀ, XXᵀ) HSIC(YYᵀ, YYᵀ)), HSIC₁ unbiased (Song et al. 2012)",
         source="Kornblith et al. 2019 (ICML); minibatch: Nguyen, Raghu & Kornblith 2021",
         estimators=("minibatch", "exact"), symmetric=True, range=(0.0, 1.0), identical=1.0, null="0",

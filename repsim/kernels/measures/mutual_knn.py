@@ -53,7 +53,7 @@ def overlap(a: np.ndarray, b: np.ndarray) -> float:
 @register
 class MutualKNN(Measure):
     info = MeasureInfo(
-        name="mutual_knn", order=7, formula="mean_i |N_X(i) ∩ N_Y(i)| / k, cosine k-NN excluding i (null ≈ k/(n−1))",
+        name="mutual_knn", display="mutual k-NN", order=7, formula="mean_i |N_X(i) ∩ N_Y(i)| / k, cosine k-NN excluding i (null ≈ k/(n−1))",
         source="Huh, Cheung, Wang & Isola 2024 (ICML), platonic-rep mutual_knn", estimators=("exact",),
         symmetric=True, range=(0.0, 1.0), identical=1.0, null="≈ k/(n−1)",
         invariances=("orthogonal", "isotropic scaling"))

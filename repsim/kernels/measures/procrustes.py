@@ -31,7 +31,7 @@ def procrustes_distance(similarity: float | np.ndarray) -> float | np.ndarray:
 @register
 class Procrustes(Measure):
     info = MeasureInfo(
-        name="procrustes", order=2,
+        name="procrustes", display="Procrustes", order=2,
         formula="‖X̃ᵀỸ‖_* / (‖X̃‖_F ‖Ỹ‖_F), column-centred; distance arccos of it",
         source="Williams et al. 2021 (NeurIPS), angular Procrustes; Ding et al. 2021",
         estimators=("exact",), symmetric=True, range=(0.0, 1.0), identical=1.0, null="small > 0",

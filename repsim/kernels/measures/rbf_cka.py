@@ -197,7 +197,7 @@ class MinibatchRBFCKA(Accumulator):
 @register
 class RBFCKA(CKAFamily):
     info = MeasureInfo(
-        name="rbf_cka", order=1,
+        name="rbf_cka", display="RBF CKA", order=1,
         formula="CKA of Gaussian Grams exp(−‖xᵢ−xⱼ‖²/(2σ²)), σ² = t²·median of the n×n squared distances",
         source="Kornblith et al. 2019 (ICML), google-research CKA notebook (gram_rbf)",
         estimators=("minibatch", "exact"), symmetric=True, range=(0.0, 1.0), identical=1.0, null="0",

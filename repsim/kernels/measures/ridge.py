@@ -75,7 +75,7 @@ def _fit_predict(f: Fold, Rx: np.ndarray, Ry: np.ndarray) -> tuple[float, float]
 @register
 class RidgeR2(Measure):
     info = MeasureInfo(
-        name="ridge_r2", order=8, formula="cross-validated R² of ridge regression X → Y (λ by leave-one-out per fold)",
+        name="ridge_r2", display="ridge R²", order=8, formula="cross-validated R² of ridge regression X → Y (λ by leave-one-out per fold)",
         source="linear predictivity: Yamins et al. 2014, Schrimpf et al. 2018; Klabunde et al. 2023 (survey)",
         estimators=("exact",), symmetric=False, range=(-math.inf, 1.0), identical=1.0, null="≤ 0",
         invariances=("orthogonal", "isotropic scaling", "translation"))

@@ -49,7 +49,7 @@ def rdm_upper(RC: np.ndarray, slack: np.ndarray) -> np.ndarray:
 @register
 class RSA(Measure):
     info = MeasureInfo(
-        name="rsa", order=6, formula="Spearman ρ of the upper triangles of the 1 − Pearson(rows) RDMs",
+        name="rsa", display="RSA", order=6, formula="Spearman ρ of the upper triangles of the 1 − Pearson(rows) RDMs",
         source="Kriegeskorte, Mur & Bandettini 2008 (Front. Syst. Neurosci.)", estimators=("exact",),
         symmetric=True, range=(-1.0, 1.0), identical=1.0, null="0",
         invariances=("isotropic scaling", "translation by a constant", "permutation of features"))

@@ -1,0 +1,69 @@
+"""`repsim plot`: the heatmap of a results file of `repsim similarity` or `repsim cka`
+(:meth:`repsim.SimilarityResult.plot`), written as PNG, PDF or SVG."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HELP = "heatmap of a similarity/CKA results file (every column, or store x store panels) to PNG/PDF/SVG"
+
+FORMATS = (".png", ".pdf", ".svg")
+
+
+def _names(values: list[str] | None) -> list[str] | None:
+    """``--stores a,b c`` -> ["a", "b", "c"] (commas or spaces), None when not given."""
+    if not values:
+        return None
+    out = [v.strip() for value in values for v in value.split(",") if v.strip()]
+    return out or None
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("result", metavar="RESULT.npz", help="results file of `repsim similarity` or `repsim cka`")
+    parser.add_argument("--out", required=True, metavar="FIG.png",
+                        help="figure file; its extension picks the format (.png, .pdf or .svg); "
+                             "an existing file is replaced")
+    parser.add_argument("--measure", nargs="+", default=None, metavar="M",
+                        help="measure(s) to draw (default: every measure of the file for --kind matrix, "
+                             "the first for --kind grid)")
+    parser.add_argument("--kind", choices=("matrix", "grid"), default="matrix",
+                        help="matrix: every (store, layer) column against every other, one panel per measure "
+                             "(default); grid: one panel per (store A, store B) pair, layers against layers "
+                             "(as the paper's Fig. 2a)")
+    parser.add_argument("--stores", nargs="+", default=None, metavar="NAME",
+                        help="only these stores, in this order (names as in the result; default all)")
+    parser.add_argument("--layers", nargs="+", default=None, metavar="NAME",
+                        help="only these layers of every store (default all)")
+    parser.add_argument("--title", default=None, help="figure title (default: stores, columns and n)")
+    parser.add_argument("--dpi", type=int, default=150, help="PNG resolution (default 150)")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = os.fspath(args.out)
+    ext = os.path.splitext(out)[1].lower()
+    if ext not in FORMATS:
+        raise ValueError(f"--out {out}: the extension picks the format, one of {', '.join(FORMATS)}")
+    if args.dpi < 10:
+        raise ValueError(f"--dpi must be >= 10, got {args.dpi}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from repsim.fileio import atomic_write
+    from repsim.engine.result import load_result
+
+    result = load_result(args.result)
+    measures = _names(args.measure)
+    unknown = [m for m in measures or [] if m not in result.measures]
+    if unknown:
+        raise ValueError(f"--measure: {', '.join(unknown)} not in {args.result}; it holds: "
+                         f"{', '.join(result.measures)}")
+    if args.kind == "grid" and measures and len(measures) > 1:
+        raise ValueError("--kind grid draws one measure: give one --measure")
+    fig = result.plot(measures, stores=_names(args.stores), layers=_names(args.layers), kind=args.kind,
+                      title=args.title)
+    with atomic_write(out) as fh:
+        fig.savefig(fh, format=ext[1:], dpi=args.dpi)
+    shown = measures or (result.measures if args.kind == "matrix" else result.measures[:1])
+    print(f"repsim plot: {', '.join(shown)} ({args.kind}) of {args.result} -> {out}", file=sys.stderr)
+    return 0
