@@ -130,3 +130,24 @@ def test_seeded_builds_in_threads_take_turns():
     with ThreadPoolExecutor(8) as pool:
         for got in pool.map(build, range(16)):
             assert all(torch.equal(a, b) for a, b in zip(lone, got))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_threads_on_one_gpu_write_the_stores_of_one_at_a_time_runs(tmp_path, capsys):
+    """On a GPU, several checkpoints run as threads by default (each on a CUDA stream of its own): every
+    store complete and valid, its values those of one-at-a-time runs on the same GPU (float32, no
+    autocast; cuDNN may pick other kernels per run, so within float32 rounding, not bytes)."""
+    run = ["--data", "digits", "--split", "test", "--image-size", "32", "--batch-size", "64", "--chunk-rows", "128",
+           "--workers", "0", "--device", "cuda", "--amp", "off", "--dtype", "float32", "--no-progress"]
+    models = MODELS[:3]
+    assert cli.job_mode("auto", "cuda") == "threads"
+    assert repsim_main(["extract", *_checkpoints(models), *run, "--out-dir", str(tmp_path / "one"), "--jobs", "1"]) == 0
+    assert repsim_main(["extract", *_checkpoints(models), *run, "--out-dir", str(tmp_path / "three"), "--jobs", "3"]) == 0
+    for name in (p.name for p in (tmp_path / "one").glob("*.zarr")):
+        a, b = open_store(tmp_path / "one" / name), open_store(tmp_path / "three" / name)
+        assert b.complete and a.layers == b.layers
+        for layer in a.layers:
+            x, y = np.asarray(a.layer(layer).compute()), np.asarray(b.layer(layer).compute())
+            assert np.allclose(x, y, rtol=1e-4, atol=1e-5 * float(np.abs(x).max())), (name, layer)
+    capsys.readouterr()
+    assert repsim_main(["check", *(str(p) for p in (tmp_path / "three").glob("*.zarr"))]) == 0
