@@ -17,10 +17,10 @@ Rows (each with the floor it is held against, measured in the same process):
 * ``extract_profile`` (``--extract-profile``): the 16 blocks' spatial reductions against the forward,
   and a cProfile of a one-batch extraction.
 * the store row also times nvCOMP's GPU zstd decoding of the same chunks against CPU decoding, and
-  the engine's pass with the chunks decoded on the GPU (engine/device_decode.py) against the same
+  the engine's pass with the chunks decoded on the GPU (repsim/engine/device_decode.py) against the same
   pass with ``REPSIM_GPU_DECODE=0`` (the CPU-decoded read schedule), each held to the CPU's result.
 * ``jpeg`` (``--jpeg``): ``extract_store`` of ResNet-50 over a generated JPEG ImageFolder end to end,
-  nvJPEG route (extract/jpeg.py) against ``REPSIM_NVJPEG=0`` (PIL in DataLoader workers), the
+  nvJPEG route (repsim/extract/jpeg.py) against ``REPSIM_NVJPEG=0`` (PIL in DataLoader workers), the
   decoders' agreement in levels of 255 and the stores' logits.
 * the heatmap row (``--heatmap``) also times ``repsim extract --job-mode processes`` (spawned jobs,
   the route before the one-process threads) against ``--job-mode threads`` (``--job-modes``).
@@ -480,17 +480,17 @@ def make_jpeg_folder(root: Path, n: int, size: int = 256) -> Path:
 def jpeg_rows(n: int, batch: int = 256) -> dict:
     """Extraction over a JPEG folder end to end (``extract_store`` of a random-init ResNet-50, ``pool``
     and ``logits``, the folder's evaluation transform Resize(256) + CenterCrop(224), repsim's default
-    workers), once with the GPU decoding (nvJPEG, extract/jpeg.py) and once with ``REPSIM_NVJPEG=0``
+    workers), once with the GPU decoding (nvJPEG, repsim/extract/jpeg.py) and once with ``REPSIM_NVJPEG=0``
     (PIL in DataLoader workers), after a warm-up extraction of one batch on each route; the decoders'
     agreement on the first batch (uint8 levels of the decoded images, and the transformed batches)
     and the two stores' logits."""
     import torch
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
-    from extract import jpeg as xj
-    from extract.pipeline import extract_store
+    from repsim.extract import jpeg as xj
+    from repsim.extract.pipeline import extract_store
     from repsim.store.reader import open_store
-    from train.data import build_dataset
+    from repsim.train.data import build_dataset
 
     root = Path(tempfile.mkdtemp(prefix="repsim-jpeg-"))
     try:
@@ -618,7 +618,7 @@ def write_md(res: dict) -> None:
     j = res.get("jpeg")
     if isinstance(j, dict) and "nvjpeg_s" in j:
         lines.append(f"| extraction over a folder of {j['n']:,} JPEGs ({j['jpeg_mb']:.0f} MB; ResNet-50, Resize(256) + "
-                     f"CenterCrop(224), pool+logits) with nvJPEG (extract/jpeg.py) | {j['nvjpeg_s']:.2f} s "
+                     f"CenterCrop(224), pool+logits) with nvJPEG (repsim/extract/jpeg.py) | {j['nvjpeg_s']:.2f} s "
                      f"({j['nvjpeg_img_per_s']:,.0f} img/s) | PIL in DataLoader workers (`REPSIM_NVJPEG=0`): "
                      f"{j['cpu_decode_s']:.2f} s ({j['cpu_decode_img_per_s']:,.0f} img/s) | **{j['speedup']:.2f}×** faster "
                      f"(decoders differ by ≤ {j['decode_max_abs_levels']} levels of 255, mean "
