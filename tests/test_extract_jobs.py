@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
-pytest.importorskip("train.data")
+pytest.importorskip("repsim.train.data")
 
 from repsim.extract import cli  # noqa: E402
 from repsim.commands.main import main as repsim_main  # noqa: E402

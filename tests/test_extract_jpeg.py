@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
-pytest.importorskip("train.data")
+pytest.importorskip("repsim.train.data")
 
 from repsim.extract import jpeg  # noqa: E402
 from repsim.extract.pipeline import reorder_rows  # noqa: E402

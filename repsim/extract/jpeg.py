@@ -187,20 +187,16 @@ def decode_batch(blobs: list[torch.Tensor], transform: TensorTransform, device: 
 
 
 def feed(dataset: Any, transform: TensorTransform, spans: list[tuple[int, int]], device: torch.device,
-         workers: int, channels_last: bool) -> Iterator[tuple[torch.Tensor, np.ndarray]]:
-    """``(inputs on device, labels)`` per row span: workers read the files, the device decodes them."""
+         workers: int, channels_last: bool, spawn: bool = False) -> Iterator[tuple[torch.Tensor, np.ndarray]]:
+    """``(inputs on device, labels)`` per row span: workers read the files, the device decodes them
+    (``spawn``: the workers are spawned, not forked — extractions running as threads of one process)."""
     from torch.utils.data import DataLoader
 
     from .inputs import in_memory_format
 
     loader = DataLoader(JpegBytes(dataset), batch_sampler=[list(range(lo, hi)) for lo, hi in spans],
                         num_workers=workers, collate_fn=_collate, generator=torch.Generator(),
-                        multiprocessing_context="spawn" if workers and _spawn() else None)
+                        multiprocessing_context="spawn" if workers and spawn else None)
     for blobs, labels in loader:
         yield in_memory_format(decode_batch(blobs, transform, device), channels_last), labels
 
-
-def _spawn() -> bool:
-    from .pipeline import LOADER_SPAWN
-
-    return LOADER_SPAWN.is_set()

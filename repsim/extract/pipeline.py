@@ -772,7 +772,8 @@ def _inputs(dataset, batches: list[tuple[int, int, int]], dev: torch.device, wor
     from .memory import MemoryFeed, as_image_tensor
 
     if jpeg is not None:
-        return jpeg_feed(dataset, jpeg, [(lo, hi) for _, lo, hi in batches], dev, workers, channels_last)
+        return jpeg_feed(dataset, jpeg, [(lo, hi) for _, lo, hi in batches], dev, workers, channels_last,
+                         spawn=LOADER_SPAWN.is_set())
 
     perm = dataset.perm if isinstance(dataset, _Reordered) else None
     source = as_image_tensor(dataset.dataset if isinstance(dataset, _Reordered) else dataset)
