@@ -16,12 +16,23 @@ Rows (each with the floor it is held against, measured in the same process):
   ``$OUT/heatmap18_gpu.log``, so a run out of time still says how far it got.
 * ``extract_profile`` (``--extract-profile``): the 16 blocks' spatial reductions against the forward,
   and a cProfile of a one-batch extraction.
-* the store row also times nvCOMP's GPU zstd decoding of the same chunks against CPU decoding.
+* the store row also times nvCOMP's GPU zstd decoding of the same chunks against CPU decoding, and
+  the engine's pass with the chunks decoded on the GPU (repsim/engine/device_decode.py) against the same
+  pass with ``REPSIM_GPU_DECODE=0`` (the CPU-decoded read schedule), each held to the CPU's result.
+* ``jpeg`` (``--jpeg``): ``extract_store`` of ResNet-50 over a generated JPEG ImageFolder end to end,
+  nvJPEG route (repsim/extract/jpeg.py) against ``REPSIM_NVJPEG=0`` (PIL in DataLoader workers), the
+  decoders' agreement in levels of 255 and the stores' logits.
+* the heatmap row (``--heatmap``) also times ``repsim extract --job-mode processes`` (spawned jobs,
+  the route before the one-process threads) against ``--job-mode threads`` (``--job-modes``).
 
-Writes bench/results/gpu.json (with the device name) and the ``## gpu`` section of bench/RESULTS.md.
+Every row runs in a child process of its own, killed with its process group after its timeout
+(``--row-timeout KEY=S``) or when ``--budget`` seconds are spent: a hung row cannot eat the call,
+and a row's failure is reported while the others run. Writes bench/results/gpu.json (with the
+device name and date) and the ``## gpu`` section of bench/RESULTS.md after every row (and copies
+both into ``$OUT``). Without CUDA every row is skipped with the reason (a dry run of the script).
 
     python bench/gpu.py                 # about 2 minutes on an H100/H200
-    python bench/gpu.py --extract --heatmap   # every row, about 5 minutes (bench/gpu_device.sh: a lent machine)
+    python bench/gpu.py --extract --heatmap --jpeg --skip-allpairs   # the issue's rows (bench/gpu_device.sh)
     python bench/gpu.py --n 4096 --skip-store
 """
 from __future__ import annotations
@@ -38,6 +49,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -212,11 +224,12 @@ def store_rows(n: int, batch_size: int) -> dict:
             runs.append(time.perf_counter() - t0)
         os.environ.pop("REPSIM_GPU_DECODE", None)
         out["gpu_pool_peak_bytes"] = int(pool.total_bytes())
+        host_decoded = None
         if out["gpu_decoding"]:  # ... and the same pass with the CPU decoding them, as before
             os.environ["REPSIM_GPU_DECODE"] = "0"
             try:
                 t0 = time.perf_counter()
-                cka_matrix(paths, device="cuda", **kw)
+                host_decoded = cka_matrix(paths, device="cuda", **kw)
                 out["cuda_cpu_decoding_s"] = time.perf_counter() - t0
             finally:
                 del os.environ["REPSIM_GPU_DECODE"]
@@ -234,17 +247,41 @@ def store_rows(n: int, batch_size: int) -> dict:
                    ratio_to_read=min(runs) / min(reads), cpu_over_cuda=out["cpu_all_cores_s"] / min(runs),
                    columns=int(got.values.shape[0]),
                    max_abs_cuda_vs_cpu=float(np.nanmax(np.abs(got.values - ref.values))))
+        if host_decoded is not None:
+            out["max_abs_cuda_cpu_decoding_vs_cpu"] = float(np.nanmax(np.abs(host_decoded.values - ref.values)))
+            out["gpu_decoding_over_cpu_decoding"] = out["cuda_cpu_decoding_s"] / out["cuda_s"]
+        out["equal_to_cpu_within_1e-9"] = bool(out["max_abs_cuda_vs_cpu"] <= 1e-9 and
+                                               out.get("max_abs_cuda_cpu_decoding_vs_cpu", 0.0) <= 1e-9)
+        print(f"store: cka_matrix(device='cuda') {out['cuda_s']:.2f} s "
+              f"({'GPU' if out['gpu_decoding'] else 'CPU'} decoding); REPSIM_GPU_DECODE=0 "
+              f"{out.get('cuda_cpu_decoding_s', float('nan')):.2f} s; read schedule {out['engine_read_s']:.2f} s; "
+              f"max |Δ| vs CPU {out['max_abs_cuda_vs_cpu']:.1e} / {out.get('max_abs_cuda_cpu_decoding_vs_cpu', float('nan')):.1e}",
+              flush=True)
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def extract_rows(n: int) -> dict:
-    out = HERE / "results" / "extract_throughput_gpu.json"  # (and its own ## extract_throughput_gpu section)
+    """bench/extract_throughput.py --device cuda (its own ## extract_throughput_gpu section): the 16-block
+    row (d) against the forward from pinned host batches (b), with the fixed cost of a store; the
+    row's headline numbers are copied up (``ratio_16_blocks``: the better of (d)'s two sources)."""
+    out = HERE / "results" / "extract_throughput_gpu.json"
+    before = out.stat().st_mtime if out.is_file() else None  # (an earlier run's file: not this run's result)
     r = subprocess.run([sys.executable, str(HERE / "extract_throughput.py"), "--device", "cuda", "--gpu-n", str(n)],
-                       capture_output=True, text=True, timeout=240)
+                       capture_output=True, text=True)
     print(r.stdout[-4000:], r.stderr[-3000:], sep="\n")
-    return json.loads(out.read_text()) if out.is_file() else {"error": r.stderr[-2000:]}
+    if not out.is_file() or out.stat().st_mtime == before:
+        return {"error": r.stderr[-2000:]}
+    got = json.loads(out.read_text())
+    rows = {row["label"]: row for row in got.get("rows", [])}
+    d = [row for label, row in rows.items() if label.startswith("(d)") and row.get("ratio") is not None]
+    c = [row for label, row in rows.items() if label.startswith("(c)") and row.get("ratio") is not None]
+    fixed = next((row for label, row in rows.items() if label.startswith("fixed cost")), {})
+    got["ratio_16_blocks"] = max((row["ratio"] for row in d), default=None)
+    got["ratio_pool_logits"] = max((row["ratio"] for row in c), default=None)
+    got["fixed_cost_s"] = fixed.get("s")
+    return got
 
 
 def heatmap_key(n: int) -> str:
@@ -252,27 +289,28 @@ def heatmap_key(n: int) -> str:
     return "heatmap" if n == 2048 else f"heatmap_{n}"
 
 
-def heatmap_rows(n: int, timeout: int) -> dict:
+def heatmap_rows(n: int, timeout: int, job_modes: bool = True) -> dict:
     """bench/heatmap18.py at the ResNet-18 scale on the GPU (18 networks, 64 px, ``n`` images): repsim
     (extract + cka) against pytorch-cka, and the workflow's floor, as that script measures them."""
     suffix = "" if n == 2048 else f"_{n}"
     out = HERE / "results" / f"heatmap18_gpu{suffix}.json"
     cmd = [sys.executable, str(HERE / "heatmap18.py"), "--scale", "resnet18", "--device", "cuda", "--nets", "18",
            "--image-size", "64", "--resnet-n", str(n), "--resnet-batch", "256", "--repsim-runs", "1",
-           "--profile-cka", "--cache", str(Path(tempfile.gettempdir()) / "repsim-heatmap18"), "--out", str(out)]
+           *(["--job-modes"] if job_modes else []),
+           "--cache", str(Path(tempfile.gettempdir()) / "repsim-heatmap18"), "--out", str(out)]
     log = Path(os.environ.get("OUT") or HERE / "results") / f"heatmap18_gpu{suffix}.log"  # kept if it runs out of time
-    out.unlink(missing_ok=True)
+    before = out.stat().st_mtime if out.is_file() else None  # (an earlier run's file: not this run's result)
     with open(log, "w") as f:
         try:
             subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout} s; its log: " + log.read_text()[-1500:]}
     print(log.read_text()[-4000:])
-    if not out.is_file():
+    if not out.is_file() or out.stat().st_mtime == before:
         return {"error": log.read_text()[-2000:]}
     run = json.loads(out.read_text())["runs"][-1]
     keep = ("networks", "columns", "images", "repsim", "peer", "ratio", "ratio_matched_work", "floor", "floor_parts",
-            "agreement", "cka_profile", "runs_each_side")
+            "agreement", "cka_profile", "runs_each_side", "extract_job_modes")
     return {k: run[k] for k in keep if k in run}
 
 
@@ -421,6 +459,88 @@ def nvcomp_rows(paths: list[str], threads: int) -> dict:
     return out
 
 
+def make_jpeg_folder(root: Path, n: int, size: int = 256) -> Path:
+    """``n`` smooth random RGB JPEGs (quality 90, ``size`` x 5/4 ``size`` px, sizes like photos') in an
+    ImageFolder test split of ten classes (bench/extract_throughput.py's images, larger)."""
+    import torch
+    import torch.nn.functional as F
+    from torchvision.io import encode_jpeg
+
+    g = torch.Generator().manual_seed(0)
+    for lo in range(0, n, 256):
+        small = torch.rand((min(256, n - lo), 3, 14, 14), generator=g)
+        images = (F.interpolate(small, size=(size, size * 5 // 4), mode="bicubic").clamp(0, 1) * 255).to(torch.uint8)
+        for k, data in enumerate(encode_jpeg(list(images), quality=90), start=lo):
+            folder = root / "test" / f"class{k % 10}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{k:05d}.jpg").write_bytes(data.numpy().tobytes())
+    return root
+
+
+def jpeg_rows(n: int, batch: int = 256) -> dict:
+    """Extraction over a JPEG folder end to end (``extract_store`` of a random-init ResNet-50, ``pool``
+    and ``logits``, the folder's evaluation transform Resize(256) + CenterCrop(224), repsim's default
+    workers), once with the GPU decoding (nvJPEG, repsim/extract/jpeg.py) and once with ``REPSIM_NVJPEG=0``
+    (PIL in DataLoader workers), after a warm-up extraction of one batch on each route; the decoders'
+    agreement on the first batch (uint8 levels of the decoded images, and the transformed batches)
+    and the two stores' logits."""
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg, read_file
+
+    from repsim.extract import jpeg as xj
+    from repsim.extract.pipeline import extract_store
+    from repsim.store.reader import open_store
+    from repsim.train.data import build_dataset
+
+    root = Path(tempfile.mkdtemp(prefix="repsim-jpeg-"))
+    try:
+        t0 = time.perf_counter()
+        make_jpeg_folder(root / "images", n)
+        out: dict = {"n": n, "batch": batch, "make_s": time.perf_counter() - t0,
+                     "jpeg_mb": sum(f.stat().st_size for f in (root / "images").rglob("*.jpg")) / 2**20}
+        data = str(root / "images")
+        ds = build_dataset(data, "test")
+        tf, why = xj.choose(ds, "cuda")
+        out["route"] = why
+        if tf is None:
+            raise RuntimeError(f"the nvJPEG route was not chosen: {why}")
+        blobs = [read_file(p) for p, _ in ds.base.samples[:batch]]
+        gpu = decode_jpeg(blobs, mode=ImageReadMode.RGB, device="cuda")
+        cpu = [decode_jpeg(b, mode=ImageReadMode.RGB) for b in blobs]
+        levels = [(g.cpu().int() - c.int()).abs() for g, c in zip(gpu, cpu)]
+        out["decode_max_abs_levels"] = int(max(int(d.max()) for d in levels))
+        out["decode_mean_abs_levels"] = float(np.mean([float(d.float().mean()) for d in levels]))
+        xg, xc = xj.decode_batch(blobs, tf, "cuda").cpu(), xj.decode_batch(blobs, tf, "cpu")
+        out["batch_max_abs_diff"] = float((xg - xc).abs().max())  # normalised units (1 level ~ 0.017)
+        kw = dict(split="test", layers="pool,logits", batch_size=batch, device="cuda", progress=False)
+        for route in ("0", "1"):  # warm-ups: one batch each (worker start, cuDNN, nvJPEG initialisation)
+            os.environ["REPSIM_NVJPEG"] = route
+            extract_store("torchvision:resnet50", data, root / f"warm{route}.zarr", **kw, chunk_rows=batch)
+        for route, key in (("0", "cpu_decode"), ("1", "nvjpeg")):
+            os.environ["REPSIM_NVJPEG"] = route
+            t0 = time.perf_counter()
+            extract_store("torchvision:resnet50", data, root / f"{key}.zarr", **kw)
+            out[f"{key}_s"] = time.perf_counter() - t0
+            out[f"{key}_img_per_s"] = n / out[f"{key}_s"]
+        os.environ.pop("REPSIM_NVJPEG", None)
+        a, b = open_store(str(root / "cpu_decode.zarr")), open_store(str(root / "nvjpeg.zarr"))
+        la, lb = np.asarray(a.logits), np.asarray(b.logits)
+        out["logits_max_abs_diff"] = float(np.abs(la - lb).max())
+        out["logits_max_abs"] = float(np.abs(la).max())
+        out["labels_equal"] = bool(np.array_equal(np.asarray(a.labels), np.asarray(b.labels)))
+        out["nvjpeg_route_recorded"] = xj.ROUTE_NOTE in b.attrs["dataset"]["transform"]
+        out["speedup"] = out["cpu_decode_s"] / out["nvjpeg_s"]
+        print(f"jpeg: {n} JPEGs, extraction with CPU decoding {out['cpu_decode_s']:.2f} s "
+              f"({out['cpu_decode_img_per_s']:,.0f} img/s), with nvJPEG {out['nvjpeg_s']:.2f} s "
+              f"({out['nvjpeg_img_per_s']:,.0f} img/s): {out['speedup']:.2f}x; decoders differ by at most "
+              f"{out['decode_max_abs_levels']} levels (mean {out['decode_mean_abs_levels']:.3f}); logits max |Δ| "
+              f"{out['logits_max_abs_diff']:.2e} of max {out['logits_max_abs']:.2f}", flush=True)
+        return out
+    finally:
+        os.environ.pop("REPSIM_NVJPEG", None)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def write_md(res: dict) -> None:
     from _results import replace_section
 
@@ -450,9 +570,11 @@ def write_md(res: dict) -> None:
                      f"compute: {s['engine_read_upload_s']:.2f} s) | **{s['ratio_to_read']:.2f}×** "
                      f"({'chunks decoded on the GPU' if s.get('gpu_decoding') else 'chunks decoded on the CPU'}) |")
         if "cuda_cpu_decoding_s" in s:
-            lines.append(f"| … the same with the CPU decoding the chunks (`REPSIM_GPU_DECODE=0`) | "
-                         f"{s['cuda_cpu_decoding_s']:.2f} s | the read schedule: {s['engine_read_s']:.2f} s | "
-                         f"{s['cuda_cpu_decoding_s'] / s['engine_read_s']:.2f}× |")
+            lines.append(f"| … the same with the CPU decoding the chunks (`REPSIM_GPU_DECODE=0`, today's read "
+                         f"schedule) | {s['cuda_cpu_decoding_s']:.2f} s | with the GPU decoding them: {s['cuda_s']:.2f} s | "
+                         f"GPU decoding **{s['cuda_cpu_decoding_s'] / s['cuda_s']:.2f}×** faster (both within 1e-9 "
+                         f"of the CPU's: {s.get('equal_to_cpu_within_1e-9')}; max abs diff "
+                         f"{s.get('max_abs_cuda_cpu_decoding_vs_cpu', float('nan')):.1e}) |")
         lines.append(f"| the same on the CPU, all {res['cpus']} cores (`device=\"cpu\"`) | {s['cpu_all_cores_s']:.2f} s | "
                      f"`device=\"cuda\"`: {s['cuda_s']:.2f} s | cuda {s['cpu_over_cuda']:.2f}× faster "
                      f"(max abs diff {s['max_abs_cuda_vs_cpu']:.1e}) |")
@@ -478,15 +600,104 @@ def write_md(res: dict) -> None:
                      f"{f['seconds']:.1f} s (" + ", ".join(f"{k} {v:.1f}" for k, v in f["parts"].items())
                      + f"); pytorch-cka {h['peer']['seconds']['total']:.1f} s | **{f['repsim_over_floor']:.2f}×** the floor, "
                      + (f"{h['ratio_matched_work']:.1f}× faster than pytorch-cka; with `repsim cka` at its defaults "
-                        f"{h['repsim']['seconds']['total']:.1f} s, {h['ratio']:.1f}× |" if "ratio_matched_work" in h
+                        f"{h['repsim']['seconds']['total']:.1f} s, **{f.get('repsim_defaults_over_floor', float('nan')):.2f}×** "
+                        f"the floor, {h['ratio']:.1f}× |" if "ratio_matched_work" in h
                         else f"{h['ratio']:.1f}× faster than pytorch-cka |"))
+        jm = h.get("extract_job_modes")
+        if isinstance(jm, dict) and "threads" in jm:
+            lines.append(f"| … `repsim extract` of the {h.get('networks', 18)} checkpoints as threads of one process "
+                         f"(`--job-mode threads`, the GPU default) | {jm['threads']['seconds']:.1f} s | spawned processes "
+                         f"(`--job-mode processes`, the route before): {jm['processes']['seconds']:.1f} s | threads "
+                         f"**{jm['processes_over_threads']:.2f}×** faster |")
+    x = res.get("extract")
+    if isinstance(x, dict) and x.get("ratio_16_blocks") is not None:
+        lines.append(f"| extraction of ResNet-50's 16 blocks (`--spatial mean`, 224 px, in memory; "
+                     f"bench/extract_throughput.py row (d)) | fixed cost of a store {x.get('fixed_cost_s') or float('nan'):.2f} s | "
+                     f"the forward from pinned host batches (row (b)) | **{x['ratio_16_blocks']:.2f}×** the forward's "
+                     f"rate (pool+logits {x.get('ratio_pool_logits') or float('nan'):.2f}×; section extract_throughput_gpu) |")
+    j = res.get("jpeg")
+    if isinstance(j, dict) and "nvjpeg_s" in j:
+        lines.append(f"| extraction over a folder of {j['n']:,} JPEGs ({j['jpeg_mb']:.0f} MB; ResNet-50, Resize(256) + "
+                     f"CenterCrop(224), pool+logits) with nvJPEG (repsim/extract/jpeg.py) | {j['nvjpeg_s']:.2f} s "
+                     f"({j['nvjpeg_img_per_s']:,.0f} img/s) | PIL in DataLoader workers (`REPSIM_NVJPEG=0`): "
+                     f"{j['cpu_decode_s']:.2f} s ({j['cpu_decode_img_per_s']:,.0f} img/s) | **{j['speedup']:.2f}×** faster "
+                     f"(decoders differ by ≤ {j['decode_max_abs_levels']} levels of 255, mean "
+                     f"{j['decode_mean_abs_levels']:.3f}; logits max abs diff {j['logits_max_abs_diff']:.1e} of "
+                     f"{j['logits_max_abs']:.1f}) |")
     if isinstance(a, dict) and a.get("phases_s"):
         lines += ["", "Phases of the float32-slab route's update, each synchronised: " + "; ".join(
             f"{k} {v * 1e3:.1f} ms" if isinstance(v, float) else f"{k}: {v}" for k, v in a["phases_s"].items()) + "."]
-    for key in ("allpairs", "store", "extract", *(k for k in res if k.startswith("heatmap"))):
+    for key in ("allpairs", "store", "extract", "jpeg", *(k for k in res if k.startswith("heatmap"))):
         if isinstance(res.get(key), dict) and "error" in res[key]:
             lines.append(f"| {key} | failed: {res[key]['error'].splitlines()[-1][:200]} | | |")
     (HERE / "RESULTS.md").exists() and replace_section("gpu", "\n".join(lines) + "\n")
+
+
+ROW_TIMEOUTS = {"allpairs": 90, "heatmap": 270, "extract_profile": 120, "extract": 110, "store": 90, "jpeg": 90}
+
+
+def _steps(args) -> list[tuple[str, Any]]:
+    """(key, function) of every row asked for, in the order they run."""
+    steps = []
+    if args.heatmap:  # (the headline rows first: a call that runs out of time keeps them)
+        steps += [(heatmap_key(n), lambda n=n: heatmap_rows(n, _row_timeout(args, heatmap_key(n)) - 15,
+                                                            job_modes=n == 2048)) for n in args.heatmap_n]
+    if args.extract_profile:
+        steps.append(("extract_profile", extract_profile))
+    if args.extract:
+        steps.append(("extract", lambda: extract_rows(args.extract_n)))
+    if not args.skip_store:
+        steps.append(("store", lambda: store_rows(args.n, args.store_batch)))
+    if args.jpeg:
+        steps.append(("jpeg", lambda: jpeg_rows(args.jpeg_n)))
+    if not args.skip_allpairs:  # (measured before, 5 s: last, in what the --budget leaves)
+        steps.append(("allpairs", lambda: allpairs(args.layers, args.batch, args.features, args.repeats)))
+    return steps
+
+
+def _row_timeout(args, key: str) -> int:
+    """A row's timeout: ``--row-timeout KEY=S``, else :data:`ROW_TIMEOUTS` (a heatmap row: ``--heatmap-timeout``)."""
+    given = dict(item.split("=", 1) for item in args.row_timeout)
+    if key in given:
+        return int(given[key])
+    if key.startswith("heatmap"):
+        return args.heatmap_timeout
+    return ROW_TIMEOUTS.get(key, 120)
+
+
+def _run_row(key: str, timeout: float) -> dict:
+    """Run row ``key`` in a child process (this script with ``--run-row``) in a process group of its
+    own; on its timeout the whole group (the heatmap's commands too) is killed. Its result, or why not."""
+    import signal
+
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        path = f.name
+    argv = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--run-row", key, "--row-out", path]
+    proc = subprocess.Popen(argv, start_new_session=True)
+    try:
+        proc.wait(timeout=max(1.0, timeout))
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return {"error": f"timed out after {timeout:.0f} s (killed with its process group)"}
+    finally:
+        text = Path(path).read_text() if os.path.getsize(path) else ""
+        os.unlink(path)
+    if text:
+        return json.loads(text)
+    return {"error": f"the row's process exited with status {proc.returncode} and no result (its output above)"}
+
+
+def _cuda_missing() -> str | None:
+    """Why the rows cannot run here (no CuPy, no CUDA device), or None."""
+    try:
+        import cupy as cp
+
+        if cp.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device"
+    except Exception as exc:  # noqa: BLE001 - not installed, or no driver
+        return f"CuPy/CUDA unavailable ({type(exc).__name__}: {' '.join(str(exc).split())[:120]})"
+    return None
 
 
 def main() -> int:
@@ -505,46 +716,68 @@ def main() -> int:
     ap.add_argument("--heatmap", action="store_true", help="also run bench/heatmap18.py on the GPU (several minutes)")
     ap.add_argument("--heatmap-n", type=int, nargs="+", default=[2048],
                     help="images of the heatmap rows, one row each (e.g. 2048 8192: the issue's two criteria)")
-    ap.add_argument("--heatmap-timeout", type=int, default=420, help="seconds for each heatmap row")
+    ap.add_argument("--heatmap-timeout", type=int, default=270, help="seconds for each heatmap row")
+    ap.add_argument("--jpeg", action="store_true", help="also time extraction over a JPEG folder, nvJPEG against CPU decoding")
+    ap.add_argument("--jpeg-n", type=int, default=4096, help="JPEGs of the jpeg row")
     ap.add_argument("--skip-allpairs", action="store_true")
+    ap.add_argument("--row-timeout", nargs="*", default=[], metavar="KEY=S",
+                    help=f"seconds for a row (defaults {ROW_TIMEOUTS}; heatmap rows: --heatmap-timeout)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds for all the rows: a row gets at most what is left of it (the rows after one that "
+                         "would start with under 20 s left are skipped, with the reason)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the rows of an earlier run in --out on the same device and day (a second device call adds rows)")
     ap.add_argument("--out", default=str(HERE / "results" / "gpu.json"))
     ap.add_argument("--no-markdown", action="store_true")
+    ap.add_argument("--force-rows", action="store_true",
+                    help="run the rows even without CUDA (each fails in its own process with its error: a dry run "
+                         "of the script's plumbing; use with --no-markdown --out elsewhere)")
+    ap.add_argument("--run-row", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--row-out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    import cupy as cp
-
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    res: dict = {"benchmark": "gpu", "device": props["name"].decode(), "cupy": cp.__version__,
-                 "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
+    steps = _steps(args)
+    if args.run_row:  # a child of _run_row: one row, its result as JSON
+        fn = dict(steps)[args.run_row]
+        try:
+            got = fn()
+        except Exception as exc:  # noqa: BLE001 - a failed row is reported, the others still run
+            traceback.print_exc()
+            got = {"error": f"{type(exc).__name__}: {exc}"}
+        Path(args.row_out).write_text(json.dumps(got, default=float))
+        return 0
+    missing = _cuda_missing()
+    res: dict = {"benchmark": "gpu", "date": datetime.date.today().isoformat(), "cpus": os.cpu_count(),
                  "python": platform.python_version(), "numpy": np.__version__}
+    if missing is None:
+        import cupy as cp
+
+        res.update(device=cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), cupy=cp.__version__)
+    else:
+        res.update(device=f"none ({missing})", cupy=None)
     if args.merge and Path(args.out).is_file():
         earlier = json.loads(Path(args.out).read_text())
         if (earlier.get("device"), earlier.get("date")) == (res["device"], res["date"]):
             res = {**earlier, **res}
-    steps = [] if args.skip_allpairs else [("allpairs", lambda: allpairs(args.layers, args.batch, args.features, args.repeats))]
-    if args.heatmap:  # (the longest rows first after the quick one: a call that runs out of time keeps them)
-        steps += [(heatmap_key(n), lambda n=n: heatmap_rows(n, args.heatmap_timeout)) for n in args.heatmap_n]
-    if args.extract_profile:
-        steps.append(("extract_profile", extract_profile))
-    if args.extract:
-        steps.append(("extract", lambda: extract_rows(args.extract_n)))
-    if not args.skip_store:
-        steps.append(("store", lambda: store_rows(args.n, args.store_batch)))
-    for key, step in steps:
-        t0 = time.perf_counter()
-        try:
-            res[key] = step()
-        except Exception as exc:  # noqa: BLE001 - a failed row is reported, the others still run
-            traceback.print_exc()
-            res[key] = {"error": f"{type(exc).__name__}: {exc}"}
-        res[key]["wall_s"] = time.perf_counter() - t0
-        print(json.dumps({key: res[key]}), flush=True)
+    t_start = time.perf_counter()
+    for key, _ in steps:
+        left = None if args.budget is None else args.budget - (time.perf_counter() - t_start)
+        if missing is not None and not args.force_rows:
+            print(f"{key}: skipped: {missing}", flush=True)
+            continue  # (a dry run: the rows' results, and RESULTS.md, are left as they were)
+        if left is not None and left < 20:
+            res[key] = {"error": f"skipped: {left:.0f} s of the --budget left"}
+        else:
+            timeout = _row_timeout(args, key) if left is None else min(_row_timeout(args, key), left - 5)
+            t0 = time.perf_counter()
+            print(f"=== row {key} (timeout {timeout:.0f} s)", flush=True)
+            res[key] = _run_row(key, timeout)
+            res[key]["wall_s"] = time.perf_counter() - t0
+        print(json.dumps({key: res[key]}, default=float)[:3000], flush=True)
         os.makedirs(os.path.dirname(args.out), exist_ok=True)
         from _results import provenance
 
         res["provenance"] = provenance()
-        Path(args.out).write_text(json.dumps(res, indent=2) + "\n")  # after every step: a killed run keeps the rest
+        Path(args.out).write_text(json.dumps(res, indent=2, default=float) + "\n")  # after every row
         if not args.no_markdown:
             write_md(res)
         mirror(args.out, markdown=not args.no_markdown)

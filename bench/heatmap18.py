@@ -136,18 +136,40 @@ def cka_modes(batch: int) -> dict[str, list[str]]:
     return {"defaults": [], "matched": ["--batch-size", str(batch), "--epochs", "1", "--shuffle", "none"]}
 
 
+def run_extract(ckpts: list[str], data: str, split: str, stores: Path, device: str,
+                *flags: str) -> tuple[float, subprocess.CompletedProcess]:
+    """(wall s, the process) of one ``repsim extract`` of every checkpoint into ``stores``."""
+    t0 = time.perf_counter()
+    ex = subprocess.run(_py("-m", "repsim", "extract", *sum([["--checkpoint", c] for c in ckpts], []),
+                            "--name", "{parent}", "--data", data, "--split", split, "--out-dir", str(stores),
+                            "--no-progress", "--device", device, *flags),
+                        env=_env(), capture_output=True, text=True)
+    t = time.perf_counter() - t0
+    if ex.returncode:
+        raise SystemExit(f"repsim extract {' '.join(flags)} failed:\n{ex.stderr[-3000:]}")
+    return t, ex
+
+
+def extract_job_modes(ckpts: list[str], data: str, split: str, work: Path, device: str) -> dict:
+    """``repsim extract`` of the same checkpoints with each ``--job-mode`` (threads of one process, the
+    GPU default; processes, the route before it: one spawned process per job on a GPU), back to back,
+    each into fresh stores (removed after): wall seconds and the per-store times each printed."""
+    out = {}
+    for mode in ("processes", "threads"):
+        stores = work / f"stores-{mode}"
+        t, ex = run_extract(ckpts, data, split, stores, device, "--job-mode", mode)
+        out[mode] = {"seconds": t, "store_seconds": [float(m) for m in re.findall(r"wrote .* in ([0-9.]+) s", ex.stderr)]}
+        shutil.rmtree(stores, ignore_errors=True)
+        _stage(f"repsim extract --job-mode {mode}: {t:.1f} s")
+    out["processes_over_threads"] = out["processes"]["seconds"] / out["threads"]["seconds"]
+    return out
+
+
 def run_repsim(ckpts: list[str], data: str, split: str, batch: int, work: Path, device: str = "cpu") -> dict:
     """``repsim extract`` at its defaults, then ``repsim cka`` over the stores once per :func:`cka_modes` row."""
     work.mkdir(parents=True, exist_ok=True)
     stores = work / "stores"
-    t0 = time.perf_counter()
-    ex = subprocess.run(_py("-m", "repsim", "extract", *sum([["--checkpoint", c] for c in ckpts], []),
-                            "--name", "{parent}", "--data", data, "--split", split, "--out-dir", str(stores),
-                            "--no-progress", "--device", device),
-                        env=_env(), capture_output=True, text=True)
-    t_extract = time.perf_counter() - t0
-    if ex.returncode:
-        raise SystemExit(f"repsim extract failed:\n{ex.stderr[-3000:]}")
+    t_extract, ex = run_extract(ckpts, data, split, stores, device)
     paths = sorted(glob.glob(str(stores / "*.zarr")), key=lambda p: [Path(c).parent.name for c in ckpts].index(Path(p).stem))
     from repsim.engine.result import CKAResult
 
@@ -409,7 +431,7 @@ def reference_stored(paths: list[str], batch: int, device: str = "cpu") -> np.nd
 
 
 def compare(scale: str, ckpts: list[str], data: str, split: str, batch: int, peers: str, skip_peer: bool,
-            device: str = "cpu", runs: int = 2, profile_cka_pass: bool = False) -> dict:
+            device: str = "cpu", runs: int = 2, profile_cka_pass: bool = False, job_modes: bool = False) -> dict:
     """Both sides ``runs`` times, alternating (repsim, peer, peer, repsim, ...: load drift hits both alike);
     each side's (and each repsim row's) best run counts; every run is recorded."""
     layers = None
@@ -439,6 +461,7 @@ def compare(scale: str, ckpts: list[str], data: str, split: str, batch: int, pee
         floor = floor_parts(ours["stores"], batch)
         _stage(f"floor parts {floor}")
         profile = profile_cka(ours["stores"], batch, work, device) if profile_cka_pass else None
+        modes = extract_job_modes(ckpts, data, split, work, device) if job_modes else None
         load1 = os.getloadavg()
         _stage("profile done; float64 references next")
         ref_live = reference_live(ckpts, layers, data, split, batch, device)
@@ -479,6 +502,8 @@ def compare(scale: str, ckpts: list[str], data: str, split: str, batch: int, pee
     }
     if profile:
         out["cka_profile"] = profile
+    if modes:
+        out["extract_job_modes"] = modes
     if logit_cols:
         out["agreement"]["sigmoid_logits_rows"] = {"repsim_vs_live": err(mtch["values"], ref_live, logit_cols)}
     if peer is not None:
@@ -511,6 +536,8 @@ def main() -> int:
     ap.add_argument("--runs", "--repsim-runs", dest="runs", type=int, default=2,
                     help="runs of each side, alternating (repsim, peer, peer, repsim, ...); each side's best counts")
     ap.add_argument("--profile-cka", action="store_true", help="also profile one more repsim cka pass (cProfile)")
+    ap.add_argument("--job-modes", action="store_true",
+                    help="also time repsim extract with --job-mode processes and threads back to back (one run each)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "heatmap18.json"))
     ap.add_argument("--no-markdown", action="store_true", help="leave bench/RESULTS.md alone (default when --out names another file than the default)")
     ap.add_argument("--peer-job", default=None, help=argparse.SUPPRESS)
@@ -555,7 +582,7 @@ def main() -> int:
         ckpts = resnet18_checkpoints(cache / "resnet18", args.nets, args.image_size, args.resnet_n)
         _stage(f"{len(ckpts)} checkpoints ready")
         res["runs"].append(compare("resnet18", ckpts, "synthetic", "test", args.resnet_batch, peers_dir, args.skip_peer,
-                                   args.device, args.runs, args.profile_cka))
+                                   args.device, args.runs, args.profile_cka, args.job_modes))
         add_floor(res["runs"][-1], res["startup_seconds"])
         res["runs"][-1]["images"] = args.resnet_n
         res["runs"][-1]["image_size"] = args.image_size
@@ -602,6 +629,10 @@ def report(r: dict) -> None:
         print(f"  floor {r['floor']['seconds']:.1f} s (" + ", ".join(f"{k} {v:.1f}" for k, v in r["floor"]["parts"].items())
               + f"): repsim (matched work) at {r['floor']['repsim_over_floor']:.2f}x the floor, at its defaults "
               f"{r['floor']['repsim_defaults_over_floor']:.2f}x")
+    if "extract_job_modes" in r:
+        jm = r["extract_job_modes"]
+        print(f"  repsim extract, one run each: --job-mode threads {jm['threads']['seconds']:.1f} s, processes "
+              f"{jm['processes']['seconds']:.1f} s ({jm['processes_over_threads']:.2f}x)")
     print("  agreement (max |ΔCKA|): " + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
                                                   for k, v in r["agreement"].items()))
 

@@ -107,3 +107,25 @@ def hf_text_dir(path: Path) -> Path:
     transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                             intermediate_size=32, max_position_embeddings=64).save_pretrained(path)
     return path
+
+
+def fails_later():
+    """A small conv net that computes its first forward passes (the probe, the first batches) and then
+    raises: an extraction that fails after its store was created and some chunks were written."""
+    import torch
+    from torch import nn
+
+    class FailsLater(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 4, 3, padding=1)
+            self.fc = nn.Linear(4, 10)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if self.calls > 3:
+                raise ValueError("this model fails on its fourth forward pass")
+            return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+    return FailsLater()

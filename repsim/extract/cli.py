@@ -17,9 +17,11 @@ each, named by ``--name`` (default ``{stem}``: the checkpoint file name without 
 
 On the CPU the checkpoints are extracted side by side, one forked process per core (``--jobs``),
 each store exactly as a lone run writes it; on one GPU up to four at once share the device (small
-networks leave it idle between their kernels, and every checkpoint has fixed host costs): as threads
-of one process for datasets held in memory, else as spawned processes; under torchrun one at a
-time, each store's chunks shared by the ranks.
+networks leave it idle between their kernels, and every checkpoint has fixed host costs) as threads
+of one process, each on a CUDA stream of its own (one import, one CUDA start, one cuDNN cache;
+``--job-mode processes`` spawns a process per job instead); under torchrun one at a time, each
+store's chunks shared by the ranks. A job that fails leaves the others running; every failed store
+is named (each is written atomically chunk by chunk: a rerun resumes it).
 
 Sharded over processes (GPUs): ``torchrun --nproc_per_node=N -m repsim.extract --checkpoint ...``.
 A rerun of the same command resumes an interrupted store; a complete store is left as it is.
@@ -94,9 +96,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write-threads", type=non_negative, default=None, help="compression/writing threads (0: write each chunk inline; default: up to 4, overlapping "
                         "the forward passes on GPU or spare CPU cores, else in bursts between them)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="checkpoints extracted side by side in separate processes, each with its share of the "
-                        "cores (default: on the CPU, as many as there are cores and checkpoints; on one GPU up to "
-                        "4, sharing it, at most one per two cores; 1 under torchrun)")
+                        help="checkpoints extracted at once (--job-mode), each with its share of the cores (default: on "
+                        "the CPU, as many as there are cores and checkpoints; on one GPU up to 4, sharing it, at "
+                        "most one per two cores; 1 under torchrun)")
+    parser.add_argument("--job-mode", default="auto", choices=JOB_MODES,
+                        help="how --jobs > 1 checkpoints run at once: threads of this process (one import and one "
+                        "CUDA start for all; default on a GPU) or processes (forked on the CPU, spawned on a GPU; "
+                        "default on the CPU, each with its share of the cores)")
     parser.add_argument("--device", default=None, type=device_arg, help="cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--amp", default="auto", choices=("auto", "off", "float16", "bfloat16"),
                         help="autocast dtype for the forward pass (auto: float16 on CUDA, off on CPU)")
@@ -163,7 +169,6 @@ def store_paths(checkpoints: list[str], out_dir: str, template: str) -> list[Pat
 
 def run(args) -> int:
     """Extract every checkpoint; failures raise (``repsim.commands.main`` reports them, exit 2 or 3)."""
-    from .memory import in_memory_spec
     from .pipeline import extract_store, init_distributed_from_env
 
     import torch
@@ -192,7 +197,8 @@ def run(args) -> int:
     )
     try:
         jobs = _jobs(getattr(args, "jobs", None), len(checkpoints), args.device, started)
-        if jobs > 1 and _on_gpu(args.device) and in_memory_spec(args.data):
+        mode = job_mode(getattr(args, "job_mode", "auto"), args.device)
+        if jobs > 1 and mode == "threads":
             _extract_in_threads(checkpoints, outs, args.data, options, jobs)
         elif jobs > 1:
             _extract_side_by_side(checkpoints, outs, args.data, options, jobs)
@@ -234,6 +240,21 @@ def _jobs(requested: int | None, n_checkpoints: int, device: str | None, distrib
 
 
 GPU_JOBS = 4  # checkpoints extracted at once on one GPU (bench/heatmap18.py --device cuda)
+JOB_MODES = ("auto", "threads", "processes")
+
+
+def job_mode(requested: str | None, device: str | None) -> str:
+    """``threads`` or ``processes``: how several checkpoints run at once. ``auto``: threads of this
+    process on a GPU (one import of torch, one CUDA context and one cuDNN autotuning cache for every
+    job, each on a CUDA stream of its own, where spawned processes each pay their own ~4-5 s: bench/RESULTS.md
+    "gpu"), processes on the CPU (forked, each with ``torch.set_num_threads`` of its share of the
+    cores: torch's intra-op thread count is one per process, which threads could not divide)."""
+    requested = "auto" if requested is None else str(requested)
+    if requested not in JOB_MODES:
+        raise ValueError(f"extract: --job-mode must be one of {', '.join(JOB_MODES)}, got {requested!r}")
+    if requested != "auto":
+        return requested
+    return "threads" if _on_gpu(device) else "processes"
 
 
 def _cuda_device(device: str | None):
@@ -268,29 +289,53 @@ def _extract_one(ckpt: str, data, out: Path, options: dict) -> str:
     return str(out)
 
 
-def _first_error(futures: list) -> BaseException | None:
-    """Wait for every future; the first error in submission order (the others are cancelled)."""
-    error = None
-    for f in futures:
+def _wait_all(futures: list, outs: list[Path]) -> list[tuple[Path, BaseException]]:
+    """Wait for every job (none is cancelled: a failing store never stops the others, and each one
+    is written atomically chunk by chunk, so a failed one is left resumable); the failures, in
+    checkpoint order, as (store, exception)."""
+    failed = []
+    for f, out in zip(futures, outs):
         try:
             f.result()
-        except BaseException as exc:  # noqa: BLE001 - the first one is re-raised by the caller
-            if error is None:
-                error = exc
-                for g in futures:
-                    g.cancel()
-    return error
+        except Exception as exc:  # noqa: BLE001 - each is reported by raise_failures
+            failed.append((out, exc))
+    return failed
+
+
+def raise_failures(failed: list[tuple[Path, BaseException]], total: int) -> None:
+    """Report the failed stores of a run of ``total`` jobs. One failure is raised as the lone run
+    would raise it; several are named one line each on stderr, then one error says how many of the
+    stores failed (a failure that is a bug, not a refusal, is re-raised with its traceback)."""
+    import sys
+
+    from repsim.commands.main import classify
+
+    if not failed:
+        return
+    if len(failed) == 1:
+        raise failed[0][1]
+    for out, exc in failed:
+        print(f"extract: {out} failed: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr,
+              flush=True)
+    bug = next((exc for _, exc in failed if classify(exc) is None), None)
+    if bug is not None:
+        raise bug
+    from .errors import ExtractError
+
+    raise ExtractError(
+        f"extract: {len(failed)} of {total} stores failed ({', '.join(str(o) for o, _ in failed)}; each one's "
+        f"reason above); the other {total - len(failed)} are complete. Rerun the same command to resume the "
+        "failed ones") from failed[0][1]
 
 
 def _extract_in_threads(checkpoints: list[str], outs: list[Path], data, options: dict, jobs: int) -> None:
     """Extract several checkpoints at once as threads of this process, each on a CUDA stream of its
     own (on a GPU): one import of torch, one CUDA context and one cuDNN autotuning cache for all of
     them, where spawned processes would each pay their own (~4-5 s at the start of the 18-network
-    heatmap on an H100, bench/RESULTS.md "gpu").  For datasets held in memory
-    (:func:`repsim.extract.memory.in_memory_spec`), which need no DataLoader workers; a DataLoader that
-    still runs (a dataset too large to hold) spawns its workers instead of forking this
-    multi-threaded process.  Each store is written exactly as a lone run writes it; the first
-    error, in checkpoint order, is raised once the running jobs have finished."""
+    heatmap on an H100, bench/RESULTS.md "gpu").  A DataLoader (datasets not held in memory) spawns
+    its workers instead of forking this multi-threaded process.  Each store is written exactly as a
+    lone run writes it (byte-identical: tests/test_extract_jobs.py); a failing job leaves the others
+    running, and the failures are reported per store once all have finished (:func:`raise_failures`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import torch
@@ -315,20 +360,19 @@ def _extract_in_threads(checkpoints: list[str], outs: list[Path], data, options:
     pipeline.LOADER_SPAWN.set()
     try:
         with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="extract-job") as pool:
-            error = _first_error([pool.submit(one, c, o) for c, o in zip(checkpoints, outs)])
+            failed = _wait_all([pool.submit(one, c, o) for c, o in zip(checkpoints, outs)], outs)
     finally:
         pipeline._CPUS = before
         pipeline.LOADER_SPAWN.clear()
-    if error is not None:
-        raise error
+    raise_failures(failed, len(outs))
 
 
 def _extract_side_by_side(checkpoints: list[str], outs: list[Path], data, options: dict, jobs: int) -> None:
     """Extract several checkpoints at once, each store by one forked process (small networks leave
     most of a core idle between their small ops, and each checkpoint has its own fixed costs:
     loading, store creation, the probe pass).  Each store is written exactly as a lone
-    ``extract_store`` would write it (resume and checksums unchanged); the first error, in
-    checkpoint order, is raised once the running jobs have finished."""
+    ``extract_store`` would write it (resume and checksums unchanged); a failing job leaves the
+    others running, and the failures are reported per store once all have finished."""
     import multiprocessing
     import threading
     from concurrent.futures import ProcessPoolExecutor
@@ -341,7 +385,6 @@ def _extract_side_by_side(checkpoints: list[str], outs: list[Path], data, option
     cpus = max(1, (os.cpu_count() or 1) // jobs)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method),
                              initializer=_job_init, initargs=(cpus,)) as pool:
-        error = _first_error([pool.submit(_extract_one, ckpt, data, out, options)
-                              for ckpt, out in zip(checkpoints, outs)])
-    if error is not None:
-        raise error
+        failed = _wait_all([pool.submit(_extract_one, ckpt, data, out, options)
+                            for ckpt, out in zip(checkpoints, outs)], outs)
+    raise_failures(failed, len(outs))

@@ -60,6 +60,8 @@ from .capture import FLOAT16_OVERFLOW, Capture, Spatial, Tokens
 from .errors import ExtractError
 from .inputs import (attention_mask, batch_of_one, check_example, default_tokens, forward, in_memory_format, shape_of,
                      to_device)
+from .jpeg import ROUTE_NOTE as JPEG_ROUTE
+from .jpeg import choose as choose_jpeg
 from .layers import (describe_pool, head_mismatch, head_module, is_classic, is_network, layer_modules, model_layout,
                      select_layers)
 from .sources import example_ids, head_weights, load_dataset, load_source, weights_sha256
@@ -69,6 +71,7 @@ AMP_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 MIN_CHUNKS = 8  # default chunking keeps at least this many chunks (pipelining, sharding, resume)
 INFLIGHT_BYTES = 2 << 30  # host memory for chunk buffers (filled + queued for writing), soft cap
 _CPUS: int | None = None  # cores this process may use (None: all); `repsim extract --jobs` sets it per job
+PENDING_DIGEST = "(computing)"  # model.weights_sha256 until the hashing thread has it (never stored)
 LOADER_SPAWN = threading.Event()  # set while extractions run as threads: DataLoader workers are spawned
 
 
@@ -310,7 +313,7 @@ def extract_store(
                 if world == 1:
                     raise
                 refused = exc  # raised where rank 0 prepares the store: the other ranks hear of it there
-        loaded = load_source(model, digest="(computing)" if digest is not None else None, seed=seed)
+        loaded = load_source(model, digest=PENDING_DIGEST if digest is not None else None, seed=seed)
         net, mmeta = loaded.model, loaded.meta
         dataset, dmeta = load_dataset(data, split, data_root, net, loaded.tokenizer, max_length)
         n = len(dataset)
@@ -318,6 +321,10 @@ def extract_store(
             raise ExtractError("extract: the dataset is empty")
         dataset, dmeta = adapt_dataset(dataset, dmeta, loaded, image_size)
         dmeta["n"] = n
+        jpeg, why = choose_jpeg(dataset, dev)  # a JPEG folder on a GPU: decoded there (extract/jpeg.py)
+        if jpeg is not None:
+            dmeta["transform"] = f"{dmeta.get('transform') or 'none'}; {JPEG_ROUTE}"
+            _msg(why, rank)
         if order not in ("shuffled", "dataset"):
             raise ExtractError(f"extract: --order must be 'shuffled' or 'dataset', got {order!r}")
         dmeta["order"] = f"shuffled(seed={order_seed})" if order == "shuffled" else "dataset"
@@ -358,7 +365,11 @@ def extract_store(
             "order": dmeta["order"], "memory_format": fmt, "reductions": REDUCTIONS,
             "token_counts": plan.token_counts, "tap_layouts": plan.tap_layouts,
         }
-        if digest is not None:
+        # a fresh store of a lone process (not a resume, not torchrun: the other ranks write into it) is
+        # created on a thread of its own while the first chunks compute: the weights' sha256 it records
+        # and its arrays' creation overlap the forward passes (the first chunk's write waits for it)
+        later = world == 1 and (overwrite or not Path(out).exists())
+        if digest is not None and not later:
             mmeta["weights_sha256"] = digest.result()
         full_meta = {
             **(meta or {}),
@@ -384,7 +395,7 @@ def extract_store(
                 if refused is not None:
                     raise refused
                 status, created = _prepare(out, plan, full_meta, overwrite, check_space, StoreWriter, open_store,
-                                           row_ids)
+                                           row_ids, later=digest if later and digest is not None else later)
             except Exception as exc:  # noqa: BLE001 - forwarded to the other ranks, then re-raised
                 if world == 1:
                     raise
@@ -408,14 +419,16 @@ def extract_store(
         # the head's weights are written beside the forward passes (a thread of its own), not after them
         head = head_weights(net, plan.head) if plan.head and rank == 0 else None
         head_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-head") if head else None
-        head_done = head_writer.submit(writer.set_head, *head) if head_writer else None
+        head_done = head_writer.submit(lambda: writer.set_head(*head)) if head_writer else None
         try:
             _run(net, dataset, writer, mine, plan, hooked, chosen, spatial_, tokens_, layout, store_dtype, dev,
                  amp_dtype, batch_size, workers, write_threads, overlap, ids, progress, rank,
-                 channels_last=fmt == "channels_last")
+                 channels_last=fmt == "channels_last", jpeg=jpeg)
         finally:
             if head_writer is not None:
                 head_writer.shutdown(wait=True)
+            if isinstance(writer, _PendingWriter):
+                writer.wait(quiet=True)  # a creation still running when the forward passes failed: never left running
         if head_done is not None:
             head_done.result()
         if world > 1:
@@ -645,12 +658,34 @@ def _same_rows(store, ids: np.ndarray) -> str | None:
     return f"row {r} holds example {int(stored[r])} but this run puts example {int(ids[r])} there"
 
 
+class _PendingWriter:
+    """The ``StoreWriter`` of a store being created on a thread of its own (:func:`_prepare`'s
+    ``later``): every use waits for the creation (and raises its error, if it failed)."""
+
+    def __init__(self, future: Future, pool: ThreadPoolExecutor):
+        self._future, self._pool = future, pool
+
+    def wait(self, quiet: bool = False) -> Any:
+        """The writer once created; ``quiet``: only wait (an error is raised by the next use)."""
+        self._pool.shutdown(wait=True)
+        if quiet:
+            return None
+        return self._future.result()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wait(), name)
+
+
 def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bool, StoreWriter, open_store,
-             row_ids: Callable[[], np.ndarray]) -> tuple[list, Any]:
+             row_ids: Callable[[], np.ndarray], later: bool | Future = False) -> tuple[list, Any]:
     """Create, resume or skip the store; print the size estimate; refuse when the disk is short.
     ``row_ids()``: the example ids this run writes, row by row (compared with a resumed store's).
     Returns (status, writer): status ``["complete", None]`` or ``["pending", chunks]`` (what rank 0
-    broadcasts), and the ``StoreWriter`` it created or opened (None when complete)."""
+    broadcasts), and the ``StoreWriter`` it created or opened (None when complete). ``later``: a new
+    store is created on a thread of its own, beside the first forward passes (the writer returned is
+    a :class:`_PendingWriter`), after the future ``later`` (the weights' sha256, recorded as
+    ``model.weights_sha256``) if it is one; the creation is atomic as ever (``StoreWriter.create``
+    builds the store beside ``out`` and renames it into place)."""
     pending: range | list[int] = range(plan.n_chunks)
     created = None
     if out.exists() and not overwrite:
@@ -690,12 +725,21 @@ def _prepare(out: Path, plan: Plan, meta: dict, overwrite: bool, check_space: bo
             "compression"
         )
     if not out.exists() or overwrite:
-        created = StoreWriter.create(
-            str(out), n=plan.n, layers=plan.layers, chunk_rows=plan.chunk_rows,
-            logits_dim=plan.logits_dim, meta=meta, overwrite=overwrite,
-            compression=meta["extraction"].get("compression", "zstd"), label_dim=plan.label_dim,
-            token_counts=plan.token_counts,
-        )
+        def create():
+            if isinstance(later, Future) and meta["model"].get("weights_sha256") == PENDING_DIGEST:
+                meta["model"]["weights_sha256"] = later.result()
+            return StoreWriter.create(
+                str(out), n=plan.n, layers=plan.layers, chunk_rows=plan.chunk_rows,
+                logits_dim=plan.logits_dim, meta=meta, overwrite=overwrite,
+                compression=meta["extraction"].get("compression", "zstd"), label_dim=plan.label_dim,
+                token_counts=plan.token_counts,
+            )
+
+        if later is False:
+            created = create()
+        else:
+            pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-create")
+            created = _PendingWriter(pool.submit(create), pool)
     return ["pending", list(pending)], created
 
 
@@ -718,14 +762,20 @@ def _batches(chunks: list[int], rows: int, batch_size: int, n: int) -> list[tupl
 
 
 def _inputs(dataset, batches: list[tuple[int, int, int]], dev: torch.device, workers: int,
-            channels_last: bool) -> Generator[tuple[Any, Any], None, None]:
+            channels_last: bool, jpeg: Any = None) -> Generator[tuple[Any, Any], None, None]:
     """(model inputs on ``dev``, labels) for each batch. An in-memory image tensor (repsim/extract/memory.py,
     possibly in the store's shuffled row order) is sliced directly, its host-to-device copies one
-    batch ahead on a side stream; anything else goes through a DataLoader (``workers`` processes,
-    pinned memory, non-blocking copies)."""
+    batch ahead on a side stream; a JPEG folder with ``jpeg`` (its tensor transform, extract/jpeg.py)
+    is read by the workers as bytes and decoded on ``dev``; anything else goes through a DataLoader
+    (``workers`` processes, pinned memory, non-blocking copies)."""
     from torch.utils.data import DataLoader
 
+    from .jpeg import feed as jpeg_feed
     from .memory import MemoryFeed, as_image_tensor
+
+    if jpeg is not None:
+        return jpeg_feed(dataset, jpeg, [(lo, hi) for _, lo, hi in batches], dev, workers, channels_last,
+                         spawn=LOADER_SPAWN.is_set())
 
     perm = dataset.perm if isinstance(dataset, _Reordered) else None
     source = as_image_tensor(dataset.dataset if isinstance(dataset, _Reordered) else dataset)
@@ -734,6 +784,9 @@ def _inputs(dataset, batches: list[tuple[int, int, int]], dev: torch.device, wor
     loader = DataLoader(
         dataset, batch_sampler=[list(range(lo, hi)) for _, lo, hi in batches], num_workers=workers,
         pin_memory=dev.type == "cuda", persistent_workers=False,
+        # its own generator for the workers' base seed: not torch's global one, which a random-init
+        # model built in another extraction thread draws its weights from (repsim.extract.models.common.seeded)
+        generator=torch.Generator(),
         # several extractions as threads of one process (repsim/extract/cli.py): never fork it
         multiprocessing_context="spawn" if workers and LOADER_SPAWN.is_set() else None,
     )
@@ -752,7 +805,8 @@ def _warn_constant(layers: list[str], float16: bool) -> None:
 
 
 def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, layout, store_dtype, dev, amp_dtype,
-         batch_size, workers, write_threads, overlap, ids, progress, rank, channels_last: bool = False) -> None:
+         batch_size, workers, write_threads, overlap, ids, progress, rank, channels_last: bool = False,
+         jpeg: Any = None) -> None:
     if not chunks:
         return
     cuda = dev.type == "cuda"
@@ -768,7 +822,7 @@ def _run(net, dataset, writer, chunks, plan, hooked, chosen, spatial, tokens, la
     write_threads = max(0, write_threads)
     rows, n = plan.chunk_rows, plan.n
     batches = _batches(chunks, rows, batch_size, n)
-    inputs = _inputs(dataset, batches, dev, workers, channels_last)
+    inputs = _inputs(dataset, batches, dev, workers, channels_last, jpeg)
 
     def new_buffers() -> _Buffers:
         layers = {

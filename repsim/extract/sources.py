@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,7 @@ def load_source(source: str | os.PathLike | nn.Module, *, digest: Any = None, se
 
 
 _DATASETS: dict[str, Any] = {}  # the last few datasets built, so a batch of checkpoints shares one
+_DATASETS_LOCK = threading.Lock()  # extraction jobs run as threads (extract/cli.py): one build per key
 
 
 def load_dataset(source, split: str | None, root: str | None = None, model: nn.Module | None = None,
@@ -153,19 +155,20 @@ def load_dataset(source, split: str | None, root: str | None = None, model: nn.M
             raise ValueError("extract: --data is required (the model carries no run config naming its dataset)")
         else:
             key = json.dumps(["spec", str(source), split, root and str(root)])
-        dataset = _DATASETS.get(key)
-        if dataset is None:
-            if config.get("data"):
-                from repsim.train.data import dataset_from_config
+        with _DATASETS_LOCK:
+            dataset = _DATASETS.get(key)
+            if dataset is None:
+                if config.get("data"):
+                    from repsim.train.data import dataset_from_config
 
-                dataset = dataset_from_config(config, split, spec=str(source) if source else None)
-            else:
-                from repsim.train.data import build_dataset
+                    dataset = dataset_from_config(config, split, spec=str(source) if source else None)
+                else:
+                    from repsim.train.data import build_dataset
 
-                dataset = build_dataset(str(source), split, augment=False, root=root)
-            while len(_DATASETS) >= 2:
-                _DATASETS.pop(next(iter(_DATASETS)))
-            _DATASETS[key] = dataset
+                    dataset = build_dataset(str(source), split, augment=False, root=root)
+                while len(_DATASETS) >= 2:
+                    _DATASETS.pop(next(iter(_DATASETS)))
+                _DATASETS[key] = dataset
     else:
         dataset = source
     fingerprint = getattr(dataset, "fingerprint", None)

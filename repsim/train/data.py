@@ -70,6 +70,11 @@ class SplitDataset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
+    @property
+    def loader(self) -> Callable[[Any, int], Any]:
+        """``loader(base, index)``: how an example is read from ``base`` before the transform."""
+        return self._loader
+
     def __getitem__(self, i: int):
         x = self._loader(self.base, int(self.indices[i]))
         if self.transform is not None:
@@ -185,7 +190,9 @@ def _synthetic(split: str, image_size: int, num_classes: int, n: int, channels: 
 
 
 # -- images ----------------------------------------------------------------------------------------
-def _pil_loader(base: Any, i: int):
+def pil_loader(base: Any, i: int):
+    """An image of a torchvision dataset (ImageFolder, CIFAR, ...) as its base gives it: a PIL image
+    (repsim.extract.jpeg reads the files of an ImageFolder split with this loader itself)."""
     return base[i][0]
 
 
@@ -214,7 +221,7 @@ def _image_folder(path: Path, split: str, augment: Any, image_size: int, eval_re
     tf, desc = image_transforms(augment if split == "train" else False, image_size, eval_resize,
                                 autoaugment=autoaugment)
     return SplitDataset(base, idx, targets, classes=base.classes, name=path.name, split=split,
-                        transform=tf, transform_desc=desc, loader=_pil_loader)
+                        transform=tf, transform_desc=desc, loader=pil_loader)
 
 
 def _torchvision(name: str, split: str, root: str | None, download: bool, augment: Any, image_size: int | None,
@@ -259,7 +266,7 @@ def _torchvision(name: str, split: str, root: str | None, download: bool, augmen
             tf = T.Compose([T.Grayscale(3)] + list(tf.transforms))
             desc = "grayscale to 3 channels + " + desc
     return SplitDataset(base, idx, raw_targets[idx], classes=classes, name=name, split=split,
-                        transform=tf, transform_desc=desc, loader=_pil_loader)
+                        transform=tf, transform_desc=desc, loader=pil_loader)
 
 
 # -- Fashion-MNIST ---------------------------------------------------------------------------------------

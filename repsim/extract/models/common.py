@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 RANDOM_INIT_SEED = 0  # random-init models are built under this seed, so a rerun builds the same weights
+_SEEDED = threading.RLock()  # one seeded build at a time: torch's CPU generator is one per process
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,10 @@ def weights_sha256(model: nn.Module) -> str:
 
 @contextmanager
 def seeded(seed: int = RANDOM_INIT_SEED) -> Iterator[None]:
-    """Build random-init weights under a fixed seed without touching the caller's RNG state."""
-    with torch.random.fork_rng(devices=[]):
+    """Build random-init weights under a fixed seed without touching the caller's RNG state. Builds
+    in several threads (``repsim extract --job-mode threads``) take turns: torch's CPU generator is
+    shared by the process, and two interleaved builds would draw each other's numbers."""
+    with _SEEDED, torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
 
