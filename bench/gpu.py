@@ -205,6 +205,7 @@ def store_rows(n: int, batch_size: int) -> dict:
         kw = dict(batch_size=batch_size, epochs=1, progress=False)
         from repsim.engine.device_decode import device_decoder
 
+        os.environ["REPSIM_GPU_DECODE"] = "1"  # (opt-in: engine/device_decode.py)
         out["gpu_decoding"] = device_decoder(cp) is not None  # nvCOMP installed: chunks decoded on the GPU
         runs = []  # (a failed GPU decoding: that try is reported, the next runs with the CPU decoding)
         for _ in range(2 + out["gpu_decoding"]):

@@ -1,5 +1,6 @@
 """Chunks decoded on the GPU: the reader threads read and check the compressed objects, the device
-decompresses them (issue 26).
+decompresses them (issue 26). Opt-in (``REPSIM_GPU_DECODE=1``): slower than the CPU's decoding in the
+engine's read schedule on its first measurement (:func:`device_decoder`).
 
 On the CPU route each reader thread reads a chunk object, checks its crc32c and zstd-decodes it
 (``repsim.store._chunkio``); with ``--device cuda`` the decoded block is then copied to the GPU
@@ -72,22 +73,29 @@ class NvcompZstd:
 
         self.xp = xp
         self._local = threading.local()
+        self._lock = threading.Lock()
+        # every thread's [stream, codec], alive as long as the decoder: a reader thread's exit must not
+        # free its stream while nvCOMP may still use it; on release the codecs go first (:meth:`close`)
+        self._kept: list[list[Any]] = []
 
     def _stream_and_codec(self) -> tuple[Any, Any, bool]:
         """This thread's (stream, codec, codec runs on that stream); made once per thread (nvCOMP: a
         Codec is not to be shared between threads)."""
         local = self._local
-        if getattr(local, "codec", None) is None:
+        if getattr(local, "held", None) is None:
             import cupy
             from nvidia import nvcomp
 
-            local.stream = cupy.cuda.Stream(non_blocking=True)
+            stream = cupy.cuda.Stream(non_blocking=True)
             kind = dict(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW)
             try:
-                local.codec, local.on_stream = nvcomp.Codec(cuda_stream=local.stream.ptr, **kind), True
+                codec, on_stream = nvcomp.Codec(cuda_stream=stream.ptr, **kind), True
             except TypeError:  # an nvCOMP without the argument
-                local.codec, local.on_stream = nvcomp.Codec(**kind), False
-        return local.stream, local.codec, local.on_stream
+                codec, on_stream = nvcomp.Codec(**kind), False
+            local.held = [stream, codec, on_stream]
+            with self._lock:
+                self._kept.append(local.held)
+        return local.held[0], local.held[1], local.held[2]
 
     def decode(self, bodies: Sequence[np.ndarray], nbytes: int) -> list[Any]:
         import cupy
@@ -107,23 +115,46 @@ class NvcompZstd:
                 stream.synchronize()  # (the codec's own stream does not wait for ours: the bytes must be there)
             got = codec.decode(nvcomp.as_arrays([nvcomp.as_array(dev[a:e])
                                                  for a, e in zip(offs[:-1], offs[1:])]))
-            out = [cupy.asarray(g).view(cupy.uint8) for g in got]
-        if on_stream:
-            stream.synchronize()  # this thread's copy and decode are done; nothing else is waited for
-        else:
-            cupy.cuda.Device().synchronize()  # the codec's stream is not ours to wait for
+            if not on_stream:
+                cupy.cuda.Device().synchronize()  # the codec's stream is not ours to wait for
+            # copied into CuPy's own memory on this stream: nothing handed on points into nvCOMP's
+            # buffers, which are freed here, with their codec and stream alive
+            out, src = [], None
+            for g in got:
+                src = cupy.asarray(g).view(cupy.uint8).ravel()
+                dst = cupy.empty(src.shape, dtype=cupy.uint8)
+                dst[...] = src
+                out.append(dst)
+            del got, src
+        stream.synchronize()  # this thread's copy, decode and copies are done; nothing else is waited for
         if any(int(o.size) != nbytes for o in out):
             raise ValueError(f"a chunk object does not decode to {nbytes} bytes on the GPU")
         return out
+
+    def close(self) -> None:
+        """Release every thread's codec, then its stream (after the device is idle)."""
+        import cupy
+
+        with self._lock:
+            kept, self._kept = self._kept, []
+        if kept:
+            cupy.cuda.Device().synchronize()
+        for held in kept:
+            held[1] = None
+        for held in kept:
+            held[0] = None
 
     def view(self, raw: Any, dtype: np.dtype, shape: tuple[int, ...]) -> Any:
         return raw.view(dtype).reshape(shape)
 
 
 def device_decoder(xp: Any) -> Any:
-    """The GPU decoder for ``xp`` (CuPy with ``nvidia.nvcomp`` installed), else None (the CPU
-    decodes).  ``REPSIM_GPU_DECODE=0`` turns it off."""
-    if os.environ.get("REPSIM_GPU_DECODE", "1") == "0" or not is_cupy_namespace(xp):
+    """The GPU decoder for ``xp`` (CuPy with ``nvidia.nvcomp`` installed) when ``REPSIM_GPU_DECODE=1``,
+    else None (the CPU decodes). Opt-in: on an H200 (2026-11-28, bench/RESULTS.md "gpu") the store-backed
+    pass took 1.26 s with it against 0.69 s with the CPU decoding (16 reader threads): one batched
+    nvCOMP call per (batch group, column) on small groups costs more than it saves, though nvCOMP
+    decodes the same chunks 3x faster than the CPU in one call over all of them."""
+    if os.environ.get("REPSIM_GPU_DECODE", "0") != "1" or not is_cupy_namespace(xp):
         return None
     try:
         return NvcompZstd(xp)

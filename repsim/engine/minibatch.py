@@ -153,6 +153,8 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     finally:
         if own:
             reader.close()
+        if decoder is not None and hasattr(decoder, "close"):
+            decoder.close()  # (after the reader's threads: no decode is in flight)
     if spec.get("null") and not nulls:  # a later epoch's segment: empty nulls (merging adds nothing)
         nulls = null_accumulators(spec, measures, names)
     return dict(join_states(measures, accs), **join_null_states(measures, nulls))

@@ -13,8 +13,11 @@ not is a line, tested without a GPU): the device is CUDA; the dataset (possibly 
 shuffled row order) is an ImageFolder split whose loader is the plain PIL one and whose transform
 is the evaluation one (resize, centre crop, ``ToTensor``, ``Normalize``: nothing random, no
 model-specific preprocessing); every file is named ``.jpg``/``.jpeg``; torchvision's
-``decode_jpeg`` takes a device; and ``REPSIM_NVJPEG`` is not ``0``. Otherwise the DataLoader decodes
-on the CPU as before.
+``decode_jpeg`` takes a device; and ``REPSIM_NVJPEG=1`` is set. Otherwise the DataLoader decodes on
+the CPU as before. The route is opt-in: on its first GPU run (H200, 2026-11-28) the workers' tensor
+hand-off failed ("Bad file descriptor"; they now hand NumPy bytes on) and nvJPEG differed from
+libjpeg-turbo by 5.3 levels of 255 on average on bench/gpu.py's generated noise JPEGs (at most 35),
+more than this module assumed; it becomes the default once a GPU run measures it end to end.
 
 The values differ from PIL's by the decoders' rounding (nvJPEG's IDCT and chroma upsampling against
 libjpeg-turbo's: a few levels of 255 on some pixels) and the resize's (PIL's antialiased bilinear
@@ -128,8 +131,8 @@ def choose(dataset: Any, device: torch.device | str, *, available: bool | None =
     else (None, why not). ``available``: whether decoding on a device is possible here (default: this
     torchvision's ``decode_jpeg`` takes one)."""
     dev = torch.device(device)
-    if os.environ.get("REPSIM_NVJPEG", "1") == "0":
-        return None, "REPSIM_NVJPEG=0"
+    if os.environ.get("REPSIM_NVJPEG", "0") != "1":  # opt-in until measured end to end (module doc)
+        return None, "the nvJPEG route is opt-in (REPSIM_NVJPEG=1)"
     if dev.type != "cuda":
         return None, f"the device is {dev.type}, not cuda"
     found = _image_folder_split(dataset)
@@ -149,8 +152,10 @@ def choose(dataset: Any, device: torch.device | str, *, available: bool | None =
 
 
 class JpegBytes(torch.utils.data.Dataset):
-    """Row ``i``'s file bytes (a uint8 tensor) and label, in the store's row order: what DataLoader
-    workers read for the GPU decoder (no decoding, no transform on the CPU)."""
+    """Row ``i``'s file bytes (a uint8 NumPy array) and label, in the store's row order: what DataLoader
+    workers read for the GPU decoder (no decoding, no transform on the CPU). NumPy, not a tensor: a
+    worker's tensors reach the main process through shared-memory file descriptors, which ran out
+    ("Bad file descriptor", H200 2026-11-28) with one small tensor per image; arrays are pickled whole."""
 
     def __init__(self, dataset: Any):
         found = _image_folder_split(dataset)
@@ -161,23 +166,23 @@ class JpegBytes(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.split) if self.perm is None else len(self.perm)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        from torchvision.io import read_file
-
+    def __getitem__(self, i: int) -> tuple[np.ndarray, int]:
         j = int(i if self.perm is None else self.perm[i])
         path, _ = self.split.base.samples[int(self.split.indices[j])]
-        return read_file(path), int(self.split.targets[j])
+        return np.fromfile(path, dtype=np.uint8), int(self.split.targets[j])
 
 
-def _collate(items: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], np.ndarray]:
+def _collate(items: list[tuple[np.ndarray, int]]) -> tuple[list[np.ndarray], np.ndarray]:
     return [b for b, _ in items], np.asarray([y for _, y in items])
 
 
-def decode_batch(blobs: list[torch.Tensor], transform: TensorTransform, device: torch.device | str) -> torch.Tensor:
-    """One batch of JPEG files' bytes decoded (RGB, as ImageFolder's loader converts every image) on
-    ``device`` (CUDA: one batched nvJPEG call) and transformed there: ``(N, 3, H, W)`` float32."""
+def decode_batch(blobs: list[Any], transform: TensorTransform, device: torch.device | str) -> torch.Tensor:
+    """One batch of JPEG files' bytes (uint8 arrays or tensors) decoded (RGB, as ImageFolder's loader
+    converts every image) on ``device`` (CUDA: one batched nvJPEG call) and transformed there:
+    ``(N, 3, H, W)`` float32."""
     from torchvision.io import ImageReadMode, decode_jpeg
 
+    blobs = [b if isinstance(b, torch.Tensor) else torch.from_numpy(b) for b in blobs]
     dev = torch.device(device)
     if dev.type == "cuda":
         images = decode_jpeg(blobs, mode=ImageReadMode.RGB, device=dev)
