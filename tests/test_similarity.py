@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 import repsim
 from repsim.kernels.measures import get_measure, measure_names
@@ -83,6 +84,10 @@ def test_resume_and_distributed_give_the_same_result(stores, tmp_path):
     fresh = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], epochs=2, **kw)
     for m in fresh.measures:
         np.testing.assert_array_equal(resumed.matrix(m), fresh.matrix(m))
+    # bit-identical given the same BLAS thread count per process (docs/architecture.md): Dask's workers
+    # run one (its nanny's pre-spawn environment), so this process does too, whatever the suite's pin
+    with threadpool_limits(limits=1, user_api="blas"):
+        fresh = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], epochs=2, **kw)
     with repsim.engine.scheduler.scheduler("local:1"):
         remote = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], epochs=2, **kw)
     for m in fresh.measures:
