@@ -136,6 +136,14 @@ def test_cli_similarity(stores, tmp_path):
     assert run.returncode == 0, run.stderr
     res = repsim.load_result(out)
     assert res.measures == ["linear_cka", "rbf_cka", "mutual_knn"] and res.info("mutual_knn")["options"]["knn_k"] == 5
+    # the values: the in-memory API with the same settings (the CLI's defaults are the API's)
+    api = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka", "mutual_knn"], batch_size=40, epochs=1,
+                                   options={"knn_k": 5}, progress=False)
+    assert res.index == api.index
+    for m in api.measures:
+        np.testing.assert_allclose(res.matrix(m), api.matrix(m), rtol=0, atol=1e-12, err_msg=m)
+    knn6 = repsim.similarity_matrix(stores, ["mutual_knn"], options={"knn_k": 6}, progress=False)
+    assert not np.allclose(knn6.matrix("mutual_knn"), res.matrix("mutual_knn"))  # --knn-k took effect
     again = subprocess.run([sys.executable, "-m", "repsim", "similarity", *paths, "--measures", "nope",
                             "--out", str(tmp_path / "t.npz")], capture_output=True, text=True)
     assert again.returncode == 2 and "unknown measure 'nope'" in again.stderr
