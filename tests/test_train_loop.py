@@ -295,4 +295,7 @@ def test_cli_fine_tunes_from_a_checkpoint(capsys, tmp_path, trained):
     # the backbone moved away from its initialisation (training happened) but started from the source
     init = {k: v for k, v in ck["model"].items() if k.startswith("backbone.") and k.endswith("conv1.weight")}
     assert all(not torch.equal(v, src[k]) for k, v in init.items())
-    assert all(torch.allclose(v, src[k], atol=0.5) for k, v in init.items())
+    # ... and close to it: 5 steps move each conv weight by under 5 % of its norm (measured ≤ 0.8 %; a fresh
+    # initialisation instead of the source would differ by about 100 %; atol 0.5 passed either way)
+    rel = {k: float((v - src[k]).norm() / src[k].norm()) for k, v in init.items()}
+    assert init and all(r < 0.05 for r in rel.values()), rel
