@@ -6,7 +6,7 @@ run at ``--reps`` replicates each:
 * ``MinibatchCKA.ci`` (and so ``CKAResult.ci``, ``SimilarityResult.ci`` of linear and RBF CKA) at 8, 16,
   32 and 64 batches of one pass, over 3 epochs of the same examples (draws = batches per epoch), and past
   ``max_records`` (records of 2 batches, every record resampled, the spread widened);
-* finding 2's ``bootstrap_gaps`` (analyses/findings.py) over 9 objectives (the paper's) and 30.
+* finding 2's ``bootstrap_gaps`` (repsim/analyses/findings.py) over 9 objectives (the paper's) and 30.
 
 Each row: the fraction of replicates whose nominal-95 % interval holds the truth, with its binomial
 standard error. These are the numbers docs/architecture.md and the docstrings quote. Statistics, not

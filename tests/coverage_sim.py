@@ -13,7 +13,7 @@ The per-batch HSIC₁ of every replicate is computed at once (:func:`hsic1`, Son
 over replicates and batches; :func:`check_against_batch_hsic` shows it equals the toolkit's
 ``batch_hsic``), and each replicate's records go through the toolkit's own ``MinibatchCKA.ci``.
 
-Finding 2 (:func:`analyses.findings.bootstrap_gaps`). A population of objectives: objective j's
+Finding 2 (:func:`repsim.analyses.findings.bootstrap_gaps`). A population of objectives: objective j's
 same-objective CKA at layer l is S[l, j] = μ_S(l) + a_j(l) + noise and its cross CKA with k is
 C[l, j, k] = μ_C(l) + b_j(l) + b_k(l) + noise (symmetric). The population gaps are μ_S − μ_C averaged
 over the early and late layers; the bootstrap resamples the objectives.
@@ -166,7 +166,7 @@ class Objectives:
 
     def sample(self, rng: np.random.Generator, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(S (layers, k), C (layers, k, k)) for k objectives drawn from the population (C's diagonal NaN,
-        as analyses.findings._pair_means leaves it)."""
+        as repsim.analyses.findings._pair_means leaves it)."""
         L = self.layers
         gap = np.where(np.arange(L) < L - self.n_late, self.early_gap, self.late_gap)
         mu_c = np.linspace(0.9, 0.4, L)
@@ -181,7 +181,7 @@ class Objectives:
 
 def bootstrap_gaps_at_once(S: np.ndarray, C: np.ndarray, early: list[int], late: list[int], n_boot: int,
                            seed: int = 0) -> dict[str, tuple[float, float]] | None:
-    """:func:`analyses.findings.bootstrap_gaps` with its resamples computed together instead of one by one
+    """:func:`repsim.analyses.findings.bootstrap_gaps` with its resamples computed together instead of one by one
     (the same draws from the same generator, the same means; :func:`check_gaps_at_once` shows that the
     intervals agree): the toolkit's loop takes ~1 ms a resample, too slow for thousands of replicates."""
     ok = np.flatnonzero(~np.isnan(S).any(axis=0))
@@ -208,7 +208,7 @@ def bootstrap_gaps_at_once(S: np.ndarray, C: np.ndarray, early: list[int], late:
 def check_gaps_at_once(model: "Objectives", k: int = 9, n_boot: int = 300, cases: int = 3) -> None:
     """:func:`bootstrap_gaps_at_once` gives the toolkit's intervals (float64 rounding) on a few data sets,
     one of them with a missing cross pair and an objective of one seed (left out of the resamples)."""
-    from analyses.findings import bootstrap_gaps
+    from repsim.analyses.findings import bootstrap_gaps
 
     rng = np.random.default_rng(123)
     for case in range(cases):
@@ -227,7 +227,7 @@ def gaps_coverage(model: Objectives, reps: int, k: int = 9, *, n_boot: int = 200
                   narrow: float = 1.0) -> dict:
     """Per statistic (early, late, late − early): the fraction of replicates of k objectives whose
     ``bootstrap_gaps`` interval holds the population value (``narrow``: as in :func:`cka_coverage`)."""
-    from analyses.findings import _gap
+    from repsim.analyses.findings import _gap
 
     rng = np.random.default_rng(seed)
     truth = model.truth()

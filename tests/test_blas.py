@@ -43,7 +43,7 @@ def test_concurrent_users_share_one_setting():
 import threading
 from threadpoolctl import ThreadpoolController
 import numpy
-from repsim._blas import blas_thread_split
+from repsim.blas import blas_thread_split
 
 def blas_threads():
     libs = ThreadpoolController().select(user_api="blas").lib_controllers

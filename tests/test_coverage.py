@@ -16,7 +16,7 @@ B = 24  # examples per batch
 
 def test_the_simulations_feed_the_toolkits_own_statistics():
     """The vectorised per-batch HSIC₁ equals batch_hsic, and the vectorised finding-2 bootstrap gives
-    analyses.findings.bootstrap_gaps' intervals: the coverage below is the toolkit's."""
+    repsim.analyses.findings.bootstrap_gaps' intervals: the coverage below is the toolkit's."""
     check_against_batch_hsic(MODEL, B)
     check_gaps_at_once(Objectives(), n_boot=100, cases=2)
     assert 0.1 < MODEL.population_cka() < 0.5  # neither end of the range, where coverage is easy
@@ -50,7 +50,7 @@ def test_minibatch_cka_interval_undercovers_with_few_batches_as_warned():
 
 # finding 2's percentile bootstrap over 9 objectives undercovers (the interval of a mean of 9, widened by
 # nothing); the level it reaches, measured by bench/coverage.py at 4,000 replicates, is what
-# analyses/findings.py's docstring states; this checks it has not moved
+# repsim/analyses/findings.py's docstring states; this checks it has not moved
 FINDING2_COVERAGE = {"early": 0.89, "late": 0.87, "late-early": 0.88}
 
 

@@ -71,7 +71,7 @@ def test_sample_seeds_depend_on_seed_epoch_and_index_only():
     import subprocess
     import sys
 
-    code = ("import json; from train.loop import sample_seed; "
+    code = ("import json; from repsim.train.loop import sample_seed; "
             "print(json.dumps([sample_seed(s, e, i) for s in range(3) for e in range(3) for i in range(200)]))")
     env = dict(os.environ, PYTHONHASHSEED="12345")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
