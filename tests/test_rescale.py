@@ -12,7 +12,7 @@ import pytest
 from repsim.study import rescale
 from repsim.study.objectives import OBJECTIVES
 
-PRESETS = Path(__file__).resolve().parents[1] / "train" / "presets"
+PRESETS = Path(__file__).resolve().parents[1] / "repsim" / "train" / "presets"
 
 
 def _preset(name: str) -> dict:
