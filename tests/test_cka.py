@@ -594,7 +594,7 @@ def test_batch_records_are_bounded_and_keep_the_interval_width():
 
 
 def test_an_interval_over_few_batches_warns_that_it_undercovers():
-    """A percentile bootstrap over 8 batches covered 87 % for a nominal 95 % (16: 92 %; statistics audit):
+    """A percentile bootstrap over 8 batches covers 88 % for a nominal 95 % (16: 91 %; bench/coverage.py):
     fewer than MIN_CI_BATCHES batches per resample say so; 30 or more do not."""
     from repsim.kernels.minibatch_cka import MIN_CI_BATCHES
 
