@@ -420,6 +420,7 @@ def test_bootstrap_ci_matches_explicit_resampling():
         MinibatchCKA(3, keep_batches=False).update(planted(rng, 8, [2, 2, 2])).ci(0.9)
 
 
+@pytest.mark.slow  # p = 100,000-200,000 features
 def test_float32_post_relu_matches_float64():
     """Post-ReLU features with mean ~3, 200,000 features, n = 64: float32 within 1e-3 of float64."""
     rng = np.random.default_rng(10)

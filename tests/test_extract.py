@@ -534,6 +534,7 @@ def test_refuses_when_the_disk_lacks_room(ckpts, digits, tmp_path, capsys):
 # ----------------------------------------------------------------------------------- sharding
 
 
+@pytest.mark.slow  # two torchrun processes
 def test_torchrun_two_process_gloo_equals_single_process(ckpts, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     args = ["--checkpoint", str(ckpts[1]), "--data", "digits", "--split", "test", "--chunk-rows", "32",

@@ -127,6 +127,7 @@ def test_dropout_and_augmentation_resume_exactly(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # two gloo processes and one more run
 def test_ddp_two_gloo_processes_match_one_process(tmp_path):
     """Global batch 32: 2 processes × 16 (torchrun, gloo) vs 1 × 32. BatchNorm is frozen
     (``freeze_bn``): with per-process BN statistics, 2 × 16 is ghost-batch BN, a different function
