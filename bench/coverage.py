@@ -70,7 +70,8 @@ def main() -> None:
         got = cka_coverage(model, args.reps, b=24, **kw)
         record["cka"][label] = {"coverage": got["coverage"], "se": se(got["coverage"], args.reps),
                                 "mean_width": float(got["width"])}
-        rows.append(f"| MinibatchCKA.ci | {label} | {100 * got['coverage']:.1f} ± {100 * se(got['coverage'], args.reps):.1f} |")
+        cov = got["coverage"]
+        rows.append(f"| MinibatchCKA.ci | {label} | {100 * cov:.1f} ± {100 * se(cov, args.reps):.1f} |")
         print(rows[-1], flush=True)
     record["seconds"] = time.time() - t0
     table = "\n".join(rows)

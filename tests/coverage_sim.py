@@ -129,7 +129,8 @@ def cka_coverage(model: Gaussian, reps: int, batches: int, b: int = 24, *, epoch
         warnings.simplefilter("ignore", RuntimeWarning)  # the few-batches warning: measured here
         for i in range(reps):
             acc = accumulator(recs[i], b, max_records)
-            lo, hi = acc.ci(level, n_boot=n_boot, seed=i, draws=batches if epochs > 1 or max_records < batches else None)
+            draws = batches if epochs > 1 or max_records < batches else None  # (None: every record, once)
+            lo, hi = acc.ci(level, n_boot=n_boot, seed=i, draws=draws)
             lo, hi = lo[0, 1], hi[0, 1]
             if narrow != 1.0:
                 est = acc.result()[0, 1]

@@ -36,7 +36,7 @@ class Fake:
 
     def __init__(self):
         self.lock = threading.Condition()
-        self.pending: list[tuple[torch.Tensor, torch.Tensor, "FakeEvent | None"]] = []  # (slot view, snapshot, first event after)
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, int]] = []  # (slot view, its bytes at the copy, seq)
         self.violations: list[str] = []
         self.blocked_on: "_Queue | None" = None  # the ring queue the gather thread waits on
         self.gather_done = False
