@@ -79,7 +79,7 @@ print(before, during, *seen, blas_threads())
     if out.stdout.startswith("skip"):
         pytest.skip(f"this BLAS does not take a thread count from the environment ({out.stdout.strip()})")
     # before, during (one thread), each user's k, after (restored once the last one left)
-    assert out.stdout.split() == ["2", "1", "2", "2", "2"]
+    assert out.stdout.split() == ["2", "1", "2", "2", "2"], out.stdout + out.stderr[-2000:]
 
 
 def test_no_split_while_another_thread_controls_blas():
