@@ -12,7 +12,7 @@ FASHION_OUT ?= demo-out-fashion
 FASHION_DEBIAN := /usr/share/datasets/fashion-mnist
 DATA_ROOT ?=
 
-.PHONY: demo demo-fashion demo-fashion-tau fashion-data test docs install disk-check bench check-core check-floors clean
+.PHONY: demo demo-fashion demo-fashion-tau fashion-data test test-quick docs install disk-check bench check-core check-floors clean
 
 install: $(STAMP)
 
@@ -35,8 +35,12 @@ disk-check:
 		fi; \
 	fi
 
+# every test (CI's run: .ci/run), then the 15 slowest; test-quick leaves out those marked slow
 test: $(STAMP)
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -q
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -q --durations=15
+
+test-quick: $(STAMP)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -q --durations=15 -m "not slow"
 
 # the documentation site (mkdocs.yml) into site/, warnings as errors
 docs: $(STAMP)

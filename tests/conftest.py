@@ -7,9 +7,17 @@ import sys
 
 import pytest
 
-# Keep BLAS single-threaded per xdist worker so parallel tests do not oversubscribe the 2 CI cores.
-for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(var, "1")
+# BLAS threads: pinned by tests/threads_pin.py (``-p threads_pin`` in pyproject's addopts), which runs
+# before the plugins that import NumPy; too late here.
+
+# Hypothesis: "ci" (.ci/run sets HYPOTHESIS_PROFILE=ci) draws the same examples on every run
+# (derandomize: a red CI is reproducible and a green one is not luck of the draw); "dev", the default,
+# draws new ones each run, as Hypothesis does. Neither has a deadline: a loaded 2-core machine is no bug.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
+_hypothesis_settings.register_profile("dev", deadline=None)
+_hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 # The storage of pandas' inferred strings, for tests/test_env_matrix.py's runs: "python" hides pyarrow
 # (pandas 3 then keeps str columns in Python objects), "pyarrow" turns on pandas 2's

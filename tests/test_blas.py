@@ -32,30 +32,54 @@ def test_split_hands_out_the_budget_and_restores_it():
 
 
 def test_concurrent_users_share_one_setting():
-    if blas_threads() < 2:
-        pytest.skip("BLAS runs one thread here")
-    before = blas_threads()
-    inside, leave = threading.Barrier(3), threading.Event()
-    seen = []
+    """Two threads inside splits at once see the process's count (2) and BLAS at 1 thread while they are
+    inside; the count comes back when the last leaves. In a process started at 2 BLAS threads: the
+    suite runs at its pinned count, and a limit set from the main thread would hold the pool there."""
+    import os
+    import subprocess
+    import sys
 
-    def user():
-        with blas_thread_split() as k:
-            seen.append(k)
-            inside.wait(timeout=60)
-            leave.wait(timeout=60)
+    code = """
+import threading
+from threadpoolctl import ThreadpoolController
+import numpy
+from repsim.blas import blas_thread_split
 
-    threads = [threading.Thread(target=user) for _ in range(2)]
+def blas_threads():
+    libs = ThreadpoolController().select(user_api="blas").lib_controllers
+    return max(lib.num_threads for lib in libs) if libs else 0
+
+before = blas_threads()
+if before != 2:
+    print("skip", before); raise SystemExit
+inside, leave = threading.Barrier(3), threading.Event()
+seen = []
+
+def user():
+    with blas_thread_split() as k:
+        seen.append(k)
+        inside.wait(timeout=60)
+        leave.wait(timeout=60)
+
+threads = [threading.Thread(target=user) for _ in range(2)]
+for t in threads:
+    t.start()
+try:
+    inside.wait(timeout=60)  # both inside: one BLAS thread
+    during = blas_threads()
+finally:
+    leave.set()
     for t in threads:
-        t.start()
-    try:
-        inside.wait(timeout=60)  # both inside: one BLAS thread
-        during = blas_threads()
-    finally:
-        leave.set()
-        for t in threads:
-            t.join()
-    assert during == 1 and seen == [before, before]
-    assert blas_threads() == before  # restored once the last one left
+        t.join()
+print(before, during, *seen, blas_threads())
+"""
+    env = dict(os.environ, OMP_NUM_THREADS="2", OPENBLAS_NUM_THREADS="2", MKL_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.startswith("skip"):
+        pytest.skip(f"this BLAS does not take a thread count from the environment ({out.stdout.strip()})")
+    # before, during (one thread), each user's k, after (restored once the last one left)
+    assert out.stdout.split() == ["2", "1", "2", "2", "2"], out.stdout + out.stderr[-2000:]
 
 
 def test_no_split_while_another_thread_controls_blas():
@@ -181,3 +205,23 @@ def test_row_products_split_over_threads_equal_one_product():
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
     with threadpool_limits(limits=1, user_api="blas"):
         np.testing.assert_allclose(row_products(A), want, rtol=1e-12, atol=1e-9)
+
+
+def test_the_suite_pins_blas_threads_before_numpy_loads():
+    """tests/threads_pin.py (``-p threads_pin``) exports one thread count before any plugin imports
+    NumPy: inside a test, every BLAS library runs that many threads (1 unless OMP_NUM_THREADS or
+    OPENBLAS_NUM_THREADS said otherwise), as do the subprocesses that inherit the environment."""
+    import os
+    import subprocess
+    import sys
+
+    want = int(os.environ["OPENBLAS_NUM_THREADS"])  # (not importing threads_pin: that would pin it now)
+    assert os.environ["OMP_NUM_THREADS"] and os.environ["MKL_NUM_THREADS"]
+    libs = ThreadpoolController().select(user_api="blas").lib_controllers
+    assert libs, "no BLAS library under threadpoolctl's control"
+    assert [lib.num_threads for lib in libs] == [want] * len(libs)
+    code = ("import numpy; from threadpoolctl import ThreadpoolController as C; "
+            "print(max(l.num_threads for l in C().select(user_api='blas').lib_controllers))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == want

@@ -420,6 +420,7 @@ def test_bootstrap_ci_matches_explicit_resampling():
         MinibatchCKA(3, keep_batches=False).update(planted(rng, 8, [2, 2, 2])).ci(0.9)
 
 
+@pytest.mark.slow  # p = 100,000-200,000 features
 def test_float32_post_relu_matches_float64():
     """Post-ReLU features with mean ~3, 200,000 features, n = 64: float32 within 1e-3 of float64."""
     rng = np.random.default_rng(10)
@@ -594,7 +595,7 @@ def test_batch_records_are_bounded_and_keep_the_interval_width():
 
 
 def test_an_interval_over_few_batches_warns_that_it_undercovers():
-    """A percentile bootstrap over 8 batches covered 87 % for a nominal 95 % (16: 92 %; statistics audit):
+    """A percentile bootstrap over 8 batches covers 88 % for a nominal 95 % (16: 91 %; bench/coverage.py):
     fewer than MIN_CI_BATCHES batches per resample say so; 30 or more do not."""
     from repsim.kernels.minibatch_cka import MIN_CI_BATCHES
 

@@ -309,3 +309,58 @@ def test_a_tls_scheduler_passes_the_check_with_the_clients_tls_settings(tmp_path
         run_guarded(lambda: sched.check_scheduler(cluster.scheduler_address, timeout=20))
         with scheduler(cluster.scheduler_address) as client:
             assert isinstance(client, Client) and client.submit(abs, -3).result() == 3
+
+
+def test_a_rerun_after_a_lost_cluster_computes_the_uninterrupted_numbers(tmp_path, monkeypatch):
+    """Every worker dies right after the client checkpointed its second segment (a known point: inside
+    that save): the run ends in ClusterLost with the finished segments in its checkpoint, and a rerun in
+    this process continues from them to the same values and per-batch records as a run never
+    interrupted (workers without a nanny inherit this process's BLAS threads: the same sums)."""
+    import numpy as np
+    from distributed import Client, LocalCluster
+
+    import repsim
+    from repsim.engine.checkpoint import Checkpoint
+    from test_engine_helpers import checkpoint_segments, correlated_layers, make_store
+
+    rng = np.random.default_rng(4)
+    stores = [make_store(tmp_path / f"{name}.zarr", {k: v.astype(np.float32) for k, v in
+                                                     correlated_layers(rng, 240, {"a": (12,), "b": (30,)}).items()},
+                         chunk_rows=20) for name in ("x", "y")]
+    kw = dict(batch_size=40, epochs=2, seed=5, progress=False, checkpoint_every=1)
+    whole = repsim.cka_matrix(stores, **kw)  # 12 segments
+    ckpt = tmp_path / "lost.ckpt.npz"
+    monkeypatch.setattr(sched, "NO_WORKERS_S", 2.0)
+    monkeypatch.delenv("REPSIM_CLUSTER_LOST_S", raising=False)
+    with LocalCluster(n_workers=0, processes=True, dashboard_address=":0") as cluster, Client(cluster) as client:
+        procs = start_cli_workers(cluster.scheduler_address, 2)
+        try:
+            wait_for(lambda: len(client.scheduler_info()["workers"]) == 2, "2 workers")
+            save = Checkpoint.save
+
+            def save_then_lose_the_cluster(self, done, state):
+                save(self, done, state)
+                if done == 2:
+                    for p in procs:
+                        p.send_signal(signal.SIGKILL)
+                        p.wait()
+
+            monkeypatch.setattr(Checkpoint, "save", save_then_lose_the_cluster)
+
+            def run():
+                with scheduler(client):
+                    return repsim.cka_matrix(stores, checkpoint=ckpt, **kw)
+
+            outcome = run_guarded(run)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+    monkeypatch.setattr(Checkpoint, "save", save)
+    assert isinstance(outcome, sched.ClusterLost), outcome
+    done = checkpoint_segments(ckpt)
+    assert 2 <= done < 12, done  # (results already fetched when the workers died are saved too)
+    resumed = repsim.cka_matrix(stores, checkpoint=ckpt, **kw)
+    np.testing.assert_array_equal(resumed.values, whole.values)
+    np.testing.assert_array_equal(resumed.state["batches"], whole.state["batches"])

@@ -126,6 +126,7 @@ def test_calibration_streamed_matches_in_memory(kind):
 
 
 
+@pytest.mark.slow  # n = 3,000 and 12,000 in fresh processes, per probe kind
 @pytest.mark.parametrize("command", [["--probe", "linear", "--lambdas", "3"], ["--probe", "knn", "--ks", "1", "5"],
                                      ["--relearn", "--lambdas", "3"]])
 def test_out_of_core_probe_memory_is_flat_in_n(tmp_path, monkeypatch, command):

@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 import repsim
 from repsim.kernels.measures import get_measure, measure_names
@@ -83,6 +84,10 @@ def test_resume_and_distributed_give_the_same_result(stores, tmp_path):
     fresh = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], epochs=2, **kw)
     for m in fresh.measures:
         np.testing.assert_array_equal(resumed.matrix(m), fresh.matrix(m))
+    # bit-identical given the same BLAS thread count per process (docs/architecture.md): Dask's workers
+    # run one (its nanny's pre-spawn environment), so this process does too, whatever the suite's pin
+    with threadpool_limits(limits=1, user_api="blas"):
+        fresh = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], epochs=2, **kw)
     with repsim.engine.scheduler.scheduler("local:1"):
         remote = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka"], epochs=2, **kw)
     for m in fresh.measures:
@@ -131,6 +136,14 @@ def test_cli_similarity(stores, tmp_path):
     assert run.returncode == 0, run.stderr
     res = repsim.load_result(out)
     assert res.measures == ["linear_cka", "rbf_cka", "mutual_knn"] and res.info("mutual_knn")["options"]["knn_k"] == 5
+    # the values: the in-memory API with the same settings (the CLI's defaults are the API's)
+    api = repsim.similarity_matrix(stores, ["linear_cka", "rbf_cka", "mutual_knn"], batch_size=40, epochs=1,
+                                   options={"knn_k": 5}, progress=False)
+    assert res.index == api.index
+    for m in api.measures:
+        np.testing.assert_allclose(res.matrix(m), api.matrix(m), rtol=0, atol=1e-12, err_msg=m)
+    knn6 = repsim.similarity_matrix(stores, ["mutual_knn"], options={"knn_k": 6}, progress=False)
+    assert not np.allclose(knn6.matrix("mutual_knn"), res.matrix("mutual_knn"))  # --knn-k took effect
     again = subprocess.run([sys.executable, "-m", "repsim", "similarity", *paths, "--measures", "nope",
                             "--out", str(tmp_path / "t.npz")], capture_output=True, text=True)
     assert again.returncode == 2 and "unknown measure 'nope'" in again.stderr
@@ -152,3 +165,29 @@ def test_minibatch_rbf_on_a_device_equals_the_cpu(stores, device, monkeypatch):
     for m in ("linear_cka", "rbf_cka"):
         np.testing.assert_allclose(got.matrix(m), ref.matrix(m), atol=1e-9, rtol=0, err_msg=m)
     assert count["host"] == 2 * len(consecutive_batches(N, 40))
+
+
+@pytest.mark.parametrize("flag, value, measure, option, default", [
+    ("--rbf-threshold", "0.5", "rbf_cka", "rbf_threshold", 1.0),
+    ("--knn-k", "4", "mutual_knn", "knn_k", 10),
+    ("--rsa-max-rows", "60", "rsa", "rsa_max_rows", 2000),  # below n = 130: a seeded subsample
+    ("--ridge-folds", "3", "ridge_r2", "ridge_folds", 5),
+])
+def test_cli_measure_options_run_with_valid_values(stores, tmp_path, flag, value, measure, option, default):
+    """Each measure option run once with a valid value (their refusals: tests/test_refusals.py): the file
+    records it, its values are the in-memory API's with that option, and differ from the default's."""
+    from repsim.commands.main import main
+
+    out = tmp_path / "o.npz"
+    rc = main(["similarity", *[s.path for s in stores], "--measures", measure, "--batch-size", "40", "--epochs", "1",
+               "--seed", "2", flag, value, "--no-progress", "--out", str(out)])
+    assert rc == 0
+    got = repsim.load_result(out)
+    typed = type(default)(value)
+    assert got.info(measure)["options"][option] == typed
+    seeded = {"rsa_seed": 2} if measure == "rsa" else {"ridge_seed": 2} if measure == "ridge_r2" else {}
+    kw = dict(batch_size=40, epochs=1, seed=2, progress=False)
+    api = repsim.similarity_matrix(stores, [measure], options={option: typed, **seeded}, **kw)
+    np.testing.assert_allclose(got.matrix(measure), api.matrix(measure), rtol=0, atol=1e-12)
+    plain = repsim.similarity_matrix(stores, [measure], options={option: default, **seeded}, **kw)
+    assert not np.allclose(got.matrix(measure), plain.matrix(measure), rtol=0, atol=1e-6)

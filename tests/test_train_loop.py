@@ -127,6 +127,7 @@ def test_dropout_and_augmentation_resume_exactly(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # two gloo processes and one more run
 def test_ddp_two_gloo_processes_match_one_process(tmp_path):
     """Global batch 32: 2 processes × 16 (torchrun, gloo) vs 1 × 32. BatchNorm is frozen
     (``freeze_bn``): with per-process BN statistics, 2 × 16 is ghost-batch BN, a different function
@@ -295,4 +296,7 @@ def test_cli_fine_tunes_from_a_checkpoint(capsys, tmp_path, trained):
     # the backbone moved away from its initialisation (training happened) but started from the source
     init = {k: v for k, v in ck["model"].items() if k.startswith("backbone.") and k.endswith("conv1.weight")}
     assert all(not torch.equal(v, src[k]) for k, v in init.items())
-    assert all(torch.allclose(v, src[k], atol=0.5) for k, v in init.items())
+    # ... and close to it: 5 steps move each conv weight by under 5 % of its norm (measured ≤ 0.8 %; a fresh
+    # initialisation instead of the source would differ by about 100 %; atol 0.5 passed either way)
+    rel = {k: float((v - src[k]).norm() / src[k].norm()) for k, v in init.items()}
+    assert init and all(r < 0.05 for r in rel.values()), rel

@@ -1,0 +1,253 @@
+"""Simulations with a known population value for the coverage of the toolkit's intervals.
+
+Shared by tests/test_coverage.py (a few hundred replicates per case, a binomial band around the level)
+and bench/coverage.py (thousands, the numbers docs/architecture.md quotes).
+
+Minibatch CKA (:meth:`repsim.MinibatchCKA.ci`). Layers X = Z (p features, Z ~ N(0, Σ), Σ = diag(1, ..., 1/p))
+and Y = Z M + σ E (E ~ N(0, I)): population linear CKA
+
+    CKA = ‖Σ_XY‖²_F / (‖Σ_XX‖_F ‖Σ_YY‖_F),  Σ_XY = Σ M,  Σ_YY = Mᵀ Σ M + σ² I,
+
+which per-batch debiased HSIC₁ estimates without bias in its numerator and denominators (Song et al. 2012).
+The per-batch HSIC₁ of every replicate is computed at once (:func:`hsic1`, Song's formula, vectorised
+over replicates and batches; :func:`check_against_batch_hsic` shows it equals the toolkit's
+``batch_hsic``), and each replicate's records go through the toolkit's own ``MinibatchCKA.ci``.
+
+Finding 2 (:func:`repsim.analyses.findings.bootstrap_gaps`). A population of objectives: objective j's
+same-objective CKA at layer l is S[l, j] = μ_S(l) + a_j(l) + noise and its cross CKA with k is
+C[l, j, k] = μ_C(l) + b_j(l) + b_k(l) + noise (symmetric). The population gaps are μ_S − μ_C averaged
+over the early and late layers; the bootstrap resamples the objectives.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+
+# -- minibatch CKA ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Gaussian:
+    """Two jointly Gaussian layers with a planted linear relation (module docstring)."""
+
+    p: int = 6
+    q: int = 4
+    noise: float = 1.5
+    seed: int = 0
+
+    def mixing(self) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        scale = np.sqrt(1.0 / np.arange(1, self.p + 1))  # Σ = diag(1, 1/2, ..., 1/p)
+        return scale, rng.standard_normal((self.p, self.q))
+
+    def population_cka(self) -> float:
+        scale, M = self.mixing()
+        S = np.diag(scale ** 2)
+        sxy = S @ M
+        syy = M.T @ S @ M + self.noise ** 2 * np.eye(self.q)
+        return float(np.sum(sxy ** 2) / (np.linalg.norm(S) * np.linalg.norm(syy)))
+
+    def sample(self, rng: np.random.Generator, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(X, Y) of shape (*shape, p) and (*shape, q)."""
+        scale, M = self.mixing()
+        X = rng.standard_normal((*shape, self.p)) * scale
+        Y = X @ M + self.noise * rng.standard_normal((*shape, self.q))
+        return X, Y
+
+
+def hsic1(K: np.ndarray, L: np.ndarray) -> np.ndarray:
+    """Song et al.'s unbiased HSIC₁ of Grams (..., n, n), vectorised over the leading axes:
+    [tr(K̃L̃) + 1ᵀK̃1 · 1ᵀL̃1 / ((n-1)(n-2)) − 2/(n-2) · 1ᵀK̃L̃1] / (n(n-3)), K̃ = K with a zero diagonal."""
+    n = K.shape[-1]
+    eye = np.eye(n, dtype=bool)
+    Kt, Lt = np.where(eye, 0.0, K), np.where(eye, 0.0, L)
+    rk, rl = Kt.sum(-1), Lt.sum(-1)
+    return ((Kt * Lt).sum((-2, -1)) + rk.sum(-1) * rl.sum(-1) / ((n - 1) * (n - 2))
+            - 2.0 / (n - 2) * (rk * rl).sum(-1)) / (n * (n - 3))
+
+
+def batch_records(X: np.ndarray, Y: np.ndarray) -> np.ndarray:
+    """Per-batch HSIC₁ records (..., 3) in MinibatchCKA's triangle order (0,0), (0,1), (1,1) of the
+    linear Grams of X (..., b, p) and Y (..., b, q)."""
+    K = X @ np.swapaxes(X, -1, -2)
+    L = Y @ np.swapaxes(Y, -1, -2)
+    return np.stack([hsic1(K, K), hsic1(K, L), hsic1(L, L)], axis=-1)
+
+
+def check_against_batch_hsic(model: Gaussian, b: int, seed: int = 99) -> None:
+    """:func:`batch_records` equals the toolkit's ``batch_hsic`` on a few batches (float64 rounding)."""
+    from repsim.kernels.hsic import batch_hsic
+
+    X, Y = model.sample(np.random.default_rng(seed), (3, b))
+    mine = batch_records(X, Y)
+    for i in range(3):
+        h = batch_hsic([X[i], Y[i]])
+        np.testing.assert_allclose(mine[i], [h[0, 0], h[0, 1], h[1, 1]], rtol=1e-10, atol=1e-12)
+
+
+def accumulator(records: np.ndarray, b: int, max_records: int = 512):
+    """A MinibatchCKA holding ``records`` (B, 3) as its per-batch statistics (one batch each, in arrival
+    order; past ``max_records`` the accumulator pairs them up as it does while updating)."""
+    from repsim.kernels.minibatch_cka import MinibatchCKA
+
+    acc = MinibatchCKA(2, max_records=max_records)
+    for r in records:
+        acc._add_record(np.asarray(r, dtype=np.float64), 1)  # what update() does after batch_hsic
+    total = records.sum(0)
+    acc.hsic = np.array([[total[0], total[1]], [total[1], total[2]]])
+    acc.n_batches, acc.n_examples = len(records), len(records) * b
+    return acc
+
+
+def cka_records(model: Gaussian, reps: int, batches: int, b: int, seed: int, epochs: int = 1,
+                chunk: int = 100) -> np.ndarray:
+    """(reps, epochs · batches, 3) per-batch HSIC₁ records: each replicate draws n = batches · b examples
+    once and cuts them into batches in ``epochs`` independent random orders (epoch-major)."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((reps, epochs * batches, 3))
+    for s in range(0, reps, chunk):
+        r = min(chunk, reps - s)
+        X, Y = model.sample(rng, (r, batches * b))
+        for e in range(epochs):
+            order = np.argsort(rng.random((r, batches * b)), axis=1) if e else np.arange(batches * b)[None]
+            Xe = np.take_along_axis(X, order[..., None], axis=1).reshape(r, batches, b, -1)
+            Ye = np.take_along_axis(Y, order[..., None], axis=1).reshape(r, batches, b, -1)
+            out[s:s + r, e * batches:(e + 1) * batches] = batch_records(Xe, Ye)
+    return out
+
+
+def cka_coverage(model: Gaussian, reps: int, batches: int, b: int = 24, *, epochs: int = 1, level: float = 0.95,
+                 n_boot: int = 1000, seed: int = 0, max_records: int = 512, narrow: float = 1.0) -> dict:
+    """Fraction of replicates whose ``MinibatchCKA.ci(level, draws=batches)`` holds the population CKA.
+    ``narrow`` < 1 shrinks each interval about its estimate by that factor (a deliberately wrong
+    interval, for the test of the test). Also returns the mean width and the count behind the fraction."""
+    truth = model.population_cka()
+    recs = cka_records(model, reps, batches, b, seed, epochs)
+    hit, width = 0, 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the few-batches warning: measured here
+        for i in range(reps):
+            acc = accumulator(recs[i], b, max_records)
+            draws = batches if epochs > 1 or max_records < batches else None  # (None: every record, once)
+            lo, hi = acc.ci(level, n_boot=n_boot, seed=i, draws=draws)
+            lo, hi = lo[0, 1], hi[0, 1]
+            if narrow != 1.0:
+                est = acc.result()[0, 1]
+                lo, hi = est + narrow * (lo - est), est + narrow * (hi - est)
+            hit += bool(lo <= truth <= hi)
+            width += hi - lo
+    return {"coverage": hit / reps, "hits": hit, "reps": reps, "width": width / reps, "truth": truth}
+
+
+# -- finding 2 ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Objectives:
+    """A population of objectives' per-layer CKA (module docstring): 12 layers, the last 4 "late"
+    (the gap μ_S − μ_C is ``early_gap`` before them and ``late_gap`` in them), objective effects of
+    s.d. ``spread`` and pair noise of s.d. ``noise``."""
+
+    layers: int = 12
+    n_late: int = 4
+    early_gap: float = 0.01
+    late_gap: float = 0.08
+    spread: float = 0.03
+    noise: float = 0.01
+
+    @property
+    def early(self) -> list[int]:
+        return list(range(self.layers - self.n_late))
+
+    @property
+    def late(self) -> list[int]:
+        return list(range(self.layers - self.n_late, self.layers))
+
+    def truth(self) -> dict[str, float]:
+        return {"early": self.early_gap, "late": self.late_gap, "late-early": self.late_gap - self.early_gap}
+
+    def sample(self, rng: np.random.Generator, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(S (layers, k), C (layers, k, k)) for k objectives drawn from the population (C's diagonal NaN,
+        as repsim.analyses.findings._pair_means leaves it)."""
+        L = self.layers
+        gap = np.where(np.arange(L) < L - self.n_late, self.early_gap, self.late_gap)
+        mu_c = np.linspace(0.9, 0.4, L)
+        S = mu_c[:, None] + gap[:, None] + self.spread * rng.standard_normal((L, k)) \
+            + self.noise * rng.standard_normal((L, k))
+        b = self.spread * rng.standard_normal((L, k))
+        e = self.noise * rng.standard_normal((L, k, k))
+        C = mu_c[:, None, None] + b[:, :, None] + b[:, None, :] + (e + np.swapaxes(e, 1, 2)) / np.sqrt(2)
+        C[:, np.arange(k), np.arange(k)] = np.nan
+        return S, C
+
+
+def bootstrap_gaps_at_once(S: np.ndarray, C: np.ndarray, early: list[int], late: list[int], n_boot: int,
+                           seed: int = 0) -> dict[str, tuple[float, float]] | None:
+    """:func:`repsim.analyses.findings.bootstrap_gaps` with its resamples computed together instead of one by one
+    (the same draws from the same generator, the same means; :func:`check_gaps_at_once` shows that the
+    intervals agree): the toolkit's loop takes ~1 ms a resample, too slow for thousands of replicates."""
+    ok = np.flatnonzero(~np.isnan(S).any(axis=0))
+    if len(ok) < 3:
+        return None
+    picks = np.random.default_rng(seed).choice(ok, size=(n_boot, len(ok)), replace=True)
+    counts = np.zeros((n_boot, S.shape[1]))
+    np.add.at(counts, (np.repeat(np.arange(n_boot), len(ok)), picks.ravel()), 1.0)  # times each is drawn
+    same = counts @ np.where(np.isnan(S), 0.0, S).T / len(ok)  # (n_boot, layers); those not in ok: never drawn
+    # cross pairs: every ordered pair of draws of different objectives i != j, i.e. Σ_{i≠j} n_i n_j C_lij
+    usable = ~np.isnan(C)
+    usable[:, np.arange(C.shape[1]), np.arange(C.shape[1])] = False
+    vals = np.where(usable, C, 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cross = (((counts @ vals) * counts).sum(-1) / ((counts @ usable.astype(float)) * counts).sum(-1)).T
+        g = same - cross
+        e, l_ = np.nanmean(g[:, early], axis=1), np.nanmean(g[:, late], axis=1)
+    d = np.stack([e, l_, l_ - e], axis=1)
+    d = d[~np.isnan(d).any(axis=1)]
+    lo, hi = np.percentile(d, [2.5, 97.5], axis=0)
+    return {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(("early", "late", "late-early"))}
+
+
+def check_gaps_at_once(model: "Objectives", k: int = 9, n_boot: int = 300, cases: int = 3) -> None:
+    """:func:`bootstrap_gaps_at_once` gives the toolkit's intervals (float64 rounding) on a few data sets,
+    one of them with a missing cross pair and an objective of one seed (left out of the resamples)."""
+    from repsim.analyses.findings import bootstrap_gaps
+
+    rng = np.random.default_rng(123)
+    for case in range(cases):
+        S, C = model.sample(rng, k)
+        if case == cases - 1:
+            C[3, 1, 2] = C[3, 2, 1] = np.nan
+            S[:, 0] = np.nan
+        want = bootstrap_gaps(S, C, model.early, model.late, n_boot=n_boot, seed=case)
+        got = bootstrap_gaps_at_once(S, C, model.early, model.late, n_boot=n_boot, seed=case)
+        assert want.keys() == got.keys()
+        for key in want:
+            np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-12, err_msg=key)
+
+
+def gaps_coverage(model: Objectives, reps: int, k: int = 9, *, n_boot: int = 2000, seed: int = 0,
+                  narrow: float = 1.0) -> dict:
+    """Per statistic (early, late, late − early): the fraction of replicates of k objectives whose
+    ``bootstrap_gaps`` interval holds the population value (``narrow``: as in :func:`cka_coverage`)."""
+    from repsim.analyses.findings import _gap
+
+    rng = np.random.default_rng(seed)
+    truth = model.truth()
+    hits = dict.fromkeys(truth, 0)
+    for i in range(reps):
+        S, C = model.sample(rng, k)
+        ci = bootstrap_gaps_at_once(S, C, model.early, model.late, n_boot=n_boot, seed=i)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            g = _gap(S, C, np.arange(k))
+        est = {"early": np.mean(g[model.early]), "late": np.mean(g[model.late])}
+        est["late-early"] = est["late"] - est["early"]
+        for key, (lo, hi) in ci.items():
+            lo, hi = est[key] + narrow * (lo - est[key]), est[key] + narrow * (hi - est[key])
+            hits[key] += bool(lo <= truth[key] <= hi)
+    return {key: {"coverage": h / reps, "hits": h, "reps": reps} for key, h in hits.items()}
+
+
+def binomial_band(level: float, reps: int, z: float = 3.5) -> tuple[float, float]:
+    """level ± z binomial standard errors of a coverage fraction from ``reps`` replicates."""
+    se = np.sqrt(level * (1 - level) / reps)
+    return level - z * se, level + z * se
