@@ -2,7 +2,7 @@
 
 For every store, the requested layers are read block by block (a block = whole chunks; reads run
 ahead on a thread pool) and every block feeds all accumulators of all layers at once — or, when
-their state would exceed ``memory_budget`` (class means are K × P floats per layer: 6.4 GB for a
+their state would exceed the memory budget (:class:`~repsim.engine.options.StreamOptions`, default 4 GiB; class means are K × P floats per layer: 6.4 GB for a
 flattened ResNet-50 block1 with 1000 classes), all accumulators of each group of layers that fits,
 one pass per group.  The metrics are the per-layer metric registry's
 (:mod:`repsim.kernels.layer_metrics`: each declares its accumulators, what they are fed, their state
@@ -48,8 +48,9 @@ from repsim.array_api import asarray_like
 from repsim.results import conform
 from repsim.engine.blocks import (BlockReader, Column, channels_first, progress_bar, resolve_columns, to_device,
                                   token_counts_for, transform)
-from repsim.engine.scheduler import (array_module, capped_budget, device_name, get_client, run_tasks, spec_threads,
-                                     task_threads)
+from repsim.engine.options import StreamOptions
+from repsim.engine.scheduler import (array_module, capped_budget, device_name, get_client, run_tasks, scheduled,
+                                     spec_threads, task_threads)
 from repsim.kernels.layer_metrics import DISTANCES, LAYER_METRICS, LayerMetric, Stat
 
 __all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "write_csv",
@@ -143,12 +144,12 @@ class _Scan:
     starts from, and the block ranges of its tasks (one range over every block in this process)."""
 
     def __init__(self, columns: list[Column], n: int, block_rows: int, accs: dict[str, dict[str, Any]], *,
-                 spatial: str, metrics: Sequence[LayerMetric], device: Any, blocks_per_task: int, prefetch: int,
-                 threads: int | None, distributed: bool) -> None:
-        xp = array_module(device)
+                 spatial: str, metrics: Sequence[LayerMetric], stream: StreamOptions, blocks_per_task: int,
+                 distributed: bool) -> None:
+        xp = array_module(stream.device)
         self.spec = {"columns": [asdict(c) for c in columns if c.layer in accs], "device": device_name(xp), "n": n,
-                     "block_rows": block_rows, "spatial": spatial, "prefetch": prefetch,
-                     "threads": spec_threads(threads, xp), "metrics": {m.name: m.option for m in metrics}}
+                     "block_rows": block_rows, "spatial": spatial, "prefetch": int(stream.read_ahead),
+                     "threads": spec_threads(stream.threads, xp), "metrics": {m.name: m.option for m in metrics}}
         self.xp = xp
         self.stats = layer_stats(metrics)
         self.templates = {layer: {m: a.to_state() for m, a in per.items()} for layer, per in accs.items()}
@@ -204,21 +205,24 @@ def _check_matrix_width(col: Column, spatial: str, what: str) -> None:
 
 
 def layer_metrics(stores: Any, layers: Any = None, *, distances: Iterable[str] = (), sparsity: bool = False,
-                  collapse: bool = False, spectra: bool = False, spatial: str = "flatten", device: Any = "cpu",
-                  progress: bool | None = None, blocks_per_task: int = 16, prefetch: int = 2,
-                  threads: int | None = None, memory_budget: int = 4 << 30) -> dict[tuple[str, str], dict[str, Any]]:
+                  collapse: bool = False, spectra: bool = False, spatial: str = "flatten", blocks_per_task: int = 16,
+                  stream: StreamOptions | None = None, device: Any = None, progress: bool | None = None,
+                  prefetch: int | None = None, threads: int | None = None, memory_budget: int | None = None
+                  ) -> dict[tuple[str, str], dict[str, Any]]:
     """Every requested metric for every (store, layer), one streaming pass per store (two for layers
     with ``cosine_centered``).  Returns ``{(store, layer): {...}}`` with keys
     ``"separation"`` ``{distance: R²}``, ``"sparsity"`` (fraction), ``"sparsity_per_channel"``,
     ``"collapse"`` (Table E.2 dict; weight keys when the store has a head whose shape matches the
     layer), ``"spectra"`` ``{"activations", "centroids"[, "weights"]: singular values}``.
     Stores are validated first (complete, layers present); they need not share examples.
-    ``memory_budget`` bounds the accumulators' state (class means are K × P per layer and
-    distance): layers are packed into groups within it, one pass over the store per group
+    ``stream``: how the run streams (:class:`repsim.engine.options.StreamOptions`); ``device``,
+    ``progress``, ``prefetch`` (its ``read_ahead``), ``threads`` and ``memory_budget`` fill the same object.
+    The memory budget (bytes, default 4 GiB) bounds the accumulators' state (class means are K × P per
+    layer and distance): layers are packed into groups within it, one pass over the store per group
     (:func:`state_bytes`, :func:`group_layers`); on a ``dask.distributed`` cluster it is capped at a
     quarter of the smallest memory limit per worker thread (:func:`~repsim.engine.scheduler.capped_budget`)."""
     return _run(stores, layers, distances=distances, sparsity=sparsity, collapse=collapse, spectra=spectra,
-                spatial=spatial, device=device, progress=progress, blocks_per_task=blocks_per_task,
+                spatial=spatial, blocks_per_task=blocks_per_task, stream=stream, device=device, progress=progress,
                 prefetch=prefetch, threads=threads, memory_budget=memory_budget)[0]
 
 
@@ -255,9 +259,19 @@ def group_layers(columns: Sequence[Column], sizes: Sequence[int], budget: int) -
 
 
 def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, collapse: bool, spectra: bool,
-         spatial: str = "flatten", device: Any = "cpu", progress: bool | None = None, blocks_per_task: int = 16,
-         prefetch: int = 2, threads: int | None = None, memory_budget: int = 4 << 30
-         ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
+         spatial: str = "flatten", blocks_per_task: int = 16, stream: StreamOptions | None = None,
+         device: Any = None, progress: bool | None = None, prefetch: int | None = None, threads: int | None = None,
+         memory_budget: int | None = None) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
+    opts = (stream or StreamOptions()).merged(device=device, progress=progress, read_ahead=prefetch, threads=threads,
+                                               memory_budget=memory_budget)
+    with scheduled(opts):
+        return _scan_stores(stores, layers, distances=distances, sparsity=sparsity, collapse=collapse,
+                            spectra=spectra, spatial=spatial, blocks_per_task=blocks_per_task, stream=opts)
+
+
+def _scan_stores(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, collapse: bool,
+                 spectra: bool, spatial: str, blocks_per_task: int, stream: StreamOptions
+                 ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
     from repsim.engine.blocks import open_stores, store_names
 
     metrics = requested(distances, sparsity, collapse, spectra)  # refuses unknown distances
@@ -265,7 +279,7 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
         raise ValueError(f"spatial must be 'flatten' or 'mean', got {spatial!r}")
     opened = open_stores(stores)
     names = store_names(opened)
-    memory_budget = capped_budget(int(memory_budget))  # on a cluster: within the workers' memory limit
+    memory_budget = capped_budget(stream.budget("layers"))  # on a cluster: within the workers' memory limit
     plans = []  # per store: (store, name, num_classes, layer groups, each group's state bytes)
     for store, name in zip(opened, names):
         _, columns, _ = resolve_columns([store], layers)  # validates: complete, layers present
@@ -293,7 +307,7 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
     total = sum(-(-s.n // max(1, s.chunk_rows)) * len(g) * passes_per_group for s, _, _, g, _ in plans)
     out: dict[tuple[str, str], dict[str, Any]] = {}
     undefined: list[str] = []
-    bar = progress_bar(total, "scan", progress, unit="block")
+    bar = progress_bar(total, "scan", stream.progress, unit="block")
     distributed = get_client() is not None
     jobs = []  # (store, name, num_classes, head, columns of one group), in order; their state bytes
     sizes = []
@@ -304,8 +318,8 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
 
     def scan(store: Any, columns: list[Column], accs: dict[str, dict[str, Any]]) -> _Scan:
         return _Scan(columns, store.n, max(1, min(store.n, store.chunk_rows)), accs, spatial=spatial,
-                     metrics=metrics, device=device, blocks_per_task=max(1, int(blocks_per_task)),
-                     prefetch=prefetch, threads=threads, distributed=distributed)
+                     metrics=metrics, stream=stream, blocks_per_task=max(1, int(blocks_per_task)),
+                     distributed=distributed)
 
     try:
         for wave in waves(sizes, int(memory_budget), distributed):

@@ -14,7 +14,7 @@ shifted by the mean of its first block (conditioning only).  Each pair takes one
   tr(K̃L̃) = ‖S‖² − aᵀb,  1ᵀK̃1 = ‖s_x‖² − Σa,  1ᵀK̃L̃1 = s_xᵀ S s_y − s_xᵀ(Xᵀb) − s_yᵀ(Yᵀa) + aᵀb.
   Cost 2·n·p_i·p_j.
 - **Gram**, K = X Xᵀ (n × n) accumulated panel by panel (rows of a panel × every later block;
-  ⌈n / panel⌉ passes over the Gram columns, panel sized by ``memory_budget``), then
+  ⌈n / panel⌉ passes over the Gram columns, panel sized by ``panel_bytes``), then
   biased ⟨HKH, HLH⟩ or unbiased ⟨U(K), U(L)⟩ / (n(n−3)) with :func:`repsim.ucenter`.
   Cost 2·n²·(p_i + p_j).
 
@@ -31,9 +31,10 @@ product Z_Nᵀ Z_X (N: the columns outside G, X: every column with a cross pair)
 few GEMMs per block whatever the number of pairs.
 
 Memory: the route holds 8·n²·(|G| + 1) bytes of Grams (one more while one is U-centred) and the
-8·(Σ_N p)·(Σ_X p) of Z_NᵀZ_X, both independent of ``memory_budget`` (which sizes the Gram panels:
-rows read per pass). Only the k whose total stays within ``max_memory`` (default 8 GiB, as the
-other exact measures' held columns) are considered; when none does, the run is refused naming what
+8·(Σ_N p)·(Σ_X p) of Z_NᵀZ_X, both independent of ``panel_bytes`` (which sizes the Gram panels:
+rows read per pass). Only the k whose total stays within ``max_bytes`` (the run's memory budget,
+``--memory-budget``, default 8 GiB, as the other exact measures' held columns; the panels take 1/16 of
+it, at most 512 MiB: :mod:`repsim.engine.options`) are considered; when none does, the run is refused naming what
 to do (``--spatial mean``, fewer layers, or the minibatch estimator), before anything is read.
 """
 from __future__ import annotations
@@ -78,7 +79,7 @@ def choose_gram_columns(widths: Sequence[int], n: int, max_bytes: int | None = N
         raise ValueError(
             f"exact CKA would hold at least {need / 2**30:.1f} GiB ({len(widths)} columns, n = {n}: n × n float64 "
             f"Grams or a Σp × Σp cross-covariance) over the limit of {max_bytes / 2**30:.1f} GiB: pool conv maps "
-            "(--spatial mean), compare fewer layers, raise --max-memory, or use --method minibatch (the paper's "
+            "(--spatial mean), compare fewer layers, raise --memory-budget, or use --method minibatch (the paper's "
             "estimator, memory independent of n)")
     return sorted(order[:best_k])
 
@@ -98,18 +99,19 @@ def _center_gram(K: np.ndarray) -> np.ndarray:
 
 
 def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: bool, spatial: str, xp: Any = np,
-              memory_budget: int = 512 * 2**20, max_memory: int = 8 * 2**30, prefetch: int = 2, threads: int = 2,
+              panel_bytes: int = 512 * 2**20, max_bytes: int = 8 * 2**30, prefetch: int = 2, threads: int = 2,
               progress: bool | None = None) -> tuple[np.ndarray, dict[str, Any]]:
     """Return ``(values (L, L), meta)`` — meta records the route of every pair and the pass count.
-    ``memory_budget`` sizes the Gram panels (rows per pass); ``max_memory`` bounds what the routes hold
-    (module docstring, "Memory")."""
+    ``panel_bytes`` sizes the Gram panels (rows per pass); ``max_bytes`` bounds what the routes hold
+    (module docstring, "Memory"). Both come from the run's memory budget
+    (:class:`repsim.engine.options.StreamOptions`: the budget itself and its :func:`~repsim.engine.options.panel_bytes`)."""
     from repsim.engine.blocks import MIN_BATCH
 
     if debiased and n < MIN_BATCH:
         raise ValueError(f"debiased CKA needs n >= {MIN_BATCH}, stores have {n}")
     L = len(columns)
     widths = [c.features_after(spatial) for c in columns]
-    routes = choose_routes(widths, n, max_memory)
+    routes = choose_routes(widths, n, max_bytes)
     cross_pairs = [pair for pair, r in routes.items() if r == "cross"]
     gram_cols = sorted({k for pair, r in routes.items() if r == "gram" for k in pair})
     gram_set = set(gram_cols)
@@ -119,9 +121,9 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
     passes = 0
     row_bytes = 8 * sum(widths[k] for k in gram_cols)
     gram_bytes = 8 * n * n * len(gram_cols)
-    # (the Grams are bounded by max_memory; subtracting them from the panel budget left one block per
+    # (the Grams are bounded by max_bytes; subtracting them from the panel budget left one block per
     # panel once they passed it, and ⌈n / block_rows⌉ passes)
-    panel_blocks = max(1, int(memory_budget // max(1, row_bytes * block_rows)))
+    panel_blocks = max(1, int(panel_bytes // max(1, row_bytes * block_rows)))
     panels = range(0, n_blocks, panel_blocks) if gram_cols else range(0)
     bar = progress_bar((n_blocks if cross_cols else 0) + sum(n_blocks - p0 for p0 in panels), "exact cka", progress,
                        unit="block")

@@ -6,10 +6,10 @@ every other such column (each chunk once).  A wider column is held as the n × n
 shifted by the first block's mean m, (X − 1mᵀ)(X − 1mᵀ)ᵀ (float64 products of float64-cast rows; an
 uncentred X Xᵀ of rows far from the origin cancels most of its digits when centred), with the shifted
 rows' sums and (X − 1mᵀ) m (:class:`~repsim.kernels.measures.FullColumn`), formed panel by panel like the Gram
-route of :mod:`repsim.engine.exact`: the rows of a panel (as many blocks as ``memory_budget`` allows)
+route of :mod:`repsim.engine.exact`: the rows of a panel (as many blocks as ``panel_bytes`` allows)
 times every later block, so ⌈n / panel⌉ reads of that column and never a p × p matrix.  What is held
-is n · min(p, n) float64 per column; more than ``max_bytes`` in all is refused with one line
-naming what to do.
+is n · min(p, n) float64 per column; more than ``max_bytes`` in all (the run's memory budget,
+:mod:`repsim.engine.options`) is refused with one line naming what to do.
 """
 from __future__ import annotations
 
@@ -37,11 +37,11 @@ def _narrow(columns: Sequence[Column], names: Sequence[str], n: int, block_rows:
     return [FullColumn(name, R.shape[1], rows=R, source_eps=source_eps(c.dtype)) for name, R, c in zip(names, rows, columns)]
 
 
-def _wide(column: Column, name: str, n: int, block_rows: int, spatial: str, memory_budget: int,
+def _wide(column: Column, name: str, n: int, block_rows: int, spatial: str, panel_bytes: int,
           prefetch: int, threads: int, bar: Any) -> FullColumn:
     p = column.features_after(spatial)
     n_blocks = -(-n // block_rows)
-    panel_blocks = max(1, int(memory_budget // max(1, 8 * p * block_rows)))
+    panel_blocks = max(1, int(panel_bytes // max(1, 8 * p * block_rows)))
     G = np.zeros((n, n))
     sums, dots, dots_c = np.zeros(n), np.zeros(n), np.zeros(n)
     m = None  # the shift: the first block's mean
@@ -72,7 +72,7 @@ def _wide(column: Column, name: str, n: int, block_rows: int, spatial: str, memo
                       source_eps=source_eps(column.dtype))
 
 
-def full_columns(columns: Sequence[Column], n: int, block_rows: int, *, spatial: str, memory_budget: int,
+def full_columns(columns: Sequence[Column], n: int, block_rows: int, *, spatial: str, panel_bytes: int,
                  max_bytes: int, prefetch: int = 2, threads: int = 2, bar: Any) -> list[FullColumn]:
     """Every column as a :class:`FullColumn` (module docstring), in ``columns`` order."""
     need = held_bytes(columns, n, spatial)
@@ -83,7 +83,7 @@ def full_columns(columns: Sequence[Column], n: int, block_rows: int, *, spatial:
         raise ValueError(
             f"the exact measures would hold {need / 2**30:.1f} GiB (n · min(p, n) float64 per column, "
             f"{len(columns)} columns, n = {n}) over the limit of {max_bytes / 2**30:.1f} GiB: pool conv maps "
-            f"(--spatial mean), compare fewer layers, raise --max-memory, or use the minibatch measures ({minibatch})")
+            f"(--spatial mean), compare fewer layers, raise --memory-budget, or use the minibatch measures ({minibatch})")
     names = [f"{c.store}/{c.layer}" for c in columns]
     narrow = [k for k, c in enumerate(columns) if c.features_after(spatial) <= n]
     out: list[FullColumn | None] = [None] * len(columns)
@@ -93,7 +93,7 @@ def full_columns(columns: Sequence[Column], n: int, block_rows: int, *, spatial:
             out[k] = col
     for k, c in enumerate(columns):
         if out[k] is None:
-            out[k] = _wide(c, names[k], n, block_rows, spatial, memory_budget, prefetch, threads, bar)
+            out[k] = _wide(c, names[k], n, block_rows, spatial, panel_bytes, prefetch, threads, bar)
     for col in out:
         if col.rows is not None and not np.all(np.isfinite(col.rows)) or \
                 col.gram is not None and not np.all(np.isfinite(col.gram)):
@@ -101,13 +101,13 @@ def full_columns(columns: Sequence[Column], n: int, block_rows: int, *, spatial:
     return out  # type: ignore[return-value]
 
 
-def read_passes(columns: Sequence[Column], n: int, block_rows: int, spatial: str, memory_budget: int) -> int:
+def read_passes(columns: Sequence[Column], n: int, block_rows: int, spatial: str, panel_bytes: int) -> int:
     """Blocks read by :func:`full_columns` (the progress bar's total)."""
     n_blocks = -(-n // block_rows)
     total = n_blocks if any(c.features_after(spatial) <= n for c in columns) else 0
     for c in columns:
         p = c.features_after(spatial)
         if p > n:
-            panel = max(1, int(memory_budget // max(1, 8 * p * block_rows)))
+            panel = max(1, int(panel_bytes // max(1, 8 * p * block_rows)))
             total += sum(n_blocks - p0 for p0 in range(0, n_blocks, panel))
     return total

@@ -34,7 +34,7 @@ import json
 import os
 import sys
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -44,10 +44,11 @@ from repsim.engine.blocks import (PLAN_VERSION, BatchPlan, BlockReader, Column, 
                                   progress_bar, resolve_columns, store_location)
 from repsim.engine.checkpoint import Checkpoint
 from repsim.engine.grams import REDUCE_FACTOR, centred_gram, gram_dtype
+from repsim.engine.options import StreamOptions, read_ahead_bytes
 from repsim.engine.result import CKAResult, SimilarityResult, _json_default
 from repsim.engine.similarity import report_undefined as _report_undefined
-from repsim.engine.scheduler import (array_module, device_name, get_client, reader_threads, run_tasks, spec_threads,
-                                     task_threads)
+from repsim.engine.scheduler import (array_module, device_name, get_client, reader_threads, run_tasks, scheduled,
+                                     spec_threads, task_threads)
 from repsim.engine.device_decode import device_decoder
 from repsim.engine.upload import DeviceUploader, HeldUploads
 
@@ -230,7 +231,8 @@ def split_states(measures: Sequence[Any], state: dict[str, Any]) -> list[Any]:
     return out
 
 
-AHEAD_BYTES = 512 << 20  # reduced columns the host readers may hold ahead of the batch being updated
+AHEAD_BYTES = 512 << 20  # reduced columns the host readers may hold ahead (default; spec["ahead_bytes"]:
+# engine.options.read_ahead_bytes of the run's memory budget, which is this at the default budget)
 
 
 def _read_ahead(columns: Sequence[Column], groups: Sequence[Any], spec: dict[str, Any]) -> int:
@@ -239,14 +241,15 @@ def _read_ahead(columns: Sequence[Column], groups: Sequence[Any], spec: dict[str
     float64 per batch, an upper bound) — so that the reader threads go on with the next group's
     columns while ``MinibatchCKA.update`` runs on the last one's, instead of idling once a few
     loads are queued (a third of ``repsim cka``'s time on the 18-network digits heatmap,
-    bench/heatmap18.py).  Peak memory grows by at most that budget."""
+    bench/heatmap18.py).  Peak memory grows by at most that budget (``spec["ahead_bytes"]``, from the run's
+    ``memory_budget``: :func:`repsim.engine.options.read_ahead_bytes`)."""
     floor = max(int(spec["prefetch"]), 4 * int(spec["threads"]))
     if not groups:
         return floor
     rows = max(sum(len(r) for r in g.batches) for g in groups)
     b = max(len(r) for g in groups for r in g.batches)
     unit = max(rows * min(c.features_after(spec["spatial"]), REDUCE_FACTOR * b) * 8 for c in columns)
-    return max(floor, int(AHEAD_BYTES // max(unit, 1)))
+    return max(floor, int(spec.get("ahead_bytes", AHEAD_BYTES) // max(unit, 1)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -274,11 +277,12 @@ def _provenance(stores: Sequence[Any], names: Sequence[str], columns: Sequence[C
 
 def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: int = 10, seed: int = 0,
                shuffle: bool | str = True, spatial: str = "flatten", debiased: bool = True, *,
-               method: str = "minibatch", shuffle_window: int | None = None, device: Any = "cpu",
+               method: str = "minibatch", shuffle_window: int | None = None,
                checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
-               progress: bool | None = None, prefetch: int = 2, threads: int | None = None,
-               memory_budget: int = 512 * 2**20, max_memory: int = 8 * 2**30, compute_dtype: str | None = None,
-               allow_mixed_datasets: bool = False) -> CKAResult:
+               allow_mixed_datasets: bool = False, stream: StreamOptions | None = None,
+               device: Any = None, progress: bool | None = None, prefetch: int | None = None,
+               threads: int | None = None, memory_budget: int | None = None, max_memory: int | None = None,
+               compute_dtype: str | None = None) -> CKAResult:
     """CKA between every (store, layer) column and every other, streamed from activation stores.
 
     Default ``debiased=True``: the paper's debiased linear CKA (unbiased HSIC₁), as every linear-CKA
@@ -297,15 +301,20 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     ``spatial``: "flatten" (paper) or "mean" (pool conv maps first).
     ``method``: "minibatch" (paper §3.2) or "exact" (full-data linear CKA, biased or debiased, in
     float64 NumPy in this process; :mod:`repsim.engine.exact`; ``batch_size``/``epochs``/
-    ``shuffle`` unused, ``memory_budget`` sizes its Gram panels, ``max_memory`` bounds its n × n Grams
-    and cross-covariances: beyond it the run is refused before anything is read).
-    ``device``: "cpu" (NumPy) or "cuda" (CuPy: blocks are copied to the GPU in the stored dtype and
-    the kernels run there, float32 Grams with float64 sums) — or an array-API namespace.
+    ``shuffle`` unused; its n × n Grams and cross-covariances are held within the memory budget:
+    beyond it the run is refused before anything is read).
     ``checkpoint``: path of a resumable checkpoint, written atomically after each segment of
     ``checkpoint_every`` batches (the last one included, so a rerun returns at once; the CLI
     deletes it once the output is written).  A checkpoint whose stores were replaced since it was
     written (same paths, other :attr:`~repsim.store.reader.ActivationStore.identity`) raises
     :class:`~repsim.engine.checkpoint.StaleCheckpointError` rather than mix their data.
+
+    ``stream``: how the run streams (:class:`repsim.engine.options.StreamOptions`: device, reader
+    threads, read-ahead, memory budget, Gram precision, progress, scheduler); the keyword arguments
+    after it fill the same object, over ``stream``'s fields:
+    ``device``: "cpu" (NumPy, default), "cuda" (CuPy: blocks are copied to the GPU in the stored dtype
+    and the kernels run there, float32 Grams with float64 sums), "auto" (cuda when a GPU and CuPy are
+    usable, else cpu) — or an array-API namespace.
     ``prefetch``/``threads``: reads in flight / reader threads (on the CPU the reader threads also
     cast and reduce wide columns to centred Grams, so ``threads`` is the compute parallelism as well;
     on a device they decode and upload, :mod:`repsim.engine.upload`).  ``threads=None``: 2 on the
@@ -314,31 +323,38 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     (default) picks float32 for float16/float32 columns and float64 for float64 ones on every
     device (:func:`repsim.array_api.gram_dtype`, the error bound of ``repsim.kernels.hsic``); centring
     means, slab sums, U-centring and HSIC sums are float64 either way.
-    Tasks run here, or on the ``dask.distributed`` cluster set by :func:`repsim.set_scheduler`.
+    ``max_memory``: the memory budget in bytes (``StreamOptions.memory_budget``; default 8 GiB);
+    ``memory_budget``: its former spelling here, the exact estimators' read panel in bytes
+    (``StreamOptions.panel_bytes``; default 1/16 of the budget, at most 512 MiB).
+    Tasks run here, or on the ``dask.distributed`` cluster set by :func:`repsim.set_scheduler` (or
+    ``stream.scheduler``).
     """
     return similarity_matrix(
         stores, ["linear_cka"], layers, batch_size, epochs, seed, shuffle, spatial, debiased, method=method,
-        shuffle_window=shuffle_window, device=device, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
-        progress=progress, prefetch=prefetch, threads=threads, memory_budget=memory_budget, max_memory=max_memory,
-        compute_dtype=compute_dtype, allow_mixed_datasets=allow_mixed_datasets).as_cka()
+        shuffle_window=shuffle_window, checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+        allow_mixed_datasets=allow_mixed_datasets, stream=stream, device=device, progress=progress,
+        prefetch=prefetch, threads=threads, memory_budget=memory_budget, max_memory=max_memory,
+        compute_dtype=compute_dtype).as_cka()
 
 
 def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka",), layers: Any = None,
                       batch_size: int = 1500, epochs: int = 10, seed: int = 0, shuffle: bool | str = True,
                       spatial: str = "flatten", debiased: bool = True, *, method: str = "minibatch",
-                      options: dict[str, Any] | None = None, shuffle_window: int | None = None, device: Any = "cpu",
+                      options: dict[str, Any] | None = None, shuffle_window: int | None = None,
                       checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
-                      progress: bool | None = None, prefetch: int = 2, threads: int | None = None,
-                      memory_budget: int = 512 * 2**20, max_memory: int = 8 * 2**30,
-                      compute_dtype: str | None = None, allow_mixed_datasets: bool = False,
-                      permutations: int | None = None, alpha: float = 0.05,
-                      null: str = "permutation") -> SimilarityResult:
+                      allow_mixed_datasets: bool = False, permutations: int | None = None, alpha: float = 0.05,
+                      null: str = "permutation", stream: StreamOptions | None = None,
+                      device: Any = None, progress: bool | None = None, prefetch: int | None = None,
+                      threads: int | None = None, memory_budget: int | None = None, max_memory: int | None = None,
+                      compute_dtype: str | None = None) -> SimilarityResult:
     """Every measure of ``measures`` (names of :mod:`repsim.kernels.measures`, or ``"a,b"``) between
     every (store, layer) column and every other, streamed from activation stores.
 
-    Arguments as :func:`cka_matrix` (linear and RBF CKA debiased by default, ``debiased=True``), plus ``options`` (measure options, e.g. ``{"rbf_threshold": 1.0,
-    "knn_k": 10}``; ``debiased`` and ``compute_dtype`` are passed to every measure that takes them)
-    and ``max_memory`` (the exact measures' held columns, :mod:`repsim.engine.full`).
+    Arguments as :func:`cka_matrix` (linear and RBF CKA debiased by default, ``debiased=True``), plus
+    ``options`` (measure options, e.g. ``{"rbf_threshold": 1.0, "knn_k": 10}``; ``debiased`` and
+    ``compute_dtype`` are passed to every measure that takes them). The memory budget
+    (``stream.memory_budget`` or ``max_memory``; default 8 GiB) also bounds the exact measures' held
+    columns (:mod:`repsim.engine.full`).
 
     ``method="minibatch"``: the measures with a minibatch estimator (linear and RBF CKA) share one
     pass per epoch — each chunk read once, each batch's centred Gram formed once per column when a
@@ -360,6 +376,22 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     :meth:`~SimilarityResult.pvalues`, :meth:`~SimilarityResult.threshold` and
     :meth:`~SimilarityResult.calibrated` give them, shaped like :meth:`~SimilarityResult.matrix`.
     """
+    opts = (stream or StreamOptions()).merged(device=device, progress=progress, read_ahead=prefetch, threads=threads,
+                                               panel_bytes=memory_budget, memory_budget=max_memory, dtype=compute_dtype)
+    with scheduled(opts):
+        return _similarity_matrix(stores, measures, layers, batch_size, epochs, seed, shuffle, spatial, debiased,
+                                  method=method, options=options, shuffle_window=shuffle_window,
+                                  checkpoint=checkpoint, checkpoint_every=checkpoint_every,
+                                  allow_mixed_datasets=allow_mixed_datasets, permutations=permutations, alpha=alpha,
+                                  null=null, stream=opts)
+
+
+def _similarity_matrix(stores: Any, measures: Sequence[str] | str, layers: Any, batch_size: int, epochs: int,
+                       seed: int, shuffle: bool | str, spatial: str, debiased: bool, *, method: str,
+                       options: dict[str, Any] | None, shuffle_window: int | None,
+                       checkpoint: str | os.PathLike | None, checkpoint_every: int, allow_mixed_datasets: bool,
+                       permutations: int | None, alpha: float, null: str, stream: StreamOptions) -> SimilarityResult:
+    device, progress, compute_dtype = stream.device, stream.progress, stream.dtype
     from repsim.kernels.measures import check_options, get_measure, parse_measures
 
     names_m = parse_measures(measures)
@@ -370,12 +402,10 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
         raise ValueError(f"spatial must be 'flatten' or 'mean', got {spatial!r}")
     if method not in ("minibatch", "exact"):
         raise ValueError(f"method must be 'minibatch' or 'exact', got {method!r}")
-    if compute_dtype not in (None, "float32", "float64"):
-        raise ValueError(f"compute_dtype must be None, 'float32' or 'float64', got {compute_dtype!r}")
     opened, columns, example_ids = resolve_columns(stores, layers, allow_mixed_datasets=allow_mixed_datasets)
     names = list(dict.fromkeys(c.store for c in columns))
     xp = array_module(device)
-    asked, threads = threads, reader_threads(threads, xp)
+    asked, threads = stream.threads, reader_threads(stream.threads, xp)
     n = int(example_ids.shape[0])
     block_rows = block_rows_for(columns, n)
     meta: dict[str, Any] = {
@@ -421,8 +451,7 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
             from repsim.engine.similarity import exact_measures
 
             values.update(exact_measures(exact, columns, n, block_rows, spatial=spatial, xp=xp,
-                                         memory_budget=memory_budget, max_memory=max_memory, prefetch=prefetch,
-                                         threads=threads, progress=progress, meta=meta, null=null_req,
+                                         stream=replace(stream, threads=threads), meta=meta, null=null_req,
                                          calibration=calibration))
 
     if not mini:
@@ -457,8 +486,10 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     first = plan.batches(0)
     spec = {
         "plan": asdict(plan), "columns": [asdict(c) for c in columns], "device": device_name(xp),
-        "spatial": spatial, "debiased": bool(debiased), "prefetch": int(prefetch), "threads": spec_threads(asked, xp),
-        "compute_dtype": compute_dtype, "measures": [[m.name, m.options] for m in mini], "null": null_req,
+        "spatial": spatial, "debiased": bool(debiased), "prefetch": int(stream.read_ahead),
+        "threads": spec_threads(asked, xp), "compute_dtype": compute_dtype,
+        "measures": [[m.name, m.options] for m in mini], "null": null_req,
+        "ahead_bytes": read_ahead_bytes(stream.budget("similarity")),
     }
     meta.update({
         "batch_size": int(batch_size), "epochs": int(epochs), "seed": int(seed), "shuffle": plan.shuffle,
@@ -498,8 +529,8 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     reader = None
     try:
         if client is None:
-            reader = BlockReader(columns, n, block_rows, spatial=spatial, prefetch=prefetch, threads=threads,
-                                 opened=opened)
+            reader = BlockReader(columns, n, block_rows, spatial=spatial, prefetch=int(stream.read_ahead),
+                                 threads=threads, opened=opened)
             results = run_tasks(lambda e, a, b: _cka_segment(spec, e, a, b, reader=reader, progress=bar.update, xp=xp),
                                 remaining)
         else:

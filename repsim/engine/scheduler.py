@@ -215,6 +215,13 @@ def scheduler(address: Any = None) -> Iterator[Any]:
         _close(owned)
 
 
+def scheduled(stream: Any) -> contextlib.AbstractContextManager:
+    """The scheduler block of a run's :class:`~repsim.engine.options.StreamOptions`: ``scheduler(address)``
+    for its ``scheduler``, else nothing (the client of an enclosing block or :func:`set_scheduler` stays)."""
+    address = getattr(stream, "scheduler", None)
+    return contextlib.nullcontext() if address is None else scheduler(address)
+
+
 def run_tasks(fn: Callable[..., Any], args: Sequence[tuple], *, on_done: Callable[[int, Any], None] | None = None,
               max_in_flight: int | None = None) -> Iterator[tuple[int, Any]]:
     """Run ``fn(*args[i])`` for every i and yield ``(i, result)`` **in index order**.
@@ -463,11 +470,31 @@ CUDA_NEEDS_CUPY = ("device='cuda' needs CuPy, which is not installed: pip instal
                    "driver's CUDA Version)")
 
 
+def cuda_usable() -> bool:
+    """Can the engine run on a GPU here: CuPy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount()) > 0
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all mean "no"
+        return False
+
+
+def resolve_device(device: Any) -> Any:
+    """``"auto"`` -> ``"cuda"`` when :func:`cuda_usable`, else ``"cpu"`` (the ``--device`` default of every
+    command, repsim.commands._args.add_device_option); any other value as it is."""
+    if isinstance(device, str) and device == "auto":
+        return "cuda" if cuda_usable() else "cpu"
+    return device
+
+
 def array_module(device: Any = "cpu") -> Any:
     """The array namespace for ``device``: ``"cpu"``/``None`` -> NumPy, ``"cuda"``/``"gpu"`` -> CuPy
     (through :func:`repsim.array_api.array_namespace`, which fills CuPy <= 13's missing array-API names;
-    clear ImportError naming the extras when CuPy is missing), or an array-API namespace module passed as is
+    clear ImportError naming the extras when CuPy is missing), ``"auto"`` -> CuPy when
+    :func:`cuda_usable`, else NumPy, or an array-API namespace module passed as is
     (e.g. ``array_api_strict``, which the tests use to check that the engine is namespace-agnostic)."""
+    device = resolve_device(device)
     if device is None or device == "cpu":
         import numpy
 
@@ -481,7 +508,7 @@ def array_module(device: Any = "cpu") -> Any:
             # CuPy <= 13 lacks a few array-API names the engine calls (concat, astype, ...):
             # hand out the same filled namespace as its arrays get (repsim.array_api._cupy_namespace)
             return array_namespace(xp=cupy)
-        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+        raise ValueError(f"device must be 'cpu', 'cuda' or 'auto', got {device!r}")
     return device
 
 

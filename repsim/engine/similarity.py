@@ -16,18 +16,21 @@ import numpy as np
 
 from repsim.engine.blocks import Column, progress_bar
 from repsim.engine.full import full_columns, read_passes
+from repsim.engine.options import StreamOptions
 from repsim.kernels.measures import Measure
 from repsim.kernels.measures.exact import exact_matrix
 
+KIND = "similarity"  # the default memory budget of these runs (repsim.engine.options.DEFAULT_BUDGETS)
+
 
 def _linear_cka_exact(measure: Measure, columns: Sequence[Column], n: int, block_rows: int, *, spatial: str,
-                      xp: Any, memory_budget: int, max_memory: int, prefetch: int, threads: int,
-                      progress: bool | None, meta: dict[str, Any]) -> np.ndarray:
+                      xp: Any, stream: StreamOptions, meta: dict[str, Any]) -> np.ndarray:
     from repsim.engine.exact import exact_cka
 
     values, plan_info = exact_cka(columns, n, block_rows, debiased=bool(measure.options["debiased"]),
-                                  spatial=spatial, xp=xp, memory_budget=memory_budget, max_memory=max_memory,
-                                  prefetch=prefetch, threads=threads, progress=progress)
+                                  spatial=spatial, xp=xp, panel_bytes=stream.panel(KIND),
+                                  max_bytes=stream.budget(KIND), prefetch=int(stream.read_ahead),
+                                  threads=int(stream.threads or 2), progress=stream.progress)
     meta.update(plan_info)
     report_undefined(values, columns, meta, measure)
     return values
@@ -72,25 +75,28 @@ def report_pairs(measure: str, pairs: Sequence[tuple[str, str]], meta: dict[str,
 
 
 def exact_measures(measures: Sequence[Measure], columns: Sequence[Column], n: int, block_rows: int, *,
-                   spatial: str, xp: Any, memory_budget: int, max_memory: int, prefetch: int, threads: int,
-                   progress: bool | None, meta: dict[str, Any], null: dict[str, Any] | None = None,
-                   calibration: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
-    """``{measure name: (L, L) values}`` of each measure's exact estimator on the full data.  With a
-    ``null`` (:func:`repsim.engine.calibration.null_request`) every measure runs on held columns (linear
-    CKA too: its nulls are products of the n × n Grams) and ``calibration[name]`` receives its arrays
+                   spatial: str, xp: Any, stream: StreamOptions, meta: dict[str, Any],
+                   null: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None
+                   ) -> dict[str, np.ndarray]:
+    """``{measure name: (L, L) values}`` of each measure's exact estimator on the full data. ``stream``:
+    the run's options (reader threads resolved); its memory budget bounds what the estimators hold, a
+    share of it sizes their read panels (:mod:`repsim.engine.options`).  With a ``null``
+    (:func:`repsim.engine.calibration.null_request`) every measure runs on held columns (linear CKA too:
+    its nulls are products of the n × n Grams) and ``calibration[name]`` receives its arrays
     (:func:`repsim.engine.calibration.exact_calibration`)."""
     out: dict[str, np.ndarray] = {}
+    progress, panel, threads = stream.progress, stream.panel(KIND), int(stream.threads or 2)
     held = [m for m in measures if m.name not in STREAMED_EXACT or null is not None]
     for m in measures:
         if m.name in STREAMED_EXACT and m not in held:
-            out[m.name] = STREAMED_EXACT[m.name](m, columns, n, block_rows, spatial=spatial, xp=xp,
-                                                 memory_budget=memory_budget, max_memory=max_memory,
-                                                 prefetch=prefetch, threads=threads, progress=progress, meta=meta)
+            out[m.name] = STREAMED_EXACT[m.name](m, columns, n, block_rows, spatial=spatial, xp=xp, stream=stream,
+                                                 meta=meta)
     if held:
-        bar = progress_bar(read_passes(columns, n, block_rows, spatial, memory_budget), "read", progress, unit="block")
+        bar = progress_bar(read_passes(columns, n, block_rows, spatial, panel), "read", progress, unit="block")
         try:
-            full = full_columns(columns, n, block_rows, spatial=spatial, memory_budget=memory_budget,
-                                max_bytes=max_memory, prefetch=prefetch, threads=threads, bar=bar)
+            full = full_columns(columns, n, block_rows, spatial=spatial, panel_bytes=panel,
+                                max_bytes=stream.budget(KIND), prefetch=int(stream.read_ahead), threads=threads,
+                                bar=bar)
         finally:
             bar.close()
         for m in held:
