@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "calibrated_matrix": "kernels.measures.exact",
     "CKAResult": "engine.result",
     "set_scheduler": "engine.scheduler",
+    "StreamOptions": "engine.options",
     "layer_metrics": "engine.drivers",
     # probes
     "linear_probe": "probes.linear",

@@ -79,8 +79,8 @@ def bench(tmp_path_factory):
 
 
 def _sets(root):
-    return ["--set", f"imagenet-a={root / 'a'}", "--set", f"imagenet-r={root / 'a'}", "--set", f"imagenet-v2={root / 'v2'}",
-            "--set", f"imagenet-sketch={root / 'sketch'}", "--set", f"imagenet-c={root / 'c'}"]
+    return ["--eval-set", f"imagenet-a={root / 'a'}", "--eval-set", f"imagenet-r={root / 'a'}", "--eval-set", f"imagenet-v2={root / 'v2'}",
+            "--eval-set", f"imagenet-sketch={root / 'sketch'}", "--eval-set", f"imagenet-c={root / 'c'}"]
 
 
 def _brute(ckpt, paths, mask, crop_only):
@@ -165,17 +165,17 @@ def test_robustness_refusals(bench, tmp_path, capsys):
 
     root, rand, _ = bench
     args = ["robustness", "--checkpoint", str(rand), "--out", str(tmp_path / "r.csv"), "--device", "cpu"]
-    assert main(args + ["--set", f"imagenet-v2={root / 'a'}"]) == 2
+    assert main(args + ["--eval-set", f"imagenet-v2={root / 'a'}"]) == 2
     assert "folders must be class indices" in capsys.readouterr().err
-    assert main(args + ["--set", f"imagenet-a={root / 'a'}", "--classes", str(root / "sketch")]) == 2
+    assert main(args + ["--eval-set", f"imagenet-a={root / 'a'}", "--classes", str(root / "sketch")]) == 2
     assert "class list has 2 names but the networks have 1000" in capsys.readouterr().err
-    assert main(args + ["--set", f"imagenet-c={root / 'a'}"]) == 2
+    assert main(args + ["--eval-set", f"imagenet-c={root / 'a'}"]) == 2
     assert "unknown corruption folder" in capsys.readouterr().err
-    assert main(args + ["--set", "imagenet-a"]) == 2
+    assert main(args + ["--eval-set", "imagenet-a"]) == 2
     err = capsys.readouterr().err   # one line through the CLI's one error path
-    assert err.startswith("repsim robustness: error: --set 'imagenet-a': expected NAME=DIR") and err.count("\n") == 1
+    assert err.startswith("repsim robustness: error: --eval-set 'imagenet-a': expected NAME=DIR") and err.count("\n") == 1
     # a --checkpoint pattern that matches nothing names this command's option, not extract's
-    assert main(["robustness", "--checkpoint", str(tmp_path / "none*.pt"), "--set", f"imagenet-a={root / 'a'}",
+    assert main(["robustness", "--checkpoint", str(tmp_path / "none*.pt"), "--eval-set", f"imagenet-a={root / 'a'}",
                  "--out", str(tmp_path / "r.csv"), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("repsim robustness: error: --checkpoint") and "matches no file" in err and "extract" not in err

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from repsim.commands.args import add_deprecated, add_progress_option, show_progress
+
 HELP = "regenerate the paper's figures and tables from stores and results"
 
 
@@ -23,7 +25,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", nargs="+", metavar="ID", default=None,
                         help="render only these items (e.g. fig1 table1 fig2a; fig2a also renders fig2a_<measure>)")
     parser.add_argument("--list", action="store_true", help="list the items and their inputs, then exit")
-    parser.add_argument("--quiet", action="store_true", help="no per-item progress lines")
+    add_progress_option(parser, what="a line per item on stdout as it is rendered")
+    add_deprecated(parser, "--quiet", dest="progress", takes_value=False, const=False, instead="--no-progress")
 
 
 def make_figures(stores: Path | None, results: Path | None, out: Path, *, only=None, progress: bool = True,
@@ -74,7 +77,8 @@ def run(args) -> int:
         unknown = [i for i in args.only if i not in known and not i.startswith(per_measure)]
         if unknown:
             raise ValueError(f"--only: unknown item(s) {', '.join(unknown)}; `repsim figures --list` lists the items")
-    outcomes, report = make_figures(args.stores, args.results, args.out, only=args.only, progress=not args.quiet)
+    outcomes, report = make_figures(args.stores, args.results, args.out, only=args.only,
+                                    progress=show_progress(args.progress))
     failed = [o for o in outcomes if o.status == "failed"]
     done = sum(o.status == "done" for o in outcomes)
     print(f"repsim figures: {done} rendered, {sum(o.status == 'skipped' for o in outcomes)} skipped, "

@@ -19,13 +19,15 @@ from __future__ import annotations
 import argparse
 import sys
 
+from repsim.commands.args import add_progress_option, show_progress
+
 HELP = "top-1/top-5/mean per-class accuracy from stores' logits (accuracy.csv, Table C.1)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("stores", nargs="+", metavar="STORE_OR_GLOB", help="activation stores with logits, or quoted globs")
     parser.add_argument("--out", required=True, metavar="FILE", help="CSV to write (merged by store)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress line per store")
+    add_progress_option(parser, what="a line per store on stderr as it is scored")
     parser.add_argument("--allow-other-classes", action="store_true",
                         help="score the head on a store whose metadata say its labels number other classes than "
                              "the head's outputs (default: refused; a warning says so)")
@@ -74,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from repsim.paths import expand_paths
 
     paths = expand_paths(args.stores, "store")
-    rows = accuracy_rows(paths, progress=not args.no_progress, allow_other_classes=args.allow_other_classes)
+    rows = accuracy_rows(paths, progress=show_progress(args.progress), allow_other_classes=args.allow_other_classes)
     merge_csv(rows, args.out, key=KEYS["accuracy"], unique=True)
     print(f"repsim accuracy: {len(rows)} rows -> {args.out}", file=sys.stderr)
     return 0

@@ -32,7 +32,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from repsim.commands.args import DEFAULT_BUDGET_MIB, add_pairing_flags, non_negative
+from repsim.commands.args import DEFAULT_BUDGET_MIB, add_memory_budget_option, add_pairing_flags
 
 HELP = "NLL and ECE before/after temperature scaling from stores' logits (calibration.csv, Table C.3)"
 
@@ -48,10 +48,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bins", type=int, default=15, help="ECE bins (default 15, Table C.3)")
     add_pairing_flags(parser, "test", "holdout", same_examples_use="on purpose",
                       mixed_datasets_risk="the temperature would be fit on another dataset's labels")
-    parser.add_argument("--memory-budget", type=non_negative, default=DEFAULT_BUDGET_MIB, metavar="MIB",
-                        help="load the logits when their float64 working set (test + holdout rows x classes x 32 "
-                             "bytes) fits in MIB, else stream them chunk by chunk (the same numbers up to "
-                             f"summation order, peak memory flat in n); default {DEFAULT_BUDGET_MIB}, 0: always stream")
+    add_memory_budget_option(parser, default=DEFAULT_BUDGET_MIB * 2**20,
+                             bounds="the logits are loaded when their float64 working set (test + holdout rows x "
+                                    "classes x 32 bytes) fits, else streamed chunk by chunk (the same numbers up to "
+                                    "summation order, peak memory flat in n; 0: always stream)")
     parser.add_argument("--out", default="calibration.csv", help="CSV to write (default calibration.csv)")
 
 
@@ -62,7 +62,7 @@ def kind_for(objective: str | None) -> str:
 
 def run(args) -> int:
     rows, path = write_calibration(args.test, args.holdout, args.out, kind=args.kind, bins=args.bins,
-                                   same_examples=args.same_examples, memory_budget=args.memory_budget,
+                                   same_examples=args.same_examples, memory_budget=args.memory_budget / 2**20,
                                    allow_mixed_datasets=args.allow_mixed_datasets,
                                    allow_other_classes=args.allow_other_classes)
     print(f"repsim calibrate: {len(rows)} rows -> {path}", file=sys.stderr)
@@ -70,16 +70,18 @@ def run(args) -> int:
 
 
 def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto", bins: int = 15,
-                      same_examples: bool = False, memory_budget: float = DEFAULT_BUDGET_MIB,
+                      same_examples: bool = False, memory_budget: float | str = DEFAULT_BUDGET_MIB,
                       allow_mixed_datasets: bool = False, allow_other_classes: bool = False) -> tuple[list[dict], str]:
     """What `repsim calibrate` does, as a library call: one calibration.csv row per (test, holdout) pair
     of stores, written to ``out``; returns the rows and the path. Each pair is checked by
     ``repsim.store.pairing.check_pair`` (one network, one dataset unless ``allow_mixed_datasets``,
     different examples unless ``same_examples``), each store by ``check_label_space`` (its labels are the
-    head's classes, unless ``allow_other_classes``). Bad input raises ValueError."""
+    head's classes, unless ``allow_other_classes``). ``memory_budget``: MiB, or a size with units such as
+    ``"4GiB"`` (``--memory-budget``). Bad input raises ValueError."""
     import numpy as np
 
     from repsim.engine.drivers import merge_csv
+    from repsim.engine.options import parse_size
     from repsim.probes.rows import Rows
     from repsim.probes.calibration import calibration_report, calibration_report_rows, temperature_at_bound
     from repsim.results import KEYS, conform
@@ -92,6 +94,7 @@ def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto
         raise ValueError(f"{len(test)} test stores but {len(holdout)} holdout stores; they are paired in order")
     if bins < 1:
         raise ValueError(f"--bins must be >= 1, got {bins}")
+    budget = parse_size(memory_budget)  # bytes
     rows = []
     for te_path, ho_path in zip(test, holdout):
         te, ho = open_store(te_path), open_store(ho_path)
@@ -108,7 +111,7 @@ def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto
         # each store's values are checked on their own, so an error names the store that holds them
         y, yh = np.asarray(te.labels), np.asarray(ho.labels)
         k = int(te.zarr_array("/logits").shape[1])
-        in_memory = (te.n + ho.n) * k * 32 <= memory_budget * 2**20
+        in_memory = (te.n + ho.n) * k * 32 <= budget
         try:
             if in_memory:
                 z = require_finite(te.logits.compute(), te, "logits")

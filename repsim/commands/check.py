@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from repsim.commands.args import add_progress_option
 from repsim.store.check import ArrayReport, check_stores
 
 HELP = "validate activation stores: schema, checksums, completeness, alignment, NaN/Inf"
@@ -28,8 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--allow-mixed-datasets", action="store_true",
                         help="with --compare: do not report stores whose dataset name/split differ from the first "
                              "store's (they hold the same examples in the same order)")
-    parser.add_argument("--no-progress", dest="progress", action="store_false", default=None,
-                        help="no progress bar (default: shown when stderr is a terminal)")
+    add_progress_option(parser)
 
 
 def _size(nbytes: int) -> str:

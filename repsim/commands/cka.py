@@ -6,14 +6,21 @@ import os
 import sys
 
 from repsim.commands.main import CommandError
-from repsim.commands.args import non_negative, positive, positive_float
-from repsim.commands._stream import add_store_arguments, layers_arg, progress_arg
+from repsim.commands.args import add_deprecated, gib_to_bytes, non_negative, positive
+from repsim.commands._stream import PAIRS_MEMORY, add_store_arguments, layers_arg, stream_options
+from repsim.engine.options import DEFAULT_BUDGETS
 
 HELP = "minibatch CKA between every (store, layer) pair"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_store_arguments(parser, out_help="result file (.npz, CKAResult.save; e.g. cka_resnet50.npz)")
+    add_pair_arguments(parser, out_help="result file (.npz: CKAResult.save, repsim.load_result; e.g. cka_resnet50.npz)")
+
+
+def add_pair_arguments(parser: argparse.ArgumentParser, *, out_help: str) -> None:
+    """The options of `repsim cka` that `repsim similarity` shares: stores, batches, resume, refusals."""
+    add_store_arguments(parser, out_help=out_help, memory_default=DEFAULT_BUDGETS["similarity"],
+                        memory_bounds=PAIRS_MEMORY)
     parser.add_argument("--method", choices=("minibatch", "exact"), default="minibatch",
                         help="minibatch (default, the paper's: unbiased HSIC over batches) or exact (full-data, "
                              "float64; it runs in this process, also with --scheduler)")
@@ -35,12 +42,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-dtype", choices=("float32", "float64"), default=None,
                         help="precision of the batch Grams (default: float32 for float16/float32 layers, "
                              "float64 for float64 ones; centring, slab and HSIC sums are float64 either way)")
-    parser.add_argument("--max-memory", type=positive_float, default=8.0, metavar="GIB",
-                        help="exact estimators: the most they may hold (linear CKA's n x n Grams and "
-                             "cross-covariances; the other measures' columns, n x min(p, n) float64 each); "
-                             "default 8 GiB, beyond it the run is refused before reading")
-    parser.add_argument("--checkpoint", default=None, metavar="FILE",
-                        help="checkpoint for resuming (default: OUT.ckpt.npz next to the output)")
+    add_deprecated(parser, "--max-memory", dest="memory_budget", convert=gib_to_bytes, metavar="GIB",
+                   instead="--memory-budget {value}GiB")
+    # dest "checkpoint": the file the run checkpoints to and resumes from (output_and_checkpoint)
+    parser.add_argument("--resume", dest="checkpoint", default=None, metavar="FILE",
+                        help="the checkpoint an interrupted run resumes from, written as the run goes and removed "
+                             "when it ends (default: OUT.ckpt.npz beside --out; a rerun resumes from it by itself)")
+    add_deprecated(parser, "--checkpoint", dest="checkpoint", metavar="FILE", instead="--resume {value}")
     parser.add_argument("--checkpoint-every", type=positive, default=8, metavar="BATCHES",
                         help="batches per checkpointed segment (default 8)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
@@ -68,18 +76,14 @@ def output_and_checkpoint(args: argparse.Namespace) -> tuple[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     from repsim.engine.minibatch import cka_matrix
-    from repsim.engine.scheduler import scheduler
 
     out, ckpt = output_and_checkpoint(args)
-    with scheduler(args.scheduler):
-        result = cka_matrix(args.stores, layers=layers_arg(args.layers), batch_size=args.batch_size,
-                            epochs=args.epochs, seed=args.seed, shuffle=args.shuffle, spatial=args.spatial,
-                            debiased=not args.biased, method=args.method, shuffle_window=args.shuffle_window,
-                            device=args.device, checkpoint=ckpt if args.method == "minibatch" else None,
-                            checkpoint_every=args.checkpoint_every, progress=progress_arg(args),
-                            threads=args.threads, compute_dtype=args.compute_dtype,
-                            max_memory=int(args.max_memory * 2**30),
-                            allow_mixed_datasets=args.allow_mixed_datasets)
+    result = cka_matrix(args.stores, layers=layers_arg(args.layers), batch_size=args.batch_size,
+                        epochs=args.epochs, seed=args.seed, shuffle=args.shuffle, spatial=args.spatial,
+                        debiased=not args.biased, method=args.method, shuffle_window=args.shuffle_window,
+                        checkpoint=ckpt if args.method == "minibatch" else None,
+                        checkpoint_every=args.checkpoint_every, allow_mixed_datasets=args.allow_mixed_datasets,
+                        stream=stream_options(args))
     path = result.save(out)
     if os.path.exists(ckpt):
         os.remove(ckpt)

@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from repsim.fileio import atomic_write
-from repsim.commands.args import DEFAULT_BUDGET_MIB, add_pairing_flags, fraction, non_negative, positive
+from repsim.commands.args import (DEFAULT_BUDGET_MIB, add_memory_budget_option, add_pairing_flags, add_progress_option,
+                                   fraction, non_negative, positive)
 from repsim.results import KEYS, conform
 
 HELP = "transfer probes: linear / kNN (probes.csv), multi-label AUC (multilabel.csv), relearned heads"
@@ -92,18 +93,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_pairing_flags(parser, "training", "test", same_examples_use="a training-set score, on purpose",
                       mixed_datasets_risk="the score would not be a held-out estimate of one task",
                       other_classes_scope="--relearn: ")
-    parser.add_argument("--memory-budget", type=non_negative, default=DEFAULTS["memory_budget"], metavar="MIB",
-                        help="single-label stores: probe in memory when the layer's working set (train + test "
-                             "rows x width x 16 bytes) fits in MIB, else out of core from the stores' chunks, "
-                             "keeping up to MIB/2 of decoded training rows between passes (the same numbers "
-                             "to the solver's tolerance; memory bounded by MIB whatever n); default "
-                             f"{DEFAULT_BUDGET_MIB}, 0: always out of core, nothing kept")
+    add_memory_budget_option(parser, default=DEFAULTS["memory_budget"] * 2**20,
+                             bounds="single-label stores are probed in memory when the layer's working set (train + "
+                                    "test rows x width x 16 bytes) fits, else out of core from the stores' chunks, "
+                                    "keeping up to half of it of decoded training rows between passes (the same "
+                                    "numbers to the solver's tolerance; memory bounded whatever n; 0: always out of "
+                                    "core, nothing kept)")
     parser.add_argument("--seed", type=non_negative, default=DEFAULTS["seed"],
                         help="seed of the validation split and of --relearn's held-out examples (default 0)")
     parser.add_argument("--out", default=".", metavar="FILE.csv|DIR",
                         help="the results CSV (FILE.csv; per-store details go to FILE.json beside it), as for the "
                              "other analysis commands; or a directory for probes.csv / multilabel.csv (default: .)")
-    parser.add_argument("--no-progress", action="store_true", help="no per-store progress lines")
+    add_progress_option(parser, what="the linear probes' λ-sweep bars on stderr")
 
 
 def _meta(store) -> tuple[str, str]:
@@ -127,13 +128,17 @@ def write_probes(train, test=(), *, out=".", relearn: bool = False, progress: bo
     """What `repsim probe` does, as a library call: probe the ``train`` stores (paired in order with the
     ``test`` stores; none with ``relearn``) and merge the rows into ``out`` (a FILE.csv, or a directory for
     probes.csv / multilabel.csv, with their .json details). ``options`` are the command's other flags
-    under their :data:`DEFAULTS` names (``probe=["linear"]``, ``task="cifar10"``, ``layer="pool"``, ...).
+    under their :data:`DEFAULTS` names (``probe=["linear"]``, ``task="cifar10"``, ``layer="pool"``, ...;
+    ``memory_budget``: MiB, or a size with units such as ``"4GiB"``).
     Returns the (probes.csv, multilabel.csv) rows written; bad input raises ValueError."""
     unknown = sorted(set(options) - set(DEFAULTS))
     if unknown:
         raise TypeError(f"write_probes() got unknown option(s) {unknown}; known: {sorted(DEFAULTS)}")
+    from repsim.engine.options import parse_size
+
     args = argparse.Namespace(**{**DEFAULTS, **options}, stores=[], train=list(train), test=list(test),
-                              relearn=relearn, out=str(out), no_progress=not progress)
+                              relearn=relearn, out=str(out), progress=progress)
+    args.memory_budget = parse_size(args.memory_budget)  # MiB (a number) or a size with units -> bytes
     _, _, rows, ml_rows = _probe(args)
     return rows, ml_rows
 
@@ -192,7 +197,7 @@ def _probe(args) -> tuple[Path, Path, list[dict], list[dict]]:
             # the training rows are read once per solver step (linear) or query block (kNN): up to
             # half the budget of them is kept decoded (probes._rows, probes._streamed); test rows are
             # read once or twice and never kept
-            Xtr = Rows.from_store(tr, f"layers/{args.layer}", cache_bytes=cache_bytes(args.memory_budget))
+            Xtr = Rows.from_store(tr, f"layers/{args.layer}", cache_bytes=cache_bytes(args.memory_budget / 2**20))
             Xte = Xtr if args.relearn else Rows.from_store(te, f"layers/{args.layer}")
         else:
             Xtr = _features(tr, args.layer)
@@ -277,7 +282,7 @@ def _fits(args, tr, te) -> bool:
 
     tr._check_layer(args.layer)
     p = int(np.prod(tr.zarr_array(f"layers/{args.layer}").shape[1:], dtype=np.int64))
-    return nbytes_in_memory(tr.n + (te.n if te is not None else 0), p) <= args.memory_budget * 2**20
+    return nbytes_in_memory(tr.n + (te.n if te is not None else 0), p) <= args.memory_budget  # bytes
 
 
 def cache_bytes(budget_mib: float) -> int:
@@ -308,7 +313,7 @@ def _single(args, tr, te, Xtr, Xte, lambdas, common) -> tuple[list[dict], list[d
         if kind == "linear":
             r = (linear_probe_rows if streamed else linear_probe)(
                 Xtr, tr.labels, Xte, te.labels, lambdas=lambdas, val_fraction=args.val_fraction,
-                metric=args.metric, seed=args.seed, progress=not args.no_progress)
+                metric=args.metric, seed=args.seed, progress=args.progress is not False)
         else:
             r = (knn_probe_rows if streamed else knn_probe)(Xtr, tr.labels, Xte, te.labels, ks=args.ks,
                                                              metric=args.metric)
@@ -331,7 +336,8 @@ def _relearn(args, store, X, lambdas, common, task) -> tuple[list[dict], list[di
     from repsim.store.finite import require_finite
 
     kw = dict(head=None if store.has_logits else store.head, per_class=args.per_class, seed=args.seed,
-              lambdas=lambdas, val_fraction=args.val_fraction, metric=args.metric, progress=not args.no_progress)
+              lambdas=lambdas, val_fraction=args.val_fraction, metric=args.metric,
+              progress=args.progress is not False)
     if isinstance(X, Rows):
         r = relearn_head_rows(X, store.labels, logits=Rows.from_store(store, "/logits") if store.has_logits
                               else None, **kw)

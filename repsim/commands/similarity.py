@@ -9,18 +9,40 @@ import sys
 import numpy as np
 
 from repsim.commands.args import int_at_least, positive, positive_float
-from repsim.commands._stream import layers_arg, progress_arg
+from repsim.commands._stream import layers_arg, stream_options
 from repsim.commands import cka as _cka
 
 HELP = "similarity measures (CKA, RBF CKA, CCA family, Procrustes, RSA, mutual kNN, ridge) between every pair"
 
 
+def measure_listing() -> str:
+    """One line per registered measure (repsim.kernels.measures, in their listing order): name, its
+    estimators, range and formula — the epilog of ``repsim similarity --help``."""
+    from repsim.kernels.measures import MEASURES, measure_names
+
+    names = measure_names()
+    width = max(map(len, names))
+    ranges = {name: "[{}, {}]".format(*(f"{v:g}".replace("inf", "∞") for v in MEASURES[name].info.range))
+              for name in names}
+    lines = []
+    for name in names:
+        info = MEASURES[name].info
+        lines.append(f"  {name:<{width}}  {'+'.join(info.estimators):<15}  {ranges[name]:<{max(map(len, ranges.values()))}}"
+                     f"  {info.formula}")
+    return ("measures (--measures; formulas, sources and invariances in docs/measures.md):\n" + "\n".join(lines)
+            + "\n\nminibatch+exact: --method minibatch (default) streams batches, --method exact the full data; "
+              "exact: the full data either way")
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-    _cka.configure(parser)  # the same stores, batches, resume and refusals as `repsim cka`
+    # the same stores, batches, resume and refusals as `repsim cka`
+    _cka.add_pair_arguments(parser, out_help="result file (.npz: SimilarityResult.save, repsim.load_result; one "
+                                             "L x L matrix per measure; e.g. similarity_resnet50.npz)")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter  # the measure listing keeps its lines
+    parser.epilog = measure_listing()
     parser.add_argument("--measures", default="linear_cka", metavar="A,B,...",
-                        help="comma-separated measures (default linear_cka; the registered measures, listed in "
-                             "docs/measures.md and in the error for an unknown name; --scheduler distributes the "
-                             "minibatch pass only: the exact estimators run in this process)")
+                        help="comma-separated measures, listed below (default linear_cka; --scheduler "
+                             "distributes the minibatch pass only: the exact estimators run in this process)")
     parser.add_argument("--rbf-threshold", type=positive_float, default=1.0, metavar="T",
                         help="rbf_cka: sigma^2 = T^2 x median squared distance (default 1.0)")
     parser.add_argument("--knn-k", type=positive, default=10, metavar="K", help="mutual_knn: neighbours (default 10)")
@@ -53,7 +75,6 @@ def _alpha(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from repsim.engine.minibatch import similarity_matrix
-    from repsim.engine.scheduler import scheduler
     from repsim.kernels.measures import parse_measures
 
     measures = parse_measures(args.measures)  # an unknown name is refused before any store is opened
@@ -65,16 +86,14 @@ def run(args: argparse.Namespace) -> int:
     out, ckpt = _cka.output_and_checkpoint(args)
     options = {"rbf_threshold": args.rbf_threshold, "knn_k": args.knn_k, "rsa_max_rows": args.rsa_max_rows,
                "rsa_seed": args.seed, "ridge_folds": args.ridge_folds, "ridge_seed": args.seed}
-    with scheduler(args.scheduler):
-        result = similarity_matrix(args.stores, measures, layers=layers_arg(args.layers),
-                                   batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
-                                   shuffle=args.shuffle, spatial=args.spatial, debiased=not args.biased,
-                                   method=args.method, options=options, shuffle_window=args.shuffle_window,
-                                   device=args.device, checkpoint=ckpt if args.method == "minibatch" else None,
-                                   checkpoint_every=args.checkpoint_every, progress=progress_arg(args),
-                                   threads=args.threads, max_memory=int(args.max_memory * 2**30),
-                                   compute_dtype=args.compute_dtype, allow_mixed_datasets=args.allow_mixed_datasets,
-                                   permutations=args.permutations, alpha=args.alpha, null=args.null)
+    result = similarity_matrix(args.stores, measures, layers=layers_arg(args.layers),
+                               batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
+                               shuffle=args.shuffle, spatial=args.spatial, debiased=not args.biased,
+                               method=args.method, options=options, shuffle_window=args.shuffle_window,
+                               checkpoint=ckpt if args.method == "minibatch" else None,
+                               checkpoint_every=args.checkpoint_every, allow_mixed_datasets=args.allow_mixed_datasets,
+                               permutations=args.permutations, alpha=args.alpha, null=args.null,
+                               stream=stream_options(args))
     path = result.save(out)
     if os.path.exists(ckpt):
         os.remove(ckpt)

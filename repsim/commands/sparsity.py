@@ -4,23 +4,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from repsim.commands._stream import MERGED_OUT, add_store_arguments, layers_arg, progress_arg
+from repsim.engine.options import DEFAULT_BUDGETS
+from repsim.commands._stream import LAYERS_MEMORY, MERGED_OUT, add_store_arguments, layers_arg, stream_options
 
 HELP = "fraction of non-zero activations by layer, streamed from stores (sparsity.csv)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    add_store_arguments(parser, out_help="CSV: store, objective, seed, layer, nonzero_fraction" + MERGED_OUT)
+    add_store_arguments(parser, out_help="CSV: store, objective, seed, layer, nonzero_fraction" + MERGED_OUT,
+                        memory_default=DEFAULT_BUDGETS["layers"], memory_bounds=LAYERS_MEMORY)
 
 
 def run(args: argparse.Namespace) -> int:
     from repsim.engine.drivers import merge_csv, sparsity_rows
-    from repsim.engine.scheduler import scheduler
     from repsim.results import KEYS
 
-    with scheduler(args.scheduler):
-        rows = sparsity_rows(args.stores, layers_arg(args.layers), device=args.device, progress=progress_arg(args),
-                             threads=args.threads)
+    rows = sparsity_rows(args.stores, layers_arg(args.layers), stream=stream_options(args))
     path = merge_csv(rows, args.out, KEYS["sparsity"], unique=True)
     print(f"repsim sparsity: {len(rows)} rows -> {path}", file=sys.stderr)
     return 0

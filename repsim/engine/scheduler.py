@@ -482,7 +482,7 @@ def cuda_usable() -> bool:
 
 def resolve_device(device: Any) -> Any:
     """``"auto"`` -> ``"cuda"`` when :func:`cuda_usable`, else ``"cpu"`` (the ``--device`` default of every
-    command, repsim.commands._args.add_device_option); any other value as it is."""
+    command, repsim.commands.args.add_device_option); any other value as it is."""
     if isinstance(device, str) and device == "auto":
         return "cuda" if cuda_usable() else "cpu"
     return device

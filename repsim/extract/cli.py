@@ -37,7 +37,8 @@ import os
 import re
 from pathlib import Path
 
-from repsim.commands.args import non_negative, positive
+from repsim.commands.args import add_device_option, add_progress_option, non_negative, positive
+from repsim.train.placement import device_arg
 
 from .specs import is_model_spec
 
@@ -103,7 +104,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="how --jobs > 1 checkpoints run at once: threads of this process (one import and one "
                         "CUDA start for all; default on a GPU) or processes (forked on the CPU, spawned on a GPU; "
                         "default on the CPU, each with its share of the cores)")
-    parser.add_argument("--device", default=None, type=device_arg, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    add_device_option(parser, package="PyTorch", type=device_arg, metavar="DEVICE",
+                      cuda="cuda or cuda:N: that GPU, refused when there is none")
     parser.add_argument("--amp", default="auto", choices=("auto", "off", "float16", "bfloat16"),
                         help="autocast dtype for the forward pass (auto: float16 on CUDA, off on CPU)")
     parser.add_argument("--memory-format", default="auto", choices=("auto", "channels_last", "contiguous"),
@@ -112,27 +114,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace existing stores instead of resuming")
     parser.add_argument("--no-space-check", action="store_true",
                         help="do not refuse when the uncompressed size estimate exceeds the free disk space")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="progress bar (default: when stderr is a terminal)")
-
-
-def device_arg(text: str) -> str:
-    """``--device``: a device torch knows and this machine has (checked before any model is loaded, so a
-    typo or a missing GPU is one line naming the option, not a crash in the middle of the run)."""
-    import torch
-
-    try:
-        dev = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if not count:
-            raise argparse.ArgumentTypeError(f"{text!r}: no CUDA GPU is usable on this machine "
-                                             "(torch.cuda.is_available() is False); use --device cpu")
-        if dev.index is not None and dev.index >= count:
-            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
-    return text
+    add_progress_option(parser)
 
 
 def expand_checkpoints(patterns: list[str], what: str = "extract: --checkpoint") -> list[str]:

@@ -93,7 +93,7 @@ def init_distributed_from_env(device: str | None) -> bool:
     """Initialise torch.distributed when launched by torchrun (WORLD_SIZE > 1). True if we did."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or torch.distributed.is_initialized():
         return False
-    use_cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
+    use_cuda = torch.cuda.is_available() and (device in (None, "auto") or str(device).startswith("cuda"))
     torch.distributed.init_process_group("nccl" if use_cuda else "gloo")
     return True
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from repsim.commands.args import add_device_option, add_progress_option
+
 HELP = "train a network under one of the nine objectives"
 
 
@@ -25,10 +27,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "from this checkpoint's EMA weights; the head is new")
     parser.add_argument("--keep-every", type=int, metavar="K", help="also keep OUT/epoch-EEEE.pt every K epochs "
                         "(training dynamics, Figs. D.2, E.4; same as --set keep_every=K)")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                        help="auto: this process's own GPU when every process on the node has one, else the CPU "
-                             "(one line says so); cuda: refuse to fall back; cpu (default auto)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_device_option(parser, package="PyTorch", choices=("auto", "cuda", "cpu"),
+                      cuda="cuda: this process's own GPU, refused when there is none (auto falls back to the CPU "
+                           "when a process on the node has no GPU of its own, and one line says so)")
+    add_progress_option(parser)
     parser.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("--stop-after-epoch", type=int, metavar="K", help=argparse.SUPPRESS)  # simulate preemption
@@ -69,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from .objectives import make_objective
 
     make_objective(cfg["objective"], 8, 2, **cfg["objective_params"])  # fail fast on bad objective
-    train_run(cfg, args.out, resume=args.resume, progress=not args.no_progress,
+    train_run(cfg, args.out, resume=args.resume, progress=args.progress is not False,
               stop_after_epoch=args.stop_after_epoch, device=args.device)
     return 0
 

@@ -29,6 +29,34 @@ class PlacementError(ValueError):
     """A request that cannot be placed on this machine."""
 
 
+def device_arg(text: str) -> str:
+    """An argparse ``type`` for the ``--device`` of commands that run one process on one device
+    (``repsim extract``, ``robustness``): ``auto`` (cuda when PyTorch sees a GPU, else cpu), or a device
+    torch knows and this machine has — checked before any model is loaded, so a typo or a missing GPU
+    is one line naming the option, not a crash in the middle of the run."""
+    import argparse
+
+    if text == "auto":
+        return text
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise argparse.ArgumentTypeError(f"{text!r}: no CUDA GPU is usable on this machine "
+                                             "(torch.cuda.is_available() is False); use --device cpu or auto")
+        if dev.index is not None and dev.index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
+    return text
+
+
+device_arg.__name__ = "device"
+
+
 @dataclass(frozen=True)
 class Placement:
     """``device``: where the processes run (``"cuda"`` or ``"cpu"``); ``slots``: the environment of each

@@ -278,7 +278,8 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
     out = Path(out)
     old = [] if overwrite else _read_csv(out)
     done = {tuple(r[k] for k in KEYS["robustness"]) for r in old}
-    dev = torch.device(device) if device else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = (torch.device(device) if device not in (None, "auto")
+           else torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     models: dict[int, torch.nn.Module] = {}
     rows = [r for r in old if r.get("metric") in ("top1", "error")]
     for es in plan:

@@ -1,9 +1,9 @@
 """`repsim robustness`: evaluate checkpoints on OOD test sets — ImageNet-V2/-A/-R/-Sketch top-1, ImageNet-C mCE
 (paper App. C.2, Table C.2); the layouts, class masks and transforms are in :mod:`repsim.train.robustness`.
 
-    repsim robustness --checkpoint 'runs/*/best.pt' --set imagenet-v2=/data/imagenetv2-matched-frequency \
-        --set imagenet-a=/data/imagenet-a --set imagenet-r=/data/imagenet-r \
-        --set imagenet-sketch=/data/sketch --set imagenet-c=/data/imagenet-c \
+    repsim robustness --checkpoint 'runs/*/best.pt' --eval-set imagenet-v2=/data/imagenetv2-matched-frequency \
+        --eval-set imagenet-a=/data/imagenet-a --eval-set imagenet-r=/data/imagenet-r \
+        --eval-set imagenet-sketch=/data/sketch --eval-set imagenet-c=/data/imagenet-c \
         [--classes /data/imagenet/train] --out results/robustness.csv
 
 Writes robustness.csv (one row per network × set; ImageNet-C per corruption × severity, with CE and mCE
@@ -14,16 +14,21 @@ from __future__ import annotations
 import argparse
 import sys
 
+from repsim.commands.args import add_deprecated, add_device_option
+
+from .placement import device_arg
+
 HELP = "evaluate checkpoints on ImageNet-V2/A/R/Sketch (top-1) and ImageNet-C (mCE) (robustness.csv)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", action="append", required=True, metavar="CKPT",
                         help="train checkpoint (repeatable; globs expanded)")
-    parser.add_argument("--set", action="append", required=True, metavar="NAME=DIR", dest="sets",
+    parser.add_argument("--eval-set", action="append", default=None, metavar="NAME=DIR", dest="sets",
                         help="an evaluation set: imagenet-v2, imagenet-a, imagenet-r, imagenet-sketch, imagenet-c "
                              "(their own layouts; A and R scored over their 200 classes), or any NAME for a "
-                             "class-folder tree scored over all classes (repeatable)")
+                             "class-folder tree scored over all classes (repeatable; at least one)")
+    add_deprecated(parser, "--set", dest="sets", append=True, metavar="NAME=DIR", instead="--eval-set {value}")
     parser.add_argument("--classes", default=None, metavar="FILE_OR_DIR",
                         help="the networks' class names in logit order: a file (one per line) or an ImageFolder "
                              "root such as ImageNet's train/ (default: the run's training data folders)")
@@ -32,7 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="robustness.csv", help="results CSV (default robustness.csv)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--workers", type=int, default=None, help="DataLoader workers (default min(4, cpus-1))")
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:1 (default: cuda if available)")
+    add_device_option(parser, package="PyTorch", type=device_arg, metavar="DEVICE",
+                      cuda="cuda or cuda:N: that GPU, refused when there is none")
     parser.add_argument("--overwrite", action="store_true", help="re-evaluate everything instead of resuming")
 
 
@@ -44,14 +50,16 @@ def run(args) -> int:
     from repsim.train.robustness import RobustnessError, evaluate
 
     # expected failures raise (RobustnessError, CheckpointError: ValueErrors): one line, exit status 2
+    if not args.sets:
+        raise RobustnessError("robustness: give at least one --eval-set NAME=DIR")
     ckpts = expand_paths(args.checkpoint, "file", "robustness: --checkpoint")
     sets = {}
     for spec in args.sets:
         name, sep, root = spec.partition("=")
         if not sep or not name or not root:
-            raise RobustnessError(f"robustness: --set {spec!r}: expected NAME=DIR")
+            raise RobustnessError(f"robustness: --eval-set {spec!r}: expected NAME=DIR")
         if name in sets:
-            raise RobustnessError(f"robustness: --set {name} given twice")
+            raise RobustnessError(f"robustness: --eval-set {name} given twice")
         sets[name.lower()] = root
     names = []
     for c in ckpts:

@@ -352,10 +352,12 @@ def add_run_arguments(parser) -> None:
     """The options of ``repsim tune`` and ``repsim finetune`` about running the grid."""
     parser.add_argument("--jobs", type=int, default=1, help="training runs at a time (default 1)")
     parser.add_argument("--nproc-per-node", type=int, default=1, help="processes per run (torchrun; default 1)")
-    parser.add_argument("--device", choices=DEVICES, default="auto",
-                        help="where the runs train: auto (the GPUs, shared when jobs outnumber them; the CPU "
-                             "when a run has more processes than there are GPUs, with one line saying so), "
-                             "cuda (refused when that cannot be placed) or cpu (default auto)")
+    from repsim.commands.args import add_device_option
+
+    add_device_option(parser, package="PyTorch", choices=DEVICES,
+                      cuda="cuda: the GPUs, refused when the runs cannot be placed there (the runs share the GPUs "
+                           "when jobs outnumber them; auto takes the CPU when a run has more processes than there "
+                           "are GPUs, and one line says so)")
     parser.add_argument("--keep-checkpoints", action="store_true", help="keep the grid runs' checkpoints")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="config override for every run (as in repsim train)")
