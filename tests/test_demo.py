@@ -14,7 +14,7 @@ pytest.importorskip("torch")  # training and extraction need the [torch] extra
 
 def _demo(out, *extra):
     cmd = [sys.executable, "-m", "repsim", "demo", "--out", str(out), "--objectives", "softmax", "sigmoid",
-           "--seeds", "1", "--epochs", "1", *extra]
+           "--num-seeds", "1", "--epochs", "1", *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # a hang guard; ~100 s on an idle 2-core box
 
 

@@ -37,7 +37,7 @@ def test_fashion_profile_tiny(tmp_path):
     root = _tiny_fashion(tmp_path / "data")
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "repsim", "demo", "--profile", "fashion", "--out", str(out), "--data-root",
-           str(root), "--objectives", "softmax", "sigmoid", "--seeds", "1", "--epochs", "1"]
+           str(root), "--objectives", "softmax", "sigmoid", "--num-seeds", "1", "--epochs", "1"]
     for s in TINY:
         cmd += ["--set", s]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)  # hang guard (slow at high load)

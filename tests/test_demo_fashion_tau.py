@@ -33,7 +33,7 @@ def test_fashion_tau_profile_tiny(tmp_path):
     root = _tiny_fashion(tmp_path / "data")
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "repsim", "demo", "--profile", "fashion-tau", "--out", str(out), "--data-root",
-           str(root), "--objectives", "tau0.05", "tau0.1", "tau0.2", "--seeds", "1", "--epochs", "1"]
+           str(root), "--objectives", "tau0.05", "tau0.1", "tau0.2", "--num-seeds", "1", "--epochs", "1"]
     for s in TINY:
         cmd += ["--set", s]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -16,6 +16,8 @@ import argparse
 import os
 from pathlib import Path
 
+from repsim.commands.args import add_deprecated
+
 HELP = "end-to-end study on a CPU: digits (default) or Fashion-MNIST (--profile fashion)"
 
 
@@ -33,7 +35,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objectives", nargs="+", default=None, choices=[*OBJECTIVES, *settings], metavar="NAME",
                         help="objectives to train (default: all nine); for a profile of settings (fashion-tau: "
                              f"{', '.join(settings)}), the settings to train (default: all)")
-    parser.add_argument("--seeds", type=int, default=None, help="networks per objective (default: the profile's, 2)")
+    parser.add_argument("--num-seeds", dest="seeds", type=int, default=None, metavar="N",
+                        help="networks per objective, seeds 0..N-1 (default: the profile's, 2)")
+    add_deprecated(parser, "--seeds", dest="seeds", convert=int, metavar="N", instead="--num-seeds {value}")
     parser.add_argument("--epochs", type=int, default=None, help="override the presets' epochs (quick runs)")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
                         help="extra `repsim train --set` for every network (e.g. data.train_per_class=100)")
@@ -60,7 +64,7 @@ def run(args) -> int:
         raise ValueError(f"--objectives {' '.join(wrong)}: profile {profile.name} trains {', '.join(profile.run_kinds)}")
     seeds = args.seeds if args.seeds is not None else profile.seeds
     if seeds < 1:
-        raise ValueError("--seeds must be >= 1")
+        raise ValueError("--num-seeds must be >= 1")
     jobs = args.jobs or max(1, min(2, os.cpu_count() or 1))
     out = (args.out or Path("demo-out" if profile.name == "digits" else f"demo-out-{profile.name}")).resolve()
     if args.fresh:

@@ -45,6 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim.engine.blocks import BlockReader, Column, progress_bar
+from repsim.engine.options import format_size
 
 
 def route_bytes(widths: Sequence[int], n: int, k: int) -> int:
@@ -77,8 +78,8 @@ def choose_gram_columns(widths: Sequence[int], n: int, max_bytes: int | None = N
     if best_k is None:
         need = min(route_bytes(widths, n, k) for k in range(len(order) + 1))
         raise ValueError(
-            f"exact CKA would hold at least {need / 2**30:.1f} GiB ({len(widths)} columns, n = {n}: n × n float64 "
-            f"Grams or a Σp × Σp cross-covariance) over the limit of {max_bytes / 2**30:.1f} GiB: pool conv maps "
+            f"exact CKA would hold at least {format_size(need)} ({len(widths)} columns, n = {n}: n × n float64 "
+            f"Grams or a Σp × Σp cross-covariance) over the limit of {format_size(max_bytes)} (--memory-budget): pool conv maps "
             "(--spatial mean), compare fewer layers, raise --memory-budget, or use --method minibatch (the paper's "
             "estimator, memory independent of n)")
     return sorted(order[:best_k])

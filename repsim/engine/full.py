@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim.engine.blocks import BlockReader, Column
+from repsim.engine.options import format_size
 from repsim.kernels.measures import FullColumn, shift_dots, source_eps
 
 
@@ -81,8 +82,8 @@ def full_columns(columns: Sequence[Column], n: int, block_rows: int, *, spatial:
 
         minibatch = ", ".join(m for m in measure_names() if "minibatch" in measure_class(m).info.estimators)
         raise ValueError(
-            f"the exact measures would hold {need / 2**30:.1f} GiB (n · min(p, n) float64 per column, "
-            f"{len(columns)} columns, n = {n}) over the limit of {max_bytes / 2**30:.1f} GiB: pool conv maps "
+            f"the exact measures would hold {format_size(need)} (n · min(p, n) float64 per column, "
+            f"{len(columns)} columns, n = {n}) over the limit of {format_size(max_bytes)} (--memory-budget): pool conv maps "
             f"(--spatial mean), compare fewer layers, raise --memory-budget, or use the minibatch measures ({minibatch})")
     names = [f"{c.store}/{c.layer}" for c in columns]
     narrow = [k for k, c in enumerate(columns) if c.features_after(spatial) <= n]
