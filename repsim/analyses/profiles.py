@@ -129,7 +129,7 @@ FASHION = Profile(
     target_text="the other five classes: trouser, dress, sandal, sneaker, ankle boot (fashion-target)",
     seeds=2, cka_batch=1000, check_data=_check_fashion,
     # the streamed measures only: the exact ones hold every column's full data (n · min(p, n) float64 each,
-    # docs/measures.md "Full columns"), beyond --max-memory on this split's every-block stores
+    # docs/measures.md "Full columns"), beyond --memory-budget on this split's every-block stores
     measures=("linear_cka", "rbf_cka"),
     # 2,000 images per class to fit the probes: with 500, the λ chosen on the 20 % validation split moved
     # linear transfer by up to 1.5 points between validation seeds of one network (search record)
