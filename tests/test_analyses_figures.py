@@ -96,7 +96,7 @@ EXPECTED_WITHOUT_STORES = {"fig1", "table1", "fig2a", "fig2b", "blocks", "fig3",
 def test_figures_from_results_only(tmp_path, capsys):
     res = write_results(tmp_path)
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet"]) == 0
+    assert main(["figures", "--results", str(res), "--out", str(out), "--no-progress"]) == 0
     report = (out / "report.html").read_text()
     from repsim.analyses.items.catalog import ORDER
 
@@ -124,7 +124,7 @@ def test_table1_takes_the_penultimate_layer_and_the_test_split_from_probes_of_se
     other_split = pro.assign(split="holdout", accuracy=0.22)
     pd.concat([other_layer, pro, other_split]).to_csv(res / "probes.csv", index=False)
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--only", "table1", "--quiet"]) == 0
+    assert main(["figures", "--results", str(res), "--out", str(out), "--only", "table1", "--no-progress"]) == 0
     lin = pd.read_csv(out / "table1.csv").query("probe == 'linear'").set_index("objective")
     want = 100 * pro[(pro.probe == "linear") & (pro.task == "taskA") & (pro.objective == "sigmoid")].accuracy.mean()
     assert lin.loc["sigmoid", "taskA"] == pytest.approx(want)
@@ -171,10 +171,10 @@ def test_stores_of_equal_names_are_refused_not_merged(tmp_path, capsys):
                          layer="pool", split="test"))
     pd.DataFrame(rows).to_csv(res / "probes.csv", index=False)
     assert main(["figures", "--stores", str(tmp_path / "stores"), "--results", str(res), "--out",
-                 str(tmp_path / "out"), "--quiet"]) == 2
+                 str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "both named 'tgt'" in err and "cos" in err and "softmax" in err and "\n" not in err.strip()
-    assert main(["figures", "--results", str(res), "--out", str(tmp_path / "out2"), "--quiet"]) == 2
+    assert main(["figures", "--results", str(res), "--out", str(tmp_path / "out2"), "--no-progress"]) == 2
     assert "probes.csv names store 'tgt' for several networks (softmax seed 0, cosine_softmax seed 0)" in capsys.readouterr().err
 
 
@@ -225,7 +225,7 @@ def test_tableC3_caption_names_the_columns_whose_cells_rest_on_one_seed(tmp_path
 def test_table1_bold_rule_and_values(tmp_path):
     res = write_results(tmp_path)
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--only", "table1", "--quiet"]) == 0
+    assert main(["figures", "--results", str(res), "--out", str(out), "--only", "table1", "--no-progress"]) == 0
     num = pd.read_csv(out / "table1.csv")
     lin = num[num["probe"] == "linear"].set_index("objective")
     # means recomputed from the CSV input, in %
@@ -246,7 +246,7 @@ def test_table1_bold_rule_and_values(tmp_path):
 def test_fig5_spearman_in_caption(tmp_path):
     res = write_results(tmp_path)
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--only", "fig5", "--quiet"]) == 0
+    assert main(["figures", "--results", str(res), "--out", str(out), "--only", "fig5", "--no-progress"]) == 0
     report = (out / "report.html").read_text()
     # R² rises and transfer falls with rank: perfect negative rank correlation over 4 objectives
     assert "ρ = -1.000" in report
@@ -256,7 +256,7 @@ def test_missing_inputs_are_skipped_with_a_note(tmp_path):
     res = tmp_path / "empty"
     res.mkdir()
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet"]) == 0
+    assert main(["figures", "--results", str(res), "--out", str(out), "--no-progress"]) == 0
     report = (out / "report.html").read_text()
     assert "probes.csv not found in --results" in report
     assert "no results file of repsim cka or repsim similarity in --results" in report
@@ -267,7 +267,7 @@ def test_partial_inputs(tmp_path):
     res = write_results(tmp_path)
     (res / "training.csv").unlink()
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet", "--only", "fig1", "table1"]) == 0
+    assert main(["figures", "--results", str(res), "--out", str(out), "--no-progress", "--only", "fig1", "table1"]) == 0
     assert not (out / "fig1.png").exists() and (out / "table1.csv").exists()
     md = (out / "table1.md").read_text()
     assert "source accuracy omitted (training.csv not found" in md
@@ -376,7 +376,7 @@ def test_cka_objectives_from_engine_provenance(tmp_path):
                           for s in dict.fromkeys(stores.tolist())}
         np.savez(res / "cka_x.npz", values=z["values"], stores=stores, layers=z["layers"], meta=json.dumps(meta))
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet", "--only", "fig2a", "fig2b"]) == 0
+    assert main(["figures", "--results", str(res), "--out", str(out), "--no-progress", "--only", "fig2a", "fig2b"]) == 0
     assert (out / "fig2a.png").exists() and (out / "fig2b.png").exists()
     assert "4 objectives, 8 stores, seeds 0, 1" in (out / "report.html").read_text()
 

@@ -116,7 +116,7 @@ def test_per_measure_fig2_items(tmp_path):
 
     res = with_measures(tmp_path, rsa=lambda v, _: 2 * v - 1, ridge_r2=by_row_layer)
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet", "--only", "fig2a", "fig2b"]) == 0
+    assert main(["figures", "--results", str(res), "--out", str(out), "--no-progress", "--only", "fig2a", "fig2b"]) == 0
     report = (out / "report.html").read_text()
     for f in ("fig2a", "fig2b", "fig2a_rsa", "fig2b_rsa", "fig2a_ridge_r2", "fig2b_ridge_r2"):
         assert (out / f"{f}.png").stat().st_size > 0 and f"<img src='{f}.png'" in report, f

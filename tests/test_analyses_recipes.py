@@ -78,7 +78,7 @@ def test_table2_means_and_anova_bold(tmp_path):
     res.mkdir()
     df = _finetune_csv(res, np.random.default_rng(0))
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet", "--only", "table2"]) == 0
+    assert main(["figures", "--results", str(res), "--out", str(out), "--no-progress", "--only", "table2"]) == 0
     num = pd.read_csv(out / "table2.csv").set_index("objective")
     for o in ("softmax", "sigmoid", "squared_error"):
         sub = df[df.objective == o]
@@ -143,7 +143,7 @@ def test_figD3_pairs_and_store_selection(tmp_path):
         assert np.allclose(p["cka"], ref, atol=2e-3)  # float16 layers in the store
         assert p["cka"][0] > p["cka"][2]
     out = tmp_path / "out"
-    assert main(["figures", "--stores", str(stores), "--results", str(res), "--out", str(out), "--quiet",
+    assert main(["figures", "--stores", str(stores), "--results", str(res), "--out", str(out), "--no-progress",
                  "--only", "figD3", "fig2a"]) == 0
     assert (out / "figD3.png").exists() and (out / "figD3.pdf").exists()
     report = (out / "report.html").read_text()
@@ -190,7 +190,7 @@ def test_recipe_tables(tmp_path):
            for o, t in (("softmax", 0.936), ("sigmoid", 0.932)) for s in (0, 1) for sp in ("train", "test")]
     pd.DataFrame(acc).to_csv(res / "accuracy.csv", index=False)
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet",
+    assert main(["figures", "--results", str(res), "--out", str(out), "--no-progress",
                  "--only", "tableC1", "tableC4", "tableC5", "tableC6", "tableE3"]) == 0, (out / "report.html").read_text()
 
     c1 = pd.read_csv(out / "tableC1.csv").set_index("objective")

@@ -48,7 +48,7 @@ def rendered(tmp_path_factory):
     root = tmp_path_factory.mktemp("stores")
     res, stores = write_results(root), write_stores(root)
     out = root / "out"
-    rc = main(["figures", "--stores", str(stores), "--results", str(res), "--out", str(out), "--quiet"])
+    rc = main(["figures", "--stores", str(stores), "--results", str(res), "--out", str(out), "--no-progress"])
     return rc, out, (out / "report.html").read_text()
 
 
@@ -102,7 +102,7 @@ def test_dynamics_items_and_final_epoch_only(tmp_path):
         early = df.assign(epoch=1, **{col: df[col] * 0.5})
         pd.concat([df, early]).to_csv(res / f"{name}.csv", index=False)
     out = tmp_path / "out"
-    assert main(["figures", "--results", str(res), "--out", str(out), "--quiet",
+    assert main(["figures", "--results", str(res), "--out", str(out), "--no-progress",
                  "--only", "figD2", "figE4", "table1"]) == 0
     assert (out / "figD2.png").exists() and (out / "figE4.png").exists()
     num = pd.read_csv(out / "table1.csv")
@@ -132,7 +132,7 @@ def test_prediction_figures_with_stores_of_different_class_counts(tmp_path):
         save_store(d / f"{name}.zarr", {"pool": rng.normal(size=(40, 4)).astype(np.float32)}, y, logits=logits,
                    meta={"model": {"objective": obj, "seed": seed}, "dataset": {"name": "toy", "split": "test"}})
     out = tmp_path / "out"
-    assert main(["figures", "--stores", str(d), "--out", str(out), "--only", "figC6", "figC7", "--quiet"]) == 0
+    assert main(["figures", "--stores", str(d), "--out", str(out), "--only", "figC6", "figC7", "--no-progress"]) == 0
     assert (out / "figC6.png").stat().st_size > 0 and (out / "figC7.png").stat().st_size > 0
 
 
@@ -155,7 +155,7 @@ def test_figures_only_an_unknown_item_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--only: unknown item(s) fig99; `repsim figures --list` lists the items" in err
     assert main(["figures", "--results", str(tmp_path), "--out", str(tmp_path / "f"), "--only", "fig2a_rbf_cka",
-                 "--quiet"]) == 0
+                 "--no-progress"]) == 0
 
 
 def test_figE3_reads_the_networks_own_training_set_not_a_transfer_task(tmp_path):

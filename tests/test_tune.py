@@ -141,7 +141,7 @@ def test_finetune_grid_selection_retraining_and_resume(pretrained, tmp_path, cap
     assert main(["cka", *map(str, sorted(stores.glob("*.zarr"))), "--method", "exact", "--out",
                  str(res / "cka_finetune.npz"), "--no-progress"]) == 0
     fig = tmp_path / "fig"
-    assert main(["figures", "--stores", str(stores), "--results", str(res), "--out", str(fig), "--quiet",
+    assert main(["figures", "--stores", str(stores), "--results", str(res), "--out", str(fig), "--no-progress",
                  "--only", "table2", "figD3"]) == 0
     assert (fig / "figD3.png").exists() and (fig / "table2.md").exists()
     assert "digits-target/test" in (fig / "report.html").read_text()
