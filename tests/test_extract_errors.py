@@ -65,7 +65,7 @@ def test_refusals_are_one_line(args, message, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("device, message", [
-    ("bogus", "argument --device: 'bogus' is not a device; use cpu, cuda or cuda:N"),
+    ("bogus", "argument --device: 'bogus' is not a device; use auto, cpu, cuda or cuda:N"),
     pytest.param("cuda", "argument --device: 'cuda': no CUDA GPU is usable on this machine",
                  marks=pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA GPU")),
     ("cuda:99", "argument --device: 'cuda:99'"),
