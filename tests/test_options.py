@@ -214,7 +214,7 @@ def test_stream_options_are_one_frozen_object_and_the_old_keywords_fill_it():
     assert opts.budget("layers") == 2**30 and StreamOptions().budget("layers") == 4 << 30
     assert opts.panel("similarity") == panel_bytes(2**30) == 64 << 20
     assert StreamOptions().panel("similarity") == 512 << 20  # the former constant at the default budget
-    for bad in ({"threads": 0}, {"read_ahead": 0}, {"memory_budget": -1}, {"dtype": "float16"}):
+    for bad in ({"threads": 0}, {"read_ahead": -1}, {"memory_budget": -1}, {"dtype": "float16"}):
         with pytest.raises(ValueError):
             StreamOptions(**bad)
     assert repsim.StreamOptions is StreamOptions
@@ -249,6 +249,10 @@ def test_memory_budget_reaches_the_exact_estimators_grams_and_panels(store, tmp_
     with_python = repsim.cka_matrix(store, method="exact", progress=False,
                                     stream=StreamOptions(memory_budget=parse_size("512KiB")))
     assert with_python.meta["exact_passes"] == passes["512KiB"]
+    # a keyword argument fills the object over stream's field (here the former max_memory=: the budget)
+    keyword = repsim.cka_matrix(store, method="exact", progress=False, max_memory=parse_size("1MiB"),
+                                stream=StreamOptions(memory_budget=parse_size("512KiB")))
+    assert keyword.meta["exact_passes"] == passes["1MiB"]
     capsys.readouterr()
     assert main(["cka", store.path, "--method", "exact", "--memory-budget", "20KiB", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err

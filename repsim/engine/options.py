@@ -102,7 +102,7 @@ class StreamOptions:
     ``device``: ``"cpu"`` (NumPy; the default of the Python API), ``"cuda"`` (CuPy), ``"auto"`` (cuda
     when a GPU and CuPy are usable, else cpu: the command line's default), or an array-API namespace.
     ``threads``: reader threads (None: 2 on the CPU, one per core up to 16 on a device).
-    ``read_ahead``: block reads in flight per reader (the former ``prefetch``), >= 1.
+    ``read_ahead``: reads in flight ahead of the consumer (the former ``prefetch``), >= 0.
     ``memory_budget``: bytes (None: the entry point's default, :data:`DEFAULT_BUDGETS`).
     ``panel_bytes``: the exact estimators' read panel, bytes (None: :func:`panel_bytes` of the budget;
     the former ``memory_budget=`` keyword of ``cka_matrix``/``similarity_matrix`` sets it).
@@ -125,8 +125,8 @@ class StreamOptions:
     def __post_init__(self) -> None:
         if self.threads is not None and int(self.threads) < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
-        if int(self.read_ahead) < 1:
-            raise ValueError(f"read_ahead (prefetch) must be >= 1, got {self.read_ahead}")
+        if int(self.read_ahead) < 0:
+            raise ValueError(f"read_ahead (prefetch) must be >= 0, got {self.read_ahead}")
         for name in ("memory_budget", "panel_bytes"):
             value = getattr(self, name)
             if value is not None and int(value) < 0:
