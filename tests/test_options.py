@@ -29,7 +29,8 @@ NO_PROGRESS = {"runs": "reads a few small CSV/JSON files",
                "robustness": "its per-set log lines are its output",
                "tune": "starts `repsim train` runs (with --no-progress) and prints one line per finished run",
                "finetune": "as tune",
-               "demo": "an orchestrator: one line per finished stage; --verbose streams its processes"}
+               "demo": "an orchestrator: one line per finished stage; --verbose streams its processes",
+               "plot": "draws one figure from one results file"}
 # subcommands that hold data in memory up to a bound
 MEMORY_BOUNDED = {"cka", "similarity", "separation", "sparsity", "collapse", "probe", "calibrate"}
 
@@ -168,6 +169,11 @@ def test_old_spellings_work_with_a_one_line_notice(capsys):
     assert capsys.readouterr().err.count("write --eval-set a=/d1\n") == 1
     assert sub["demo"].parse_args(["--seeds", "3"]).seeds == 3
     assert "write --num-seeds 3" in capsys.readouterr().err
+    old = sub["plot"].parse_args(["r.npz", "--out", "f.png", "--kind", "grid", "--stores", "a", "b"])
+    assert (old.kind, old.stores) == ("grid", ["a", "b"])
+    assert capsys.readouterr().err.splitlines() == [
+        "repsim plot: --kind is deprecated and will be removed; write --layout grid",
+        "repsim plot: --stores is deprecated and will be removed; write --only-stores a b"]
     assert sub["cka"].parse_args(["s.zarr", "--out", "o"]).memory_budget == DEFAULT_BUDGETS["similarity"]
     with pytest.raises(SystemExit):
         sub["cka"].parse_args(["s.zarr", "--out", "o", "--max-memory", "-1"])

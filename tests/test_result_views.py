@@ -215,13 +215,13 @@ def test_repsim_plot_writes_the_figure_and_refuses_in_one_line(tmp_path, capsys)
         out = tmp_path / f"fig.{ext}"
         assert repsim_main(["plot", path, "--out", str(out)]) == 0
         assert out.read_bytes()[:4] == magic
-    assert repsim_main(["plot", path, "--out", str(tmp_path / "g.png"), "--kind", "grid",
-                        "--measure", "ridge_r2", "--stores", "b,a"]) == 0
+    assert repsim_main(["plot", path, "--out", str(tmp_path / "g.png"), "--layout", "grid",
+                        "--measure", "ridge_r2", "--only-stores", "b,a"]) == 0
     capsys.readouterr()
     for argv, message in [
         (["--measure", "cca"], "--measure: cca not in"),
-        (["--stores", "zz"], "unknown store(s) zz; this result's stores: a, b"),
-        (["--kind", "grid", "--measure", "linear_cka", "ridge_r2"], "--kind grid draws one measure"),
+        (["--only-stores", "zz"], "unknown store(s) zz; this result's stores: a, b"),
+        (["--layout", "grid", "--measure", "linear_cka", "ridge_r2"], "--layout grid draws one measure"),
     ]:
         assert repsim_main(["plot", path, "--out", str(tmp_path / "x.png"), *argv]) == 2
         err = capsys.readouterr().err.strip()

@@ -174,19 +174,20 @@ class _Deprecated(argparse.Action):
                 parser.error(f"argument {option_string}: {exc}")
         if self.append:
             value = [*(getattr(namespace, self.dest, None) or []), value]
-        shown = values if isinstance(values, str) else ""
+        shown = values if isinstance(values, str) else " ".join(map(str, values or []))
         print(f"{parser.prog}: {option_string} is deprecated and will be removed; write "
               f"{self.instead.format(value=shown)}", file=sys.stderr)
         setattr(namespace, self.dest, value)
 
 
 def add_deprecated(parser: argparse.ArgumentParser, old: str, *, dest: str, instead: str, takes_value: bool = True,
-                   const=None, convert: Callable | None = None, append: bool = False, metavar: str | None = None) -> None:
+                   const=None, convert: Callable | None = None, append: bool = False, metavar: str | None = None,
+                   nargs: str | None = None) -> None:
     """Accept ``old`` as a deprecated spelling: it sets ``dest`` (to its value, ``convert``ed, or to
     ``const`` when it takes none) and prints ``PROG: OLD is deprecated ...; write INSTEAD`` (``{value}``
     in ``instead``: the value given)."""
     parser.add_argument(old, dest=dest, action=_Deprecated, instead=instead, convert=convert, append=append,
-                        nargs=None if takes_value else 0, const=const, metavar=metavar, default=argparse.SUPPRESS)
+                        nargs=(nargs if takes_value else 0), const=const, metavar=metavar, default=argparse.SUPPRESS)
 
 
 def gib_to_bytes(text: str) -> int:

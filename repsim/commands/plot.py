@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from repsim.commands.args import add_deprecated
+
 HELP = "heatmap of a similarity/CKA results file (every column, or store x store panels) to PNG/PDF/SVG"
 
 FORMATS = (".png", ".pdf", ".svg")
@@ -19,20 +21,30 @@ def _names(values: list[str] | None) -> list[str] | None:
     return out or None
 
 
+def _layout(text: str) -> str:
+    if text not in ("matrix", "grid"):
+        raise ValueError(f"invalid choice {text!r} (choose from 'matrix', 'grid')")
+    return text
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("result", metavar="RESULT.npz", help="results file of `repsim similarity` or `repsim cka`")
     parser.add_argument("--out", required=True, metavar="FIG.png",
                         help="figure file; its extension picks the format (.png, .pdf or .svg); "
                              "an existing file is replaced")
     parser.add_argument("--measure", nargs="+", default=None, metavar="M",
-                        help="measure(s) to draw (default: every measure of the file for --kind matrix, "
-                             "the first for --kind grid)")
-    parser.add_argument("--kind", choices=("matrix", "grid"), default="matrix",
+                        help="measure(s) to draw (default: every measure of the file for --layout matrix, "
+                             "the first for --layout grid)")
+    # --layout, not --kind (calibrate's --kind is how logits become probabilities); --only-stores, not
+    # --stores (figures' --stores is the directory of the stores): one meaning per option name
+    parser.add_argument("--layout", dest="kind", choices=("matrix", "grid"), default="matrix",
                         help="matrix: every (store, layer) column against every other, one panel per measure "
                              "(default); grid: one panel per (store A, store B) pair, layers against layers "
                              "(as the paper's Fig. 2a)")
-    parser.add_argument("--stores", nargs="+", default=None, metavar="NAME",
+    add_deprecated(parser, "--kind", dest="kind", metavar="LAYOUT", convert=_layout, instead="--layout {value}")
+    parser.add_argument("--only-stores", dest="stores", nargs="+", default=None, metavar="NAME",
                         help="only these stores, in this order (names as in the result; default all)")
+    add_deprecated(parser, "--stores", dest="stores", metavar="NAME", nargs="+", instead="--only-stores {value}")
     parser.add_argument("--layers", nargs="+", default=None, metavar="NAME",
                         help="only these layers of every store (default all)")
     parser.add_argument("--title", default=None, help="figure title (default: stores, columns and n)")
@@ -59,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--measure: {', '.join(unknown)} not in {args.result}; it holds: "
                          f"{', '.join(result.measures)}")
     if args.kind == "grid" and measures and len(measures) > 1:
-        raise ValueError("--kind grid draws one measure: give one --measure")
+        raise ValueError("--layout grid draws one measure: give one --measure")
     fig = result.plot(measures, stores=_names(args.stores), layers=_names(args.layers), kind=args.kind,
                       title=args.title)
     with atomic_write(out) as fh:
