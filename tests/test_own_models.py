@@ -120,7 +120,7 @@ def test_figures_over_own_models_draw_heatmaps_and_skip_what_has_no_meaning(own,
     out = own / "figs_all"
     items = ["heatmap", "fig2a", "fig2b", "figC4", "figC5", "figC6", "figC7", "figE1", "figE3"]
     assert repsim_main(["figures", "--stores", str(own / "stores"), "--results", str(own / "results"),
-                        "--out", str(out), "--only", *items]) == 0
+                        "--out", str(out), "--progress", "--only", *items]) == 0  # the per-item lines
     printed = capfd.readouterr()
     assert "No artists with labels" not in printed.out + printed.err
     report = (out / "report.html").read_text()
