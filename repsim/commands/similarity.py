@@ -3,7 +3,6 @@ over the stores (docs/measures.md); `repsim cka` is the same for linear CKA alon
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -62,10 +61,9 @@ def run(args: argparse.Namespace) -> int:
         from repsim.kernels.measures import get_measure
 
         null_request(args.permutations, args.alpha, args.null, args.seed, [get_measure(m) for m in measures], [])
-    out, ckpt = _cka.output_and_checkpoint(args)
     options = {"rbf_threshold": args.rbf_threshold, "knn_k": args.knn_k, "rsa_max_rows": args.rsa_max_rows,
                "rsa_seed": args.seed, "ridge_folds": args.ridge_folds, "ridge_seed": args.seed}
-    with scheduler(args.scheduler):
+    with _cka.claimed_outputs(args) as (out, ckpt), scheduler(args.scheduler):
         result = similarity_matrix(args.stores, measures, layers=layers_arg(args.layers),
                                    batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
                                    shuffle=args.shuffle, spatial=args.spatial, debiased=not args.biased,
@@ -75,9 +73,7 @@ def run(args: argparse.Namespace) -> int:
                                    threads=args.threads, max_memory=int(args.max_memory * 2**30),
                                    compute_dtype=args.compute_dtype, allow_mixed_datasets=args.allow_mixed_datasets,
                                    permutations=args.permutations, alpha=args.alpha, null=args.null)
-    path = result.save(out)
-    if os.path.exists(ckpt):
-        os.remove(ckpt)
+        path = _cka.finish(result, args, out, ckpt)
     L = len(result.index)
     print(f"repsim similarity: {', '.join(result.measures)} ({L}x{L}) over "
           f"{len(dict.fromkeys(s for s, _ in result.index))} store(s), n={result.meta['n']} -> {path}", file=sys.stderr)

@@ -1,0 +1,174 @@
+"""Issue 43, the fourth bad-input and fault audit: results overwritten or deleted by a second run or a
+checkpoint path, runt batches, overflow read as "constant", copied head groups, edited version-1 stores,
+streamed kNN ties, unlabelled splits. Each test reproduces an audit case (its number in the issue) that
+ran silently, lost a file or ended in a traceback before the fix.
+
+Real stores on disk and real subprocesses; the one monkeypatch (item 1) stands in for a file system
+without ``flock`` (some network mounts), where only the create-that-fails protects the output.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import repsim
+from repsim.commands.main import main
+from repsim.store.writer import save_store
+from test_engine_helpers import checkpoint_segments, correlated_layers
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXIT_REFUSED = 2
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+
+
+def _store(path, *, seed=0, n=200, chunk_rows=50, layers=None, **kw):
+    rng = np.random.default_rng(seed)
+    layers = layers or {k: v.astype(np.float32) for k, v in correlated_layers(rng, n, {"f": (24,)}).items()}
+    n = next(iter(layers.values())).shape[0]
+    kw.setdefault("labels", np.arange(n) % 4)
+    kw.setdefault("example_ids", np.arange(n))
+    return save_store(str(path), layers, chunk_rows=chunk_rows, **kw)
+
+
+def _run(capsys, *argv) -> tuple[int, list[str]]:
+    code = main([str(a) for a in argv])
+    return code, [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------------- 1-3. results lost
+
+
+def test_1_a_second_run_with_the_same_out_is_refused_while_the_first_runs(tmp_path, capsys):
+    """Two `similarity` runs with one --out both printed "-> same.npz"; the file held the last finisher's."""
+    _store(tmp_path / "a.zarr", seed=0, n=400, chunk_rows=100)
+    _store(tmp_path / "b.zarr", seed=1, n=400, chunk_rows=100)
+    out = tmp_path / "same.npz"
+    first = [sys.executable, "-m", "repsim", "similarity", str(tmp_path / "a.zarr"), "--batch-size", "100",
+             "--epochs", "300", "--checkpoint-every", "1", "--no-progress", "--out", str(out)]
+    proc = subprocess.Popen(first, env=_env(), stderr=subprocess.PIPE, text=True)
+    ckpt = tmp_path / "same.ckpt.npz"
+    deadline = time.monotonic() + 120  # a hang guard, not a speed check
+    try:
+        while checkpoint_segments(ckpt) < 1:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "hang guard: the first run wrote no checkpoint within 120 s"
+            time.sleep(0.01)
+        code, err = _run(capsys, "similarity", tmp_path / "b.zarr", "--batch-size", "100", "--epochs", "1",
+                         "--no-progress", "--out", out)
+        assert code == EXIT_REFUSED and len(err) == 1, err
+        assert f"--out {out} is being written by another running repsim command" in err[0]
+        # --overwrite does not take a file another run is writing either
+        code, err = _run(capsys, "similarity", tmp_path / "b.zarr", "--epochs", "1", "--no-progress",
+                         "--out", out, "--overwrite", "--checkpoint", tmp_path / "own.ckpt.npz")
+        assert code == EXIT_REFUSED and "is being written by another running repsim command" in err[0], err
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not out.exists()
+
+
+def test_1_a_file_made_by_another_run_since_the_start_is_not_replaced(tmp_path, capsys, monkeypatch):
+    """Where no lock can be taken (a file system without flock), the save is a create that fails: the
+    other run's file stays, this run's result is kept beside it and named."""
+    import repsim._io as io
+    import repsim.engine.minibatch as mb
+
+    monkeypatch.setattr(io, "_try_lock", lambda path: None)
+    _store(tmp_path / "a.zarr", seed=0)
+    out = tmp_path / "same.npz"
+    real = mb.similarity_matrix
+
+    def other_run_finishes_meanwhile(*args, **kw):
+        result = real(*args, **kw)
+        out.write_bytes(b"the other run's result")
+        return result
+
+    monkeypatch.setattr(mb, "similarity_matrix", other_run_finishes_meanwhile)
+    code, err = _run(capsys, "similarity", tmp_path / "a.zarr", "--epochs", "1", "--no-progress", "--out", out)
+    kept = tmp_path / f"same.run-{os.getpid()}.npz"
+    assert code == EXIT_REFUSED and len(err) == 1, err
+    assert f"{out} was written by another run after this one started; this run's result is kept as {kept}" in err[0]
+    assert out.read_bytes() == b"the other run's result"
+    assert repsim.load_result(str(kept)).matrix("linear_cka").shape == (1, 1)
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("spelling", ["res.npz", "res", "sub/../res.npz"])
+def test_2_a_checkpoint_naming_the_output_is_refused_before_work(tmp_path, capsys, overwrite, spelling):
+    """--checkpoint naming --out: the run saved the result, then removed "the checkpoint" — the result."""
+    _store(tmp_path / "a.zarr")
+    out = tmp_path / "res.npz"
+    (tmp_path / "sub").mkdir()
+    if overwrite:
+        out.write_bytes(b"previous result")
+    code, err = _run(capsys, "cka", tmp_path / "a.zarr", "--epochs", "1", "--no-progress", "--out", out,
+                     "--checkpoint", f"{tmp_path}/{spelling}", *(["--overwrite"] if overwrite else []))
+    assert code == EXIT_REFUSED and len(err) == 1, err
+    assert "is the output file itself" in err[0]
+    assert out.read_bytes() == b"previous result" if overwrite else not out.exists()
+
+
+@pytest.mark.parametrize("method", ["minibatch", "exact"])
+def test_3_a_checkpoint_naming_another_results_file_is_refused_and_kept(tmp_path, capsys, method):
+    """--checkpoint naming another result: "ignoring unreadable checkpoint", then overwritten and deleted."""
+    _store(tmp_path / "a.zarr")
+    other = tmp_path / "other.npz"
+    assert main(["cka", str(tmp_path / "a.zarr"), "--epochs", "1", "--no-progress", "--out", str(other)]) == 0
+    before = other.read_bytes()
+    capsys.readouterr()
+    code, err = _run(capsys, "cka", tmp_path / "a.zarr", "--epochs", "1", "--no-progress", "--method", method,
+                     "--out", tmp_path / "new.npz", "--checkpoint", other)
+    assert code == EXIT_REFUSED and len(err) == 1, err
+    assert f"--checkpoint {other} exists and is not a repsim checkpoint" in err[0]
+    assert other.read_bytes() == before and not (tmp_path / "new.npz").exists()
+
+
+def test_3_a_truncated_checkpoint_is_named_in_one_line(tmp_path, capsys):
+    """A truncated checkpoint on rerun: exit 70 and a BadZipFile traceback."""
+    _store(tmp_path / "a.zarr")
+    ckpt = tmp_path / "run.ckpt.npz"
+    argv = ["cka", tmp_path / "a.zarr", "--epochs", "1", "--no-progress", "--checkpoint", ckpt]
+    assert _run(capsys, *argv, "--out", tmp_path / "first.npz")[0] == 0
+    from repsim.engine.checkpoint import Checkpoint
+
+    Checkpoint(ckpt, {"x": 1}).save(1, {"a": np.arange(1000.0)})
+    ckpt.write_bytes(ckpt.read_bytes()[:300])
+    code, err = _run(capsys, *argv, "--out", tmp_path / "second.npz")
+    assert code == EXIT_REFUSED and len(err) == 1, err
+    assert f"{ckpt} cannot be read as a checkpoint (truncated or damaged" in err[0]
+    assert ckpt.stat().st_size == 300
+
+
+def test_3_another_computations_checkpoint_is_refused_not_overwritten(tmp_path, capsys):
+    """A checkpoint of other settings at the named path was "starting over": overwritten, then deleted."""
+    _store(tmp_path / "a.zarr")
+    ckpt = tmp_path / "run.ckpt.npz"
+    from repsim.engine.minibatch import cka_matrix
+
+    cka_matrix([str(tmp_path / "a.zarr")], epochs=1, batch_size=50, checkpoint=ckpt, progress=False)
+    before = ckpt.read_bytes()
+    code, err = _run(capsys, "cka", tmp_path / "a.zarr", "--epochs", "1", "--batch-size", "40", "--no-progress",
+                     "--checkpoint", ckpt, "--out", tmp_path / "r.npz")
+    assert code == EXIT_REFUSED and len(err) == 1, err
+    assert f"checkpoint {ckpt} belongs to a different computation" in err[0]
+    assert ckpt.read_bytes() == before
+
+
+# ------------------------------------------------------------------------- 13. truncated files named
+
+
+def test_13_load_result_names_a_truncated_file(tmp_path):
+    _store(tmp_path / "a.zarr")
+    out = tmp_path / "r.npz"
+    assert main(["cka", str(tmp_path / "a.zarr"), "--epochs", "1", "--no-progress", "--out", str(out)]) == 0
+    out.write_bytes(out.read_bytes()[:200])
+    with pytest.raises(ValueError, match=rf"^{out} is not a readable repsim results file \(truncated or damaged"):
+        repsim.load_result(str(out))
