@@ -172,3 +172,71 @@ def test_13_load_result_names_a_truncated_file(tmp_path):
     out.write_bytes(out.read_bytes()[:200])
     with pytest.raises(ValueError, match=rf"^{out} is not a readable repsim results file \(truncated or damaged"):
         repsim.load_result(str(out))
+
+
+# ------------------------------------------------------------------------------ 4. the batch plan
+
+from hypothesis import given, seed, settings, strategies as st  # noqa: E402
+
+from repsim.engine.blocks import BatchPlan  # noqa: E402
+
+QUARTER = 0.25  # the documented promise: every window batch within a quarter of n / K rows
+
+
+@seed(43)
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(n=st.integers(4, 5000), block=st.integers(1, 1200), b=st.integers(4, 6000), window=st.integers(0, 8000),
+       scheme=st.sampled_from(["window", "examples"]), epoch=st.integers(0, 3))
+def test_4_every_plan_cuts_round_n_over_b_near_equal_batches(n, block, b, window, scheme, epoch):
+    """The documented promise for every n, chunk, batch and window size: K = round(n/b) batches (at
+    least 1, at most n/4), every row once, every batch within a quarter of n/K rows (the "examples"
+    scheme: sizes differ by at most one), and a window batch reads only its own group's blocks."""
+    plan = BatchPlan(n=n, batch_size=b, shuffle=scheme, seed=epoch, block_rows=block, window_rows=window)
+    groups = plan.groups(epoch)
+    batches = [r for g in groups for r in g.batches]
+    k = max(1, min(round(n / b), n // 4))
+    assert len(batches) == k
+    rows = np.concatenate(batches)
+    assert rows.size == n and np.unique(rows).size == n
+    sizes = np.array([r.size for r in batches])
+    assert sizes.min() >= 4
+    if scheme == "examples" or len(groups) == 1:
+        assert sizes.max() - sizes.min() <= 1, sizes
+    else:
+        assert sizes.min() >= (1 - QUARTER) * n / k and sizes.max() <= (1 + QUARTER) * n / k, sizes
+        blocks = np.concatenate([g.blocks for g in groups])
+        assert np.unique(blocks).size == blocks.size == -(-n // block)  # each block read once per epoch
+        for g in groups:
+            assert set(np.unique(np.concatenate(g.batches) // block).tolist()) <= set(g.blocks.tolist())
+
+
+@pytest.mark.parametrize("n,chunk,b,want", [
+    (300, 139, 300, [300]),  # was 22 + 278 rows, weighted alike (CKA 0.5745 against 0.5575)
+    (300, 139, 1500, [300]),
+    (250, 139, 1500, [250]),
+    (130, 64, 1500, [130]),  # last chunk of 2 rows: "batch ... has n = 2 examples" at the defaults
+    (5, 64, 1500, [5]),  # "batch has n = 3"
+    (300, 139, 150, [161, 139]),  # two windows of whole blocks, each batch within a quarter of 150
+])
+def test_4_a_runt_last_chunk_is_merged_not_a_batch_of_its_own(n, chunk, b, want):
+    for epoch in range(4):
+        sizes = sorted((r.size for r in BatchPlan(n=n, batch_size=b, seed=epoch, block_rows=chunk).batches(epoch)),
+                       reverse=True)
+        assert sizes == want
+
+
+def test_4_batch_size_at_least_n_is_one_full_batch_from_the_cli(tmp_path, capsys):
+    """n = 300 in 139-row chunks, --batch-size >= n: the CKA of one full batch (debiased linear CKA)."""
+    rng = np.random.default_rng(4)
+    layers = {k: v.astype(np.float64) for k, v in correlated_layers(rng, 300, {"f": (12,), "g": (9,)}).items()}
+    _store(tmp_path / "a.zarr", layers=layers, chunk_rows=139)
+    out = tmp_path / "r.npz"
+    code, err = _run(capsys, "cka", tmp_path / "a.zarr", "--batch-size", "400", "--no-progress", "--out", out)
+    assert code == 0, err
+    got = repsim.load_result(str(out)).matrix("linear_cka")
+    want = repsim.linear_cka(layers["f"], layers["g"], debiased=True)
+    assert got[0, 1] == pytest.approx(want, rel=1e-9)
+    for n, chunk in ((130, 64), (5, 64)):  # the runts that failed at the defaults
+        _store(tmp_path / f"s{n}.zarr", layers={"f": layers["f"][:n], "g": layers["g"][:n]}, chunk_rows=chunk)
+        code, err = _run(capsys, "cka", tmp_path / f"s{n}.zarr", "--no-progress", "--out", tmp_path / f"s{n}.npz")
+        assert code == 0, err
