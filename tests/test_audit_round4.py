@@ -240,3 +240,91 @@ def test_4_batch_size_at_least_n_is_one_full_batch_from_the_cli(tmp_path, capsys
         _store(tmp_path / f"s{n}.zarr", layers={"f": layers["f"][:n], "g": layers["g"][:n]}, chunk_rows=chunk)
         code, err = _run(capsys, "cka", tmp_path / f"s{n}.zarr", "--no-progress", "--out", tmp_path / f"s{n}.npz")
         assert code == 0, err
+
+
+# ------------------------------------------------------------------------- 5, 10. overflow, bounds
+
+
+def _scaled_store(path, scale, n=300):
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(n, 24))
+    layers = {"f": x * scale, "g": (x[:, :12] + rng.normal(size=(n, 12))) * scale}
+    return _store(path, layers=layers, chunk_rows=100)
+
+
+@pytest.mark.parametrize("method", ["minibatch", "exact"])
+@pytest.mark.parametrize("scale", [1e100, 1e75])
+def test_5_values_whose_hsic_products_overflow_are_named_as_overflow(tmp_path, capsys, scale, method):
+    """float64 values near 1e100 passed the magnitude check (1e150) and overflowed the HSIC products:
+    the minibatch route wrote NaN, exited 0 and called the column constant."""
+    _scaled_store(tmp_path / "big.zarr", scale)
+    out = tmp_path / "r.npz"
+    code, err = _run(capsys, "similarity", tmp_path / "big.zarr", "--method", method, "--measures",
+                     "linear_cka,rbf_cka", "--epochs", "1", "--no-progress", "--out", out)
+    if method == "exact" and scale == 1e75:  # the exact route's cross-covariances hold these: right numbers
+        assert code == 0, err
+        ref = _scaled_store(tmp_path / "one.zarr", 1.0)
+        want = repsim.similarity_matrix([ref], ["linear_cka"], method="exact", progress=False).matrix("linear_cka")
+        np.testing.assert_allclose(repsim.load_result(str(out)).matrix("linear_cka"), want, rtol=1e-9)
+        return
+    assert code == EXIT_REFUSED and len(err) == 1, err
+    assert "overflow" in err[0] and "constant" not in err[0] and "rescale the layer" in err[0]
+    assert not out.exists()
+
+
+def test_5_the_in_memory_accumulator_names_overflow_too():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 16))
+    acc = repsim.MinibatchCKA(2)
+    acc.update([x, x[:, :8]])  # an ordinary batch is fine
+    with pytest.raises(ValueError, match="overflow"):
+        acc.update([x * 1e76, x[:, :8]])
+    from repsim.kernels._precision import max_trace
+
+    # the rule: a centred Gram's trace up to max_trace(n) keeps the HSIC products finite; beyond it refused
+    ok = x * np.sqrt(0.5 * max_trace(64) / np.sum((x - x.mean(0)) ** 2))
+    acc = repsim.MinibatchCKA(2)
+    acc.update([ok, x[:, :8]])
+    assert acc.result()[0, 1] == pytest.approx(_one_batch_cka(x, x[:, :8]), rel=1e-9)  # scale-invariant
+
+
+def _one_batch_cka(x, y):
+    acc = repsim.MinibatchCKA(2)
+    acc.update([x, y])
+    return acc.result()[0, 1]
+
+
+@pytest.mark.parametrize("value", ["1e8", "1e5", "1e-200", "0.01"])
+def test_10_rbf_threshold_outside_what_float64_holds_is_refused_in_one_line(tmp_path, capsys, value):
+    """--rbf-threshold 1e8: every kernel entry rounds to 1 (RBF CKA 0.985-1.0 for layers of linear CKA
+    0.13); 1e-200: ZeroDivisionError, exit 70."""
+    with pytest.raises(SystemExit) as exc:
+        main(["similarity", str(tmp_path / "x.zarr"), "--measures", "rbf_cka", "--rbf-threshold", value])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exc.value.code == EXIT_REFUSED and len(err) == 1, err
+    assert "argument --rbf-threshold: must lie in [0.05, 10000]" in err[0]
+    from repsim.kernels.measures import get_measure
+
+    with pytest.raises(ValueError, match=r"rbf_threshold must lie in \[0.05, 10000\]"):
+        get_measure("rbf_cka", rbf_threshold=float(value))
+
+
+def test_10_the_largest_threshold_allowed_still_has_its_digits():
+    """At t = 1e4 RBF CKA is its t -> inf limit (biased linear CKA: exp(-d/s) = 1 - d/s + ...) to 1e-8;
+    at 1e8, outside the range, float64 had lost it."""
+    from repsim.kernels.measures import get_measure
+    from repsim.kernels.measures.rbf_cka import rbf_gram
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(200, 10))
+    y = x[:, :3] @ rng.normal(size=(3, 8)) + 2 * rng.normal(size=(200, 8))
+    h = np.eye(200) - 1 / 200
+
+    def cka(t):
+        a = h @ rbf_gram((h @ x) @ (h @ x).T, t) @ h
+        b = h @ rbf_gram((h @ y) @ (h @ y).T, t) @ h
+        return np.sum(a * b) / np.sqrt(np.sum(a * a) * np.sum(b * b))
+
+    get_measure("rbf_cka", rbf_threshold=1e4)  # allowed
+    assert cka(1e4) == pytest.approx(repsim.linear_cka(x, y, debiased=False), abs=1e-8)
+    assert abs(cka(1e8) - repsim.linear_cka(x, y, debiased=False)) > 0.05

@@ -20,8 +20,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated measures (default linear_cka; the registered measures, listed in "
                              "docs/measures.md and in the error for an unknown name; --scheduler distributes the "
                              "minibatch pass only: the exact estimators run in this process)")
-    parser.add_argument("--rbf-threshold", type=positive_float, default=1.0, metavar="T",
-                        help="rbf_cka: sigma^2 = T^2 x median squared distance (default 1.0)")
+    parser.add_argument("--rbf-threshold", type=rbf_threshold, default=1.0, metavar="T",
+                        help="rbf_cka: sigma^2 = T^2 x median squared distance (default 1.0; 0.05 to 1e4, beyond "
+                             "which float64 rounds the kernel to 1 or 0)")
     parser.add_argument("--knn-k", type=positive, default=10, metavar="K", help="mutual_knn: neighbours (default 10)")
     parser.add_argument("--rsa-max-rows", type=int_at_least(3), default=2000, metavar="N",
                         help="rsa: above N examples, a seeded subsample of N rows (default 2000; >= 3)")
@@ -48,6 +49,20 @@ def _alpha(text: str) -> float:
     if not 0.0 < value < 1.0:
         raise argparse.ArgumentTypeError(f"alpha must lie in (0, 1), got {text}")
     return value
+
+
+def rbf_threshold(text: str) -> float:
+    """An argparse ``type`` for ``--rbf-threshold``: a number in ``RBF_THRESHOLD_RANGE``, one line else."""
+    from repsim.kernels.measures.rbf_cka import check_threshold
+
+    value = positive_float(text)
+    try:
+        return check_threshold(value, "")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+rbf_threshold.__name__ = "threshold"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -435,22 +435,28 @@ class BatchPlan:
 # reading
 
 
-# |x| beyond this overflows float64 in CKA's sums of squares: (1e150)² · 1e8 terms is still finite
-# (max 1.8e308), while a layer of ~1e160 would overflow and read as "constant" or NaN downstream
-MAX_MAGNITUDE = 1e150
+def magnitude_limit(rows: int) -> float:
+    """The largest |x| a stored value may have for CKA over ``rows`` rows: its square alone must not
+    exceed :func:`repsim.kernels._precision.max_trace` (the trace whose HSIC products float64 can
+    hold; ~4e76 for 300 rows, ~2e75 for a million). Only float64 stores can exceed it."""
+    from repsim.kernels._precision import max_trace
+
+    return math.sqrt(max_trace(rows))
 
 
-def check_magnitude(x: np.ndarray, store: str, layer: str, chunk: int) -> np.ndarray:
-    """``x`` (chunk ``chunk`` of a layer) unchanged; ``ValueError`` naming store, layer and chunk when a
-    float64 value exceeds :data:`MAX_MAGNITUDE` (only float64 can: float32 and float16 stop far
-    below it).  The kernels' own checks would see the overflowed sums as a zero-variance
-    (constant) layer or as NaN, so the cause is named here, where the values are read."""
-    if x.dtype == np.float64 and x.size:
-        big = float(np.max(np.abs(x)))
-        if MAX_MAGNITUDE < big < math.inf:
-            raise ValueError(f"store {store}: layer {layer!r}: chunk {chunk} holds values up to {big:.3g} in "
-                             f"magnitude; their squares overflow float64 (CKA needs |x| <= {MAX_MAGNITUDE:.0e}): "
-                             "rescale the layer")
+def check_magnitude(x: np.ndarray, store: str, layer: str, chunk: int, rows: int) -> np.ndarray:
+    """``x`` (chunk ``chunk`` of a layer read for CKA over ``rows`` rows) unchanged; a ``ValueError``
+    naming store, layer, chunk and the overflow when a value exceeds :func:`magnitude_limit`. The
+    kernels check each batch's sum of squares by the same rule (``_precision.check_products``);
+    this names the chunk, where the values are read."""
+    if x.dtype.kind == "f" and x.size and float(np.finfo(x.dtype).max) > (limit := magnitude_limit(rows)):
+        big = float(max(np.max(x), -np.min(x)))
+        if limit < big < math.inf:
+            from repsim.kernels._precision import ProductOverflow
+
+            raise ProductOverflow(f"store {store}: layer {layer!r}: chunk {chunk} holds values up to {big:.3g} in "
+                                  f"magnitude: overflow: the HSIC products of CKA over {rows} rows hold values up to "
+                                  f"{limit:.2g} in float64; rescale the layer (CKA does not change)")
     return x
 
 
@@ -554,7 +560,7 @@ class BlockReader:
         """Chunks ``first..last`` of column ``c`` through ``ActivationStore.read_chunk``, which
         raises a ``StoreError`` naming store, layer and chunk for a missing or corrupt object."""
         store, layer = self._stores[c], self.columns[c].layer
-        parts = [check_magnitude(np.asarray(store.read_chunk(layer, k)), store.name, layer, k)
+        parts = [check_magnitude(np.asarray(store.read_chunk(layer, k)), store.name, layer, k, self.n)
                  for k in range(first, last + 1)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
