@@ -455,8 +455,8 @@ def check_magnitude(x: np.ndarray, store: str, layer: str, chunk: int, rows: int
             from repsim.kernels._precision import ProductOverflow
 
             raise ProductOverflow(f"store {store}: layer {layer!r}: chunk {chunk} holds values up to {big:.3g} in "
-                                  f"magnitude: overflow: the HSIC products of CKA over {rows} rows hold values up to "
-                                  f"{limit:.2g} in float64; rescale the layer (CKA does not change)")
+                                  f"magnitude, which overflow float64 in CKA's HSIC products over {rows} rows (they hold "
+                                  f"|x| <= {limit:.2g}); rescale the layer (CKA does not change)")
     return x
 
 
