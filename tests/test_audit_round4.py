@@ -328,3 +328,78 @@ def test_10_the_largest_threshold_allowed_still_has_its_digits():
     get_measure("rbf_cka", rbf_threshold=1e4)  # allowed
     assert cka(1e4) == pytest.approx(repsim.linear_cka(x, y, debiased=False), abs=1e-8)
     assert abs(cka(1e8) - repsim.linear_cka(x, y, debiased=False)) > 0.05
+
+
+# --------------------------------------------------------------- 6, 7. checkpoints and heads bound
+
+
+def _version_1(path):
+    """A store as repsim wrote it before the checksum manifest (version 1; its store_uuid kept)."""
+    import json
+    import shutil
+
+    shutil.rmtree(path / "checksums")
+    meta = json.loads((path / "zarr.json").read_text())
+    meta["attributes"]["repsim_store_version"] = 1
+    (path / "zarr.json").write_text(json.dumps(meta))
+
+
+def test_6_a_version_1_store_rewritten_in_place_after_a_checkpoint_is_not_resumed(tmp_path):
+    """The checkpoint's identity (store_uuid) did not change and v1 has no manifest: the resume mixed
+    the old and the new data (CKA 0.39 or 0.20; 0.98 before the edit, -0.002 after)."""
+    import zarr
+
+    from repsim.engine.checkpoint import StaleCheckpointError
+    from repsim.engine.minibatch import cka_matrix
+
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(200, 16))
+    path = tmp_path / "v1.zarr"
+    _store(path, layers={"f": x, "g": x + 0.1 * rng.normal(size=(200, 16))})
+    _version_1(path)
+    ckpt = tmp_path / "run.ckpt.npz"
+    kw = dict(batch_size=50, seed=1, progress=False, checkpoint=ckpt, checkpoint_every=1)
+    before = cka_matrix([str(path)], epochs=1, **kw)
+    assert before.get("v1", "f", "v1", "g") > 0.95
+    uuid = repsim.open_store(path).identity
+    zarr.open_array(str(path / "layers" / "g"), mode="r+")[...] = rng.normal(size=(200, 16))  # in place
+    assert repsim.open_store(path).identity == uuid  # the identity alone cannot tell
+    with pytest.raises(StaleCheckpointError, match="was computed from other stores than the ones now at"):
+        cka_matrix([str(path)], epochs=2, **kw)
+    ckpt.unlink()
+    after = cka_matrix([str(path)], epochs=2, **kw)  # afresh: the new content alone
+    assert abs(after.get("v1", "f", "v1", "g")) < 0.1
+
+
+def _headed(path, seed):
+    rng = np.random.default_rng(seed)
+    x = np.maximum(rng.normal(size=(120, 8)), 0).astype(np.float32)
+    w, b = rng.normal(size=(3, 8)) * (1 + 10 * seed), rng.normal(size=3)
+    return _store(path, layers={"pool": x}, labels=np.arange(120) % 3, head=(w, b), logits=x @ w.T + b,
+                  chunk_rows=40)
+
+
+@pytest.mark.parametrize("group", ["head", "logits"])
+@pytest.mark.parametrize("target_has_one", [True, False])
+def test_7_a_head_or_logits_copied_from_another_store_is_refused(tmp_path, capsys, group, target_has_one):
+    """`cp -r B/head A/head`: `check` said OK (the head's checksum record lived inside the copied group)
+    and `collapse` used B's head (cos_std_weights 0.042 -> 0.400)."""
+    import shutil
+
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    _headed(b, 1)
+    if target_has_one:
+        _headed(a, 0)
+        shutil.rmtree(a / group)
+    else:
+        _store(a, layers={"pool": np.ones((120, 8), np.float32) + np.arange(120)[:, None]}, chunk_rows=40)
+    shutil.copytree(b / group, a / group)
+    code, err = _run(capsys, "check", a)
+    if group == "logits" and not target_has_one:  # no manifest column for them: named as a layout change
+        assert code == 1 and "expected (3, 5) / (1, 5) for ['example_ids', 'labels', 'logits'" in err[0], err
+        return
+    assert code == 1 and "copied from" in " ".join(err), err
+    if group == "head":
+        code, err = _run(capsys, "collapse", a, "--layers", "pool", "--out", tmp_path / "c.csv")
+        assert code == EXIT_REFUSED and len(err) == 1 and "head/weight" in err[0] and "copied from" in err[0], err
+        assert not (tmp_path / "c.csv").exists()
