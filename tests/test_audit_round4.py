@@ -403,3 +403,47 @@ def test_7_a_head_or_logits_copied_from_another_store_is_refused(tmp_path, capsy
         code, err = _run(capsys, "collapse", a, "--layers", "pool", "--out", tmp_path / "c.csv")
         assert code == EXIT_REFUSED and len(err) == 1 and "head/weight" in err[0] and "copied from" in err[0], err
         assert not (tmp_path / "c.csv").exists()
+
+
+# ------------------------------------------------------------------------------- 8. kNN ties
+
+
+def _sparse_relu(rng, n, units=8):
+    """A sparse 8-unit ReLU layer: most rows have one or two active units or none, so many training
+    rows are exactly as similar to a query as others (all-zero rows: similarity 0 to everything)."""
+    z = rng.normal(size=(n, units)) - 1.2
+    x = np.maximum(z, 0).astype(np.float32)
+    x[rng.random(n) < 0.3] = 0.0
+    return np.round(x, 1)  # few distinct values: ties between different rows too
+
+
+@pytest.mark.parametrize("block,query_bytes", [(64, 4096), (500, None), (37, 20000)])
+def test_8_streamed_and_in_memory_knn_agree_exactly_with_planted_ties(block, query_bytes):
+    """A sparse 8-unit ReLU layer: 0.403 (k = 100) in memory against 0.353 (k = 20) at --memory-budget 0
+    (argpartition took any member of a tie at the k-th place, the streamed search the lowest index)."""
+    from repsim.probes.knn import knn_neighbours, knn_probe, knn_probe_rows, knn_search_rows
+    from repsim.probes._rows import Rows
+
+    rng = np.random.default_rng(8)
+    x_train, x_test = _sparse_relu(rng, 900), _sparse_relu(rng, 300)
+    y_train = (x_train[:, :3].argmax(1) + (rng.random(900) < 0.4) * rng.integers(0, 4, 900)) % 4
+    y_test = (x_test[:, :3].argmax(1) + (rng.random(300) < 0.4) * rng.integers(0, 4, 300)) % 4
+    mem = knn_probe(x_train, y_train, x_test, y_test)
+    streamed = knn_probe_rows(Rows.from_array(x_train, block), y_train, Rows.from_array(x_test, block), y_test,
+                              query_bytes=query_bytes)
+    assert streamed.best_param == mem.best_param and streamed.curve == mem.curve
+    assert streamed.accuracy == mem.accuracy
+    np.testing.assert_array_equal(streamed.predictions, mem.predictions)
+    # the neighbours themselves, against the rule written out: stable sort of -similarity
+    idx, _ = knn_neighbours(x_test, x_train, 50)
+    def unit(x):
+        norms = np.sqrt(np.sum(x * x, axis=1, keepdims=True))
+        return x / np.where(norms > 0, norms, np.float32(1))
+
+    cosine = (unit(x_test).astype(np.float64) @ unit(x_train).astype(np.float64).T).astype(np.float32)
+    rule = np.argsort(-cosine, axis=1, kind="stable")[:, :50]  # larger first, ties: smaller index
+    np.testing.assert_array_equal(idx, rule)
+    got = np.concatenate([nb for _, _, nb, _ in knn_search_rows(Rows.from_array(x_test, block), np.arange(300),
+                                                                Rows.from_array(x_train, block), np.arange(900),
+                                                                50, query_bytes=query_bytes)])
+    np.testing.assert_array_equal(got, idx)
