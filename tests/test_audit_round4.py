@@ -447,3 +447,31 @@ def test_8_streamed_and_in_memory_knn_agree_exactly_with_planted_ties(block, que
                                                                 Rows.from_array(x_train, block), np.arange(900),
                                                                 50, query_bytes=query_bytes)])
     np.testing.assert_array_equal(got, idx)
+
+
+# --------------------------------------------------------------------- 9. an unrecorded split
+
+
+@pytest.mark.parametrize("recorded", [{"name": "toy"}, {}])
+def test_9_a_test_store_without_a_split_holding_the_training_examples_is_refused(tmp_path, capsys, recorded):
+    """Accepted before, and the training-set score written as the test score: a missing split counted as
+    "no part in common" with the training store's."""
+    rng = np.random.default_rng(9)
+    x = np.maximum(rng.normal(size=(90, 6)) + np.arange(90)[:, None] % 3, 0).astype(np.float32)
+    model = {"model": {"arch": "r18", "checkpoint_sha256": "aa" * 32}}
+    save_store(str(tmp_path / "tr.zarr"), {"pool": x}, np.arange(90) % 3, example_ids=np.arange(90),
+               meta={**model, "dataset": {"name": "toy", "split": "train"}})
+    save_store(str(tmp_path / "te.zarr"), {"pool": x}, np.arange(90) % 3, example_ids=np.arange(90),
+               meta={**model, **({"dataset": recorded} if recorded else {})})
+    out = tmp_path / "res"
+    code, err = _run(capsys, "probe", "--train", tmp_path / "tr.zarr", "--test", tmp_path / "te.zarr",
+                     "--probe", "knn", "--out", out)
+    assert code == EXIT_REFUSED, err
+    assert "90 of the 90 examples of test store te are also in train store tr" in err[-1] and "--same-examples" in err[-1]
+    assert not (out / "probes.csv").exists()
+    # other examples under the same unknown split: scored
+    save_store(str(tmp_path / "te2.zarr"), {"pool": x}, np.arange(90) % 3, example_ids=np.arange(1000, 1090),
+               meta={**model, **({"dataset": recorded} if recorded else {})})
+    code, err = _run(capsys, "probe", "--train", tmp_path / "tr.zarr", "--test", tmp_path / "te2.zarr",
+                     "--probe", "knn", "--out", out)
+    assert code == 0, err
