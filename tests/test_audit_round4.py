@@ -475,3 +475,26 @@ def test_9_a_test_store_without_a_split_holding_the_training_examples_is_refused
     code, err = _run(capsys, "probe", "--train", tmp_path / "tr.zarr", "--test", tmp_path / "te2.zarr",
                      "--probe", "knn", "--out", out)
     assert code == 0, err
+
+
+# --------------------------------------------------------------- 11. a one-seed demo's finding 1
+
+
+def test_11_a_one_seed_finding_1_does_not_claim_a_test_it_did_not_run(tmp_path):
+    """One seed per objective: the evidence said "(not tested)" and the why "transfers better ... beyond the
+    seeds' noise (p = n/a)"."""
+    import pandas as pd
+    from test_analyses_figures import write_results
+
+    from analyses import findings as F
+    from analyses.data import Inputs
+
+    res = write_results(tmp_path)
+    probes = pd.read_csv(res / "probes.csv")
+    low = (probes["objective"] == "softmax") & (probes["task"] != "source") & (probes["probe"] == "linear")
+    probes.loc[low, "accuracy"] = 0.5
+    probes[probes["seed"] == 0].to_csv(res / "probes.csv", index=False)
+    f1 = F.finding_transfer(Inputs(None, res))
+    assert "softmax transfers worse than the best (not tested)" in f1.evidence
+    assert f1.why.startswith("(a) fails:") and "not tested" in f1.why.split(";")[0]
+    assert "beyond the seeds' noise" not in f1.why and "p = n/a" not in f1.why
