@@ -498,3 +498,26 @@ def test_11_a_one_seed_finding_1_does_not_claim_a_test_it_did_not_run(tmp_path):
     assert "softmax transfers worse than the best (not tested)" in f1.evidence
     assert f1.why.startswith("(a) fails:") and "not tested" in f1.why.split(";")[0]
     assert "beyond the seeds' noise" not in f1.why and "p = n/a" not in f1.why
+
+
+# ------------------------------------------------------------------------ 15. the docs' ridge claim
+
+
+def test_15_ridge_r2_of_a_column_with_itself_is_far_below_1_when_p_exceeds_n_and_the_docs_say_so():
+    """docs/measures.md said ridge R² of a column with itself is ≈ 1; with p > n cross-validated ridge
+    gives 0.16 (the number is right: held-out rows lie mostly outside the training rows' span)."""
+    import os
+    import re
+
+    from repsim.kernels.measures import get_measure
+    from repsim.kernels.measures._exact import similarity
+
+    rng = np.random.default_rng(15)
+    for p, low, high in ((1000, 0.05, 0.4), (8, 0.99, 1.0)):
+        x = rng.normal(size=(200, p))
+        assert low <= similarity(x, x, "ridge_r2") <= high, p
+    text = open(os.path.join(REPO, "docs", "measures.md")).read()
+    row = next(line for line in text.splitlines() if line.startswith("| `ridge_r2`"))
+    cell = re.split(r"(?<!\\)\|", row)[5]
+    assert "≈ 1" not in cell and "p > n" in cell
+    assert get_measure("ridge_r2").info.identical == 1.0  # the supremum, reached as p / n -> 0
