@@ -521,3 +521,19 @@ def test_15_ridge_r2_of_a_column_with_itself_is_far_below_1_when_p_exceeds_n_and
     cell = re.split(r"(?<!\\)\|", row)[5]
     assert "≈ 1" not in cell and "p > n" in cell
     assert get_measure("ridge_r2").info.identical == 1.0  # the supremum, reached as p / n -> 0
+
+
+@pytest.mark.parametrize("name", ["cka_all.npz", "spectra.npz"])
+def test_13_figures_over_a_truncated_npz_name_it_in_one_line(tmp_path, capsys, name):
+    """`repsim figures` over a truncated results npz: exit 70 and a BadZipFile traceback."""
+    from test_analyses_figures import write_results
+
+    res = write_results(tmp_path)
+    f = res / name
+    f.write_bytes(f.read_bytes()[:200])
+    only = ["--only", "figE2"] if name == "spectra.npz" else ["--quiet"]
+    code = main(["figures", "--results", str(res), "--out", str(tmp_path / "out"), *only])
+    captured = capsys.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines() if f"{f} is not a readable" in line]
+    assert code in (1, 2) and "Traceback" not in captured.err, captured.err
+    assert lines and all("truncated or damaged" in line for line in lines), captured
