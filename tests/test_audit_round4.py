@@ -78,7 +78,7 @@ def test_1_a_second_run_with_the_same_out_is_refused_while_the_first_runs(tmp_pa
 def test_1_a_file_made_by_another_run_since_the_start_is_not_replaced(tmp_path, capsys, monkeypatch):
     """Where no lock can be taken (a file system without flock), the save is a create that fails: the
     other run's file stays, this run's result is kept beside it and named."""
-    import repsim._io as io
+    import repsim.fileio as io
     import repsim.engine.minibatch as mb
 
     monkeypatch.setattr(io, "_try_lock", lambda path: None)
@@ -422,7 +422,7 @@ def test_8_streamed_and_in_memory_knn_agree_exactly_with_planted_ties(block, que
     """A sparse 8-unit ReLU layer: 0.403 (k = 100) in memory against 0.353 (k = 20) at --memory-budget 0
     (argpartition took any member of a tie at the k-th place, the streamed search the lowest index)."""
     from repsim.probes.knn import knn_neighbours, knn_probe, knn_probe_rows, knn_search_rows
-    from repsim.probes._rows import Rows
+    from repsim.probes.rows import Rows
 
     rng = np.random.default_rng(8)
     x_train, x_test = _sparse_relu(rng, 900), _sparse_relu(rng, 300)
@@ -486,8 +486,8 @@ def test_11_a_one_seed_finding_1_does_not_claim_a_test_it_did_not_run(tmp_path):
     import pandas as pd
     from test_analyses_figures import write_results
 
-    from analyses import findings as F
-    from analyses.data import Inputs
+    from repsim.analyses import findings as F
+    from repsim.analyses.data import Inputs
 
     res = write_results(tmp_path)
     probes = pd.read_csv(res / "probes.csv")
@@ -510,7 +510,7 @@ def test_15_ridge_r2_of_a_column_with_itself_is_far_below_1_when_p_exceeds_n_and
     import re
 
     from repsim.kernels.measures import get_measure
-    from repsim.kernels.measures._exact import similarity
+    from repsim.kernels.measures.exact import similarity
 
     rng = np.random.default_rng(15)
     for p, low, high in ((1000, 0.05, 0.4), (8, 0.99, 1.0)):

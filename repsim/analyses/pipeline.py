@@ -59,7 +59,7 @@ def _listing(folder: Path) -> dict[str, tuple[int, int]]:
 
 
 def _digest(path: Path) -> str:
-    from repsim._io import sha256_file
+    from repsim.fileio import sha256_file
 
     return sha256_file(path)
 

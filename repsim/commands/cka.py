@@ -76,10 +76,10 @@ def _checkpoint_flag(args: argparse.Namespace) -> str:
 
 @contextlib.contextmanager
 def claimed_outputs(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
-    """:func:`output_and_checkpoint`, with both files held for the run (:func:`repsim._io.claim_output`):
+    """:func:`output_and_checkpoint`, with both files held for the run (:func:`repsim.fileio.claim_output`):
     a second run writing the same ``--out`` or checkpoint is refused at its start, in one line, instead
     of both printing "-> OUT" while the file holds only the last finisher's result."""
-    from repsim._io import claim_output
+    from repsim.fileio import claim_output
 
     out, ckpt = output_and_checkpoint(args)
     with claim_output(out, overwrite=True), claim_output(ckpt, overwrite=True, what=_checkpoint_flag(args)):

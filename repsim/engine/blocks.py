@@ -437,9 +437,9 @@ class BatchPlan:
 
 def magnitude_limit(rows: int) -> float:
     """The largest |x| a stored value may have for CKA over ``rows`` rows: its square alone must not
-    exceed :func:`repsim.kernels._precision.max_trace` (the trace whose HSIC products float64 can
+    exceed :func:`repsim.kernels.hsic.max_trace` (the trace whose HSIC products float64 can
     hold; ~4e76 for 300 rows, ~2e75 for a million). Only float64 stores can exceed it."""
-    from repsim.kernels._precision import max_trace
+    from repsim.kernels.hsic import max_trace
 
     return math.sqrt(max_trace(rows))
 
@@ -452,7 +452,7 @@ def check_magnitude(x: np.ndarray, store: str, layer: str, chunk: int, rows: int
     if x.dtype.kind == "f" and x.size and float(np.finfo(x.dtype).max) > (limit := magnitude_limit(rows)):
         big = float(max(np.max(x), -np.min(x)))
         if limit < big < math.inf:
-            from repsim.kernels._precision import ProductOverflow
+            from repsim.kernels.hsic import ProductOverflow
 
             raise ProductOverflow(f"store {store}: layer {layer!r}: chunk {chunk} holds values up to {big:.3g} in "
                                   f"magnitude, which overflow float64 in CKA's HSIC products over {rows} rows (they hold "

@@ -129,13 +129,13 @@ class Checkpoint:
                 f"delete {self.path} to start over, or put the original store(s) back")
 
     def save(self, done: int, state: dict[str, Any]) -> None:
-        """Write the checkpoint — refused (:class:`~repsim._io.OutputConflict`) when another run wrote
+        """Write the checkpoint — refused (:class:`~repsim.fileio.OutputConflict`) when another run wrote
         the file since this one last read or wrote it: a create that fails when this run found none,
         else a check of the file's identity (inode, size, mtime) before the replace."""
         arrays = {"fingerprint": np.array(self.fingerprint), "done": np.array(done),
                   "inputs": np.array(json.dumps(self.inputs, sort_keys=True))}
         arrays.update({_STATE_PREFIX + k: np.asarray(v) for k, v in state.items()})
-        from repsim._io import OutputConflict
+        from repsim.fileio import OutputConflict
 
         now = _stat_key(self.path)
         if now is not None and now != self._seen:

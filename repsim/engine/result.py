@@ -82,7 +82,7 @@ class CKAResult:
     def save(self, path: str | os.PathLike, *, overwrite: bool = True) -> str:
         """Write ``.npz`` (docs/architecture.md "Results files"): ``values``, ``stores``, ``layers``, ``meta``
         (JSON string) and ``state__<key>`` for every per-batch statistic.  Atomic; ``overwrite=False``:
-        a create that fails (:class:`~repsim._io.OutputConflict`, this result kept beside it) when the
+        a create that fails (:class:`~repsim.fileio.OutputConflict`, this result kept beside it) when the
         file exists."""
         arrays: dict[str, Any] = {
             "values": np.asarray(self.values, dtype=np.float64),
@@ -388,7 +388,7 @@ def _unwrap(value: np.ndarray) -> Any:
 
 def _atomic_savez(path: str | os.PathLike, arrays: dict[str, Any], *, exclusive: bool = False) -> str:
     """Write ``arrays`` to ``path`` (``.npz`` added) atomically; ``exclusive``: a create that fails when
-    the file exists (:func:`repsim._io.atomic_write`)."""
+    the file exists (:func:`repsim.fileio.atomic_write`)."""
     path = os.fspath(path)
     if not path.endswith(".npz"):
         path += ".npz"
