@@ -335,7 +335,13 @@ def load_result(path: str | os.PathLike) -> SimilarityResult:
         raise
     except (KeyError, json.JSONDecodeError) as exc:  # a result's arrays, but not all of them: damaged
         raise ValueError(f"{path}: a damaged result of repsim cka/similarity ({type(exc).__name__}: {exc})") from exc
+    except ResultFileError:
+        raise
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        if _is_zip(path):  # an .npz that does not read: truncated or damaged, whatever it held
+            raise ResultFileError(f"{path} is a truncated or damaged .npz ({type(exc).__name__}: "
+                                  f"{' '.join(str(exc).split())}); rerun the command that wrote it, or move it "
+                                  "away") from None
         what = "a directory" if os.path.isdir(path) else "not an .npz file"
         raise NotAResult(f"{path} is not a result of repsim cka/similarity ({what})") from exc
     L = len(result.index)
@@ -346,7 +352,16 @@ def load_result(path: str | os.PathLike) -> SimilarityResult:
     return result
 
 
-class ResultFileError(NotAResult):
+def _is_zip(path: str) -> bool:
+    """Whether ``path`` is a file that starts as a zip archive (an ``.npz``) does."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+class ResultFileError(ValueError):
     """A results file that cannot be read: truncated, damaged, or not a repsim result."""
 
 
