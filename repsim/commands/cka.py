@@ -63,15 +63,22 @@ def output_and_checkpoint(args: argparse.Namespace) -> tuple[str, str]:
     out = npz_path(args.out)
     if os.path.isdir(out) or (os.path.exists(out) and not args.overwrite):
         raise CommandError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
-    ckpt = check_checkpoint_path(args.checkpoint or (out[:-4] + ".ckpt.npz"), out, flag=_checkpoint_flag(args))
+    named, flag = _checkpoint_arg(args)
+    ckpt = check_checkpoint_path(named or (out[:-4] + ".ckpt.npz"), out, flag=flag)
     if os.path.isfile(out) and os.path.isfile(ckpt) and os.path.getmtime(ckpt) <= os.path.getmtime(out):
         print(f"repsim: removing {ckpt}, left by the finished run that wrote {out}", file=sys.stderr)
         os.remove(ckpt)
     return out, ckpt
 
 
-def _checkpoint_flag(args: argparse.Namespace) -> str:
-    return "--checkpoint" if getattr(args, "checkpoint", None) else "checkpoint"
+def _checkpoint_arg(args: argparse.Namespace) -> tuple[str | None, str]:
+    """(the checkpoint path the user named, the flag that named it): ``--resume`` or its older spelling
+    ``--checkpoint``, whichever the parser filled; (None, "checkpoint") for the default path."""
+    for dest in ("resume", "checkpoint"):
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and value:
+            return value, f"--{dest}"
+    return None, "checkpoint"
 
 
 @contextlib.contextmanager
@@ -82,7 +89,7 @@ def claimed_outputs(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
     from repsim.fileio import claim_output
 
     out, ckpt = output_and_checkpoint(args)
-    with claim_output(out, overwrite=True), claim_output(ckpt, overwrite=True, what=_checkpoint_flag(args)):
+    with claim_output(out, overwrite=True), claim_output(ckpt, overwrite=True, what=_checkpoint_arg(args)[1]):
         yield out, ckpt
 
 
