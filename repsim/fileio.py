@@ -14,11 +14,17 @@ repsim/extract/ both take it from below.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import mmap
 import os
+import threading
 from typing import IO, Any, Iterator
+
+
+class OutputConflict(ValueError):
+    """Another run holds, or made, an output file this run was to write (a refusal: nothing is replaced)."""
 
 
 @contextlib.contextmanager
@@ -93,11 +99,17 @@ def _alive(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) -> Iterator[IO]:
+def atomic_write(path: str | os.PathLike, mode: str = "wb", *, exclusive: bool = False,
+                 **open_kwargs: Any) -> Iterator[IO]:
     """Open a temporary file for writing ``path``; on success it replaces ``path`` atomically and durably
     (the file is fsynced before the rename, its directory after it, so that a power loss leaves the old
     file or the new one). The temporaries of killed writers of the same ``path`` are removed first
-    (:func:`remove_dead_temporaries`)."""
+    (:func:`remove_dead_temporaries`).
+
+    ``exclusive``: ``path`` is created, never replaced — a create that fails when the file exists (a
+    hard link of the temporary, atomic on POSIX file systems): when another run made ``path`` since
+    this one looked, this run's data is kept beside it as :func:`kept_name` and :class:`OutputConflict`
+    names both files, so that neither run's result is lost."""
     path = os.fspath(path)
     tmp = f"{path}.tmp-{os.getpid()}"
     remove_dead_temporaries(path)
@@ -108,12 +120,102 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) 
                 yield fh
                 fh.flush()
                 os.fsync(fh.fileno())
-            os.replace(tmp, path)
+            if exclusive:
+                _create_from(tmp, path)
+            else:
+                os.replace(tmp, path)
             fsync_directory(os.path.dirname(os.path.abspath(path)))
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def kept_name(path: str) -> str:
+    """Where :func:`atomic_write` keeps this run's data when an exclusive create of ``path`` finds another
+    run's file there: ``NAME.run-PID.EXT`` beside it."""
+    root, ext = os.path.splitext(path)
+    return f"{root}.run-{os.getpid()}{ext}"
+
+
+def _create_from(tmp: str, path: str) -> None:
+    """Move ``tmp`` to ``path`` only if ``path`` does not exist (:func:`atomic_write`'s ``exclusive``)."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        kept = kept_name(path)
+        os.replace(tmp, kept)
+        raise OutputConflict(f"{path} was written by another run after this one started; this run's result is "
+                             f"kept as {kept} (nothing was replaced)") from None
+    except OSError as exc:  # a file system without hard links: check, then rename (a narrow race remains)
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+            raise
+        if os.path.lexists(path):
+            kept = kept_name(path)
+            os.replace(tmp, kept)
+            raise OutputConflict(f"{path} was written by another run after this one started; this run's result "
+                                 f"is kept as {kept} (nothing was replaced)") from None
+        os.replace(tmp, path)
+        return
+    os.remove(tmp)
+
+
+_LOCKS_HELD = threading.Lock()  # flock belongs to an open file: this process's threads are kept apart here
+
+
+def lock_file_of(path: str | os.PathLike) -> str:
+    """The lock file of output ``path``: ``<dir>/.<name>.lock`` (left in place; a lock dies with its holder)."""
+    head, name = os.path.split(os.path.abspath(os.fspath(path)))
+    return os.path.join(head, f".{name}.lock")
+
+
+@contextlib.contextmanager
+def claim_output(path: str | os.PathLike, *, overwrite: bool = False, what: str = "--out") -> Iterator[str]:
+    """Hold output ``path`` for the whole run: the one rule for every file a run writes at its end
+    (a results ``.npz``, a checkpoint). Refused in one line (:class:`OutputConflict`), before any work,
+    when ``path`` exists and ``overwrite`` is false, or when another run holds it — an exclusive,
+    non-blocking ``flock`` of :func:`lock_file_of`, which :func:`repsim.engine.drivers.results_lock`'s
+    read-merge-replace writers take too. Where locks cannot be taken (a read-only directory, no
+    ``fcntl``) the run goes on unlocked; the final write should then be ``atomic_write(exclusive=not
+    overwrite)``, a create that fails when another run made the file since."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise OutputConflict(f"{what} {path} is a directory; choose a file name")
+    if os.path.lexists(path) and not overwrite:
+        raise OutputConflict(f"{what} {path} already exists; pass --overwrite to replace it or choose another {what}")
+    fd = _try_lock(path)
+    if fd == -1:
+        raise OutputConflict(f"{what} {path} is being written by another running repsim command; wait for it to "
+                             f"finish or choose another {what}")
+    try:
+        yield path
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _try_lock(path: str) -> int | None:
+    """An open descriptor holding an exclusive ``flock`` of ``path``'s lock file; -1 when another holds
+    it; None when no lock can be taken here."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    with _LOCKS_HELD:
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            fd = os.open(lock_file_of(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return -1
+        except OSError:  # a file system without locks
+            os.close(fd)
+            return None
+        return fd
 
 
 def fsync_directory(path: str | os.PathLike) -> None:

@@ -183,3 +183,15 @@ def test_an_item_line_that_a_workers_long_write_was_cut_by_is_still_read():
                                                                                  '{"name": "b"}')
     assert split_item("a plain line") == ("a plain line", None)
     assert split_item("   ") == ("", None)
+
+    # a reused output deleted or truncated since it was written (the reuse key checked only a fingerprint
+    # and that one file existed: "up to date", then the report rebuild exited 70)
+    (out / "results" / "collapse.csv").unlink()
+    npz = out / "results" / "similarity_demo.npz"
+    npz.write_bytes(npz.read_bytes()[:300])
+    third = _demo(out)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert "separation.csv: collapse.csv changed or missing since it was written; recomputing" in third.stdout
+    assert "similarity_demo.npz: similarity_demo.npz changed or missing since it was written" in third.stdout
+    assert third.stdout.count("up to date") == 5  # the other five results steps; the report is rebuilt
+    assert (out / "results" / "collapse.csv").stat().st_size > 0

@@ -245,9 +245,8 @@ def test_a_checkpoint_of_a_token_column_under_the_old_mean_is_not_resumed(tmp_pa
     saved["fingerprint"] = np.asarray(json.dumps(fp, sort_keys=True))
     np.savez(ckpt, **saved)
     capsys.readouterr()
-    cka_matrix([store], epochs=2, checkpoint=ckpt, **kw)
-    err = capsys.readouterr().err
-    assert "different computation" in err and "resuming" not in err
+    with pytest.raises(ValueError, match="belongs to a different computation"):  # refused, not resumed
+        cka_matrix([store], epochs=2, checkpoint=ckpt, **kw)
 
 
 def test_layers_selection_per_store(two_stores):
@@ -453,10 +452,11 @@ def test_checkpoint_resume_is_exact_and_extends_epochs(two_stores, tmp_path, cap
     assert "resuming" in capsys.readouterr().err
     np.testing.assert_array_equal(resumed.values, fresh.values)  # bit-identical
     np.testing.assert_array_equal(resumed.state["batches"], fresh.state["batches"])
-    # a checkpoint of a different computation is ignored, not trusted
-    other = cka_matrix(stores, epochs=3, checkpoint=ckpt, **{**kw, "seed": 9})
-    assert "different computation" in capsys.readouterr().err
-    assert not np.array_equal(other.values, fresh.values)
+    # a checkpoint of a different computation is refused: neither trusted nor overwritten (issue 43)
+    before = ckpt.read_bytes()
+    with pytest.raises(ValueError, match="belongs to a different computation"):
+        cka_matrix(stores, epochs=3, checkpoint=ckpt, **{**kw, "seed": 9})
+    assert ckpt.read_bytes() == before
 
 
 # -------------------------------------------------------------------------------------------- devices

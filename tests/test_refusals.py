@@ -112,7 +112,9 @@ def test_cka_overwrite_after_a_kill_between_output_and_checkpoint_removal(tmp_pa
     assert not np.allclose(again, first)  # b is another network now: computed afresh, not resumed
 
     # a checkpoint newer than the output is an interrupted --overwrite run's: it is kept for resuming
-    ckpt.write_bytes(b"not yet")
+    from repsim.engine.checkpoint import Checkpoint
+
+    Checkpoint(ckpt, {"not": "yet"}).save(1, {})
     os.utime(ckpt, (os.path.getmtime(out) + 10,) * 2)
     args = __import__("argparse").Namespace(out=str(out), overwrite=True, checkpoint=None)
     from repsim.commands.cka import output_and_checkpoint

@@ -332,11 +332,17 @@ class Inputs:
         path = self.results_dir / "spectra.npz" if self.results_dir else None
         if path is None or not path.is_file():
             raise Missing("spectra.npz not found in --results")
-        with np.load(path) as z:
-            out = {}
-            for key in z.files:
-                store, layer, kind = key.rsplit("/", 2)
-                out[(store, layer, kind)] = np.asarray(z[key], dtype=np.float64)
+        import zipfile
+
+        try:
+            with np.load(path) as z:
+                out = {}
+                for key in z.files:
+                    store, layer, kind = key.rsplit("/", 2)
+                    out[(store, layer, kind)] = np.asarray(z[key], dtype=np.float64)
+        except (EOFError, zipfile.BadZipFile, ValueError) as exc:
+            raise ValueError(f"{path} is not a readable spectra file (truncated or damaged: "
+                             f"{' '.join(str(exc).split()) or type(exc).__name__}); rerun repsim collapse --spectra") from None
         return out
 
     # ---------------------------------------------------------------- helpers
@@ -458,6 +464,7 @@ class Similarities:
 
     def __init__(self, files: list[Path] | list[tuple[Path, Any]]):
         from repsim import load_result
+        from repsim.engine.result import NotAResult
 
         self.parts: list[tuple[str, Any, dict[tuple[str, str], int]]] = []
         for entry in files:
@@ -465,6 +472,8 @@ class Similarities:
             if result is None:
                 try:
                     result = load_result(f)
+                except NotAResult:  # names the file and what is wrong with it
+                    raise
                 except (ValueError, KeyError, OSError) as exc:
                     raise ValueError(f"{f}: not a readable result of repsim cka/similarity ({exc})") from exc
             index = [(str(s), str(l)) for s, l in result.index]

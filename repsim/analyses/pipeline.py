@@ -11,7 +11,9 @@ Layout of the output directory (each stage reuses what a previous run finished):
     OUT/stores/<dyn group>/<run>-epoch-EEEE-<dyn group>.zarr   earlier checkpoints of the seed-0 runs,
                                     penultimate layer only (Figs. D.2, E.4)
     OUT/results/                    results files (docs/architecture.md "Results files"); each keyed in
-                                    results/fingerprints.json on the stores it was computed from
+                                    results/fingerprints.json on the stores it was computed from, with
+                                    the sha256 of every file its step wrote ("_outputs"): a step is
+                                    reused only while each of them is there, byte for byte
     OUT/report/                     figures, tables, report.html, findings.md; rewritten when the results
                                     or the analyses code changed (report/.report-key)
 
@@ -46,6 +48,26 @@ from repsim.study.objectives import OBJECTIVES
 
 TRAIN_LOG = "train.log"  # a network's `repsim train` output, in its run directory
 ANALYSIS_VERSION = "4"  # bump when the analysis settings below change, to invalidate old results
+
+
+_NOT_OUTPUTS = {"fingerprints.json"}
+
+
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    """``{file name: (size, mtime ns)}`` of the files in ``folder`` (a step's outputs are those it changes)."""
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir() if p.is_file()}
+
+
+def _digest(path: Path) -> str:
+    from repsim.fileio import sha256_file
+
+    return sha256_file(path)
+
+
+def _changed_outputs(folder: Path, outputs: dict[str, str]) -> list[str]:
+    """The recorded outputs of a step that are missing or whose bytes changed since it wrote them
+    (deleted, truncated, edited): the step is recomputed rather than reported "up to date"."""
+    return [f for f, digest in outputs.items() if not (folder / f).is_file() or _digest(folder / f) != digest]
 
 
 class DemoError(RuntimeError):
@@ -419,9 +441,15 @@ class Demo:
             fp = self._fingerprint(groups, extra) if groups else hashlib.sha256(
                 (extra + "".join(str((self.run_dir(n) / "DONE").stat().st_mtime) for n in self.run_names)).encode()
             ).hexdigest()[:16]
-            if fps.get(fname) == fp and (res / fname).is_file():
+            outputs = fps.setdefault("_outputs", {}).get(fname)
+            stale = _changed_outputs(res, outputs) if outputs else [fname]
+            if fps.get(fname) == fp and not stale:
                 _say(f"[demo] analyse: {fname} up to date")
                 continue
+            if fps.get(fname) == fp:
+                _say(f"[demo] analyse: {fname}: {', '.join(stale)} changed or missing since it was written; "
+                     "recomputing")
+            before = _listing(res)
             t0 = time.perf_counter()
             _say(f"[demo] analyse: computing {fname} ...")
             log = res / f"{Path(fname).stem}.log"  # the commands' per-store lines: one line here, the rest there
@@ -433,6 +461,9 @@ class Demo:
                 raise DemoError(f"analyse: {exc} (details: {log})") from exc
             worked = True
             fps[fname] = fp
+            after = _listing(res)  # every file the step made or rewrote, with its digest: what reuse checks
+            fps["_outputs"][fname] = {f: _digest(res / f) for f, stamp in after.items()
+                                      if before.get(f) != stamp and f not in _NOT_OUTPUTS and not f.endswith(".log")}
             fp_path.write_text(json.dumps(fps, indent=1))
             lines = sum(1 for line in log.read_text().splitlines() if line.strip())
             _say(f"[demo] analyse: {fname} done in {time.perf_counter() - t0:.1f} s"

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
+from typing import Any, Iterator
 
 from repsim.commands.main import CommandError
 from repsim.commands.args import add_deprecated, gib_to_bytes, non_negative, positive
@@ -59,34 +61,67 @@ def add_pair_arguments(parser: argparse.ArgumentParser, *, out_help: str) -> Non
 
 def output_and_checkpoint(args: argparse.Namespace) -> tuple[str, str]:
     """(the ``--out`` file, its checkpoint file) of ``repsim cka``/``similarity``; an existing ``--out`` is
-    refused without ``--overwrite``. A checkpoint no newer than an existing ``--out`` is the leftover of the
+    refused without ``--overwrite``, and a checkpoint path that is the output, or an existing file that
+    is not a repsim checkpoint, is refused (:func:`repsim.engine.checkpoint.check_checkpoint_path`),
+    all before any work. A checkpoint no newer than an existing ``--out`` is the leftover of the
     run that wrote it (killed between writing the output and removing the checkpoint): it is removed, with a
     note, so that a later ``--overwrite`` starts afresh instead of meeting a finished run's checkpoint."""
-    out = args.out if args.out.endswith(".npz") else args.out + ".npz"
+    from repsim.engine.checkpoint import check_checkpoint_path, npz_path
+
+    out = npz_path(args.out)
     if os.path.isdir(out) or (os.path.exists(out) and not args.overwrite):
         raise CommandError(f"--out {out} already exists; pass --overwrite to replace it or choose another --out")
-    ckpt = args.checkpoint or (out[:-4] + ".ckpt.npz")
-    if not ckpt.endswith(".npz"):  # the name the checkpoint is written under (engine.checkpoint.Checkpoint)
-        ckpt += ".npz"
+    named, flag = _checkpoint_arg(args)
+    ckpt = check_checkpoint_path(named or (out[:-4] + ".ckpt.npz"), out, flag=flag)
     if os.path.isfile(out) and os.path.isfile(ckpt) and os.path.getmtime(ckpt) <= os.path.getmtime(out):
         print(f"repsim: removing {ckpt}, left by the finished run that wrote {out}", file=sys.stderr)
         os.remove(ckpt)
     return out, ckpt
 
 
+def _checkpoint_arg(args: argparse.Namespace) -> tuple[str | None, str]:
+    """(the checkpoint path the user named, the flag that named it): ``--resume`` or its older spelling
+    ``--checkpoint``, whichever the parser filled; (None, "checkpoint") for the default path."""
+    for dest in ("resume", "checkpoint"):
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and value:
+            return value, f"--{dest}"
+    return None, "checkpoint"
+
+
+@contextlib.contextmanager
+def claimed_outputs(args: argparse.Namespace) -> Iterator[tuple[str, str]]:
+    """:func:`output_and_checkpoint`, with both files held for the run (:func:`repsim.fileio.claim_output`):
+    a second run writing the same ``--out`` or checkpoint is refused at its start, in one line, instead
+    of both printing "-> OUT" while the file holds only the last finisher's result."""
+    from repsim.fileio import claim_output
+
+    out, ckpt = output_and_checkpoint(args)
+    with claim_output(out, overwrite=True), claim_output(ckpt, overwrite=True, what=_checkpoint_arg(args)[1]):
+        yield out, ckpt
+
+
+def finish(result: Any, args: argparse.Namespace, out: str, ckpt: str) -> str:
+    """Save ``result`` to ``out`` (a create that fails when another run made it since the start, unless
+    ``--overwrite``) and remove this run's checkpoint (a minibatch run's only: an exact run neither
+    reads nor writes one, and leaves any there for the run that made it)."""
+    path = result.save(out, overwrite=bool(args.overwrite))
+    if args.method == "minibatch" and os.path.exists(ckpt):
+        os.remove(ckpt)
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     from repsim.engine.minibatch import cka_matrix
 
-    out, ckpt = output_and_checkpoint(args)
-    result = cka_matrix(args.stores, layers=layers_arg(args.layers), batch_size=args.batch_size,
-                        epochs=args.epochs, seed=args.seed, shuffle=args.shuffle, spatial=args.spatial,
-                        debiased=not args.biased, method=args.method, shuffle_window=args.shuffle_window,
-                        checkpoint=ckpt if args.method == "minibatch" else None,
-                        checkpoint_every=args.checkpoint_every, allow_mixed_datasets=args.allow_mixed_datasets,
-                        stream=stream_options(args))
-    path = result.save(out)
-    if os.path.exists(ckpt):
-        os.remove(ckpt)
+    with claimed_outputs(args) as (out, ckpt):
+        result = cka_matrix(args.stores, layers=layers_arg(args.layers), batch_size=args.batch_size,
+                            epochs=args.epochs, seed=args.seed, shuffle=args.shuffle, spatial=args.spatial,
+                            debiased=not args.biased, method=args.method, shuffle_window=args.shuffle_window,
+                            checkpoint=ckpt if args.method == "minibatch" else None,
+                            checkpoint_every=args.checkpoint_every, allow_mixed_datasets=args.allow_mixed_datasets,
+                            stream=stream_options(args))
+        path = finish(result, args, out, ckpt)
     print(f"repsim cka: {len(result.index)}x{len(result.index)} CKA over {len(result.stores)} store(s), "
           f"n={result.meta['n']} -> {path}", file=sys.stderr)
     return 0

@@ -3,7 +3,6 @@ over the stores (docs/measures.md); `repsim cka` is the same for linear CKA alon
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -43,8 +42,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--measures", default="linear_cka", metavar="A,B,...",
                         help="comma-separated measures, listed below (default linear_cka; --scheduler "
                              "distributes the minibatch pass only: the exact estimators run in this process)")
-    parser.add_argument("--rbf-threshold", type=positive_float, default=1.0, metavar="T",
-                        help="rbf_cka: sigma^2 = T^2 x median squared distance (default 1.0)")
+    parser.add_argument("--rbf-threshold", type=rbf_threshold, default=1.0, metavar="T",
+                        help="rbf_cka: sigma^2 = T^2 x median squared distance (default 1.0; 0.05 to 1e4, beyond "
+                             "which float64 rounds the kernel to 1 or 0)")
     parser.add_argument("--knn-k", type=positive, default=10, metavar="K", help="mutual_knn: neighbours (default 10)")
     parser.add_argument("--rsa-max-rows", type=int_at_least(3), default=2000, metavar="N",
                         help="rsa: above N examples, a seeded subsample of N rows (default 2000; >= 3)")
@@ -73,6 +73,20 @@ def _alpha(text: str) -> float:
     return value
 
 
+def rbf_threshold(text: str) -> float:
+    """An argparse ``type`` for ``--rbf-threshold``: a number in ``RBF_THRESHOLD_RANGE``, one line else."""
+    from repsim.kernels.measures.rbf_cka import check_threshold
+
+    value = positive_float(text)
+    try:
+        return check_threshold(value, "")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+rbf_threshold.__name__ = "threshold"
+
+
 def run(args: argparse.Namespace) -> int:
     from repsim.engine.minibatch import similarity_matrix
     from repsim.kernels.measures import parse_measures
@@ -83,20 +97,18 @@ def run(args: argparse.Namespace) -> int:
         from repsim.kernels.measures import get_measure
 
         null_request(args.permutations, args.alpha, args.null, args.seed, [get_measure(m) for m in measures], [])
-    out, ckpt = _cka.output_and_checkpoint(args)
     options = {"rbf_threshold": args.rbf_threshold, "knn_k": args.knn_k, "rsa_max_rows": args.rsa_max_rows,
                "rsa_seed": args.seed, "ridge_folds": args.ridge_folds, "ridge_seed": args.seed}
-    result = similarity_matrix(args.stores, measures, layers=layers_arg(args.layers),
-                               batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
-                               shuffle=args.shuffle, spatial=args.spatial, debiased=not args.biased,
-                               method=args.method, options=options, shuffle_window=args.shuffle_window,
-                               checkpoint=ckpt if args.method == "minibatch" else None,
-                               checkpoint_every=args.checkpoint_every, allow_mixed_datasets=args.allow_mixed_datasets,
-                               permutations=args.permutations, alpha=args.alpha, null=args.null,
-                               stream=stream_options(args))
-    path = result.save(out)
-    if os.path.exists(ckpt):
-        os.remove(ckpt)
+    with _cka.claimed_outputs(args) as (out, ckpt):
+        result = similarity_matrix(args.stores, measures, layers=layers_arg(args.layers),
+                                   batch_size=args.batch_size, epochs=args.epochs, seed=args.seed,
+                                   shuffle=args.shuffle, spatial=args.spatial, debiased=not args.biased,
+                                   method=args.method, options=options, shuffle_window=args.shuffle_window,
+                                   checkpoint=ckpt if args.method == "minibatch" else None,
+                                   checkpoint_every=args.checkpoint_every, allow_mixed_datasets=args.allow_mixed_datasets,
+                                   permutations=args.permutations, alpha=args.alpha, null=args.null,
+                                   stream=stream_options(args))
+        path = _cka.finish(result, args, out, ckpt)
     L = len(result.index)
     print(f"repsim similarity: {', '.join(result.measures)} ({L}x{L}) over "
           f"{len(dict.fromkeys(s for s, _ in result.index))} store(s), n={result.meta['n']} -> {path}", file=sys.stderr)

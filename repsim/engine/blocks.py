@@ -27,10 +27,16 @@ Shuffling schemes and their I/O cost (n rows, batch b, L columns):
     Each epoch draws, from ``numpy.random.default_rng([seed, epoch])``, a permutation of the
     blocks, cut into ``round(n_blocks / w)`` *windows* of consecutive permuted blocks whose block
     counts differ by at most one (w: ``window_rows`` rows, default ``4 * batch_size``, in whole
-    blocks; one window when that is n or more), so no window is a leftover of a few blocks; the rows
-    of each window are permuted and cut into ``round(rows / b)`` batches of near-equal size. Every
-    batch is within about b / 2 of b, never a runt: the minibatch estimate averages its batches with
-    equal weight, and one 64-row batch beside 1,600-row ones made its seed-to-seed spread ~45× larger.
+    blocks; one window when that is n or more; never more windows than batches), so no window is a
+    leftover of a few blocks. The epoch's K = ``round(n / b)`` batches (at least 1, at most n / 4) are
+    shared out among the windows in proportion to their rows, and the rows of each window are
+    permuted and cut into its share of batches of near-equal size. Every batch holds within a
+    quarter of n / K rows (``BATCH_TOLERANCE``), never a runt, for every n, chunk, batch and window
+    size: where whole blocks do not allow it (a runt last chunk: n = 300 in 139-row chunks made a
+    22-row and a 278-row batch; windows of about one batch) neighbouring windows are merged, down to
+    one window whose batches differ by at most one row. The minibatch estimate averages its batches
+    with equal weight, and one 64-row batch beside 1,600-row ones made its seed-to-seed spread ~45×
+    larger.
     Batches never straddle windows, so every chunk is read **exactly once per epoch** and the reader
     holds one window of one column at a time (plus prefetch).  Batches are uniform
     samples of their window, not of the whole dataset.  ``repsim extract`` writes rows in a fixed
@@ -63,9 +69,11 @@ from repsim.array_api import asarray_like, astype, is_cupy_namespace
 
 MIN_BATCH = 4  # HSIC_1 (U-centering) needs at least 4 examples
 SHUFFLE_SCHEMES = ("none", "window", "examples")
-# which rows a BatchPlan puts in which batch: 2 cuts windows and "examples" batches near-equal (1 left a
-# window of the leftover blocks and a trailing short batch); a checkpoint of another version starts over
-PLAN_VERSION = 2
+# which rows a BatchPlan puts in which batch: 3 shares round(n/b) batches out among the windows, each
+# within a quarter of n/b (2 cut each window on its own: 22 + 278 rows for n = 300 in 139-row chunks);
+# 2 cut windows and "examples" batches near-equal (1 left a window of the leftover blocks and a
+# trailing short batch); a checkpoint of another version is another computation's
+PLAN_VERSION = 3
 
 
 # --------------------------------------------------------------------------------------------------
@@ -290,6 +298,31 @@ def _split(rows: np.ndarray, k: int) -> list[np.ndarray]:
     return [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+# every window batch holds between (1 - t) and (1 + t) times n / K rows (K batches per epoch)
+BATCH_TOLERANCE = 0.25
+
+
+def _apportion(rows: np.ndarray, total: int) -> list[int]:
+    """``total`` batches shared out in proportion to ``rows`` (Hamilton's largest remainders)."""
+    quota = rows * total / rows.sum()
+    shares = np.floor(quota).astype(np.int64)
+    for k in np.argsort(-(quota - shares), kind="stable")[:total - int(shares.sum())]:
+        shares[k] += 1
+    return shares.tolist()
+
+
+def _near(rows: np.ndarray, shares: Sequence[int], target: float) -> bool:
+    """Whether windows of ``rows`` rows cut into ``shares`` batches each give batches within
+    :data:`BATCH_TOLERANCE` of ``target`` rows and of at least 4 rows."""
+    for r, k in zip(rows.tolist(), shares):
+        if k < 1:
+            return False
+        small, big = r // k, -(-r // k)
+        if small < MIN_BATCH or small < (1 - BATCH_TOLERANCE) * target or big > (1 + BATCH_TOLERANCE) * target:
+            return False
+    return True
+
+
 @dataclass(frozen=True)
 class BatchPlan:
     """Which rows form each batch of each epoch, grouped by the blocks they read (module docstring)."""
@@ -322,11 +355,36 @@ class BatchPlan:
         out = [order[s:s + b] for s in range(0, self.n, b)]
         return [np.sort(r) for r in out if r.size >= MIN_BATCH]
 
+    def batch_count(self) -> int:
+        """Batches per epoch of the shuffled schemes: ``round(n / b)``, at least one, at most ``n // 4``
+        (each batch needs 4 rows)."""
+        return max(1, min(round(self.n / self.batch_size), self.n // MIN_BATCH))
+
     def _near_equal(self, rows: np.ndarray) -> list[np.ndarray]:
-        """``rows`` cut into round(rows / b) consecutive batches whose sizes differ by at most one
-        (each >= 4 rows), each sorted."""
-        k = max(1, min(round(rows.size / self.batch_size), rows.size // MIN_BATCH))
-        return [np.sort(r) for r in _split(rows, k)]
+        """``rows`` cut into :meth:`batch_count` consecutive batches whose sizes differ by at most one,
+        each sorted."""
+        return [np.sort(r) for r in _split(rows, self.batch_count())]
+
+    def _windows(self, order: np.ndarray) -> tuple[list[np.ndarray], list[int]]:
+        """The permuted blocks ``order`` cut into windows, and each window's number of batches.
+
+        The epoch's :meth:`batch_count` K batches are shared out among the windows in proportion to
+        their rows (largest remainders), so every batch holds within a quarter of n / K rows
+        (:data:`BATCH_TOLERANCE`) whatever the chunk, batch and window sizes: where the windows'
+        whole blocks do not allow it (a runt last chunk, windows of about one batch), neighbouring
+        windows are merged — down to one window, whose batches differ by at most one row."""
+        rows_of = np.full(order.size, self.block_rows, dtype=np.int64)  # by block number
+        rows_of[-1] = self.n - (order.size - 1) * self.block_rows  # the last block may be short
+        total = self.batch_count()
+        target = self.n / total
+        count = max(1, min(round(order.size / (self.window // self.block_rows)), total))
+        while True:
+            parts = _split(order, count)
+            rows = np.array([int(rows_of[p].sum()) for p in parts])
+            shares = _apportion(rows, total)
+            if count == 1 or _near(rows, shares, target):
+                return parts, shares
+            count -= 1
 
     def groups(self, epoch: int) -> list[Group]:
         """The epoch's batches in order, as groups that share reads."""
@@ -337,13 +395,12 @@ class BatchPlan:
             return [Group(None, [r]) for r in self._near_equal(rng.permutation(self.n))]
         n_blocks = -(-self.n // self.block_rows)
         order = rng.permutation(n_blocks)
-        windows = max(1, round(n_blocks / (self.window // self.block_rows)))
         out = []
-        for blocks in _split(order, windows):
+        for blocks, batches in zip(*self._windows(order)):
             blocks = np.sort(blocks)
             rows = np.concatenate([np.arange(k * self.block_rows, min(self.n, (k + 1) * self.block_rows))
                                    for k in blocks])
-            out.append(Group(blocks, self._near_equal(rng.permutation(rows))))
+            out.append(Group(blocks, [np.sort(r) for r in _split(rng.permutation(rows), batches)]))
         return out
 
     def batches(self, epoch: int) -> list[np.ndarray]:
@@ -378,22 +435,28 @@ class BatchPlan:
 # reading
 
 
-# |x| beyond this overflows float64 in CKA's sums of squares: (1e150)² · 1e8 terms is still finite
-# (max 1.8e308), while a layer of ~1e160 would overflow and read as "constant" or NaN downstream
-MAX_MAGNITUDE = 1e150
+def magnitude_limit(rows: int) -> float:
+    """The largest |x| a stored value may have for CKA over ``rows`` rows: its square alone must not
+    exceed :func:`repsim.kernels.hsic.max_trace` (the trace whose HSIC products float64 can
+    hold; ~4e76 for 300 rows, ~2e75 for a million). Only float64 stores can exceed it."""
+    from repsim.kernels.hsic import max_trace
+
+    return math.sqrt(max_trace(rows))
 
 
-def check_magnitude(x: np.ndarray, store: str, layer: str, chunk: int) -> np.ndarray:
-    """``x`` (chunk ``chunk`` of a layer) unchanged; ``ValueError`` naming store, layer and chunk when a
-    float64 value exceeds :data:`MAX_MAGNITUDE` (only float64 can: float32 and float16 stop far
-    below it).  The kernels' own checks would see the overflowed sums as a zero-variance
-    (constant) layer or as NaN, so the cause is named here, where the values are read."""
-    if x.dtype == np.float64 and x.size:
-        big = float(np.max(np.abs(x)))
-        if MAX_MAGNITUDE < big < math.inf:
-            raise ValueError(f"store {store}: layer {layer!r}: chunk {chunk} holds values up to {big:.3g} in "
-                             f"magnitude; their squares overflow float64 (CKA needs |x| <= {MAX_MAGNITUDE:.0e}): "
-                             "rescale the layer")
+def check_magnitude(x: np.ndarray, store: str, layer: str, chunk: int, rows: int) -> np.ndarray:
+    """``x`` (chunk ``chunk`` of a layer read for CKA over ``rows`` rows) unchanged; a ``ValueError``
+    naming store, layer, chunk and the overflow when a value exceeds :func:`magnitude_limit`. The
+    kernels check each batch's sum of squares by the same rule (``_precision.check_products``);
+    this names the chunk, where the values are read."""
+    if x.dtype.kind == "f" and x.size and float(np.finfo(x.dtype).max) > (limit := magnitude_limit(rows)):
+        big = float(max(np.max(x), -np.min(x)))
+        if limit < big < math.inf:
+            from repsim.kernels.hsic import ProductOverflow
+
+            raise ProductOverflow(f"store {store}: layer {layer!r}: chunk {chunk} holds values up to {big:.3g} in "
+                                  f"magnitude, which overflow float64 in CKA's HSIC products over {rows} rows (they hold "
+                                  f"|x| <= {limit:.2g}); rescale the layer (CKA does not change)")
     return x
 
 
@@ -497,7 +560,7 @@ class BlockReader:
         """Chunks ``first..last`` of column ``c`` through ``ActivationStore.read_chunk``, which
         raises a ``StoreError`` naming store, layer and chunk for a missing or corrupt object."""
         store, layer = self._stores[c], self.columns[c].layer
-        parts = [check_magnitude(np.asarray(store.read_chunk(layer, k)), store.name, layer, k)
+        parts = [check_magnitude(np.asarray(store.read_chunk(layer, k)), store.name, layer, k, self.n)
                  for k in range(first, last + 1)]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 

@@ -337,6 +337,18 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
         compute_dtype=compute_dtype).as_cka()
 
 
+def content_identities(opened: Sequence[Any], columns: Sequence[Column]) -> dict[str, str]:
+    """Each store's identity for a checkpoint: :attr:`ActivationStore.identity` (which store) and the
+    :meth:`~ActivationStore.content_digest` of the arrays the pass reads (what it held), so that a
+    store rewritten in place since — a version-1 store keeps its identity and has no manifest — is
+    not resumed from the old content's sums."""
+    read: dict[str, list[str]] = {}
+    for c in columns:
+        read.setdefault(c.path, ["example_ids"]).append(f"layers/{c.layer}")
+    return {store_location(s): f"{s.identity}+{s.content_digest(read.get(store_location(s), ['example_ids']))}"
+            for s in opened}
+
+
 def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka",), layers: Any = None,
                       batch_size: int = 1500, epochs: int = 10, seed: int = 0, shuffle: bool | str = True,
                       spatial: str = "flatten", debiased: bool = True, *, method: str = "minibatch",
@@ -513,7 +525,7 @@ def _similarity_matrix(stores: Any, measures: Sequence[str] | str, layers: Any, 
                            segment_batches=seg, compute_dtype=compute_dtype, measures=spec["measures"])
         if null_req is not None:  # (absent without a null: the checkpoints of earlier runs stay valid)
             fingerprint["null"] = null_req
-        ckpt = Checkpoint(checkpoint, fingerprint, {store_location(s): s.identity for s in opened})
+        ckpt = Checkpoint(checkpoint, fingerprint, content_identities(opened, columns))
         done, state = ckpt.load()
         if done > len(tasks):  # made by a run with more epochs: cannot be cut back
             done, state = 0, None

@@ -3,11 +3,12 @@
 ``.npz`` writes shared by every result file the engine writes."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import zipfile
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -78,9 +79,11 @@ class CKAResult:
         draws = min(int(per_epoch[0]), acc.n_batches) if per_epoch else None
         return acc.ci(level, n_boot=n_boot, seed=seed, draws=draws)
 
-    def save(self, path: str | os.PathLike) -> str:
+    def save(self, path: str | os.PathLike, *, overwrite: bool = True) -> str:
         """Write ``.npz`` (docs/architecture.md "Results files"): ``values``, ``stores``, ``layers``, ``meta``
-        (JSON string) and ``state__<key>`` for every per-batch statistic.  Atomic."""
+        (JSON string) and ``state__<key>`` for every per-batch statistic.  Atomic; ``overwrite=False``:
+        a create that fails (:class:`~repsim.fileio.OutputConflict`, this result kept beside it) when the
+        file exists."""
         arrays: dict[str, Any] = {
             "values": np.asarray(self.values, dtype=np.float64),
             "stores": np.array([s for s, _ in self.index], dtype=str),
@@ -89,11 +92,11 @@ class CKAResult:
         }
         for key, value in (self.state or {}).items():
             arrays[_STATE_PREFIX + key] = np.asarray(value)
-        return _atomic_savez(path, arrays)
+        return _atomic_savez(path, arrays, exclusive=not overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "CKAResult":
-        with np.load(os.fspath(path), allow_pickle=False) as z:
+        with _opened_result(path) as z:
             state = {k[len(_STATE_PREFIX):]: _unwrap(z[k]) for k in z.files if k.startswith(_STATE_PREFIX)}
             return cls(values=np.array(z["values"]), index=list(zip(z["stores"].tolist(), z["layers"].tolist())),
                        meta=json.loads(str(z["meta"])), state=state or None)
@@ -238,8 +241,8 @@ class SimilarityResult:
         draws = min(int(per_epoch[0]), acc.n_batches) if per_epoch else None
         return acc.ci(level, n_boot=n_boot, seed=seed, draws=draws)
 
-    def save(self, path: str | os.PathLike) -> str:
-        """Write ``.npz`` (class docstring). Atomic."""
+    def save(self, path: str | os.PathLike, *, overwrite: bool = True) -> str:
+        """Write ``.npz`` (class docstring). Atomic; ``overwrite`` as :meth:`CKAResult.save`."""
         arrays: dict[str, Any] = {
             "measures": np.array(self.measures, dtype=str),
             "stores": np.array([s for s, _ in self.index], dtype=str),
@@ -254,7 +257,7 @@ class SimilarityResult:
         for name, arrs in self.calibration.items():
             for key, value in arrs.items():
                 arrays[f"{_CALIB_PREFIX}{name}__{key}"] = np.asarray(value, dtype=np.float64)
-        return _atomic_savez(path, arrays)
+        return _atomic_savez(path, arrays, exclusive=not overwrite)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "SimilarityResult":
@@ -332,7 +335,13 @@ def load_result(path: str | os.PathLike) -> SimilarityResult:
         raise
     except (KeyError, json.JSONDecodeError) as exc:  # a result's arrays, but not all of them: damaged
         raise ValueError(f"{path}: a damaged result of repsim cka/similarity ({type(exc).__name__}: {exc})") from exc
+    except ResultFileError:
+        raise
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        if _is_zip(path):  # an .npz that does not read: truncated or damaged, whatever it held
+            raise ResultFileError(f"{path} is a truncated or damaged .npz ({type(exc).__name__}: "
+                                  f"{' '.join(str(exc).split())}); rerun the command that wrote it, or move it "
+                                  "away") from None
         what = "a directory" if os.path.isdir(path) else "not an .npz file"
         raise NotAResult(f"{path} is not a result of repsim cka/similarity ({what})") from exc
     L = len(result.index)
@@ -341,6 +350,42 @@ def load_result(path: str | os.PathLike) -> SimilarityResult:
             raise ValueError(f"{path}: a damaged result: {m} values {result.values[m].shape} do not match its "
                              f"{L} columns")
     return result
+
+
+def _is_zip(path: str) -> bool:
+    """Whether ``path`` is a file that starts as a zip archive (an ``.npz``) does."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+class ResultFileError(ValueError):
+    """A results file that cannot be read: truncated, damaged, or not a repsim result."""
+
+
+@contextlib.contextmanager
+def _opened_result(path: str | os.PathLike) -> Iterator[Any]:
+    """``np.load`` of results file ``path``; a truncated or damaged file, or one missing a results
+    array, is a :class:`ResultFileError` naming the file (numpy's ``BadZipFile`` names none)."""
+    path = os.fspath(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise ValueError("a single array, not a results archive")
+            yield z
+    except (EOFError, zipfile.BadZipFile, ValueError, KeyError, json.JSONDecodeError) as exc:
+        if isinstance(exc, ResultFileError):
+            raise
+        what = f"no {exc.args[0]}" if isinstance(exc, KeyError) and exc.args else " ".join(str(exc).split())
+        raise ResultFileError(f"{path} is not a readable repsim results file (truncated or damaged: "
+                              f"{what or type(exc).__name__}); rerun the command that wrote it") from None
+    except OSError as exc:
+        if exc.filename is None:  # a read error inside the archive (a truncated member)
+            raise ResultFileError(f"{path} is not a readable repsim results file (truncated or damaged: "
+                                  f"{' '.join(str(exc).split())}); rerun the command that wrote it") from None
+        raise
 
 
 def _json_default(obj: Any) -> Any:
@@ -356,11 +401,13 @@ def _unwrap(value: np.ndarray) -> Any:
     return value.item() if value.ndim == 0 else np.array(value)
 
 
-def _atomic_savez(path: str | os.PathLike, arrays: dict[str, Any]) -> str:
+def _atomic_savez(path: str | os.PathLike, arrays: dict[str, Any], *, exclusive: bool = False) -> str:
+    """Write ``arrays`` to ``path`` (``.npz`` added) atomically; ``exclusive``: a create that fails when
+    the file exists (:func:`repsim.fileio.atomic_write`)."""
     path = os.fspath(path)
     if not path.endswith(".npz"):
         path += ".npz"
-    with atomic_write(path) as fh:
+    with atomic_write(path, exclusive=exclusive) as fh:
         np.savez(fh, **arrays)
     return path
 

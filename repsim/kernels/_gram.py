@@ -14,7 +14,8 @@ import numpy as np
 
 from repsim.array_api import asarray_like, check_finite, diagonal, flatten_examples, row_sq_norms
 from repsim.array_api import astype as _astype
-from repsim.kernels._precision import GRAM_SLAB, CentredGram, centre_rounded, constant_tolerance, is_constant
+from repsim.kernels._precision import (GRAM_SLAB, CentredGram, ProductOverflow, centre_rounded, check_products,
+                                      constant_tolerance, is_constant)
 
 HOST_BLOCK_BYTES = 1 << 30  # default bound of the buffer A on NumPy (upper-triangle panels)
 DEVICE_BLOCK_BYTES = 4 << 30  # ... and on an accelerator (whole Gram rows; kernels/_cka_device.py)
@@ -136,9 +137,10 @@ def prepare_layer(X: Any, xp: Any, dtype: Any, n: int | None, what: str,
     spread = float(xp.sum(d))
     if not math.isfinite(spread):  # finite values (the mean is) whose squares overflow the working dtype
         big = float(xp.max(xp.abs(X)))
-        raise ValueError(f"{what}: its values (up to {big:.3g} in magnitude) are too large for {_dtype_name(dtype)} "
-                         "products, which overflow: rescale the layer (CKA does not change) or compute in float64 "
-                         "(compute_dtype='float64')")
+        raise ProductOverflow(f"{what}: overflow: its values (up to {big:.3g} in magnitude) are too large for "
+                              f"{_dtype_name(dtype)} products; rescale the layer (CKA does not change) or compute "
+                              "in float64 (compute_dtype='float64')")
+    check_products(what, spread, X.shape[0], float(xp.max(d)) if d.shape[0] else 0.0, dtype)
     return Xc, d, spread <= constant_tolerance(X.shape[0], float(xp.sum(mean * mean)))
 
 

@@ -12,7 +12,8 @@ import numpy as np
 
 from repsim.array_api import astype as _astype
 
-__all__ = ["GRAM_SLAB", "CentredGram", "centre_rounded", "constant_tolerance", "is_constant", "zero_constant"]
+__all__ = ["GRAM_SLAB", "CentredGram", "centre_rounded", "check_products", "constant_tolerance", "is_constant",
+           "max_trace", "zero_constant"]
 
 GRAM_SLAB = 2048  # features per float32 slab of a Gram product; the slabs are summed in float64
 
@@ -55,6 +56,51 @@ def centre_rounded(X: Any, xp: Any, dt: Any, *, fresh: bool = False, out: Any = 
             X = X - hi
         X -= lo
     return X, mean
+
+
+_F64_MAX = float(np.finfo(np.float64).max)
+
+
+def max_trace(n: int) -> float:
+    """The largest trace tr K = Σ_i ‖x_i − x̄‖² of a layer's centred Gram over ``n`` rows whose HSIC
+    products float64 can hold — the one magnitude rule of every CKA route.
+
+    Every HSIC term is bounded by tr K · tr L (K, L centred, positive semi-definite): ⟨K, L⟩ ≤
+    ‖K‖_F ‖L‖_F ≤ tr K tr L; the debiased estimator's largest intermediate, 1ᵀK̃L̃1 with K̃ = K less
+    its diagonal (‖K̃‖₂ ≤ 2 tr K, ‖K̃1‖ ≤ 2√n tr K), is at most 4n tr K tr L before its division by
+    n − 2. So tr K ≤ √(max₆₄ / (16 n)) keeps every product finite with a factor 4 to spare; beyond
+    it an HSIC may overflow to inf or NaN, which downstream reads as a constant (undefined) layer."""
+    return math.sqrt(_F64_MAX / (16 * max(int(n), 1)))
+
+
+class ProductOverflow(ValueError):
+    """A layer whose values are too large for the products CKA forms (a refusal naming overflow)."""
+
+
+def check_products(what: str, trace: float, n: int, largest_row: float | None = None, dtype: Any = None) -> None:
+    """Refuse, naming ``what``, a layer whose centred Gram over ``n`` rows has a non-finite trace
+    (NaN or infinity in the layer, or squares that overflowed), a trace beyond :func:`max_trace`
+    (its HSIC products overflow float64), or a row whose squared norm ``largest_row`` does not fit
+    the Gram's ``dtype`` (float32 Gram entries overflow: compute in float64)."""
+    if not math.isfinite(trace):
+        raise ValueError(f"{what} contains NaN or infinite values, or values so large that their products "
+                         "overflow (rescale the layer: CKA does not change)")
+    limit = max_trace(n)
+    if trace > limit:
+        raise ProductOverflow(
+            f"{what}: overflow: its centred values' sum of squares over {n} rows is {trace:.3g}, beyond the "
+            f"{limit:.3g} whose HSIC products float64 can hold; rescale the layer (CKA does not change)")
+    name = _float_name(dtype)
+    if largest_row is not None and name in ("float16", "float32") and largest_row > float(np.finfo(name).max) / 2:
+        raise ProductOverflow(
+            f"{what}: overflow: a row's squared norm ({largest_row:.3g}) does not fit {name} Gram entries; "
+            "rescale the layer (CKA does not change) or compute in float64 (compute_dtype='float64')")
+
+
+def _float_name(dtype: Any) -> str:
+    """The NumPy name of a (NumPy or another namespace's) float dtype, ``float32``; "" for None."""
+    text = "" if dtype is None else str(dtype)
+    return next((name for name in ("float16", "float32", "float64") if name in text), "")
 
 
 def constant_tolerance(n: int, mean_sq: float) -> float:
@@ -110,7 +156,5 @@ def is_constant(what: str, trace: float, mean_sq: float, n: int) -> bool:
     infinity anywhere in the layer makes tr K non-finite, a ``ValueError`` naming ``what``; returns
     whether the layer is constant over the batch (tr K within the rounding of the mean,
     :func:`constant_tolerance`)."""
-    if not math.isfinite(trace):
-        raise ValueError(f"{what} contains NaN or infinite values, or values so large that their products "
-                         "overflow (rescale the layer: CKA does not change)")
+    check_products(what, trace, n)
     return trace <= constant_tolerance(n, mean_sq)

@@ -108,9 +108,9 @@ from repsim.kernels._cka_device import device_batch_hsic
 from repsim.kernels._gram import (A_CACHE, DEVICE_BLOCK_BYTES, HOST_BLOCK_BYTES, HostScratch, centred_gram_slabs,
                                   check_gram, each_column, gram64, is_numpy, is_wide, pair_groups, prepare_gram,
                                   prepare_layer, row_products, sq_norms64, write_panels)
-from repsim.kernels._precision import GRAM_SLAB, CentredGram, centre_rounded, zero_constant
+from repsim.kernels._precision import GRAM_SLAB, CentredGram, ProductOverflow, centre_rounded, max_trace, zero_constant
 
-__all__ = ["ucenter", "centred_gram", "batch_hsic", "hsic_to_cka", "release_buffers"]
+__all__ = ["ucenter", "centred_gram", "batch_hsic", "hsic_to_cka", "release_buffers", "max_trace", "ProductOverflow"]
 
 
 def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> CentredGram:

@@ -5,7 +5,9 @@ N×N matrix). :func:`knn_probe_rows` is the same probe out of core: the exact se
 training rows (a store's chunks) against one block of queries at a time and keeps a running top-k
 per query (merged by similarity, then index), so memory is O(query block × (P + train block + k)),
 never the (n, P) features nor an (n, k) neighbour table. Ties: the smallest best k; vote ties go to the class of the nearest neighbour among the
-tied classes; neighbours are ordered by decreasing similarity, then increasing training index.
+tied classes; neighbours are the k first in the order (decreasing similarity, increasing training
+index) — one rule (:func:`top_k`) for both searches, so they find the same neighbours, k and
+accuracy, ties included.
 """
 from __future__ import annotations
 
@@ -29,6 +31,39 @@ def _normalise_rows(X: Any, xp: Any) -> Any:
     return X / xp.where(norms > 0, norms, xp.ones_like(norms))
 
 
+SIM_TILE = 4096  # training rows per float64 product tile of :func:`similarities`
+
+
+def similarities(Qn: np.ndarray, Xn: np.ndarray) -> np.ndarray:
+    """Cosine similarities (m, n) float32 of normalised rows, the same numbers whatever the shapes
+    of the blocks they are computed in: the products of float32 values are exact in float64 and their
+    float64 sums are far below float32's rounding, so float32(Σ in float64) does not depend on how a
+    BLAS tiles the product (float32 products did: a tie between two training rows in one search was
+    an ulp apart in the other). Computed in tiles of :data:`SIM_TILE` training rows."""
+    Q = np.asarray(Qn, dtype=np.float64)
+    out = np.empty((Q.shape[0], Xn.shape[0]), dtype=np.float32)
+    for j in range(0, Xn.shape[0], SIM_TILE):
+        out[:, j:j + SIM_TILE] = Q @ np.asarray(Xn[j:j + SIM_TILE], dtype=np.float64).T
+    return out
+
+
+def top_k(S: np.ndarray, k: int) -> np.ndarray:
+    """Columns (m, k) of each row's k largest entries of ``S`` (m, n), unordered, chosen by the one
+    rule of both searches: larger first, and among equal values the smaller column (what a stable
+    sort of −S keeps). ``argpartition`` alone takes any of the values tied at the k-th place (a sparse
+    ReLU layer has many), so the in-memory and the streamed search disagreed on them (k = 100 against
+    20, accuracy 0.403 against 0.353); the rows with such a tie are re-selected by a stable sort."""
+    m, n = S.shape
+    if k >= n:
+        return np.broadcast_to(np.arange(n), (m, n)).copy()
+    part = np.argpartition(-S, k - 1, axis=1)[:, :k]
+    kth = np.take_along_axis(S, part, axis=1).min(axis=1, keepdims=True)
+    tied = np.flatnonzero(np.count_nonzero(S >= kth, axis=1) > k)  # more candidates than places: choose
+    if tied.size:
+        part[tied] = np.argsort(-S[tied], axis=1, kind="stable")[:, :k]
+    return part
+
+
 def knn_neighbours(Q: Any, X: Any, k: int, *, exclude_self: bool = False,
                    chunk_bytes: int = 128 * 2**20) -> tuple[np.ndarray, np.ndarray]:
     """Indices (M, k) and cosine similarities (M, k) of each query row's k nearest rows of X, in
@@ -48,12 +83,12 @@ def knn_neighbours(Q: Any, X: Any, k: int, *, exclude_self: bool = False,
     sim_out = np.empty((m, k), dtype=np.float64)
     for start in range(0, m, chunk):
         stop = min(m, start + chunk)
-        S = xp.matmul(Qn[start:stop, ...], XnT)
+        S = similarities(Qn[start:stop], Xn) if xp is np else xp.matmul(Qn[start:stop, ...], XnT)
         if exclude_self:
             rows = on_device(xp.arange, start, stop, device=getattr(Xn, "device", None))
             S = xp.where(rows[:, None] == cols[None, :], asarray_like(-xp.inf, S, xp, S.dtype), S)
         if xp is np:
-            part = np.argpartition(-S, k - 1, axis=1)[:, :k]
+            part = top_k(S, k)
         else:
             part = xp.argsort(-S, axis=1, stable=True)[:, :k]
         cand_sim = np.asarray(to_numpy(xp.take_along_axis(S, part, axis=1)), dtype=np.float64)
@@ -139,7 +174,7 @@ def knn_search_rows(queries: Rows, q_select: np.ndarray, train: Rows, t_select: 
     training rows are the same selection and position i never counts itself (leave-one-out).
 
     Per query block of m rows (m·(training block rows)·4 bytes ≈ ``query_bytes``): one pass over
-    the training blocks, each giving S = Q̂ X̂ᵀ (rows normalised), its top-k by ``argpartition``,
+    the training blocks, each giving S = Q̂ X̂ᵀ (rows normalised), its top-k (:func:`top_k`),
     merged with the running top-k by the (−similarity, index) order."""
     n = int(np.asarray(t_select).size)
     if k > n - int(exclude_self):
@@ -157,12 +192,10 @@ def knn_search_rows(queries: Rows, q_select: np.ndarray, train: Rows, t_select: 
         best_s = np.zeros((sel.size, 0), dtype=np.float64)
         for pos, X in train.blocks(t_select):
             cols = np.arange(n)[pos]
-            S = Qn @ _normalise_rows(X, np).T
+            S = similarities(Qn, _normalise_rows(X, np))
             if exclude_self:
                 S[np.arange(q0, q0 + sel.size)[:, None] == cols[None, :]] = -np.inf
-            kk = min(k, S.shape[1])
-            part = np.argpartition(-S, kk - 1, axis=1)[:, :kk] if kk < S.shape[1] else \
-                np.broadcast_to(np.arange(S.shape[1]), S.shape)
+            part = top_k(S, min(k, S.shape[1]))
             cand_s = np.concatenate([best_s, np.take_along_axis(S, part, axis=1).astype(np.float64)], axis=1)
             cand_i = np.concatenate([best_i, cols[part]], axis=1)
             o = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]
@@ -175,9 +208,8 @@ def knn_probe_rows(train: Rows, y_train: Any, test: Rows, y_test: Any, ks: Seque
                    test_select: np.ndarray | None = None, query_bytes: int | None = None) -> ProbeResult:
     """:func:`knn_probe` out of core (module doc): features are :class:`repsim.probes.rows.Rows`, rows
     ``train_select`` / ``test_select`` (default all; labels for those rows, in that order). The same
-    neighbours as the in-memory search (but where ties straddle the k-th place: the in-memory
-    ``argpartition`` picks any of them, this search keeps the smallest indices when they meet in one
-    merge), so the same k and accuracy."""
+    neighbours as the in-memory search, ties at the k-th place included (both keep the smallest
+    training indices: :func:`top_k`), so the same k and accuracy."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     if train.p != test.p:

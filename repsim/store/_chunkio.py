@@ -218,6 +218,9 @@ def misplaced(found: int, expect: int) -> None:
     """Raise ``ValueError`` when an intact chunk object's crc32c ``found`` is not ``expect``, the one
     the manifest recorded for its array and index: it was written elsewhere (moved or swapped within
     the array, taken from another array, or copied from another store)."""
+    if expect == 1 << 32:  # repsim.store.manifest.FOREIGN: no such object was written with this store
+        raise ValueError("this store was written without it, so the object was copied from another store (its "
+                         f"crc32c {found:08x} is recorded nowhere in this store's manifest)")
     if found != expect:
         raise ValueError(f"the chunk object is intact but is not the one written here: its crc32c {found:08x} "
                          f"differs from {expect:08x}, recorded for this array and chunk index (moved, swapped or "

@@ -8,7 +8,10 @@ chunk ``i`` is written, the crc32c of every per-example array's chunk ``i`` in o
 ``checksums`` (``(n_chunks, 1 + arrays)`` uint32, chunked one row per chunk index so that writers of
 disjoint chunks never share an object): column 0 holds ``i`` itself (so a moved row is caught too),
 the other columns follow the array paths listed in its attribute ``arrays``.  The head's two
-single-chunk arrays record theirs in the ``head`` group's attribute ``chunk_crc32c``.  Every read
+single-chunk arrays record theirs in the ``checksums`` array's attribute ``chunk_crc32c`` (null
+while the store has no head), so that a ``head`` group copied from another store is refused like a
+copied layer (stores written before issue 43 record them in the ``head`` group's own attribute of
+that name, which a copied group brings along: read as before).  Every read
 compares the object's trailer with the recorded value (:class:`Manifest`), and so does
 ``repsim check``.
 
@@ -23,6 +26,7 @@ import numpy as np
 
 MANIFEST = "checksums"
 HEAD_ATTR = "chunk_crc32c"
+FOREIGN = 1 << 32  # the expected crc32c of a head group the store never wrote: no chunk's crc32c equals it
 
 
 def manifest_columns(layers: Sequence[str], has_logits: bool, has_token_counts: bool = False) -> list[str]:

@@ -19,8 +19,9 @@ under A's name, and a store given as both members scores a network on its own tr
   dataset's labels measures nothing the results files say. ``mixed_datasets=True``
   (``--allow-mixed-datasets``) allows it on purpose and prints a warning that says so.
 - **different examples**: not the same store, and where both stores hold splits of the same dataset
-  that have a part in common (the same split, both naming it or neither; ``train+holdout`` and
-  ``holdout`` or ``train``: :func:`split_parts`), no example id in both. ``same_examples=True`` allows it
+  that may have a part in common (the same split; ``train+holdout`` and ``holdout`` or ``train``:
+  :func:`split_parts`; or a split or dataset name one of them does not record, which is unknown, not
+  another one), no example id in both. ``same_examples=True`` allows it
   on purpose (a training-set accuracy) and prints a warning that says so.
 
 :func:`label_space_difference` is the rule for scoring a network's own head (its logits, or its stored
@@ -96,16 +97,21 @@ def split_parts(split: Any) -> frozenset:
 
 def shared_examples(a: Any, b: Any) -> int:
     """How many examples stores ``a`` and ``b`` both hold: all of them for one store given twice; 0 for
-    stores of different datasets (:func:`dataset_family`) or of splits with no part in common (another
-    split may number its examples from 0 too); else the example ids in both (``train+holdout`` and
-    ``holdout`` share the holdout's ids, :func:`split_parts`)."""
+    stores that record different datasets (:func:`dataset_family`) or splits with no part in common
+    (another split may number its examples from 0 too); else — an unrecorded name or split included —
+    the example ids in both (``train+holdout`` and ``holdout`` share the holdout's ids,
+    :func:`split_parts`)."""
     if _same_store(a, b):
         return a.n
     da, db = a.dataset or {}, b.dataset or {}
-    if dataset_family(da.get("name")) != dataset_family(db.get("name")):
+    fa, fb = dataset_family(da.get("name")), dataset_family(db.get("name"))
+    if fa is not None and fb is not None and fa != fb:
         return 0
-    if not split_parts(da.get("split")) & split_parts(db.get("split")):
+    pa, pb = split_parts(da.get("split")), split_parts(db.get("split"))
+    if None not in pa and None not in pb and not pa & pb:  # both recorded, no part in common
         return 0
+    # an unrecorded name or split is unknown, not "another one": the example ids decide (a test store
+    # without a split holding the training store's examples scored the training set as the test set)
     return int(np.intersect1d(a.example_ids, b.example_ids, assume_unique=True).size)
 
 

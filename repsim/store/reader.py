@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -224,6 +224,25 @@ class ActivationStore:
             h.update(str(os.stat(meta).st_mtime_ns).encode())
         return "attrs-" + h.hexdigest()[:32]
 
+    def content_digest(self, arrays: Sequence[str]) -> str:
+        """A digest of the bytes of ``arrays`` (paths such as ``layers/conv``, ``example_ids``) that
+        costs one 4-byte read per chunk: every chunk object ends in the crc32c of its bytes, so the
+        digest of all the trailers changes when any chunk is rewritten — in a version-1 store too,
+        which has no manifest, and in a store rewritten in place under the same ``store_uuid``.
+        What binds a checkpoint to the content it was computed from (:attr:`identity` binds it to
+        the store only). A missing chunk object counts as "absent"."""
+        from repsim.store._chunkio import object_crc
+
+        h = hashlib.sha256()
+        for name in sorted(dict.fromkeys(arrays)):
+            arr = self._group[name]
+            tail = (0,) * (arr.ndim - 1)
+            h.update(f"{name}:{arr.shape}:{arr.dtype}".encode())
+            for c in range(-(-arr.shape[0] // arr.chunks[0])):
+                crc = object_crc(arr, (c,) + tail)
+                h.update(b"-" if crc is None else crc.to_bytes(4, "little"))
+        return "crc-" + h.hexdigest()[:32]
+
     @property
     def n_chunks(self) -> int:
         return -(-self.n // self.chunk_rows)
@@ -248,15 +267,22 @@ class ActivationStore:
     def _manifest(self) -> Any:
         """The checksum manifest of a version-2 store (read on demand), None for version 1."""
         if "manifest" not in self._cache:
-            from repsim.store.manifest import HEAD_ATTR, MANIFEST, Manifest
+            from repsim.store.manifest import FOREIGN, HEAD_ATTR, MANIFEST, Manifest
 
             manifest = None
             if self.version >= 2:
                 arr = self._group[MANIFEST]
                 rows = _ChunkReader(self.path, MANIFEST, arr.shape, arr.dtype, 1, self._flags())
                 rows._arr = arr
-                head = dict(self._group["head"].attrs).get(HEAD_ATTR) if "head" in self._group else None
-                manifest = Manifest(rows, list(arr.attrs.get("arrays", [])), head, self._flags())
+                attrs = dict(arr.attrs)
+                own = dict(self._group["head"].attrs).get(HEAD_ATTR) if "head" in self._group else None
+                if HEAD_ATTR in attrs:  # the root's record binds the head to this store (a copied group has
+                    head = attrs[HEAD_ATTR]  # its own store's record in its attributes)
+                    if head is None and own is not None:  # a head group this store never wrote
+                        head = {k: FOREIGN for k in own}
+                else:  # stores written before the root recorded it: the head group's own record
+                    head = own
+                manifest = Manifest(rows, list(attrs.get("arrays", [])), head, self._flags())
             self._cache["manifest"] = manifest
         return self._cache["manifest"]
 

@@ -130,7 +130,7 @@ def _build(path: str, attrs: dict[str, Any], n: int, chunk_rows: int, n_chunks: 
         nodes[f"layers/{name}"] = lg.create_array(name, shape=(n, *tail), chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0.0, dimension_names=list(dimension_names(1 + len(tail), kinds[name])), **layer_codecs)
     nodes["written"] = group.create_array("written", shape=(n_chunks,), chunks=(1,), dtype="bool", fill_value=False, dimension_names=["chunk"], **codecs)
     columns = manifest_columns(list(spec), logits_dim is not None, token_counts)
-    nodes[MANIFEST] = group.create_array(MANIFEST, shape=(n_chunks, 1 + len(columns)), chunks=(1, 1 + len(columns)), dtype="uint32", fill_value=0, dimension_names=["chunk", "entry"], attributes={"arrays": columns}, **codecs)
+    nodes[MANIFEST] = group.create_array(MANIFEST, shape=(n_chunks, 1 + len(columns)), chunks=(1, 1 + len(columns)), dtype="uint32", fill_value=0, dimension_names=["chunk", "entry"], attributes={"arrays": columns, HEAD_ATTR: None}, **codecs)
     group.update_attributes(  # one metadata write (attrs.update writes once per key)
         {
             "repsim_store_version": STORE_VERSION,
@@ -408,7 +408,10 @@ class StoreWriter:
         if self._manifest is not None:  # the head's two chunks are bound too (repsim.store.manifest)
             from repsim.store._chunkio import object_crc
 
-            hg.attrs[HEAD_ATTR] = {"weight": object_crc(w, (0, 0)), "bias": object_crc(bb, (0,))}
+            crcs = {"weight": object_crc(w, (0, 0)), "bias": object_crc(bb, (0,))}
+            hg.attrs[HEAD_ATTR] = crcs  # (what repsim before issue 43 reads)
+            # recorded at the root too, where a head group copied from another store cannot bring its own
+            self._manifest.attrs[HEAD_ATTR] = crcs
 
     def finalize(self) -> ActivationStore:
         """Check that every chunk was written, then set ``complete = True`` (the last write)."""

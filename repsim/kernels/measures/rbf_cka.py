@@ -28,6 +28,23 @@ from repsim.blas import blas_thread_split
 from repsim.array_api import array_namespace, astype, diagonal, on_device, to_numpy
 from repsim.kernels._precision import CentredGram, constant_tolerance, is_constant
 from repsim.kernels.hsic import centred_gram
+
+# the thresholds t for which the kernel carries its data in float64. At the median pair the kernel
+# is exp(−1/(2t²)): above t = 1e4 the part that varies, 1/(2t²) <= 5e-9, keeps fewer than 8 of float64's 16
+# digits after centring (t = 1e8 rounds every entry to 1: CKA 0.985-1.0 for layers of linear CKA
+# 0.13); below t = 0.05 the median pair's entry is exp(−200) and most pairs underflow towards 0, the
+# identity Gram, whose CKA with anything is 1 (t = 1e-200: σ² = 0, a division by zero).
+RBF_THRESHOLD_RANGE = (0.05, 1e4)
+
+
+def check_threshold(threshold: float, flag: str = "rbf_threshold") -> float:
+    """``threshold`` as a float, or a one-line ``ValueError`` outside :data:`RBF_THRESHOLD_RANGE`."""
+    lo, hi = RBF_THRESHOLD_RANGE
+    value = float(threshold)
+    if not lo <= value <= hi:
+        raise ValueError(f"{flag + ' ' if flag else ''}must lie in [{lo:g}, {hi:g}] (beyond it float64 rounds the Gaussian kernel to "
+                         f"1 or 0 and RBF CKA means nothing), got {threshold:g}")
+    return value
 from repsim.kernels.minibatch_cka import MinibatchCKA
 from repsim.kernels.measures import register
 from repsim.kernels.measures._protocol import Accumulator, FullColumn, MeasureInfo
@@ -133,6 +150,7 @@ class MinibatchRBFCKA(Accumulator):
     then one :class:`MinibatchCKA` sums HSIC over batches (merge, state and CIs are its)."""
 
     def __init__(self, inner: MinibatchCKA, threshold: float) -> None:
+        check_threshold(threshold)
         self.inner = inner
         self.threshold = float(threshold)
 
@@ -203,6 +221,10 @@ class RBFCKA(CKAFamily):
         estimators=("minibatch", "exact"), symmetric=True, range=(0.0, 1.0), identical=1.0, null="0",
         statistic="gram", invariances=("orthogonal", "isotropic scaling", "translation"))
     OPTIONS = {"debiased": True, "rbf_threshold": 1.0}
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.options["rbf_threshold"] = check_threshold(self.options["rbf_threshold"])
 
     def undefined_when(self) -> str:
         return ("constant over the examples, or with a median squared distance of 0 between its examples "
