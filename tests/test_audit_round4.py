@@ -67,7 +67,7 @@ def test_1_a_second_run_with_the_same_out_is_refused_while_the_first_runs(tmp_pa
         assert f"--out {out} is being written by another running repsim command" in err[0]
         # --overwrite does not take a file another run is writing either
         code, err = _run(capsys, "similarity", tmp_path / "b.zarr", "--epochs", "1", "--no-progress",
-                         "--out", out, "--overwrite", "--checkpoint", tmp_path / "own.ckpt.npz")
+                         "--out", out, "--overwrite", "--resume", tmp_path / "own.ckpt.npz")
         assert code == EXIT_REFUSED and "is being written by another running repsim command" in err[0], err
     finally:
         proc.kill()
@@ -110,7 +110,7 @@ def test_2_a_checkpoint_naming_the_output_is_refused_before_work(tmp_path, capsy
     if overwrite:
         out.write_bytes(b"previous result")
     code, err = _run(capsys, "cka", tmp_path / "a.zarr", "--epochs", "1", "--no-progress", "--out", out,
-                     "--checkpoint", f"{tmp_path}/{spelling}", *(["--overwrite"] if overwrite else []))
+                     "--resume", f"{tmp_path}/{spelling}", *(["--overwrite"] if overwrite else []))
     assert code == EXIT_REFUSED and len(err) == 1, err
     assert "is the output file itself" in err[0]
     assert out.read_bytes() == b"previous result" if overwrite else not out.exists()
@@ -125,9 +125,9 @@ def test_3_a_checkpoint_naming_another_results_file_is_refused_and_kept(tmp_path
     before = other.read_bytes()
     capsys.readouterr()
     code, err = _run(capsys, "cka", tmp_path / "a.zarr", "--epochs", "1", "--no-progress", "--method", method,
-                     "--out", tmp_path / "new.npz", "--checkpoint", other)
+                     "--out", tmp_path / "new.npz", "--resume", other)
     assert code == EXIT_REFUSED and len(err) == 1, err
-    assert f"--checkpoint {other} exists and is not a repsim checkpoint" in err[0]
+    assert f"--resume {other} exists and is not a repsim checkpoint" in err[0]
     assert other.read_bytes() == before and not (tmp_path / "new.npz").exists()
 
 
@@ -135,7 +135,7 @@ def test_3_a_truncated_checkpoint_is_named_in_one_line(tmp_path, capsys):
     """A truncated checkpoint on rerun: exit 70 and a BadZipFile traceback."""
     _store(tmp_path / "a.zarr")
     ckpt = tmp_path / "run.ckpt.npz"
-    argv = ["cka", tmp_path / "a.zarr", "--epochs", "1", "--no-progress", "--checkpoint", ckpt]
+    argv = ["cka", tmp_path / "a.zarr", "--epochs", "1", "--no-progress", "--resume", ckpt]
     assert _run(capsys, *argv, "--out", tmp_path / "first.npz")[0] == 0
     from repsim.engine.checkpoint import Checkpoint
 
@@ -156,7 +156,7 @@ def test_3_another_computations_checkpoint_is_refused_not_overwritten(tmp_path, 
     cka_matrix([str(tmp_path / "a.zarr")], epochs=1, batch_size=50, checkpoint=ckpt, progress=False)
     before = ckpt.read_bytes()
     code, err = _run(capsys, "cka", tmp_path / "a.zarr", "--epochs", "1", "--batch-size", "40", "--no-progress",
-                     "--checkpoint", ckpt, "--out", tmp_path / "r.npz")
+                     "--resume", ckpt, "--out", tmp_path / "r.npz")
     assert code == EXIT_REFUSED and len(err) == 1, err
     assert f"checkpoint {ckpt} belongs to a different computation" in err[0]
     assert ckpt.read_bytes() == before

@@ -149,12 +149,14 @@ def test_stores_of_different_datasets_are_refused_unless_allowed(tmp_path, capsy
     assert code == EXIT_REFUSED and len(err) == 1, err
     assert "different datasets: 'B' vs 'A': name 'imagenet' vs 'cifar10'; split 'val' vs 'test'" in err[0]
     assert "--allow-mixed-datasets" in err[0] and not (tmp_path / "ab.npz").exists()
-    code, err = _run(capsys, "check", "--no-progress", a.path, b.path)
+    code, err = _run(capsys, "check", "--no-progress", a.path, b.path)  # each store checked on its own: a note
+    assert code == 0 and "store B: other data than store A (name 'imagenet' vs 'cifar10'" in err[0], err
+    code, err = _run(capsys, "check", "--no-progress", "--compare", a.path, b.path)  # meant to be compared
     assert code == 1 and "store B: other data than store A (name 'imagenet' vs 'cifar10'" in err[0], err
     # the explicit override, for users who know the rows are the same examples
     assert main(["cka", a.path, b.path, "--out", str(tmp_path / "ab.npz"), "--batch-size", "50", "--epochs", "1",
                  "--no-progress", "--allow-mixed-datasets"]) == 0
-    assert main(["check", "--no-progress", "--allow-mixed-datasets", a.path, b.path]) == 0
+    assert main(["check", "--no-progress", "--compare", "--allow-mixed-datasets", a.path, b.path]) == 0
     # without dataset names, labels that disagree on the same ids give unrelated stores away
     c = _store(tmp_path / "C.zarr", seed=2, labels=np.arange(200) % 3)
     with pytest.raises(ValueError, match="'C' has other labels than 'A' on the same example_ids"):

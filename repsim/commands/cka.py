@@ -80,12 +80,13 @@ def output_and_checkpoint(args: argparse.Namespace) -> tuple[str, str]:
 
 
 def _checkpoint_arg(args: argparse.Namespace) -> tuple[str | None, str]:
-    """(the checkpoint path the user named, the flag that named it): ``--resume`` or its older spelling
-    ``--checkpoint``, whichever the parser filled; (None, "checkpoint") for the default path."""
+    """(the checkpoint path the user named, the flag to name it by in messages): ``--resume`` (its
+    older spelling ``--checkpoint`` fills the same ``dest`` and has had its deprecation notice);
+    (None, "checkpoint") for the default path."""
     for dest in ("resume", "checkpoint"):
         value = getattr(args, dest, None)
         if isinstance(value, str) and value:
-            return value, f"--{dest}"
+            return value, "--resume"
     return None, "checkpoint"
 
 
