@@ -164,7 +164,7 @@ def test_the_demo_calls_the_library_not_the_cli():
     import ast
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "analyses" / "demo_analysis.py"
+    path = Path(__file__).resolve().parents[1] / "repsim" / "analyses" / "demo_analysis.py"
     tree = ast.parse(path.read_text())
     modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert "repsim.commands.main" not in modules

@@ -12,7 +12,7 @@ import pytest
 from repsim.results import COLUMNS, KEYS, PARAMETERS, columns, conform
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("repsim", "train", "extract", "analyses")
+PACKAGES = ("repsim",)  # every stage lives under the one import root
 HOME = "repsim/results.py"
 MIN_NAMES = 3  # shorter literals ("store",), ("dataset", "split") are too common to mean a file's columns
 # a network's and its data's metadata, shared by many files (and by readers joining store attrs on
@@ -63,11 +63,11 @@ def test_the_check_finds_the_old_local_lists_of_robustness_and_tune(tmp_path):
     """robustness.py's merge key and summary base, and tune's and finetune's merge keys, as they were
     before robustness/tune/finetune.csv were declared (tune.csv's key is all SHARED names: caught as a
     declared merge key)."""
-    (tmp_path / "train").mkdir()
-    (tmp_path / "train" / "robustness.py").write_text(
+    (tmp_path / "repsim" / "train").mkdir(parents=True)
+    (tmp_path / "repsim" / "train" / "robustness.py").write_text(
         'KEY = ("store", "checkpoint_sha256", "benchmark", "subset", "metric")\n'
         'base = {k: r[k] for k in ("store", "objective", "seed", "checkpoint_sha256", "checkpoint")}\n')
-    (tmp_path / "train" / "tune_cli.py").write_text(
+    (tmp_path / "repsim" / "train" / "tune_cli.py").write_text(
         'write_rows(p, rows, key=("preset", "objective", "params", "variant", "seed"))\n'
         'write_rows(p, rows, key=("objective", "params", "variant", "seed", "task", "source_checkpoint"))\n'
         'grid = ("point", "replicate", "holdout_last")\n')
