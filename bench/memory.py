@@ -129,7 +129,7 @@ def run_child(argv: list[str]) -> dict:
 
 
 def route(name: str, fit: dict, ev: dict, budget_mib: float) -> str:
-    """The route ``probe`` / ``calibrate`` choose (their own rules: commands.probe._fits, calibrate)."""
+    """The route ``probe`` / ``calibrate`` choose (their own rules: probes.writers._fits, write_calibration)."""
     from repsim.probes.rows import nbytes_in_memory
 
     if name == "calibrate":
@@ -148,7 +148,7 @@ def _load() -> str:
 
 
 def main(argv=None) -> int:
-    from repsim.commands.args import DEFAULT_BUDGET_MIB
+    from repsim.probes.writers import DEFAULT_BUDGET_MIB
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs=2, default=list(SIZES))

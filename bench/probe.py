@@ -203,8 +203,7 @@ def _measure(args) -> int:
     # training rows cached as the default budget allows (half of 512 MiB)
     import tempfile
 
-    from repsim.commands.args import DEFAULT_BUDGET_MIB
-    from repsim.commands.probe import cache_bytes
+    from repsim.probes.writers import DEFAULT_BUDGET_MIB, cache_bytes
 
     with tempfile.TemporaryDirectory(prefix="repsim-probe-bench-") as root:
         for name, cache in (("streamed", 0.0), ("streamed_cached", cache_bytes(DEFAULT_BUDGET_MIB) / 2**20)):

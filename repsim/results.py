@@ -1,13 +1,22 @@
 """The results files' columns, declared once (docs/architecture.md "Results files").
 
 Writers pass their rows through :func:`conform` (which orders them by the declaration and refuses a
-column it does not list); readers take column names from here. ``tests/test_results_columns.py`` fails
-when a writer or reader spells out a results file's columns anywhere else. Torch- and numpy-free (the
-base layer: kernels, engine, probes, commands and the stages above all import it).
+column it does not list) and write them with :func:`write_csv`, or :func:`merge_csv` into an existing
+file (by the file's :data:`KEYS`, under :func:`results_lock`, so that writers in other processes take
+turns); readers take column names from here. ``tests/test_results_columns.py`` fails when a writer or
+reader spells out a results file's columns anywhere else. Torch-free, and numpy only inside
+:func:`merge_npz` (the base layer: kernels, engine, probes, commands and the stages above all import it).
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+import csv
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterable, Mapping, Sequence
+
+from repsim.fileio import atomic_write
 
 # Table E.2's neural-collapse statistics: the kernel's result keys and collapse.csv's metric columns
 COLLAPSE_KEYS: tuple[str, ...] = ("norm_cv_means", "norm_cv_weights", "cos_std_means", "cos_std_weights",
@@ -98,4 +107,97 @@ def conform(name: str, rows: Iterable[Mapping], *, fill: bool = False, parameter
     return [{c: r.get(c, "") for c in present} for r in rows]
 
 
-__all__ = ["COLUMNS", "KEYS", "PARAMETERS", "ESTIMATOR", "COLLAPSE_KEYS", "columns", "conform"]
+# ---------------------------------------------------------------- reading and writing results files
+_MERGE_LOCK = threading.Lock()  # fcntl locks belong to a process: its threads are kept apart by this
+
+
+@contextmanager
+def results_lock(path: str):
+    """Hold an exclusive lock on results file ``path`` for a read-merge-replace: a blocking
+    ``flock`` of ``<dir>/.<name>.lock`` (left in place; the kernel releases the lock with its holder),
+    so that writers in other processes (a job array of ``repsim probe`` runs sharing one probes.csv)
+    wait their turn instead of each replacing the file with its own merge of the old rows. Where the
+    lock file cannot be made (a read-only directory, no ``fcntl``), only this process's threads are
+    kept apart."""
+    head, name = os.path.split(os.path.abspath(path))
+    with _MERGE_LOCK:
+        try:
+            import fcntl
+
+            fd = os.open(os.path.join(head, f".{name}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except (ImportError, OSError):
+            yield
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # a file system without locks: proceed as before
+                pass
+            yield
+        finally:
+            os.close(fd)
+
+
+def merge_csv(rows: Sequence[dict], path: str | os.PathLike, key: Sequence[str], *, unique: bool = False) -> str:
+    """Merge ``rows`` into the CSV at ``path`` (atomically, under :func:`results_lock`): existing rows
+    whose ``key`` columns equal those of a new row are replaced, the others kept, new rows last. A
+    missing file is created. ``unique``: the key names one result, and two new rows with the same key
+    (results no reader could tell apart) raise ValueError (else a key may cover several rows, e.g. a
+    training run's per-epoch rows, replaced together)."""
+    path = os.fspath(path)
+    if path == "-":
+        return write_csv(rows, path)
+    keyed = [tuple(str(r.get(k, "")) for k in key) for r in rows]
+    if unique and len(set(keyed)) < len(keyed):
+        dup = next(k for k in keyed if keyed.count(k) > 1)
+        raise ValueError(f"{os.path.basename(path)}: two results with the same {', '.join(key)} "
+                         f"({', '.join(dup)}); give the stores different names")
+    new_keys = set(keyed)
+    with results_lock(path):
+        old: list[dict] = []
+        if os.path.isfile(path):
+            with open(path, newline="") as fh:
+                old = list(csv.DictReader(fh))
+        kept = [r for r in old if tuple(str(r.get(k, "")) for k in key) not in new_keys]
+        return write_csv(kept + list(rows), path)
+
+
+def merge_npz(arrays: Mapping[str, Any], path: str | os.PathLike) -> str:
+    """Merge named ``arrays`` into the .npz at ``path`` (``.npz`` appended when missing, as ``numpy.savez``
+    does; atomically, under :func:`results_lock`): an existing array of the same name is replaced, the
+    others kept (spectra.npz, keyed by store/layer/kind)."""
+    import numpy as np
+
+    path = os.fspath(path)
+    if not path.endswith(".npz"):
+        path += ".npz"
+    with results_lock(path):
+        kept = {}
+        if os.path.isfile(path):
+            with np.load(path) as old:
+                kept = {k: old[k] for k in old.files}
+        with atomic_write(path) as fh:
+            np.savez(fh, **{**kept, **{k: np.asarray(v) for k, v in arrays.items()}})
+    return path
+
+
+def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> str:
+    """Write rows (header = union of keys in first-seen order) atomically; ``-`` writes to stdout."""
+    header: list[str] = []
+    for row in rows:
+        header.extend(k for k in row if k not in header)
+    if os.fspath(path) == "-":
+        writer = csv.DictWriter(sys.stdout, fieldnames=header, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+        return "-"
+    path = os.fspath(path)
+    with atomic_write(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=header, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+__all__ = ["COLUMNS", "KEYS", "PARAMETERS", "ESTIMATOR", "COLLAPSE_KEYS", "columns", "conform", "merge_csv",
+           "merge_npz", "results_lock", "write_csv"]

@@ -137,7 +137,7 @@ def test_calibrate_command_matches_definitions(tmp_path, capsys, budget):
                  "--out", str(tmp_path / "k.csv")]) == 0
     assert next(csv.DictReader(open(tmp_path / "k.csv")))["kind"] == "softmax"
     # the command is a thin layer over write_calibration (the demo calls it): the same file either way
-    from repsim.commands.calibrate import write_calibration
+    from repsim.probes.writers import write_calibration
 
     lib_rows, _ = write_calibration([n["test"].path for n in nets], [n["holdout"].path for n in nets],
                                     tmp_path / "lib.csv", memory_budget=float(budget))

@@ -8,7 +8,8 @@ import pytest
 
 import repsim
 from repsim.engine.drivers import (DISTANCES, collapse_rows, layer_metrics, separation_rows, sparsity_rows,
-                                   spectra_arrays, write_csv)
+                                   spectra_arrays)
+from repsim.results import write_csv
 from repsim.kernels.spectra import activation_spectrum, centroid_spectrum, weight_spectrum
 from test_engine_helpers import make_store, stored
 

@@ -151,7 +151,7 @@ def test_accuracy_of_two_stores_sharing_a_name_keeps_both(tmp_path, capsys):
 
 
 def _merge_one(args):
-    from repsim.engine.drivers import merge_csv
+    from repsim.results import merge_csv
 
     path, i = args
     merge_csv([{"store": f"s{i}", "value": i}], path, ("store",))

@@ -239,7 +239,16 @@ def test_no_import_circles_in_any_package():
 
 # library helpers that had copies or lived in the wrong stage: each is defined in one module only
 ONE_HOME: dict[str, str] = {
-    "merge_csv": "repsim/engine/drivers.py",  # results CSVs merged by key (repsim probe had its own)
+    # results files read, merged and written beside their declared columns (were in repsim/engine/drivers.py)
+    "merge_csv": "repsim/results.py",  # results CSVs merged by key (repsim probe had its own)
+    "merge_npz": "repsim/results.py",
+    "write_csv": "repsim/results.py",
+    "results_lock": "repsim/results.py",
+    # what `repsim probe` / `calibrate` / `accuracy` write, as library calls (were in repsim/commands/)
+    "write_probes": "repsim/probes/writers.py",
+    "write_calibration": "repsim/probes/writers.py",
+    "accuracy_rows": "repsim/probes/writers.py",
+    "store_names": "repsim/store/reader.py",  # (was repsim.engine.blocks', which the probes layer cannot import)
     "best_epoch": "repsim/study/runs.py",  # the early-stopping rule (was in repsim/commands/runs.py, repsim/train/)
     "sha256_file": "repsim/fileio.py",  # a checkpoint's identity (was in repsim/extract/, imported by repsim/train/)
     "holdout_split": "repsim/train/imaging.py",  # (was repsim.train.data's, imported back by repsim.train.csvdata)
@@ -256,6 +265,40 @@ def test_shared_helpers_have_one_home():
                         and ONE_HOME[node.name.lstrip("_")] != rel:
                     bad.append(f"{rel}:{node.lineno}: {node.name} (its home is {ONE_HOME[node.name.lstrip('_')]})")
     assert bad == []
+
+
+# what code outside repsim/commands/ may import from it: the entry point and its one error path (main),
+# and the argument types a stage's own CLI shares (args); the rest of commands/ is the CLI only
+COMMANDS_SHARED = ("repsim.commands.main", "repsim.commands.args")
+
+
+def command_imports(root: Path) -> list[str]:
+    """One line per import of a module of ``repsim.commands`` other than :data:`COMMANDS_SHARED` from a
+    module outside it (a library function living in a command module: the demo imported
+    ``write_probes`` from ``repsim.commands.probe``)."""
+    bad = []
+    for path in sorted((root / "repsim").rglob("*.py")):
+        mod = module_name(path, root)
+        if mod == "repsim.commands" or mod.startswith("repsim.commands.") or mod == "repsim.__main__":
+            continue
+        for line, target in imports_of(path, root):
+            if target.startswith("repsim.commands.") and target not in COMMANDS_SHARED:
+                bad.append(f"{path.relative_to(root)}:{line}: imports {target} (commands/ is the CLI only)")
+    return bad
+
+
+def test_commands_are_the_cli_only():
+    assert command_imports(ROOT) == []
+
+
+def test_command_check_catches_a_library_call_from_a_command_module(tmp_path):
+    root = _tree(tmp_path, {"repsim/__init__.py": "", "repsim/commands/__init__.py": "",
+                            "repsim/commands/probe.py": "def write_probes():\n    pass\n",
+                            "repsim/commands/main.py": "", "repsim/analyses/__init__.py": "",
+                            "repsim/analyses/demo.py": "def f():\n    from repsim.commands.probe import write_probes\n"
+                                                       "    from repsim.commands.main import main\n"})
+    assert command_imports(root) == [
+        "repsim/analyses/demo.py:2: imports repsim.commands.probe (commands/ is the CLI only)"]
 
 
 def test_the_docs_state_what_these_tests_enforce():

@@ -208,7 +208,7 @@ def test_table_d1_item(tmp_path):
                                      n=234 if split == "test" else 500, bins=1000))
     res = tmp_path / "res"
     res.mkdir()
-    from repsim.engine.drivers import write_csv
+    from repsim.results import write_csv
 
     write_csv(rows, res / "multilabel.csv")
     outcomes, _ = make_figures(None, res, tmp_path / "fig", only=["tableD1"], progress=False)

@@ -188,8 +188,7 @@ def test_probe_and_calibrate_refuse_stores_of_different_datasets_unless_asked(tm
                     "--out", cal)
     assert code == 0, err
     # the library calls the demo makes apply the same rule
-    from repsim.commands.calibrate import write_calibration
-    from repsim.commands.probe import write_probes
+    from repsim.probes.writers import write_calibration, write_probes
 
     with pytest.raises(ValueError, match="hold different datasets"):
         write_probes([tmp_path / "all_tr.zarr"], [tmp_path / "src_tr.zarr"], probe=["knn"], out=out)

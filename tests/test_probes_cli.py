@@ -102,7 +102,7 @@ def test_cli_relearn_paper_protocol(tmp_path, capsys):
 
 def test_fig6_uses_the_held_out_original_head(tmp_path):
     from repsim.analyses.cli import make_figures
-    from repsim.engine.drivers import write_csv
+    from repsim.results import write_csv
 
     res = tmp_path / "res"
     stores = [_source_store(tmp_path, o, s) for o in ("softmax", "sigmoid", "cosine_softmax") for s in (0, 1)]
@@ -132,7 +132,7 @@ def test_out_names_the_csv_like_every_other_analysis_command(tmp_path, capsys):
 def test_the_command_and_the_library_call_write_the_same_files(tmp_path):
     """`repsim probe` is a thin layer over ``write_probes``: the same stores give byte-identical files
     whichever is called (the demo calls the function: no argv lists)."""
-    from repsim.commands.probe import write_probes
+    from repsim.probes.writers import write_probes
 
     a = _stores(tmp_path, "softmax", 0)
     src = _source_store(tmp_path, "softmax", 0)
@@ -160,15 +160,16 @@ def test_the_command_and_the_library_call_write_the_same_files(tmp_path):
 
 def test_the_demo_calls_the_library_not_the_cli():
     """repsim/analyses/demo_analysis.py drove `repsim probe` / `repsim calibrate` with argv lists through
-    ``repsim.commands.main``; it calls the functions those commands call."""
+    ``repsim.commands.main``, then imported the writers from the command modules; it calls the library
+    functions those commands call (``repsim.probes.writers``), and nothing of repsim/commands/ (the CLI)."""
     import ast
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "repsim" / "analyses" / "demo_analysis.py"
     tree = ast.parse(path.read_text())
     modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert "repsim.commands.main" not in modules
-    assert {"repsim.commands.probe", "repsim.commands.calibrate"} <= modules
+    assert not [m for m in modules if m.startswith("repsim.commands")]
+    assert "repsim.probes.writers" in modules
 
 
 def test_relearn_refuses_a_store_of_other_classes_than_the_head(tmp_path, capsys):
@@ -176,7 +177,7 @@ def test_relearn_refuses_a_store_of_other_classes_than_the_head(tmp_path, capsys
     another label space (0.28, exit 0): refused as `repsim accuracy` refuses it, unless --allow-other-classes."""
     import pytest
 
-    from repsim.commands.probe import write_probes
+    from repsim.probes.writers import write_probes
 
     src = _source_store(tmp_path, "softmax", 0)
     train = {"name": "dig-source", "spec": "dig-source", "classes": ["a", "b", "c", "d"]}
@@ -228,7 +229,7 @@ def test_per_class_must_be_positive(tmp_path, capsys):
     """--per-class 0 held out nothing and wrote NaN rows over the store's valid ones, exit 0."""
     import pytest
 
-    from repsim.commands.probe import write_probes
+    from repsim.probes.writers import write_probes
 
     s = _source_store(tmp_path, "softmax", 0)
     out = tmp_path / "res"

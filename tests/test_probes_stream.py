@@ -86,9 +86,9 @@ def _rows(path):
 def test_cli_out_of_core_equals_in_memory(tmp_path, monkeypatch, cache):
     """--memory-budget 0: out of core; ``cache`` bytes of training rows kept (the default budget keeps
     half of it; here part of the 240 × 12 float32 rows, the rest read on every pass)."""
-    from repsim.commands import probe
+    from repsim.probes import writers
 
-    monkeypatch.setattr(probe, "cache_bytes", lambda budget_mib: cache)
+    monkeypatch.setattr(writers, "cache_bytes", lambda budget_mib: cache)
     s = _stores(tmp_path)
     base = ["--train", s["train"].path, "--test", s["test"].path, "--lambdas", "9", "--ks", "1", "5", "20",
             "--no-progress"]

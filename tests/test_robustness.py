@@ -183,7 +183,7 @@ def test_robustness_refusals(bench, tmp_path, capsys):
 
 def test_table_c2_item(bench, tmp_path):
     from repsim.analyses.cli import make_figures
-    from repsim.engine.drivers import write_csv
+    from repsim.results import write_csv
 
     rows = []
     for obj, base in (("softmax", 0.60), ("cosine_softmax", 0.65)):

@@ -23,7 +23,7 @@ def training_csv(runs: Sequence[tuple[str, Path, Path]], path: Path) -> None:
 
     ``runs``: (name ``<objective>-s<seed>``, run directory, extracted checkpoint) per run.
     """
-    from repsim.engine.drivers import write_csv
+    from repsim.results import write_csv
     from repsim.study.runs import training_rows
 
     write_csv(training_rows([d for _, d, _ in runs], [n for n, _, _ in runs]), path)
@@ -55,7 +55,8 @@ def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path, dynamics
     three distances on the ``test`` and ``train`` stores; the penultimate layer, cosine, of the
     ``dynamics`` stores of earlier checkpoints, Fig. E.4), sparsity.csv (every layer, ``test``),
     collapse.csv and spectra.npz (penultimate layer, ``train``), by the engine's streaming drivers."""
-    from repsim.engine.drivers import DISTANCES, collapse_rows, separation_rows, sparsity_rows, write_csv
+    from repsim.engine.drivers import DISTANCES, collapse_rows, separation_rows, sparsity_rows
+    from repsim.results import write_csv
     from repsim.store.reader import open_store
 
     blocks = [l for l in open_store(test[0]).layers if l != "logits"]
@@ -80,21 +81,21 @@ def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path, dynamics
 def accuracy(paths: Sequence[str], path: Path) -> None:
     """accuracy.csv (`repsim accuracy`): each network's own top-1 / top-5 on the stores' split (the
     training split: Table C.1)."""
-    from repsim.commands.accuracy import accuracy_rows
-    from repsim.engine.drivers import write_csv
+    from repsim.probes.writers import accuracy_rows
+    from repsim.results import write_csv
 
     write_csv(accuracy_rows(list(paths)), path)
 
 
 def probes(tasks: Sequence[tuple[str, Sequence[str], Sequence[str], Sequence[str]]], path: Path,
            relearn: Sequence[str] = (), relearn_task: str = "relearn") -> None:
-    """probes.csv by `repsim probe`'s library call (``repsim.commands.probe.write_probes``) on the
+    """probes.csv by `repsim probe`'s library call (``repsim.probes.writers.write_probes``) on the
     penultimate layer: for each task ``(name, fit stores, evaluation stores, probe kinds)`` one call (e.g.
     linear and kNN transfer fit on the target's train split and scored on its test split); then, for the
     ``relearn`` stores (the source task's evaluation split), Fig. 6's protocol (`repsim probe --relearn`:
     10 held-out examples per class of each store, the probe fit on the rest, and the network's own head
     scored on the same examples)."""
-    from repsim.commands.probe import write_probes
+    from repsim.probes.writers import write_probes
 
     if path.exists():
         path.unlink()  # `repsim probe` merges into an existing file; start from the current run set only
@@ -109,10 +110,10 @@ def probes(tasks: Sequence[tuple[str, Sequence[str], Sequence[str], Sequence[str
 
 
 def calibration(test: Sequence[str], holdout: Sequence[str], path: Path) -> None:
-    """calibration.csv by `repsim calibrate`'s library call (``repsim.commands.calibrate.write_calibration``):
+    """calibration.csv by `repsim calibrate`'s library call (``repsim.probes.writers.write_calibration``):
     NLL and ECE of each network on the ``test`` stores, before and after a temperature fit on its
     ``holdout`` store (Table C.3)."""
-    from repsim.commands.calibrate import write_calibration
+    from repsim.probes.writers import write_calibration
 
     try:
         write_calibration(test, holdout, path)

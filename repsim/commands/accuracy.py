@@ -33,47 +33,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "the head's outputs (default: refused; a warning says so)")
 
 
-def accuracy_rows(paths: list[str], progress: bool = False, allow_other_classes: bool = False) -> list[dict]:
-    """One accuracy.csv row per store (see the module docstring; ``allow_other_classes``:
-    ``--allow-other-classes``)."""
-    from repsim.kernels.accuracy import TopKAccuracy
-    from repsim.results import conform
-    from repsim.store.finite import require_finite
-    from repsim.store.pairing import check_label_space
-    from repsim.store.reader import open_store
-
-    stores = [open_store(path) for path in paths]
-    for s in stores:  # every store is checked before any is scored
-        if not s.has_logits:
-            raise ValueError(f"store {s.name} ({s.path}) holds no logits")
-        check_label_space(s, allow=allow_other_classes)
-    from repsim.engine.blocks import store_names
-
-    rows = []
-    for s, name in zip(stores, store_names(stores)):  # two stores of one name: their paths
-        K = int(s.zarr_array("/logits").shape[1])
-        acc = TopKAccuracy(K, ks=(1, 5))
-        labels = s.labels
-        for i in range(s.n_chunks):
-            lo = i * s.chunk_rows
-            z = require_finite(s.read_chunk("/logits", i), s, "logits", lo)
-            acc.update(z, labels[lo:lo + len(z)])
-        r = acc.result()
-        model, data = s.model, s.dataset
-        rows.append({"store": name, "objective": model.get("objective", "") or "",
-                     "seed": "" if model.get("seed") is None else model.get("seed"),
-                     "epoch": "" if model.get("epoch") is None else model.get("epoch"),
-                     "dataset": data.get("name", ""), "split": data.get("split", ""), "n": s.n, **r})
-        if progress:
-            print(f"{s.name}: top-1 {r['top1']:.4f} top-5 {r['top5']:.4f} (n={s.n})", file=sys.stderr, flush=True)
-    return conform("accuracy", rows)
-
-
 def run(args: argparse.Namespace) -> int:
-    from repsim.engine.drivers import merge_csv
-    from repsim.results import KEYS
-
     from repsim.paths import expand_paths
+    from repsim.probes.writers import accuracy_rows
+    from repsim.results import KEYS, merge_csv
 
     paths = expand_paths(args.stores, "store")
     rows = accuracy_rows(paths, progress=show_progress(args.progress), allow_other_classes=args.allow_other_classes)

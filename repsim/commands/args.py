@@ -27,9 +27,6 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
 
 
 non_negative = int_at_least(0)
-# --memory-budget of `repsim probe` / `calibrate` (MiB): in memory below it, out of core above. Fixed, not
-# sized to the machine, so the route (and with it the last digits of a fit) is the same everywhere.
-DEFAULT_BUDGET_MIB = 512
 positive = int_at_least(1)
 
 

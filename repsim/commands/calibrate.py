@@ -32,7 +32,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from repsim.commands.args import DEFAULT_BUDGET_MIB, add_memory_budget_option, add_pairing_flags
+from repsim.commands.args import add_memory_budget_option, add_pairing_flags
+from repsim.probes.writers import DEFAULT_BUDGET_MIB, write_calibration
 
 HELP = "NLL and ECE before/after temperature scaling from stores' logits (calibration.csv, Table C.3)"
 
@@ -55,11 +56,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="calibration.csv", help="CSV to write (default calibration.csv)")
 
 
-def kind_for(objective: str | None) -> str:
-    """``sigmoid`` when the objective's loss is sigmoid cross-entropy (also in a ``+`` combination)."""
-    return "sigmoid" if "sigmoid" in str(objective or "").split("+") else "softmax"
-
-
 def run(args) -> int:
     rows, path = write_calibration(args.test, args.holdout, args.out, kind=args.kind, bins=args.bins,
                                    same_examples=args.same_examples, memory_budget=args.memory_budget / 2**20,
@@ -67,78 +63,3 @@ def run(args) -> int:
                                    allow_other_classes=args.allow_other_classes)
     print(f"repsim calibrate: {len(rows)} rows -> {path}", file=sys.stderr)
     return 0
-
-
-def write_calibration(test, holdout, out="calibration.csv", *, kind: str = "auto", bins: int = 15,
-                      same_examples: bool = False, memory_budget: float | str = DEFAULT_BUDGET_MIB,
-                      allow_mixed_datasets: bool = False, allow_other_classes: bool = False) -> tuple[list[dict], str]:
-    """What `repsim calibrate` does, as a library call: one calibration.csv row per (test, holdout) pair
-    of stores, written to ``out``; returns the rows and the path. Each pair is checked by
-    ``repsim.store.pairing.check_pair`` (one network, one dataset unless ``allow_mixed_datasets``,
-    different examples unless ``same_examples``), each store by ``check_label_space`` (its labels are the
-    head's classes, unless ``allow_other_classes``). ``memory_budget``: MiB, or a size with units such as
-    ``"4GiB"`` (``--memory-budget``). Bad input raises ValueError."""
-    import numpy as np
-
-    from repsim.engine.drivers import merge_csv
-    from repsim.engine.options import parse_size
-    from repsim.probes.rows import Rows
-    from repsim.probes.calibration import calibration_report, calibration_report_rows, temperature_at_bound
-    from repsim.results import KEYS, conform
-    from repsim.store.finite import require_finite
-    from repsim.store.pairing import check_label_space, check_pair
-    from repsim.store.reader import open_store
-
-    # expected failures raise ValueError: one line and exit status 2 (repsim.commands.main)
-    if len(test) != len(holdout):
-        raise ValueError(f"{len(test)} test stores but {len(holdout)} holdout stores; they are paired in order")
-    if bins < 1:
-        raise ValueError(f"--bins must be >= 1, got {bins}")
-    budget = parse_size(memory_budget)  # bytes
-    rows = []
-    for te_path, ho_path in zip(test, holdout):
-        te, ho = open_store(te_path), open_store(ho_path)
-        for s in (te, ho):
-            if not s.has_logits:
-                raise ValueError(f"store {s.name} has no logits (extract them with `repsim extract`)")
-            if s.multilabel:
-                raise ValueError(f"store {s.name} holds multi-label targets; calibration needs one class per example")
-        check_pair(te, ho, ("test", "holdout"), same_examples=same_examples, mixed_datasets=allow_mixed_datasets)
-        for s in (te, ho):  # the head's probabilities are scored on each store's labels
-            check_label_space(s, allow=allow_other_classes)
-        objective = (te.model or {}).get("objective", "")
-        net_kind = kind_for(objective) if kind == "auto" else kind
-        # each store's values are checked on their own, so an error names the store that holds them
-        y, yh = np.asarray(te.labels), np.asarray(ho.labels)
-        k = int(te.zarr_array("/logits").shape[1])
-        in_memory = (te.n + ho.n) * k * 32 <= budget
-        try:
-            if in_memory:
-                z = require_finite(te.logits.compute(), te, "logits")
-                zh = require_finite(ho.logits.compute(), ho, "logits")
-                rep = {**calibration_report(z, y, zh, yh, kind=net_kind, bins=bins),
-                       "top1": float(np.mean(z.argmax(1) == y)), "holdout_top1": float(np.mean(zh.argmax(1) == yh))}
-            else:
-                rep = calibration_report_rows(Rows.from_store(te, "/logits"), y, Rows.from_store(ho, "/logits"),
-                                              yh, kind=net_kind, bins=bins)
-        except ValueError as e:
-            if str(e).startswith("store "):      # a finiteness refusal already names its store
-                raise
-            raise ValueError(f"test store {te.name} / holdout store {ho.name}: {e}") from e
-        seed = (te.model or {}).get("seed", "")
-        rows.append({"store": te.name, "objective": objective or "", "seed": "" if seed is None else seed,
-                     "kind": net_kind, "top1": rep.pop("top1"), **rep,
-                     "holdout_top1": rep["holdout_top1"],
-                     "dataset": (te.dataset or {}).get("name", ""), "split": (te.dataset or {}).get("split", ""),
-                     "n": te.n, "holdout_store": ho.name, "holdout_split": (ho.dataset or {}).get("split", ""),
-                     "holdout_n": ho.n, "bins": bins})
-        print(f"{te.name} ({net_kind}): NLL {rep['nll']:.4f} ECE {rep['ece']:.4f} | T={rep['temperature']:.3f}: "
-              f"NLL {rep['nll_ts']:.4f} ECE {rep['ece_ts']:.4f}", flush=True)
-        if temperature_at_bound(rep["temperature"]):
-            print(f"WARNING: {te.name}: the temperature fit on holdout store {ho.name} ran to the end of its search "
-                  f"range (T = {rep['temperature']:.3g}; holdout top-1 {100 * rep['holdout_top1']:.1f}%: a holdout "
-                  "classified (almost) perfectly has its lowest NLL as T -> 0), so the scaled NLL/ECE are no "
-                  "calibration; Table C.3 leaves them blank. A larger holdout with errors gives a temperature.",
-                  flush=True)  # beside the pair's result line (stdout: the demo keeps both in calibration.log)
-    rows = conform("calibration", rows)
-    return rows, merge_csv(rows, out, KEYS["calibration"], unique=True)

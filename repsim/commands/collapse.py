@@ -19,8 +19,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from repsim.engine.drivers import collapse_rows, merge_csv, merge_npz
-    from repsim.results import KEYS
+    from repsim.engine.drivers import collapse_rows
+    from repsim.results import KEYS, merge_csv, merge_npz
 
     rows, spectra = collapse_rows(args.stores, layers_arg(args.layers), spectra=args.spectra is not None,
                                   spatial=args.spatial, stream=stream_options(args))

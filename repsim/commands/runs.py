@@ -30,7 +30,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from repsim.paths import expand_paths
-    from repsim.engine.drivers import merge_csv
+    from repsim.results import merge_csv
     from repsim.study.runs import training_rows
 
     dirs = [Path(h) for h in expand_paths(args.runs, "run directory") if (Path(h) / "metrics.csv").is_file()]

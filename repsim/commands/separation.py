@@ -18,8 +18,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from repsim.engine.drivers import DISTANCES, merge_csv, separation_rows
-    from repsim.results import KEYS
+    from repsim.engine.drivers import DISTANCES, separation_rows
+    from repsim.results import KEYS, merge_csv
 
     distances = DISTANCES if args.distance == "all" else tuple(d.strip() for d in args.distance.split(","))
     rows = separation_rows(args.stores, layers_arg(args.layers), distances=distances, spatial=args.spatial,

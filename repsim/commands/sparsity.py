@@ -16,8 +16,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from repsim.engine.drivers import merge_csv, sparsity_rows
-    from repsim.results import KEYS
+    from repsim.engine.drivers import sparsity_rows
+    from repsim.results import KEYS, merge_csv
 
     rows = sparsity_rows(args.stores, layers_arg(args.layers), stream=stream_options(args))
     path = merge_csv(rows, args.out, KEYS["sparsity"], unique=True)

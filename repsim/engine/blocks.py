@@ -159,13 +159,6 @@ def store_location(store: Any) -> str:
     return path if "://" in path else os.path.abspath(path)
 
 
-def store_names(stores: Sequence[Any]) -> list[str]:
-    """Display names: the store's basename, or its path where two stores share a basename."""
-    names = [s.name for s in stores]
-    dup = {n for n in names if names.count(n) > 1}
-    return [s.path if s.name in dup else s.name for s in stores]
-
-
 def _layers_for(store: Any, layers: Any) -> list[str]:
     if layers is None:
         return list(store.layers)
@@ -194,6 +187,8 @@ def resolve_columns(stores: Any, layers: Any = None, *, allow_mixed_datasets: bo
     both stores record one) or different labels on the same rows: ids that match across datasets
     match by coincidence.  Nothing is computed before these checks pass.
     """
+    from repsim.store.reader import store_names
+
     opened = open_stores(stores)
     names = store_names(opened)
     problems: list[str] = []

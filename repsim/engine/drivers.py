@@ -33,17 +33,12 @@ Sparsity always counts every activation (channels × positions).
 """
 from __future__ import annotations
 
-import csv
-import os
 import sys
-import threading
-from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from repsim.fileio import atomic_write
 from repsim.array_api import asarray_like
 from repsim.results import conform
 from repsim.engine.blocks import (BlockReader, Column, channels_first, progress_bar, resolve_columns, to_device,
@@ -53,8 +48,7 @@ from repsim.engine.scheduler import (array_module, capped_budget, device_name, g
                                      spec_threads, task_threads)
 from repsim.kernels.layer_metrics import DISTANCES, LAYER_METRICS, LayerMetric, Stat
 
-__all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "write_csv",
-           "DISTANCES"]
+__all__ = ["layer_metrics", "separation_rows", "sparsity_rows", "collapse_rows", "spectra_arrays", "DISTANCES"]
 
 MAX_MATRIX_FEATURES = 16384  # collapse/spectra keep a P × P scatter: refuse P beyond this (8 × 2 GiB)
 
@@ -272,7 +266,8 @@ def _run(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, 
 def _scan_stores(stores: Any, layers: Any, *, distances: Iterable[str], sparsity: bool, collapse: bool,
                  spectra: bool, spatial: str, blocks_per_task: int, stream: StreamOptions
                  ) -> tuple[dict[tuple[str, str], dict[str, Any]], dict[str, Any]]:
-    from repsim.engine.blocks import open_stores, store_names
+    from repsim.engine.blocks import open_stores
+    from repsim.store.reader import store_names
 
     metrics = requested(distances, sparsity, collapse, spectra)  # refuses unknown distances
     if spatial not in ("flatten", "mean"):
@@ -428,90 +423,3 @@ def spectra_arrays(stores: Any, layers: Any = ("pool",), **kw: Any) -> dict[str,
     """``{"<store>/<layer>/<kind>": singular values}`` (spectra.npz), kinds activations, centroids, weights."""
     res = layer_metrics(stores, layers, spectra=True, **kw)
     return {f"{s}/{layer}/{kind}": sv for (s, layer), m in res.items() for kind, sv in m["spectra"].items()}
-
-
-_MERGE_LOCK = threading.Lock()  # fcntl locks belong to a process: its threads are kept apart by this
-
-
-@contextmanager
-def results_lock(path: str):
-    """Hold an exclusive lock on results file ``path`` for a read-merge-replace: a blocking
-    ``flock`` of ``<dir>/.<name>.lock`` (left in place; the kernel releases the lock with its holder),
-    so that writers in other processes (a job array of ``repsim probe`` runs sharing one probes.csv)
-    wait their turn instead of each replacing the file with its own merge of the old rows. Where the
-    lock file cannot be made (a read-only directory, no ``fcntl``), only this process's threads are
-    kept apart."""
-    head, name = os.path.split(os.path.abspath(path))
-    with _MERGE_LOCK:
-        try:
-            import fcntl
-
-            fd = os.open(os.path.join(head, f".{name}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except (ImportError, OSError):
-            yield
-            return
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            except OSError:  # a file system without locks: proceed as before
-                pass
-            yield
-        finally:
-            os.close(fd)
-
-
-def merge_csv(rows: Sequence[dict], path: str | os.PathLike, key: Sequence[str], *, unique: bool = False) -> str:
-    """Merge ``rows`` into the CSV at ``path`` (atomically, under :func:`results_lock`): existing rows
-    whose ``key`` columns equal those of a new row are replaced, the others kept, new rows last. A
-    missing file is created. ``unique``: the key names one result, and two new rows with the same key
-    (results no reader could tell apart) raise ValueError (else a key may cover several rows, e.g. a
-    training run's per-epoch rows, replaced together)."""
-    path = os.fspath(path)
-    if path == "-":
-        return write_csv(rows, path)
-    keyed = [tuple(str(r.get(k, "")) for k in key) for r in rows]
-    if unique and len(set(keyed)) < len(keyed):
-        dup = next(k for k in keyed if keyed.count(k) > 1)
-        raise ValueError(f"{os.path.basename(path)}: two results with the same {', '.join(key)} "
-                         f"({', '.join(dup)}); give the stores different names")
-    new_keys = set(keyed)
-    with results_lock(path):
-        old: list[dict] = []
-        if os.path.isfile(path):
-            with open(path, newline="") as fh:
-                old = list(csv.DictReader(fh))
-        kept = [r for r in old if tuple(str(r.get(k, "")) for k in key) not in new_keys]
-        return write_csv(kept + list(rows), path)
-
-
-def merge_npz(arrays: dict[str, np.ndarray], path: str | os.PathLike) -> str:
-    """Merge named ``arrays`` into the .npz at ``path`` (atomically, under :func:`results_lock`): an
-    existing array of the same name is replaced, the others kept (spectra.npz, keyed by store/layer/kind)."""
-    from repsim.engine.result import _atomic_savez
-
-    path = os.fspath(path)
-    with results_lock(path):
-        kept = {}
-        if os.path.isfile(path):
-            with np.load(path) as old:
-                kept = {k: old[k] for k in old.files}
-        _atomic_savez(path, {**kept, **{k: np.asarray(v) for k, v in arrays.items()}})
-    return path
-
-
-def write_csv(rows: Sequence[dict], path: str | os.PathLike) -> str:
-    """Write rows (header = union of keys in first-seen order) atomically; ``-`` writes to stdout."""
-    header: list[str] = []
-    for row in rows:
-        header.extend(k for k in row if k not in header)
-    if os.fspath(path) == "-":
-        writer = csv.DictWriter(sys.stdout, fieldnames=header, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-        return "-"
-    path = os.fspath(path)
-    with atomic_write(path, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=header, restval="")
-        writer.writeheader()
-        writer.writerows(rows)
-    return path

@@ -478,5 +478,12 @@ def open_store(path: str | os.PathLike, *, allow_incomplete: bool = False) -> Ac
     return store
 
 
+def store_names(stores: Sequence[Any]) -> list[str]:
+    """Display names: the store's basename, or its path where two stores share a basename."""
+    names = [s.name for s in stores]
+    dup = {n for n in names if names.count(n) > 1}
+    return [s.path if s.name in dup else s.name for s in stores]
+
+
 # ----------------------------------------------------------------------------------------------
 # writing

@@ -313,11 +313,10 @@ def evaluate(checkpoints: Sequence[str | os.PathLike], sets: dict[str, str | os.
 def _write(rows: list[dict], out: Path, *, merge: bool = True) -> list[dict]:
     """Per-set rows plus the ImageNet-C summaries of every network, written atomically (columns:
     ``repsim.results.COLUMNS["robustness"]``). ``merge``: under the results file's lock
-    (``repsim.engine.drivers.results_lock``, as every CSV-writing command), the file's per-set rows
+    (``repsim.results.results_lock``, as every CSV-writing command), the file's per-set rows
     as they are now are kept unless ``rows`` has their key, so runs of other networks sharing the file
     (a job array) lose no row; the summaries are recomputed from the merged rows."""
-    from repsim.engine.drivers import results_lock, write_csv
-    from repsim.results import KEYS, conform
+    from repsim.results import KEYS, conform, results_lock, write_csv
 
     key = lambda r: tuple(str(r[k]) for k in KEYS["robustness"])
     with results_lock(str(out)):

@@ -507,9 +507,8 @@ def write_rows(path: Path, rows: Sequence[Mapping[str, Any]], name: str, *, merg
     """Write ``rows`` of results file ``name`` (``repsim.results.conform``: its declared columns, with a
     grid's ``parameters``) to the CSV ``path`` atomically; with ``merge``, merge into the file on the
     declared key ``repsim.results.KEYS[name]`` (rows with the same key values replaced, others kept):
-    :func:`repsim.engine.drivers.merge_csv`."""
-    from repsim.engine.drivers import merge_csv, write_csv
-    from repsim.results import KEYS, conform
+    :func:`repsim.results.merge_csv`."""
+    from repsim.results import KEYS, conform, merge_csv, write_csv
 
     rows = conform(name, rows, parameters=parameters)
     path.parent.mkdir(parents=True, exist_ok=True)
