@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "similarity": "kernels.measures.exact",
     "calibrated_similarity": "kernels.measures.exact",
     "calibrated_matrix": "kernels.measures.exact",
+    "pairwise": "kernels.measures.exact",
     "CKAResult": "engine.result",
     "set_scheduler": "engine.scheduler",
     "StreamOptions": "engine.options",

@@ -1,6 +1,8 @@
-"""All pairs of one measure's exact estimator on in-memory columns, and the one-pair convenience
-:func:`similarity`; undefined columns and pairs become NaN, reported (not raised).  And their permutation
-nulls (:func:`exact_null`; in memory :func:`calibrated_similarity` and :func:`calibrated_matrix`).
+"""All pairs of one measure's exact estimator on in-memory columns (:func:`exact_matrix`), and the public
+in-memory API over it: :func:`similarity` (one pair, ``repsim.similarity``) and :func:`pairwise` (every
+pair of K representations, ``repsim.pairwise``: netrep's ``pairwise_distances`` shape); undefined columns
+and pairs become NaN, reported (not raised).  And their permutation nulls (:func:`exact_null`; in memory
+:func:`calibrated_similarity` and :func:`calibrated_matrix`).
 
 Layer-aggregate calibration (Gröger et al. 2026, Algorithm 2, ``calibrate_layers``): within a draw k
 every column of one group (a store) is permuted by the same π_{g,k}, and a pair (i, j) is compared as
@@ -95,25 +97,56 @@ def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any 
     return out
 
 
+def _measure(measure: str | Measure, options: dict[str, Any]) -> Measure:
+    """The measure ``measure`` names, built with ``options`` (refused when no measure takes one), or the
+    :class:`Measure` object itself (which takes no ``options``: they are set when it is built)."""
+    from repsim.kernels.measures import check_options, get_measure
+
+    if isinstance(measure, str):
+        check_options([measure], options)
+        return get_measure(measure, **options)
+    if options:
+        raise ValueError(f"options {sorted(options)} given with a Measure object: set them when building it")
+    return measure
+
+
 def similarity(X: Any, Y: Any, measure: str | Measure = "linear_cka", **options: Any) -> float:
     """One measure's exact value for two in-memory representations X (n, ...) and Y (n, ...)
     (row = X for asymmetric measures); NaN when undefined.  ``options`` as the measure's ``OPTIONS``
     (``"linear_cka"`` and ``"rbf_cka"``: ``debiased=True`` by default, the paper's estimator, as
     :func:`repsim.linear_cka`)."""
-    from repsim.kernels.measures import check_options, get_measure
-
-    if isinstance(measure, str):
-        check_options([measure], options)
-        m = get_measure(measure, **options)
-    elif options:
-        raise ValueError(f"options {sorted(options)} given with a Measure object: set them when building it")
-    else:
-        m = measure
+    m = _measure(measure, options)
     a, b = full_column(X, "X"), full_column(Y, "Y")
     if a.n != b.n:
         raise ValueError(f"X has {a.n} examples and Y {b.n}: a similarity compares the same examples")
     pa, pb = m.prepare(a), m.prepare(b)
     return math.nan if pa is None or pb is None else float(m.pair(pa, pb))
+
+
+def pairwise(measure: str | Measure, arrays: Sequence[Any], **options: Any) -> np.ndarray:
+    """``measure`` between every pair of K in-memory representations of the same n examples: ``arrays``
+    is a sequence of K arrays (n, p_i), any trailing shape flattened (NumPy, CuPy or array-api-strict;
+    held as float64); returns the K × K float64 matrix with entry (i, j) = ``similarity(arrays[i],
+    arrays[j], measure)`` (row = first argument for asymmetric measures), NaN where a pair or an array is
+    undefined (a constant array under CKA, too few rows for CCA). The shape of netrep's
+    ``pairwise_distances(metric, train_data)`` (Williams et al. 2021, "Generalized shape metrics on neural
+    representations"), with a similarity measure of the registry (``repsim.kernels.measures``: linear_cka,
+    rbf_cka, procrustes, cca, svcca, pwcca, rsa, mutual_knn, ridge_r2; ``options`` as for
+    :func:`similarity`). Each array is prepared once (its centring, factorisation or Gram) and the
+    prepared forms are shared by all its pairs (:func:`exact_matrix`); symmetric measures compute the
+    upper triangle and mirror it. Arrays of different n, or fewer than one array, raise ValueError."""
+    m = _measure(measure, options)
+    if isinstance(arrays, (str, bytes)) or not hasattr(arrays, "__len__"):
+        raise TypeError(f"arrays must be a sequence of arrays (n, p_i), got {type(arrays).__name__}")
+    if len(arrays) < 1:
+        raise ValueError("pairwise needs at least one array")
+    columns = [full_column(x, f"arrays[{i}]") for i, x in enumerate(arrays)]
+    ns = sorted({c.n for c in columns})
+    if len(ns) > 1:
+        sizes = ", ".join(f"arrays[{i}]: {c.n}" for i, c in enumerate(columns))
+        raise ValueError(f"the arrays hold different numbers of examples ({sizes}); a similarity compares the "
+                         "same examples")
+    return exact_matrix(m, columns).values
 
 
 # -- permutation nulls ----------------------------------------------------------------------------
