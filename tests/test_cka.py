@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 from repsim.kernels._precision import CentredGram
 from repsim.kernels.cka import linear_cka
-from repsim.kernels.hsic import batch_hsic, ucenter
+from repsim.kernels.hsic import batch_hsic, double_center, ucenter
 from repsim.kernels.minibatch_cka import MinibatchCKA
 
 NAMESPACES = [pytest.param(np, id="numpy"), pytest.param(array_api_strict, id="strict")]
@@ -127,6 +127,31 @@ def test_ucenter_matches_definition(xp):
     assert float(np.sum(got * Ug)) / (n * (n - 3)) == pytest.approx(song_hsic(X, Y), rel=1e-9)
     with pytest.raises(ValueError, match="n >= 4"):
         ucenter(xp.asarray(K[:3, :3]))
+
+
+@pytest.mark.parametrize("xp", NAMESPACES)
+def test_double_center_is_h_k_h(xp):
+    """double_center(K) = H K H with H = I − 11ᵀ/n (the matrix product itself), for Grams of rows far
+    from the origin and of a constant column; its rows and columns sum to zero; ``overwrite`` centres K in
+    its own memory, to the same numbers; the Gram of centred rows X̃ X̃ᵀ is that of X."""
+    rng = np.random.default_rng(5)
+    for n, p, shift in ((4, 3, 0.0), (23, 6, 50.0), (40, 60, 1.0)):
+        X = rng.normal(size=(n, p)) + shift
+        K = X @ X.T
+        H = np.eye(n) - np.ones((n, n)) / n
+        got = double_center(xp.asarray(K))
+        assert type(got) is type(xp.asarray(K)) and got.dtype == xp.float64
+        got = np.asarray(got)
+        np.testing.assert_allclose(got, H @ K @ H, rtol=0, atol=1e-13 * np.abs(K).max())
+        Xc = X - X.mean(axis=0)
+        np.testing.assert_allclose(got, Xc @ Xc.T, rtol=0, atol=1e-12 * np.abs(K).max())
+        np.testing.assert_allclose(got.sum(axis=0), 0.0, atol=1e-11 * np.abs(K).max())
+        Kx = xp.asarray(K.copy())
+        same = double_center(Kx, overwrite=True)
+        assert same is Kx and np.array_equal(np.asarray(same), got)
+    assert np.array_equal(np.asarray(double_center(xp.asarray(np.full((5, 5), 3.0)))), np.zeros((5, 5)))
+    with pytest.raises(ValueError, match="square matrix"):
+        double_center(xp.asarray(np.ones((3, 4))))
 
 
 @pytest.mark.parametrize("xp", NAMESPACES)

@@ -46,6 +46,7 @@ import numpy as np
 
 from repsim.engine.blocks import BlockReader, Column, progress_bar
 from repsim.engine.options import format_size
+from repsim.kernels.hsic import double_center
 
 
 def route_bytes(widths: Sequence[int], n: int, k: int) -> int:
@@ -91,12 +92,6 @@ def choose_routes(widths: Sequence[int], n: int, max_bytes: int | None = None) -
     gram = set(choose_gram_columns(widths, n, max_bytes))
     return {(i, j): "gram" if i in gram and j in gram else "cross"
             for i in range(len(widths)) for j in range(i, len(widths))}
-
-
-def _center_gram(K: np.ndarray) -> np.ndarray:
-    """H K H with H = I − 11ᵀ/n."""
-    row = K.mean(axis=1, keepdims=True)
-    return K - row - row.T + row.mean()
 
 
 def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: bool, spatial: str, xp: Any = np,
@@ -229,7 +224,7 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
 
             scale = 1.0 / (n * (n - 3))
         else:
-            centre, scale = _center_gram, 1.0
+            centre, scale = double_center, 1.0
         # each Gram replaced by its centred self (one more n × n while it is made), then every
         # Gram-route HSIC as the Frobenius product of two of them (no flattened copy of all of them)
         for g in range(len(gram_cols)):

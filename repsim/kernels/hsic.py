@@ -110,7 +110,8 @@ from repsim.kernels._gram import (A_CACHE, DEVICE_BLOCK_BYTES, HOST_BLOCK_BYTES,
                                   prepare_layer, row_products, sq_norms64, write_panels)
 from repsim.kernels._precision import GRAM_SLAB, CentredGram, ProductOverflow, centre_rounded, max_trace, zero_constant
 
-__all__ = ["ucenter", "centred_gram", "batch_hsic", "hsic_to_cka", "release_buffers", "max_trace", "ProductOverflow"]
+__all__ = ["ucenter", "double_center", "centred_gram", "batch_hsic", "hsic_to_cka", "release_buffers", "max_trace",
+           "ProductOverflow"]
 
 
 def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> CentredGram:
@@ -171,6 +172,24 @@ def ucenter(K: Any, *, xp: Any = None) -> Any:
     s = xp.sum(r)
     U = K0 - (r[:, None] + r[None, :]) / (n - 2) + s / ((n - 1) * (n - 2))
     return U * off
+
+
+def double_center(K: Any, *, xp: Any = None, overwrite: bool = False) -> Any:
+    """Double centring of a symmetric n × n matrix K (a Gram): H K H with H = I − 11ᵀ/n, evaluated as
+    (K − r1ᵀ − 1rᵀ) + r̄ with r the row means (= the column means, K being symmetric) and r̄ their mean
+    (Gretton et al. 2005; HSIC₀(K, L) = ⟨HKH, HLH⟩ / (n − 1)², Kornblith et al. 2019, Eq. 3). Any array
+    API namespace; the result has K's dtype. ``overwrite``: centre K in its own memory (no second
+    n × n; NumPy and other namespaces with in-place operators) and return it."""
+    xp = array_namespace(K, xp=xp)
+    if K.ndim != 2 or K.shape[0] != K.shape[1]:
+        raise ValueError(f"double_center needs a square matrix, got shape {K.shape}")
+    r = xp.mean(K, axis=1)
+    if overwrite:
+        K -= r[:, None]
+        K -= r[None, :]
+        K += xp.mean(r)
+        return K
+    return ((K - r[:, None]) - r[None, :]) + xp.mean(r)
 
 
 def check_n(n: int, debiased: bool, what: str = "batch") -> None:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 from repsim.kernels._precision import constant_tolerance
+from repsim.kernels.hsic import double_center
 
 __all__ = ["MeasureInfo", "Measure", "Accumulator", "FullColumn", "MinibatchUnsupported", "NoNull", "shift_dots",
            "source_eps"]
@@ -193,9 +194,7 @@ class FullColumn:
             if self.rows is not None:
                 Xc = self.centred_rows()
                 return Xc @ Xc.T
-            G = self.gram
-            r = G.mean(axis=1, keepdims=True)
-            K = G - r - r.T + r.mean()
+            K = double_center(self.gram)
             return (K + K.T) / 2
         return self._cached("kc", make)
 

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from repsim.kernels.hsic import ucenter
+from repsim.kernels.hsic import double_center, ucenter
 from repsim.kernels.minibatch_cka import MinibatchCKA
 from repsim.kernels.measures import register
 from repsim.kernels.measures._protocol import FullColumn, Measure, MeasureInfo
@@ -28,8 +28,7 @@ def hsic_prepared(K: np.ndarray, debiased: bool) -> tuple[np.ndarray, float] | N
     if debiased:
         U = np.asarray(ucenter(K), dtype=np.float64) / np.sqrt(n * (n - 3))
     else:
-        r = K.mean(axis=1, keepdims=True)
-        U = (K - r - r.T + r.mean()) / (n - 1)
+        U = double_center(K) / (n - 1)
     self_h = float(np.sum(U * U))
     return (U, self_h) if self_h > 0 else None
 

@@ -27,7 +27,7 @@ import numpy as np
 from repsim.blas import blas_thread_split
 from repsim.array_api import array_namespace, astype, diagonal, on_device, to_numpy
 from repsim.kernels._precision import CentredGram, constant_tolerance, is_constant
-from repsim.kernels.hsic import centred_gram
+from repsim.kernels.hsic import centred_gram, double_center
 
 # the thresholds t for which the kernel carries its data in float64. At the median pair the kernel
 # is exp(−1/(2t²)): above t = 1e4 the part that varies, 1/(2t²) <= 5e-9, keeps fewer than 8 of float64's 16
@@ -102,22 +102,13 @@ def rbf_gram(K: np.ndarray, threshold: float) -> np.ndarray | None:
     return np.exp(D, out=D)
 
 
-def _double_centre(K: np.ndarray) -> np.ndarray:
-    """H K H in place (K symmetric): K − r1ᵀ − 1rᵀ + mean(r), r the row means."""
-    r = K.mean(axis=1)
-    K -= r[:, None]
-    K -= r[None, :]
-    K += r.mean()
-    return K
-
-
 def device_rbf_kernel(G: CentredGram, xp: Any, threshold: float) -> CentredGram:
     """:meth:`MinibatchRBFCKA._kernel` on an accelerator (CuPy; array-api-strict in the tests), with
     no host synchronisation: the double-centred RBF Gram of a column's centred linear Gram, made on
     its device with the host route's arithmetic — D = −2K + diag 1ᵀ + 1 diagᵀ clipped at 0 (the
     order of :func:`squared_distances`), the median of all b² entries (zero diagonal included) as
     the mean of the two middle entries of ``xp.sort`` (:func:`median_all`'s value), ``xp.exp``,
-    :func:`_double_centre` — and the host route's checks kept on the device: a column constant over
+    :func:`~repsim.kernels.hsic.double_center` — and the host route's checks kept on the device: a column constant over
     the batch (tr K within :func:`constant_tolerance`) or with a zero median distance gets a zero
     Gram (the inner accumulator then counts it as constant, as on the host), and one with NaN or
     infinity a NaN Gram, which the inner update's one transfer per batch reports under its name."""
@@ -134,8 +125,7 @@ def device_rbf_kernel(G: CentredGram, xp: Any, threshold: float) -> CentredGram:
     scale = xp.where(med > 0, med, one)  # (a zero median: any finite width; the Gram is zeroed below)
     R = xp.exp(D * (-1.0 / (2.0 * threshold * threshold * scale)))
     del D
-    r = xp.mean(R, axis=1)
-    R = ((R - r[:, None]) - r[None, :]) + xp.mean(r)
+    R = double_center(R, xp=xp)
     trace = xp.sum(d)
     mean_sq = 0.0 if G.mean_sq is None else G.mean_sq
     defined = (trace > constant_tolerance(n, 1.0) * mean_sq) & (med > 0)
@@ -162,7 +152,7 @@ class MinibatchRBFCKA(Accumulator):
         K = np.asarray(G.K, dtype=np.float64)
         mean_sq = 0.0 if G.mean_sq is None else float(to_numpy(G.mean_sq))
         R = None if is_constant(name, float(np.trace(K)), mean_sq, K.shape[0]) else rbf_gram(K, self.threshold)
-        return CentredGram(np.zeros_like(K) if R is None else _double_centre(R), mean_sq=0.0)
+        return CentredGram(np.zeros_like(K) if R is None else double_center(R, overwrite=True), mean_sq=0.0)
 
     def update(self, batch: Sequence[Any]) -> "MinibatchRBFCKA":
         """One batch of all L columns: their RBF Grams (independent, element-wise work that releases
