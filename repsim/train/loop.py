@@ -7,6 +7,11 @@
 Each epoch writes the metrics, best.pt and epoch-EEEE.pt before checkpoint.pt, the file ``--resume``
 continues from, so a run killed anywhere resumes into the uninterrupted run's files.
 
+The loop, as torchvision's reference (references/classification/train.py): ``_run`` sets up the data
+(``_datasets``), the network, optimizer and loader (:class:`TrainParts`) and resumes (``_resume``); then
+each epoch is :func:`train_one_epoch`, :func:`evaluate_splits` (:func:`evaluate` on holdout and test)
+and ``_save_epoch`` (rank 0's files).
+
 Random streams: training augmentations are seeded per example from (seed, epoch, index)
 (:func:`sample_seed`), whatever the process, worker or worker count; Mixup and dropout draw from each
 process's generator (seeded from (seed, rank), checkpointed). ``--resume`` is therefore exact (with
@@ -35,6 +40,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -465,41 +471,10 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
     if cfg["batch_size"] % world:
         raise TrainError(f"batch_size {cfg['batch_size']} is not divisible by the {world} processes")
     per_rank = cfg["batch_size"] // world
-
-    # data ------------------------------------------------------------------------------------------
+    train_set, eval_sets = _datasets(cfg, say)
     d = cfg["data"]
-    if not d["spec"]:
-        raise TrainError("no dataset: pass --data (a directory, 'digits', a torchvision name, 'synthetic')")
-    aug = {"none": False, "digits": True}.get(d["augment"], d["augment"])
-    train_split = d.get("train_split", "train")
-    if train_split not in ("train", TRAIN_ALL):
-        raise TrainError(f"data.train_split must be 'train' or '{TRAIN_ALL}', not {train_split!r}")
-    if d.get("autoaugment") and not aug:
-        raise TrainError("data.autoaugment needs a training augmentation (data.augment is 'none')")
     alpha = float(cfg.get("mixup", {}).get("alpha", 0.0))  # >= 0 (config.BOUNDS)
-    cfg["variant"] = variant_of(cfg)
     keep_every = int(cfg.get("keep_every", 0) or 0)
-    train_set = dataset_from_config(cfg, train_split, augment=aug)
-    eval_sets = {}
-    if d["eval_holdout"] and d["holdout_size"] != 0 and train_split == "train":
-        eval_sets["holdout"] = dataset_from_config(cfg, "holdout")
-    if d["eval_test"]:
-        try:
-            eval_sets["test"] = dataset_from_config(cfg, "test")
-        except ValueError as e:
-            say(f"no test split evaluated: {e}")
-    if cfg["num_classes"] and cfg["num_classes"] != train_set.num_classes:
-        raise TrainError(f"num_classes {cfg['num_classes']} but {d['spec']} has {train_set.num_classes} classes")
-    cfg["num_classes"] = train_set.num_classes
-    x0 = train_set[0][0]
-    if isinstance(x0, torch.Tensor) and x0.ndim == 3 and x0.shape[0] != int(cfg.get("in_channels", 3)):
-        raise TrainError(f"{d['spec']} has {x0.shape[0]}-channel images but the network ({cfg['arch']}) takes "
-                         f"in_channels = {cfg.get('in_channels', 3)}: start from a preset for this data "
-                         "(repsim train --list-presets) or --set in_channels=" + str(x0.shape[0]))
-    cfg["dataset"] = {"spec": d["spec"], "name": train_set.name, "n_train": len(train_set), "train_split": train_split,
-                      "classes": list(train_set.classes), "transform": train_set.transform_desc}
-    if len(train_set) < cfg["batch_size"]:
-        raise TrainError(f"training set of {len(train_set)} examples is smaller than batch_size {cfg['batch_size']}")
 
     # model, optimizer -------------------------------------------------------------------------------
     torch.manual_seed(cfg["seed"])
@@ -555,41 +530,17 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
     s = cfg["schedule"]
     sched = dict(peak=peak, steps_per_epoch=spe, total_steps=total, name=s["name"],
                  warmup_epochs=s["warmup_epochs"], decay=s["decay"])
+    parts = TrainParts(net=net, step_module=step_module, opt=opt, scaler=scaler, ema=ema, loader=loader,
+                       sampler=sampler, sched=sched, total=total, alpha=alpha, channels_last=channels_last,
+                       autocast=autocast, device=device, freeze_bn=bool(cfg.get("freeze_bn")))
 
     # resume ----------------------------------------------------------------------------------------
     if rank == 0:
         _remove_stale_temporaries(out)
     start_epoch, step, metrics = 0, 0, []
     if resume and ckpt_path.exists():
-        ck = load_checkpoint(ckpt_path)
-        _check_same_run(ck["config"], cfg, ckpt_path)
-        _check_same_schedule(ck, sched, cfg, ckpt_path)
-        ck_world = int(ck.get("world_size") or len(ck["rng"]))  # older checkpoints: one RNG state per process
-        if ck_world != world:
-            if not cfg.get("freeze_bn"):
-                raise CheckpointError(
-                    f"checkpoint {ckpt_path} was trained by {ck_world} process(es), this run has {world}: each "
-                    f"process's BatchNorm statistics (over batch_size/{ck_world} examples) and random streams would "
-                    f"change mid-run; resume with {ck_world} process(es) (torchrun --nproc_per_node={ck_world}) "
-                    "or choose another --out")
-            say(f"resuming a {ck_world}-process run with {world} (freeze_bn: BatchNorm statistics are fixed; "
-                "Mixup and dropout draw other random numbers from here on)")
-        load_state_strict(net, ck["model"], f"checkpoint {ckpt_path}")
-        if ema is not None and ck.get("ema"):
-            load_state_strict(ema.module, ck["ema"], f"checkpoint {ckpt_path} (EMA)")
-        opt.load_state_dict(ck["optimizer"])
-        if ck.get("scaler"):
-            scaler.load_state_dict(ck["scaler"])
-        start_epoch, step, metrics = int(ck["epoch"]), int(ck["scheduler"]["step"]), list(ck["metrics"])
-        rngs = ck["rng"]
-        set_rng_state(rngs[rank % len(rngs)])
-        if rank >= len(rngs):  # more processes than the checkpoint's (freeze_bn only): a stream of its own
-            torch.manual_seed(cfg["seed"] * 1000 + rank + 1 + 7919 * start_epoch)
-        if "source" in ck["config"].get("finetune", {}):
-            cfg["finetune"]["source"] = ck["config"]["finetune"]["source"]
-        say(f"resuming {out} after epoch {start_epoch} (step {step})")
-        if rank == 0:  # a run killed (or out of disk) after checkpoint.pt by a repsim that wrote it first
-            _repair_after(ck, ckpt_path, out, keep_every, cfg["save_best"])
+        start_epoch, step, metrics = _resume(parts, cfg, ckpt_path, rank=rank, world=world, keep_every=keep_every,
+                                             say=say)
     else:
         if resume:
             say(f"--resume: no checkpoint in {out}; starting from scratch")
@@ -608,73 +559,18 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
     for epoch in range(start_epoch, epochs):
         if step >= total:
             break
-        t0 = time.perf_counter()
-        sampler.set_epoch(epoch)
-        step_module.train()
-        if cfg.get("freeze_bn"):
-            for m in net.modules():
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=device)
-        bar = None
-        if use_bar:
-            from tqdm import tqdm
-
-            bar = tqdm(total=min(spe, total - step), desc=f"epoch {epoch + 1}/{epochs}", leave=False, unit="step")
-        seen = 0
-        for x, y in loader:
-            if step >= total:
-                break
-            lr = lr_at(step, **sched)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            mix: tuple = ()
-            if alpha > 0:  # Mixup (repsim.train.augment): one λ per batch, the loss at the mixed target
-                x, y_b, lam = mixup_batch(x, y, alpha)
-                mix = (y_b, lam)
-            if channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            with autocast():
-                loss, logits = step_module(x, y, *mix)
-            opt.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            step += 1
-            if ema is not None:
-                ema.update(net, step - 1)
-            with torch.no_grad():  # stays on the device: no host sync per step
-                c1 = _topk_correct(logits.detach().float(), y, (1,))[0]
-                sums[0] += loss.detach().double() * len(y)
-                sums[1] += c1
-            seen += len(y)
-            if bar is not None:
-                bar.update(1)
-                if step % 25 == 0:
-                    bar.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.3g}")
-        if bar is not None:
-            bar.close()
-        sums[2] = seen
-        if world > 1:
-            dist.all_reduce(sums)
-        if device.type == "cuda":  # the queued kernels belong to this epoch's time (as the reference loop times it)
-            torch.cuda.synchronize(device)
-        train_s = time.perf_counter() - t0
+        step, trained = train_one_epoch(parts, epoch, step, epochs=epochs, world=world, bar=use_bar)
         rec: dict[str, Any] = {"epoch": epoch + 1, "step": step, "lr": lr_at(max(step - 1, 0), **sched),
-                               "train_loss": sums[0].item() / max(sums[2].item(), 1),
-                               "train_top1": 100.0 * sums[1].item() / max(sums[2].item(), 1)}
+                               "train_loss": trained["loss"], "train_top1": trained["top1"]}
         last = epoch + 1 == epochs or step >= total or epoch + 1 == stop_after_epoch
         if world > 1:  # every rank evaluates (and later resumes from) the network rank 0 saves
             _broadcast_buffers(eval_net)
         if (epoch + 1) % cfg["eval_every"] == 0 or last:
-            for split, ds in eval_sets.items():
-                r = evaluate(eval_net, ds, batch_size=eval_bs, device=device, rank=rank, world=world,
-                             autocast=autocast, channels_last=channels_last, workers=d["workers"])
-                rec[f"{split}_top1"], rec[f"{split}_top5"] = r["top1"], r["top5"]
-                rec[f"{split}_mean_per_class"] = r["mean_per_class"]
+            rec.update(evaluate_splits(eval_net, eval_sets, batch_size=eval_bs, device=device, rank=rank, world=world,
+                                       autocast=autocast, channels_last=channels_last, workers=d["workers"]))
+        train_s = trained["seconds"]
         rec["train_seconds"] = train_s
-        rec["images_per_second"] = seen * world / train_s if train_s > 0 else 0.0
+        rec["images_per_second"] = trained["examples"] * world / train_s if train_s > 0 else 0.0
         metrics.append(rec)
         rngs = [rng_state()]
         if world > 1:
@@ -685,15 +581,7 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
                      "optimizer": opt.state_dict(), "scheduler": {"step": step, **sched},
                      "scaler": scaler.state_dict() if scaler.is_enabled() else {}, "rng": rngs,
                      "world_size": world, "epoch": epoch + 1, "metrics": metrics}
-            # checkpoint.pt last: --resume trusts it, so a run killed (or out of disk) anywhere before it
-            # redoes this epoch, and one killed after it has every other file of this epoch in place
-            _write_metrics(out, metrics)
-            written = None
-            if cfg["save_best"] and best_epoch(holdout_curve(metrics)) == epoch + 1:
-                written = _save_or_link(state, out / "best.pt", written)
-            if keep_every and (epoch + 1) % keep_every == 0:
-                written = _save_or_link(state, out / f"epoch-{epoch + 1:04d}.pt", written)
-            _save_or_link(state, ckpt_path, written)
+            _save_epoch(state, out, save_best=cfg["save_best"], keep_every=keep_every)
             say(" ".join([f"epoch {epoch + 1}/{epochs}", f"loss {rec['train_loss']:.4f}",
                           f"train {rec['train_top1']:.1f}%"]
                          + [f"{k.split('_')[0]} {rec[k]:.1f}%" for k in ("holdout_top1", "test_top1") if k in rec]
@@ -701,3 +589,192 @@ def _run(cfg, out: Path, rank: int, world: int, device: torch.device, resume: bo
         if stop_after_epoch is not None and epoch + 1 >= stop_after_epoch:
             break
     return metrics
+
+
+def _datasets(cfg: dict[str, Any], say: Callable[[str], None]) -> tuple[Any, dict[str, Any]]:
+    """The training set and the evaluated splits (``holdout``, ``test``) of ``cfg``'s data, checked
+    against the network (classes, input channels, batch size); fills ``cfg``'s ``variant``,
+    ``num_classes`` and ``dataset`` (what config.json and the checkpoint record)."""
+    d = cfg["data"]
+    if not d["spec"]:
+        raise TrainError("no dataset: pass --data (a directory, 'digits', a torchvision name, 'synthetic')")
+    aug = {"none": False, "digits": True}.get(d["augment"], d["augment"])
+    train_split = d.get("train_split", "train")
+    if train_split not in ("train", TRAIN_ALL):
+        raise TrainError(f"data.train_split must be 'train' or '{TRAIN_ALL}', not {train_split!r}")
+    if d.get("autoaugment") and not aug:
+        raise TrainError("data.autoaugment needs a training augmentation (data.augment is 'none')")
+    cfg["variant"] = variant_of(cfg)
+    train_set = dataset_from_config(cfg, train_split, augment=aug)
+    eval_sets = {}
+    if d["eval_holdout"] and d["holdout_size"] != 0 and train_split == "train":
+        eval_sets["holdout"] = dataset_from_config(cfg, "holdout")
+    if d["eval_test"]:
+        try:
+            eval_sets["test"] = dataset_from_config(cfg, "test")
+        except ValueError as e:
+            say(f"no test split evaluated: {e}")
+    if cfg["num_classes"] and cfg["num_classes"] != train_set.num_classes:
+        raise TrainError(f"num_classes {cfg['num_classes']} but {d['spec']} has {train_set.num_classes} classes")
+    cfg["num_classes"] = train_set.num_classes
+    x0 = train_set[0][0]
+    if isinstance(x0, torch.Tensor) and x0.ndim == 3 and x0.shape[0] != int(cfg.get("in_channels", 3)):
+        raise TrainError(f"{d['spec']} has {x0.shape[0]}-channel images but the network ({cfg['arch']}) takes "
+                         f"in_channels = {cfg.get('in_channels', 3)}: start from a preset for this data "
+                         "(repsim train --list-presets) or --set in_channels=" + str(x0.shape[0]))
+    cfg["dataset"] = {"spec": d["spec"], "name": train_set.name, "n_train": len(train_set), "train_split": train_split,
+                      "classes": list(train_set.classes), "transform": train_set.transform_desc}
+    if len(train_set) < cfg["batch_size"]:
+        raise TrainError(f"training set of {len(train_set)} examples is smaller than batch_size {cfg['batch_size']}")
+    return train_set, eval_sets
+
+
+@dataclass
+class TrainParts:
+    """What :func:`train_one_epoch` trains with, built once per run by :func:`train_run`."""
+
+    net: nn.Module  # the network: its parameters, its BatchNorm modules, the EMA's source
+    step_module: nn.Module  # the loss step, _TrainStep(net) (DDP-wrapped, compiled)
+    opt: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    ema: EMA | None
+    loader: DataLoader  # the training batches of this process
+    sampler: DistributedSampler  # the (seed, epoch) permutation behind the loader
+    sched: dict[str, Any]  # lr_at's schedule
+    total: int  # the run's last step
+    alpha: float  # Mixup α (0: no Mixup)
+    channels_last: bool
+    autocast: Callable[[], Any]
+    device: torch.device
+    freeze_bn: bool
+
+
+def train_one_epoch(parts: TrainParts, epoch: int, step: int, *, epochs: int, world: int = 1,
+                    bar: bool = False) -> tuple[int, dict[str, float]]:
+    """One epoch of SGD from global step ``step`` (stopping at ``parts.total``), as torchvision's reference
+    ``train_one_epoch``: each batch sets the learning rate :func:`lr_at` its step, is mixed (Mixup, one λ
+    per batch) when ``parts.alpha`` > 0, and takes one optimizer step (through the gradient scaler), then
+    the EMA's update. Returns the step reached and the epoch's ``loss`` (mean over its examples), ``top1``
+    (%; both summed over the ``world`` processes), ``examples`` (this process's) and ``seconds`` (the
+    epoch's wall time, a CUDA device's queued work included). ``bar``: a tqdm bar of its steps."""
+    t0 = time.perf_counter()
+    parts.sampler.set_epoch(epoch)
+    parts.step_module.train()
+    if parts.freeze_bn:
+        for m in parts.net.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.eval()
+    sched, total, device, opt = parts.sched, parts.total, parts.device, parts.opt
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    progress = None
+    if bar:
+        from tqdm import tqdm
+
+        progress = tqdm(total=min(sched["steps_per_epoch"], total - step), desc=f"epoch {epoch + 1}/{epochs}",
+                        leave=False, unit="step")
+    seen = 0
+    for x, y in parts.loader:
+        if step >= total:
+            break
+        lr = lr_at(step, **sched)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        mix: tuple = ()
+        if parts.alpha > 0:  # Mixup (repsim.train.augment): one λ per batch, the loss at the mixed target
+            x, y_b, lam = mixup_batch(x, y, parts.alpha)
+            mix = (y_b, lam)
+        if parts.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with parts.autocast():
+            loss, logits = parts.step_module(x, y, *mix)
+        opt.zero_grad(set_to_none=True)
+        parts.scaler.scale(loss).backward()
+        parts.scaler.step(opt)
+        parts.scaler.update()
+        step += 1
+        if parts.ema is not None:
+            parts.ema.update(parts.net, step - 1)
+        with torch.no_grad():  # stays on the device: no host sync per step
+            c1 = _topk_correct(logits.detach().float(), y, (1,))[0]
+            sums[0] += loss.detach().double() * len(y)
+            sums[1] += c1
+        seen += len(y)
+        if progress is not None:
+            progress.update(1)
+            if step % 25 == 0:
+                progress.set_postfix(loss=f"{loss.item():.3f}", lr=f"{lr:.3g}")
+    if progress is not None:
+        progress.close()
+    sums[2] = seen
+    if world > 1:
+        dist.all_reduce(sums)
+    if device.type == "cuda":  # the queued kernels belong to this epoch's time (as the reference loop times it)
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - t0
+    return step, {"loss": sums[0].item() / max(sums[2].item(), 1),
+                  "top1": 100.0 * sums[1].item() / max(sums[2].item(), 1), "examples": seen, "seconds": seconds}
+
+
+def evaluate_splits(net: nn.Module, eval_sets: dict[str, Any], **kw: Any) -> dict[str, float]:
+    """:func:`evaluate` on each split: ``{split}_top1``, ``{split}_top5``, ``{split}_mean_per_class``
+    (metrics.csv's columns), in the order of ``eval_sets``; ``kw``: :func:`evaluate`'s options."""
+    rec: dict[str, float] = {}
+    for split, ds in eval_sets.items():
+        r = evaluate(net, ds, **kw)
+        rec[f"{split}_top1"], rec[f"{split}_top5"] = r["top1"], r["top5"]
+        rec[f"{split}_mean_per_class"] = r["mean_per_class"]
+    return rec
+
+
+def _resume(parts: TrainParts, cfg: dict[str, Any], ckpt_path: Path, *, rank: int, world: int, keep_every: int,
+            say: Callable[[str], None]) -> tuple[int, int, list[dict[str, Any]]]:
+    """Restore the network, EMA, optimizer, scaler and this process's random streams from ``ckpt_path``
+    (refusing another run's or schedule's checkpoint, or another process count unless ``freeze_bn``);
+    returns (epochs done, step, metrics so far)."""
+    out = ckpt_path.parent
+    ck = load_checkpoint(ckpt_path)
+    _check_same_run(ck["config"], cfg, ckpt_path)
+    _check_same_schedule(ck, parts.sched, cfg, ckpt_path)
+    ck_world = int(ck.get("world_size") or len(ck["rng"]))  # older checkpoints: one RNG state per process
+    if ck_world != world:
+        if not cfg.get("freeze_bn"):
+            raise CheckpointError(
+                f"checkpoint {ckpt_path} was trained by {ck_world} process(es), this run has {world}: each "
+                f"process's BatchNorm statistics (over batch_size/{ck_world} examples) and random streams would "
+                f"change mid-run; resume with {ck_world} process(es) (torchrun --nproc_per_node={ck_world}) "
+                "or choose another --out")
+        say(f"resuming a {ck_world}-process run with {world} (freeze_bn: BatchNorm statistics are fixed; "
+            "Mixup and dropout draw other random numbers from here on)")
+    load_state_strict(parts.net, ck["model"], f"checkpoint {ckpt_path}")
+    if parts.ema is not None and ck.get("ema"):
+        load_state_strict(parts.ema.module, ck["ema"], f"checkpoint {ckpt_path} (EMA)")
+    parts.opt.load_state_dict(ck["optimizer"])
+    if ck.get("scaler"):
+        parts.scaler.load_state_dict(ck["scaler"])
+    start_epoch, step, metrics = int(ck["epoch"]), int(ck["scheduler"]["step"]), list(ck["metrics"])
+    rngs = ck["rng"]
+    set_rng_state(rngs[rank % len(rngs)])
+    if rank >= len(rngs):  # more processes than the checkpoint's (freeze_bn only): a stream of its own
+        torch.manual_seed(cfg["seed"] * 1000 + rank + 1 + 7919 * start_epoch)
+    if "source" in ck["config"].get("finetune", {}):
+        cfg["finetune"]["source"] = ck["config"]["finetune"]["source"]
+    say(f"resuming {out} after epoch {start_epoch} (step {step})")
+    if rank == 0:  # a run killed (or out of disk) after checkpoint.pt by a repsim that wrote it first
+        _repair_after(ck, ckpt_path, out, keep_every, cfg["save_best"])
+    return start_epoch, step, metrics
+
+
+def _save_epoch(state: dict[str, Any], out: Path, *, save_best: bool, keep_every: int) -> None:
+    """An epoch's files (rank 0): metrics.jsonl/.csv, best.pt (a new best holdout epoch, ``save_best``),
+    epoch-EEEE.pt (every ``keep_every`` epochs), then checkpoint.pt."""
+    epoch, metrics = state["epoch"], state["metrics"]
+    # checkpoint.pt last: --resume trusts it, so a run killed (or out of disk) anywhere before it
+    # redoes this epoch, and one killed after it has every other file of this epoch in place
+    _write_metrics(out, metrics)
+    written = None
+    if save_best and best_epoch(holdout_curve(metrics)) == epoch:
+        written = _save_or_link(state, out / "best.pt", written)
+    if keep_every and epoch % keep_every == 0:
+        written = _save_or_link(state, out / f"epoch-{epoch:04d}.pt", written)
+    _save_or_link(state, out / "checkpoint.pt", written)
