@@ -29,7 +29,7 @@ import numpy as np
 
 from repsim.array_api import array_namespace, diagonal, gram_dtype, on_device, to_numpy
 from repsim.kernels._precision import CentredGram, constant_tolerance
-from repsim.kernels.hsic import centred_gram, ucenter
+from repsim.kernels.hsic import centred_gram, double_center, ucenter
 from repsim.kernels.permutation import gram_null_products, permutations
 
 __all__ = ["MinibatchNull"]
@@ -89,8 +89,7 @@ class MinibatchNull:
         if self.debiased:
             A = ucenter(K, xp=xp) / float(np.sqrt(b * (b - 3)))
         else:
-            r = xp.mean(K, axis=1)
-            A = (K - r[:, None] - r[None, :] + xp.mean(r)) / float(b - 1)
+            A = double_center(K, xp=xp) / float(b - 1)
         return A * keep
 
     def update(self, batch: Sequence[Any], key: Sequence[int] = ()) -> "MinibatchNull":
