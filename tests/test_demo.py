@@ -58,6 +58,18 @@ def test_demo_smoke_and_rerun(tmp_path):
     assert second.stdout.count("up to date") == 8  # seven results steps (pixels.csv: the pixel baseline) and the report
     assert json.loads((out / "results" / "fingerprints.json").read_text()) == fps
 
+    # a reused output deleted or truncated since it was written (the reuse key checked only a fingerprint
+    # and that one file existed: "up to date", then the report rebuild exited 70)
+    (out / "results" / "collapse.csv").unlink()
+    npz = out / "results" / "similarity_demo.npz"
+    npz.write_bytes(npz.read_bytes()[:300])
+    third = _demo(out)
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    assert "separation.csv: collapse.csv changed or missing since it was written; recomputing" in third.stdout
+    assert "similarity_demo.npz: similarity_demo.npz changed or missing since it was written" in third.stdout
+    assert third.stdout.count("up to date") == 5  # the other five results steps; the report is rebuilt
+    assert (out / "results" / "collapse.csv").stat().st_size > 0
+
 
 def test_the_demo_train_stage_trains_as_a_network_s_own_process_does(tmp_path):
     """`python -m repsim.analyses.command_runs --jobs 2` with `repsim train` commands (the demo's train stage): two
@@ -183,15 +195,3 @@ def test_an_item_line_that_a_workers_long_write_was_cut_by_is_still_read():
                                                                                  '{"name": "b"}')
     assert split_item("a plain line") == ("a plain line", None)
     assert split_item("   ") == ("", None)
-
-    # a reused output deleted or truncated since it was written (the reuse key checked only a fingerprint
-    # and that one file existed: "up to date", then the report rebuild exited 70)
-    (out / "results" / "collapse.csv").unlink()
-    npz = out / "results" / "similarity_demo.npz"
-    npz.write_bytes(npz.read_bytes()[:300])
-    third = _demo(out)
-    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
-    assert "separation.csv: collapse.csv changed or missing since it was written; recomputing" in third.stdout
-    assert "similarity_demo.npz: similarity_demo.npz changed or missing since it was written" in third.stdout
-    assert third.stdout.count("up to date") == 5  # the other five results steps; the report is rebuilt
-    assert (out / "results" / "collapse.csv").stat().st_size > 0

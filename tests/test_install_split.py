@@ -165,7 +165,7 @@ def test_analysis_commands_run_without_torch(core_store):
     ["extract", "--checkpoint", "torchvision:resnet18", "--data", "digits", "--split", "test", "--out", "x.zarr"],
     ["extract", "--checkpoint", "hf:some/model", "--list-layers"],
     ["train", "--preset", "digits-softmax", "--out", "run"],
-    ["robustness", "--checkpoint", "run/best.pt", "--set", "imagenet-a=a", "--out", "r.csv"],
+    ["robustness", "--checkpoint", "run/best.pt", "--eval-set", "imagenet-a=a", "--out", "r.csv"],
     ["demo", "--out", "demo-out"],
 ])
 def test_torch_commands_name_the_extra_without_a_traceback(core_store, args):
