@@ -205,14 +205,8 @@ def calibrated_similarity(X: Any, Y: Any, measure: str | Measure = "linear_cka",
                           seed: int = 0, alpha: float = 0.05, **options: Any) -> dict[str, Any]:
     """One pair's exact value with its permutation null (rows of Y permuted; Gröger et al.'s Algorithm 1):
     ``{"value", "pvalue", "threshold", "calibrated", "null" (K,)}``."""
-    from repsim.kernels.measures import check_options, get_measure
-
     check_null(permutations, alpha)
-    if isinstance(measure, str):
-        check_options([measure], options)
-        m = get_measure(measure, **options)
-    else:
-        m = measure
+    m = _measure(measure, options)
     a, b = full_column(X, "X"), full_column(Y, "Y")
     if a.n != b.n:
         raise ValueError(f"X has {a.n} examples and Y {b.n}: a similarity compares the same examples")
@@ -233,14 +227,8 @@ def calibrated_matrix(layers_a: Sequence[Any], layers_b: Sequence[Any], measure:
     block's maximum or mean then has a valid null too, :func:`aggregate_calibration`):
     ``{"values", "pvalues", "threshold", "calibrated"}`` (L_a, L_b) and ``"null"`` (K, L_a, L_b).
     Each layer is prepared once (Grams, bases, neighbour lists) and every draw reuses it."""
-    from repsim.kernels.measures import check_options, get_measure
-
     check_null(permutations, alpha)
-    if isinstance(measure, str):
-        check_options([measure], options)
-        m = get_measure(measure, **options)
-    else:
-        m = measure
+    m = _measure(measure, options)
     cols_a = [full_column(x, f"A[{i}]") for i, x in enumerate(layers_a)]
     cols_b = [full_column(y, f"B[{j}]") for j, y in enumerate(layers_b)]
     n = cols_a[0].n
