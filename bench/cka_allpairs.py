@@ -213,12 +213,12 @@ def main() -> int:
     b = np.ascontiguousarray(feats[1].T)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     at, bt = feats_t[0], feats_t[1].T.contiguous()
-    centred = [f - f.mean(axis=0) for f in feats]
+    centered = [f - f.mean(axis=0) for f in feats]
     common = {
         "gemm_numpy_float32": lambda: a @ b,
         "gemm_torch_float32": lambda: torch.mm(at, bt),
         "gemm_numpy_float64": lambda: a64 @ b64,
-        "syrk_floor_float32": lambda: [c @ c.T for c in centred],
+        "syrk_floor_float32": lambda: [c @ c.T for c in centered],
         "ours_default": lambda: MinibatchCKA(L).update(feats).result(),
         "ours_cold": lambda: MinibatchCKA(L).update(feats).result(),  # after release_buffers() (see preps)
         "batched": batched,

@@ -126,11 +126,11 @@ def allpairs(L: int, n: int, p: int, repeats: int) -> dict:
         dev.TUNING = default
         # phases of the default route, each synchronised
         A = cp.empty((L, n * n), dtype=cp.float64)
-        centred = [dev.centre_once(x, cp)[0] for x in layers]
+        centered = [dev.center_once(x, cp)[0] for x in layers]
         phases = {
-            "centre (L x centre_once)": _best(lambda: [dev.centre_once(x, cp) for x in layers], repeats),
+            "centre (L x center_once)": _best(lambda: [dev.center_once(x, cp) for x in layers], repeats),
             "grams into A (L x gram_rows, slabs)": _best(
-                lambda: [dev.gram_rows(x, x, cp, GRAM_SLAB, out=A[i, :]) for i, x in enumerate(centred)], repeats),
+                lambda: [dev.gram_rows(x, x, cp, GRAM_SLAB, out=A[i, :]) for i, x in enumerate(centered)], repeats),
             "row sums of A": _best(lambda: cp.sum(cp.reshape(A, (L, n, n)), axis=2), repeats),
             "A Aᵀ one GEMM": _best(lambda: A @ A.T, repeats),
         }
@@ -139,7 +139,7 @@ def allpairs(L: int, n: int, p: int, repeats: int) -> dict:
                 phases[f"A Aᵀ batched, {c} chunks"] = _best(lambda: dev._batched_row_products(A, c), repeats)
             except Exception as exc:  # noqa: BLE001
                 phases[f"A Aᵀ batched, {c} chunks"] = f"{type(exc).__name__}: {exc}"
-        A = centred = None  # (freed)
+        A = centered = None  # (freed)
     finally:
         dev.TUNING = default
     best = min((r for r in rows if "s" in r), key=lambda r: r["s"], default=None)

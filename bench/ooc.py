@@ -212,7 +212,7 @@ def extrapolate(measured: dict) -> dict:
         "read_TB_total": epochs * read_epoch / 1e12,
         "flops_per_epoch": flops_epoch,
         "flops_total": epochs * flops_epoch,
-        "flops_share": {"grams": gram / flops_epoch, "gram_centring": factor / flops_epoch, "hsic": hsic / flops_epoch},
+        "flops_share": {"grams": gram / flops_epoch, "gram_centering": factor / flops_epoch, "hsic": hsic / flops_epoch},
         "one_h100_compute_s_per_epoch": t_compute,
         "decode_s_per_epoch_one_node": t_decode,
         "pcie_s_per_epoch": t_pcie,
@@ -303,7 +303,7 @@ def write_results(res: dict) -> None:
         f"- Read volume: {x['read_TB_per_epoch']:.2f} TB per epoch ({x['bytes_per_example_all_nets'] / 1e6:.0f} MB "
         f"per image over all 18 networks), {x['read_TB_total']:.0f} TB for 10 epochs (each chunk once per epoch).",
         f"- FLOPs: {x['flops_per_epoch']:.2e} per epoch, {x['flops_total']:.2e} total "
-        f"(Grams {100 * x['flops_share']['grams']:.1f} %, b×b Gram centring {100 * x['flops_share']['gram_centring']:.1f} %, "
+        f"(Grams {100 * x['flops_share']['grams']:.1f} %, b×b Gram centring {100 * x['flops_share']['gram_centering']:.1f} %, "
         f"L×L HSIC products {100 * x['flops_share']['hsic']:.2f} %).",
         f"- One H100 (FP32 Grams at {x['assumptions']['h100_fp32_tflops_sustained']:.0f} TFLOP/s sustained): "
         f"{x['one_h100_compute_s_per_epoch']:.0f} s of compute per epoch; PCIe copy {x['pcie_s_per_epoch']:.0f} s; "

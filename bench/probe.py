@@ -308,7 +308,7 @@ NOTES: list[str] = [
     "timed. Same iterations, λ*, validation and test accuracy as in memory. With nothing kept "
     "(`--memory-budget 0`) every solver product decodes, gathers and centres the chunks again: 16.6 s, "
     "4.0× in memory and only 1.18× faster than scikit-learn in memory; with the training rows kept "
-    "centred in selection order within half the default budget (`_streamed.CentredCache`), 4.9 s "
+    "centred in selection order within half the default budget (`_streamed.CenteredCache`), 4.9 s "
     "(1.16× in memory, scikit-learn ÷ it 4.04). A read-ahead thread (decode the next chunk during the "
     "current one's products) was measured before the cache and dropped: 1.3× slower on this box. The "
     "2026-11-21 rows this run replaced: in memory 4.2 s, up 8.4, cold 37.1, no extrapolation 5.5, "

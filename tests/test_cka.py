@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from repsim.kernels._precision import CentredGram
+from repsim.kernels._precision import CenteredGram
 from repsim.kernels.cka import linear_cka
 from repsim.kernels.hsic import batch_hsic, double_center, ucenter
 from repsim.kernels.minibatch_cka import MinibatchCKA
@@ -265,14 +265,14 @@ def test_batch_hsic_all_pairs_matches_song(xp, debiased):
 
 @pytest.mark.parametrize("xp", NAMESPACES)
 @pytest.mark.parametrize("debiased", [True, False])
-def test_centred_grams_stand_in_for_their_features(xp, debiased):
+def test_centered_grams_stand_in_for_their_features(xp, debiased):
     """A layer given as its centred Gram X_c X_cᵀ gives the same HSIC row as its rows X."""
     rng = np.random.default_rng(16)
     layers = planted(rng, 29, [4, 40, 7], mean=2.0)
     flat = [a.reshape(29, -1) for a in layers]
     h = song_hsic if debiased else biased_hsic
     ref = np.array([[h(a, b) for b in flat] for a in flat])
-    grams = [CentredGram(xp.asarray((a - a.mean(0)) @ (a - a.mean(0)).T)) for a in flat]
+    grams = [CenteredGram(xp.asarray((a - a.mean(0)) @ (a - a.mean(0)).T)) for a in flat]
     for mixed in ([grams[0], xp.asarray(flat[1]), grams[2]], grams):
         for block_bytes, block_rows in ((1 << 28, 128), (900, 4)):
             got = batch_hsic(mixed, debiased=debiased, block_bytes=block_bytes, block_rows=block_rows)
@@ -283,11 +283,11 @@ def test_centred_grams_stand_in_for_their_features(xp, debiased):
     bad = np.array(grams[0].K if xp is np else np.asarray(grams[0].K), copy=True)
     bad[0, 0] = np.nan
     with pytest.raises(ValueError, match="layer 0 contains NaN"):
-        batch_hsic([CentredGram(xp.asarray(bad)), xp.asarray(flat[1])])
+        batch_hsic([CenteredGram(xp.asarray(bad)), xp.asarray(flat[1])])
     with pytest.raises(ValueError, match="square"):
-        CentredGram(xp.asarray(flat[1]))
+        CenteredGram(xp.asarray(flat[1]))
     with pytest.raises(ValueError, match="examples"):
-        batch_hsic([xp.asarray(flat[1]), CentredGram(xp.asarray(np.eye(5)))])
+        batch_hsic([xp.asarray(flat[1]), CenteredGram(xp.asarray(np.eye(5)))])
 
 
 @pytest.mark.parametrize("xp", NAMESPACES)
@@ -313,7 +313,7 @@ def test_minibatch_cka_matches_definition(xp):
 @pytest.mark.parametrize("debiased", [True, False])
 def test_wide_layers_take_the_slab_gram_path_with_the_same_answers(debiased):
     """A host layer with p > 2·GRAM_SLAB features and p >= 4n enters batch_hsic as its centred Gram,
-    formed slab by slab (kernels._gram.centred_gram_slabs); HSIC matches Song's/the biased formula in
+    formed slab by slab (kernels._gram.centered_gram_slabs); HSIC matches Song's/the biased formula in
     float64 (float32 input: to the float32 Gram bound), in any mix with narrow layers and groups,
     NaN wide layers are refused by name and constant ones give zero rows."""
     from repsim.kernels._gram import is_wide
@@ -564,7 +564,7 @@ def test_default_float32_grams_keep_float64_accuracy_on_hard_cases(case):
         assert abs(got1 - ref1) <= _linear_cka_bound(layers[0], layers[1], debiased, kap[:2]), (got1, ref1)
 
 
-def test_hard_cases_are_hard_for_uncentred_float32_grams():
+def test_hard_cases_are_hard_for_uncentered_float32_grams():
     """What the peers compute (Song's formula on uncentred float32 Grams) is far off on these cases."""
     for case in ("relu_mean_1e4_spread_1", "sigmoid_logits"):
         X, Y = _hard_case(case, np.random.default_rng(sum(map(ord, case))))[:2]

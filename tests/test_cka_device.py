@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from repsim.array_api import to_numpy
-from repsim.kernels._precision import GRAM_SLAB, CentredGram
+from repsim.kernels._precision import GRAM_SLAB, CenteredGram
 from repsim.kernels.cka import linear_cka
-from repsim.kernels.hsic import batch_hsic, centred_gram
+from repsim.kernels.hsic import batch_hsic, centered_gram
 from repsim.kernels.minibatch_cka import MinibatchCKA
 
 xs = array_api_strict
@@ -73,16 +73,16 @@ def test_row_groups_add_up_to_the_whole_batch(debiased, device):
         np.testing.assert_allclose(parts, whole, rtol=1e-11, atol=1e-11 * np.abs(whole).max())
 
 
-def test_centred_grams_enter_without_a_host_check(device):
+def test_centered_grams_enter_without_a_host_check(device):
     """A wide layer reduced to its centred Gram on an accelerator is checked with the batch."""
     rng = np.random.default_rng(2)
     layers = _layers(30, rng)
-    gram = centred_gram(xs.asarray(layers[3], device=device), xs, "wide")
-    assert isinstance(gram, CentredGram) and gram.mean_sq is not None
+    gram = centered_gram(xs.asarray(layers[3], device=device), xs, "wide")
+    assert isinstance(gram, CenteredGram) and gram.mean_sq is not None
     mixed = _strict(layers[:3], device) + [gram] + _strict(layers[4:], device)
     ref = batch_hsic(_strict(layers, device))
     np.testing.assert_allclose(batch_hsic(mixed), ref, rtol=1e-9)
-    const = centred_gram(xs.asarray(np.full((30, 9000), 3.5, dtype=np.float32), device=device), xs, "flat")
+    const = centered_gram(xs.asarray(np.full((30, 9000), 3.5, dtype=np.float32), device=device), xs, "flat")
     got = batch_hsic([xs.asarray(layers[0], device=device), const], names=["a", "flat"])
     assert got[0, 0] > 0 and not got[1].any() and not got[:, 1].any()
 
@@ -229,13 +229,13 @@ def test_column_sums_as_a_product_on_the_layers_device(monkeypatch, device):
 def test_wide_layer_gram_in_feature_slabs_equals_the_whole(dtype, device):
     """A wide layer's centred Gram on the accelerator route, made a few features at a time (so that
     its cast and centred copies stay small) equals the one made at once, ‖x̄‖² too."""
-    from repsim.kernels._cka_device import centred_gram_slabs
+    from repsim.kernels._cka_device import centered_gram_slabs
 
     rng = np.random.default_rng(7)
     X = (np.maximum(rng.standard_normal((20, 9000)), 0) + 5.0).astype(np.float32)  # (strict has no float16)
     dt = getattr(xs, dtype)
-    whole, m_whole = centred_gram_slabs(xs.asarray(X, device=device), xs, dt, GRAM_SLAB, cap=1 << 40)
-    parts, m_parts = centred_gram_slabs(xs.asarray(X, device=device), xs, dt, GRAM_SLAB, cap=20 * GRAM_SLAB * 4)  # 2 slabs
+    whole, m_whole = centered_gram_slabs(xs.asarray(X, device=device), xs, dt, GRAM_SLAB, cap=1 << 40)
+    parts, m_parts = centered_gram_slabs(xs.asarray(X, device=device), xs, dt, GRAM_SLAB, cap=20 * GRAM_SLAB * 4)  # 2 slabs
     whole, parts = to_numpy(whole), to_numpy(parts)
     np.testing.assert_allclose(parts, whole, rtol=1e-6 if dtype == "float32" else 1e-12,
                                atol=(1e-6 if dtype == "float32" else 1e-12) * np.abs(whole).max())
@@ -244,7 +244,7 @@ def test_wide_layer_gram_in_feature_slabs_equals_the_whole(dtype, device):
     np.testing.assert_allclose(whole, ref @ ref.T, rtol=1e-5, atol=1e-5 * np.abs(whole).max())
 
 
-def test_wide_in_memory_layers_enter_as_their_centred_gram(monkeypatch, device):
+def test_wide_in_memory_layers_enter_as_their_centered_gram(monkeypatch, device):
     """Above WIDE_BYTES an in-memory layer takes the slab route inside the update: same HSIC."""
     from repsim.kernels import _cka_device
 
@@ -253,7 +253,7 @@ def test_wide_in_memory_layers_enter_as_their_centred_gram(monkeypatch, device):
     ref = batch_hsic(_strict(layers, device))
     monkeypatch.setattr(_cka_device, "WIDE_BYTES", 31 * 100 * 4)  # the 4,596-wide layer (and only it) is "wide"
     seen = []
-    real = _cka_device.centred_gram_slabs
-    monkeypatch.setattr(_cka_device, "centred_gram_slabs", lambda X, *a, **k: seen.append(X.shape) or real(X, *a, **k))
+    real = _cka_device.centered_gram_slabs
+    monkeypatch.setattr(_cka_device, "centered_gram_slabs", lambda X, *a, **k: seen.append(X.shape) or real(X, *a, **k))
     np.testing.assert_allclose(batch_hsic(_strict(layers, device)), ref, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
     assert seen == [(31, 12 + 2 * GRAM_SLAB + 500)]

@@ -532,7 +532,7 @@ def test_array_module_cuda_fills_cupy13_gaps(monkeypatch):
     assert device_name(xp) == "cuda" and reader_threads(None, xp) >= 2
 
 
-def test_wide_columns_enter_as_centred_grams_without_changing_the_result(tmp_path):
+def test_wide_columns_enter_as_centered_grams_without_changing_the_result(tmp_path):
     """p >= 4b: the engine hands MinibatchCKA the b x b centred Gram instead of the b x p rows."""
     rng = np.random.default_rng(6)
     layers = correlated_layers(rng, 120, {"wide": (400,), "conv": (8, 5, 5), "narrow": (9,)})
@@ -552,31 +552,31 @@ def test_wide_columns_enter_as_centred_grams_without_changing_the_result(tmp_pat
 
 
 @pytest.mark.parametrize("p", [300, 2 * 2048 + 777])  # one slab / the blocked path with a ragged last slab
-def test_centred_gram_matches_brute_force(p):
-    from repsim.kernels._precision import CentredGram
-    from repsim.engine.grams import centred_gram
+def test_centered_gram_matches_brute_force(p):
+    from repsim.kernels._precision import CenteredGram
+    from repsim.engine.grams import centered_gram
 
     rng = np.random.default_rng(p)
     x = np.maximum(rng.normal(size=(40, p)) + 0.5, 0).astype(np.float16)
     Xc = x.astype(np.float64) - x.astype(np.float64).mean(axis=0)
     ref = Xc @ Xc.T
     for dtype, tol in ((np.float32, 1e-6), (np.float64, 1e-12)):
-        G = centred_gram(x.reshape(40, -1, 1), np, "s/l", dtype)
-        assert isinstance(G, CentredGram) and G.K.dtype == np.float64
+        G = centered_gram(x.reshape(40, -1, 1), np, "s/l", dtype)
+        assert isinstance(G, CenteredGram) and G.K.dtype == np.float64
         np.testing.assert_allclose(G.K, ref, rtol=0, atol=tol * np.abs(ref).max())
     # a namespace without the array-API astype / matrix_transpose functions (CuPy <= 13 as a module)
     import types
 
     bare = types.SimpleNamespace(**{k: getattr(np, k) for k in ("reshape", "mean", "sum", "finfo", "diagonal",
                                                                 "float32", "float64")})
-    G = centred_gram(x[:, :300], bare, "s/l", np.float64)
+    G = centered_gram(x[:, :300], bare, "s/l", np.float64)
     ref300 = Xc[:, :300] @ Xc[:, :300].T
     np.testing.assert_allclose(G.K, ref300, rtol=0, atol=1e-12 * np.abs(ref300).max())
     bad = x.copy()
     bad[3, 7] = np.inf
     with pytest.raises(ValueError, match="s/l contains NaN"):
-        centred_gram(bad, np, "s/l", np.float32)
-    flat = centred_gram(np.full((40, p), 2.5, np.float16), np, "s/l", np.float32)  # constant: batch_hsic
+        centered_gram(bad, np, "s/l", np.float32)
+    flat = centered_gram(np.full((40, p), 2.5, np.float16), np, "s/l", np.float32)  # constant: batch_hsic
     assert flat.mean_sq == pytest.approx(2.5 ** 2 * p)  # decides, from the mean it keeps
 
 

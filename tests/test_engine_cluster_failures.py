@@ -358,7 +358,10 @@ def test_a_rerun_after_a_lost_cluster_computes_the_uninterrupted_numbers(tmp_pat
                     p.kill()
                     p.wait()
     monkeypatch.setattr(Checkpoint, "save", save)
-    assert isinstance(outcome, sched.ClusterLost), outcome
+    # Which error ends the run depends on whether a segment was running when the workers died (then
+    # dask counts a killed worker: WorkersKilled) or not (no workers within NO_WORKERS_S: ClusterLost);
+    # both keep the finished segments, which is what this test is about.
+    assert isinstance(outcome, (sched.ClusterLost, sched.WorkersKilled)), outcome
     done = checkpoint_segments(ckpt)
     assert 2 <= done < 12, done  # (results already fetched when the workers died are saved too)
     resumed = repsim.cka_matrix(stores, checkpoint=ckpt, **kw)

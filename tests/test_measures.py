@@ -225,7 +225,7 @@ def test_rbf_cka_minibatch_on_a_device_equals_the_host(device, debiased, monkeyp
     both — copies nothing to the host per column (one transfer per batch: the inner update's), and
     reports a NaN under the column's name."""
     xs = pytest.importorskip("array_api_strict")
-    from repsim.kernels.hsic import centred_gram
+    from repsim.kernels.hsic import centered_gram
 
     dev = xs.Device(device)
     X, Y, rng = data(7, n=200)
@@ -249,7 +249,7 @@ def test_rbf_cka_minibatch_on_a_device_equals_the_host(device, debiased, monkeyp
             host.update([c[rows] for c in cols])
             # the engine's inputs: rows for narrow columns, a centred Gram for the wide one
             batch = [xs.asarray(c[rows], device=dev) for c in cols]
-            batch[2] = centred_gram(batch[2], xs, "w")
+            batch[2] = centered_gram(batch[2], xs, "w")
             before = len(syncs)
             onto.update(batch)
             assert len(syncs) - before == 1  # the inner update's one transfer; none per column

@@ -32,7 +32,7 @@ def related(rng, n, p=(8, 5), noise=1.0):
     return X, X @ rng.normal(size=(p[0], p[1])) + noise * rng.normal(size=(n, p[1]))
 
 
-def centred(X):
+def centered(X):
     Xc = X - X.mean(axis=0)
     return Xc @ Xc.T
 
@@ -197,7 +197,7 @@ def test_minibatch_null_is_the_sum_of_permuted_batch_hsic(xp, debiased):
     np.testing.assert_allclose(obs, ref.result(), atol=1e-12)
     want, selfh = np.zeros((K, 3, 3)), np.zeros(3)
     for t in range(n // b):
-        A = [hsic_prepared(centred(c[t * b:(t + 1) * b]), debiased)[0] for c in cols]
+        A = [hsic_prepared(centered(c[t * b:(t + 1) * b]), debiased)[0] for c in cols]
         selfh += [np.sum(a * a) for a in A]
         for g in (0, 1):
             P = permutations(K, b, [9, 0, t, g])
@@ -232,8 +232,8 @@ def test_permutation_moments_equal_enumeration_of_all_permutations(debiased):
     n = 7
     X = rng.normal(size=(n, 3)) ** 2  # skewed, so the third moment is not ~0
     Y = rng.exponential(size=(n, 4))
-    A = hsic_prepared(centred(X), debiased)[0]
-    B = hsic_prepared(centred(Y), debiased)[0]
+    A = hsic_prepared(centered(X), debiased)[0]
+    B = hsic_prepared(centered(Y), debiased)[0]
     T = np.array([np.sum(A * B[np.ix_(p, p)]) for p in itertools.permutations(range(n))])
     mean, var, mu3 = (v[0, 0] for v in permutation_moments(invariants(A[None]), invariants(B[None]), n))
     scale = np.sqrt(np.sum(A * A) * np.sum(B * B))
@@ -252,7 +252,7 @@ def test_analytic_null_matches_a_monte_carlo_null(debiased):
     n, K = 40, 10_000
     X = rng.normal(size=(n, 5)) ** 2
     Y = rng.normal(size=(n, 3))
-    a, b = hsic_prepared(centred(X), debiased), hsic_prepared(centred(Y), debiased)
+    a, b = hsic_prepared(centered(X), debiased), hsic_prepared(centered(Y), debiased)
     draws = gram_null_products(a[0][None], b[0][None], permutations(K, n, 0), diagonal=not debiased)[:, 0, 0]
     draws = draws / np.sqrt(a[1] * b[1])
     mean, var, _ = (v[0, 0] / (a[1] * b[1]) ** (e / 2) for v, e in
@@ -427,8 +427,8 @@ def test_within_batch_route_agrees_with_the_reference_within_monte_carlo_error()
         num = dx = dy = 0.0
         for t in range(n // b):
             s = slice(t * b, (t + 1) * b)
-            Kx = torch.as_tensor(centred(Xt[s].numpy()))
-            Ky = torch.as_tensor(centred(Yt[s].numpy()))
+            Kx = torch.as_tensor(centered(Xt[s].numpy()))
+            Ky = torch.as_tensor(centered(Yt[s].numpy()))
             u = [hsic_prepared(M.numpy(), True)[0] for M in (Kx, Ky)]
             num += np.sum(u[0] * u[1])
             dx += np.sum(u[0] * u[0])

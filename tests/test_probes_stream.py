@@ -158,7 +158,7 @@ def test_out_of_core_probe_memory_is_flat_in_n(tmp_path, monkeypatch, command):
 
 @pytest.mark.parametrize("cache_rows", [0, 250, 600])
 def test_cached_rows_give_the_uncached_numbers(cache_rows):
-    """The out-of-core caches (``Rows.cache_bytes``: decoded blocks; ``_streamed.CentredCache``: the
+    """The out-of-core caches (``Rows.cache_bytes``: decoded blocks; ``_streamed.CenteredCache``: the
     linear probe's centred rows) hold the values a pass computes: none, part (250 of 600 rows) or
     all of the training rows cached give the in-memory probes' numbers, and the cache stays within
     its bytes."""

@@ -32,8 +32,8 @@ def brute_r2(X: np.ndarray, y: np.ndarray, distance: str) -> float:
 def planted(rng, n, p, K, spread=1.0, mean=0.0):
     y = rng.integers(0, K, n)
     y[:K] = np.arange(K)  # every class present
-    centres = rng.normal(size=(K, p)) * 2.0
-    return centres[y] + spread * rng.normal(size=(n, p)) + mean, y
+    centers = rng.normal(size=(K, p)) * 2.0
+    return centers[y] + spread * rng.normal(size=(n, p)) + mean, y
 
 
 @pytest.mark.parametrize("xp", NAMESPACES)

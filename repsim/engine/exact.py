@@ -219,16 +219,16 @@ def exact_cka(columns: Sequence[Column], n: int, block_rows: int, *, debiased: b
         if debiased:
             from repsim.kernels.hsic import ucenter
 
-            def centre(K: np.ndarray) -> np.ndarray:
+            def center(K: np.ndarray) -> np.ndarray:
                 return np.asarray(ucenter(K), dtype=np.float64)
 
             scale = 1.0 / (n * (n - 3))
         else:
-            centre, scale = double_center, 1.0
+            center, scale = double_center, 1.0
         # each Gram replaced by its centred self (one more n × n while it is made), then every
         # Gram-route HSIC as the Frobenius product of two of them (no flattened copy of all of them)
         for g in range(len(gram_cols)):
-            grams[g] = centre(grams[g])
+            grams[g] = center(grams[g])
         G = len(gram_cols)
         gram_hsic = np.empty((G, G))
         for a in range(G):

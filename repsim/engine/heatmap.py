@@ -184,15 +184,15 @@ def _matrix(result: SimilarityResult, measures: list[str], picked: list[int],
             ax.axvline(start - 0.5, color="white", lw=1.6)
         ax.set_xticks(ticks, [index[k][1] for k in ticks], rotation=90, fontsize=7)
         ax.set_yticks(ticks, [index[k][1] for k in ticks], fontsize=7)
-        centres = [(a + b - 1) / 2 for _, a, b in blocks]
+        centers = [(a + b - 1) / 2 for _, a, b in blocks]
         top = ax.secondary_xaxis("top")
-        top.set_xticks(centres, [s for s, _, _ in blocks], rotation=30 if len(blocks) > 3 else 0, fontsize=8,
+        top.set_xticks(centers, [s for s, _, _ in blocks], rotation=30 if len(blocks) > 3 else 0, fontsize=8,
                        ha="left" if len(blocks) > 3 else "center")
         top.tick_params(length=0)
         ax.set_ylabel("layer (row: first argument)" if not _symmetric(result, m) else "layer", fontsize=8)
         ax.set_xlabel("layer", fontsize=8)
         right = ax.secondary_yaxis("right")
-        right.set_yticks(centres, [s for s, _, _ in blocks], rotation=90, fontsize=8, va="center")
+        right.set_yticks(centers, [s for s, _, _ in blocks], rotation=90, fontsize=8, va="center")
         right.tick_params(length=0)
         ax.set_title(_label(m), fontsize=10)
         lo, hi = measure_range(result, m)

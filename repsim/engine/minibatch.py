@@ -22,7 +22,7 @@ reads them from every store at once (one ``update`` sees all L columns), and sch
 Reading is column-major within a group of batches (see :func:`_cka_segment`): memory is
 ``prefetch + 1`` reads of one column's group (a shuffle window, in the stores' dtype) plus, per
 batch of the group, b × min(p, b) numbers per column (a column with p ≥ 4b enters the accumulator
-as its b × b centred Gram, :func:`centred_gram`), and the accumulator's at most ``max_records``
+as its b × b centred Gram, :func:`centered_gram`), and the accumulator's at most ``max_records``
 per-batch records (L(L+1)/2 float64 each, :class:`~repsim.kernels.minibatch_cka.MinibatchCKA`); never
 proportional to n.
 ``method="exact"`` (full-data linear CKA) lives in :mod:`repsim.engine.exact`.
@@ -43,7 +43,7 @@ from repsim.heap import release_free_memory
 from repsim.engine.blocks import (PLAN_VERSION, BatchPlan, BlockReader, Column, block_rows_for, ids_digest,
                                   progress_bar, resolve_columns, store_location)
 from repsim.engine.checkpoint import Checkpoint
-from repsim.engine.grams import REDUCE_FACTOR, centred_gram, gram_dtype
+from repsim.engine.grams import REDUCE_FACTOR, centered_gram, gram_dtype
 from repsim.engine.options import StreamOptions, read_ahead_bytes
 from repsim.engine.result import CKAResult, SimilarityResult, _json_default
 from repsim.engine.similarity import report_undefined as _report_undefined
@@ -62,7 +62,7 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
 
     Column-major inside a group: each column's rows for all of the group's batches are read in one
     go (its blocks once), and each batch keeps only what the measures need from that column — the
-    rows themselves, or its b × b centred Gram (:func:`centred_gram`, formed on the reader threads on
+    rows themselves, or its b × b centred Gram (:func:`centered_gram`, formed on the reader threads on
     the CPU) for a column wider than ``REDUCE_FACTOR × b`` or when a measure starts from the Gram
     (statistic ``"gram"``: RBF CKA; linear CKA then takes the same Gram, formed once).  Once every
     column is in, each batch is one ``update`` over all L columns of every measure's accumulator.
@@ -97,7 +97,7 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
         """What the accumulators keep of column c's batch: its b × b centred Gram when the column is
         wide (p >= REDUCE_FACTOR × b) or a measure starts from the Gram, else the rows themselves."""
         wide = want_gram or int(np.prod(x.shape[1:])) >= REDUCE_FACTOR * x.shape[0]
-        return centred_gram(x, xp, names[c], dtypes[c]) if wide else x
+        return centered_gram(x, xp, names[c], dtypes[c]) if wide else x
 
     host = getattr(xp, "__name__", "") == "numpy"
     upload = None if host else DeviceUploader(xp)

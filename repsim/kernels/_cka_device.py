@@ -11,7 +11,7 @@ Here, per batch of n examples and L layers (Song et al. 2012's unbiased HSIC, as
 docstring of :mod:`repsim.kernels.hsic`):
 
 1. each layer's rows are centred with float64 column means, rounded once to the Gram dtype
-   (:func:`~repsim.kernels._precision.centre_rounded`: a handful of elementwise passes);
+   (:func:`~repsim.kernels._precision.center_rounded`: a handful of elementwise passes);
 2. its Gram K_l = X_c X_cᵀ is formed whole — one float64 GEMM where the Gram dtype is float64 (on
    GPUs with fast float64 products, :func:`repsim.array_api.fast_float64_products`), else
    ``ceil(p / GRAM_SLAB)`` float32 GEMMs whose products are summed in float64 (:func:`gram_rows`),
@@ -43,9 +43,9 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from repsim.array_api import cupy_array_module, astype, flatten_examples, on_device, row_sq_norms, to_numpy
-from repsim.kernels._precision import CentredGram, is_constant, zero_constant
+from repsim.kernels._precision import CenteredGram, is_constant, zero_constant
 
-__all__ = ["device_batch_hsic", "gram_rows", "centre_once", "centred_gram_slabs", "row_products", "Tuning", "TUNING"]
+__all__ = ["device_batch_hsic", "gram_rows", "center_once", "centered_gram_slabs", "row_products", "Tuning", "TUNING"]
 
 _EPS64 = float(np.finfo(np.float64).eps)
 
@@ -70,12 +70,12 @@ TUNING = Tuning()
 _OUT_BYTES = 64 << 20  # at most this much for the batched product's (chunks, L, L) partial sums
 
 
-def centre_once(X: Any, xp: Any) -> tuple[Any, Any]:
+def center_once(X: Any, xp: Any) -> tuple[Any, Any]:
     """``(X - fl(x̄), ‖x̄‖²)`` for X (n, p) in its (Gram) dtype: the column means x̄ summed in float64
     and rounded once to X's dtype; ‖x̄‖² a 0-d float64 array.  Three passes over X and no float64
     copy of it.
 
-    The host route also subtracts the rounding residue lo = x̄ - fl(x̄) (:func:`centre_rounded`);
+    The host route also subtracts the rounding residue lo = x̄ - fl(x̄) (:func:`center_rounded`);
     here it stays in: a per-feature constant c (|c| <= u|x̄|/2) added to every row changes the Gram
     by terms of the form a_i + a_j + const, which U-centring (and the biased estimator's centring
     matrix) removes exactly (module docstring of :mod:`repsim.kernels.hsic`), and it enlarges the
@@ -115,10 +115,10 @@ def gram_rows(Xa: Any, Xc: Any, xp: Any, slab: int, out: Any = None) -> Any:
 WIDE_BYTES = 512 << 20  # a wide layer's cast and centred copies are made this many bytes of features at a time
 
 
-def centred_gram_slabs(X: Any, xp: Any, dtype: Any, slab: int, cap: int | None = None) -> tuple[Any, Any]:
+def centered_gram_slabs(X: Any, xp: Any, dtype: Any, slab: int, cap: int | None = None) -> tuple[Any, Any]:
     """(K_c float64 (b, b), ‖x̄‖²) of a batch X (b, p) on the accelerator, in feature slabs of at
     most ``cap`` bytes in ``dtype`` (default :data:`WIDE_BYTES`): each slab cast, centred
-    (:func:`centre_once`: the means are per feature, so slab by slab is exact) and multiplied
+    (:func:`center_once`: the means are per feature, so slab by slab is exact) and multiplied
     (:func:`gram_rows`), the slabs' Grams and ‖x̄_s‖² summed.  One slab when X fits: a float16 block
     of a full conv map (b = 1,024, p = 802,816) would otherwise need two 6.6 GB float64 copies."""
     b, p = X.shape
@@ -129,7 +129,7 @@ def centred_gram_slabs(X: Any, xp: Any, dtype: Any, slab: int, cap: int | None =
     for s in range(0, p, width):
         Xs = X[:, s:min(p, s + width)] if width < p else X
         Xs = astype(Xs, dtype, xp) if Xs.dtype != dtype else Xs
-        Xs, m = centre_once(Xs, xp)
+        Xs, m = center_once(Xs, xp)
         K = gram_rows(Xs, Xs, xp, slab, out=K) if K is None else K + gram_rows(Xs, Xs, xp, slab)
         mean_sq = m if mean_sq is None else mean_sq + m
     return K, mean_sq
@@ -192,15 +192,15 @@ def _batched_row_products(A: Any, chunks: int) -> Any:
 
 def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased: bool, xp: Any,
                       dtype_of: Callable[[Any], Any], block_bytes: int, names: Sequence[str],
-                      centred: bool, slab: int, device: Any = None) -> np.ndarray:
+                      centered: bool, slab: int, device: Any = None) -> np.ndarray:
     """(L, L) float64 NumPy HSIC of one batch (module docstring), computed on ``device`` (the
     layers' ``x.device``: every array made here is made there).
 
     ``items`` yields ``(l, X)`` in layer order, each X an (n, ...) array of ``xp`` or a
-    :class:`~repsim.kernels._precision.CentredGram`, read once; ``dtype_of(X)`` is the Gram dtype of
-    a layer; ``centred``: the rows are centred already (``linear_cka``, which checked them).
+    :class:`~repsim.kernels._precision.CenteredGram`, read once; ``dtype_of(X)`` is the Gram dtype of
+    a layer; ``centered``: the rows are centred already (``linear_cka``, which checked them).
 
-    Per layer: its centring (:func:`centre_once`) and one product per feature slab written into
+    Per layer: its centring (:func:`center_once`) and one product per feature slab written into
     its row of A; per group of rows, for all layers at once: the traces, the zeroed diagonals and
     the row sums (strided views of A), and A Aᵀ."""
     rows = max(1, min(n, int(block_bytes) // max(L * n * 8, 1)))
@@ -215,25 +215,25 @@ def device_batch_hsic(items: Iterator[tuple[int, Any]], L: int, n: int, debiased
         source = items if gi == 0 else ((l_, kept[l_]) for l_ in range(L))
         for l_, X in source:
             if gi == 0:  # first sight: centre (rows) or take as is (a centred Gram)
-                if isinstance(X, CentredGram):
+                if isinstance(X, CenteredGram):
                     mean_sqs[l_] = X.mean_sq
                 else:
                     X = flatten_examples(X, xp, None, names[l_])
                     dt = dtype_of(X)
-                    if not centred and X.shape[0] * X.shape[1] * (xp.finfo(dt).bits // 8) > WIDE_BYTES:
+                    if not centered and X.shape[0] * X.shape[1] * (xp.finfo(dt).bits // 8) > WIDE_BYTES:
                         # a wide layer: its centred Gram slab by slab, not a whole cast and centred copy
-                        K, mean_sqs[l_] = centred_gram_slabs(X, xp, dt, slab)
-                        X = CentredGram(K, mean_sq=mean_sqs[l_])
+                        K, mean_sqs[l_] = centered_gram_slabs(X, xp, dt, slab)
+                        X = CenteredGram(K, mean_sq=mean_sqs[l_])
                     else:
                         X = astype(X, dt, xp) if X.dtype != dt else X
-                        if not centred:
-                            X, mean_sqs[l_] = centre_once(X, xp)
+                        if not centered:
+                            X, mean_sqs[l_] = center_once(X, xp)
                 if X.shape[0] != n:
                     raise ValueError(f"{names[l_]} has {X.shape[0]} examples, expected {n} "
                                      "(all layers must share examples)")
                 if kept is not None:
                     kept[l_] = X
-            if isinstance(X, CentredGram):
+            if isinstance(X, CenteredGram):
                 A[l_, :] = xp.reshape(X.K[a:b, :], (-1,))
             else:
                 gram_rows(X[a:b, :], X, xp, slab, out=A[l_, :])

@@ -14,7 +14,7 @@ import numpy as np
 
 from repsim.array_api import asarray_like, check_finite, diagonal, flatten_examples, row_sq_norms
 from repsim.array_api import astype as _astype
-from repsim.kernels._precision import (GRAM_SLAB, CentredGram, ProductOverflow, centre_rounded, check_products,
+from repsim.kernels._precision import (GRAM_SLAB, CenteredGram, ProductOverflow, center_rounded, check_products,
                                       constant_tolerance, is_constant)
 
 HOST_BLOCK_BYTES = 1 << 30  # default bound of the buffer A on NumPy (upper-triangle panels)
@@ -67,11 +67,11 @@ def gram64(A: Any, B: Any, xp: Any, scratch: "HostScratch | None" = None, key: s
     return out
 
 
-def centred_gram_slabs(X: np.ndarray, dtype: Any) -> tuple[np.ndarray, float]:
+def centered_gram_slabs(X: np.ndarray, dtype: Any) -> tuple[np.ndarray, float]:
     """K_c = Σ_slabs X_c[:, s] X_c[:, s]ᵀ over slabs of :data:`GRAM_SLAB` features (NumPy), summed
     in float64; returns (K_c float64 (n, n), ‖x̄‖²).
 
-    Centring is per feature, so each slab is cast, centred (:func:`centre_rounded`: the same values
+    Centring is per feature, so each slab is cast, centred (:func:`center_rounded`: the same values
     as centring X whole) and multiplied while it sits in cache (n × 2048 float32 = 2 MiB at n = 256),
     instead of several passes over the whole n × p batch in memory and a centred copy of it: for
     wide layers (p ≫ n) one pass over the data does it all.
@@ -85,14 +85,14 @@ def centred_gram_slabs(X: np.ndarray, dtype: Any) -> tuple[np.ndarray, float]:
             slab = X[:, s:s + GRAM_SLAB]
             fresh = slab.dtype != dtype
             S = _astype(slab, dtype, np) if fresh else slab
-            S, m = centre_rounded(S, np, dtype, fresh=fresh)
+            S, m = center_rounded(S, np, dtype, fresh=fresh)
             K += S @ S.T
             mean_sq += float(np.sum(m * m))
     return K, mean_sq
 
 
 def is_wide(shape: tuple[int, ...]) -> bool:
-    """A host layer that enters :func:`batch_hsic` as its centred Gram (:func:`centred_gram`, formed
+    """A host layer that enters :func:`batch_hsic` as its centred Gram (:func:`centered_gram`, formed
     slab by slab): more than two slabs of features and at least 4 features per example."""
     p = math.prod(int(d) for d in shape[1:])
     return p > 2 * GRAM_SLAB and p >= 4 * shape[0]
@@ -115,7 +115,7 @@ def _dtype_name(dtype: Any) -> str:
 
 def prepare_layer(X: Any, xp: Any, dtype: Any, n: int | None, what: str,
                   scratch: "HostScratch | None" = None) -> tuple[Any, Any, bool]:
-    """Flatten, cast, validate and column-centre one layer's batch (:func:`centre_rounded`);
+    """Flatten, cast, validate and column-centre one layer's batch (:func:`center_rounded`);
     returns the centred rows, their float64 squared norms (:func:`sq_norms64`, the centred
     Gram's diagonal) and whether the layer is constant over the batch.  With ``scratch`` (NumPy) the centred rows are written into a reused buffer.
 
@@ -126,12 +126,12 @@ def prepare_layer(X: Any, xp: Any, dtype: Any, n: int | None, what: str,
     """
     X = flatten_examples(X, xp, None, what)
     fresh = X.dtype != dtype  # a cast (float16: the exact fast upcast of _xp.astype) makes a new array
-    out = scratch.take("centred", X.shape, dtype) if scratch is not None and not fresh else None
+    out = scratch.take("centered", X.shape, dtype) if scratch is not None and not fresh else None
     X = flatten_examples(X, xp, dtype, what)
     if n is not None and X.shape[0] != n:
         raise ValueError(f"{what} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
-    Xc, mean = (centre_rounded(X, xp, dtype, out=out) if out is not None
-                else centre_rounded(X, xp, dtype, fresh=fresh))
+    Xc, mean = (center_rounded(X, xp, dtype, out=out) if out is not None
+                else center_rounded(X, xp, dtype, fresh=fresh))
     check_finite(mean, xp, what)
     d = sq_norms64(Xc, xp)
     spread = float(xp.sum(d))
@@ -144,8 +144,8 @@ def prepare_layer(X: Any, xp: Any, dtype: Any, n: int | None, what: str,
     return Xc, d, spread <= constant_tolerance(X.shape[0], float(xp.sum(mean * mean)))
 
 
-def prepare_gram(G: "CentredGram", xp: Any, n: int | None, what: str) -> tuple["CentredGram", bool]:
-    """Validate a :class:`CentredGram` (the counterpart of :func:`prepare_layer`; K is kept as given) and
+def prepare_gram(G: "CenteredGram", xp: Any, n: int | None, what: str) -> tuple["CenteredGram", bool]:
+    """Validate a :class:`CenteredGram` (the counterpart of :func:`prepare_layer`; K is kept as given) and
     say whether its layer is constant over the batch."""
     if n is not None and G.shape[0] != n:
         raise ValueError(f"{what} has {G.shape[0]} examples, expected {n} (all layers must share examples)")
@@ -175,8 +175,8 @@ class HostScratch(threading.local):
 def _gram_block(Xc: Any, a: int, b: int, c: int, e: int, xp: Any,
                 scratch: HostScratch | None = None, key: str = "gram") -> Any:
     """Block [a:b, c:e] of a layer's centred Gram: from the rows Xc (:func:`gram64`, into
-    ``scratch`` when given), or a view of a :class:`CentredGram`'s matrix."""
-    if isinstance(Xc, CentredGram):
+    ``scratch`` when given), or a view of a :class:`CenteredGram`'s matrix."""
+    if isinstance(Xc, CenteredGram):
         return Xc.K[a:b, c:e]
     return gram64(Xc[a:b, :], Xc[c:e, :], xp, scratch, key)
 
@@ -271,7 +271,7 @@ def write_panels(A: Any, l_: int, Xc: Any, group: list[tuple[int, int, int]], wa
     n = Xc.shape[0]
     host = scratch is not None
     whole = None
-    if host and not isinstance(Xc, CentredGram) and group[0][0] == 0 and group[-1][1] == n:
+    if host and not isinstance(Xc, CenteredGram) and group[0][0] == 0 and group[-1][1] == n:
         whole = gram64(Xc, Xc, np, scratch, "gram")  # every panel: one SYRK (Xc Xcᵀ of one buffer)
     sums = xp.zeros((n,), dtype=xp.float64) if want_sums else None
     off = 0

@@ -1,7 +1,7 @@
 """The precision rule shared by both routes of all-pairs CKA (:mod:`repsim.kernels.hsic` on NumPy,
 :mod:`repsim.kernels._cka_device` on an accelerator): the float32 slab of a Gram product, centring with
 float64 means rounded once, the tolerance below which a layer counts as constant, and the
-:class:`CentredGram` a driver may hand in place of a layer's rows.  The error bound these give is
+:class:`CenteredGram` a driver may hand in place of a layer's rows.  The error bound these give is
 derived in :mod:`repsim.kernels.hsic`'s docstring ("Precision and error bound")."""
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ import numpy as np
 
 from repsim.array_api import astype as _astype
 
-__all__ = ["GRAM_SLAB", "CentredGram", "centre_rounded", "check_products", "constant_tolerance", "is_constant",
+__all__ = ["GRAM_SLAB", "CenteredGram", "center_rounded", "check_products", "constant_tolerance", "is_constant",
            "max_trace", "zero_constant"]
 
 GRAM_SLAB = 2048  # features per float32 slab of a Gram product; the slabs are summed in float64
 
 
-def centre_rounded(X: Any, xp: Any, dt: Any, *, fresh: bool = False, out: Any = None) -> tuple[Any, Any]:
+def center_rounded(X: Any, xp: Any, dt: Any, *, fresh: bool = False, out: Any = None) -> tuple[Any, Any]:
     """``(X - x̄, x̄)`` for X (n, p) with float64 column means x̄, returned as (1, p) float64.
 
     In float32 the mean is split into two float32 terms, x̄ = hi + lo + O(u²|x̄|) (hi = fl(x̄),
@@ -110,7 +110,7 @@ def constant_tolerance(n: int, mean_sq: float) -> float:
     return (4 * n * float(np.finfo(np.float64).eps)) ** 2 * n * mean_sq
 
 
-class CentredGram:
+class CenteredGram:
     """A batch's centred Gram matrix ``K_c = X_c X_cᵀ`` (b × b), given in place of its rows X.
 
     Linear HSIC (biased or debiased) sees a layer only through ``K_c``, so a driver that has formed
@@ -126,7 +126,7 @@ class CentredGram:
 
     def __init__(self, K: Any, mean_sq: Any = None):
         if K.ndim != 2 or K.shape[0] != K.shape[1]:
-            raise ValueError(f"CentredGram needs a square matrix, got shape {K.shape}")
+            raise ValueError(f"CenteredGram needs a square matrix, got shape {K.shape}")
         self.K = K
         self.mean_sq = mean_sq
 

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim.array_api import array_namespace, diagonal, to_numpy
-from repsim.kernels._precision import CentredGram
+from repsim.kernels._precision import CenteredGram
 
 __all__ = ["invariants", "permutation_moments", "pearson3_calibration", "MinibatchAnalytic"]
 
@@ -138,11 +138,11 @@ class MinibatchAnalytic:
     def update(self, batch: Sequence[Any], key: Sequence[int] = ()) -> "MinibatchAnalytic":
         from repsim.kernels.minibatch_null import MinibatchNull
 
-        first = batch[0].K if isinstance(batch[0], CentredGram) else batch[0]
+        first = batch[0].K if isinstance(batch[0], CenteredGram) else batch[0]
         xp = array_namespace(first)
         shaper = MinibatchNull(self.n_layers, [0] * self.n_layers, 1, debiased=self.debiased, names=self.names,
                                compute_dtype=self.compute_dtype)
-        A = xp.stack([shaper._centred(x, name, xp) for x, name in zip(batch, self.names)])
+        A = xp.stack([shaper._centered(x, name, xp) for x, name in zip(batch, self.names)])
         L, b = A.shape[0], A.shape[1]
         flat = xp.reshape(A, (L, b * b))
         obs = to_numpy(flat @ xp.matrix_transpose(flat))

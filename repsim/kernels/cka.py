@@ -56,7 +56,7 @@ def linear_cka(X: Any, Y: Any, debiased: bool = True, *, xp: Any = None,
     exact64 = Xc.dtype == xp.float64 and Yc.dtype == xp.float64
     use_features = feature_cost <= gram_cost and (not debiased or exact64)
     if not use_features:
-        h = batch_hsic([Xc, Yc], debiased=debiased, xp=xp, _centred=True)
+        h = batch_hsic([Xc, Yc], debiased=debiased, xp=xp, _centered=True)
         return float(hsic_to_cka(h, names=["X", "Y"])[0, 1])
     T = xp.matrix_transpose
 

@@ -36,8 +36,8 @@ instead: whole Grams, one float64 A Aᵀ, one device-to-host copy, the same prec
    R_l = K̃1 of the Gram with zeroed diagonal are summed from the same float64 copies. With NumPy
    the whole Gram is one SYRK (n²p FLOPs, half a GEMM) into a reused buffer when A holds every
    panel, else one GEMM per panel; a wide layer (p > 2·``GRAM_SLAB``, p >= 4n) becomes its
-   centred Gram first (:func:`centred_gram`, slab by slab), and enters as a
-   :class:`CentredGram`.
+   centred Gram first (:func:`centered_gram`, slab by slab), and enters as a
+   :class:`CenteredGram`.
 3. all pairs at once by Song's formula: tr(K̃L̃) = 2 A Aᵀ (symmetric product, a SYRK in NumPy),
    1ᵀK̃L̃1 = R Rᵀ, so H = [2 A Aᵀ + t tᵀ/((n-1)(n-2)) - 2/(n-2) R Rᵀ] / (n(n-3)) with t = R1;
    biased, H = (2 A Aᵀ + diag·diagᵀ) / (n-1)² with the Grams' diagonals. Song's formula holds
@@ -56,7 +56,7 @@ Each column's Gram precision comes from its dtype (:func:`repsim.array_api.gram_
 out-of-core engine): float32 for float16/float32 layers, float64 for float64 (and integer) ones;
 ``compute_dtype`` overrides it.  A float32 column is computed as
 
-(a) centred with float64 column means, rounded once (:func:`centre_rounded`):
+(a) centred with float64 column means, rounded once (:func:`center_rounded`):
     |X̂_c - X_c| <= 2u|X_c| + 2u²|x̄| elementwise, u = 2⁻²⁴ — the mean/spread ratio does not enter;
 (b) Gram entries are float32 dot products over slabs of s <= ``GRAM_SLAB`` = 2048 features, the
     slabs summed in float64 (:func:`gram64`).  By the standard bound for inner products and
@@ -103,21 +103,21 @@ import numpy as np
 
 from repsim.array_api import array_namespace, as_array, diagonal, gram_dtype, on_device, to_numpy
 from repsim.array_api import astype as _astype
-from repsim.kernels._cka_device import centred_gram_slabs as device_centred_gram
+from repsim.kernels._cka_device import centered_gram_slabs as device_centered_gram
 from repsim.kernels._cka_device import device_batch_hsic
-from repsim.kernels._gram import (A_CACHE, DEVICE_BLOCK_BYTES, HOST_BLOCK_BYTES, HostScratch, centred_gram_slabs,
+from repsim.kernels._gram import (A_CACHE, DEVICE_BLOCK_BYTES, HOST_BLOCK_BYTES, HostScratch, centered_gram_slabs,
                                   check_gram, each_column, gram64, is_numpy, is_wide, pair_groups, prepare_gram,
                                   prepare_layer, row_products, sq_norms64, write_panels)
-from repsim.kernels._precision import GRAM_SLAB, CentredGram, ProductOverflow, centre_rounded, max_trace, zero_constant
+from repsim.kernels._precision import GRAM_SLAB, CenteredGram, ProductOverflow, center_rounded, max_trace, zero_constant
 
-__all__ = ["ucenter", "double_center", "centred_gram", "batch_hsic", "hsic_to_cka", "release_buffers", "max_trace",
+__all__ = ["ucenter", "double_center", "centered_gram", "batch_hsic", "hsic_to_cka", "release_buffers", "max_trace",
            "ProductOverflow"]
 
 
-def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> CentredGram:
+def centered_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> CenteredGram:
     """The batch's centred Gram ``K_c = X_c X_cᵀ`` (b × b, float64), which is all that linear HSIC
     sees of a layer: b² numbers instead of b·p, handed to ``MinibatchCKA.update`` as a
-    :class:`CentredGram`.
+    :class:`CenteredGram`.
 
     ``dtype`` (default :func:`gram_dtype` of ``x``; the engine passes it for the column) is the
     precision of the products, with the rule of this module ("Precision and error bound"): X is
@@ -125,31 +125,31 @@ def centred_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Centred
     over feature slabs of at most ``GRAM_SLAB`` and the slabs in float64; K_c is float64.
     NaN or infinite values make tr(K_c) non-finite: ``ValueError`` naming ``what``.  Whether the
     layer is constant over the batch (tr(K_c) within the rounding of the mean,
-    :func:`constant_tolerance`) is decided by :func:`batch_hsic` from ``CentredGram.mean_sq``
+    :func:`constant_tolerance`) is decided by :func:`batch_hsic` from ``CenteredGram.mean_sq``
     (see :class:`MinibatchCKA` for what a constant layer gives).  On an accelerator (any namespace but NumPy) the rows are centred
     and multiplied as in :func:`batch_hsic`'s accelerator route (``kernels/_cka_device.py``), and
     the check is left to it, which makes it with the batch's one device-to-host copy: the Gram keeps
-    ‖x̄‖² on the device (``CentredGram.mean_sq``) and nothing here waits for the device.
+    ‖x̄‖² on the device (``CenteredGram.mean_sq``) and nothing here waits for the device.
     """
     X = xp.reshape(x, (x.shape[0], -1))
     if dtype is None:
         dtype = gram_dtype(X.dtype, xp)
     if not is_numpy(xp):  # the accelerator route's centring and products (slab by slab when wide); checked with the batch
-        K, mean_sq = device_centred_gram(X, xp, dtype, GRAM_SLAB)
-        return CentredGram(K, mean_sq=mean_sq)
+        K, mean_sq = device_centered_gram(X, xp, dtype, GRAM_SLAB)
+        return CenteredGram(K, mean_sq=mean_sq)
     if X.shape[1] > 2 * GRAM_SLAB:
-        K, mean_sq = centred_gram_slabs(X, dtype)
+        K, mean_sq = centered_gram_slabs(X, dtype)
     else:
         fresh = X.dtype != dtype
         X = _astype(X, dtype, xp) if fresh else X
         with np.errstate(invalid="ignore", over="ignore"):  # inf/NaN input: reported below, by name
-            X, mean = centre_rounded(X, xp, dtype, fresh=fresh)
+            X, mean = center_rounded(X, xp, dtype, fresh=fresh)
         K = gram64(X, X, xp)
         K = K if K.dtype == xp.float64 else _astype(K, xp.float64, xp)
         mean_sq = float(xp.sum(mean * mean))
         del X
     check_gram(K, xp, mean_sq, what)
-    return CentredGram(K, mean_sq=mean_sq)
+    return CenteredGram(K, mean_sq=mean_sq)
 
 
 def ucenter(K: Any, *, xp: Any = None) -> Any:
@@ -209,7 +209,7 @@ def release_buffers() -> None:
 
 def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
                compute_dtype: Any = None, block_bytes: int | None = None, block_rows: int = 128,
-               names: Sequence[str] | None = None, _centred: bool = False) -> np.ndarray:
+               names: Sequence[str] | None = None, _centered: bool = False) -> np.ndarray:
     """HSIC between every pair of ``layers`` (each (n, ...), the same n examples) for one batch.
 
     Returns an (L, L) float64 NumPy array of HSIC₁ (``debiased``) or HSIC₀ values; algorithm in
@@ -224,19 +224,19 @@ def batch_hsic(layers: Sequence[Any], debiased: bool = True, *, xp: Any = None,
     BLAS thread budget; one without threads). With several groups the centred layers are kept
     for the later groups.
     """
-    return batch_hsic_and_widths(layers, debiased, xp, compute_dtype, block_bytes, block_rows, names, _centred)[0]
+    return batch_hsic_and_widths(layers, debiased, xp, compute_dtype, block_bytes, block_rows, names, _centered)[0]
 
 
 def _layer_input(X: Any) -> Any:
-    """A layer's batch as given (an array or a :class:`CentredGram`), nested lists as NumPy arrays."""
-    return X if isinstance(X, CentredGram) else as_array(X)
+    """A layer's batch as given (an array or a :class:`CenteredGram`), nested lists as NumPy arrays."""
+    return X if isinstance(X, CenteredGram) else as_array(X)
 
 
 def batch_hsic_and_widths(layers: Sequence[Any], debiased: bool, xp: Any, compute_dtype: Any,
-                          block_bytes: int | None, block_rows: int, names: Sequence[str] | None, centred: bool,
+                          block_bytes: int | None, block_rows: int, names: Sequence[str] | None, centered: bool,
                           widths: Sequence[int | None] | None = None) -> tuple[np.ndarray, int, list[int | None]]:
     """:func:`batch_hsic` with what :class:`~repsim.kernels.minibatch_cka.MinibatchCKA` also needs:
-    (HSIC matrix, n, features per layer: None for a :class:`CentredGram`). ``widths``: the
+    (HSIC matrix, n, features per layer: None for a :class:`CenteredGram`). ``widths``: the
     features each layer had in earlier batches (None: not known); another width is refused."""
     L = len(layers)
     if L == 0:
@@ -244,7 +244,7 @@ def batch_hsic_and_widths(layers: Sequence[Any], debiased: bool, xp: Any, comput
     names = list(names) if names is not None else [f"layer {i}" for i in range(L)]
 
     first = _layer_input(layers[0])
-    first_ns = array_namespace(first.K if isinstance(first, CentredGram) else first)
+    first_ns = array_namespace(first.K if isinstance(first, CenteredGram) else first)
     xp = first_ns if xp is None else array_namespace(xp=xp)
     n = first.shape[0]
     check_n(n, debiased, f"batch of {names[0]}")
@@ -252,8 +252,8 @@ def batch_hsic_and_widths(layers: Sequence[Any], debiased: bool, xp: Any, comput
     if not is_numpy(xp):  # an accelerator's route: whole Grams, few large operations, one host transfer
         items = _checked_layers(layers, first, first_ns, names, seen, widths)
         H = device_batch_hsic(items, L, n, debiased, xp, lambda X: gram_dtype(X.dtype, xp, compute_dtype),
-                              DEVICE_BLOCK_BYTES if block_bytes is None else block_bytes, names, centred, GRAM_SLAB,
-                              getattr(first.K if isinstance(first, CentredGram) else first, "device", None))
+                              DEVICE_BLOCK_BYTES if block_bytes is None else block_bytes, names, centered, GRAM_SLAB,
+                              getattr(first.K if isinstance(first, CenteredGram) else first, "device", None))
         return H, n, seen
     block_bytes = HOST_BLOCK_BYTES if block_bytes is None else int(block_bytes)
     groups = pair_groups(n, max(int(block_rows), 1), max(block_bytes // (L * 8), 1))
@@ -267,14 +267,14 @@ def batch_hsic_and_widths(layers: Sequence[Any], debiased: bool, xp: Any, comput
     def column(l_: int, X: Any, A: Any, group: list[tuple[int, int, int]], first_group: bool) -> None:
         """Layer l's part of group ``group``: prepared on first sight, then its row of A."""
         if first_group:
-            if not centred and not isinstance(X, CentredGram) and X.ndim >= 2 and is_wide(X.shape):
+            if not centered and not isinstance(X, CenteredGram) and X.ndim >= 2 and is_wide(X.shape):
                 if X.shape[0] != n:  # p ≫ n: its centred Gram, in one pass
                     raise ValueError(f"{names[l_]} has {X.shape[0]} examples, expected {n} (all layers must share examples)")
-                X = centred_gram(X, xp, names[l_], gram_dtype(X.dtype, xp, compute_dtype))
-            if isinstance(X, CentredGram):
+                X = centered_gram(X, xp, names[l_], gram_dtype(X.dtype, xp, compute_dtype))
+            if isinstance(X, CenteredGram):
                 Xc, constant[l_] = prepare_gram(X, xp, n, names[l_])
                 d = diagonal(Xc.K, xp) if not debiased else None
-            elif centred:
+            elif centered:
                 Xc, d = X, (sq_norms64(X, xp) if not debiased else None)
             else:
                 Xc, d, constant[l_] = prepare_layer(X, xp, gram_dtype(X.dtype, xp, compute_dtype), n, names[l_],
@@ -323,7 +323,7 @@ def _checked_layers(layers: Sequence[Any], first: Any, first_ns: Any, names: Seq
     updates (``widths``); the features of each are recorded in ``seen``."""
     for l_ in range(len(layers)):
         X = first if l_ == 0 else _layer_input(layers[l_])
-        gram = isinstance(X, CentredGram)
+        gram = isinstance(X, CenteredGram)
         if l_ and array_namespace(X.K if gram else X) is not first_ns:
             raise TypeError(f"{names[l_]} comes from another array namespace than {names[0]}")
         if not gram:

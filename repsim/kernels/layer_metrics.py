@@ -33,7 +33,7 @@ from repsim.array_api import UndefinedMetric
 from repsim.kernels.collapse import COLLAPSE_KEYS, CollapseStats
 from repsim.kernels.separation import DISTANCES, ClassSeparation
 from repsim.kernels.sparsity import Sparsity
-from repsim.kernels.spectra import ActivationSpectrum, centred_means_spectrum, weight_spectrum
+from repsim.kernels.spectra import ActivationSpectrum, centered_means_spectrum, weight_spectrum
 
 __all__ = ["Stat", "LayerMetric", "LAYER_METRICS", "FEEDS", "DISTANCES", "register", "defined"]
 
@@ -197,7 +197,7 @@ class Spectra(LayerMetric):
 
     def finish(self, accs: dict[str, Any], head: Any, where: str, undefined: list[str]) -> dict[str, Any]:
         spec = {"activations": accs["spectrum"].result(),
-                "centroids": centred_means_spectrum(accs["collapse"].centered_means())}
+                "centroids": centered_means_spectrum(accs["collapse"].centered_means())}
         W = _matching_head(head, accs["collapse"])
         if W is not None:
             spec["weights"] = weight_spectrum(np.asarray(W, dtype=np.float64))

@@ -28,8 +28,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from repsim.array_api import array_namespace, diagonal, gram_dtype, on_device, to_numpy
-from repsim.kernels._precision import CentredGram, constant_tolerance
-from repsim.kernels.hsic import centred_gram, double_center, ucenter
+from repsim.kernels._precision import CenteredGram, constant_tolerance
+from repsim.kernels.hsic import centered_gram, double_center, ucenter
 from repsim.kernels.permutation import gram_null_products, permutations
 
 __all__ = ["MinibatchNull"]
@@ -55,13 +55,13 @@ class MinibatchNull:
     """Sums over batches of the observed per-batch HSIC (L, L) and of K within-batch null HSICs (K, L, L).
 
     ``groups``: a group id (store) per column; ``kernel(x, name)``: a batch column -> its centred b × b
-    Gram as a :class:`CentredGram` (default: the linear one; RBF CKA passes its RBF kernel).
+    Gram as a :class:`CenteredGram` (default: the linear one; RBF CKA passes its RBF kernel).
     ``update(batch, key)``: ``key`` names the batch's place in the plan (epoch, group, batch).
     ``compute_dtype``: the Gram precision of columns given as rows, as :class:`~repsim.kernels.minibatch_cka.MinibatchCKA`'s."""
 
     def __init__(self, n_layers: int, groups: Sequence[int], permutations: int, seed: int = 0, *,
                  debiased: bool = True, names: Sequence[str] | None = None,
-                 kernel: Callable[[Any, str], CentredGram] | None = None, compute_dtype: str | None = None) -> None:
+                 kernel: Callable[[Any, str], CenteredGram] | None = None, compute_dtype: str | None = None) -> None:
         self.n_layers = int(n_layers)
         self.groups = [int(g) for g in groups]
         if len(self.groups) != self.n_layers:
@@ -76,11 +76,11 @@ class MinibatchNull:
         self.null = np.zeros((self.K, self.n_layers, self.n_layers))
         self.n_batches = 0
 
-    def _centred(self, x: Any, name: str, xp: Any) -> Any:
+    def _centered(self, x: Any, name: str, xp: Any) -> Any:
         """The batch column's HSIC-form matrix A (b × b float64): U(K)/√(b(b−3)) or K/(b − 1), zero
         when the column is constant over the batch."""
         G = self.kernel(x, name) if self.kernel is not None else (
-            x if isinstance(x, CentredGram) else centred_gram(x, xp, name, gram_dtype(x.dtype, xp, self.compute_dtype)))
+            x if isinstance(x, CenteredGram) else centered_gram(x, xp, name, gram_dtype(x.dtype, xp, self.compute_dtype)))
         K = G.K if G.K.dtype == xp.float64 else xp.astype(G.K, xp.float64)
         b = K.shape[0]
         mean_sq = 0.0 if G.mean_sq is None else G.mean_sq
@@ -95,9 +95,9 @@ class MinibatchNull:
     def update(self, batch: Sequence[Any], key: Sequence[int] = ()) -> "MinibatchNull":
         if len(batch) != self.n_layers:
             raise ValueError(f"update got {len(batch)} layers, expected {self.n_layers}")
-        first = batch[0].K if isinstance(batch[0], CentredGram) else batch[0]
+        first = batch[0].K if isinstance(batch[0], CenteredGram) else batch[0]
         xp = array_namespace(first)
-        A = xp.stack([self._centred(x, name, xp) for x, name in zip(batch, self.names)])  # (L, b, b)
+        A = xp.stack([self._centered(x, name, xp) for x, name in zip(batch, self.names)])  # (L, b, b)
         L, b = A.shape[0], A.shape[1]
         flat = xp.reshape(A, (L, b * b))
         obs = to_numpy(flat @ xp.matrix_transpose(flat))
@@ -145,7 +145,7 @@ class MinibatchNull:
                 "n_batches": self.n_batches, "compute_dtype": self.compute_dtype or ""}
 
     @classmethod
-    def from_state(cls, state: dict[str, Any], kernel: Callable[[Any, str], CentredGram] | None = None
+    def from_state(cls, state: dict[str, Any], kernel: Callable[[Any, str], CenteredGram] | None = None
                    ) -> "MinibatchNull":
         if str(state.get("kind")) != "MinibatchNull":
             raise ValueError(f"not a MinibatchNull state (kind={state.get('kind')!r})")

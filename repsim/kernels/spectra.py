@@ -110,10 +110,10 @@ def centroid_spectrum(H: Any, labels: Any, *, center: bool = True, xp: Any = Non
     m.update(H, y, xp)
     if not center:
         return np.linalg.svd(m.means, compute_uv=False)
-    return centred_means_spectrum(m.means - m.means.mean(axis=0))
+    return centered_means_spectrum(m.means - m.means.mean(axis=0))
 
 
-def centred_means_spectrum(M: np.ndarray) -> np.ndarray:
+def centered_means_spectrum(M: np.ndarray) -> np.ndarray:
     """Singular values of class means M (C, P) whose mean row was subtracted: the first min(C − 1, P)
     (the rest are structurally zero)."""
     return np.linalg.svd(M, compute_uv=False)[:max(1, min(M.shape[0] - 1, M.shape[1]))]

@@ -18,7 +18,7 @@ at O(P·K) memory; a layer wider than n takes this route too, never an N × N ma
 Speed: a pass decodes every chunk, gathers the selected rows and centres them, which costs more than
 its products (K ≪ P). So, within ``cache_bytes`` (``Rows.cache_bytes``, from ``--memory-budget``),
 the centred rows of the selection are kept once, in the compute dtype and in the selection's order
-(:class:`CentredCache`, built on the Gram pass), and every later pass takes them as contiguous slices
+(:class:`CenteredCache`, built on the Gram pass), and every later pass takes them as contiguous slices
 — the in-memory route's work, in blocks; rows beyond the cache are read on each pass. The cached
 blocks hold exactly the values a pass would compute; only the products' blocking (summation order)
 differs, so the fit agrees with an uncached one to the solver's tolerance.
@@ -42,7 +42,7 @@ CACHE_BLOCK_ROWS = 4096   # rows per block of the centred cache (float32 × P = 
 
 
 @dataclass
-class CentredCache:
+class CenteredCache:
     """The first ``n_rows`` rows of a selection, centred, in the compute dtype, in selection order:
     ``blocks[j]`` holds positions ``[j·block_rows, …)`` (read-only by convention)."""
 
@@ -51,7 +51,7 @@ class CentredCache:
     n_rows: int = 0
 
     @classmethod
-    def sized(cls, n: int, p: int, itemsize: int, cache_bytes: int) -> "CentredCache | None":
+    def sized(cls, n: int, p: int, itemsize: int, cache_bytes: int) -> "CenteredCache | None":
         rows = min(n, int(cache_bytes) // max(1, p * itemsize))
         return cls(block_rows=max(1, min(CACHE_BLOCK_ROWS, rows)), n_rows=rows) if rows > 0 else None
 
@@ -68,7 +68,7 @@ class StreamedX:
     mean: np.ndarray           # (P,) in the compute dtype
     V: np.ndarray | None       # (P, r) float64, or None
     dtype: Any
-    cache: CentredCache | None = None
+    cache: CenteredCache | None = None
     offset: int = 0
 
     @property
@@ -83,7 +83,7 @@ class StreamedX:
                              self.offset + start)
         return StreamedX(self.rows, self.select[key], self.mean, self.V, self.dtype)
 
-    def _centred(self):
+    def _centered(self):
         """Yield ``(positions, centred rows)``: the cached positions first, as views (not to be
         written), then the others read from the blocks."""
         m, done = int(self.select.size), 0
@@ -114,20 +114,20 @@ class StreamedX:
         """``A X̂ᵀ`` (K, m) in the compute dtype, for A (K, r)."""
         B = np.ascontiguousarray(self._to_p(A), dtype=self.dtype)
         out = np.empty((B.shape[0], self.shape[0]), dtype=self.dtype)
-        for pos, Xc in self._centred():
+        for pos, Xc in self._centered():
             out[:, pos] = B @ Xc.T
         return out
 
     def matmul_left(self, R: Any) -> np.ndarray:
         """``R X̂`` (K, r) float64, for R (K, m)."""
         Gt = np.zeros((self.rows.p, R.shape[0]))
-        for pos, Xc in self._centred():  # Xcᵀ Rᵀ: OpenBLAS is ~9x faster this way round than R Xc (K ≪ m)
+        for pos, Xc in self._centered():  # Xcᵀ Rᵀ: OpenBLAS is ~9x faster this way round than R Xc (K ≪ m)
             Gt += Xc.T @ np.ascontiguousarray(R[:, pos]).T
         return Gt.T if self.V is None else Gt.T @ self.V
 
     def abs_blocks(self):
         """Yield ``(positions, |X̂ block|)`` (the rounding bound of ``gradient_floor``: rotates the block)."""
-        for pos, Xc in self._centred():
+        for pos, Xc in self._centered():
             Xh = Xc if self.V is None else Xc @ np.asarray(self.V, dtype=self.dtype)
             yield pos, np.abs(Xh)
 
@@ -168,12 +168,12 @@ def streamed_problem(rows: Rows, select: np.ndarray, *, gram_bytes: int = GRAM_B
     mean = (total / max(n, 1)).astype(dt)
     rotate = p <= n and p * p * 8 <= gram_bytes
     view = StreamedX(rows, select, mean, None, dt)
-    cache = CentredCache.sized(n, p, dt.itemsize, rows.cache_bytes if cache_bytes is None else cache_bytes)
+    cache = CenteredCache.sized(n, p, dt.itemsize, rows.cache_bytes if cache_bytes is None else cache_bytes)
     if cache is not None:       # the second pass keeps the centred rows of positions [0, cache.n_rows)
         view = _filled(view, cache)
     if rotate:
         C = np.zeros((p, p))
-        for _, Xc in view._centred():
+        for _, Xc in view._centered():
             C += (Xc.T @ Xc).astype(np.float64)
         s, V = np.linalg.eigh((C + C.T) / 2)
         V = V[:, np.argsort(s)[::-1]]
@@ -182,7 +182,7 @@ def streamed_problem(rows: Rows, select: np.ndarray, *, gram_bytes: int = GRAM_B
     else:
         V = None
         s_diag = np.zeros(p)
-        for _, Xc in view._centred():
+        for _, Xc in view._centered():
             s_diag += np.einsum("ij,ij->j", Xc, Xc, dtype=np.float64)
     return StreamedProblem(Xh=StreamedX(rows, select, mean, V, dt, cache), V=V, mean=mean.astype(np.float64),
                            s=np.maximum(s_diag, 0.0), xp=np, dtype=dt,
@@ -190,13 +190,13 @@ def streamed_problem(rows: Rows, select: np.ndarray, *, gram_bytes: int = GRAM_B
                                   "cached_rows": 0 if cache is None else cache.n_rows})
 
 
-def _filled(view: StreamedX, cache: CentredCache) -> StreamedX:
+def _filled(view: StreamedX, cache: CenteredCache) -> StreamedX:
     """``view`` with ``cache`` filled from one pass over its rows (positions beyond the cache are
     left to the passes)."""
     m = cache.n_rows
     sizes = [min(cache.block_rows, m - a) for a in range(0, m, cache.block_rows)]
     cache.blocks = [np.empty((b, view.rows.p), dtype=view.dtype) for b in sizes]
-    for pos, Xc in StreamedX(view.rows, view.select[:m], view.mean, None, view.dtype)._centred():
+    for pos, Xc in StreamedX(view.rows, view.select[:m], view.mean, None, view.dtype)._centered():
         # pos: positions in [0, m) (any order within a store chunk): scatter them into the blocks
         pos = np.arange(m)[pos] if isinstance(pos, slice) else pos
         j = pos // cache.block_rows

@@ -14,7 +14,7 @@ take those from memory and read only the rest (the first blocks are kept, never 
 are sequential, so any eviction would miss on every block of the next pass). ``cache_bytes`` is a
 constant the caller takes from ``--memory-budget``, never from n, so memory stays bounded; 0
 (``--memory-budget 0``) keeps nothing. The linear probe keeps its own cache of centred rows instead
-(``_streamed.CentredCache``). A read-ahead thread (decode block i+1 while block i is used) was
+(``_streamed.CenteredCache``). A read-ahead thread (decode block i+1 while block i is used) was
 measured too and left out: on the 2-core box it made the streamed linear probe 1.3x slower
 (72 → 95 s and 89 → 118 s on 20,000 × 512 float16), the decode not overlapping the caller's work.
 """

@@ -135,9 +135,9 @@ def _heatmap(ax, m, names, title, fmt="{:.0f}", cmap="viridis", vmin=None, vmax=
     im = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, vmin=vmin, vmax=vmax)
     runs = _runs(groups) if groups is not None else None
     if runs is not None and len(runs) < len(names):
-        centres = [(a + b - 1) / 2 for _, a, b in runs]
-        ax.set_xticks(centres, [g for g, _, _ in runs], rotation=90, fontsize=8)
-        ax.set_yticks(centres, [g for g, _, _ in runs], fontsize=8)
+        centers = [(a + b - 1) / 2 for _, a, b in runs]
+        ax.set_xticks(centers, [g for g, _, _ in runs], rotation=90, fontsize=8)
+        ax.set_yticks(centers, [g for g, _, _ in runs], fontsize=8)
         for _, a, _ in runs[1:]:
             ax.axhline(a - 0.5, color="white", lw=0.8)
             ax.axvline(a - 0.5, color="white", lw=0.8)

@@ -6,7 +6,7 @@ declares its metadata (:class:`MeasureInfo`) and implements one or both estimato
 - **minibatch** (:meth:`Measure.accumulator`): a mergeable accumulator over batches of all L
   columns at once — ``update(batch)`` with one per-batch *statistic* per column (the measure's
   ``info.statistic``: ``"rows"`` — the batch rows or, for a wide column, its centred b × b Gram
-  as a :class:`~repsim.kernels._precision.CentredGram`; ``"gram"`` — always the centred Gram, so
+  as a :class:`~repsim.kernels._precision.CenteredGram`; ``"gram"`` — always the centred Gram, so
   that measures which start from it share one product per column), ``merge(other)`` (threads, Dask
   workers and resumed checkpoints combine partial states in segment order), ``result()`` → (L, L),
   ``to_state()`` / ``from_state(state)`` (plain NumPy values: checkpoints, task results) and
@@ -132,7 +132,7 @@ class FullColumn:
     mean; None: m = 0) and ``shift_dots``/``shift_dots_c`` (:func:`shift_dots`): the centred Gram is the
     shifted one's, double-centred, without the cancellation an uncentred X Xᵀ of rows far from the
     origin suffers, and X Xᵀ is rebuilt from them where a measure needs it.  ``features`` is p.  Derived
-    views (cached): :meth:`centred_gram` K_c = X̃ X̃ᵀ (X̃ column-centred), :meth:`factor` an (n, r)
+    views (cached): :meth:`centered_gram` K_c = X̃ X̃ᵀ (X̃ column-centred), :meth:`factor` an (n, r)
     matrix R with R Rᵀ = K_c (r = min(p, n); R = X̃ itself when the rows are kept, so R = X̃ Q with Q orthonormal in general:
     measures that are invariant to orthogonal transforms of the features may use R for X̃),
     :meth:`raw_gram` and :meth:`row_sums` (for measures on uncentred rows: RSA, mutual kNN).
@@ -163,7 +163,7 @@ class FullColumn:
         return 0.0 if self.shift is None else float(self.shift.sum())
 
     @property
-    def _shift_centred_sq(self) -> float:  # ‖m − m̄‖²
+    def _shift_centered_sq(self) -> float:  # ‖m − m̄‖²
         if self.shift is None:
             return 0.0
         mc = self.shift - self.shift.mean()
@@ -182,17 +182,17 @@ class FullColumn:
             self._cache[key] = make()
         return self._cache[key]
 
-    def centred_rows(self) -> np.ndarray:
+    def centered_rows(self) -> np.ndarray:
         """X̃ = X − x̄ (only when the rows are kept)."""
         if self.rows is None:
             raise ValueError(f"{self.name}: its features are not kept (p = {self.features} > n = {self.n})")
-        return self._cached("centred", lambda: self.rows - self.rows.mean(axis=0, keepdims=True))
+        return self._cached("centered", lambda: self.rows - self.rows.mean(axis=0, keepdims=True))
 
-    def centred_gram(self) -> np.ndarray:
+    def centered_gram(self) -> np.ndarray:
         """K_c = X̃ X̃ᵀ = H G H (n, n)."""
         def make() -> np.ndarray:
             if self.rows is not None:
-                Xc = self.centred_rows()
+                Xc = self.centered_rows()
                 return Xc @ Xc.T
             K = double_center(self.gram)
             return (K + K.T) / 2
@@ -203,8 +203,8 @@ class FullColumn:
         n·eps·λ_max dropped)."""
         def make() -> np.ndarray:
             if self.rows is not None:
-                return self.centred_rows()
-            w, V = np.linalg.eigh(self.centred_gram())
+                return self.centered_rows()
+            w, V = np.linalg.eigh(self.centered_gram())
             keep = w > max(w[-1], 0.0) * self.n * np.finfo(np.float64).eps
             return V[:, keep] * np.sqrt(w[keep])
         return self._cached("factor", make)
@@ -224,7 +224,7 @@ class FullColumn:
             return self._cached("sums", lambda: self.rows.sum(axis=1))
         return self.sums + self._shift_sum
 
-    def row_centred_gram(self) -> tuple[np.ndarray, np.ndarray]:
+    def row_centered_gram(self) -> tuple[np.ndarray, np.ndarray]:
         """(RC, slack): RC_ij = (x_i − x̄_i)·(x_j − x̄_j), each row centred over its features (RSA's
         Pearson between examples), and the rounding its diagonal may carry (n,). From a shifted Gram
         (y = x − m): RC = G − s sᵀ/p + c 1ᵀ + 1 cᵀ + ‖m − m̄‖² (c = y·(m − m̄)), none of whose terms
@@ -240,8 +240,8 @@ class FullColumn:
             else:
                 s = self.sums
                 c = self.shift_dots_c if self.shift_dots_c is not None else np.zeros(self.n)
-                RC = self.gram - np.outer(s, s) / p + c[:, None] + c[None, :] + self._shift_centred_sq
-                slack = 64 * eps * (np.diag(self.gram) + s * s / p + 2 * np.abs(c) + self._shift_centred_sq)
+                RC = self.gram - np.outer(s, s) / p + c[:, None] + c[None, :] + self._shift_centered_sq
+                slack = 64 * eps * (np.diag(self.gram) + s * s / p + 2 * np.abs(c) + self._shift_centered_sq)
             return RC, np.maximum(slack, (4 * p * eps) ** 2 * p * means ** 2)  # + the row means' rounding
         return self._cached("rc", make)
 
@@ -269,7 +269,7 @@ class FullColumn:
         double-centring's rounding). Not relative to the uncentred energy: rows far from the origin
         (an offset 1e6 times their spread) keep their variance in float64."""
         def make() -> bool:
-            tr = float(np.trace(self.centred_gram()))
+            tr = float(np.trace(self.centered_gram()))
             if self.gram is not None:
                 shifted = float(np.trace(self.gram))
                 tol = max(constant_tolerance(self.n, self.raw_energy() / self.n), 1e-12 * shifted)  # ‖X‖²/n >= ‖x̄‖²
@@ -336,7 +336,7 @@ class Measure:
     def null_kernel(self) -> Any:
         """The minibatch null's kernel of a batch column (:class:`repsim.kernels.minibatch_null.MinibatchNull`):
         None for the linear Gram; a measure whose minibatch route starts from another kernel returns
-        ``kernel(x, name) -> CentredGram``."""
+        ``kernel(x, name) -> CenteredGram``."""
         return None
 
     @classmethod

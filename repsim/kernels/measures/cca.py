@@ -84,7 +84,7 @@ class _CCABase(Measure):
                 f"{self.name} needs the features of {column.name} (p = {column.features} > n = {column.n}): its "
                 "weights Σⱼ|⟨hᵢ, xⱼ⟩| change when the neurons are rotated, so there is no n × n route; pool conv "
                 "maps first (--spatial mean) or use svcca/cca")
-        Xc = column.centred_rows() if self.needs_features else None
+        Xc = column.centered_rows() if self.needs_features else None
         return Basis(_basis(column.factor(), self.variance, column.rounding_floor()), column.n, Xc)
 
     def pair(self, a: Basis, b: Basis) -> float:

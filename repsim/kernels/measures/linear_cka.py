@@ -94,4 +94,4 @@ class LinearCKA(CKAFamily):
     def prepare(self, column: FullColumn) -> Any:
         if column.is_constant():
             return None
-        return hsic_prepared(column.centred_gram(), bool(self.options["debiased"]))
+        return hsic_prepared(column.centered_gram(), bool(self.options["debiased"]))

@@ -11,7 +11,7 @@ scales with the data).
 Minibatch: the squared distances of a batch come from its centred linear Gram,
 ‖x_i − x_j‖² = K_ii + K_jj − 2K_ij, so the Gram that linear CKA forms is reused (statistic
 ``"gram"``); σ is the batch's median, and the batch's RBF Gram, double-centred, enters a
-:class:`repsim.MinibatchCKA` as a :class:`~repsim.kernels._precision.CentredGram` (HSIC₁ is invariant to
+:class:`repsim.MinibatchCKA` as a :class:`~repsim.kernels._precision.CenteredGram` (HSIC₁ is invariant to
 the centring, HSIC₀ needs it): CKA_mb = Σ_B HSIC(K_B, L_B) / sqrt(Σ_B HSIC(K_B, K_B) Σ_B HSIC(L_B, L_B)).
 A batch on which a column is constant (or has a zero median distance) adds nothing to its sums.
 Exact: the same on the full data's n × n Gram (σ from all n² distances).
@@ -26,8 +26,8 @@ import numpy as np
 
 from repsim.blas import blas_thread_split
 from repsim.array_api import array_namespace, astype, diagonal, on_device, to_numpy
-from repsim.kernels._precision import CentredGram, constant_tolerance, is_constant
-from repsim.kernels.hsic import centred_gram, double_center
+from repsim.kernels._precision import CenteredGram, constant_tolerance, is_constant
+from repsim.kernels.hsic import centered_gram, double_center
 
 # the thresholds t for which the kernel carries its data in float64. At the median pair the kernel
 # is exp(−1/(2t²)): above t = 1e4 the part that varies, 1/(2t²) <= 5e-9, keeps fewer than 8 of float64's 16
@@ -102,7 +102,7 @@ def rbf_gram(K: np.ndarray, threshold: float) -> np.ndarray | None:
     return np.exp(D, out=D)
 
 
-def device_rbf_kernel(G: CentredGram, xp: Any, threshold: float) -> CentredGram:
+def device_rbf_kernel(G: CenteredGram, xp: Any, threshold: float) -> CenteredGram:
     """:meth:`MinibatchRBFCKA._kernel` on an accelerator (CuPy; array-api-strict in the tests), with
     no host synchronisation: the double-centred RBF Gram of a column's centred linear Gram, made on
     its device with the host route's arithmetic — D = −2K + diag 1ᵀ + 1 diagᵀ clipped at 0 (the
@@ -132,7 +132,7 @@ def device_rbf_kernel(G: CentredGram, xp: Any, threshold: float) -> CentredGram:
     zero = on_device(xp.zeros, (), dtype=xp.float64, device=dev)
     # 1 where defined, 0 where constant, NaN where the linear Gram is not finite (tr K NaN or inf)
     keep = xp.where(xp.isfinite(trace), xp.where(defined, one, zero), zero * xp.nan)
-    return CentredGram(R * keep, mean_sq=zero)
+    return CenteredGram(R * keep, mean_sq=zero)
 
 
 class MinibatchRBFCKA(Accumulator):
@@ -144,15 +144,15 @@ class MinibatchRBFCKA(Accumulator):
         self.inner = inner
         self.threshold = float(threshold)
 
-    def _kernel(self, x: Any, name: str) -> CentredGram:
-        xp = array_namespace(x.K if isinstance(x, CentredGram) else x)
-        G = x if isinstance(x, CentredGram) else centred_gram(x, xp, name)
+    def _kernel(self, x: Any, name: str) -> CenteredGram:
+        xp = array_namespace(x.K if isinstance(x, CenteredGram) else x)
+        G = x if isinstance(x, CenteredGram) else centered_gram(x, xp, name)
         if xp is not np:  # an accelerator: the Gram stays on its device (one host transfer per batch)
             return device_rbf_kernel(G, xp, self.threshold)
         K = np.asarray(G.K, dtype=np.float64)
         mean_sq = 0.0 if G.mean_sq is None else float(to_numpy(G.mean_sq))
         R = None if is_constant(name, float(np.trace(K)), mean_sq, K.shape[0]) else rbf_gram(K, self.threshold)
-        return CentredGram(np.zeros_like(K) if R is None else double_center(R, overwrite=True), mean_sq=0.0)
+        return CenteredGram(np.zeros_like(K) if R is None else double_center(R, overwrite=True), mean_sq=0.0)
 
     def update(self, batch: Sequence[Any]) -> "MinibatchRBFCKA":
         """One batch of all L columns: their RBF Grams (independent, element-wise work that releases
@@ -160,7 +160,7 @@ class MinibatchRBFCKA(Accumulator):
         one update of the HSIC sums."""
         names = self.inner._names()
         L = len(batch)
-        first = batch[0].K if L and isinstance(batch[0], CentredGram) else (batch[0] if L else None)
+        first = batch[0].K if L and isinstance(batch[0], CenteredGram) else (batch[0] if L else None)
         if L and array_namespace(first) is not np:  # device work is queued on its stream: no threads
             self.inner.update([self._kernel(batch[i], names[i]) for i in range(L)])
             return self
@@ -235,5 +235,5 @@ class RBFCKA(CKAFamily):
     def prepare(self, column: FullColumn) -> Any:
         if column.is_constant():
             return None
-        R = rbf_gram(column.centred_gram(), float(self.options["rbf_threshold"]))
+        R = rbf_gram(column.centered_gram(), float(self.options["rbf_threshold"]))
         return None if R is None else hsic_prepared(R, bool(self.options["debiased"]))

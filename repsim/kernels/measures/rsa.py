@@ -8,7 +8,7 @@ order, e.g. isotropic scaling or adding a constant to every feature), ≈ 0 for 
 Exact over all n rows when n <= ``rsa_max_rows`` (default 2000: an RDM has n(n−1)/2 entries), else
 over a seeded subsample of ``rsa_max_rows`` rows (``default_rng(rsa_seed).choice(n, m)``, sorted; the
 same rows for every column), recorded in the result's metadata.  Pearson between rows needs only
-the Gram of the rows centred over their features (:meth:`FullColumn.row_centred_gram`), so wide
+the Gram of the rows centred over their features (:meth:`FullColumn.row_centered_gram`), so wide
 columns use their n × n (shifted) Gram; a row with no variance over its features (all-zero after a ReLU) has no
 correlation: it is taken as uncorrelated (D = 1) with every other row.  Cost O(n²p) for the RDM,
 O(n² log n) for the ranks.
@@ -33,7 +33,7 @@ def subsample(n: int, max_rows: int, seed: int) -> np.ndarray | None:
 
 def rdm_upper(RC: np.ndarray, slack: np.ndarray) -> np.ndarray:
     """The strict upper triangle of 1 − Pearson(rows) from the row-centred Gram RC
-    (:meth:`FullColumn.row_centred_gram`); a row whose variance RC_ii is within its rounding ``slack``
+    (:meth:`FullColumn.row_centered_gram`); a row whose variance RC_ii is within its rounding ``slack``
     is flat (uncorrelated with every other row)."""
     d = np.diag(RC)
     ok = d > np.maximum(slack, np.finfo(np.float64).tiny)
@@ -74,9 +74,9 @@ class RSA(Measure):
         idx = self.rows_used(column.n)
         if column.has_features:
             X = column.rows if idx is None else column.rows[idx]
-            RC, slack = FullColumn(column.name, column.features, rows=X).row_centred_gram()
+            RC, slack = FullColumn(column.name, column.features, rows=X).row_centered_gram()
         else:
-            RC, slack = column.row_centred_gram()
+            RC, slack = column.row_centered_gram()
             if idx is not None:
                 RC, slack = RC[np.ix_(idx, idx)], slack[idx]
         ranks = rankdata(rdm_upper(RC, slack))
