@@ -25,18 +25,6 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 RECIPE = re.compile(r"^<!-- recipe: ([\w-]+) -->\n(?:<!--[^\n]*-->\n)*```(\w+)\n(.*?)^```", re.M | re.S)
 
-# What the README shows that issue 41's other work builds (`repsim plot`, SimilarityResult.plot /
-# to_pandas / to_xarray): text that names it -> (is it in this checkout?, what is pending). A recipe step
-# that needs one of them is left out, and the test then skips, naming it, after running every other step;
-# once the feature is here the step runs and this table can go.
-PENDING = {
-    "repsim plot": (lambda: "plot" in _declared(), "the `repsim plot` subcommand (issue 41, own-results)"),
-    "res.plot(": (lambda: hasattr(repsim.SimilarityResult, "plot"), "SimilarityResult.plot (issue 41, own-results)"),
-    "res.to_pandas(": (lambda: hasattr(repsim.SimilarityResult, "to_pandas"),
-                       "SimilarityResult.to_pandas (issue 41, own-results)"),
-    "res.to_xarray(": (lambda: hasattr(repsim.SimilarityResult, "to_xarray"),
-                       "SimilarityResult.to_xarray (issue 41, own-results)"),
-}
 # the recipes, in README order, and the test that runs each: a new marked block must be added here
 RUN_BY = {"own-models": "test_own_models_recipes", "own-models-python": "test_own_models_recipes",
           "python-api": "test_python_api_recipe", "python-stores": "test_own_models_recipes"}
@@ -56,11 +44,6 @@ def recipes(text: str = README) -> dict[str, tuple[str, str]]:
     return {n: (lang, code) for n, lang, code in found}
 
 
-def _pending(step: str) -> str:
-    """What ``step`` needs that this checkout does not have yet ('' if nothing)."""
-    return "; ".join(what for text, (present, what) in PENDING.items() if text in step and not present())
-
-
 def bash_steps(code: str) -> list[str]:
     """The command lines of a bash block: continuation lines joined, comments and blank lines dropped."""
     lines = code.replace("\\\n", " ").splitlines()
@@ -72,18 +55,15 @@ def python_steps(code: str) -> list[str]:
     return [ast.get_source_segment(code, node) for node in ast.parse(code).body]
 
 
-def run_recipe(name: str, cwd: Path, env: dict, skipped: list[str]) -> dict:
+def run_recipe(name: str, cwd: Path, env: dict) -> dict:
     """Run recipe ``name`` in ``cwd`` (Python: in namespace ``env``, which it updates, from ``cwd`` as the
-    working directory, which stays so for what the test does with the results: relative store paths); steps that need a
-    pending feature are appended to ``skipped``. Returns ``env``; each expression statement's value is
+    working directory, which stays so for what the test does with the results: relative store paths).
+    Returns ``env``; each expression statement's value is
     kept in ``env["_values"]`` (source -> value)."""
     lang, code = recipes()[name]
     if lang == "bash":
         pypath = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
         for step in bash_steps(code):
-            if why := _pending(step):
-                skipped.append(f"{name}: `{step}` needs {why}")
-                continue
             argv = shlex.split(step)
             assert argv[0] == "repsim", f"recipe {name}: a step that is not a repsim command: {step}"
             r = subprocess.run([sys.executable, "-m", "repsim", *argv[1:]], cwd=cwd, capture_output=True, text=True,
@@ -93,9 +73,6 @@ def run_recipe(name: str, cwd: Path, env: dict, skipped: list[str]) -> dict:
     assert lang == "python", f"recipe {name}: language {lang!r}"
     assert Path.cwd() == Path(cwd).resolve(), "run Python recipes from their directory (monkeypatch.chdir)"
     for step in python_steps(code):
-        if why := _pending(step):
-            skipped.append(f"{name}: `{step}` needs {why}")
-            continue
         tree = ast.parse(step)
         if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr):
             env.setdefault("_values", {})[step] = eval(compile(ast.Expression(tree.body[0].value), name, "eval"), env)
@@ -128,9 +105,7 @@ def test_python_api_recipe(tmp_path, monkeypatch):
     """The in-memory recipe runs as written, and the number it shows for linear CKA is the paper's
     debiased CKA, computed here from its formula."""
     monkeypatch.chdir(tmp_path)
-    skipped: list[str] = []
-    env = run_recipe("python-api", tmp_path, {}, skipped)
-    assert not skipped, skipped
+    env = run_recipe("python-api", tmp_path, {})
     X, Y = env["X"], env["Y"]
     K, L = X @ X.T, Y @ Y.T
     want = _unbiased_hsic(K, L) / np.sqrt(_unbiased_hsic(K, K) * _unbiased_hsic(L, L))
@@ -150,8 +125,7 @@ def test_own_models_recipes(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     pytest.importorskip("timm")
     monkeypatch.chdir(tmp_path)
-    skipped: list[str] = []
-    run_recipe("own-models", tmp_path, {}, skipped)
+    run_recipe("own-models", tmp_path, {})
     stores = [repsim.open_store(tmp_path / f"{s}.zarr") for s in "abc"]
     assert all(s.n == stores[0].n for s in stores) and stores[0].n > 0
     for s in stores[1:]:
@@ -164,27 +138,21 @@ def test_own_models_recipes(tmp_path, monkeypatch):
         M = res.matrix(m)
         assert M.shape == (len(res.index),) * 2 and np.isfinite(M).all()
         np.testing.assert_allclose(np.diag(M), 1.0, atol=1e-6)
-    if (tmp_path / "sim.png").exists() or not skipped:
-        assert (tmp_path / "sim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "sim.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    env = run_recipe("own-models-python", tmp_path, {}, skipped)
+    env = run_recipe("own-models-python", tmp_path, {})
     np.testing.assert_array_equal(env["cka"], res.matrix("linear_cka"))
-    if "fig" in env:
-        assert env["fig"].axes
-    if "df" in env:
-        assert len(env["df"]) > 0
-    if "da" in env:
-        assert env["da"].size > 0
+    assert env["fig"].axes
+    assert set(env["df"]["measure"]) == set(res.measures)
+    np.testing.assert_array_equal(env["da"].sel(measure="linear_cka").values, res.matrix("linear_cka"))
 
-    env = run_recipe("python-stores", tmp_path, {}, skipped)
+    env = run_recipe("python-stores", tmp_path, {})
     pool = repsim.load_result(tmp_path / "pool.npz")
     assert pool.index == [("a", "pool"), ("b", "pool")] and env["res"].index == pool.index
     assert env["da"].dims[0] == "example" and env["da"].shape[0] == stores[0].n
     np.testing.assert_array_equal(env["da"].values, np.asarray(stores[0].layer("block1")))
     np.testing.assert_array_equal(env["da"]["example"].values, stores[0].example_ids)  # the stores' coords
     np.testing.assert_array_equal(env["da"]["label"].values, stores[0].labels)
-    if skipped:
-        pytest.skip("every other step ran and passed; left out (pending): " + " | ".join(skipped))
 
 
 def _table_commands(text: str = README) -> list[str]:
@@ -198,7 +166,7 @@ def _table_commands(text: str = README) -> list[str]:
 
 def test_readme_command_table_lists_every_subcommand_and_nothing_else():
     """One row per subcommand the parser offers (pyproject.toml's entry-point table), none twice, none
-    that does not exist — except a command issue 41 builds on another branch (PENDING), until it lands."""
+    that does not exist."""
     from repsim.commands.main import build_parser
 
     table = _table_commands()
@@ -206,9 +174,8 @@ def test_readme_command_table_lists_every_subcommand_and_nothing_else():
     declared = set(_declared())
     parser = set(build_parser().get_default("_subparsers"))
     assert declared <= parser, f"declared but not in the parser: {declared - parser}"
-    pending = {text.split()[1] for text, (present, _) in PENDING.items() if text.startswith("repsim ") and not present()}
-    assert set(table) == declared | pending, (f"missing from the README's table: {sorted(declared - set(table))}; "
-                                              f"listed but not a subcommand: {sorted(set(table) - declared - pending)}")
+    assert set(table) == declared, (f"missing from the README's table: {sorted(declared - set(table))}; "
+                                    f"listed but not a subcommand: {sorted(set(table) - declared)}")
 
 
 def test_extract_recipe_names_a_checkpoint_training_writes():

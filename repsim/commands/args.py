@@ -98,8 +98,8 @@ def add_pairing_flags(parser: argparse.ArgumentParser, first: str, second: str, 
 
 def memory_size(text: str) -> int:
     """An argparse ``type`` for ``--memory-budget``: bytes of a size with units (``512MiB``, ``4GiB``,
-    ``1.5G``, ``800MB``; a plain number is MiB), :func:`repsim.engine.options.parse_size`."""
-    from repsim.engine.options import parse_size
+    ``1.5G``, ``800MB``; a plain number is MiB), :func:`repsim.units.parse_size`."""
+    from repsim.units import parse_size
 
     try:
         return parse_size(text)
