@@ -696,3 +696,20 @@ def test_epochs_that_would_repeat_the_same_batches_run_once(two_stores):
         warnings.simplefilter("error", UserWarning)
         r = cka_matrix(stores, epochs=2, batch_size=N // 4, progress=False)  # window shuffle: epochs differ
     assert r.meta["epochs"] == 2 and "epochs_requested" not in r.meta
+
+
+def test_default_epochs_cut_to_one_without_a_warning_when_every_pass_is_the_same(two_stores):
+    """At the default epochs (None: the paper's 10) a batch of all n rows runs one epoch without a
+    warning (the README's own-models recipe on 450 examples warned about epochs nobody asked for), with
+    the numbers of an explicit single epoch; with batches that differ per epoch the default is 10."""
+    import warnings
+
+    stores = [s.path for s in two_stores[np.float64]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        r = cka_matrix(stores, batch_size=4 * N, progress=False)
+        many = cka_matrix(stores, batch_size=N // 4, progress=False)
+    one = cka_matrix(stores, batch_size=4 * N, epochs=1, progress=False)
+    assert r.meta["epochs"] == 1 and "epochs_requested" not in r.meta
+    np.testing.assert_array_equal(r.values, one.values)
+    assert many.meta["epochs"] == 10

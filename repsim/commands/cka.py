@@ -27,9 +27,9 @@ def add_pair_arguments(parser: argparse.ArgumentParser, *, out_help: str) -> Non
                         help="minibatch (default, the paper's: unbiased HSIC over batches) or exact (full-data, "
                              "float64; it runs in this process, also with --scheduler)")
     parser.add_argument("--batch-size", type=positive, default=1500, help="minibatch size (default 1500, paper)")
-    parser.add_argument("--epochs", type=positive, default=10,
+    parser.add_argument("--epochs", type=positive, default=None,
                         help="passes over the data (default 10, paper; one when every pass would cut the same "
-                             "batches: a batch of all n examples, or --shuffle none)")
+                             "batches: a batch of all n examples, or --shuffle none; said when you ask for more)")
     parser.add_argument("--seed", type=non_negative, default=0, help="shuffling seed (default 0)")
     parser.add_argument("--shuffle", choices=("window", "examples", "none"), default="window",
                         help="window: permute chunk blocks and rows within windows, each chunk read once per "

@@ -162,6 +162,7 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
 
 
 SEP = "__"
+DEFAULT_EPOCHS = 10  # passes over the data when none is asked (the paper's; one when every pass cuts the same batches)
 NULL_PREFIX = "null~"  # state keys of a measure's permutation null: "null~<measure>__<key>"
 
 
@@ -275,7 +276,7 @@ def _provenance(stores: Sequence[Any], names: Sequence[str], columns: Sequence[C
     return out
 
 
-def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: int = 10, seed: int = 0,
+def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: int | None = None, seed: int = 0,
                shuffle: bool | str = True, spatial: str = "flatten", debiased: bool = True, *,
                method: str = "minibatch", shuffle_window: int | None = None,
                checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
@@ -289,6 +290,9 @@ def cka_matrix(stores: Any, layers: Any = None, batch_size: int = 1500, epochs: 
     entry point at its defaults (:func:`repsim.linear_cka`, ``repsim.similarity(X, Y, "linear_cka")``,
     :class:`~repsim.kernels.minibatch_cka.MinibatchCKA`, ``repsim cka``/``repsim similarity``).
 
+    ``epochs``: passes over the data; default (None) 10, the paper's, or one where every pass would cut
+    the same batches (one batch of all n rows, or ``shuffle="none"``); asked for explicitly in that case,
+    the run warns that it computes one.
     ``stores``: paths, globs or ``ActivationStore``s (aligned on ``example_ids``; checked first;
     stores whose dataset name/split or labels differ are refused unless ``allow_mixed_datasets``).
     ``layers``: ``None`` (all), a list for every store, or ``{store: [layers]}``.
@@ -350,7 +354,7 @@ def content_identities(opened: Sequence[Any], columns: Sequence[Column]) -> dict
 
 
 def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka",), layers: Any = None,
-                      batch_size: int = 1500, epochs: int = 10, seed: int = 0, shuffle: bool | str = True,
+                      batch_size: int = 1500, epochs: int | None = None, seed: int = 0, shuffle: bool | str = True,
                       spatial: str = "flatten", debiased: bool = True, *, method: str = "minibatch",
                       options: dict[str, Any] | None = None, shuffle_window: int | None = None,
                       checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
@@ -398,7 +402,7 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
                                   null=null, stream=opts)
 
 
-def _similarity_matrix(stores: Any, measures: Sequence[str] | str, layers: Any, batch_size: int, epochs: int,
+def _similarity_matrix(stores: Any, measures: Sequence[str] | str, layers: Any, batch_size: int, epochs: int | None,
                        seed: int, shuffle: bool | str, spatial: str, debiased: bool, *, method: str,
                        options: dict[str, Any] | None, shuffle_window: int | None,
                        checkpoint: str | os.PathLike | None, checkpoint_every: int, allow_mixed_datasets: bool,
@@ -472,12 +476,16 @@ def _similarity_matrix(stores: Any, measures: Sequence[str] | str, layers: Any, 
         return with_calibration(SimilarityResult(values={m: values[m] for m in names_m}, index=index, meta=meta),
                                 calibration)
 
+    epochs_asked = epochs is not None  # None: the default, DEFAULT_EPOCHS (the paper's), cut to one silently
+    epochs = DEFAULT_EPOCHS if epochs is None else epochs
     if int(epochs) < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     plan = BatchPlan(n=n, batch_size=int(batch_size), shuffle=_shuffle_scheme(shuffle), seed=int(seed),
                      block_rows=block_rows, window_rows=int(shuffle_window or 0))
     repeats = plan.same_every_epoch() if int(epochs) > 1 else None
-    if repeats:  # every epoch would compute the first one's HSICs again, in another row order
+    if repeats and not epochs_asked:
+        epochs = 1
+    elif repeats:  # every epoch would compute the first one's HSICs again, in another row order
         warnings.warn(f"{repeats}, so each of the {int(epochs)} epochs asked for would repeat the same computation: "
                       "it runs once (the same estimate to rounding); for epochs that differ, give a batch size "
                       "well below n and a shuffle", UserWarning, stacklevel=2)
