@@ -371,7 +371,8 @@ def test_a_float16_overflow_in_one_chunk_is_refused_naming_its_rows(fake, tmp_pa
     x[60] *= 1e6
     data = torch.utils.data.TensorDataset(x, torch.zeros(120, dtype=torch.int64))
     kw = {**KW, "split": None, "meta": {"dataset": {"name": "noise"}}}
-    with pytest.raises(ExtractError, match=r"layer 'block1' overflows float16 \(max \|value\| .*\) in examples 48\.\.95"):
+    refused = r"layer 'block1' overflows float16 \(max \|value\| .*\) in examples 48\.\.95"
+    with pytest.raises(ExtractError, match=refused):
         pipeline.extract_store(_net(), data, tmp_path / "o.zarr", **kw)
     assert fake.violations == []
     written = zarr.open_group(str(tmp_path / "o.zarr"))["written"][...]
