@@ -87,7 +87,14 @@ def wait_until_stopped(proc) -> None:
 
     import pytest
 
-    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    import threading
+
+    guard = threading.Timer(300, proc.kill)  # a hang guard, not a speed check: a run that never stops is killed
+    guard.start()
+    try:
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    finally:
+        guard.cancel()
     if not os.WIFSTOPPED(status):
         proc.returncode = os.waitstatus_to_exitcode(status)
         err = proc.stderr.read()[-2000:] if proc.stderr else ""

@@ -400,7 +400,12 @@ def _extract_until(out: Path, chunks: int, *args: str) -> subprocess.Popen:
     chunk is written; returns once it is stopped (waitpid WUNTRACED: no poll, no timing guess)."""
     proc = subprocess.Popen([sys.executable, "-c", STOPPED_AFTER, str(chunks), *args], env=ENV, cwd=ROOT,
                             stderr=subprocess.PIPE, text=True)
-    _, status = os.waitpid(proc.pid, os.WUNTRACED)  # (a hang here is caught by the child's own end or stop)
+    guard = threading.Timer(300, proc.kill)  # a hang guard, not a speed check: a run that never stops is killed
+    guard.start()
+    try:
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    finally:
+        guard.cancel()
     if not os.WIFSTOPPED(status):
         proc.returncode = os.waitstatus_to_exitcode(status)
         pytest.fail(f"the run ended before {chunks} chunks were written (got {_written(out)}): "
@@ -483,6 +488,7 @@ def test_an_extraction_thread_is_refused_by_another_of_the_same_process(ckpts, t
         assert refused_elsewhere(out)
 
 
+@pytest.mark.slow  # (two torchrun processes: ~70 s on a loaded 2-core box)
 def test_torchrun_rank0_refused_tells_every_rank(ckpts, tmp_path):
     """Under torchrun only rank 0 takes the lock (the sharded run works: the other ranks would be
     refused otherwise); when rank 0 is refused, every rank stops with the reason instead of hanging."""
