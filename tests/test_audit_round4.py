@@ -9,9 +9,9 @@ without ``flock`` (some network mounts), where only the create-that-fails protec
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ import pytest
 import repsim
 from repsim.commands.main import main
 from repsim.store.writer import save_store
-from test_engine_helpers import checkpoint_segments, correlated_layers
+from test_engine_helpers import correlated_layers, signalled_at_checkpoint, wait_until_stopped
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXIT_REFUSED = 2
@@ -53,14 +53,11 @@ def test_1_a_second_run_with_the_same_out_is_refused_while_the_first_runs(tmp_pa
     out = tmp_path / "same.npz"
     first = [sys.executable, "-m", "repsim", "similarity", str(tmp_path / "a.zarr"), "--batch-size", "100",
              "--epochs", "300", "--checkpoint-every", "1", "--no-progress", "--out", str(out)]
-    proc = subprocess.Popen(first, env=_env(), stderr=subprocess.PIPE, text=True)
-    ckpt = tmp_path / "same.ckpt.npz"
-    deadline = time.monotonic() + 120  # a hang guard, not a speed check
+    # stopped (SIGSTOP) by itself right after its first checkpoint: running, its --out claimed, at a known point
+    proc = subprocess.Popen(signalled_at_checkpoint(first[3:], 1, signal.SIGSTOP), env=_env(), stderr=subprocess.PIPE,
+                            text=True)
     try:
-        while checkpoint_segments(ckpt) < 1:
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "hang guard: the first run wrote no checkpoint within 120 s"
-            time.sleep(0.01)
+        wait_until_stopped(proc)
         code, err = _run(capsys, "similarity", tmp_path / "b.zarr", "--batch-size", "100", "--epochs", "1",
                          "--no-progress", "--out", out)
         assert code == EXIT_REFUSED and len(err) == 1, err

@@ -239,3 +239,30 @@ def test_a_temperature_run_to_the_search_bound_is_warned_about(tmp_path, capsys)
     lo, hi = TEMPERATURE_BOUNDS
     assert temperature_at_bound([lo, lo * step, hi / step, hi]).all()
     assert not temperature_at_bound([lo * step ** 1.5, 1.0, np.nan]).any()
+
+
+@pytest.mark.parametrize("flags, kind, bins", [
+    (["--kind", "auto"], "softmax", 15), (["--kind", "softmax"], "softmax", 15),
+    (["--kind", "sigmoid"], "sigmoid", 15), (["--bins", "5"], "softmax", 5), (["--bins", "40"], "softmax", 40),
+])
+def test_every_calibrate_option_value_reaches_the_numbers(tmp_path, flags, kind, bins):
+    """Each valid --kind and a --bins other than 15 once, on a softmax network's stores: NLL and ECE before
+    and after scaling are the definitions' (written out above) with that kind and that many bins."""
+    import csv
+
+    from repsim.commands.main import main
+
+    net = _logit_stores(tmp_path, "softmax", 0)
+    out = tmp_path / "c.csv"
+    assert main(["calibrate", "--test", net["test"].path, "--holdout", net["holdout"].path, *flags,
+                 "--out", str(out)]) == 0
+    (row,) = list(csv.DictReader(open(out)))
+    z, y = np.asarray(net["test"].logits.compute(), np.float64), np.asarray(net["test"].labels)
+    T = float(row["temperature"])
+    assert row["kind"] == kind and row["bins"] == str(bins)
+    assert float(row["nll"]) == pytest.approx(_ref_nll(z, y, kind), rel=1e-9)
+    assert float(row["ece"]) == pytest.approx(_ref_ece(z, y, kind, bins=bins), abs=1e-9)
+    assert float(row["nll_ts"]) == pytest.approx(_ref_nll(z, y, kind, T), rel=1e-9)
+    assert float(row["ece_ts"]) == pytest.approx(_ref_ece(z, y, kind, T, bins=bins), abs=1e-9)
+    if bins != 15:  # the value changed the number (a flag that never reached the ECE would give 15 bins')
+        assert float(row["ece"]) != pytest.approx(_ref_ece(z, y, kind), abs=1e-9)

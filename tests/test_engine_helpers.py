@@ -56,6 +56,51 @@ def checkpoint_segments(path) -> int:
         return -1
 
 
+# ``python -m repsim ARGV`` that signals itself right after its checkpoint of ``AT`` segments is saved (a known
+# point: SIGKILL for a crash, SIGSTOP for a run still holding its files), not wherever a poll found it
+SIGNAL_AFTER_CHECKPOINT = """
+import os, sys
+from repsim.engine.checkpoint import Checkpoint
+at, sig = int(sys.argv.pop(1)), int(sys.argv.pop(1))
+save = Checkpoint.save
+def save_then_signal(self, done, state):
+    save(self, done, state)
+    if done == at:
+        os.kill(os.getpid(), sig)
+Checkpoint.save = save_then_signal
+from repsim.commands.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def signalled_at_checkpoint(argv, at: int, sig: int) -> list[str]:
+    """The command line of ``repsim ARGV`` that sends itself ``sig`` right after saving its checkpoint of
+    ``at`` segments (see :data:`SIGNAL_AFTER_CHECKPOINT`)."""
+    import sys
+
+    return [sys.executable, "-c", SIGNAL_AFTER_CHECKPOINT, str(at), str(int(sig)), *map(str, argv)]
+
+
+def wait_until_stopped(proc) -> None:
+    """Return once ``proc`` (a Popen) has stopped itself (waitpid WUNTRACED: no poll); fail if it ended."""
+    import os
+
+    import pytest
+
+    import threading
+
+    guard = threading.Timer(300, proc.kill)  # a hang guard, not a speed check: a run that never stops is killed
+    guard.start()
+    try:
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    finally:
+        guard.cancel()
+    if not os.WIFSTOPPED(status):
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        err = proc.stderr.read()[-2000:] if proc.stderr else ""
+        pytest.fail(f"the run ended (exit {proc.returncode}) before it stopped itself: {err}")
+
+
 def strict_device(monkeypatch, device=None) -> dict[str, int]:
     """Run the engine's device route on array-api-strict as a GPU would see it: every block the engine
     uploads (:func:`repsim.engine.blocks.to_device`, also behind ``DeviceUploader`` and the decoders)

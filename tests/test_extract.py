@@ -561,6 +561,40 @@ def test_torchrun_two_process_gloo_equals_single_process(ckpts, tmp_path):
         assert a[name] == b[name], name
 
 
+@pytest.mark.slow  # three torchrun / extraction runs
+def test_torchrun_extraction_killed_mid_run_resumes_to_the_single_process_store(ckpts, tmp_path):
+    """Each of 2 torchrun ranks SIGKILLs itself right after writing its 2nd chunk (a known point; torchrun
+    then ends the run): 2 to 4 chunks are written (rank 1 may be stopped by torchrun before its own kill),
+    the store is incomplete; the same torchrun command resumes it, and the store equals a single process's,
+    byte for byte."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    args = ["--checkpoint", str(ckpts[1]), "--data", "digits", "--split", "test", "--chunk-rows", "32",
+            "--batch-size", "16", "--workers", "0", "--device", "cpu"]
+    out = tmp_path / "sharded.zarr"
+    killer = tmp_path / "killed_after_2_chunks.py"
+    killer.write_text(KILLED_AFTER_2_CHUNKS)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    killed = subprocess.run([*torchrun, str(killer), *args, "--out", str(out)], env=env, capture_output=True,
+                            text=True, timeout=300)  # a hang guard, not a speed check
+    assert killed.returncode != 0, killed.stderr[-3000:]
+    flags = zarr.open_array(str(out / "written"), mode="r")[...]
+    assert 2 <= flags.sum() <= 4 < flags.size, flags
+    with pytest.raises(ValueError, match="incomplete"):
+        open_store(out)
+    resumed = subprocess.run([*torchrun, "-m", "repsim.extract", *args, "--out", str(out)], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming {out}: {flags.sum()} of {flags.size} chunks already written" in resumed.stderr
+    single = extract_store(ckpts[1], "digits", tmp_path / "single.zarr", split="test", chunk_rows=32,
+                           batch_size=16, **FAST)
+    s = open_store(out)
+    assert s.complete and s.attrs["extraction"]["world_size"] == 2
+    a, b = _arrays(single.path), _arrays(out)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name] == b[name], name
+
+
 @pytest.mark.parametrize("objective,given,want", [
     ("cosine_softmax", {}, {"tau": 0.05, "scale_by_tau": False}),
     ("cosine_softmax", {"tau": 0.2}, {"tau": 0.2, "scale_by_tau": False}),

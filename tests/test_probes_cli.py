@@ -5,6 +5,7 @@ import csv
 import json
 
 import numpy as np
+import pytest
 
 from repsim.commands.main import main
 from repsim.probes.knn import knn_probe
@@ -261,3 +262,50 @@ def test_probe_warns_when_the_test_store_holds_classes_the_train_store_lacks(tmp
     assert main(["probe", "--train", a["train"].path, "--test", a["test"].path, "--probe", "knn", "--out", str(out),
                  "--no-progress"]) == 0
     assert "WARNING" not in capsys.readouterr().err
+
+
+PROBE_VALUES = [
+    (["--probe", "linear"], {}), (["--probe", "knn"], {}), (["--probe", "linear", "knn"], {}),
+    (["--metric", "top1"], {"metric": "top1"}), (["--metric", "mean_per_class"], {"metric": "mean_per_class"}),
+    (["--ks", "1", "3"], {"ks": (1, 3)}), (["--lambdas", "5"], {"lambdas": np.logspace(-6, 5, 5)}),
+    (["--val-fraction", "0.4"], {"val_fraction": 0.4}), (["--seed", "2"], {"seed": 2}),
+    (["--layer", "pool"], {}), (["--task", "named"], {}),
+    (["--memory-budget", "0"], {}), (["--memory-budget", "1GiB"], {}),
+]
+
+
+@pytest.mark.parametrize("flags, kw", PROBE_VALUES, ids=[" ".join(f) for f, _ in PROBE_VALUES])
+def test_every_probe_option_value_reaches_the_probe(tmp_path, flags, kw):
+    """Each valid value once: the rows are the linear / kNN probe functions' results called with that value
+    on the stores' arrays (--memory-budget 0: the out-of-core route, the same numbers to the solver's
+    tolerance), and the recorded metadata says so."""
+    a = _stores(tmp_path, "softmax", 0)
+    out = tmp_path / "p.csv"
+    probes = flags[1:] if flags[0] == "--probe" else ["linear", "knn"]
+    argv = flags if flags[0] == "--probe" else ["--probe", "linear", "knn", *flags]
+    if "--lambdas" not in flags:
+        argv += ["--lambdas", "9"]
+        kw = {"lambdas": np.logspace(-6, 5, 9), **kw}
+    assert main(["probe", "--train", a["train"].path, "--test", a["test"].path, *argv, "--out", str(out),
+                 "--no-progress"]) == 0
+    with open(out, newline="") as f:
+        rows = {r["probe"]: r for r in csv.DictReader(f)}
+    assert sorted(rows) == sorted(probes)
+    Xtr, Xte = (np.asarray(a[s].layer("pool").compute()) for s in ("train", "test"))
+    ytr, yte = a["train"].labels, a["test"].labels
+    metric = kw.get("metric", "top1")
+    tol = dict(rel=1e-6) if "0" in flags and "--memory-budget" in flags else dict(rel=0, abs=0)
+    if "linear" in rows:
+        lin = linear_probe(Xtr, ytr, Xte, yte, lambdas=kw["lambdas"], val_fraction=kw.get("val_fraction", 0.2),
+                           metric=metric, seed=kw.get("seed", 0))
+        assert float(rows["linear"]["accuracy"]) == pytest.approx(lin.accuracy, **tol)
+        assert float(rows["linear"]["best_param"]) == pytest.approx(lin.best_lambda, rel=1e-6)
+        assert int(rows["linear"]["n_lambdas"]) == len(kw["lambdas"])
+    if "knn" in rows:
+        knn = knn_probe(Xtr, ytr, Xte, yte, ks=kw.get("ks", (1, 3, 5, 10, 20, 50, 100)), metric=metric)
+        assert float(rows["knn"]["accuracy"]) == pytest.approx(knn.accuracy, **tol)
+        assert int(float(rows["knn"]["best_param"])) == knn.best_k
+    for row in rows.values():
+        assert row["metric"] == metric and row["task"] == ("named" if "--task" in flags else "toy")
+    if "linear" in rows:  # (kNN chooses k by leave-one-out on the training store: no validation split)
+        assert float(rows["linear"]["val_fraction"]) == kw.get("val_fraction", 0.2)

@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -26,7 +25,7 @@ from repsim.commands.main import main
 from repsim.store.format import StoreError
 from repsim.store.reader import open_store
 from repsim.store.writer import save_store
-from test_engine_helpers import checkpoint_segments, correlated_layers
+from test_engine_helpers import checkpoint_segments, correlated_layers, signalled_at_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXIT_REFUSED, EXIT_IO = 2, 3  # the documented exit statuses (README "What repsim refuses")
@@ -60,19 +59,11 @@ def test_cka_resume_after_a_store_was_replaced_in_place_is_refused(tmp_path):
     ckpt = tmp_path / "cka.ckpt.npz"
     cmd = [sys.executable, "-m", "repsim", "cka", str(a), str(b), "--batch-size", "100", "--shuffle", "window",
            "--epochs", "200", "--checkpoint-every", "1", "--no-progress", "--out", str(out)]
-    proc = subprocess.Popen(cmd, env=_env(), stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120  # a hang guard, not a speed check
-    while checkpoint_segments(ckpt) < 3:
-        assert proc.poll() is None, f"ended before it could be killed: {proc.stderr.read()}"
-        if time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"hang guard: repsim cka checkpointed {checkpoint_segments(ckpt)} of the 3 segments wanted "
-                        f"within 120 s; the run was killed, its stderr: {proc.stderr.read()[-2000:]}")
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    # killed (SIGKILL) by itself right after its 3rd checkpoint: a known point, not a poll's
+    proc = subprocess.run(signalled_at_checkpoint(cmd[3:], 3, signal.SIGKILL), env=_env(), capture_output=True,
+                          text=True, timeout=300)  # a hang guard, not a speed check
     done = checkpoint_segments(ckpt)
-    assert proc.returncode == -signal.SIGKILL and 3 <= done < 800
+    assert proc.returncode == -signal.SIGKILL and done == 3, proc.stderr[-2000:]
 
     # another network's store, same ids, put where b was: resuming would mix the two
     shutil.rmtree(b)

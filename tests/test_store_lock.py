@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -379,20 +378,40 @@ def _written(out: Path) -> int:
         return 0
 
 
+# ``python -m repsim.extract`` that stops itself (SIGSTOP) right after its Nth chunk is written (flag set):
+# a known point, the lock held, instead of a parent polling the flags and stopping it some chunks later
+STOPPED_AFTER = """
+import os, signal, sys
+from repsim.store.writer import StoreWriter
+write, done, at = StoreWriter.write_chunk, [], int(sys.argv.pop(1))
+def write_then_stop(self, *a, **k):
+    write(self, *a, **k)
+    done.append(1)
+    if len(done) == at:
+        os.kill(os.getpid(), signal.SIGSTOP)
+StoreWriter.write_chunk = write_then_stop
+import runpy
+runpy.run_module("repsim.extract", run_name="__main__", alter_sys=True)  # as `python -m repsim.extract`
+"""
+
+
 def _extract_until(out: Path, chunks: int, *args: str) -> subprocess.Popen:
-    """``python -m repsim.extract`` into ``out``, stopped (SIGSTOP) once ``chunks`` chunks are written."""
-    proc = subprocess.Popen([sys.executable, "-m", "repsim.extract", *args], env=ENV, cwd=ROOT, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.monotonic() + 120  # a hang guard, not a speed check
-    while proc.poll() is None and time.monotonic() < deadline:
-        if _written(out) >= chunks:
-            proc.send_signal(signal.SIGSTOP)
-            return proc
-        time.sleep(0.002)
-    ended = proc.poll() is not None
-    proc.kill()
-    pytest.fail(f"{'the run ended' if ended else 'hang guard: the run did not write them within 120 s'} before "
-                f"{chunks} chunks were written (got {_written(out)}): {proc.stderr.read()[-2000:]}")
+    """``python -m repsim.extract`` into ``out``, stopped (SIGSTOP, by itself) right after its ``chunks``-th
+    chunk is written; returns once it is stopped (waitpid WUNTRACED: no poll, no timing guess)."""
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_AFTER, str(chunks), *args], env=ENV, cwd=ROOT,
+                            stderr=subprocess.PIPE, text=True)
+    guard = threading.Timer(300, proc.kill)  # a hang guard, not a speed check: a run that never stops is killed
+    guard.start()
+    try:
+        _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    finally:
+        guard.cancel()
+    if not os.WIFSTOPPED(status):
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        pytest.fail(f"the run ended before {chunks} chunks were written (got {_written(out)}): "
+                    f"{proc.stderr.read()[-2000:]}")
+    assert _written(out) == chunks
+    return proc
 
 
 def _one_line(err: str) -> str:
@@ -401,6 +420,7 @@ def _one_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow  # (30-40 s on 2 cores: 29 chunks of a ResNet-18 on the CPU)
 def test_a_running_extraction_refuses_a_resume_and_an_overwrite(ckpts, tmp_path, capsys):
     """The reproduction: a second `repsim extract` of a store another one is writing, resuming it or
     replacing it (--overwrite, other --layers, another checkpoint), used to write into it too (a
@@ -432,6 +452,7 @@ def test_a_running_extraction_refuses_a_resume_and_an_overwrite(ckpts, tmp_path,
     assert "already complete" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # (30-40 s on 2 cores: 29 chunks of a ResNet-18 on the CPU)
 def test_a_killed_extraction_leaves_no_lock_and_resumes(ckpts, tmp_path, capsys):
     from repsim.commands.main import main as repsim_main
 
@@ -440,9 +461,8 @@ def test_a_killed_extraction_leaves_no_lock_and_resumes(ckpts, tmp_path, capsys)
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=60)
     assert (tmp_path / ".s.zarr.lock").exists() and not refused_elsewhere(out)  # left behind, unlocked
-    written = _written(out)
     assert repsim_main(["extract", *_cli(ckpts[0], out)]) == 0
-    assert f"resuming {out}: {written} of 29 chunks already written" in capsys.readouterr().err
+    assert f"resuming {out}: 2 of 29 chunks already written" in capsys.readouterr().err
     assert open_store(out).complete and not (tmp_path / ".s.zarr.lock").exists()
 
 
@@ -468,6 +488,7 @@ def test_an_extraction_thread_is_refused_by_another_of_the_same_process(ckpts, t
         assert refused_elsewhere(out)
 
 
+@pytest.mark.slow  # (two torchrun processes: ~70 s on a loaded 2-core box)
 def test_torchrun_rank0_refused_tells_every_rank(ckpts, tmp_path):
     """Under torchrun only rank 0 takes the lock (the sharded run works: the other ranks would be
     refused otherwise); when rank 0 is refused, every rank stops with the reason instead of hanging."""

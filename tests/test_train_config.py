@@ -151,3 +151,24 @@ def test_a_network_whose_input_channels_do_not_match_the_data_is_one_line(tmp_pa
     code = main(["train", "--data", "digits", "--out", str(tmp_path / "r"), "--set", "epochs=1", "--no-progress"])
     err = capsys.readouterr().err
     assert code == 2 and "digits has 1-channel images but the network (resnet50) takes in_channels = 3" in err, err
+
+
+def test_train_list_presets_and_every_config_flag_in_print_config(capsys):
+    """`repsim train --list-presets` lists list_presets(); --print-config shows the config each flag builds
+    (--seed, --objective, --data, --keep-every, --init-from, --set), the config load_config builds from
+    the same settings (no training run: these flags' values reach the config, which the loop reads)."""
+    import json
+
+    from repsim.commands.main import main
+
+    assert main(["train", "--list-presets"]) == 0
+    assert capsys.readouterr().out.split() == list(list_presets())
+    argv = ["train", "--preset", "digits-softmax", "--seed", "7", "--objective", "sigmoid", "--data", "digits",
+            "--keep-every", "2", "--init-from", "/some/checkpoint.pt", "--set", "epochs=3", "--print-config"]
+    assert main(argv) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown == load_config("digits-softmax", ["epochs=3", "seed=7", 'objective="sigmoid"', 'data.spec="digits"',
+                                                   "keep_every=2", 'finetune.init_from="/some/checkpoint.pt"'])
+    assert (shown["seed"], shown["objective"], shown["data"]["spec"], shown["keep_every"], shown["epochs"],
+            shown["finetune"]["init_from"]) == (7, "sigmoid", "digits", 2, 3, "/some/checkpoint.pt")
+    assert shown != load_config("digits-softmax", [])

@@ -129,3 +129,12 @@ def fails_later():
             return self.fc(torch.relu(self.conv(x)).mean(dim=(2, 3)))
 
     return FailsLater()
+
+
+def conv():
+    """Two 3x3 convolutions on 1-channel 8x8 digits and a linear head: block1/block2 (4, 6, 6) / (4, 4, 4)
+    maps, pool (64,), logits (10,); the option-value smoke of `repsim extract` (test_extract_values)."""
+    import torch
+
+    return torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3), torch.nn.ReLU(),
+                               torch.nn.Flatten(), torch.nn.Linear(64, 10))
