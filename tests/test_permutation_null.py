@@ -245,6 +245,47 @@ def test_permutation_moments_equal_enumeration_of_all_permutations(debiased):
         assert var == pytest.approx(2 * scale ** 2 / (n * (n - 3)), rel=1e-10)
 
 
+@pytest.mark.parametrize("xp", NAMESPACES)
+def test_invariants_equal_their_definitions(xp):
+    """The eight invariants against their formulas written out (tr(A³) as a triple sum), on symmetric
+    matrices with a non-zero diagonal; NumPy with and without the reused scratch buffers, and
+    array-api-strict."""
+    rng = np.random.default_rng(13)
+    n = 9
+    mats = []
+    for _ in range(3):
+        X = rng.normal(size=(n, 4)) ** 2
+        mats.append(centered(X) / 7.0)
+    A = np.stack(mats)
+    want = []
+    for M in A:
+        d = np.diag(M)
+        want.append([d.sum(), sum(M[i, j] ** 2 for i in range(n) for j in range(n)), (d ** 2).sum(),
+                     sum(M[i, j] * M[j, k] * M[k, i] for i in range(n) for j in range(n) for k in range(n)),
+                     (d ** 3).sum(), (M ** 3).sum(), sum(d[i] * sum(M[i, k] ** 2 for k in range(n)) for i in range(n)),
+                     sum(d[i] * M[i, j] * d[j] for i in range(n) for j in range(n))])
+    got = invariants(xp.asarray(A))
+    np.testing.assert_allclose(got, np.array(want), rtol=1e-12, atol=1e-12)
+    if xp is np:
+        scratch = np.full((2, n, n), np.nan)
+        np.testing.assert_allclose(invariants(A, scratch=scratch), got, rtol=1e-14, atol=1e-14)
+        np.testing.assert_allclose(invariants(A, scratch=scratch), got, rtol=1e-14, atol=1e-14)  # reused
+
+
+def test_minibatch_analytic_reuses_its_buffers_without_carrying_batches_over():
+    """Fed the same batches, two accumulators agree whatever was in the first's buffers (a batch of
+    another column built there before), and batches of another size get new buffers."""
+    rng = np.random.default_rng(14)
+    X, Y = related(rng, 60, noise=2.0)
+    a = feed(MinibatchAnalytic(2), [X, Y], 20)
+    b = MinibatchAnalytic(2)
+    b.update([X[:30] * 3, Y[:30]])
+    b.obs[:], b.mean[:], b.var[:], b.mu3[:], b.n_batches = 0, 0, 0, 0, 0
+    b = feed(b, [X, Y], 20)
+    for u, v in zip(a.result(), b.result()):
+        np.testing.assert_allclose(u, v, rtol=1e-13, atol=1e-15)
+
+
 @pytest.mark.parametrize("debiased", [False, True])
 def test_analytic_null_matches_a_monte_carlo_null(debiased):
     """Mean and variance of 10,000 permutations equal the exact moments within Monte Carlo error (4 s.e.)."""

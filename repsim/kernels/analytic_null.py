@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from repsim.array_api import array_namespace, diagonal, to_numpy
+from repsim.kernels._gram import is_numpy
 from repsim.kernels._precision import CenteredGram
 
 __all__ = ["invariants", "permutation_moments", "pearson3_calibration", "MinibatchAnalytic"]
@@ -30,21 +31,40 @@ __all__ = ["invariants", "permutation_moments", "pearson3_calibration", "Minibat
 NAMES = ("T", "T2", "S2", "T3", "S3", "U", "R", "B")
 
 
-def invariants(A: Any, *, xp: Any = None) -> np.ndarray:
+def invariants(A: Any, *, xp: Any = None, scratch: Any = None) -> np.ndarray:
     """(L, 8) float64 host array: the eight invariants of each symmetric matrix of ``A`` (L, n, n)
-    (module docstring; O(n³) for tr(A³) and diag(A²))."""
+    (module docstring).  One O(n³) product per matrix, A Aᵀ = A² (a symmetric rank-k update on
+    NumPy: half a GEMM), for tr(A³) = Σ A²∘A; the rest is O(n²): diag(A²) is the row sums of A∘A
+    (A symmetric), so R = diag(A)·rowsum(A∘A), T2 = Σ A∘A and U = ⟨A∘A, A⟩ share one elementwise
+    square, and B = diag(A)ᵀ (A diag(A)) is a matrix-vector product.  The sums are float64 (A's
+    dtype: callers pass float64).  ``scratch``: two n × n float64 NumPy buffers for A∘A and A²
+    (reused from call to call: no new n × n arrays)."""
     xp = array_namespace(A, xp=xp)
-    L = A.shape[0]
-    out = np.empty((L, 8))
-    for l_ in range(L):
+    rows = []
+    for l_ in range(A.shape[0]):
         M = A[l_, ...]
         d = diagonal(M, xp)
-        MM = M @ M
-        dd = diagonal(MM, xp)
-        vals = [xp.sum(d), xp.sum(M * M), xp.sum(d * d), xp.sum(MM * M), xp.sum(d * d * d), xp.sum(M * M * M),
-                xp.sum(d * dd), xp.sum(d * (M @ d))]
-        out[l_] = [float(to_numpy(v)) for v in vals]
-    return out
+        if scratch is not None and is_numpy(xp):
+            sq = np.multiply(M, M, out=scratch[0])
+            MM = np.matmul(M, M.T, out=scratch[1])
+        else:
+            sq = M * M
+            MM = M @ xp.matrix_transpose(M)  # A² (A symmetric)
+        rowsq = xp.sum(sq, axis=1)  # diag(A²)
+        vals = [xp.sum(d), xp.sum(rowsq), xp.sum(d * d), _inner(MM, M, xp), xp.sum(d * d * d), _inner(sq, M, xp),
+                xp.sum(d * rowsq), xp.sum(d * (M @ d))]
+        del sq, MM
+        rows.append(xp.stack([xp.asarray(v, dtype=xp.float64) for v in vals]))
+    if not rows:
+        return np.empty((0, 8))
+    return np.asarray(to_numpy(xp.stack(rows)), dtype=np.float64).reshape(-1, 8)  # one transfer
+
+
+def _inner(a: Any, b: Any, xp: Any) -> Any:
+    """Σ a∘b of two same-shaped arrays (a BLAS dot on NumPy: no temporary)."""
+    if is_numpy(xp):
+        return np.vdot(a, b)
+    return xp.sum(a * b)
 
 
 def permutation_moments(a: np.ndarray, b: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -134,6 +154,7 @@ class MinibatchAnalytic:
         self.var = np.zeros((L, L))
         self.mu3 = np.zeros((L, L))
         self.n_batches = 0
+        self._buffers: np.ndarray | None = None  # NumPy: (L + 2, b, b) float64, reused by every update
 
     def update(self, batch: Sequence[Any], key: Sequence[int] = ()) -> "MinibatchAnalytic":
         from repsim.kernels.minibatch_null import MinibatchNull
@@ -142,11 +163,20 @@ class MinibatchAnalytic:
         xp = array_namespace(first)
         shaper = MinibatchNull(self.n_layers, [0] * self.n_layers, 1, debiased=self.debiased, names=self.names,
                                compute_dtype=self.compute_dtype)
-        A = xp.stack([shaper._centered(x, name, xp) for x, name in zip(batch, self.names)])
-        L, b = A.shape[0], A.shape[1]
+        L, b = self.n_layers, first.shape[0]
+        if is_numpy(xp):  # the columns' matrices and the products' scratch in buffers kept from batch to batch
+            if self._buffers is None or self._buffers.shape[1] != b:
+                self._buffers = np.empty((L + 2, b, b))
+            A = self._buffers[:L]
+            for l_, (x, name) in enumerate(zip(batch, self.names)):
+                shaper._centered(x, name, xp, out=A[l_])
+            scratch = self._buffers[L:]
+        else:
+            A = xp.stack([shaper._centered(x, name, xp) for x, name in zip(batch, self.names)])
+            scratch = None
         flat = xp.reshape(A, (L, b * b))
         obs = to_numpy(flat @ xp.matrix_transpose(flat))
-        inv = invariants(A, xp=xp)
+        inv = invariants(A, xp=xp, scratch=scratch)
         m, v, t = permutation_moments(inv, inv, b)
         self.obs += (obs + obs.T) / 2
         self.mean += m

@@ -152,11 +152,12 @@ def centered_gram(x: Any, xp: Any, what: str = "X", dtype: Any = None) -> Center
     return CenteredGram(K, mean_sq=mean_sq)
 
 
-def ucenter(K: Any, *, xp: Any = None) -> Any:
+def ucenter(K: Any, *, xp: Any = None, overwrite: bool = False) -> Any:
     """U-centering of a symmetric Gram matrix K (n × n, n >= 4), Song et al. (2012), Eq. 5.
 
     U(K)_ij = K_ij - r_i/(n-2) - r_j/(n-2) + S/((n-1)(n-2)) for i ≠ j and U(K)_ii = 0, where
     r_i = Σ_{l≠i} K_il and S = Σ_{k≠l} K_kl. Then HSIC₁(K, L) = ⟨U(K), U(L)⟩ / (n(n-3)).
+    ``overwrite``: centre a floating K in its own memory and return it (NumPy; elsewhere a new array).
     """
     xp = array_namespace(K, xp=xp)
     if K.ndim != 2 or K.shape[0] != K.shape[1]:
@@ -166,12 +167,19 @@ def ucenter(K: Any, *, xp: Any = None) -> Any:
         raise ValueError(f"U-centering needs n >= 4 examples, got n = {n}")
     if not xp.isdtype(K.dtype, "real floating"):
         K = xp.astype(K, xp.float64)
-    off = 1 - on_device(xp.eye, n, dtype=K.dtype, device=getattr(K, "device", None))
-    K0 = K * off
-    r = xp.sum(K0, axis=1)
+    # U_ij = K_ij − c_i − c_j off the diagonal, c_i = r_i/(n−2) − S/(2(n−1)(n−2)): two passes over
+    # K and one to zero the diagonal (in place on NumPy), not the seven of the formula as written
+    r = xp.sum(K, axis=1) - diagonal(K, xp)
     s = xp.sum(r)
-    U = K0 - (r[:, None] + r[None, :]) / (n - 2) + s / ((n - 1) * (n - 2))
-    return U * off
+    c = r / (n - 2) - s / (2 * (n - 1) * (n - 2))
+    if is_numpy(xp):
+        U = K if overwrite else K.copy()
+        U -= c[:, None]
+        U -= c[None, :]
+        np.fill_diagonal(U, 0.0)
+        return U
+    U = (K - c[:, None]) - c[None, :]
+    return U * (1 - on_device(xp.eye, n, dtype=K.dtype, device=getattr(K, "device", None)))
 
 
 def double_center(K: Any, *, xp: Any = None, overwrite: bool = False) -> Any:

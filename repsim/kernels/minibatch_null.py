@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from repsim.array_api import array_namespace, diagonal, gram_dtype, on_device, to_numpy
+from repsim.kernels._gram import is_numpy
 from repsim.kernels._precision import CenteredGram, constant_tolerance
 from repsim.kernels.hsic import centered_gram, double_center, ucenter
 from repsim.kernels.permutation import gram_null_products, permutations
@@ -76,9 +77,10 @@ class MinibatchNull:
         self.null = np.zeros((self.K, self.n_layers, self.n_layers))
         self.n_batches = 0
 
-    def _centered(self, x: Any, name: str, xp: Any) -> Any:
+    def _centered(self, x: Any, name: str, xp: Any, out: Any = None) -> Any:
         """The batch column's HSIC-form matrix A (b × b float64): U(K)/√(b(b−3)) or K/(b − 1), zero
-        when the column is constant over the batch."""
+        when the column is constant over the batch.  ``out``: a b × b float64 NumPy buffer to build A
+        in (no new b × b array: the analytic null reuses its buffers from batch to batch)."""
         G = self.kernel(x, name) if self.kernel is not None else (
             x if isinstance(x, CenteredGram) else centered_gram(x, xp, name, gram_dtype(x.dtype, xp, self.compute_dtype)))
         K = G.K if G.K.dtype == xp.float64 else xp.astype(G.K, xp.float64)
@@ -86,11 +88,16 @@ class MinibatchNull:
         mean_sq = 0.0 if G.mean_sq is None else G.mean_sq
         trace = xp.sum(diagonal(K, xp))
         keep = xp.astype(trace > constant_tolerance(b, 1.0) * mean_sq, xp.float64)
-        if self.debiased:
-            A = ucenter(K, xp=xp) / float(np.sqrt(b * (b - 3)))
-        else:
-            A = double_center(K, xp=xp) / float(b - 1)
-        return A * keep
+        scale = keep / (float(np.sqrt(b * (b - 3))) if self.debiased else float(b - 1))
+        if not is_numpy(xp):
+            return (ucenter(K, xp=xp) if self.debiased else double_center(K, xp=xp)) * scale
+        if out is not None:
+            np.copyto(out, K)
+            K = out
+        A = ucenter(K, xp=xp, overwrite=out is not None) if self.debiased else double_center(
+            K, xp=xp, overwrite=out is not None)
+        A *= scale  # (A is this call's own array, or out: scaled in place)
+        return A
 
     def update(self, batch: Sequence[Any], key: Sequence[int] = ()) -> "MinibatchNull":
         if len(batch) != self.n_layers:
