@@ -50,6 +50,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="rsa: above N examples, a seeded subsample of N rows (default 2000; >= 3)")
     parser.add_argument("--ridge-folds", type=int_at_least(2), default=5,
                         help="ridge_r2: cross-validation folds (default 5; >= 2)")
+    parser.add_argument("--jackknife", type=int_at_least(5), default=None, metavar="G",
+                        help="intervals for the exact measures: delete-a-group jackknife over the examples, G random "
+                             "groups drawn from --seed (each group one more exact pass over the held columns: G times "
+                             "the exact phase; e.g. 20). The minibatch measures always keep their per-batch "
+                             "statistics (bootstrap over batches). Read them with SimilarityResult.ci(measure)")
     calib = parser.add_argument_group("calibration (permutation nulls, Groeger et al. 2026)")
     calib.add_argument("--permutations", type=positive, default=None, metavar="K",
                        help="K permutation nulls of every measure and pair in the same pass (rows of one side "
@@ -107,11 +112,14 @@ def run(args: argparse.Namespace) -> int:
                                    checkpoint=ckpt if args.method == "minibatch" else None,
                                    checkpoint_every=args.checkpoint_every, allow_mixed_datasets=args.allow_mixed_datasets,
                                    permutations=args.permutations, alpha=args.alpha, null=args.null,
-                                   stream=stream_options(args))
+                                   jackknife=args.jackknife, stream=stream_options(args))
         path = _cka.finish(result, args, out, ckpt)
     L = len(result.index)
     print(f"repsim similarity: {', '.join(result.measures)} ({L}x{L}) over "
           f"{len(dict.fromkeys(s for s, _ in result.index))} store(s), n={result.meta['n']} -> {path}", file=sys.stderr)
+    if args.jackknife is not None and not result.jackknife:
+        print("repsim similarity: --jackknife applies to the exact estimators; every measure here ran on batches "
+              "(their intervals: the bootstrap over batches, SimilarityResult.ci)", file=sys.stderr)
     for m in result.calibration:
         p = result.pvalues(m)
         cal = result.meta["calibration"]

@@ -359,7 +359,7 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
                       options: dict[str, Any] | None = None, shuffle_window: int | None = None,
                       checkpoint: str | os.PathLike | None = None, checkpoint_every: int = 8,
                       allow_mixed_datasets: bool = False, permutations: int | None = None, alpha: float = 0.05,
-                      null: str = "permutation", stream: StreamOptions | None = None,
+                      null: str = "permutation", jackknife: int | None = None, stream: StreamOptions | None = None,
                       device: Any = None, progress: bool | None = None, prefetch: int | None = None,
                       threads: int | None = None, memory_budget: int | None = None, max_memory: int | None = None,
                       compute_dtype: str | None = None) -> SimilarityResult:
@@ -391,6 +391,11 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     (:mod:`repsim.kernels.analytic_null`).  ``alpha`` sets the threshold τ.  The result's
     :meth:`~SimilarityResult.pvalues`, :meth:`~SimilarityResult.threshold` and
     :meth:`~SimilarityResult.calibrated` give them, shaped like :meth:`~SimilarityResult.matrix`.
+
+    Intervals (:meth:`SimilarityResult.ci`): the minibatch measures keep per-batch statistics (a
+    percentile bootstrap over batches, always); ``jackknife=G`` adds, for every measure that runs its
+    exact estimator, the delete-a-group jackknife over examples (G random groups drawn from ``seed``;
+    G further exact passes over the held columns: :mod:`repsim.kernels.measures.jackknife`).
     """
     opts = (stream or StreamOptions()).merged(device=device, progress=progress, read_ahead=prefetch, threads=threads,
                                                panel_bytes=memory_budget, memory_budget=max_memory, dtype=compute_dtype)
@@ -399,14 +404,15 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
                                   method=method, options=options, shuffle_window=shuffle_window,
                                   checkpoint=checkpoint, checkpoint_every=checkpoint_every,
                                   allow_mixed_datasets=allow_mixed_datasets, permutations=permutations, alpha=alpha,
-                                  null=null, stream=opts)
+                                  null=null, jackknife=jackknife, stream=opts)
 
 
 def _similarity_matrix(stores: Any, measures: Sequence[str] | str, layers: Any, batch_size: int, epochs: int | None,
                        seed: int, shuffle: bool | str, spatial: str, debiased: bool, *, method: str,
                        options: dict[str, Any] | None, shuffle_window: int | None,
                        checkpoint: str | os.PathLike | None, checkpoint_every: int, allow_mixed_datasets: bool,
-                       permutations: int | None, alpha: float, null: str, stream: StreamOptions) -> SimilarityResult:
+                       permutations: int | None, alpha: float, null: str, stream: StreamOptions,
+                       jackknife: int | None = None) -> SimilarityResult:
     device, progress, compute_dtype = stream.device, stream.progress, stream.dtype
     from repsim.kernels.measures import check_options, get_measure, parse_measures
 
@@ -418,6 +424,11 @@ def _similarity_matrix(stores: Any, measures: Sequence[str] | str, layers: Any, 
         raise ValueError(f"spatial must be 'flatten' or 'mean', got {spatial!r}")
     if method not in ("minibatch", "exact"):
         raise ValueError(f"method must be 'minibatch' or 'exact', got {method!r}")
+    if jackknife is not None:
+        from repsim.kernels.measures.jackknife import MIN_GROUPS
+
+        if isinstance(jackknife, bool) or int(jackknife) != jackknife or int(jackknife) < MIN_GROUPS:
+            raise ValueError(f"jackknife must be a number of groups >= {MIN_GROUPS}, got {jackknife!r}")
     opened, columns, example_ids = resolve_columns(stores, layers, allow_mixed_datasets=allow_mixed_datasets)
     names = list(dict.fromkeys(c.store for c in columns))
     xp = array_module(device)
@@ -446,6 +457,13 @@ def _similarity_matrix(stores: Any, measures: Sequence[str] | str, layers: Any, 
         meta["calibration"]["scheme"] = SCHEME
     mini = [m for m in chosen if method == "minibatch" and m.has("minibatch")]
     exact = [m for m in chosen if m not in mini]
+    jack = None
+    replicates: dict[str, np.ndarray] = {}
+    if jackknife is not None and exact:
+        if int(jackknife) > n:
+            raise ValueError(f"jackknife asks for {int(jackknife)} groups of examples, but the stores hold n = {n}")
+        jack = {"groups": int(jackknife), "seed": int(seed)}
+        meta["jackknife"] = dict(jack, measures=[m.name for m in exact])
     meta["measures"] = names_m
     meta["estimators"] = {m.name: "minibatch" if m in mini else "exact" for m in chosen}
     meta["measure_info"] = {m.name: dict(m.info.as_dict(), options=m.options) for m in chosen}
@@ -468,13 +486,13 @@ def _similarity_matrix(stores: Any, measures: Sequence[str] | str, layers: Any, 
 
             values.update(exact_measures(exact, columns, n, block_rows, spatial=spatial, xp=xp,
                                          stream=replace(stream, threads=threads), meta=meta, null=null_req,
-                                         calibration=calibration))
+                                         calibration=calibration, jackknife=jack, replicates=replicates))
 
     if not mini:
         run_exact()
         meta["device"] = "cpu"  # the exact estimators run in float64 NumPy, whatever ``device`` asked for
         return with_calibration(SimilarityResult(values={m: values[m] for m in names_m}, index=index, meta=meta),
-                                calibration)
+                                calibration, replicates)
 
     epochs_asked = epochs is not None  # None: the default, DEFAULT_EPOCHS (the paper's), cut to one silently
     epochs = DEFAULT_EPOCHS if epochs is None else epochs
@@ -586,7 +604,7 @@ def _similarity_matrix(stores: Any, measures: Sequence[str] | str, layers: Any, 
         meta["calibration"]["minibatch_batches"] = int(naccs[0].n_batches)  # the first epoch's: the test's data
     run_exact()
     return with_calibration(SimilarityResult(values={m: values[m] for m in names_m}, index=index, meta=meta,
-                                             states=states), calibration)
+                                             states=states), calibration, replicates)
 
 
 def minibatch_calibration(measure: Any, nacc: Any, request: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -601,7 +619,9 @@ def minibatch_calibration(measure: Any, nacc: Any, request: dict[str, Any]) -> d
     return calibration_arrays(measure, obs, nulls, request["alpha"])
 
 
-def with_calibration(result: SimilarityResult, calibration: dict[str, Any]) -> SimilarityResult:
-    """The result with each measure's calibration arrays (in measure order)."""
+def with_calibration(result: SimilarityResult, calibration: dict[str, Any],
+                     replicates: dict[str, np.ndarray] | None = None) -> SimilarityResult:
+    """The result with each measure's calibration arrays and jackknife replicates (in measure order)."""
     result.calibration = {m: calibration[m] for m in result.measures if m in calibration}
+    result.jackknife = {m: replicates[m] for m in result.measures if replicates and m in replicates}
     return result

@@ -17,6 +17,7 @@ from repsim.fileio import atomic_write
 
 _STATE_PREFIX = "state__"
 _CALIB_PREFIX = "calibration__"  # SimilarityResult: "calibration__<measure>__<observed|null|pvalues|threshold|calibrated>"
+_JACK_PREFIX = "jackknife__"  # SimilarityResult: "jackknife__<measure>": (G, L, L) delete-a-group replicates
 
 
 @dataclass
@@ -141,7 +142,8 @@ class SimilarityResult:
     Saved as ``.npz``: ``measures``, ``values__<measure>``, ``stores``, ``layers``, ``meta`` (JSON),
     ``state__<measure>__<key>``, and with a null ``calibration__<measure>__<key>`` (``observed``, ``pvalues``,
     ``threshold``, ``calibrated``; ``null`` (K, L, L) for a permutation null, ``null_mean``/``null_var``/
-    ``null_mu3`` for the analytic one); :func:`load_result` reads it (and ``cka_*.npz`` files).
+    ``null_mu3`` for the analytic one), and with ``jackknife=G`` ``jackknife__<measure>`` (G, L, L);
+    :func:`load_result` reads it (and ``cka_*.npz`` files).
     """
 
     values: dict[str, np.ndarray]
@@ -150,6 +152,8 @@ class SimilarityResult:
     states: dict[str, dict[str, Any]] = field(default_factory=dict)
     # {measure: {"observed", "pvalues", "threshold", "calibrated", "null" (K, L, L) | "null_mean", ...}}
     calibration: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    # {measure: (G, L, L) delete-a-group jackknife replicates} of the exact estimators (jackknife=G)
+    jackknife: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def measures(self) -> list[str]:
@@ -230,10 +234,28 @@ class SimilarityResult:
 
     def ci(self, measure: str, level: float = 0.95, *, n_boot: int = 1000,
            seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """Bootstrap interval of a minibatch CKA measure (:meth:`CKAResult.ci`)."""
+        """(lower, upper) interval of every entry of ``measure``, each shaped like :meth:`matrix`:
+
+        - a minibatch measure: the percentile bootstrap over batches of :meth:`CKAResult.ci`
+          (``n_boot`` resamples from ``seed``, each one epoch's batches);
+        - an exact measure computed with ``jackknife=G`` (``repsim similarity --jackknife G``): the
+          delete-a-group jackknife over examples, θ̂ ± t_{G−1} · se clipped to the measure's range
+          (:func:`repsim.kernels.measures.jackknife.jackknife_interval`; ``n_boot``/``seed`` unused).
+
+        Both are intervals for what the estimator estimates at this n: a biased estimator's interval
+        covers the population value less often than ``level`` (docs/measures.md "Intervals")."""
+        self.matrix(measure)
+        if measure in self.jackknife:
+            from repsim.kernels.measures.jackknife import jackknife_interval
+
+            info_range = self.info(measure).get("range")
+            bounds = (float(info_range[0]), float(info_range[1])) if info_range else (-np.inf, np.inf)
+            return jackknife_interval(self.values[measure], self.jackknife[measure], level, bounds)
         if measure not in self.states:
-            raise ValueError(f"{measure} has no per-batch statistics (its estimator: "
-                             f"{self.meta.get('estimators', {}).get(measure, 'exact')})")
+            estimator = self.meta.get("estimators", {}).get(measure, "exact")
+            raise ValueError(f"{measure} has no interval in this result (estimator: {estimator}): "
+                             + ("compute it with jackknife=G (repsim similarity --jackknife G)" if estimator == "exact"
+                                else "its per-batch statistics were not saved"))
         from repsim.kernels.measures import get_measure
 
         acc = get_measure(measure).accumulator_from_state(dict(self.states[measure]))
@@ -257,6 +279,8 @@ class SimilarityResult:
         for name, arrs in self.calibration.items():
             for key, value in arrs.items():
                 arrays[f"{_CALIB_PREFIX}{name}__{key}"] = np.asarray(value, dtype=np.float64)
+        for name, reps in self.jackknife.items():
+            arrays[f"{_JACK_PREFIX}{name}"] = np.asarray(reps, dtype=np.float64)
         return _atomic_savez(path, arrays, exclusive=not overwrite)
 
     @classmethod
@@ -321,6 +345,7 @@ def load_result(path: str | os.PathLike) -> SimilarityResult:
             measures = z["measures"].tolist()
             states: dict[str, dict[str, Any]] = {}
             calibration: dict[str, dict[str, np.ndarray]] = {}
+            jackknife: dict[str, np.ndarray] = {}
             for k in z.files:
                 if k.startswith(_STATE_PREFIX):
                     name, key = k[len(_STATE_PREFIX):].split("__", 1)
@@ -328,9 +353,12 @@ def load_result(path: str | os.PathLike) -> SimilarityResult:
                 elif k.startswith(_CALIB_PREFIX):
                     name, key = k[len(_CALIB_PREFIX):].split("__", 1)
                     calibration.setdefault(name, {})[key] = np.array(z[k])
+                elif k.startswith(_JACK_PREFIX):
+                    jackknife[k[len(_JACK_PREFIX):]] = np.array(z[k])
             result = SimilarityResult(values={m: np.array(z[f"values__{m}"]) for m in measures},
                                       index=list(zip(z["stores"].tolist(), z["layers"].tolist())),
-                                      meta=json.loads(str(z["meta"])), states=states, calibration=calibration)
+                                      meta=json.loads(str(z["meta"])), states=states, calibration=calibration,
+                                      jackknife=jackknife)
     except NotAResult:
         raise
     except (KeyError, json.JSONDecodeError) as exc:  # a result's arrays, but not all of them: damaged

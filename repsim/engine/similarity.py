@@ -76,17 +76,20 @@ def report_pairs(measure: str, pairs: Sequence[tuple[str, str]], meta: dict[str,
 
 def exact_measures(measures: Sequence[Measure], columns: Sequence[Column], n: int, block_rows: int, *,
                    spatial: str, xp: Any, stream: StreamOptions, meta: dict[str, Any],
-                   null: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None
+                   null: dict[str, Any] | None = None, calibration: dict[str, Any] | None = None,
+                   jackknife: dict[str, Any] | None = None, replicates: dict[str, np.ndarray] | None = None
                    ) -> dict[str, np.ndarray]:
     """``{measure name: (L, L) values}`` of each measure's exact estimator on the full data. ``stream``:
     the run's options (reader threads resolved); its memory budget bounds what the estimators hold, a
     share of it sizes their read panels (:mod:`repsim.engine.options`).  With a ``null``
     (:func:`repsim.engine.calibration.null_request`) every measure runs on held columns (linear CKA too:
     its nulls are products of the n × n Grams) and ``calibration[name]`` receives its arrays
-    (:func:`repsim.engine.calibration.exact_calibration`)."""
+    (:func:`repsim.engine.calibration.exact_calibration`).  With ``jackknife`` (``{"groups": G, "seed": S}``)
+    every measure runs on held columns too and ``replicates[name]`` receives its (G, L, L) delete-a-group
+    replicates (:mod:`repsim.kernels.measures.jackknife`: G more exact passes over the held columns)."""
     out: dict[str, np.ndarray] = {}
     progress, panel, threads = stream.progress, stream.panel(KIND), int(stream.threads or 2)
-    held = [m for m in measures if m.name not in STREAMED_EXACT or null is not None]
+    held = [m for m in measures if m.name not in STREAMED_EXACT or null is not None or jackknife is not None]
     for m in measures:
         if m.name in STREAMED_EXACT and m not in held:
             out[m.name] = STREAMED_EXACT[m.name](m, columns, n, block_rows, spatial=spatial, xp=xp, stream=stream,
@@ -116,6 +119,15 @@ def exact_measures(measures: Sequence[Measure], columns: Sequence[Column], n: in
                 finally:
                     bar.close()
                 outcome.prepared = None
+            if jackknife is not None and replicates is not None:
+                from repsim.kernels.measures.jackknife import jackknife_replicates
+
+                G = int(jackknife["groups"])
+                bar = progress_bar(G, f"{m.name} jackknife", progress, unit="replicate")
+                try:
+                    replicates[m.name] = jackknife_replicates(m, full, G, int(jackknife["seed"]), bar.update)
+                finally:
+                    bar.close()
             meta["measure_info"][m.name].update(m.exact_info(n))
             report_undefined(outcome.values, columns, meta, m, outcome.undefined_columns)
             report_pairs(m.name, outcome.undefined_pairs, meta)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -52,17 +52,19 @@ def full_column(x: Any, name: str = "X") -> FullColumn:
 
 
 def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any = None, *,
-                 keep_prepared: bool = False) -> ExactOutcome:
+                 keep_prepared: bool = False, view: Callable[[FullColumn], FullColumn] | None = None) -> ExactOutcome:
     """m(column i, column j) for every pair (row = first argument): each column prepared once, then
     the upper triangle (symmetric measures) or every ordered pair, a row at a time
     (``Measure.pairs``: stacked LAPACK calls where a measure batches them).  The pairs are
     independent: rows of them run on the BLAS thread budget's k threads
     (:func:`repsim.blas.blas_thread_split`, each single-threaded BLAS/LAPACK, which release the GIL
-    for stacked calls), so the result does not depend on k."""
+    for stacked calls), so the result does not depend on k.  ``view``: what each column is prepared
+    from, formed just before and dropped after (the jackknife's subsets of the rows:
+    :mod:`repsim.kernels.measures.jackknife`)."""
     L = len(columns)
     prepared = []
     for c in columns:
-        prepared.append(measure.prepare(c))
+        prepared.append(measure.prepare(c if view is None else view(c)))
         if progress is not None:
             progress(1)
     values = np.full((L, L), np.nan)
