@@ -140,7 +140,7 @@ def cka_coverage(model: Gaussian, reps: int, batches: int, b: int = 24, *, epoch
     return {"coverage": hit / reps, "hits": hit, "reps": reps, "width": width / reps, "truth": truth}
 
 
-# -- exact-route jackknife (repsim.kernels.measures.jackknife) ---------------------------------------
+# -- exact-route jackknife (repsim.kernels.jackknife) ---------------------------------------
 def exact_cka(K: np.ndarray, L: np.ndarray, debiased: bool) -> np.ndarray:
     """Exact linear CKA of Grams (..., n, n), vectorised over the leading axes: HSIC₁ (:func:`hsic1`) or
     the double-centred HSIC₀ (its 1/(n−1)² cancels in the ratio)."""
@@ -157,8 +157,8 @@ def exact_cka(K: np.ndarray, L: np.ndarray, debiased: bool) -> np.ndarray:
 def jackknife_cka_values(X: np.ndarray, Y: np.ndarray, groups: int, debiased: bool, seed: int = 0
                          ) -> tuple[np.ndarray, np.ndarray]:
     """(estimates (reps,), delete-a-group replicates (G, reps)) of exact linear CKA between X (reps, n, p)
-    and Y (reps, n, q), with the toolkit's groups (:func:`repsim.kernels.measures.jackknife.jackknife_groups`)."""
-    from repsim.kernels.measures.jackknife import jackknife_groups
+    and Y (reps, n, q), with the toolkit's groups (:func:`repsim.kernels.jackknife.jackknife_groups`)."""
+    from repsim.kernels.jackknife import jackknife_groups
 
     n = X.shape[1]
     K = X @ np.swapaxes(X, -1, -2)
@@ -176,7 +176,7 @@ def check_jackknife_against_toolkit(model: Gaussian, n: int, groups: int, debias
     ``full_column``s: every exact measure's path) on a few data sets."""
     from repsim.kernels.measures import get_measure
     from repsim.kernels.measures.exact import full_column
-    from repsim.kernels.measures.jackknife import jackknife_replicates
+    from repsim.kernels.jackknife import jackknife_replicates
 
     X, Y = model.sample(np.random.default_rng(seed), (2, n))
     est, reps = jackknife_cka_values(X, Y, groups, debiased, seed=3)
@@ -189,9 +189,9 @@ def check_jackknife_against_toolkit(model: Gaussian, n: int, groups: int, debias
 def jackknife_coverage(model: Gaussian, reps: int, n: int, groups: int = 20, *, debiased: bool = True,
                        level: float = 0.95, seed: int = 0, chunk: int = 50, narrow: float = 1.0) -> dict:
     """Fraction of replicates (data sets of n examples) whose exact-route jackknife interval of linear
-    CKA (the toolkit's :func:`~repsim.kernels.measures.jackknife.jackknife_interval`) holds the population
+    CKA (the toolkit's :func:`~repsim.kernels.jackknife.jackknife_interval`) holds the population
     CKA; ``narrow`` as in :func:`cka_coverage`.  Also the mean width and the estimator's mean bias."""
-    from repsim.kernels.measures.jackknife import jackknife_interval
+    from repsim.kernels.jackknife import jackknife_interval
 
     truth = model.population_cka()
     rng = np.random.default_rng(seed)

@@ -16,7 +16,7 @@ import repsim
 from repsim.engine.result import load_result
 from repsim.kernels.measures import get_measure, measure_names
 from repsim.kernels.measures.exact import exact_matrix, full_column
-from repsim.kernels.measures.jackknife import jackknife_groups, jackknife_interval, subset_column
+from repsim.kernels.jackknife import jackknife_groups, jackknife_interval, subset_column
 from test_engine_helpers import correlated_layers, make_store, stored
 
 N = 72

@@ -395,7 +395,7 @@ def similarity_matrix(stores: Any, measures: Sequence[str] | str = ("linear_cka"
     Intervals (:meth:`SimilarityResult.ci`): the minibatch measures keep per-batch statistics (a
     percentile bootstrap over batches, always); ``jackknife=G`` adds, for every measure that runs its
     exact estimator, the delete-a-group jackknife over examples (G random groups drawn from ``seed``;
-    G further exact passes over the held columns: :mod:`repsim.kernels.measures.jackknife`).
+    G further exact passes over the held columns: :mod:`repsim.kernels.jackknife`).
     """
     opts = (stream or StreamOptions()).merged(device=device, progress=progress, read_ahead=prefetch, threads=threads,
                                                panel_bytes=memory_budget, memory_budget=max_memory, dtype=compute_dtype)
@@ -425,7 +425,7 @@ def _similarity_matrix(stores: Any, measures: Sequence[str] | str, layers: Any, 
     if method not in ("minibatch", "exact"):
         raise ValueError(f"method must be 'minibatch' or 'exact', got {method!r}")
     if jackknife is not None:
-        from repsim.kernels.measures.jackknife import MIN_GROUPS
+        from repsim.kernels.jackknife import MIN_GROUPS
 
         if isinstance(jackknife, bool) or int(jackknife) != jackknife or int(jackknife) < MIN_GROUPS:
             raise ValueError(f"jackknife must be a number of groups >= {MIN_GROUPS}, got {jackknife!r}")

@@ -240,13 +240,13 @@ class SimilarityResult:
           (``n_boot`` resamples from ``seed``, each one epoch's batches);
         - an exact measure computed with ``jackknife=G`` (``repsim similarity --jackknife G``): the
           delete-a-group jackknife over examples, θ̂ ± t_{G−1} · se clipped to the measure's range
-          (:func:`repsim.kernels.measures.jackknife.jackknife_interval`; ``n_boot``/``seed`` unused).
+          (:func:`repsim.kernels.jackknife.jackknife_interval`; ``n_boot``/``seed`` unused).
 
         Both are intervals for what the estimator estimates at this n: a biased estimator's interval
         covers the population value less often than ``level`` (docs/measures.md "Intervals")."""
         self.matrix(measure)
         if measure in self.jackknife:
-            from repsim.kernels.measures.jackknife import jackknife_interval
+            from repsim.kernels.jackknife import jackknife_interval
 
             info_range = self.info(measure).get("range")
             bounds = (float(info_range[0]), float(info_range[1])) if info_range else (-np.inf, np.inf)

@@ -86,7 +86,7 @@ def exact_measures(measures: Sequence[Measure], columns: Sequence[Column], n: in
     its nulls are products of the n × n Grams) and ``calibration[name]`` receives its arrays
     (:func:`repsim.engine.calibration.exact_calibration`).  With ``jackknife`` (``{"groups": G, "seed": S}``)
     every measure runs on held columns too and ``replicates[name]`` receives its (G, L, L) delete-a-group
-    replicates (:mod:`repsim.kernels.measures.jackknife`: G more exact passes over the held columns)."""
+    replicates (:mod:`repsim.kernels.jackknife`: G more exact passes over the held columns)."""
     out: dict[str, np.ndarray] = {}
     progress, panel, threads = stream.progress, stream.panel(KIND), int(stream.threads or 2)
     held = [m for m in measures if m.name not in STREAMED_EXACT or null is not None or jackknife is not None]
@@ -120,7 +120,7 @@ def exact_measures(measures: Sequence[Measure], columns: Sequence[Column], n: in
                     bar.close()
                 outcome.prepared = None
             if jackknife is not None and replicates is not None:
-                from repsim.kernels.measures.jackknife import jackknife_replicates
+                from repsim.kernels.jackknife import jackknife_replicates
 
                 G = int(jackknife["groups"])
                 bar = progress_bar(G, f"{m.name} jackknife", progress, unit="replicate")

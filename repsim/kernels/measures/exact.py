@@ -60,7 +60,7 @@ def exact_matrix(measure: Measure, columns: Sequence[FullColumn], progress: Any 
     (:func:`repsim.blas.blas_thread_split`, each single-threaded BLAS/LAPACK, which release the GIL
     for stacked calls), so the result does not depend on k.  ``view``: what each column is prepared
     from, formed just before and dropped after (the jackknife's subsets of the rows:
-    :mod:`repsim.kernels.measures.jackknife`)."""
+    :mod:`repsim.kernels.jackknife`)."""
     L = len(columns)
     prepared = []
     for c in columns:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from repsim.kernels.measures._protocol import FullColumn, Measure
+from repsim.kernels.measures import FullColumn, Measure
 
 __all__ = ["JACKKNIFE_STREAM", "MIN_GROUPS", "jackknife_groups", "subset_column", "jackknife_replicates",
            "jackknife_interval"]
