@@ -6,7 +6,9 @@ run at ``--reps`` replicates each:
 * ``MinibatchCKA.ci`` (and so ``CKAResult.ci``, ``SimilarityResult.ci`` of linear and RBF CKA) at 8, 16,
   32 and 64 batches of one pass, over 3 epochs of the same examples (draws = batches per epoch), and past
   ``max_records`` (records of 2 batches, every record resampled, the spread widened);
-* finding 2's ``bootstrap_gaps`` (repsim/analyses/findings.py) over 9 objectives (the paper's) and 30.
+* finding 2's ``bootstrap_gaps`` (repsim/analyses/findings.py) over 9 objectives (the paper's) and 30;
+* the exact route's delete-a-group jackknife (``SimilarityResult.ci`` of an exact measure,
+  ``jackknife=G``; repsim/kernels/jackknife.py) of debiased and biased linear CKA, 20 groups.
 
 Each row: the fraction of replicates whose nominal-95 % interval holds the truth, with its binomial
 standard error. These are the numbers docs/architecture.md and the docstrings quote. Statistics, not
@@ -38,6 +40,12 @@ CKA_CASES = [  # (label, keyword arguments of coverage_sim.cka_coverage)
     ("1 pass, 128 batches in 64 records of 2", dict(batches=128, max_records=64)),
 ]
 
+JACKKNIFE_CASES = [  # (label, keyword arguments of coverage_sim.jackknife_coverage)
+    ("debiased linear CKA, n = 40, 20 groups", dict(n=40, groups=20, debiased=True)),
+    ("biased linear CKA, n = 40, 20 groups", dict(n=40, groups=20, debiased=False)),
+    ("biased linear CKA, n = 120, 20 groups", dict(n=120, groups=20, debiased=False)),
+]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -48,14 +56,14 @@ def main() -> None:
                     help="do not rewrite bench/RESULTS.md")
     args = ap.parse_args()
     import numpy as np
-    from coverage_sim import Gaussian, Objectives, cka_coverage, gaps_coverage
+    from coverage_sim import Gaussian, Objectives, cka_coverage, gaps_coverage, jackknife_coverage
 
     def se(c: float, n: int) -> float:
         return float(np.sqrt(c * (1 - c) / n))
 
     t0 = time.time()
     model = Gaussian()
-    rows, record = [], {"reps": args.reps, "cka": {}, "finding2": {},
+    rows, record = [], {"reps": args.reps, "cka": {}, "finding2": {}, "jackknife": {},
                         "model": {"cka": vars(model) | {"population_cka": model.population_cka(), "batch": 24},
                                   "finding2": vars(Objectives())}}
     for k in (9, 30):
@@ -72,6 +80,14 @@ def main() -> None:
                                 "mean_width": float(got["width"])}
         cov = got["coverage"]
         rows.append(f"| MinibatchCKA.ci | {label} | {100 * cov:.1f} ± {100 * se(cov, args.reps):.1f} |")
+        print(rows[-1], flush=True)
+    for label, kw in JACKKNIFE_CASES:
+        got = jackknife_coverage(model, args.reps, **kw)
+        cov = got["coverage"]
+        record["jackknife"][label] = {"coverage": cov, "se": se(cov, args.reps), "mean_width": got["width"],
+                                      "mean_bias": got["bias"]}
+        rows.append(f"| exact-route jackknife | {label} (estimator's bias {got['bias']:+.3f}) | "
+                    f"{100 * cov:.1f} ± {100 * se(cov, args.reps):.1f} |")
         print(rows[-1], flush=True)
     record["seconds"] = time.time() - t0
     table = "\n".join(rows)
