@@ -561,6 +561,57 @@ class MeasureMatrices:
             return values[np.ix_(ia, ib)]
         return None
 
+    @cached_property
+    def null(self) -> dict[str, Any] | None:
+        """The permutation null the results files hold for this measure (``repsim similarity --permutations
+        K``): ``{"permutations": K, "alpha": α, "files": [...]}`` when every file holding the measure has
+        one with the same K and α; None when none has (or a file holds only the analytic null, whose
+        moments give no draws to average over pairs of networks). A ``ValueError`` when the files' K or α
+        differ (draws of different nulls cannot be averaged)."""
+        got = []
+        for f, _, _, r in self.parts:
+            arrays = r.calibration.get(self.name, {})
+            if "null" not in arrays:
+                return None
+            cal = r.meta.get("calibration", {})
+            got.append((f, int(arrays["null"].shape[0]), float(cal.get("alpha", 0.05))))
+        if len({(k, a) for _, k, a in got}) > 1:
+            raise ValueError(f"the {self.display} nulls of the results files differ: "
+                             + ", ".join(f"{f} K = {k}, α = {a:g}" for f, k, a in got))
+        return {"permutations": got[0][1], "alpha": got[0][2], "files": [f for f, _, _ in got]}
+
+    def null_block(self, a: str, b: str, layers_a: list[str],
+                   layers_b: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+        """(observed (La, Lb), null draws (K, La, Lb)) of the block of :meth:`block` from the file's
+        permutation null (``SimilarityResult.null``: draw k permutes the rows of store b; the observed
+        values are those the null was drawn for, the first epoch's on the minibatch route), or None."""
+        for _, _, pos, r in self.parts:
+            try:
+                ia = [pos[(a, l)] for l in layers_a]
+                ib = [pos[(b, l)] for l in layers_b]
+            except KeyError:
+                continue
+            arrays = r.calibration.get(self.name, {})
+            if "null" not in arrays:
+                return None
+            return arrays["observed"][np.ix_(ia, ib)], r.null(self.name)[:, ia][:, :, ib]
+        return None
+
+    def calibrated_block(self, a: str, b: str, layers_a: list[str],
+                         layers_b: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+        """(calibrated scores, p-values), each (La, Lb), of one pair of networks (``SimilarityResult.calibrated``
+        and ``.pvalues``: Gröger et al. 2026), or None without a null."""
+        for _, _, pos, r in self.parts:
+            try:
+                ia = [pos[(a, l)] for l in layers_a]
+                ib = [pos[(b, l)] for l in layers_b]
+            except KeyError:
+                continue
+            if self.name not in r.calibration:
+                return None
+            return r.calibrated(self.name)[np.ix_(ia, ib)], r.pvalues(self.name)[np.ix_(ia, ib)]
+        return None
+
     def keys(self) -> set[tuple[str, str]]:
         """Every (store, layer) column the measure has values for."""
         return {key for _, _, pos, _ in self.parts for key in pos}

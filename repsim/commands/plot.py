@@ -47,6 +47,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_deprecated(parser, "--stores", dest="stores", metavar="NAME", nargs="+", instead="--only-stores {value}")
     parser.add_argument("--layers", nargs="+", default=None, metavar="NAME",
                         help="only these layers of every store (default all)")
+    parser.add_argument("--calibrated", action="store_true",
+                        help="draw the calibrated scores of the file's null (0 = not above chance; `repsim "
+                             "similarity --permutations K` or --null analytic) and dot the cells whose p-value "
+                             "exceeds the null's alpha")
     parser.add_argument("--title", default=None, help="figure title (default: stores, columns and n)")
     parser.add_argument("--dpi", type=int, default=150, help="PNG resolution (default 150)")
 
@@ -59,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dpi < 10:
         raise ValueError(f"--dpi must be >= 10, got {args.dpi}")
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     from repsim.fileio import atomic_write
@@ -72,10 +77,24 @@ def run(args: argparse.Namespace) -> int:
                          f"{', '.join(result.measures)}")
     if args.kind == "grid" and measures and len(measures) > 1:
         raise ValueError("--layout grid draws one measure: give one --measure")
+    shown = measures or (result.measures if args.kind == "matrix" else result.measures[:1])
+    if args.calibrated:
+        missing = [m for m in shown if m not in result.calibration]
+        if missing:
+            raise ValueError(f"--calibrated: {args.result} has no null for {', '.join(missing)}; compute one with "
+                             "`repsim similarity ... --permutations K` (or --null analytic)")
     fig = result.plot(measures, stores=_names(args.stores), layers=_names(args.layers), kind=args.kind,
-                      title=args.title)
+                      title=args.title, calibrated=args.calibrated)
     with atomic_write(out) as fh:
         fig.savefig(fh, format=ext[1:], dpi=args.dpi)
-    shown = measures or (result.measures if args.kind == "matrix" else result.measures[:1])
-    print(f"repsim plot: {', '.join(shown)} ({args.kind}) of {args.result} -> {out}", file=sys.stderr)
+    note = ""
+    if args.calibrated:
+        from repsim.engine.heatmap import not_significant, null_alpha, select
+
+        picked = select(result, _names(args.stores), _names(args.layers))
+        counts = [f"{m} {int(not_significant(result, m)[np.ix_(picked, picked)].sum())} of {len(picked) ** 2}"
+                  for m in shown]
+        note = f"; cells not significant (p > {null_alpha(result):g}, dotted): {', '.join(counts)}"
+    print(f"repsim plot: {'calibrated ' if args.calibrated else ''}{', '.join(shown)} ({args.kind}) of "
+          f"{args.result} -> {out}{note}", file=sys.stderr)
     return 0

@@ -12,6 +12,11 @@ The colour scale is the measure's declared range (:class:`~repsim.kernels.measur
 ``range``; an unbounded end is taken from the data), values beyond it in the end colours with an
 extended colour bar; NaN (a column or pair the measure cannot define) is drawn in :data:`NAN_COLOUR`
 with a legend entry saying so.
+
+``calibrated=True`` draws the calibrated scores of the result's permutation (or analytic) null instead
+(``SimilarityResult.calibrated``: Gröger et al. 2026, 0 = not above chance) on [0, 1] ([0, max] for a
+measure without an upper bound) and dots every cell whose p-value exceeds the null's α
+(:func:`mark_cells`); a result without a null for the measure is refused in one line.
 """
 from __future__ import annotations
 
@@ -102,6 +107,57 @@ def _nan_note(fig: Any, count: int) -> None:
                loc="outside lower center", frameon=False, fontsize=8, ncol=1)
 
 
+def mark_cells(ax: Any, mask: np.ndarray, size: float = 9.0) -> int:
+    """Dot the cells of an ``imshow`` panel where ``mask`` is True (not significant) with a white dot with a
+    black rim, readable on every colour and in print; the dots are one collection with gid
+    ``"not-significant"`` whose offsets are the (column, row) of the marked cells. Returns how many."""
+    rows, cols = np.nonzero(np.asarray(mask, bool))
+    if len(rows):
+        coll = ax.scatter(cols, rows, s=size, marker="o", facecolors="white", edgecolors="black", linewidths=0.5,
+                          zorder=3)
+        coll.set_gid("not-significant")
+    return int(len(rows))
+
+
+def not_significant(result: SimilarityResult, measure: str) -> np.ndarray:
+    """(L, L) bool: the cells whose p-value exceeds the null's α (undefined, NaN cells are not)."""
+    p = np.asarray(result.pvalues(measure), dtype=np.float64)
+    return np.isfinite(p) & (np.nan_to_num(p) > null_alpha(result))
+
+
+def null_alpha(result: SimilarityResult) -> float:
+    """The α the result's null was computed at (its thresholds τ and calibrated scores use it)."""
+    return float(result.meta.get("calibration", {}).get("alpha", 0.05))
+
+
+def _check_null(result: SimilarityResult, measures: Sequence[str]) -> None:
+    missing = [m for m in measures if m not in getattr(result, "calibration", {})]
+    if missing:
+        raise ValueError(f"calibrated=True: this result has no null for {', '.join(missing)}; compute one with "
+                         "`repsim similarity ... --permutations K` (or --null analytic)")
+
+
+def _panel_values(result: SimilarityResult, measure: str, picked: list[int], calibrated: bool) -> np.ndarray:
+    full = result.calibrated(measure) if calibrated else result.matrix(measure)
+    return np.asarray(full, dtype=np.float64)[np.ix_(picked, picked)]
+
+
+def _limits(result: SimilarityResult, measure: str, values: np.ndarray, calibrated: bool) -> tuple[float, float, str]:
+    if not calibrated:
+        return colour_limits(result, measure, values)
+    finite = values[np.isfinite(values)]
+    top = measure_range(result, measure)[1]
+    hi = 1.0 if math.isfinite(top) else max(1.0, float(finite.max()) if finite.size else 1.0)
+    return 0.0, hi, "neither"
+
+
+def _colour_label(result: SimilarityResult, measure: str, calibrated: bool) -> str:
+    if calibrated:
+        return (f"calibrated {_label(measure)} (0 = not above chance at α = {null_alpha(result):g}; "
+                "dot: p > α)")
+    return f"{_label(measure)} (declared range {_range_text(*measure_range(result, measure))})"
+
+
 def _hatch_nan(ax: Any, values: np.ndarray) -> None:
     """Hatch the NaN cells (on top of their grey), one rectangle per run of NaN cells in a row."""
     from matplotlib.patches import Rectangle
@@ -122,11 +178,12 @@ def _hatch_nan(ax: Any, values: np.ndarray) -> None:
 
 def plot(result: SimilarityResult, measure: str | Sequence[str] | None = None, *,
          stores: Sequence[str] | None = None, layers: Sequence[str] | Mapping[str, Sequence[str]] | None = None,
-         kind: str = "matrix", title: str | None = None) -> Any:
+         kind: str = "matrix", title: str | None = None, calibrated: bool = False) -> Any:
     """The heatmap figure of ``result`` (module docstring): ``measure`` one name or several (default: every
     measure for ``"matrix"``, the first — linear CKA when present — for ``"grid"``, which draws one);
     ``stores``/``layers`` choose the columns (:func:`select`); ``title`` above the panels (default: the
-    result's stores and n).  Returns a matplotlib Figure (not shown; ``fig.savefig(path)``)."""
+    result's stores and n); ``calibrated``: calibrated scores, non-significant cells dotted (module
+    docstring).  Returns a matplotlib Figure (not shown; ``fig.savefig(path)``)."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if measure is None:
@@ -140,14 +197,16 @@ def plot(result: SimilarityResult, measure: str | Sequence[str] | None = None, *
         raise ValueError(f"kind='grid' draws one measure; got {', '.join(measures)}")
     if not measures:
         raise ValueError("this result holds no measure")
+    if calibrated:
+        _check_null(result, measures)
     picked = select(result, stores, layers)
     index = [result.index[k] for k in picked]
     n = result.meta.get("n")
     default_title = (f"{len(dict.fromkeys(s for s, _ in index))} store(s), {len(index)} columns"
                      + (f", n = {n}" if n is not None else ""))
     if kind == "matrix":
-        return _matrix(result, measures, picked, index, title or default_title)
-    return _grid(result, measures[0], picked, index, title or default_title)
+        return _matrix(result, measures, picked, index, title or default_title, calibrated)
+    return _grid(result, measures[0], picked, index, title or default_title, calibrated)
 
 
 def _blocks(index: Sequence[tuple[str, str]]) -> list[tuple[str, int, int]]:
@@ -162,7 +221,7 @@ def _blocks(index: Sequence[tuple[str, str]]) -> list[tuple[str, int, int]]:
 
 
 def _matrix(result: SimilarityResult, measures: list[str], picked: list[int],
-            index: list[tuple[str, str]], title: str) -> Any:
+            index: list[tuple[str, str]], title: str, calibrated: bool = False) -> Any:
     from matplotlib.figure import Figure
 
     L = len(index)
@@ -173,12 +232,14 @@ def _matrix(result: SimilarityResult, measures: list[str], picked: list[int],
     ticks = thin(L, MAX_TICKS)
     nan_cells = 0
     for ax, m in zip(axes, measures):
-        values = np.asarray(result.matrix(m), dtype=np.float64)[np.ix_(picked, picked)]
-        vmin, vmax, extend = colour_limits(result, m, values)
+        values = _panel_values(result, m, picked, calibrated)
+        vmin, vmax, extend = _limits(result, m, values, calibrated)
         im = ax.imshow(np.ma.masked_invalid(values), cmap=_cmap(), vmin=vmin, vmax=vmax, interpolation="nearest")
         if np.isnan(values).any():
             nan_cells += int(np.isnan(values).sum())
             _hatch_nan(ax, values)
+        if calibrated:
+            mark_cells(ax, not_significant(result, m)[np.ix_(picked, picked)], size=_dot(side, L))
         for _, start, _ in blocks[1:]:
             ax.axhline(start - 0.5, color="white", lw=1.6)
             ax.axvline(start - 0.5, color="white", lw=1.6)
@@ -194,10 +255,8 @@ def _matrix(result: SimilarityResult, measures: list[str], picked: list[int],
         right = ax.secondary_yaxis("right")
         right.set_yticks(centers, [s for s, _, _ in blocks], rotation=90, fontsize=8, va="center")
         right.tick_params(length=0)
-        ax.set_title(_label(m), fontsize=10)
-        lo, hi = measure_range(result, m)
-        fig.colorbar(im, ax=ax, shrink=0.8, extend=extend,
-                     label=f"{_label(m)} (declared range {_range_text(lo, hi)})")
+        ax.set_title(("calibrated " if calibrated else "") + _label(m), fontsize=10)
+        fig.colorbar(im, ax=ax, shrink=0.8, extend=extend, label=_colour_label(result, m, calibrated))
     fig.suptitle(title, fontsize=10)
     if nan_cells:
         _nan_note(fig, nan_cells)
@@ -205,13 +264,14 @@ def _matrix(result: SimilarityResult, measures: list[str], picked: list[int],
 
 
 def _grid(result: SimilarityResult, measure: str, picked: list[int], index: list[tuple[str, str]],
-          title: str) -> Any:
+          title: str, calibrated: bool = False) -> Any:
     from matplotlib.figure import Figure
 
-    values = np.asarray(result.matrix(measure), dtype=np.float64)[np.ix_(picked, picked)]
+    values = _panel_values(result, measure, picked, calibrated)
+    marks = not_significant(result, measure)[np.ix_(picked, picked)] if calibrated else None
     blocks = _blocks(index)
     S = len(blocks)
-    vmin, vmax, extend = colour_limits(result, measure, values)
+    vmin, vmax, extend = _limits(result, measure, values, calibrated)
     panel = float(np.clip(9.0 / S, 1.6, 3.0))
     fig = Figure(figsize=(panel * S + 1.6, panel * S + 1.2), layout="constrained")
     axes = fig.subplots(S, S, squeeze=False)
@@ -226,6 +286,8 @@ def _grid(result: SimilarityResult, measure: str, picked: list[int], index: list
             if np.isnan(block).any():
                 nan_cells += int(np.isnan(block).sum())
                 _hatch_nan(ax, block)
+            if marks is not None:
+                mark_cells(ax, marks[a0:a1, b0:b1], size=_dot(panel, max(a1 - a0, b1 - b0)))
             xt, yt = thin(b1 - b0, 8), thin(a1 - a0, 8)
             ax.set_xticks(xt, [index[b0 + k][1] for k in xt] if r == S - 1 else [], rotation=90, fontsize=6)
             ax.set_yticks(yt, [index[a0 + k][1] for k in yt] if c == 0 else [], fontsize=6)
@@ -233,13 +295,18 @@ def _grid(result: SimilarityResult, measure: str, picked: list[int], index: list
                 ax.set_title(sb, fontsize=8)
             if c == 0:
                 ax.set_ylabel(sa, fontsize=8)
-    fig.colorbar(im, ax=axes, shrink=0.6, extend=extend,
-                 label=f"{_label(measure)} (declared range {_range_text(*measure_range(result, measure))})")
-    fig.suptitle(f"{_label(measure)}: rows = layers of the store on the left (first argument), columns = "
+    fig.colorbar(im, ax=axes, shrink=0.6, extend=extend, label=_colour_label(result, measure, calibrated))
+    fig.suptitle(f"{'calibrated ' if calibrated else ''}{_label(measure)}: rows = layers of the store on the left (first argument), columns = "
                  f"layers of the store above; {title}", fontsize=9)
     if nan_cells:
         _nan_note(fig, nan_cells)
     return fig
+
+
+def _dot(inches: float, cells: int) -> float:
+    """Marker area (points²) of a dot about a third of a cell wide, 2-5 points across."""
+    across = float(np.clip(72.0 * inches / max(cells, 1) / 3.0, 2.0, 5.0))
+    return across * across
 
 
 def _symmetric(result: SimilarityResult, measure: str) -> bool:

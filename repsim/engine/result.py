@@ -304,16 +304,17 @@ class SimilarityResult:
         return to_xarray(self)
 
     def plot(self, measure: str | Sequence[str] | None = None, *, stores: Sequence[str] | None = None,
-             layers: Any = None, kind: str = "matrix", title: str | None = None) -> Any:
+             layers: Any = None, kind: str = "matrix", title: str | None = None, calibrated: bool = False) -> Any:
         """A matplotlib Figure: ``kind="matrix"`` the store × layer heatmap of every column (one panel per
         measure; default every measure), store boundaries drawn, layer ticks thinned; ``kind="grid"`` one
         panel per (store A, store B) pair for one measure (default the first), as the paper's Fig. 2a.
         Colours span the measure's declared range; NaN cells are grey and hatched, with a legend note.
         ``stores``: names (in the order to draw); ``layers``: names kept in every store, or {store: names}
-        (:mod:`repsim.engine.heatmap`)."""
+        ``calibrated``: the calibrated scores of the result's null (:meth:`calibrated`), cells with p > α dotted;
+        refused without a null (:mod:`repsim.engine.heatmap`)."""
         from repsim.engine.heatmap import plot
 
-        return plot(self, measure, stores=stores, layers=layers, kind=kind, title=title)
+        return plot(self, measure, stores=stores, layers=layers, kind=kind, title=title, calibrated=calibrated)
 
     def __repr__(self) -> str:
         from repsim.engine.result_views import describe
