@@ -83,29 +83,32 @@ def _measure_text(mm, lo: float, hi: float) -> str:
     return f"Colour scale: {lo:g} to {hi:g} (the declared range of {mm.display}).{rows}"
 
 
-@item("fig2a", "Fig. 2a: block × block {measure} between softmax networks and networks of each objective",
-      "figure", ("results of repsim cka/similarity (.npz)", "stores or results CSVs naming objectives"), per_measure=True)
-def fig2a(inputs: Inputs, measure: str = "linear_cka") -> Figure:
+def _fig2a_pairs(inputs: Inputs, measure: str):
+    """(measure matrices, groups, layers, [(objective, [(softmax store, objective store), ...])]): Fig. 2a's
+    panels, each with its ordered pairs of distinct networks."""
     cka, groups, layers = cka_groups(inputs, measure)
     if "softmax" not in groups:
         raise Missing(f"no softmax network among the {cka.display} stores (the reference of Fig. 2a)")
-    panels = []
-    for label in labels_in_order(groups):
-        m, n = _mean_block(cka, groups["softmax"], groups[label], layers, layers)
-        if m is not None:
-            panels.append((f"Softmax vs. {display(label)}", m, n))
-    used = [x for v in groups.values() for x in v]
-    other = len(cka.stores) - len(used)
-    if not panels:
-        raise Missing(f"no softmax-vs-objective pair of stores with {cka.display} values (softmax needs ≥ 2 seeds "
-                      "for its control)")
+    panels = [(label, [(a, b) for a in groups["softmax"] for b in groups[label] if a != b])
+              for label in labels_in_order(groups)]
+    return cka, groups, layers, [(label, pairs) for label, pairs in panels if pairs]
+
+
+def _draw_fig2a(cka, layers: list[str], panels: list, vmin: float, vmax: float, colour_label: str,
+                marks: list | None = None):
+    """Fig. 2a's panels [(title, block, pairs of networks)], one colour scale; ``marks``: per panel the cells
+    to dot (not significant). Returns (figure, dots drawn)."""
+    from repsim.engine.heatmap import mark_cells
+
     fig, shown_axes, axes = panel_grid(len(panels), 5, (2.7, 2.8), 0.9)
-    vmin, vmax = colour_limits(cka, [m for _, m, _ in panels])  # one colour scale for every panel
     ticks = np.arange(len(layers))
     step = max(1, len(layers) // 6)
     first = "" if cka.symmetric else ", 1st argument"
+    dots = 0
     for k, (ax, (title, m, n)) in enumerate(zip(shown_axes, panels)):
         im = ax.imshow(m, vmin=vmin, vmax=vmax, cmap="magma", origin="lower")
+        if marks is not None:
+            dots += mark_cells(ax, marks[k], size=max(2.0, min(16.0, (72 * 2.2 / len(layers) / 3) ** 2)))
         ax.set_title(f"{title}\n(mean of {n} pair{'s' if n > 1 else ''})", fontsize=9)
         ax.set_xticks(ticks[::step], [_short(l) for l in layers][::step], fontsize=8)
         ax.set_yticks(ticks[::step], [_short(l) for l in layers][::step], fontsize=8)
@@ -113,9 +116,37 @@ def fig2a(inputs: Inputs, measure: str = "linear_cka") -> Figure:
         if k % axes.shape[1] == 0:
             ax.set_ylabel(f"Layer (softmax net{first})", fontsize=8)
     fig.tight_layout()
-    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label=cka.display)
-    ignored = (f"{other} other store(s) in the {cka.display} files ignored (unknown objective, another dataset "
-               "split, earlier checkpoints or fine-tuned networks). ") if other else ""
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label=colour_label)
+    return fig, dots
+
+
+def _networks(pairs) -> int:
+    """Pairs of networks behind ordered pairs of stores: (s0, s1) and (s1, s0) are one."""
+    return len({frozenset(p) for p in pairs})
+
+
+def _ignored(inputs: Inputs, cka, groups) -> tuple[list[str], str]:
+    used = [x for v in groups.values() for x in v]
+    other = len(cka.stores) - len(used)
+    return used, ((f"{other} other store(s) in the {cka.display} files ignored (unknown objective, another dataset "
+                   "split, earlier checkpoints or fine-tuned networks). ") if other else "")
+
+
+@item("fig2a", "Fig. 2a: block × block {measure} between softmax networks and networks of each objective",
+      "figure", ("results of repsim cka/similarity (.npz)", "stores or results CSVs naming objectives"), per_measure=True)
+def fig2a(inputs: Inputs, measure: str = "linear_cka") -> Figure:
+    cka, groups, layers, pairs = _fig2a_pairs(inputs, measure)
+    panels = []
+    for label, _ in pairs:
+        m, n = _mean_block(cka, groups["softmax"], groups[label], layers, layers)
+        if m is not None:
+            panels.append((f"Softmax vs. {display(label)}", m, n))
+    if not panels:
+        raise Missing(f"no softmax-vs-objective pair of stores with {cka.display} values (softmax needs ≥ 2 seeds "
+                      "for its control)")
+    vmin, vmax = colour_limits(cka, [m for _, m, _ in panels])  # one colour scale for every panel
+    fig, _ = _draw_fig2a(cka, layers, panels, vmin, vmax, cka.display)
+    used, ignored = _ignored(inputs, cka, groups)
     cap = (f"{cka.display} between layers. Rows: layers of softmax networks; columns: the same layers of a network "
            f"trained with the objective in the panel title, averaged over all pairs of distinct networks (the "
            f"Softmax vs. Softmax panel is the seed-to-seed control; stores with objective init give the untrained "
@@ -123,16 +154,71 @@ def fig2a(inputs: Inputs, measure: str = "linear_cka") -> Figure:
     return Figure(fig, cap)
 
 
-@item("fig2b", "Fig. 2b: {measure} between objectives at corresponding layers", "figure",
-      ("results of repsim cka/similarity (.npz)", "stores or results CSVs naming objectives"), per_measure=True)
-def fig2b(inputs: Inputs, measure: str = "linear_cka") -> Figure:
+@item("fig2a_calibrated", "Fig. 2a, calibrated: {measure} above chance, block × block, softmax vs. each objective",
+      "figure", ("results of repsim similarity --permutations K (.npz)", "stores or results CSVs naming objectives"),
+      per_measure=True)
+def fig2a_calibrated(inputs: Inputs, measure: str = "linear_cka") -> Figure:
+    """Fig. 2a on the calibrated scores of the permutation null (:mod:`repsim.analyses.nulls`): each cell the
+    mean over pairs of networks calibrated against the same mean of each draw, non-significant cells dotted."""
+    from repsim.analyses.nulls import calibrate_pairs, null_text, require_null
+
+    cka, groups, layers, pairs = _fig2a_pairs(inputs, measure)
+    require_null(cka)
+    panels, marks, counts = [], [], []
+    for label, ps in pairs:
+        c = calibrate_pairs(cka, ps, layers, layers)
+        if c is None:
+            continue
+        panels.append((f"Softmax vs. {display(label)}", c.calibrated, _networks(ps)))
+        marks.append(c.not_significant)
+        counts.append(f"{display(label)} {int(c.not_significant.sum())}")
+    if not panels:
+        raise Missing(f"no softmax-vs-objective pair of stores with a {cka.display} null")
+    hi = 1.0 if np.isfinite(cka.range[1]) else max(1.0, float(np.nanmax([m for _, m, _ in panels])))
+    fig, dots = _draw_fig2a(cka, layers, panels, 0.0, hi, f"calibrated {cka.display} (0 = not above chance)", marks)
+    used, ignored = _ignored(inputs, cka, groups)
+    cap = (f"Fig. 2a on calibrated scores: {cka.display} above what the same networks give with their examples "
+           f"shuffled. Rows: layers of softmax networks; columns: the same layers of a network trained with the "
+           f"objective in the panel title; each cell the mean over all pairs of distinct networks. "
+           f"{null_text(cka)}. Cells not significant, of {len(layers) ** 2} per panel: {'; '.join(counts)} "
+           f"({dots} dots in all). {ignored}{inputs.describe(used)}. {cka.meta_text()}.")
+    return Figure(fig, cap)
+
+
+def _fig2b_layout(inputs: Inputs, measure: str):
     cka, groups, layers = cka_groups(inputs, measure)
     labels = labels_in_order(groups)
     if len(labels) < 2:
         raise Missing(f"{cka.display} stores of ≥ 2 objectives are needed")
     chosen = sorted(set(np.linspace(0, len(layers) - 1, min(6, len(layers))).round().astype(int)))
-    chosen = [layers[i] for i in chosen]
+    return cka, groups, labels, [layers[i] for i in chosen]
+
+
+def _draw_fig2b(cka, labels: list[str], chosen: list[str], mats: list, vmin: float, vmax: float, colour_label: str,
+                marks: list | None = None):
+    from repsim.engine.heatmap import mark_cells
+
     fig, shown_axes, axes = panel_grid(len(chosen), 3, (3.9, 3.7), 0.8)
+    names = [display(l) for l in labels]
+    dots = 0
+    for k, (ax, layer, m) in enumerate(zip(shown_axes, chosen, mats)):
+        im = ax.imshow(m, vmin=vmin, vmax=vmax, cmap="viridis")
+        if marks is not None:
+            dots += mark_cells(ax, marks[k], size=max(4.0, min(25.0, (72 * 3.0 / len(labels) / 3) ** 2)))
+        ax.set_title(layer)
+        ax.set_xticks(range(len(labels)), names, rotation=90, fontsize=7.5)
+        ax.set_yticks(range(len(labels)), names, fontsize=7.5)
+        if not cka.symmetric:
+            ax.set_ylabel("1st argument", fontsize=7.5)
+    fig.tight_layout()
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.7, label=colour_label)
+    return fig, dots
+
+
+@item("fig2b", "Fig. 2b: {measure} between objectives at corresponding layers", "figure",
+      ("results of repsim cka/similarity (.npz)", "stores or results CSVs naming objectives"), per_measure=True)
+def fig2b(inputs: Inputs, measure: str = "linear_cka") -> Figure:
+    cka, groups, labels, chosen = _fig2b_layout(inputs, measure)
     mats = []
     for layer in chosen:
         m = np.full((len(labels), len(labels)), np.nan)
@@ -142,19 +228,43 @@ def fig2b(inputs: Inputs, measure: str = "linear_cka") -> Figure:
                 m[i, j] = np.nan if v is None else v[0, 0]
         mats.append(m)
     vmin, vmax = colour_limits(cka, mats)
-    names = [display(l) for l in labels]
-    for ax, layer, m in zip(shown_axes, chosen, mats):
-        im = ax.imshow(m, vmin=vmin, vmax=vmax, cmap="viridis")
-        ax.set_title(layer)
-        ax.set_xticks(range(len(labels)), names, rotation=90, fontsize=7.5)
-        ax.set_yticks(range(len(labels)), names, fontsize=7.5)
-        if not cka.symmetric:
-            ax.set_ylabel("1st argument", fontsize=7.5)
-    fig.tight_layout()
-    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.7, label=cka.display)
+    fig, _ = _draw_fig2b(cka, labels, chosen, mats, vmin, vmax, cka.display)
     cap = (f"Entry (i, j): {cka.display} between the named layer of networks trained with objectives i and j, "
            f"averaged over pairs of distinct networks; the diagonal compares different seeds of one objective "
            f"(blank when an objective has one seed). Layers shown: {', '.join(chosen)}. {_measure_text(cka, vmin, vmax)} "
+           f"{inputs.describe([x for v in groups.values() for x in v])}. {cka.meta_text()}.")
+    return Figure(fig, cap)
+
+
+@item("fig2b_calibrated", "Fig. 2b, calibrated: {measure} above chance between objectives at corresponding layers",
+      "figure", ("results of repsim similarity --permutations K (.npz)", "stores or results CSVs naming objectives"),
+      per_measure=True)
+def fig2b_calibrated(inputs: Inputs, measure: str = "linear_cka") -> Figure:
+    """Fig. 2b on calibrated scores (:mod:`repsim.analyses.nulls`), non-significant entries dotted."""
+    from repsim.analyses.nulls import calibrate_pairs, null_text, require_null
+
+    cka, groups, labels, chosen = _fig2b_layout(inputs, measure)
+    require_null(cka)
+    mats, marks, counts = [], [], []
+    for layer in chosen:
+        m = np.full((len(labels), len(labels)), np.nan)
+        ns = np.zeros(m.shape, bool)
+        for i, a in enumerate(labels):
+            for j, b in enumerate(labels):
+                c = calibrate_pairs(cka, [(x, y) for x in groups[a] for y in groups[b] if x != y], [layer], [layer])
+                if c is not None:
+                    m[i, j], ns[i, j] = c.calibrated[0, 0], c.not_significant[0, 0]
+        mats.append(m)
+        marks.append(ns)
+        counts.append(f"{layer} {int(ns.sum())}")
+    hi = 1.0 if np.isfinite(cka.range[1]) else max(1.0, float(np.nanmax(mats)))
+    fig, dots = _draw_fig2b(cka, labels, chosen, mats, 0.0, hi, f"calibrated {cka.display} (0 = not above chance)",
+                            marks)
+    cap = (f"Fig. 2b on calibrated scores. Entry (i, j): {cka.display} above chance between the named layer of "
+           f"networks trained with objectives i and j, the mean over pairs of distinct networks calibrated against "
+           f"the same mean of each draw; the diagonal compares different seeds of one objective (blank when an "
+           f"objective has one seed). {null_text(cka)}. Entries not significant, of {len(labels) ** 2} per layer: "
+           f"{'; '.join(counts)}. Layers shown: {', '.join(chosen)}. "
            f"{inputs.describe([x for v in groups.values() for x in v])}. {cka.meta_text()}.")
     return Figure(fig, cap)
 
