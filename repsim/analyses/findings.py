@@ -243,6 +243,7 @@ class Finding:
     caveat: str = ""  # when a condition that holds rests on differences the seeds do not resolve
     conditions: list[Condition] = field(default_factory=list)  # the criterion's conditions, in its order
     rule: str = ""  # how the conditions make the verdict, in one sentence
+    calibration: str = ""  # beside the verdict, not in it: whether the finding survives the permutation null
 
 
 RULE_AB = "REPRODUCED when (a) and (b) hold; PARTIAL when one does."
@@ -429,13 +430,27 @@ def _why_transfer(softmax_best: bool, best: str, beat: list[str], worse: list[st
     return "; ".join(parts) + "." if parts else ""
 
 
-def _pair_means(inputs: Inputs, measure: str = "linear_cka") -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
+def _pair_means(inputs: Inputs, measure: str = "linear_cka",
+                calibrated: bool = False) -> tuple[list[str], list[str], np.ndarray, np.ndarray]:
     """(layers, objectives, S, C): per layer, S[l, o] = mean CKA (or ``measure``) between different seeds of
     objective o (NaN with one seed) and C[l, o, p] = mean CKA between networks of objectives o and p (o ≠ p);
-    for an asymmetric measure each pair of networks counts the mean of its two orders."""
+    for an asymmetric measure each pair of networks counts the mean of its two orders. ``calibrated``: of
+    each pair's calibrated score (``SimilarityResult.calibrated``) instead of its value."""
     from repsim.analyses.items.layers import cka_groups
 
     cka, groups, layers = cka_groups(inputs, measure)
+    if calibrated:
+        source = cka
+
+        class _Calibrated:  # cka.block's interface over the calibrated scores
+            symmetric = source.symmetric
+
+            @staticmethod
+            def block(a, b, la, lb):
+                got = source.calibrated_block(a, b, la, lb)
+                return None if got is None else got[0]
+
+        cka = _Calibrated()
     labels = sorted(groups)
     S = np.full((len(layers), len(labels)), np.nan)
     C = np.full((len(layers), len(labels), len(labels)), np.nan)
@@ -632,6 +647,106 @@ def _ci(ci: tuple[float, float]) -> str:
     return f"[{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
+@dataclass
+class CalibratedGap:
+    """Finding 2 on calibrated scores (issue 44; :mod:`repsim.analyses.nulls`): the gaps of each pair's
+    calibrated score (0 = not above chance), their bootstrap as for the raw gaps, and the last third's
+    similarity against the layer-aggregate null, per pair of networks and pooled over the pairs of each kind."""
+    measure: str
+    permutations: int
+    alpha: float
+    same: np.ndarray
+    cross: np.ndarray
+    ci: dict | None
+    verdict: str
+    late_layers: list[str]
+    pair_p: dict[str, list[float]]  # {"same": [...], "cross": [...]}: each pair's late-third p
+    pooled: dict[str, object]  # {"same"/"cross": repsim.analyses.nulls.Calibrated of the kind's pairs}
+
+    def significant(self, kind: str) -> int:
+        return sum(p <= self.alpha for p in self.pair_p[kind])
+
+    def status(self, raw: "LateBlocks") -> str:
+        """"survives", "does not survive", "no raw gap" or "not evaluated" (no bootstrap)."""
+        if raw.ci is None or self.ci is None:
+            return "not evaluated"
+        if raw.ci["late"][0] <= 0:
+            return "no raw gap"
+        return "survives" if self.ci["late"][0] > 0 else "does not survive"
+
+
+def calibrated_gap(inputs: Inputs, raw: "LateBlocks") -> CalibratedGap | None:
+    """:class:`CalibratedGap` under ``raw``'s measure and layer split, None when the results hold no
+    permutation null of the measure."""
+    import itertools
+
+    from repsim.analyses.items.layers import cka_groups
+    from repsim.analyses.nulls import calibrate_pairs
+
+    mm = inputs.similarity(raw.measure)
+    null = mm.null
+    if null is None:
+        return None
+    layers, labels, S, C = _pair_means(inputs, raw.measure, calibrated=True)
+    same, cross = stated_gaps(S, C, mm.display)
+    ci = bootstrap_gaps(S, C, raw.early, raw.paper_late)
+    _, groups, _ = cka_groups(inputs, raw.measure)
+    late = [layers[i] for i in raw.paper_late]
+    orders = (lambda x, y: [(x, y)]) if mm.symmetric else (lambda x, y: [(x, y), (y, x)])
+    kinds = {"same": [p for l in sorted(groups) for p in itertools.combinations(groups[l], 2)],
+             "cross": [(x, y) for a, b in itertools.combinations(sorted(groups), 2)
+                       for x in groups[a] for y in groups[b]]}
+    pair_p, pooled = {}, {}
+    for kind, pairs in kinds.items():
+        got = [calibrate_pairs(mm, orders(x, y), late, late, reduce="diagonal_mean") for x, y in pairs]
+        pair_p[kind] = [float(c.pvalue[0, 0]) for c in got if c is not None]
+        pooled[kind] = calibrate_pairs(mm, [o for x, y in pairs for o in orders(x, y)], late, late,
+                                       reduce="diagonal_mean") if pairs else None
+    return CalibratedGap(raw.measure, null["permutations"], null["alpha"], same, cross, ci, paper_verdict(ci), late,
+                         pair_p, pooled)
+
+
+def calibration_text(raw: "LateBlocks", cal: CalibratedGap | None, display_name: str = "CKA") -> str:
+    """Finding 2's calibration paragraph in plain words (beside the verdict, not in it)."""
+    if cal is None:
+        return (f"Not calibrated: the results hold no permutation null of {display_name} (`repsim similarity ... "
+                "--permutations K`), so whether the late-block gap exceeds what chance gives is not shown.")
+    pe, pl = raw.paper_gaps
+    gap = cal.same - cal.cross
+    ce, cl = float(gap[raw.early].mean()), float(gap[raw.paper_late].mean())
+    status = cal.status(raw)
+    head = {"survives": "The late-block gap survives calibration",
+            "does not survive": "The late-block gap does not survive calibration",
+            "no raw gap": "There is no late-block gap to survive calibration (the raw late gap's interval "
+                          f"{_ci(raw.ci['late']) if raw.ci else ''} reaches 0)",
+            "not evaluated": "Whether the late-block gap survives calibration is not evaluated (no bootstrap: "
+                             "fewer than 3 objectives with ≥ 2 seeds)"}[status]
+    span = f"{cal.late_layers[0]}–{cal.late_layers[-1]}"
+    ci = cal.ci
+    gaps = (f"in calibrated {display_name} (each pair of networks' score above its permutation threshold τ, "
+            f"0 = not above chance) the same − different-objective gap is {cl:.3f} in the last third"
+            + (f" (95 % bootstrap {_ci(ci['late'])})" if ci else "")
+            + f" and {ce:.3f} in the first two thirds" + (f" ({_ci(ci['early'])})" if ci else "")
+            + (f", late − early {cl - ce:.3f} ({_ci(ci['late-early'])})" if ci else "")
+            + f", against {pl:.3f} and {pe:.3f} raw")
+    verdict = f"; the paper-words criterion on calibrated scores: {cal.verdict.upper()}"
+    agg = []
+    for kind, what in (("same", "same-objective"), ("cross", "different-objective")):
+        ps = cal.pair_p[kind]
+        if ps:
+            pooled = cal.pooled[kind]
+            agg.append(f"{cal.significant(kind)} of {len(ps)} {what} pairs of networks"
+                       + (f" (all together: mean {float(pooled.value[0, 0]):.3f}, calibrated "
+                          f"{float(pooled.calibrated[0, 0]):.3f}, p = {float(pooled.pvalue[0, 0]):.2g})"
+                          if pooled is not None else ""))
+    agg_text = (f"Against the layer-aggregate null (the mean over the last third's corresponding layers, {span}, "
+                f"calibrated against the same mean of each draw, one permutation per network shared by its "
+                f"layers), " + " and ".join(agg) + f" are above chance (p ≤ {cal.alpha:g})") if agg else ""
+    return (f"{head}: {gaps}{verdict}. {agg_text}. Permutation null: K = {cal.permutations}, α = {cal.alpha:g} "
+            f"(smallest p 1/(K + 1) = {1 / (cal.permutations + 1):.2g}); reported beside the verdict, which stays "
+            f"the paper's criterion on raw {display_name}.")
+
+
 def finding_late_blocks(inputs: Inputs) -> Finding:
     name = "Objectives differ only in late blocks"
     r = late_blocks(inputs)
@@ -653,7 +768,8 @@ def finding_late_blocks(inputs: Inputs) -> Finding:
           f"{span(late)} {r.late_gap:.3f}): {r.old_verdict.upper()}.")
     return Finding(name, r.verdict, ev, late_blocks_why(ci),  # '' when reproduced: no condition failed
                    caveat=bootstrap_caveat(r), conditions=late_blocks_conditions(r),
-                   rule="REPRODUCED when all three hold; PARTIAL when late − early holds and another does not.")
+                   rule="REPRODUCED when all three hold; PARTIAL when late − early holds and another does not.",
+                   calibration=calibration_text(r, calibrated_gap(inputs, r)))
 
 
 def late_blocks_conditions(r: LateBlocks) -> list[Condition]:
@@ -842,6 +958,7 @@ def findings_html(findings: list[Finding], preamble: str = "") -> str:
     items = "".join(
         f"<li><b>{html.escape(f.name)}</b>: <b style='color:{colour[f.verdict]}'>{f.verdict.upper()}</b>."
         + _conditions_html(f)
+        + (f" <b>Calibration:</b> {html.escape(f.calibration)}" if f.calibration else "")
         + (f" <b>Why not reproduced:</b> {html.escape(f.why)}" if f.why else "")
         + (f" <b>Caveat:</b> {html.escape(f.caveat)}" if f.caveat else "")
         + f" <details><summary>Evidence</summary>{html.escape(f.evidence)}</details></li>" for f in findings)
@@ -871,6 +988,7 @@ def findings_text(findings: list[Finding]) -> str:
             lines += ["| " + " | ".join(CONDITION_COLUMNS) + " |", "|" + " --- |" * len(CONDITION_COLUMNS)]
             lines += ["| " + " | ".join(map(_cell, _condition_cells(c))) + " |" for c in f.conditions]
             lines += ([f"", f.rule] if f.rule else []) + [""]
+        lines += [f"Calibration: {f.calibration}", ""] if f.calibration else []
         lines += [f"Why not reproduced: {f.why}", ""] if f.why else []
         lines += [f"Caveat: {f.caveat}", ""] if f.caveat else []
         lines.append(f"Evidence: {f.evidence}" if f.conditions else f.evidence)

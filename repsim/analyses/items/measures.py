@@ -43,7 +43,7 @@ def agreement_matrix(inputs: Inputs) -> tuple[list[str], np.ndarray, np.ndarray]
 @item("agreement", "Measures' agreement: rank correlation between measures and the Fig. 2 verdict under each",
       "table", ("results of repsim similarity holding ≥ 2 measures over the same stores",))
 def agreement(inputs: Inputs) -> Table:
-    from repsim.analyses.findings import EARLY_GAP_MAX, LATE_MINUS_EARLY_MIN, late_blocks
+    from repsim.analyses.findings import EARLY_GAP_MAX, LATE_MINUS_EARLY_MIN, calibrated_gap, late_blocks
 
     measures, rho, n = agreement_matrix(inputs)
     names = [measure_display(m) for m in measures]
@@ -59,6 +59,18 @@ def agreement(inputs: Inputs) -> Table:
                        paper_early_gap=pe, paper_late_gap=pl)
             text.update({"Early gap": f"{pe:.3f}", "Late-third gap": f"{pl:.3f}",
                          "Fig. 2 verdict": r.verdict.upper(), "Old rule": r.old_verdict.upper()})
+            cal = calibrated_gap(inputs, r)
+            if cal is None:
+                row.update(calibrated_late_gap=np.nan, calibrated_late_lo=np.nan, calibration="no null")
+                text.update({"Calibrated late-third gap": "no null", "Survives calibration": "no null"})
+            else:
+                cl = float((cal.same - cal.cross)[r.paper_late].mean())
+                lo, hi = cal.ci["late"] if cal.ci else (np.nan, np.nan)
+                mark = "" if lo > 0 else " †"  # its interval reaches 0 (or no bootstrap): not significant
+                row.update(calibrated_late_gap=cl, calibrated_late_lo=lo, calibrated_late_hi=hi,
+                           calibration=cal.status(r), permutations=cal.permutations)
+                text.update({"Calibrated late-third gap": f"{cl:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if cal.ci else "")
+                             + mark, "Survives calibration": cal.status(r)})
             if not notes:
                 notes.append(f"early = {r.layers[r.early[0]]}–{r.layers[r.early[-1]]}, late third = "
                              f"{r.layers[r.paper_late[0]]}–{r.layers[r.paper_late[-1]]}; the old rule's late = "
@@ -67,7 +79,8 @@ def agreement(inputs: Inputs) -> Table:
             row.update(early_gap=np.nan, late_gap=np.nan, verdict="not evaluated", old_verdict="not evaluated",
                        paper_early_gap=np.nan, paper_late_gap=np.nan)
             text.update({"Early gap": "–", "Late-third gap": "–", "Fig. 2 verdict": "NOT EVALUATED",
-                         "Old rule": "NOT EVALUATED"})
+                         "Old rule": "NOT EVALUATED", "Calibrated late-third gap": "–",
+                         "Survives calibration": "not evaluated"})
             notes.append(f"{names[i]} not evaluated: {exc}")
         rows.append(row)
         shown.append(text)
@@ -81,7 +94,13 @@ def agreement(inputs: Inputs) -> Table:
            f"repsim/analyses/findings.py (95 % bootstrap intervals, objectives resampled: late-third gap > 0, late − early "
            f"> 0, early reaching 0; scale-free). Old rule: REPRODUCED when the early gap ≤ {EARLY_GAP_MAX}·w and "
            f"the late gap ≥ early + {LATE_MINUS_EARLY_MIN}·w, w the measure's declared range width (1 for the "
-           f"[0, 1] measures, 2 for RSA's [−1, 1]; 1 when unbounded); PARTIAL when late > early. The report's "
+           f"[0, 1] measures, 2 for RSA's [−1, 1]; 1 when unbounded); PARTIAL when late > early. Calibrated "
+           f"late-third gap: the same gap of each pair of networks' calibrated score (Gröger et al. 2026: the score "
+           f"above its permutation threshold τ, 0 = not above chance; `repsim similarity --permutations K`) with its "
+           f"95 % bootstrap interval; † marks a gap whose interval reaches 0 (not significant). Survives calibration: "
+           f"'survives' when both the raw and the calibrated late-third intervals lie above 0, 'does not survive' "
+           f"when only the raw one does, 'no raw gap' when the raw one reaches 0, 'no null' when the results hold "
+           f"no permutation null of the measure (finding 2's calibration paragraph gives the numbers). The report's "
            f"finding 2 is linear CKA's row.")
     numeric = pd.DataFrame(rows)
     return Table(numeric, pd.DataFrame(shown), cap)
