@@ -213,7 +213,6 @@ def test_layer_aggregate_p_against_brute_force(real):
              for s in (0, 1) for t in (0, 1)]
     want = []
     for x, y in cross:
-        o, p = _brute_mean(result, [(x, y)], ["block5", "block6"], ["block5", "block6"])
         obs = result.calibration["linear_cka"]["observed"]
         null = result.null("linear_cka")
         pos = {key: i for i, key in enumerate(result.index)}
