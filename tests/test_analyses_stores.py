@@ -61,6 +61,8 @@ def test_every_store_item_renders(rendered):
                 # inputs of tests/test_analyses_recipes.py: finetune.csv, accuracy.csv, training variants
                 "table2", "figD3", "tableC1", "tableC4", "tableC5", "tableC6", "tableE3",
                 "agreement",  # ≥ 2 similarity measures (one CKA file here): tests/test_analyses_measures.py
+                # a permutation null (none in these results): tests/test_analyses_calibrated.py
+                "fig2a_calibrated", "fig2b_calibrated",
                 "heatmap"}  # own models' heatmaps: every store here has an objective (tests/test_own_models.py)
     for item in ORDER:
         files = (f"{item}.png", f"{item}.pdf") if item.startswith("fig") else (f"{item}.csv", f"{item}.md")

@@ -50,6 +50,19 @@ def test_demo_smoke_and_rerun(tmp_path):
     stores = sorted(p.name for p in (out / "stores").glob("*/*.zarr"))
     assert len(stores) == 2 * 5 and "softmax-s0-src-test.zarr" in stores
     fps = json.loads((out / "results" / "fingerprints.json").read_text())
+    # the permutation null (issue 44): linear and RBF CKA with K draws in similarity_demo.npz, the other
+    # measures without one beside it; both files are the step's outputs, which the reuse check covers
+    from repsim import load_result
+
+    from repsim.analyses.profiles import DIGITS
+
+    sim = load_result(out / "results" / "similarity_demo.npz")
+    assert sim.measures == ["linear_cka", "rbf_cka"]
+    assert sim.null("linear_cka").shape[0] == DIGITS.permutations and sim.calibrated("rbf_cka").shape == (34, 34)
+    assert load_result(out / "results" / "similarity_demo_nonull.npz").measures == ["procrustes", "mutual_knn"]
+    assert set(fps["_outputs"]["similarity_demo.npz"]) == {"similarity_demo.npz", "similarity_demo_nonull.npz"}
+    for item in ("fig2a_calibrated", "fig2b_calibrated"):  # (finding 2 needs 2 seeds: not evaluated here)
+        assert f"<h2 id='{item}'>" in report, item
 
     second = _demo(out)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -61,12 +74,13 @@ def test_demo_smoke_and_rerun(tmp_path):
     # a reused output deleted or truncated since it was written (the reuse key checked only a fingerprint
     # and that one file existed: "up to date", then the report rebuild exited 70)
     (out / "results" / "collapse.csv").unlink()
-    npz = out / "results" / "similarity_demo.npz"
+    npz = out / "results" / "similarity_demo_nonull.npz"  # the step's second output (the measures without a null)
     npz.write_bytes(npz.read_bytes()[:300])
     third = _demo(out)
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
     assert "separation.csv: collapse.csv changed or missing since it was written; recomputing" in third.stdout
-    assert "similarity_demo.npz: similarity_demo.npz changed or missing since it was written" in third.stdout
+    assert "similarity_demo.npz: similarity_demo_nonull.npz changed or missing since it was written" in third.stdout
+    assert load_result(npz).measures == ["procrustes", "mutual_knn"]
     assert third.stdout.count("up to date") == 5  # the other five results steps; the report is rebuilt
     assert (out / "results" / "collapse.csv").stat().st_size > 0
 

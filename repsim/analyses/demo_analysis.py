@@ -29,24 +29,41 @@ def training_csv(runs: Sequence[tuple[str, Path, Path]], path: Path) -> None:
     write_csv(training_rows([d for _, d, _ in runs], [n for n, _, _ in runs]), path)
 
 
+NONULL_SUFFIX = "_nonull"  # the results file of the measures computed without the null
+
+
 def similarity(paths: Sequence[str], path: Path, measures: Sequence[str] = ("linear_cka",),
-               batch_size: int | None = None) -> None:
+               batch_size: int | None = None, permutations: int | None = None,
+               calibrated: Sequence[str] = ()) -> None:
     """The similarity measures ``measures`` across every (network, layer) of the given stores (one split),
     in one `repsim similarity` results file (``repsim.similarity_matrix``). Linear and RBF CKA by minibatch
     CKA (paper §3.2), one epoch over consecutive batches of ``batch_size`` rows (stores are written in a
     fixed shuffled order, so each batch is a random sample); ``None``: one batch holding every example —
     on the digits demo's 225 examples, the unbiased-HSIC CKA of the whole split (the engine's
     method="exact" gives the same numbers, to 2e-8, in ~1.5x the time there). The other measures have
-    no minibatch estimator and run exact on the full data."""
+    no minibatch estimator and run exact on the full data.
+
+    ``permutations=K``: the measures of ``measures`` that are in ``calibrated`` get K permutation-null draws
+    (``similarity_matrix(permutations=K)``, seed 0, α = 0.05: the within-batch null of the same pass) and go
+    to ``path``; the others are computed without one into ``<path stem>_nonull.npz``, removed otherwise."""
     from repsim.engine.minibatch import similarity_matrix
     from repsim.store.reader import open_store
 
     first = open_store(paths[0])
     layers = [l for l in first.layers if l != "logits"]
-    result = similarity_matrix(list(paths), list(measures), layers=layers,
-                               batch_size=min(batch_size or first.n, first.n), epochs=1, shuffle=False,
-                               debiased=True, progress=False)
-    result.save(str(path))
+    with_null = [m for m in measures if permutations and m in calibrated]
+    groups = [(with_null, permutations, path)] if with_null else []
+    rest = [m for m in measures if m not in with_null]
+    nonull = path.with_name(path.stem + NONULL_SUFFIX + path.suffix)
+    if rest:
+        groups.append((rest, None, nonull if with_null else path))
+    if not (with_null and rest):
+        nonull.unlink(missing_ok=True)  # a stale file of another setting would be read beside this one
+    for names, K, out in groups:
+        result = similarity_matrix(list(paths), names, layers=layers,
+                                   batch_size=min(batch_size or first.n, first.n), epochs=1, shuffle=False,
+                                   debiased=True, progress=False, permutations=K)
+        result.save(str(out))
 
 
 def layer_metrics(test: Sequence[str], train: Sequence[str], res: Path, dynamics: Sequence[str] = ()) -> None:

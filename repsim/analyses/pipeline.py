@@ -419,7 +419,8 @@ class Demo:
             ("training.csv", [], lambda: A.training_csv(runs, res / "training.csv")),
             ("similarity_demo.npz", ["src-test"],
              lambda: A.similarity(paths("src-test"), res / "similarity_demo.npz", self.profile.measures,
-                                  batch_size=self.profile.cka_batch)),
+                                  batch_size=self.profile.cka_batch, permutations=self.profile.permutations,
+                                  calibrated=self.profile.calibrated)),
             ("separation.csv", ["src-test", "src-train", "dyn-src-train", "dyn-src-test"],
              lambda: A.layer_metrics(paths("src-test"), paths("src-train"), res,
                                      dynamics=paths("dyn-src-train") + paths("dyn-src-test"))),
@@ -436,8 +437,10 @@ class Demo:
         (res / "cka_demo.npz").unlink(missing_ok=True)
         for fname, groups, fn in steps:
             extra = json.dumps([self.run_names, self.epochs, list(self.sets)]) if not groups else ""
-            if fname == "similarity_demo.npz":
-                extra = ",".join(self.profile.measures)
+            if fname == "similarity_demo.npz":  # the measures and their null: another setting recomputes
+                extra = ",".join(self.profile.measures) + (
+                    f";K={self.profile.permutations}:{','.join(self.profile.calibrated)}" if self.profile.permutations
+                    else "")
             fp = self._fingerprint(groups, extra) if groups else hashlib.sha256(
                 (extra + "".join(str((self.run_dir(n) / "DONE").stat().st_mtime) for n in self.run_names)).encode()
             ).hexdigest()[:16]

@@ -50,7 +50,9 @@ class Profile:
     ``target_fit``: the dataset spec the transfer probes are fit on (default: ``target``; e.g. a spec
     with more training images than the pretraining run's). ``cka_batch``: examples per minibatch of the CKA step (None: the whole split in one batch, i.e.
     the unbiased-HSIC CKA of the split). ``measures``: the similarity measures of that step (one results
-    file, ``similarity_demo.npz``; the report's Fig. 2 panels per measure and the measures' agreement). ``check_data``: called before training with the demo's
+    file, ``similarity_demo.npz``; the report's Fig. 2 panels per measure and the measures' agreement);
+    ``permutations``: K draws of the permutation null for the measures of ``calibrated`` (calibrated Fig. 2,
+    finding 2's calibration), which then are ``similarity_demo.npz`` and the rest ``similarity_demo_nonull.npz``. ``check_data``: called before training with the demo's
     data options; raises ``FileNotFoundError`` with a message saying how to get the data.
     """
     name: str
@@ -63,6 +65,11 @@ class Profile:
     seeds: int = 2
     cka_batch: int | None = None
     measures: tuple[str, ...] = ("linear_cka", "rbf_cka", "procrustes", "mutual_knn")
+    # the permutation null of the similarity step (issue 44: Figs. 2a/2b calibrated, finding 2's calibration):
+    # K draws for the measures of `calibrated` (None: no null); the other measures go to a second results
+    # file without one (similarity_demo_nonull.npz)
+    permutations: int | None = None
+    calibrated: tuple[str, ...] = ("linear_cka", "rbf_cka")
     check_data: Callable[[str | None, bool], None] | None = None
     relearn_task: str = "relearn"  # Fig. 6 by the paper's protocol (`repsim probe --relearn` on src-test)
     target_fit: str = ""
@@ -114,6 +121,12 @@ DIGITS = Profile(
     title="repsim demo: sklearn digits, 9 objectives",
     source_text="sklearn digits 0–4 (digits-source)", target_text="digits 5–9 (digits-target)",
     keep_every=5,  # Figs. D.2 and E.4 render from the kept checkpoints
+    # K = 19, the fewest that can reach α = 0.05, for linear and RBF CKA (their null is in the minibatch pass):
+    # measured on the 18 networks' 306 columns (2026-11-28, shared 2-core box), CKA 6.0 s without a null,
+    # 29.0 s with K = 19, 59.1 s with K = 49 (the results file 4, 39, 83 MB); Procrustes' and mutual k-NN's
+    # exact nulls take minutes per draw at this size (K = 19 on 4 of the 18 stores: > 300 s for Procrustes),
+    # so they stay uncalibrated
+    permutations=19,
     # every block of the training split (586 images): Fig. 4 on the training set, as the paper's; measured
     # +0.5 s extraction and +0.25 s separation per network (7.7 vs 7.2 s, 0.29 vs 0.05 s), 14 MB vs 0.5 MB
     train_layers=None,
