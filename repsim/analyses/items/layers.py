@@ -159,7 +159,7 @@ def fig2a(inputs: Inputs, measure: str = "linear_cka") -> Figure:
       per_measure=True)
 def fig2a_calibrated(inputs: Inputs, measure: str = "linear_cka") -> Figure:
     """Fig. 2a on the calibrated scores of the permutation null (:mod:`repsim.analyses.nulls`): each cell the
-    mean over pairs of networks calibrated against the same mean of each draw, non-significant cells dotted."""
+    mean of its pairs of networks' calibrated scores, dotted unless every pair is significant."""
     from repsim.analyses.nulls import calibrate_pairs, null_text, require_null
 
     cka, groups, layers, pairs = _fig2a_pairs(inputs, measure)
@@ -179,7 +179,7 @@ def fig2a_calibrated(inputs: Inputs, measure: str = "linear_cka") -> Figure:
     used, ignored = _ignored(inputs, cka, groups)
     cap = (f"Fig. 2a on calibrated scores: {cka.display} above what the same networks give with their examples "
            f"shuffled. Rows: layers of softmax networks; columns: the same layers of a network trained with the "
-           f"objective in the panel title; each cell the mean over all pairs of distinct networks. "
+           f"objective in the panel title; each cell over all pairs of distinct networks. "
            f"{null_text(cka)}. Cells not significant, of {len(layers) ** 2} per panel: {'; '.join(counts)} "
            f"({dots} dots in all). {ignored}{inputs.describe(used)}. {cka.meta_text()}.")
     return Figure(fig, cap)
@@ -261,8 +261,7 @@ def fig2b_calibrated(inputs: Inputs, measure: str = "linear_cka") -> Figure:
     fig, dots = _draw_fig2b(cka, labels, chosen, mats, 0.0, hi, f"calibrated {cka.display} (0 = not above chance)",
                             marks)
     cap = (f"Fig. 2b on calibrated scores. Entry (i, j): {cka.display} above chance between the named layer of "
-           f"networks trained with objectives i and j, the mean over pairs of distinct networks calibrated against "
-           f"the same mean of each draw; the diagonal compares different seeds of one objective (blank when an "
+           f"networks trained with objectives i and j, over pairs of distinct networks; the diagonal compares different seeds of one objective (blank when an "
            f"objective has one seed). {null_text(cka)}. Entries not significant, of {len(labels) ** 2} per layer: "
            f"{'; '.join(counts)}. Layers shown: {', '.join(chosen)}. "
            f"{inputs.describe([x for v in groups.values() for x in v])}. {cka.meta_text()}.")
