@@ -125,7 +125,8 @@ DIGITS = Profile(
     # measured on the 18 networks' 306 columns (2026-11-28, shared 2-core box), CKA 6.0 s without a null,
     # 29.0 s with K = 19, 59.1 s with K = 49 (the results file 4, 39, 83 MB); Procrustes' and mutual k-NN's
     # exact nulls take minutes per draw at this size (K = 19 on 4 of the 18 stores: > 300 s for Procrustes),
-    # so they stay uncalibrated
+    # so they stay uncalibrated. The demo's whole similarity step on those stores (the four measures;
+    # 2026-11-28/29, load average ~6 on the 2 cores, back to back): 379 s before, 452 s with the null (+19 %)
     permutations=19,
     # every block of the training split (586 images): Fig. 4 on the training set, as the paper's; measured
     # +0.5 s extraction and +0.25 s separation per network (7.7 vs 7.2 s, 0.29 vs 0.05 s), 14 MB vs 0.5 MB
