@@ -10,12 +10,19 @@ core above it; the default budget unless ``--memory-budget`` is given). Goal: ev
 
     OMP_NUM_THREADS=1 python bench/memory.py                  # both chunkings, n = 20k and 80k
     OMP_NUM_THREADS=1 python bench/memory.py --only probe-knn --chunking default
+    OMP_NUM_THREADS=1 python bench/memory.py --streamed          # issue 43 item 12's rows (below)
 
 To fit ~15 minutes on 2 cores the probe runs use ``--lambdas 9`` (the protocol's 45-value grid
 thinned; the same code path: every λ is another warm-started L-BFGS run over the same passes) and the
 evaluation stores hold n/8 examples (the kNN search costs n² · P flops, the leave-one-out part on the
 fit store; its memory is per query block). Writes bench/results/memory.json and the ``## memory``
 section of bench/RESULTS.md. Stores go to ``--root`` (default a temporary directory, removed).
+
+``--streamed`` (issue 43 item 12): the out-of-core probes held to a budget below the data — ``probe
+--probe linear`` and ``probe --relearn`` at ``--memory-budget 8`` (MiB) on stores of one 512-wide float16
+layer (``pool``, save_store's chunking: 8,192 rows per chunk), n = 10,000 and 40,000, ``--lambdas 3``;
+goal RSS(40k) / RSS(10k) ≤ 1.15 for both. Writes bench/results/memory_streamed.json and the
+``## memory_streamed`` section.
 """
 from __future__ import annotations
 
@@ -40,6 +47,10 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 WIDTHS = {"block": 2048, "pool": 512}
+# --streamed: the issue-43 rows (module doc); these replace the defaults of the options named
+STREAMED = {"sizes": [10000, 40000], "memory_budget": 8.0, "only": ["probe-linear", "probe-relearn"],
+            "chunking": ["default"], "lambdas": 3, "widths": {"pool": 512}, "section": "memory_streamed",
+            "out": "memory_streamed.json"}
 CLASSES = 10
 SIZES = (20000, 80000)
 LAMBDAS = 9
@@ -87,12 +98,13 @@ def _features(n: int, width: int, chunk: int, seed: int, y: np.ndarray):
     return da.map_blocks(make, chunks=chunks, dtype=np.float16)
 
 
-def make_store(path: Path, n: int, split: str, chunk_rows: int | None, offset: int) -> dict:
+def make_store(path: Path, n: int, split: str, chunk_rows: int | None, offset: int,
+               widths: dict[str, int] = WIDTHS) -> dict:
     import repsim
 
     y = np.random.default_rng([7, offset]).integers(0, CLASSES, n)
-    layers = {name: _features(n, w, 4096, i + 10 * (offset > 0), y) for i, (name, w) in enumerate(WIDTHS.items())}
-    head = np.random.default_rng(3).normal(size=(CLASSES, WIDTHS["pool"])) * 0.05
+    layers = {name: _features(n, w, 4096, i + 10 * (offset > 0), y) for i, (name, w) in enumerate(widths.items())}
+    head = np.random.default_rng(3).normal(size=(CLASSES, widths["pool"])) * 0.05
     logits = (np.eye(CLASSES)[y] * 3 + np.random.default_rng([5, offset]).normal(size=(n, CLASSES))).astype(np.float32)
     store = repsim.save_store(path, layers=layers, labels=y, logits=logits, head=(head, np.zeros(CLASSES)),
                               example_ids=np.arange(n) + offset, chunk_rows=chunk_rows, progress=False,
@@ -128,7 +140,7 @@ def run_child(argv: list[str]) -> dict:
     return {**json.loads(last), "output_tail": "\n".join(tail)}
 
 
-def route(name: str, fit: dict, ev: dict, budget_mib: float) -> str:
+def route(name: str, fit: dict, ev: dict, budget_mib: float, widths: dict[str, int] = WIDTHS) -> str:
     """The route ``probe`` / ``calibrate`` choose (their own rules: probes.writers._fits, write_calibration)."""
     from repsim.probes.rows import nbytes_in_memory
 
@@ -136,7 +148,7 @@ def route(name: str, fit: dict, ev: dict, budget_mib: float) -> str:
         return "in memory" if (fit["n"] + ev["n"]) * CLASSES * 32 <= budget_mib * 2**20 else "out of core"
     if name.startswith("probe"):
         n = fit["n"] + (0 if name == "probe-relearn" else ev["n"])
-        return "in memory" if nbytes_in_memory(n, WIDTHS["pool"]) <= budget_mib * 2**20 else "out of core"
+        return "in memory" if nbytes_in_memory(n, widths["pool"]) <= budget_mib * 2**20 else "out of core"
     return "streamed"
 
 
@@ -151,19 +163,31 @@ def main(argv=None) -> int:
     from repsim.probes.writers import DEFAULT_BUDGET_MIB
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs=2, default=list(SIZES))
-    ap.add_argument("--chunking", nargs="+", default=["2500", "default"],
-                    help="store chunkings: rows per chunk, or 'default' (save_store's rule)")
-    ap.add_argument("--only", nargs="+", choices=sorted(COMMANDS), default=sorted(COMMANDS, key=list(COMMANDS).index))
-    ap.add_argument("--lambdas", type=int, default=LAMBDAS, help=f"probe λ grid size (default {LAMBDAS}; protocol: 45)")
+    ap.add_argument("--sizes", type=int, nargs=2, default=None, help=f"default {SIZES[0]} {SIZES[1]}")
+    ap.add_argument("--chunking", nargs="+", default=None,
+                    help="store chunkings: rows per chunk, or 'default' (save_store's rule); default 2500 default")
+    ap.add_argument("--only", nargs="+", choices=sorted(COMMANDS), default=None, help="default: all")
+    ap.add_argument("--lambdas", type=int, default=None, help=f"probe λ grid size (default {LAMBDAS}; protocol: 45)")
     ap.add_argument("--eval-divisor", type=int, default=8, help="evaluation stores hold n / this examples")
     ap.add_argument("--memory-budget", type=float, default=None,
                     help=f"passed to probe/calibrate (default: theirs, {DEFAULT_BUDGET_MIB} MiB)")
     ap.add_argument("--root", default=None, help="where the stores go (kept); default a temporary directory")
-    ap.add_argument("--out", default=str(HERE / "results" / "memory.json"))
+    ap.add_argument("--out", default=None, help="results JSON (default bench/results/memory.json, or "
+                    "memory_streamed.json with --streamed)")
+    ap.add_argument("--streamed", action="store_true",
+                    help="issue 43 item 12's rows: " + ", ".join(f"{k} {v}" for k, v in STREAMED.items()
+                                                                if k not in ("section", "out")))
     ap.add_argument("--no-markdown", action="store_true")
     ap.add_argument("--markdown-only", action="store_true")
     args = ap.parse_args(argv)
+    preset = STREAMED if args.streamed else {"sizes": list(SIZES), "memory_budget": None, "lambdas": LAMBDAS,
+                                             "only": list(COMMANDS), "chunking": ["2500", "default"]}
+    for k in ("sizes", "memory_budget", "only", "chunking", "lambdas"):
+        if getattr(args, k) is None:
+            setattr(args, k, preset[k])
+    widths, section = (STREAMED["widths"], STREAMED["section"]) if args.streamed else (WIDTHS, "memory")
+    default_out = HERE / "results" / (STREAMED["out"] if args.streamed else "memory.json")
+    args.out = args.out or str(default_out)
     if args.markdown_only:
         write_markdown(json.loads(Path(args.out).read_text()))
         return 0
@@ -171,7 +195,7 @@ def main(argv=None) -> int:
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="repsim-memory-"))
     root.mkdir(parents=True, exist_ok=True)
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    res = {"config": {"sizes": args.sizes, "widths": WIDTHS, "classes": CLASSES, "dtype": "float16",
+    res = {"config": {"sizes": args.sizes, "widths": widths, "section": section, "classes": CLASSES, "dtype": "float16",
                       "lambdas": args.lambdas, "eval_divisor": args.eval_divisor, "memory_budget_MiB": budget,
                       "memory_budget_default": args.memory_budget is None,
                       "threads": os.environ.get("OMP_NUM_THREADS"), "machine": platform.machine(),
@@ -183,11 +207,11 @@ def main(argv=None) -> int:
             chunk_rows = None if ch == "default" else int(ch)
             for n in args.sizes:
                 d = root / f"c{ch}_n{n}"
-                fit = make_store(d / "fit.zarr", n, "train", chunk_rows, 0) if not (d / "fit.zarr").exists() \
-                    else _existing(d / "fit.zarr")
+                fit = make_store(d / "fit.zarr", n, "train", chunk_rows, 0, widths) \
+                    if not (d / "fit.zarr").exists() else _existing(d / "fit.zarr")
                 ev_n = n // args.eval_divisor
-                ev = make_store(d / "eval.zarr", ev_n, "test", chunk_rows, 10**8) if not (d / "eval.zarr").exists() \
-                    else _existing(d / "eval.zarr")
+                ev = make_store(d / "eval.zarr", ev_n, "test", chunk_rows, 10**8, widths) \
+                    if not (d / "eval.zarr").exists() else _existing(d / "eval.zarr")
                 res["stores"][f"{ch}/{n}"] = {"fit": fit, "eval": ev}
                 print(f"stores chunking={ch} n={n}: fit {fit['chunk_rows']} rows/chunk, "
                       f"{fit['bytes_on_disk'] / 2**20:.0f} MiB; eval n={ev['n']}", flush=True)
@@ -199,7 +223,7 @@ def main(argv=None) -> int:
                     if name.startswith(BUDGETED) and args.memory_budget is not None:
                         cmd += ["--memory-budget", f"{args.memory_budget:g}"]
                     r = run_child(cmd)
-                    r["route"] = route(name, fit, ev, budget)
+                    r["route"] = route(name, fit, ev, budget, widths)
                     r["argv"] = cmd
                     res["runs"].setdefault(ch, {}).setdefault(name, {})[str(n)] = r
                     flag = "" if r["rc"] == 0 else f"  FAILED rc={r['rc']}: {r['output_tail'][-300:]}"
@@ -224,7 +248,7 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(res, indent=1))
     from bench._results import records
 
-    if records(out, HERE / "results" / "memory.json", no_markdown=args.no_markdown):
+    if records(out, default_out, no_markdown=args.no_markdown):
         write_markdown(res)
     return 0 if all(r["ok"] for r in table) else 1
 
@@ -260,13 +284,14 @@ def write_markdown(res: dict) -> None:
     chunk_rows = {k: v["fit"]["chunk_rows"] for k, v in res["stores"].items()}
     budget = (f"default --memory-budget ({c['memory_budget_MiB']:g} MiB)" if c["memory_budget_default"]
               else f"--memory-budget {c['memory_budget_MiB']:g}")
-    lines = ["## memory", "",
-             f"`OMP_NUM_THREADS=1 python bench/memory.py` on {c['machine']} {c['cpus']} cores ({c['started']}; "
+    section = c.get("section", "memory")
+    layers = " and ".join(f"`{k}` ({v:,})" for k, v in c["widths"].items())
+    lines = [f"## {section}", "",
+             f"`OMP_NUM_THREADS=1 python bench/memory.py{' --streamed' if section != 'memory' else ''}` on {c['machine']} {c['cpus']} cores ({c['started']}; "
              f"load average before {c['load_before']}, after {c['load_after']}; {c['seconds_total'] / 60:.1f} min "
              "in all). Peak RSS of each analysis command in a fresh process (`os.wait4` rusage, the "
              "number `/usr/bin/time -v` reports), stores of one synthetic network at n = "
-             f"{small:,} and {large:,}: layers `block` ({c['widths']['block']:,}) and `pool` "
-             f"({c['widths']['pool']}), float16, logits ({c['classes']}), {c['classes']} classes, a head; "
+             f"{small:,} and {large:,}: layers {layers}, float16, logits ({c['classes']}), {c['classes']} classes, a head; "
              f"evaluation stores n / {c['eval_divisor']}. Chunk rows: "
              + ", ".join(f"{k} → {v}" for k, v in chunk_rows.items())
              + f" (`default` = save_store's byte rule). {budget}; probes with `--lambdas {c['lambdas']}` "
@@ -286,10 +311,13 @@ def write_markdown(res: dict) -> None:
     lines += ["", f"- Goal (every ratio ≤ {GOAL}): " + ("met." if not bad else "NOT met by " + ", ".join(bad) + "."),
               "- Wall times are of a shared 2-core box (load above), one BLAS thread; they include "
               "interpreter start and imports (~1-2 s).", ""]
-    for note in NOTES:
+    for note in NOTES if section == "memory" else STREAMED_NOTES:
         lines.append(note)
-    replace_section("memory", "\n".join(lines) + "\n")
+    replace_section(section, "\n".join(lines) + "\n")
 
+
+# Hand-written observations about the last --streamed run (edited with each re-measurement).
+STREAMED_NOTES: list[str] = []
 
 # Hand-written observations about the last run (edited with each re-measurement).
 NOTES: list[str] = [

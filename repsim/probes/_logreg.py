@@ -387,6 +387,7 @@ class LogisticObjective:
             A = np.empty((self.K, self.n))
             for pos, absXb in self.X.abs_blocks():
                 A[:, pos] = absWt @ absXb.T
+                del absXb
             A += np.abs(b)[:, None]
         else:
             absX = xp.abs(self.X)
@@ -403,6 +404,7 @@ class LogisticObjective:
             fW = np.zeros((self.K, self.r))
             for pos, absXb in self.X.abs_blocks():
                 fW += np.ascontiguousarray(M[:, pos]) @ absXb.astype(np.float64)
+                del absXb
             fW = fW.T
         else:
             X64 = xp.astype(absX, xp.float64)

@@ -100,10 +100,14 @@ class StreamedX:
         rest = self.select[done:] if done else self.select
         if rest.size == 0:
             return
-        for pos, X in self.rows.blocks(rest, keep=False):
-            Xc = X.astype(self.dtype) if X.dtype != self.dtype else X.copy()
-            Xc -= self.mean
-            yield (pos + done if done else pos), Xc
+        # the gathered rows and their centred copy go to two buffers reused block after block and
+        # pass after pass (Rows.scratch: nothing block-sized is allocated per block)
+        with self.rows.scratch(self.rows.dtype) as raw, self.rows.scratch(self.dtype) as buf:
+            for pos, X in self.rows.blocks(rest, keep=False, into=raw):
+                Xc = np.subtract(X, self.mean, out=buf[:X.shape[0]])   # = X.astype(dtype) - mean
+                del X
+                yield (pos + done if done else pos), Xc
+                del Xc
 
     def _to_p(self, A: np.ndarray) -> np.ndarray:
         """(K, r) rotated coefficients -> (K, P) in the original coordinates (float64)."""
@@ -116,6 +120,7 @@ class StreamedX:
         out = np.empty((B.shape[0], self.shape[0]), dtype=self.dtype)
         for pos, Xc in self._centered():
             out[:, pos] = B @ Xc.T
+            del Xc
         return out
 
     def matmul_left(self, R: Any) -> np.ndarray:
@@ -123,13 +128,17 @@ class StreamedX:
         Gt = np.zeros((self.rows.p, R.shape[0]))
         for pos, Xc in self._centered():  # Xcᵀ Rᵀ: OpenBLAS is ~9x faster this way round than R Xc (K ≪ m)
             Gt += Xc.T @ np.ascontiguousarray(R[:, pos]).T
+            del Xc
         return Gt.T if self.V is None else Gt.T @ self.V
 
     def abs_blocks(self):
         """Yield ``(positions, |X̂ block|)`` (the rounding bound of ``gradient_floor``: rotates the block)."""
         for pos, Xc in self._centered():
             Xh = Xc if self.V is None else Xc @ np.asarray(self.V, dtype=self.dtype)
-            yield pos, np.abs(Xh)
+            del Xc
+            Xh = np.abs(Xh, out=Xh) if Xh.flags.writeable else np.abs(Xh)  # cached blocks are read-only
+            yield pos, Xh
+            del Xh
 
 
 @dataclass
@@ -165,6 +174,7 @@ def streamed_problem(rows: Rows, select: np.ndarray, *, gram_bytes: int = GRAM_B
     total = np.zeros(p)
     for _, X in rows.blocks(select, keep=False):
         total += X.sum(axis=0, dtype=np.float64)
+        del X
     mean = (total / max(n, 1)).astype(dt)
     rotate = p <= n and p * p * 8 <= gram_bytes
     view = StreamedX(rows, select, mean, None, dt)
@@ -175,6 +185,7 @@ def streamed_problem(rows: Rows, select: np.ndarray, *, gram_bytes: int = GRAM_B
         C = np.zeros((p, p))
         for _, Xc in view._centered():
             C += (Xc.T @ Xc).astype(np.float64)
+            del Xc
         s, V = np.linalg.eigh((C + C.T) / 2)
         V = V[:, np.argsort(s)[::-1]]
         s_diag = np.einsum("pr,pq,qr->r", V, C, V)
@@ -184,6 +195,7 @@ def streamed_problem(rows: Rows, select: np.ndarray, *, gram_bytes: int = GRAM_B
         s_diag = np.zeros(p)
         for _, Xc in view._centered():
             s_diag += np.einsum("ij,ij->j", Xc, Xc, dtype=np.float64)
+            del Xc
     return StreamedProblem(Xh=StreamedX(rows, select, mean, V, dt, cache), V=V, mean=mean.astype(np.float64),
                            s=np.maximum(s_diag, 0.0), xp=np, dtype=dt,
                            stats={"rotated": bool(rotate), "streamed": True,
@@ -203,4 +215,7 @@ def _filled(view: StreamedX, cache: CenteredCache) -> StreamedX:
         for jj in np.unique(j):
             sel = j == jj
             cache.blocks[jj][pos[sel] - jj * cache.block_rows] = Xc[sel]
+        del Xc
+    for b in cache.blocks:
+        b.flags.writeable = False
     return StreamedX(view.rows, view.select, view.mean, None, view.dtype, cache, 0)

@@ -186,6 +186,7 @@ def knn_search_rows(queries: Rows, q_select: np.ndarray, train: Rows, t_select: 
         Q = np.empty((sel.size, queries.p), dtype=np.float64 if queries.dtype == np.float64 else np.float32)
         for pos, X in queries.blocks(sel):
             Q[pos] = X
+            del X
         Qn = _normalise_rows(Q, np)
         del Q
         best_i = np.zeros((sel.size, 0), dtype=np.int64)
@@ -200,6 +201,7 @@ def knn_search_rows(queries: Rows, q_select: np.ndarray, train: Rows, t_select: 
             cand_i = np.concatenate([best_i, cols[part]], axis=1)
             o = np.lexsort((cand_i, -cand_s), axis=1)[:, :k]
             best_i, best_s = np.take_along_axis(cand_i, o, axis=1), np.take_along_axis(cand_s, o, axis=1)
+            del X, S, part  # before the next block is read
         yield q0, q0 + sel.size, best_i, best_s
 
 

@@ -115,6 +115,7 @@ def linear_probe_rows(train: Rows, y_train: Any, test: Rows, y_test: Any,
         pred = np.empty(te_sel.size, dtype=np.int64)
         for pos, X in test.blocks(te_sel, keep=False):   # read once: not worth the cache
             pred[pos] = np.argmax((X if X.dtype == dt else X.astype(dt)) @ Wt + bt, axis=1)
+            del X
         return pred
 
     return _fit(prepare, predict, y_train, y_test, lambdas, val_fraction, metric, seed, **kw)

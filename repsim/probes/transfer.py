@@ -102,6 +102,7 @@ def relearn_head_rows(X: Rows, labels: np.ndarray, *, logits: Rows | None = None
     else:
         for pos, Xb in X.blocks(test):
             orig[pos] = _head_predictions(Xb, head)
+            del Xb
     return RelearnResult(relearned_accuracy=r.accuracy, original_accuracy=accuracy(labels[test], orig),
                          best_lambda=r.best_lambda, test_index=test, probe=r)
 
