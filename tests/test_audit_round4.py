@@ -291,26 +291,103 @@ def _one_batch_cka(x, y):
     return acc.result()[0, 1]
 
 
-@pytest.mark.parametrize("value", ["1e8", "1e5", "1e-200", "0.01"])
+@pytest.mark.parametrize("value", ["1e8", "1e5", "1e-200", "0.01", "0.05"])
 def test_10_rbf_threshold_outside_what_float64_holds_is_refused_in_one_line(tmp_path, capsys, value):
     """--rbf-threshold 1e8: every kernel entry rounds to 1 (RBF CKA 0.985-1.0 for layers of linear CKA
-    0.13); 1e-200: ZeroDivisionError, exit 70."""
+    0.13); 1e-200: ZeroDivisionError, exit 70; 0.05 (allowed before): the minibatch route's centred
+    Gram had lost 4 digits of the pairs."""
     with pytest.raises(SystemExit) as exc:
         main(["similarity", str(tmp_path / "x.zarr"), "--measures", "rbf_cka", "--rbf-threshold", value])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert exc.value.code == EXIT_REFUSED and len(err) == 1, err
-    assert "argument --rbf-threshold: must lie in [0.05, 10000]" in err[0]
+    assert "argument --rbf-threshold: must lie in [0.167, 5790]" in err[0]
     from repsim.kernels.measures import get_measure
 
-    with pytest.raises(ValueError, match=r"rbf_threshold must lie in \[0.05, 10000\]"):
+    with pytest.raises(ValueError, match=r"rbf_threshold must lie in \[0.167, 5790\]"):
         get_measure("rbf_cka", rbf_threshold=float(value))
 
 
-def test_10_the_largest_threshold_allowed_still_has_its_digits():
-    """At t = 1e4 RBF CKA is its t -> inf limit (biased linear CKA: exp(-d/s) = 1 - d/s + ...) to 1e-8;
-    at 1e8, outside the range, float64 had lost it."""
+def test_10_the_range_is_derived_from_float64():
+    """One bound, derived once: the median pair's entry exp(−1/(2t²)) at least √eps from 0 and from 1."""
+    from repsim.kernels.measures.rbf_cka import RBF_THRESHOLD_RANGE, threshold_range
+
+    eps = np.finfo(np.float64).eps
+    lo, hi = RBF_THRESHOLD_RANGE
+    assert RBF_THRESHOLD_RANGE == threshold_range(np.float64)
+    assert np.exp(-1 / (2 * lo * lo)) >= np.sqrt(eps) > np.exp(-1 / (2 * (0.99 * lo) ** 2))
+    assert -np.expm1(-1 / (2 * hi * hi)) >= np.sqrt(eps) > -np.expm1(-1 / (2 * (1.01 * hi) ** 2))
+    assert (lo, hi) == (0.167, 5790.0)  # rounded inwards to 3 digits: the numbers the message names
+
+
+def _edge_store(path):
+    rng = np.random.default_rng(0)
+    layers = {k: v.astype(np.float32) for k, v in correlated_layers(rng, 120, {"f": (24,), "g": (9,)}).items()}
+    return _store(path, layers=layers, chunk_rows=40)
+
+
+@pytest.mark.parametrize("edge", ["low", "high"])
+def test_10_just_inside_the_range_both_routes_run_and_agree(tmp_path, capsys, edge):
+    """At either end of the range the exact route and the minibatch route (one batch of all n rows: the
+    same σ) give the same numbers, to the half of float64's digits the bound keeps (the minibatch route
+    centres each batch's RBF Gram; the exact route sums the uncentred entries)."""
+    from repsim.kernels.measures.rbf_cka import RBF_THRESHOLD_RANGE
+
+    t = RBF_THRESHOLD_RANGE[0 if edge == "low" else 1]
+    _edge_store(tmp_path / "s.zarr")
+    got = {}
+    for method, extra in (("exact", []), ("minibatch", ["--batch-size", "120", "--epochs", "1", "--shuffle", "none"])):
+        out = tmp_path / f"{method}.npz"
+        code, err = _run(capsys, "similarity", tmp_path / "s.zarr", "--method", method, "--measures", "rbf_cka",
+                         "--rbf-threshold", repr(t), "--no-progress", "--out", out, *extra)
+        assert code == 0, err
+        got[method] = repsim.load_result(str(out)).matrix("rbf_cka")
+        assert np.all(np.isfinite(got[method])), (method, got[method])
+    np.testing.assert_allclose(got["minibatch"], got["exact"], rtol=1e-5 if edge == "low" else 1e-8)
+    if edge == "high":  # t -> inf: RBF CKA tends to linear CKA; at the edge it still has those digits
+        lin = repsim.similarity_matrix([repsim.open_store(str(tmp_path / "s.zarr"))], ["linear_cka"],
+                                       method="exact", progress=False).matrix("linear_cka")
+        np.testing.assert_allclose(got["exact"], lin, atol=1e-7)
+
+
+@pytest.mark.parametrize("edge", ["low", "high"])
+def test_10_just_outside_the_range_both_routes_refuse_alike(tmp_path, capsys, edge):
+    """The next float beyond either end: the CLI (either --method) and the Python API (either method, and
+    the measure and accumulator themselves) refuse it with the same line, before any store is read."""
     from repsim.kernels.measures import get_measure
-    from repsim.kernels.measures.rbf_cka import rbf_gram
+    from repsim.kernels.measures.rbf_cka import RBF_THRESHOLD_RANGE, MinibatchRBFCKA
+
+    lo, hi = RBF_THRESHOLD_RANGE
+    t = float(np.nextafter(lo, 0.0) if edge == "low" else np.nextafter(hi, np.inf))
+    store = _edge_store(tmp_path / "s.zarr")
+    lines = set()
+    for method in ("exact", "minibatch"):
+        with pytest.raises(SystemExit) as exc:
+            main(["similarity", str(tmp_path / "s.zarr"), "--method", method, "--measures", "rbf_cka",
+                  "--rbf-threshold", repr(t), "--out", str(tmp_path / "r.npz")])
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert exc.value.code == EXIT_REFUSED and len(err) == 1, err
+        lines.add(err[0].split("error: ", 1)[1].removesuffix(" (repsim similarity --help lists the options)"))
+    assert lines == {f"argument --rbf-threshold: must lie in [{lo:g}, {hi:g}] (beyond it float64 keeps fewer than "
+                     f"half of the digits of the Gaussian kernel, and RBF CKA means nothing), got {t!r}"}, lines
+    api = set()
+    for call in (lambda: repsim.similarity_matrix([store], ["rbf_cka"], method="exact", options={"rbf_threshold": t},
+                                                  progress=False),
+                 lambda: repsim.similarity_matrix([store], ["rbf_cka"], options={"rbf_threshold": t}, progress=False),
+                 lambda: repsim.similarity(np.eye(5), np.eye(5), "rbf_cka", rbf_threshold=t),
+                 lambda: get_measure("rbf_cka", rbf_threshold=t),
+                 lambda: MinibatchRBFCKA(repsim.MinibatchCKA(2), t)):
+        with pytest.raises(ValueError) as e:
+            call()
+        api.add(str(e.value))
+    assert api == {"rbf_threshold " + next(iter(lines)).split(": ", 1)[1]}, api
+    assert not (tmp_path / "r.npz").exists()
+
+
+def test_10_the_largest_threshold_allowed_still_has_its_digits():
+    """At the upper end RBF CKA is its t -> inf limit (biased linear CKA: exp(-d/s) = 1 - d/s + ...) to
+    1e-7; at 1e8, outside the range, float64 had lost it."""
+    from repsim.kernels.measures import get_measure
+    from repsim.kernels.measures.rbf_cka import RBF_THRESHOLD_RANGE, rbf_gram
 
     rng = np.random.default_rng(1)
     x = rng.normal(size=(200, 10))
@@ -322,8 +399,9 @@ def test_10_the_largest_threshold_allowed_still_has_its_digits():
         b = h @ rbf_gram((h @ y) @ (h @ y).T, t) @ h
         return np.sum(a * b) / np.sqrt(np.sum(a * a) * np.sum(b * b))
 
-    get_measure("rbf_cka", rbf_threshold=1e4)  # allowed
-    assert cka(1e4) == pytest.approx(repsim.linear_cka(x, y, debiased=False), abs=1e-8)
+    hi = RBF_THRESHOLD_RANGE[1]
+    get_measure("rbf_cka", rbf_threshold=hi)  # allowed
+    assert cka(hi) == pytest.approx(repsim.linear_cka(x, y, debiased=False), abs=1e-7)
     assert abs(cka(1e8) - repsim.linear_cka(x, y, debiased=False)) > 0.05
 
 

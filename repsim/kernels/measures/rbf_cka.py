@@ -28,13 +28,40 @@ from repsim.blas import blas_thread_split
 from repsim.array_api import array_namespace, astype, diagonal, on_device, to_numpy
 from repsim.kernels._precision import CenteredGram, constant_tolerance, is_constant
 from repsim.kernels.hsic import centered_gram, double_center
+from repsim.kernels.minibatch_cka import MinibatchCKA
+from repsim.kernels.measures import register
+from repsim.kernels.measures._protocol import Accumulator, FullColumn, MeasureInfo
+from repsim.kernels.measures.linear_cka import CKAFamily, hsic_prepared
 
-# the thresholds t for which the kernel carries its data in float64. At the median pair the kernel
-# is exp(−1/(2t²)): above t = 1e4 the part that varies, 1/(2t²) <= 5e-9, keeps fewer than 8 of float64's 16
-# digits after centring (t = 1e8 rounds every entry to 1: CKA 0.985-1.0 for layers of linear CKA
-# 0.13); below t = 0.05 the median pair's entry is exp(−200) and most pairs underflow towards 0, the
-# identity Gram, whose CKA with anything is 1 (t = 1e-200: σ² = 0, a division by zero).
-RBF_THRESHOLD_RANGE = (0.05, 1e4)
+
+def threshold_range(dtype: Any = np.float64) -> tuple[float, float]:
+    """The bandwidth factors t for which ``dtype`` holds RBF CKA, derived from its ``eps`` (rounded
+    inwards to 3 significant digits). At the median pair the kernel entry is exp(−1/(2t²)); the Gram
+    is centred against its diagonal of 1s, so that entry keeps half of the digits only while it lies at
+    least √eps from 0 and from 1:
+
+    - exp(−1/(2t²)) ≥ √eps: t ≥ 1/√(−ln eps) (float64: 0.167). Below it the minibatch route (each
+      batch's RBF Gram double-centred) loses the pairs: against the exact route (which sums the
+      uncentred entries) its relative error was 7e-5 at t = 0.05 and NaN ("undefined") at 0.0376; at
+      t = 1e-200, σ² = 0 (a ZeroDivisionError);
+    - 1 − exp(−1/(2t²)) ≈ 1/(2t²) ≥ √eps: t ≤ (2√eps)^(−1/2) (float64: 5790). At t = 1e8 every entry
+      rounded to 1: RBF CKA 0.985-1.0 for layers of linear CKA 0.13.
+
+    One rule for every route (minibatch, exact, the accumulators, the CLI's ``--rbf-threshold``):
+    :func:`check_threshold`."""
+    eps = float(np.finfo(dtype).eps)
+    lo = 1.0 / math.sqrt(-math.log(eps))
+    hi = (2.0 * math.sqrt(eps)) ** -0.5
+
+    def inwards(x: float, up: bool) -> float:
+        e = math.floor(math.log10(x)) - 2
+        m = x / 10.0 ** e
+        return float(f"{math.ceil(m) if up else math.floor(m)}e{e}")
+
+    return inwards(lo, True), inwards(hi, False)
+
+
+RBF_THRESHOLD_RANGE = threshold_range()
 
 
 def check_threshold(threshold: float, flag: str = "rbf_threshold") -> float:
@@ -42,13 +69,10 @@ def check_threshold(threshold: float, flag: str = "rbf_threshold") -> float:
     lo, hi = RBF_THRESHOLD_RANGE
     value = float(threshold)
     if not lo <= value <= hi:
-        raise ValueError(f"{flag + ' ' if flag else ''}must lie in [{lo:g}, {hi:g}] (beyond it float64 rounds the Gaussian kernel to "
-                         f"1 or 0 and RBF CKA means nothing), got {threshold:g}")
+        shown = f"{value:g}" if not math.isfinite(value) or float(f"{value:g}") == value else repr(value)
+        raise ValueError(f"{flag + ' ' if flag else ''}must lie in [{lo:g}, {hi:g}] (beyond it float64 keeps fewer than half of the "
+                         f"digits of the Gaussian kernel, and RBF CKA means nothing), got {shown}")
     return value
-from repsim.kernels.minibatch_cka import MinibatchCKA
-from repsim.kernels.measures import register
-from repsim.kernels.measures._protocol import Accumulator, FullColumn, MeasureInfo
-from repsim.kernels.measures.linear_cka import CKAFamily, hsic_prepared
 
 
 def squared_distances(K: np.ndarray) -> np.ndarray:
