@@ -552,6 +552,64 @@ def test_9_a_test_store_without_a_split_holding_the_training_examples_is_refused
     assert code == 0, err
 
 
+# ------------------------------------------------------------- 12. streamed probes hold one block
+
+
+def _pass_peaks(tmp_path, n, p=256, chunk=512, K=4):
+    """Python-side peak bytes (tracemalloc, above what was live before) of the streamed linear probe's
+    passes over a real store of n float16 rows in ``chunk``-row chunks, rows taken in a random order (the
+    gather path), after a first pass (buffers kept between passes are the same for every n)."""
+    import tracemalloc
+
+    from repsim.probes._streamed import StreamedX
+    from repsim.probes.rows import Rows
+
+    rng = np.random.default_rng(n)
+    x = rng.normal(size=(n, p)).astype(np.float16)
+    store = _store(tmp_path / f"s{n}.zarr", layers={"pool": x}, chunk_rows=chunk)
+    rows = Rows.from_store(store, "layers/pool")
+    X = StreamedX(rows, rng.permutation(n), np.zeros(p, np.float32), None, np.dtype(np.float32))
+    R, A = rng.normal(size=(K, n)).astype(np.float32), rng.normal(size=(K, p))  # the solver's dtypes
+
+    def abs_pass():  # as the solver's rounding bound takes them
+        for _, blk in X.abs_blocks():
+            blk.sum()
+            del blk
+
+    want = (x[X.select].astype(np.float64).T @ R.T.astype(np.float64)).T
+    np.testing.assert_allclose(X.matmul_left(R), want, rtol=1e-4, atol=1e-3)  # the first pass: a real one
+    tracemalloc.start()
+    try:
+        peaks = []
+        for run in (lambda: X.matmul_left(R), lambda: X.t_matmul(A), abs_pass):
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            run()
+            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+    finally:
+        tracemalloc.stop()
+    return peaks
+
+
+def test_12_a_streamed_pass_holds_one_block_whatever_n(tmp_path):
+    """--memory-budget 8: peak RSS of `probe --probe linear` grew 127 -> 161 MiB and of `--relearn`
+    152 -> 197 MiB from 10k to 40k rows. A pass held the previous block's rows (gathered and centred
+    copies) while it read the next (the generators' and the caller's loop variables), and allocated those
+    block-sized copies afresh for every block, which glibc kept resident. Now, from 1.4 chunks of rows
+    to 5.2, a pass allocates (beyond the two block buffers the Rows keeps between passes) one chunk's
+    read — its object and decoded rows, each at most the chunk's bytes — plus what is O(n) by design:
+    the (K, n) products and the row order's index arrays, < 100 bytes a row. Before: 1.4-1.7 MB here,
+    growing by 240-270 kB."""
+    chunk, p, K = 512, 256, 4
+    small, large = 700, 5 * 512 + 100
+    a, b = _pass_peaks(tmp_path, small, p, chunk, K), _pass_peaks(tmp_path, large, p, chunk, K)
+    per_row = 100  # bytes: t_matmul's (K, n) float32 output, the gather's sort order and positions (int64)
+    read = 2 * chunk * p * 2  # one float16 chunk: its object (at most its bytes, + a checksum) and its rows
+    for name, pa, pb in zip(("matmul_left", "t_matmul", "abs_blocks"), a, b):
+        assert pb - pa <= per_row * (large - small), (name, pa, pb)
+        assert pb <= read + per_row * large, (name, pb, read)
+
+
 # --------------------------------------------------------------- 11. a one-seed demo's finding 1
 
 
