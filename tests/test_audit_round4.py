@@ -8,6 +8,7 @@ without ``flock`` (some network mounts), where only the create-that-fails protec
 """
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -317,6 +318,10 @@ def test_10_the_range_is_derived_from_float64():
     assert np.exp(-1 / (2 * lo * lo)) >= np.sqrt(eps) > np.exp(-1 / (2 * (0.99 * lo) ** 2))
     assert -np.expm1(-1 / (2 * hi * hi)) >= np.sqrt(eps) > -np.expm1(-1 / (2 * (1.01 * hi) ** 2))
     assert (lo, hi) == (0.167, 5790.0)  # rounded inwards to 3 digits: the numbers the message names
+    from repsim.commands.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert f"{lo:g} to {hi:g}, what float64 holds" in " ".join(sub.choices["similarity"].format_help().split())
 
 
 def _edge_store(path):

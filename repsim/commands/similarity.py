@@ -43,8 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated measures, listed below (default linear_cka; --scheduler "
                              "distributes the minibatch pass only: the exact estimators run in this process)")
     parser.add_argument("--rbf-threshold", type=rbf_threshold, default=1.0, metavar="T",
-                        help="rbf_cka: sigma^2 = T^2 x median squared distance (default 1.0; 0.05 to 1e4, beyond "
-                             "which float64 rounds the kernel to 1 or 0)")
+                        help="rbf_cka: sigma^2 = T^2 x median squared distance (default 1.0; 0.167 to 5790, what "
+                             "float64 holds: rbf_cka.RBF_THRESHOLD_RANGE)")
     parser.add_argument("--knn-k", type=positive, default=10, metavar="K", help="mutual_knn: neighbours (default 10)")
     parser.add_argument("--rsa-max-rows", type=int_at_least(3), default=2000, metavar="N",
                         help="rsa: above N examples, a seeded subsample of N rows (default 2000; >= 3)")
