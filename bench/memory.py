@@ -317,7 +317,27 @@ def write_markdown(res: dict) -> None:
 
 
 # Hand-written observations about the last --streamed run (edited with each re-measurement).
-STREAMED_NOTES: list[str] = []
+STREAMED_NOTES: list[str] = [
+    "- Run of 2026-11-29 00:00-00:13 UTC, beside the same rows on main before the fix (7ce62f2, same stores, "
+    "run at the same time from a copy of main's repsim/): `probe-linear` 113 → 161 MiB (1.43), `probe-relearn` "
+    "149 → 193 MiB (1.29) — issue 43's 127 → 161 and 152 → 197. After: 106 → 125 (1.17) and 143 → 161 (1.12); "
+    "wall times 491 → 426 s and 284 → 151 s at 40k (shared box, load 5-6).",
+    "- The cause (tracemalloc snapshots at the peak, in-process runs on these stores): a streamed pass held the "
+    "previous block's gathered and centred rows while it read the next (the generators' and the callers' loop "
+    "variables), so at 40k two full 8,192-row blocks (8 MiB float16 + 16 MiB float32 each) were alive where "
+    "10k's second chunk held 1,808 rows — what looked like a float16 copy of the added rows; and those "
+    "block-sized copies were allocated afresh per block, which glibc's heap kept (its mmap threshold rises to "
+    "the largest block freed): RSS above the traced bytes grew with n too (pinning MALLOC_MMAP_THRESHOLD_ cut "
+    "40k's 121 to 104 MiB before the buffers). Now each block is dropped before the next is read and the "
+    "gathered and centred rows go to two buffers reused by every pass (`Rows.scratch`); test rows are scored "
+    "from the decoded chunk, 1,024 rows at a time. `release_free_memory()` (malloc_trim) after each pass or "
+    "around the refit was tried and changed nothing (121 → 119, 122 → 122): not used.",
+    "- What still grows (linear 1.17, above the goal): the solver's (K, n) logits and line-search arrays, "
+    "O(n·K) by design (docs/architecture.md), +9.6 MiB traced from 10k to 40k at K = 10, and ~8 MiB of heap "
+    "slack around them that no fixed mmap threshold removed (115-120 MiB at 40k for thresholds 128 KiB-4 MiB). "
+    "`--relearn` has the same solver but no test store; `probe-linear`'s test store (n / 8) also grows from "
+    "one 1,250-row chunk to 5,000 rows.",
+]
 
 # Hand-written observations about the last run (edited with each re-measurement).
 NOTES: list[str] = [
