@@ -435,8 +435,11 @@ class LogisticObjective:
         for _ in range(MAX_TRIALS):
             self.n_trials += 1
             alpha = float(alpha)
-            st = _State(self, pt0.state.L + alpha * Ld, pt0.state.age + 1)
-            pt = self._point(st)
+            st = pt = None  # the last trial's (K, n) arrays go before this one's are made (lo_pt keeps the best)
+            L = Ld * alpha
+            L += pt0.state.L
+            pt = self._point(_State(self, L, pt0.state.age + 1))
+            del L
             d1, d2 = self._slopes(pt, Ld)
             phi = (pt.data + P0 + 2 * alpha * P1 + alpha * alpha * P2) / n
             dphi = (d1 + 2 * P1 + 2 * alpha * P2) / n
