@@ -552,13 +552,21 @@ class MeasureMatrices:
     def block(self, a: str, b: str, layers_a: list[str], layers_b: list[str]) -> np.ndarray | None:
         """The measure between every layer of store a (rows: the first argument) and of store b
         (columns), or None if absent."""
-        for _, values, pos, _ in self.parts:
+        found = self._holding(a, b, layers_a, layers_b)
+        if found is None:
+            return None
+        values, _, ia, ib = found
+        return values[np.ix_(ia, ib)]
+
+    def _holding(self, a: str, b: str, layers_a: list[str],
+                 layers_b: list[str]) -> tuple[np.ndarray, Any, list[int], list[int]] | None:
+        """(values, result, row positions of ``layers_a`` of store a, of ``layers_b`` of store b) of the
+        first file that holds every one of those columns, or None."""
+        for _, values, pos, r in self.parts:
             try:
-                ia = [pos[(a, l)] for l in layers_a]
-                ib = [pos[(b, l)] for l in layers_b]
+                return values, r, [pos[(a, l)] for l in layers_a], [pos[(b, l)] for l in layers_b]
             except KeyError:
                 continue
-            return values[np.ix_(ia, ib)]
         return None
 
     @cached_property
@@ -585,32 +593,21 @@ class MeasureMatrices:
         """(observed (La, Lb), null draws (K, La, Lb)) of the block of :meth:`block` from the file's
         permutation null (``SimilarityResult.null``: draw k permutes the rows of store b; the observed
         values are those the null was drawn for, the first epoch's on the minibatch route), or None."""
-        for _, _, pos, r in self.parts:
-            try:
-                ia = [pos[(a, l)] for l in layers_a]
-                ib = [pos[(b, l)] for l in layers_b]
-            except KeyError:
-                continue
-            arrays = r.calibration.get(self.name, {})
-            if "null" not in arrays:
-                return None
-            return arrays["observed"][np.ix_(ia, ib)], r.null(self.name)[:, ia][:, :, ib]
-        return None
+        found = self._holding(a, b, layers_a, layers_b)
+        if found is None or "null" not in found[1].calibration.get(self.name, {}):
+            return None
+        _, r, ia, ib = found
+        return r.calibration[self.name]["observed"][np.ix_(ia, ib)], r.null(self.name)[:, ia][:, :, ib]
 
     def calibrated_block(self, a: str, b: str, layers_a: list[str],
                          layers_b: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
         """(calibrated scores, p-values), each (La, Lb), of one pair of networks (``SimilarityResult.calibrated``
         and ``.pvalues``: Gröger et al. 2026), or None without a null."""
-        for _, _, pos, r in self.parts:
-            try:
-                ia = [pos[(a, l)] for l in layers_a]
-                ib = [pos[(b, l)] for l in layers_b]
-            except KeyError:
-                continue
-            if self.name not in r.calibration:
-                return None
-            return r.calibrated(self.name)[np.ix_(ia, ib)], r.pvalues(self.name)[np.ix_(ia, ib)]
-        return None
+        found = self._holding(a, b, layers_a, layers_b)
+        if found is None or self.name not in found[1].calibration:
+            return None
+        _, r, ia, ib = found
+        return r.calibrated(self.name)[np.ix_(ia, ib)], r.pvalues(self.name)[np.ix_(ia, ib)]
 
     def keys(self) -> set[tuple[str, str]]:
         """Every (store, layer) column the measure has values for."""
