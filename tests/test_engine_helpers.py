@@ -81,8 +81,9 @@ def signalled_at_checkpoint(argv, at: int, sig: int) -> list[str]:
     return [sys.executable, "-c", SIGNAL_AFTER_CHECKPOINT, str(at), str(int(sig)), *map(str, argv)]
 
 
-def wait_until_stopped(proc) -> None:
-    """Return once ``proc`` (a Popen) has stopped itself (waitpid WUNTRACED: no poll); fail if it ended."""
+def wait_until_stopped(proc, before: "Callable[[], str] | None" = None) -> None:
+    """Return once ``proc`` (a Popen) has stopped itself (waitpid WUNTRACED: no poll); fail if it ended,
+    saying ``before()`` (what it had not done yet) when given."""
     import os
 
     import pytest
@@ -98,7 +99,8 @@ def wait_until_stopped(proc) -> None:
     if not os.WIFSTOPPED(status):
         proc.returncode = os.waitstatus_to_exitcode(status)
         err = proc.stderr.read()[-2000:] if proc.stderr else ""
-        pytest.fail(f"the run ended (exit {proc.returncode}) before it stopped itself: {err}")
+        what = before() if before is not None else "it stopped itself"
+        pytest.fail(f"the run ended (exit {proc.returncode}) before {what}: {err}")
 
 
 def strict_device(monkeypatch, device=None) -> dict[str, int]:

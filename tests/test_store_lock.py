@@ -23,6 +23,7 @@ from repsim.store import lock as lockmod
 from repsim.store.lock import StoreLocked, lock_path, lock_store
 from repsim.store.reader import open_store
 from repsim.store.writer import save_store
+from test_engine_helpers import wait_until_stopped
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -400,16 +401,7 @@ def _extract_until(out: Path, chunks: int, *args: str) -> subprocess.Popen:
     chunk is written; returns once it is stopped (waitpid WUNTRACED: no poll, no timing guess)."""
     proc = subprocess.Popen([sys.executable, "-c", STOPPED_AFTER, str(chunks), *args], env=ENV, cwd=ROOT,
                             stderr=subprocess.PIPE, text=True)
-    guard = threading.Timer(300, proc.kill)  # a hang guard, not a speed check: a run that never stops is killed
-    guard.start()
-    try:
-        _, status = os.waitpid(proc.pid, os.WUNTRACED)
-    finally:
-        guard.cancel()
-    if not os.WIFSTOPPED(status):
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        pytest.fail(f"the run ended before {chunks} chunks were written (got {_written(out)}): "
-                    f"{proc.stderr.read()[-2000:]}")
+    wait_until_stopped(proc, before=lambda: f"{chunks} chunks were written (got {_written(out)})")
     assert _written(out) == chunks
     return proc
 
