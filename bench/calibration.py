@@ -225,7 +225,7 @@ def previous_analytic_update():
     a new temporary per elementwise sum."""
     from repsim.array_api import array_namespace, diagonal, to_numpy
     from repsim.kernels._precision import CenteredGram
-    from repsim.kernels.analytic_null import MinibatchAnalytic, permutation_moments
+    from repsim.kernels.analytic_null import MinibatchAnalytic
     from repsim.kernels.minibatch_null import MinibatchNull
 
     def ucenter_before(K, xp):
@@ -262,17 +262,7 @@ def previous_analytic_update():
         shaper = MinibatchNull(self.n_layers, [0] * self.n_layers, 1, debiased=self.debiased, names=self.names,
                                compute_dtype=self.compute_dtype)
         A = xp.stack([centered(shaper, x, name, xp) for x, name in zip(batch, self.names)])
-        L, b = A.shape[0], A.shape[1]
-        flat = xp.reshape(A, (L, b * b))
-        obs = to_numpy(flat @ xp.matrix_transpose(flat))
-        inv = invariants_before(A, xp)
-        m, v, t = permutation_moments(inv, inv, b)
-        self.obs += (obs + obs.T) / 2
-        self.mean += m
-        self.var += v
-        self.mu3 += t
-        self.n_batches += 1
-        return self
+        return self.add_batch(A, invariants_before(A, xp), xp)
 
     now = MinibatchAnalytic.update
     MinibatchAnalytic.update = update

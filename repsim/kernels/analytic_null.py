@@ -174,9 +174,14 @@ class MinibatchAnalytic:
         else:
             A = xp.stack([shaper._centered(x, name, xp) for x, name in zip(batch, self.names)])
             scratch = None
+        return self.add_batch(A, invariants(A, xp=xp, scratch=scratch), xp)
+
+    def add_batch(self, A: Any, inv: Any, xp: Any) -> "MinibatchAnalytic":
+        """Add one batch: the observed HSIC products of its (L, b, b) centred matrices ``A`` and the
+        permutation moments from their invariants ``inv`` (:func:`invariants`)."""
+        L, b = A.shape[0], A.shape[1]
         flat = xp.reshape(A, (L, b * b))
         obs = to_numpy(flat @ xp.matrix_transpose(flat))
-        inv = invariants(A, xp=xp, scratch=scratch)
         m, v, t = permutation_moments(inv, inv, b)
         self.obs += (obs + obs.T) / 2
         self.mean += m
