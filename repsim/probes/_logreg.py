@@ -435,7 +435,7 @@ class LogisticObjective:
         for _ in range(MAX_TRIALS):
             self.n_trials += 1
             alpha = float(alpha)
-            st = pt = None  # the last trial's (K, n) arrays go before this one's are made (lo_pt keeps the best)
+            pt = None  # the last trial's (K, n) arrays go before this one's are made (lo_pt keeps the best)
             L = Ld * alpha
             L += pt0.state.L
             pt = self._point(_State(self, L, pt0.state.age + 1))
