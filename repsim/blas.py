@@ -9,9 +9,13 @@ Python threads, each doing single-threaded BLAS and NumPy element-wise work (bot
 the same cores, no barriers, and the element-wise work in parallel too.  Nested or concurrent
 users share one setting (reference-counted); the original setting comes back when the last one
 leaves.  Without threadpoolctl's control over the BLAS library the split is 1 (nothing changes);
-so it is when the setting does not take — threadpoolctl lets only one thread at a time change
-OpenBLAS's process-wide pool size (e.g. a ``threadpool_limits`` block open in another thread) —
-so that k threads never run k-threaded BLAS each.
+so it is when the setting does not take — threadpoolctl (>= 3.8) lets only one thread at a time
+change OpenBLAS's process-wide pool size (e.g. a ``threadpool_limits`` block open in another
+thread) — so that k threads never run k-threaded BLAS each.  A split may be entered in one thread
+and left in another (the last user out restores the setting), so each of its settings gives that
+control back at once (:func:`_release_control`): otherwise the restore from a thread other than
+the one that set one thread would be ignored, and BLAS would stay at one thread for the rest of
+the process.
 """
 from __future__ import annotations
 
@@ -43,6 +47,21 @@ def _controller() -> Any:
     return ctl
 
 
+def _release_control() -> None:
+    """Give back threadpoolctl's control of OpenBLAS's shared pool if this thread holds it.
+
+    threadpoolctl >= 3.8 lets only the first thread that sets OpenBLAS's (pthreads) thread count
+    change it until that thread clears its control or ends; settings from other threads are
+    silently dropped.  Older threadpoolctl has no such control: nothing to do."""
+    try:
+        from threadpoolctl import OpenBLASController
+    except ImportError:  # no threadpoolctl, or one without per-library controllers
+        return
+    clear = getattr(OpenBLASController, "clear_controlling_thread", None)
+    if clear is not None:
+        clear()  # without force: only if this thread is the one in control
+
+
 @contextmanager
 def blas_thread_split() -> Iterator[int]:
     """Yield the BLAS thread count k (>= 1) with BLAS set to one thread until the block exits."""
@@ -56,6 +75,8 @@ def blas_thread_split() -> Iterator[int]:
             if limiter is not None and any(int(lib.get_num_threads() or 1) > 1 for lib in libs):
                 limiter.restore_original_limits()  # another thread controls the pool: run sequentially
                 limiter, k = None, 1
+            if k > 1:
+                _release_control()
             _state["threads"], _state["limiter"] = max(1, k), limiter
         _state["depth"] += 1
         k = _state["threads"]
@@ -67,3 +88,4 @@ def blas_thread_split() -> Iterator[int]:
             if _state["depth"] == 0 and _state["limiter"] is not None:
                 _state["limiter"].restore_original_limits()
                 _state["limiter"] = None
+                _release_control()
