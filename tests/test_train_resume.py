@@ -199,38 +199,21 @@ sys.exit(main(["train", *sys.argv[1:]]))
 """
 
 
-def test_ddp_ranks_evaluate_the_saved_ema_network(tmp_path):
-    """F8: each rank's EMA averaged its own BatchNorm statistics, so rank 1 evaluated its half of the
-    holdout/test sets with a network that was never saved. Now rank 0's buffers are broadcast first.
-    2 gloo processes, 1 epoch; each rank dumps the network it evaluates."""
-    script = tmp_path / "dump.py"
-    script.write_text(DUMP)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           "--preset", "digits-softmax", "--out", str(tmp_path / "two"), "--no-progress", "--device", "cpu",
-           *[a for s in SMALL + ["epochs=1"] for a in ("--set", s)]]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    if r.returncode != 0 and "terminate called without an active exception" in r.stderr:
-        shutil.rmtree(tmp_path / "two", ignore_errors=True)  # the rare gloo abort of test_train_loop's DDP test
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    saved = load_checkpoint(tmp_path / "two" / "checkpoint.pt")
-    for rank in (0, 1):
-        got = torch.load(tmp_path / f"eval-net-rank{rank}.pt")
-        for k, v in saved["ema"].items():
-            assert torch.equal(got[k], v), (rank, k)
-    assert saved["world_size"] == 2
-
-
-def _torchrun_train(out: Path, *extra: str) -> subprocess.CompletedProcess:
+def _torchrun_train(out: Path, *extra: str, dump: bool = False) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node=2 -m repsim.train`` (gloo on the CPU) of the SMALL digits-dropout recipe;
-    once more after the rare gloo abort that test_train_loop's DDP test documents (a real failure fails twice)."""
+    once more after the rare gloo abort that test_train_loop's DDP test documents (a real failure fails twice).
+    ``dump``: through DUMP, each rank saving the network it evaluates beside ``out``."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "repsim.train",
+    if dump:
+        script = out.parent / "dump.py"
+        script.write_text(DUMP)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           *([str(script)] if dump else ["-m", "repsim.train"]),
            "--preset", PRESET, "--out", str(out), "--no-progress", "--device", "cpu",
            *[a for s in SMALL for a in ("--set", s)], *extra]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if r.returncode != 0 and "terminate called without an active exception" in r.stderr:
+        shutil.rmtree(out, ignore_errors=True)  # it started over: no --resume on a first run
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
@@ -241,12 +224,21 @@ def test_a_two_process_ddp_run_resumed_equals_the_uninterrupted_one(tmp_path):
     """A real 2-process torchrun (gloo) run stopped after epoch 1 and resumed by torchrun with --resume is the
     uninterrupted 2-process run, bit for bit: weights, EMA, both ranks' random states, scheduler and metrics
     (the per-rank RNG states and the sampler's epoch are restored on each rank; the checkpoint records
-    world_size 2). Faking world_size in one process (above) only checks the refusal."""
+    world_size 2). Faking world_size in one process (above) only checks the refusal.
+
+    F8, on the stopped run: each rank's EMA averaged its own BatchNorm statistics, so rank 1 evaluated its
+    half of the holdout/test sets with a network that was never saved. Now rank 0's buffers are broadcast
+    first: each rank dumps the network it evaluates (DUMP), and both equal the checkpoint's EMA."""
     whole, part = tmp_path / "whole", tmp_path / "part"
     _torchrun_train(whole)
-    _torchrun_train(part, "--stop-after-epoch", "1")
+    _torchrun_train(part, "--stop-after-epoch", "1", dump=True)
     stopped = load_checkpoint(part / "checkpoint.pt")
     assert stopped["epoch"] == 1 and stopped["world_size"] == 2 and len(stopped["rng"]) == 2
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"eval-net-rank{rank}.pt")
+        assert got.keys() == stopped["ema"].keys()
+        for k, v in stopped["ema"].items():
+            assert torch.equal(got[k], v), (rank, k)
     _torchrun_train(part, "--resume")
     x, y = load_checkpoint(whole / "checkpoint.pt"), load_checkpoint(part / "checkpoint.pt")
     assert x["world_size"] == y["world_size"] == 2
