@@ -480,7 +480,7 @@ def test_an_extraction_thread_is_refused_by_another_of_the_same_process(ckpts, t
         assert refused_elsewhere(out)
 
 
-@pytest.mark.slow  # (two torchrun processes: ~70 s on a loaded 2-core box)
+@pytest.mark.slow  # (a torchrun of two processes)
 def test_torchrun_rank0_refused_tells_every_rank(ckpts, tmp_path):
     """Under torchrun only rank 0 takes the lock (the sharded run works: the other ranks would be
     refused otherwise); when rank 0 is refused, every rank stops with the reason instead of hanging."""
@@ -498,9 +498,12 @@ def test_torchrun_rank0_refused_tells_every_rank(ckpts, tmp_path):
     assert run.returncode != 0
     assert f"is being written by another process (pid {holder.pid}" in run.stderr
     assert "rank 0 could not prepare" in run.stderr  # rank 1 heard of it
-    run = subprocess.run([*torchrun, *args, "--out", str(out)], env=ENV, cwd=ROOT, capture_output=True, text=True,
-                         timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
+    # the refused ranks left no lock behind: with the holder gone, the next run takes it and completes (one
+    # process: a sharded run completing is tests/test_extract.py's torchrun test)
+    assert not (tmp_path / ".s.zarr.lock").exists()
+    from repsim.commands.main import main
+
+    assert main(["extract", *args, "--out", str(out), "--no-progress"]) == 0
     assert open_store(out).complete and not (tmp_path / ".s.zarr.lock").exists()
 
 
