@@ -308,7 +308,7 @@ class LogisticObjective:
             # CE_i = log(1 + Σ_{k≠y} e^{L_k}) = m + log1p(s + expm1(−m)), m = max(0, max_k L_k),
             # s = Σ_{k≠y} e^{L_k − m}: exact for well-classified examples (m = 0: log1p(s)).
             m = xp.maximum(xp.max(L, axis=0, keepdims=True), self.zero)
-            E = xp.exp(L - m)
+            E = _exp_in_place(L - m, xp)
             s = xp.sum(E, axis=0, keepdims=True)
             T = s + xp.exp(-m)
             ce = m + xp.log1p(s + xp.expm1(-m))
@@ -324,17 +324,20 @@ class LogisticObjective:
     def _slopes(self, pt: _Point, Ld: Any) -> tuple[float, float]:
         """First and second derivative of Σ_i loss_i along the direction with linear form Ld."""
         xp = self.xp
-        Q = pt.E * Ld
+        Q = pt.E * Ld                  # the one (K, n) temporary: products are taken in place
         if self.loss == "softmax":
             # dCE_i/dα = Σ_k p_k Ld_k (Ld = 0 at y), d² = Σ_k p_k Ld_k² − (Σ_k p_k Ld_k)²
             q1 = xp.sum(Q, axis=0, keepdims=True) / pt.T
-            q2 = xp.sum(Q * Ld, axis=0, keepdims=True) / pt.T
+            Q *= Ld
+            q2 = xp.sum(Q, axis=0, keepdims=True) / pt.T
             d1 = float(xp.sum(xp.astype(q1, xp.float64)))
             d2 = float(xp.sum(xp.astype(q2 - q1 * q1, xp.float64)))
         else:
             # d loss/dα = −σ(−L) Ld, d² = σ(−L) σ(L) Ld²
             d1 = -float(xp.sum(xp.astype(xp.sum(Q, axis=0), xp.float64)))
-            d2 = float(xp.sum(xp.astype(xp.sum(Q * (1 - pt.E) * Ld, axis=0), xp.float64)))
+            Q *= 1 - pt.E
+            Q *= Ld
+            d2 = float(xp.sum(xp.astype(xp.sum(Q, axis=0), xp.float64)))
         return d1, d2
 
     def _residual(self, pt: _Point) -> Any:
@@ -430,12 +433,12 @@ class LogisticObjective:
         P0 = float(np.sum(self.lam[None, :] * Wd * Wd))
         n = self.n
         lo, hi, dlo, dhi = 0.0, np.inf, dphi0, np.inf
-        lo_pt = None
+        lo_state = None  # the lower bracket's logits; its loss arrays are made again if it is returned
         alpha = 1.0
         for _ in range(MAX_TRIALS):
             self.n_trials += 1
             alpha = float(alpha)
-            pt = None  # the last trial's (K, n) arrays go before this one's are made (lo_pt keeps the best)
+            pt = None  # the last trial's (K, n) arrays go before this one's are made (lo_state keeps the best)
             L = Ld * alpha
             L += pt0.state.L
             pt = self._point(_State(self, L, pt0.state.age + 1))
@@ -453,7 +456,7 @@ class LogisticObjective:
                 if armijo and abs(dphi) <= C2 * abs(dphi0):
                     return alpha, pt
                 if armijo and dphi < 0:
-                    lo, dlo, lo_pt = alpha, dphi, pt
+                    lo, dlo, lo_state = alpha, dphi, pt.state
                 else:
                     hi, dhi = alpha, dphi
             # next trial: Newton on φ' from α, kept inside the bracket (secant / bisection otherwise)
@@ -470,7 +473,8 @@ class LogisticObjective:
                 alpha = cand
             if hi - lo <= 1e-10 * hi:
                 break
-        return (lo, lo_pt) if lo_pt is not None else (0.0, None)
+        pt = None
+        return (lo, self._point(lo_state)) if lo_state is not None else (0.0, None)
 
     def solve(self, lam: float | np.ndarray, init: Solution | None = None, *, tol: float = 1e-6,
               max_iter: int = 1000, run_tol: float | None = None) -> Solution:
@@ -554,6 +558,7 @@ class LogisticObjective:
                     message = "ABNORMAL: line search found no decrease"
                 break
             del Ld
+            pt = None                             # the previous point's logits go before R is made
             it += 1
             theta_new = theta + alpha * p
             if new.state.age >= REFRESH_AGE:      # bound the rounding drift of L + α·L_d
@@ -650,6 +655,15 @@ class LogisticObjective:
                              run_tol=RUN_TOL_FACTOR * tol if run_tol is None else run_tol)
             prev, sol, prev_lam, lam_k = sol, new, lam_k, lam
             yield lam, sol
+
+
+def _exp_in_place(x: Any, xp: Any) -> Any:
+    """``exp(x)``, written over x with NumPy (``out=``; x is a temporary (K, n) array, so this saves
+    one of them at the solver's peak); a new array in other namespaces, which the standard gives no
+    ``out=``."""
+    if xp is np and isinstance(x, np.ndarray):
+        return np.exp(x, out=x)
+    return xp.exp(x)
 
 
 def _streamed(X: Any) -> bool:
