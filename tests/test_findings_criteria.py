@@ -80,6 +80,41 @@ def test_finding2_criteria_say_what_the_bootstrap_is_for_and_what_reaching_0_mea
     assert "early interval reaches 0 (so no early difference is shown, which does not show that there is none)" in ev
 
 
+@pytest.mark.filterwarnings("ignore:Mean of empty slice:RuntimeWarning")  # the reference's draw without a pair
+def test_bootstrap_draws_are_the_gaps_of_their_objective_draws():
+    """The draws, evaluated many at once, against each draw's gaps from their definition (per layer: the mean
+    same-objective CKA of the drawn objectives minus the mean over drawn pairs of different objectives,
+    repeats kept, an objective with itself no cross pair; early and late means over their layers), on
+    values with missing entries (an objective with one seed, a missing pair); and the interval is the
+    percentiles of those draws, from the bootstrap's seed."""
+    rng = np.random.default_rng(4)
+    L, m = 10, 6
+    S = rng.uniform(0.3, 1, (L, m))
+    C = rng.uniform(0.2, 0.9, (L, m, m))
+    C = (C + C.transpose(0, 2, 1)) / 2
+    S[:, 2] = np.nan          # one seed: not resampled
+    C[3, 0, 4] = C[3, 4, 0] = np.nan
+    early, late = list(range(7)), list(range(7, L))
+    ok = np.flatnonzero(~np.isnan(S).any(axis=0))
+    picks = rng.choice(ok, size=(40, len(ok)))
+    picks[0] = ok[0]           # one objective drawn every time: no cross pair at all
+    got = F._draw_gaps(S, C, picks, early, late)
+    for pick, row in zip(picks, got):
+        same = [np.nanmean(S[k, pick]) for k in range(L)]
+        cross = [np.nanmean([C[k, a, b] for a in pick for b in pick if a != b] or [np.nan]) for k in range(L)]
+        gap = np.subtract(same, cross)
+        want = [np.nanmean(gap[early]), np.nanmean(gap[late])]
+        want.append(want[1] - want[0])
+        np.testing.assert_allclose(row, want, rtol=1e-14, atol=1e-15)
+    assert np.isnan(got[0]).all()
+    n_boot = 300
+    draws = F._draw_gaps(S, C, np.random.default_rng(9).choice(ok, size=(n_boot, len(ok))), early, late)
+    draws = draws[~np.isnan(draws).any(axis=1)]
+    ci = F.bootstrap_gaps(S, C, early, late, n_boot=n_boot, seed=9)
+    lo, hi = np.percentile(draws, [2.5, 97.5], axis=0)
+    assert ci == {k: (lo[i], hi[i]) for i, k in enumerate(("early", "late", "late-early"))}
+
+
 def test_no_bootstrap_without_three_objectives_with_seeds():
     S, C = _planted(lambda b: 0.05, n_obj=2)
     assert F.bootstrap_gaps(S, C, *F.last_third(BLOCKS)) is None

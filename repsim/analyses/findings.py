@@ -482,12 +482,6 @@ def _same_cross(S: np.ndarray, C: np.ndarray, pick: np.ndarray) -> tuple[np.ndar
     return np.nanmean(S[:, pick], axis=1), np.nanmean(C[:, a[off], b[off]], axis=1)
 
 
-def _gap(S: np.ndarray, C: np.ndarray, pick: np.ndarray) -> np.ndarray:
-    """Per layer: :func:`_same_cross`'s same − cross."""
-    same, cross = _same_cross(S, C, pick)
-    return same - cross
-
-
 def _seeded(S: np.ndarray) -> np.ndarray:
     """Indices of the objectives with ≥ 2 seeds (a same-objective value at every layer): those the
     bootstrap resamples."""
@@ -497,7 +491,7 @@ def _seeded(S: np.ndarray) -> np.ndarray:
 def stated_gaps(S: np.ndarray, C: np.ndarray, display: str) -> tuple[np.ndarray, np.ndarray]:
     """Per corresponding layer: (mean same-objective CKA, mean cross-objective CKA) from :func:`_pair_means`'
     arrays (``display``: the measure, for the message) over the objectives the bootstrap resamples
-    (:func:`_seeded`; all, when fewer than 2 have 2 seeds), weighted as :func:`_gap` weighs them, so that
+    (:func:`_seeded`; all, when fewer than 2 have 2 seeds), weighted as the bootstrap's draws weigh them, so that
     the stated gap is the statistic its interval is for. With equal seeds per objective, the mean over all
     pairs of networks of each kind."""
     import warnings
@@ -511,6 +505,22 @@ def stated_gaps(S: np.ndarray, C: np.ndarray, display: str) -> tuple[np.ndarray,
     return same, cross
 
 
+DRAW_BLOCK = 250  # bootstrap draws evaluated at once: layers × 250 × objectives² floats (16 × 250 × 81: 2.6 MB)
+
+
+def _draw_gaps(S: np.ndarray, C: np.ndarray, picks: np.ndarray, early: list[int], late: list[int]) -> np.ndarray:
+    """(draws, 3): the mean early gap, the mean late gap and late − early of each row of ``picks`` (a draw of
+    objective indices), the gap per layer being :func:`_same_cross`'s same − cross: many draws at once (a
+    Python loop over 2,000 draws took ~0.7 s per interval, five intervals per measure in a report)."""
+    same = np.nanmean(S[:, picks], axis=2)                                  # (layers, draws)
+    pairs = C[:, picks[:, :, None], picks[:, None, :]]                       # (layers, draws, m, m)
+    pairs[:, picks[:, :, None] == picks[:, None, :]] = np.nan                # an objective with itself: no cross pair
+    cross = np.nanmean(pairs.reshape(pairs.shape[0], pairs.shape[1], -1), axis=2)
+    g = same - cross
+    e, l = np.nanmean(g[early], axis=0), np.nanmean(g[late], axis=0)
+    return np.stack([e, l, l - e], axis=1)
+
+
 def bootstrap_gaps(S: np.ndarray, C: np.ndarray, early: list[int], late: list[int], n_boot: int = N_BOOT,
                    seed: int = 0) -> dict[str, tuple[float, float]] | None:
     """95 % percentile-bootstrap intervals of the mean early gap, the mean late gap and late − early from
@@ -522,15 +532,11 @@ def bootstrap_gaps(S: np.ndarray, C: np.ndarray, early: list[int], late: list[in
     ok = _seeded(S)
     if len(ok) < 3:
         return None
-    rng = np.random.default_rng(seed)
-    draws = []
+    picks = np.random.default_rng(seed).choice(ok, size=(n_boot, len(ok)), replace=True)  # one draw per row
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a draw of one repeated objective has no cross pair
-        for _ in range(n_boot):
-            g = _gap(S, C, rng.choice(ok, size=len(ok), replace=True))
-            e, l = np.nanmean(g[early]), np.nanmean(g[late])
-            draws.append((e, l, l - e))
-    d = np.asarray(draws)
+        d = np.concatenate([_draw_gaps(S, C, picks[i:i + DRAW_BLOCK], early, late)
+                            for i in range(0, n_boot, DRAW_BLOCK)])
     d = d[~np.isnan(d).any(axis=1)]
     lo, hi = np.percentile(d, [2.5, 97.5], axis=0)
     return {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(("early", "late", "late-early"))}
