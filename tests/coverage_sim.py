@@ -249,65 +249,21 @@ class Objectives:
         return S, C
 
 
-def bootstrap_gaps_at_once(S: np.ndarray, C: np.ndarray, early: list[int], late: list[int], n_boot: int,
-                           seed: int = 0) -> dict[str, tuple[float, float]] | None:
-    """:func:`repsim.analyses.findings.bootstrap_gaps` with its resamples computed together instead of one by one
-    (the same draws from the same generator, the same means; :func:`check_gaps_at_once` shows that the
-    intervals agree): the toolkit's loop takes ~1 ms a resample, too slow for thousands of replicates."""
-    ok = np.flatnonzero(~np.isnan(S).any(axis=0))
-    if len(ok) < 3:
-        return None
-    picks = np.random.default_rng(seed).choice(ok, size=(n_boot, len(ok)), replace=True)
-    counts = np.zeros((n_boot, S.shape[1]))
-    np.add.at(counts, (np.repeat(np.arange(n_boot), len(ok)), picks.ravel()), 1.0)  # times each is drawn
-    same = counts @ np.where(np.isnan(S), 0.0, S).T / len(ok)  # (n_boot, layers); those not in ok: never drawn
-    # cross pairs: every ordered pair of draws of different objectives i != j, i.e. Σ_{i≠j} n_i n_j C_lij
-    usable = ~np.isnan(C)
-    usable[:, np.arange(C.shape[1]), np.arange(C.shape[1])] = False
-    vals = np.where(usable, C, 0.0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cross = (((counts @ vals) * counts).sum(-1) / ((counts @ usable.astype(float)) * counts).sum(-1)).T
-        g = same - cross
-        e, l_ = np.nanmean(g[:, early], axis=1), np.nanmean(g[:, late], axis=1)
-    d = np.stack([e, l_, l_ - e], axis=1)
-    d = d[~np.isnan(d).any(axis=1)]
-    lo, hi = np.percentile(d, [2.5, 97.5], axis=0)
-    return {k: (float(lo[i]), float(hi[i])) for i, k in enumerate(("early", "late", "late-early"))}
-
-
-def check_gaps_at_once(model: "Objectives", k: int = 9, n_boot: int = 300, cases: int = 3) -> None:
-    """:func:`bootstrap_gaps_at_once` gives the toolkit's intervals (float64 rounding) on a few data sets,
-    one of them with a missing cross pair and an objective of one seed (left out of the resamples)."""
-    from repsim.analyses.findings import bootstrap_gaps
-
-    rng = np.random.default_rng(123)
-    for case in range(cases):
-        S, C = model.sample(rng, k)
-        if case == cases - 1:
-            C[3, 1, 2] = C[3, 2, 1] = np.nan
-            S[:, 0] = np.nan
-        want = bootstrap_gaps(S, C, model.early, model.late, n_boot=n_boot, seed=case)
-        got = bootstrap_gaps_at_once(S, C, model.early, model.late, n_boot=n_boot, seed=case)
-        assert want.keys() == got.keys()
-        for key in want:
-            np.testing.assert_allclose(got[key], want[key], rtol=0, atol=1e-12, err_msg=key)
-
-
 def gaps_coverage(model: Objectives, reps: int, k: int = 9, *, n_boot: int = 2000, seed: int = 0,
                   narrow: float = 1.0) -> dict:
     """Per statistic (early, late, late − early): the fraction of replicates of k objectives whose
     ``bootstrap_gaps`` interval holds the population value (``narrow``: as in :func:`cka_coverage`)."""
-    from repsim.analyses.findings import _gap
+    from repsim.analyses.findings import _same_cross, bootstrap_gaps
 
     rng = np.random.default_rng(seed)
     truth = model.truth()
     hits = dict.fromkeys(truth, 0)
     for i in range(reps):
         S, C = model.sample(rng, k)
-        ci = bootstrap_gaps_at_once(S, C, model.early, model.late, n_boot=n_boot, seed=i)
+        ci = bootstrap_gaps(S, C, model.early, model.late, n_boot=n_boot, seed=i)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            g = _gap(S, C, np.arange(k))
+            g = np.subtract(*_same_cross(S, C, np.arange(k)))
         est = {"early": np.mean(g[model.early]), "late": np.mean(g[model.late])}
         est["late-early"] = est["late"] - est["early"]
         for key, (lo, hi) in ci.items():
