@@ -213,7 +213,8 @@ def _torchrun_train(out: Path, *extra: str, dump: bool = False) -> subprocess.Co
            *[a for s in SMALL for a in ("--set", s)], *extra]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     if r.returncode != 0 and "terminate called without an active exception" in r.stderr:
-        shutil.rmtree(out, ignore_errors=True)  # it started over: no --resume on a first run
+        if "--resume" not in extra:  # a first run starts over; a resume resumes from the same checkpoint again
+            shutil.rmtree(out, ignore_errors=True)
         r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
