@@ -439,18 +439,13 @@ def _pair_means(inputs: Inputs, measure: str = "linear_cka",
     from repsim.analyses.items.layers import cka_groups
 
     cka, groups, layers = cka_groups(inputs, measure)
-    if calibrated:
-        source = cka
 
-        class _Calibrated:  # cka.block's interface over the calibrated scores
-            symmetric = source.symmetric
+    def block(a: str, b: str, la: list[str], lb: list[str]) -> np.ndarray | None:
+        if not calibrated:
+            return cka.block(a, b, la, lb)
+        got = cka.calibrated_block(a, b, la, lb)
+        return None if got is None else got[0]
 
-            @staticmethod
-            def block(a, b, la, lb):
-                got = source.calibrated_block(a, b, la, lb)
-                return None if got is None else got[0]
-
-        cka = _Calibrated()
     labels = sorted(groups)
     S = np.full((len(layers), len(labels)), np.nan)
     C = np.full((len(layers), len(labels), len(labels)), np.nan)
@@ -462,8 +457,8 @@ def _pair_means(inputs: Inputs, measure: str = "linear_cka",
                     for y in groups[b]:
                         if a == b and not x < y:
                             continue
-                        v = [float(w[0, 0]) for w in (cka.block(x, y, [layer], [layer]), None if cka.symmetric else
-                                                      cka.block(y, x, [layer], [layer])) if w is not None]
+                        v = [float(w[0, 0]) for w in (block(x, y, [layer], [layer]), None if cka.symmetric else
+                                                      block(y, x, [layer], [layer])) if w is not None]
                         if v:
                             vals.append(float(np.mean(v)))
                 if vals and a == b:
