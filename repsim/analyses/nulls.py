@@ -39,7 +39,9 @@ class Calibrated:
     @property
     def not_significant(self) -> np.ndarray:
         """Some pair has p > α (the marked cells; an undefined, NaN cell is not one)."""
-        return np.isfinite(self.pvalue) & (np.nan_to_num(self.pvalue) > self.alpha)
+        from repsim.engine.heatmap import above_alpha
+
+        return above_alpha(self.pvalue, self.alpha)
 
 
 def upper_bound(mm) -> float | None:

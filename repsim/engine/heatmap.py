@@ -120,9 +120,14 @@ def mark_cells(ax: Any, mask: np.ndarray, size: float = 9.0) -> int:
 
 
 def not_significant(result: SimilarityResult, measure: str) -> np.ndarray:
-    """(L, L) bool: the cells whose p-value exceeds the null's α (undefined, NaN cells are not)."""
-    p = np.asarray(result.pvalues(measure), dtype=np.float64)
-    return np.isfinite(p) & (np.nan_to_num(p) > null_alpha(result))
+    """(L, L) bool: the cells whose p-value exceeds the null's α (:func:`above_alpha`)."""
+    return above_alpha(result.pvalues(measure), null_alpha(result))
+
+
+def above_alpha(pvalues: Any, alpha: float) -> np.ndarray:
+    """Where a p-value exceeds ``alpha`` (the cells to dot); undefined, NaN cells are not."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    return np.isfinite(p) & (np.nan_to_num(p) > alpha)
 
 
 def null_alpha(result: SimilarityResult) -> float:
