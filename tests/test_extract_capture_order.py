@@ -322,19 +322,25 @@ PLANTED_COPY_OUT = {
 }
 
 
+def _extract_goes_wrong(out, reference) -> None:
+    """A planted ordering bug shows in the extraction: a NaN that reached the chunk's maxima is refused as
+    non-finite, or else the store differs from the reference."""
+    try:
+        pipeline.extract_store(_net(), "digits", out, **KW)
+    except ExtractError as exc:
+        assert "non-finite" in str(exc)
+    else:
+        with pytest.raises(AssertionError):
+            _assert_same(out, reference)
+
+
 @pytest.mark.parametrize("bug", sorted(PLANTED_COPY_OUT))
 def test_the_stand_in_catches_a_copy_out_without(bug, fake, reference, tmp_path, monkeypatch):
     """The private tensor not handed to the copy stream (its block lent to the compute stream's next
     allocation before the copy read it), or the copy not ordered after the cast: wrong values, and the
     stand-in says which."""
     monkeypatch.setattr(capture.Capture, "copy_out", _planted(capture.Capture.copy_out, PLANTED_COPY_OUT[bug], bug))
-    try:
-        pipeline.extract_store(_net(), "digits", tmp_path / "bad.zarr", **KW)
-    except ExtractError as exc:  # a NaN that reached the chunk's maxima is refused as non-finite
-        assert "non-finite" in str(exc)
-    else:
-        with pytest.raises(AssertionError):
-            _assert_same(tmp_path / "bad.zarr", reference)
+    _extract_goes_wrong(tmp_path / "bad.zarr", reference)
     want = "without record_stream" if bug == "record_stream" else "before the side stream waited"
     assert any(want in v for v in fake.violations), fake.violations
 
@@ -350,13 +356,7 @@ def test_the_stand_in_catches_a_run_without(bug, reference, tmp_path, monkeypatc
     """The writer thread not waiting for the chunk's event (it reads buffers whose copies are still queued)
     or the chunk's maxima freed before their copy ran: caught."""
     fk = install_fake(monkeypatch, _planted(pipeline._run, PLANTED_RUN[bug], bug))
-    try:
-        pipeline.extract_store(_net(), "digits", tmp_path / "bad.zarr", **KW)
-    except ExtractError as exc:
-        assert "non-finite" in str(exc)
-    else:
-        with pytest.raises(AssertionError):
-            _assert_same(tmp_path / "bad.zarr", reference)
+    _extract_goes_wrong(tmp_path / "bad.zarr", reference)
     want = "handed to the store while copies" if bug == "event wait" else "without record_stream"
     assert any(want in v for v in fk.violations), fk.violations
 
