@@ -117,7 +117,7 @@ def resnet18_checkpoints(cache: Path, nets: int, image_size: int, n: int) -> lis
     for i in range(nets):
         path = cache / f"resnet18-{image_size}px-n{n}-s{i}" / "checkpoint.pt"
         if not path.is_file():
-            cfg = load_config(None, [f"arch=\"resnet18\"", "arch_params={}", "in_channels=3", "num_classes=10",
+            cfg = load_config(None, ["arch=\"resnet18\"", "arch_params={}", "in_channels=3", "num_classes=10",
                                      "objective=\"softmax\"", f"seed={i}", "data.spec=\"synthetic\"",
                                      f"data.image_size={image_size}", f"data.synthetic_n={n}",
                                      "data.eval_resize=0"])

@@ -2,7 +2,6 @@
 its two-way ANOVA), Fig. D.3, Tables C.1, C.4, C.5, C.6, E.3; which stores the end-of-training items see."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pandas as pd

@@ -9,7 +9,7 @@ import pytest
 
 from repsim import open_store, save_store
 from repsim.commands.main import main
-from tests.test_analyses_figures import LAYERS, OBJS, SEEDS, TASKS, write_results
+from tests.test_analyses_figures import LAYERS, OBJS, SEEDS, write_results
 
 N, K = 60, 3
 SHAPES = {"block1": (4, 4, 4), "block2": (4, 4, 4), "block3": (8, 2, 2), "block4": (8, 2, 2), "pool": (8,)}

@@ -7,7 +7,6 @@ import sys
 import tracemalloc
 
 import numpy as np
-import pytest
 
 from repsim.commands.main import main
 from repsim.store.check import check_stores

@@ -10,7 +10,6 @@ import sys
 import tempfile
 import textwrap
 
-import dask
 import dask.array as da
 import numpy as np
 import pytest

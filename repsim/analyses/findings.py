@@ -983,7 +983,7 @@ def findings_text(findings: list[Finding]) -> str:
         if f.conditions:
             lines += ["| " + " | ".join(CONDITION_COLUMNS) + " |", "|" + " --- |" * len(CONDITION_COLUMNS)]
             lines += ["| " + " | ".join(map(_cell, _condition_cells(c))) + " |" for c in f.conditions]
-            lines += ([f"", f.rule] if f.rule else []) + [""]
+            lines += (["", f.rule] if f.rule else []) + [""]
         lines += [f"Calibration: {f.calibration}", ""] if f.calibration else []
         lines += [f"Why not reproduced: {f.why}", ""] if f.why else []
         lines += [f"Caveat: {f.caveat}", ""] if f.caveat else []

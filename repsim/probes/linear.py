@@ -97,7 +97,6 @@ def linear_probe_rows(train: Rows, y_train: Any, test: Rows, y_test: Any,
     blocks (``repsim.probes._streamed``): memory O(P² + P·K + n·K) floats plus one block, never the
     (n, P) features. Same protocol, same optimum; the numbers agree with the in-memory route to the
     solver's tolerance (other summation order)."""
-    from repsim.probes import _logreg
     from repsim.probes._streamed import streamed_problem
 
     _check_params(metric, kw.get("direction", "down"), lambdas)

@@ -44,7 +44,6 @@ so xarray needs them opened one at a time, or the root group for ids, labels and
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Iterable
 
