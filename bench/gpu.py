@@ -226,6 +226,23 @@ def store_rows(n: int, batch_size: int) -> dict:
         os.environ.pop("REPSIM_GPU_DECODE", None)
         out["gpu_pool_peak_bytes"] = int(pool.total_bytes())
         host_decoded = None
+        if out["gpu_decoding"]:  # the GPU decoding one call per (group, column), as before the spans
+            from repsim.engine import device_decode
+
+            limit, device_decode.DECODE_CALL_BYTES = device_decode.DECODE_CALL_BYTES, 0
+            os.environ["REPSIM_GPU_DECODE"] = "1"
+            try:
+                t0 = time.perf_counter()
+                per_column = cka_matrix(paths, device="cuda", **kw)
+                out["cuda_decode_per_column_s"] = time.perf_counter() - t0
+                out["max_abs_decode_per_column_vs_spans"] = float(np.nanmax(np.abs(per_column.values - got.values)))
+            except Exception as exc:  # noqa: BLE001 - reported, the row runs on
+                traceback.print_exc()
+                out["decode_per_column_error"] = f"{type(exc).__name__}: {exc}"
+            finally:
+                device_decode.DECODE_CALL_BYTES = limit
+                del os.environ["REPSIM_GPU_DECODE"]
+            out["decode_call_bytes"] = limit
         if out["gpu_decoding"]:  # ... and the same pass with the CPU decoding them, as before
             os.environ["REPSIM_GPU_DECODE"] = "0"
             try:
@@ -485,7 +502,6 @@ def jpeg_rows(n: int, batch: int = 256) -> dict:
     (PIL in DataLoader workers), after a warm-up extraction of one batch on each route; the decoders'
     agreement on the first batch (uint8 levels of the decoded images, and the transformed batches)
     and the two stores' logits."""
-    import torch
     from torchvision.io import ImageReadMode, decode_jpeg, read_file
 
     from repsim.extract import jpeg as xj
@@ -577,6 +593,11 @@ def write_md(res: dict) -> None:
                          f"({'faster' if s['gpu_decoding_over_cpu_decoding'] > 1 else 'slower'}; both within 1e-9 "
                          f"of the CPU's: {s.get('equal_to_cpu_within_1e-9')}; max abs diff "
                          f"{s.get('max_abs_cuda_cpu_decoding_vs_cpu', float('nan')):.1e}) |")
+        if "cuda_decode_per_column_s" in s:
+            lines.append(f"| … the GPU decoding one call per (batch group, column) (the route before the spans of "
+                         f"{s['decode_call_bytes'] / 2**20:.0f} MiB per call) | {s['cuda_decode_per_column_s']:.2f} s | "
+                         f"spans: {s['cuda_s']:.2f} s | spans {s['cuda_decode_per_column_s'] / s['cuda_s']:.2f}× as fast "
+                         f"(max abs diff {s['max_abs_decode_per_column_vs_spans']:.1e}) |")
         lines.append(f"| the same on the CPU, all {res['cpus']} cores (`device=\"cpu\"`) | {s['cpu_all_cores_s']:.2f} s | "
                      f"`device=\"cuda\"`: {s['cuda_s']:.2f} s | cuda {s['cpu_over_cuda']:.2f}× faster "
                      f"(max abs diff {s['max_abs_cuda_vs_cpu']:.1e}) |")

@@ -33,6 +33,7 @@ if [ -n "${HEATMAP_ONLY:-}" ]; then
     --heatmap-timeout "$(( ${HEATMAP_S:-540} - 15 ))" --budget "$(( ${HEATMAP_S:-540} - 10 ))" --merge
 else
   step 75 python3 -m pytest -q -p no:cacheprovider -n 4 -rs tests/test_cka_device.py tests/test_engine.py::test_cuda_device_matches_cpu \
+    tests/test_engine.py::test_cuda_chunks_decoded_by_nvcomp_match_the_cpu_decoded_pass \
     tests/test_extract_models.py::test_weights_sha256_of_a_device_module_equals_the_host_one tests/test_extract_memory.py \
     tests/test_extract_jpeg.py::test_nvjpeg_route_is_chosen_and_matches_the_cpu_decoder \
     tests/test_extract_jobs.py::test_threads_on_one_gpu_write_the_stores_of_one_at_a_time_runs

@@ -630,30 +630,49 @@ class BlockReader:
         on a GPU, nvCOMP), the rows picked and ``spatial`` applied in ``xp``; ``None`` where that route
         does not apply (the "examples" scheme, a float64 layer — its magnitude check is the host's —,
         an array not in repsim's zstd encoding on a local disk, a missing object): read as usual."""
+        return self.gather_decoded_span([c], group, decoder, xp)[0]
+
+    def gather_decoded_span(self, cols: Sequence[int], group: "Group", decoder: Any, xp: Any) -> list[list[Any] | None]:
+        """:meth:`gather_decoded` of every column of ``cols`` with all their chunks decoded in one
+        ``decoder`` call (:func:`repsim.engine.device_decode.decode_spans` chooses the columns); a
+        column the route does not apply to is ``None`` (read as usual), the others are decoded."""
         if group.blocks is None or self.spatial not in ("flatten", "mean"):
-            return None
-        store, layer, cr = self._stores[c], self.columns[c].layer, self.columns[c].chunk_rows
+            return [None] * len(cols)
         starts = np.minimum(group.blocks * self.block_rows, self.n)
         stops = np.minimum((group.blocks + 1) * self.block_rows, self.n)
-        wanted = sorted({k for a, b in zip(starts.tolist(), stops.tolist()) for k in range(a // cr, (b - 1) // cr + 1)})
-        objects = []
-        for k in wanted:
-            got = store.chunk_object(layer, k)
-            if got is None or got[2] == np.float64:
-                return None
-            objects.append(got)
-        shape, dtype = objects[0][1], objects[0][2]
-        raw = decoder.decode([o[0] for o in objects], int(np.prod(shape)) * dtype.itemsize)
-        parts = [decoder.view(r, dtype, shape) for r in raw]
-        full = parts[0] if len(parts) == 1 else xp.concat(parts, axis=0)
-        slot = np.empty(max(wanted) + 1, dtype=np.int64)
-        slot[wanted] = np.arange(len(wanted)) * cr
-        out = []
-        for rows in group.batches:
-            picked = xp.take(full, asarray_like(slot[rows // cr] + rows % cr, full, xp), axis=0)
-            counts = self._rows_counts(c, rows)
-            out.append(transform(picked, self.spatial, xp, tokens=self.columns[c].tokens,
-                                 counts=None if counts is None else asarray_like(counts, full, xp)))
+        plans: list[tuple[list[int], list[tuple]] | None] = []
+        for c in cols:
+            cr = self.columns[c].chunk_rows
+            wanted = sorted({k for a, b in zip(starts.tolist(), stops.tolist()) for k in range(a // cr, (b - 1) // cr + 1)})
+            objects = []
+            for k in wanted:
+                got = self._stores[c].chunk_object(self.columns[c].layer, k)
+                if got is None or got[2] == np.float64:
+                    objects = None
+                    break
+                objects.append(got)
+            plans.append(None if objects is None else (wanted, objects))
+        bodies = [o[0] for plan in plans if plan is not None for o in plan[1]]
+        sizes = [int(np.prod(o[1])) * o[2].itemsize for plan in plans if plan is not None for o in plan[1]]
+        raw = iter(decoder.decode(bodies, sizes) if bodies else ())
+        out: list[list[Any] | None] = []
+        for c, plan in zip(cols, plans):
+            if plan is None:
+                out.append(None)
+                continue
+            wanted, objects = plan
+            cr, shape, dtype = self.columns[c].chunk_rows, objects[0][1], objects[0][2]
+            parts = [decoder.view(next(raw), dtype, shape) for _ in objects]
+            full = parts[0] if len(parts) == 1 else xp.concat(parts, axis=0)
+            slot = np.empty(max(wanted) + 1, dtype=np.int64)
+            slot[wanted] = np.arange(len(wanted)) * cr
+            picked_batches = []
+            for rows in group.batches:
+                picked = xp.take(full, asarray_like(slot[rows // cr] + rows % cr, full, xp), axis=0)
+                counts = self._rows_counts(c, rows)
+                picked_batches.append(transform(picked, self.spatial, xp, tokens=self.columns[c].tokens,
+                                                counts=None if counts is None else asarray_like(counts, full, xp)))
+            out.append(picked_batches)
         return out
 
     def prefetched(self, keys: Sequence[Any], load: Any, ahead: int | None = None) -> Iterator[tuple[Any, Any]]:

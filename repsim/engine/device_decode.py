@@ -1,6 +1,7 @@
 """Chunks decoded on the GPU: the reader threads read and check the compressed objects, the device
 decompresses them (issue 26). Opt-in (``REPSIM_GPU_DECODE=1``): slower than the CPU's decoding in the
-engine's read schedule on its first measurement (:func:`device_decoder`).
+engine's read schedule on its first measurement, with one call per column (:func:`device_decoder`);
+the spans below are not yet measured on a GPU.
 
 On the CPU route each reader thread reads a chunk object, checks its crc32c and zstd-decodes it
 (``repsim.store._chunkio``); with ``--device cuda`` the decoded block is then copied to the GPU
@@ -10,11 +11,17 @@ same 512 chunks in one batched call with the compressed bytes copied to the devi
 byte-identical; bench/RESULTS.md "gpu").  So, where nvCOMP's Python package is installed
 (``nvidia-nvcomp-cu12`` / ``-cu13``), a reader thread
 
-1. reads the objects of the chunks a (batch group, column) needs and checks each crc32c and the
+1. reads the objects of the chunks a (batch group, span of columns) needs and checks each crc32c and the
    store's manifest entry on the CPU (:meth:`ActivationStore.chunk_object`);
 2. copies the compressed bodies into one pinned buffer, and it to the GPU on its own stream;
 3. decodes them in one batched nvCOMP call, views the bytes in the stored dtype (float16 stays
    float16: the kernels widen it), and picks the batch's rows on the device.
+
+One call covers a *span* of columns of a batch group (:func:`decode_spans`: consecutive columns up to
+:data:`DECODE_CALL_BYTES` of decoded bytes), not one column: a call has fixed costs (nvCOMP reads the
+frames' headers back to the host, the thread waits for its stream) that one column's few chunks did
+not repay (bench/RESULTS.md "gpu", H200: 1.26 s with one call per column against 0.69 s with the CPU
+decoding).
 
 A column whose arrays are not repsim's zstd encoding on a local disk, or whose store lacks a chunk
 object, is read the CPU way.  :class:`HostZstd` is the same contract with the decoding on the host
@@ -31,7 +38,29 @@ import numpy as np
 
 from repsim.array_api import is_cupy_namespace
 
-__all__ = ["HostZstd", "NvcompZstd", "device_decoder"]
+__all__ = ["DECODE_CALL_BYTES", "HostZstd", "NvcompZstd", "decode_spans", "device_decoder"]
+
+# decoded bytes one batched decode aims at: a span of columns of a batch group grows until the next
+# column would pass it (a wider column alone is one call); 64 MiB is ~8 ms of nvCOMP zstd at the 8 GB/s
+# measured for one call over 0.96 GB (H200), against ~1-2 ms of fixed cost per call
+DECODE_CALL_BYTES = 64 << 20
+
+
+def decode_spans(column_bytes: Sequence[int], limit: int | None = None) -> list[range]:
+    """Consecutive runs of columns, each decoded in one call: ``column_bytes[c]`` is what column ``c``
+    decodes to for one batch group; a run grows while its total stays within ``limit`` (default
+    :data:`DECODE_CALL_BYTES`), and a column over the limit is a run of its own.  Every column is in
+    exactly one run, in order."""
+    limit = DECODE_CALL_BYTES if limit is None else int(limit)
+    spans, start, total = [], 0, 0
+    for c, nbytes in enumerate(column_bytes):
+        if c > start and total + int(nbytes) > limit:
+            spans.append(range(start, c))
+            start, total = c, 0
+        total += int(nbytes)
+    if len(column_bytes):
+        spans.append(range(start, len(column_bytes)))
+    return spans
 
 
 class HostZstd:
@@ -43,11 +72,11 @@ class HostZstd:
         self.xp = xp
         self._zstd = Zstd()
 
-    def decode(self, bodies: Sequence[np.ndarray], nbytes: int) -> list[Any]:
-        """Each zstd frame of ``bodies`` decoded to ``nbytes`` bytes (uint8, on the host here)."""
+    def decode(self, bodies: Sequence[np.ndarray], nbytes: Sequence[int]) -> list[Any]:
+        """Each zstd frame of ``bodies`` decoded to its ``nbytes`` bytes (uint8, on the host here)."""
         out = []
-        for body in bodies:
-            raw = np.empty(nbytes, dtype=np.uint8)
+        for body, size in zip(bodies, nbytes, strict=True):
+            raw = np.empty(int(size), dtype=np.uint8)
             self._zstd.decode(body, out=raw)
             out.append(raw)
         return out
@@ -77,6 +106,7 @@ class NvcompZstd:
         # every thread's [stream, codec], alive as long as the decoder: a reader thread's exit must not
         # free its stream while nvCOMP may still use it; on release the codecs go first (:meth:`close`)
         self._kept: list[list[Any]] = []
+        self._into = True  # nvCOMP decodes into our buffers (``out=``) until it refuses the argument
 
     def _stream_and_codec(self) -> tuple[Any, Any, bool]:
         """This thread's (stream, codec, codec runs on that stream); made once per thread (nvCOMP: a
@@ -109,13 +139,19 @@ class NvcompZstd:
             local.pinned = buf = cupyx.empty_pinned((size,), dtype=np.uint8)
         return buf[:nbytes]
 
-    def decode(self, bodies: Sequence[np.ndarray], nbytes: int) -> list[Any]:
+    def decode(self, bodies: Sequence[np.ndarray], nbytes: Sequence[int]) -> list[Any]:
+        """Each zstd frame of ``bodies`` decoded to its ``nbytes`` bytes: uint8 views into one CuPy
+        buffer, decoded into it by nvCOMP (``out=``) where the installed nvCOMP takes an output batch,
+        else decoded into nvCOMP's own buffers and copied into it."""
         import cupy
         import cupyx
         from nvidia import nvcomp
 
         sizes = [int(b.size) for b in bodies]
         offs = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        want = np.concatenate([[0], np.cumsum([int(n) for n in nbytes])]).astype(np.int64)
+        if want.size != offs.size:
+            raise ValueError(f"{len(bodies)} chunk objects, {want.size - 1} decoded sizes")
         stream, codec, on_stream = self._stream_and_codec()
         staged = self._pinned(int(offs[-1]), cupyx)
         for body, a, e in zip(bodies, offs[:-1], offs[1:]):
@@ -125,23 +161,43 @@ class NvcompZstd:
             dev.set(staged, stream=stream)
             if not on_stream:
                 stream.synchronize()  # (the codec's own stream does not wait for ours: the bytes must be there)
-            got = codec.decode(nvcomp.as_arrays([nvcomp.as_array(dev[a:e])
-                                                 for a, e in zip(offs[:-1], offs[1:])]))
-            if not on_stream:
-                cupy.cuda.Device().synchronize()  # the codec's stream is not ours to wait for
-            # copied into CuPy's own memory on this stream: nothing handed on points into nvCOMP's
-            # buffers, which are freed here, with their codec and stream alive
-            out, src = [], None
-            for g in got:
-                src = cupy.asarray(g).view(cupy.uint8).ravel()
-                dst = cupy.empty(src.shape, dtype=cupy.uint8)
-                dst[...] = src
-                out.append(dst)
-            del got, src
-        stream.synchronize()  # this thread's copy, decode and copies are done; nothing else is waited for
-        if any(int(o.size) != nbytes for o in out):
-            raise ValueError(f"a chunk object does not decode to {nbytes} bytes on the GPU")
+            srcs = nvcomp.as_arrays([nvcomp.as_array(dev[a:e]) for a, e in zip(offs[:-1], offs[1:])])
+            # one CuPy buffer for the call's decoded bytes, allocated on this stream (CuPy's pool, no
+            # cudaMalloc per chunk); nothing handed on points into nvCOMP's buffers
+            buf = cupy.empty(int(want[-1]), dtype=cupy.uint8)
+            out = [buf[a:e] for a, e in zip(want[:-1], want[1:])]
+            if not self._decode_into(codec, srcs, out, nvcomp):
+                got = codec.decode(srcs)
+                if not on_stream:
+                    cupy.cuda.Device().synchronize()  # the codec's stream is not ours to wait for
+                src = None
+                for g, dst in zip(got, out):
+                    src = cupy.asarray(g).view(cupy.uint8).ravel()
+                    if int(src.size) != int(dst.size):
+                        raise ValueError(f"a chunk object decodes to {int(src.size)} bytes on the GPU, "
+                                         f"not the chunk's {int(dst.size)}")
+                    dst[...] = src
+                del got, src
+            elif not on_stream:
+                cupy.cuda.Device().synchronize()
+        stream.synchronize()  # this thread's copy and decode are done; nothing else is waited for
         return out
+
+    def _decode_into(self, codec: Any, srcs: Any, out: list[Any], nvcomp: Any) -> bool:
+        """Decode ``srcs`` straight into ``out`` (CuPy views, each exactly its chunk's size) when the
+        installed nvCOMP takes ``out=`` (6.x: a ``BatchArray`` of fixed capacities, ``ValueError`` when
+        one is too small); False to decode into nvCOMP's buffers instead (an nvCOMP without it, from
+        then on; a frame larger than its chunk, this once: the copy route then names it)."""
+        if not self._into:
+            return False
+        try:
+            codec.decode(srcs, out=nvcomp.as_arrays([nvcomp.as_array(o) for o in out]))
+        except TypeError:
+            self._into = False
+            return False
+        except ValueError:
+            return False
+        return True
 
     def close(self) -> None:
         """Release every thread's codec, then its stream (after the device is idle)."""
@@ -164,8 +220,10 @@ def device_decoder(xp: Any) -> Any:
     """The GPU decoder for ``xp`` (CuPy with ``nvidia.nvcomp`` installed) when ``REPSIM_GPU_DECODE=1``,
     else None (the CPU decodes). Opt-in: on an H200 (2026-11-28, bench/RESULTS.md "gpu") the store-backed
     pass took 1.26 s with it against 0.69 s with the CPU decoding (16 reader threads): one batched
-    nvCOMP call per (batch group, column) on small groups costs more than it saves, though nvCOMP
-    decodes the same chunks 3x faster than the CPU in one call over all of them."""
+    nvCOMP call per (batch group, column) on small groups cost more than it saved, though nvCOMP
+    decodes the same chunks 3x faster than the CPU in one call over all of them. Calls now cover
+    spans of columns (:func:`decode_spans`); the route stays opt-in until a GPU measures them
+    (bench/gpu.py's store row times both)."""
     if os.environ.get("REPSIM_GPU_DECODE", "0") != "1" or not is_cupy_namespace(xp):
         return None
     try:

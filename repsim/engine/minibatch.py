@@ -49,7 +49,7 @@ from repsim.engine.result import CKAResult, SimilarityResult, _json_default
 from repsim.engine.similarity import report_undefined as _report_undefined
 from repsim.engine.scheduler import (array_module, device_name, get_client, reader_threads, run_tasks, scheduled,
                                      spec_threads, task_threads)
-from repsim.engine.device_decode import device_decoder
+from repsim.engine.device_decode import decode_spans, device_decoder
 from repsim.engine.upload import DeviceUploader, HeldUploads
 
 __all__ = ["CKAResult", "SimilarityResult", "cka_matrix", "similarity_matrix"]
@@ -104,18 +104,25 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     decoder = None if host else device_decoder(xp)  # chunks decoded on the GPU (engine/device_decode.py)
     held = HeldUploads()
 
-    def load(unit: tuple[int, int]) -> list[Any]:
-        g, c = unit
-        if decoder is not None:
-            decoded = reader.gather_decoded(c, groups[g], decoder, xp)
-            if decoded is not None:
-                return decoded
-        arrays = reader.gather(c, groups[g])
-        # NumPy: reduce on the reader thread as well, so that decoding, casting and the Gram GEMMs
-        # of different columns run in parallel (each releases the GIL); other namespaces (GPU)
-        # are copied to the device here (pinned, on this thread's stream: engine/upload.py) and
-        # reduced on the consumer thread, which computes on the device's default stream.
-        return [reduce(a, c) for a in arrays] if host else [upload(a) for a in arrays]
+    # a load is one column of a group, or with the chunks decoded on the device a span of columns
+    # decoded in one call (engine/device_decode.py: a call per column cost more than it saved)
+    spans = _decode_spans(columns, groups, plan.block_rows) if decoder is not None else [range(c, c + 1) for c in range(L)]
+
+    def load(unit: tuple[int, int]) -> list[list[Any]]:
+        g, s = unit
+        cols = spans[s]
+        decoded = reader.gather_decoded_span(cols, groups[g], decoder, xp) if decoder is not None else [None] * len(cols)
+        out = []
+        for c, got in zip(cols, decoded):
+            if got is None:
+                arrays = reader.gather(c, groups[g])
+                # NumPy: reduce on the reader thread as well, so that decoding, casting and the Gram
+                # GEMMs of different columns run in parallel (each releases the GIL); other namespaces
+                # (GPU) are copied to the device here (pinned, on this thread's stream: engine/upload.py)
+                # and reduced on the consumer thread, which computes on the device's default stream.
+                got = [reduce(a, c) for a in arrays] if host else [upload(a) for a in arrays]
+            out.append(got)
+        return out
 
     # On the host the reader threads are the parallelism (decoding and the wide columns' Grams run on
     # them, and MinibatchCKA.update spreads its columns over the BLAS budget): BLAS itself runs one
@@ -133,13 +140,14 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
             # bench/ooc.py).  Memory per load in progress is unchanged; at most ``threads`` run at once.
             # On a device every reader thread may hold one upload ahead (decoding is the bound there).
             ahead = _read_ahead(columns, groups, spec) if host else max(int(spec["prefetch"]), int(spec["threads"]))
-            units = [(g, c) for g in range(len(groups)) for c in range(L)]
-            for (g, c), arrays in reader.prefetched(units, load, ahead):
-                if c == 0:
-                    parts = [[None] * L for _ in arrays]
-                for i, a in enumerate(arrays):
-                    parts[i][c] = a if host else reduce(held.hold(a), c)
-                if c == L - 1:
+            units = [(g, s) for g in range(len(groups)) for s in range(len(spans))]
+            for (g, s), per_column in reader.prefetched(units, load, ahead):
+                for c, arrays in zip(spans[s], per_column):
+                    if c == 0:
+                        parts = [[None] * L for _ in arrays]
+                    for i, a in enumerate(arrays):
+                        parts[i][c] = a if host else reduce(held.hold(a), c)
+                if spans[s][-1] == L - 1:
                     for i, batch in enumerate(parts):
                         for acc in accs:
                             acc.update(batch)  # ends with the batch's device-to-host copy (a sync)
@@ -159,6 +167,17 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
     if spec.get("null") and not nulls:  # a later epoch's segment: empty nulls (merging adds nothing)
         nulls = null_accumulators(spec, measures, names)
     return dict(join_states(measures, accs), **join_null_states(measures, nulls))
+
+
+def _decode_spans(columns: Sequence[Column], groups: Sequence[Any], block_rows: int) -> list[range]:
+    """The runs of columns whose chunks one device decoding call covers (:func:`decode_spans`), sized
+    by the most rows a group reads (its blocks); single columns where no group reads by blocks (the
+    "examples" scheme: no chunk is decoded on the device, and one column per load keeps the reader
+    threads' parallelism)."""
+    rows = max((len(g.blocks) for g in groups if g.blocks is not None), default=0) * int(block_rows)
+    if rows == 0:
+        return [range(c, c + 1) for c in range(len(columns))]
+    return decode_spans([rows * c.features * np.dtype(c.dtype).itemsize for c in columns])
 
 
 SEP = "__"
