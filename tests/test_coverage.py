@@ -70,8 +70,9 @@ def test_finding2_interval_coverage_is_the_documented_one():
 # interval about the estimate, for what the estimator estimates at this n. Debiased (HSIC₁) CKA is all but
 # unbiased and covers the population CKA at the nominal level (bench-size run, 2,000 data sets: 95.7 %);
 # biased (HSIC₀) CKA overestimates it by +0.07 at n = 40 (half the interval's half-width) and its interval
-# covers 88.7 % (2,000 data sets; 93.1 % at n = 120, 1,000) — what docs/measures.md "Intervals" says
-BIASED_JACKKNIFE_COVERAGE_N40 = 0.887
+# covers 88.6 % (2,000 data sets; 93.0 % at n = 120; bench/coverage.py, bench/RESULTS.md "coverage") — what
+# docs/measures.md "Intervals" says
+BIASED_JACKKNIFE_COVERAGE_N40 = 0.886
 
 
 def test_exact_jackknife_interval_covers_the_population_cka():
