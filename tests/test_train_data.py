@@ -88,6 +88,22 @@ def test_bad_specs():
         build_dataset("cifar10", "train")
 
 
+def test_a_holdout_size_the_dataset_would_not_take_is_refused():
+    """digits, Fashion-MNIST and synthetic have fixed holdout splits: a holdout_size > 0 asked of them
+    (finetune --holdout-size, --set data.holdout_size) was ignored without a word; now it is refused,
+    saying what the holdout is. 0 or None (the default) asks nothing and builds as before."""
+    from repsim.train.data import FixedHoldoutError
+
+    for spec, how, splits in (("digits-target", "10 % of each class", ("holdout", "train", "train+holdout")),
+                              ("synthetic", "data.synthetic_n", ("holdout", "train")),
+                              ("fashion", "data.holdout_per_class", ("holdout", "train", "train+holdout"))):
+        for split in splits:
+            with pytest.raises(FixedHoldoutError, match=f"holdout split of '{spec}' is fixed: .*{how}"):
+                build_dataset(spec, split, holdout_size=50)
+    for hold in (None, 0):
+        assert len(build_dataset("digits", "holdout", holdout_size=hold)) == len(build_dataset("digits", "holdout"))
+
+
 def test_dataset_from_config_uses_the_run_settings():
     from repsim.train.config import load_config
     from repsim.train.data import dataset_from_config

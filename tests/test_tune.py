@@ -7,6 +7,7 @@ import hashlib
 import json
 import math
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch")  # training and extraction need the [torch] extra
@@ -152,22 +153,27 @@ def test_tune_selects_mixup_alpha_and_stopping_epoch(tmp_path, capsys):
     out = tmp_path / "tune"
     sets = sum([["--set", s] for s in SMALL + ["epochs=3"]], [])
     argv = ["tune", "--preset", "digits-softmax-mixup", "--seeds", "0", "--grid", "mixup.alpha=0.1,0.4",
-            "--out", str(out), "--results", str(tmp_path / "res"), "--jobs", "2", *sets]
+            "--out", str(out), "--results", str(tmp_path / "res"), "--jobs", "2", "--metric", "mean_per_class",
+            "--keep-checkpoints", *sets]
     assert main(argv) == 0, capsys.readouterr().err
     sel = json.loads((out / "softmax-mixup" / "selection.json").read_text())
-    # recompute: mean over seeds of each epoch's holdout top-1, best (point, epoch)
+    assert sel["metric"] == "mean_per_class" and sel["select_on"] == "best"
+    # recompute: mean over seeds of each epoch's holdout mean per-class accuracy (--metric), best (point, epoch)
     grid = _rows(out / "softmax-mixup" / "grid.csv")
     curves = {}
     for r in grid:
         for m in _rows(f"{r['run']}/metrics.csv"):
-            curves.setdefault((int(r["point"]), int(m["epoch"])), []).append(float(m["holdout_top1"]))
+            curves.setdefault((int(r["point"]), int(m["epoch"])), []).append(float(m["holdout_mean_per_class"]))
     best = max(sorted(curves), key=lambda k: sum(curves[k]) / len(curves[k]))
     assert (sel["point"], sel["epoch"]) == best and sel["selected"] == {"mixup.alpha": [0.1, 0.4][best[0]]}
+    assert sel["score"] == pytest.approx(sum(curves[best]) / len(curves[best]))
+    assert len(list((out / "softmax-mixup" / "grid").glob("*/checkpoint.pt"))) == 2  # --keep-checkpoints
     rows = _rows(tmp_path / "res" / "tune.csv")
     assert len(rows) == 1 and {r["variant"] for r in rows} == {"mixup"}
     assert tuple(rows[0]) == COLUMNS["tune"] and tuple(grid[0]) == columns("grid", ["mixup.alpha"])
     for r in rows:
         assert int(r["epochs_trained"]) == best[1] and r["selected_epoch"] == str(best[1])
+        assert r["metric"] == "mean_per_class" and float(r["accuracy"]) == float(r["mean_per_class"])
     # training.csv of the retrained runs
     assert main(["runs", str(out / "softmax-mixup" / "final" / "*"), "--out", str(tmp_path / "training.csv")]) == 0
     tr = _rows(tmp_path / "training.csv")
@@ -183,6 +189,15 @@ def test_cli_errors_are_one_line(capsys, tmp_path):
                "--lr-grid", "-1", "-2", "3"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "LO <= HI" in err[0]
+    import torch
+
+    torch.save({"config": {"arch": "mini_resnet14", "arch_params": {"width": 4}, "objective": "softmax", "seed": 0},
+                "model": {}},
+               tmp_path / "source.pt")  # (what --init-from reads before the holdout is checked)
+    rc = main(["finetune", "--preset", "finetune-digits", "--init-from", str(tmp_path / "source.pt"), "--out",
+               str(tmp_path), "--holdout-size", "100"])  # digits-target's holdout is fixed: refused, not ignored
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "holdout split of 'digits-target' is fixed" in err[0], err
     rc = main(["tune", "--preset", "digits-softmax", "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and "no grid" in err[0]
@@ -252,3 +267,57 @@ def test_finetune_grid_rates_are_the_rates_used_at_any_batch_size(tmp_path, monk
     cfg = seen["cfg"]
     assert cfg["batch_size"] == 32 and cfg["optim"]["ref_batch"] == 32  # peak lr = grid lr x 32/32
     assert "learning rates are used as given" in capsys.readouterr().out
+
+
+def test_tune_options_reach_the_protocol(tmp_path, monkeypatch):
+    """``repsim tune --select-on last --metric mean_per_class --keep-checkpoints``: the values the protocol
+    (repsim.train.tune.tune) runs with (the slow test above runs best/mean_per_class/keep end to end)."""
+    import repsim.train.tune as tu
+
+    seen = {}
+
+    def fake_tune(**kw):
+        seen.update(kw)
+        return []
+
+    monkeypatch.setattr(tu, "tune", fake_tune)
+    assert main(["tune", "--preset", "digits-softmax-mixup", "--grid", "mixup.alpha=0.1,0.4", "--out", str(tmp_path),
+                 "--select-on", "last", "--metric", "mean_per_class", "--keep-checkpoints", "--device", "cpu"]) == 0
+    assert (seen["select_on"], seen["metric"], seen["keep_checkpoints"]) == ("last", "mean_per_class", True)
+    assert seen["grid"] == [{"mixup.alpha": 0.1}, {"mixup.alpha": 0.4}]
+
+
+def test_finetune_holdout_size_sets_the_grid_holdout_of_an_image_folder(tmp_path, monkeypatch):
+    """``repsim finetune --data FOLDER --holdout-size 3``: the runs' config holds data.holdout_size = 3 and
+    the holdout the grid is scored on (checked before training) has 3 images."""
+    import argparse
+
+    from PIL import Image
+
+    import repsim.train.finetune_cli as fc
+    import repsim.train.tune as tu
+    from repsim.train.config import load_config
+    from repsim.train.data import dataset_from_config
+
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog"):
+        (tmp_path / "data" / "train" / c).mkdir(parents=True)
+        for i in range(5):
+            img = Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8))
+            img.save(tmp_path / "data" / "train" / c / f"{i}.png")
+    seen = {}
+
+    def fake_tune(*, preset, base_sets, **kw):
+        seen["cfg"] = load_config(preset, [f"{k}={tu.toml_literal(v)}" for k, v in base_sets])
+        return []
+
+    monkeypatch.setattr(tu, "tune", fake_tune)
+    monkeypatch.setattr(fc, "source_groups", lambda patterns: ([], []))
+    parser = argparse.ArgumentParser()
+    fc.configure(parser)
+    fc.run(parser.parse_args(["--preset", "finetune-digits", "--init-from", "x.pt", "--out", str(tmp_path / "o"),
+                              "--data", str(tmp_path / "data"), "--holdout-size", "3", "--set", "data.image_size=8",
+                              "--device", "cpu"]))
+    cfg = seen["cfg"]
+    assert cfg["data"]["holdout_size"] == 3 and cfg["data"]["spec"] == str(tmp_path / "data")
+    assert len(dataset_from_config(cfg, "holdout")) == 3 and len(dataset_from_config(cfg, "train")) == 7

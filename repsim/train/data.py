@@ -120,6 +120,10 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray]:
     return d.images.astype(np.float32), d.target.astype(np.int64)  # pragma: no cover
 
 
+class FixedHoldoutError(ValueError):
+    """A ``holdout_size`` asked of a dataset whose holdout split is fixed (digits, Fashion-MNIST, synthetic)."""
+
+
 def digits_split_indices(labels: np.ndarray, split: str) -> np.ndarray:
     """Per class: fixed permutation; first 25 % test, next 10 % holdout, rest train (sorted)."""
     rng = np.random.default_rng(SPLIT_SEED)
@@ -348,6 +352,14 @@ def build_dataset(spec: str, split: str, *, augment: Any = False, root: str | os
     if per_class and fashion_classes is None:  # a subsample the run would silently not take
         raise ValueError(f"data.{', data.'.join(sorted(per_class))} apply to the Fashion-MNIST specs only "
                          f"(fashion, fashion-source, fashion-target, fashion:C,...), not to {spec!r}")
+    fixed = {"digits": "10 % of each class", "digits-source": "10 % of each class",
+             "digits-target": "10 % of each class", "synthetic": "a generated set of data.synthetic_n images"}
+    if holdout_size and (spec in fixed or fashion_classes is not None):  # a holdout the run would silently not take
+        how = ("data.holdout_per_class images of each class (repsim.train.fashion)" if fashion_classes is not None
+               else fixed[spec])
+        raise FixedHoldoutError(f"data.holdout_size = {holdout_size} (finetune: --holdout-size) applies to image "
+                                f"folders, CSV files and torchvision datasets; the holdout split of {spec!r} is "
+                                f"fixed: {how}")
     if spec in ("digits", "digits-source", "digits-target"):
         return _digits(spec, split, bool(augment) and split == "train", autoaugment)
     if fashion_classes is not None:

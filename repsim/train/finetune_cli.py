@@ -41,7 +41,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "coefficient is λ / learning rate")
     parser.add_argument("--no-zero-decay", action="store_true", help="leave 'no weight decay' out of the grid")
     parser.add_argument("--holdout-size", type=int, help="validation examples held out of the training split "
-                        "for the grid (same as --set data.holdout_size=N)")
+                        "for the grid (same as --set data.holdout_size=N; image folders, CSV files and torchvision "
+                        "datasets: digits and Fashion-MNIST have fixed holdout splits)")
     from .tune import add_run_arguments
 
     add_run_arguments(parser)
@@ -143,11 +144,13 @@ def source_groups(patterns: list[str]):
 
 def check_holdout(cfg: dict) -> None:
     """Phase 1 selects on the holdout split: refuse a dataset without one, before any training."""
-    from .data import dataset_from_config
+    from .data import FixedHoldoutError, dataset_from_config
     from .tune import TuneError
 
     try:
         n = len(dataset_from_config(cfg, "holdout"))
+    except FixedHoldoutError as e:
+        raise TuneError(str(e)) from None
     except ValueError as e:
         raise TuneError(f"the grid is scored on a holdout split, and {cfg['data']['spec']!r} has none ({e}); "
                         "pass --holdout-size N") from None
