@@ -14,7 +14,7 @@ Each row: the fraction of replicates whose nominal-95 % interval holds the truth
 standard error. These are the numbers docs/architecture.md and the docstrings quote. Statistics, not
 speed: the numbers do not depend on the machine (seeded), only the run time does.
 
-    python bench/coverage.py               # ~10 min on 2 idle cores; rewrites bench/RESULTS.md "coverage"
+    python bench/coverage.py               # ~2 min on 2 cores; rewrites bench/RESULTS.md "coverage"
     python bench/coverage.py --reps 300    # a quick look (not recorded)
 """
 from __future__ import annotations
