@@ -252,6 +252,26 @@ def test_fig5_spearman_in_caption(tmp_path):
     assert "ρ = -1.000" in report
 
 
+def test_figure_formats(tmp_path, capsys):
+    """--formats: the figure files asked for (default PNG + PDF); the report embeds the PNG, else the SVG,
+    and a PDF alone is only linked; a format matplotlib is not asked to write here is refused in one line."""
+    res = write_results(tmp_path)
+    for formats, files, shown in ((None, {"fig5.png", "fig5.pdf"}, "fig5.png"),
+                                  (["svg", ".PNG"], {"fig5.png", "fig5.svg"}, "fig5.png"),
+                                  (["svg"], {"fig5.svg"}, "fig5.svg"), (["pdf"], {"fig5.pdf"}, None)):
+        out = tmp_path / f"out-{formats}"
+        argv = ["figures", "--results", str(res), "--out", str(out), "--only", "fig5", "--no-progress"]
+        assert main(argv + (["--formats", *formats] if formats else [])) == 0
+        assert {f.name for f in out.glob("fig5.*")} == files
+        report = (out / "report.html").read_text()
+        assert ("<img src='%s'" % shown in report) if shown else ("<img " not in report and "href='fig5.pdf'" in report)
+    assert (tmp_path / "out-['svg']" / "fig5.svg").read_text().lstrip().startswith("<?xml")
+    capsys.readouterr()
+    assert main(["figures", "--results", str(res), "--out", str(tmp_path / "bad"), "--formats", "png", "jpg"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--formats: jpg; choose from png, pdf, svg" in err[0]
+
+
 def test_missing_inputs_are_skipped_with_a_note(tmp_path):
     res = tmp_path / "empty"
     res.mkdir()

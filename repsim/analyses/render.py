@@ -1,14 +1,17 @@
-"""Rendering the registered items: PNG + PDF per figure, CSV + Markdown per table, one
-:class:`Outcome` per item for the report (:mod:`repsim.analyses.report`). The items are defined in
-:mod:`repsim.analyses.items.catalog` (importing it registers them in :data:`repsim.analyses.item.REGISTRY`).
+"""Rendering the registered items: PNG + PDF per figure (or the formats asked:
+:mod:`repsim.analyses.formats`), CSV + Markdown per table, one :class:`Outcome` per item for the report
+(:mod:`repsim.analyses.report`). The items are defined in :mod:`repsim.analyses.items.catalog` (importing
+it registers them in :data:`repsim.analyses.item.REGISTRY`).
 """
 from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from repsim.analyses.data import Inputs, Missing
+from repsim.analyses.formats import DEFAULT_FORMATS, check_formats
 from repsim.analyses.item import REGISTRY, Figure, Item, Table
 from repsim.analyses.items.catalog import ORDER
 
@@ -38,7 +41,9 @@ def markdown(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_one(it: Item, inputs: Inputs, out: Path) -> Outcome:
+def render_one(it: Item, inputs: Inputs, out: Path, formats: Sequence[str] = DEFAULT_FORMATS) -> Outcome:
+    """Render ``it`` into ``out``: a figure as each of ``formats`` (PNG at 150 dpi; the report shows the
+    PNG, else the SVG), a table as CSV + Markdown."""
     import matplotlib.pyplot as plt
 
     try:
@@ -51,7 +56,7 @@ def render_one(it: Item, inputs: Inputs, out: Path) -> Outcome:
         return Outcome(it, "failed", note=f"{type(exc).__name__}: {exc}\n{tb}")
     if isinstance(result, Figure):
         files = []
-        for ext in ("png", "pdf"):
+        for ext in formats:
             path = out / f"{it.id}.{ext}"
             result.fig.savefig(path, dpi=150 if ext == "png" else None, bbox_inches="tight")
             files.append(path.name)
@@ -63,9 +68,10 @@ def render_one(it: Item, inputs: Inputs, out: Path) -> Outcome:
 
 
 def render_all(inputs: Inputs, out: Path, *, only: set[str] | None = None,
-               progress: bool = True) -> list[Outcome]:
+               progress: bool = True, formats: Sequence[str] = DEFAULT_FORMATS) -> list[Outcome]:
     """Render every registered item (or those in ``only``: an id, or a per-measure item's id for all
-    its variants) into ``out``."""
+    its variants) into ``out``, figures as each of ``formats``."""
+    formats = check_formats(formats)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,7 +84,7 @@ def render_all(inputs: Inputs, out: Path, *, only: set[str] | None = None,
     for it in [v for it in ordered_items() for v in it.variants(inputs)]:
         if only is not None and it.id not in only and it.base not in only:
             continue
-        oc = render_one(it, inputs, out)
+        oc = render_one(it, inputs, out, formats)
         if progress:
             print(f"[figures] {it.id:8s} {oc.status}" + (f": {oc.note.splitlines()[0]}" if oc.note else ""),
                   flush=True)

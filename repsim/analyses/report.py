@@ -54,8 +54,11 @@ def write_report(outcomes: list[Outcome], out: Path, *, title: str = "repsim fig
         links = " ".join(f"<a href='{html.escape(f)}'>{html.escape(f)}</a>" for f in o.files)
         parts.append(f"<h2 id='{o.item.id}'>{html.escape(o.item.title)}</h2>")
         if o.item.kind == "figure":
-            png = next(f for f in o.files if f.endswith(".png"))
-            parts.append(f"<a href='{html.escape(png)}'><img src='{html.escape(png)}' alt='{html.escape(o.item.title)}'></a>")
+            shown = next((f for f in o.files if f.endswith(".png")), None) or next(
+                (f for f in o.files if f.endswith(".svg")), None)  # (a PDF alone: the links below)
+            if shown is not None:
+                parts.append(f"<a href='{html.escape(shown)}'><img src='{html.escape(shown)}' "
+                             f"alt='{html.escape(o.item.title)}'></a>")
         else:
             parts.append(_table_html(o))
         parts.append(f"<p class='caption'>{html.escape(o.caption)}</p><p class='files'>{links}</p>")
