@@ -241,10 +241,9 @@ def test_a_finetune_run_is_not_done_once_its_source_checkpoint_changes(tmp_path)
     assert run_state(run.dir, new) == "fresh"
 
 
-def test_finetune_grid_rates_are_the_rates_used_at_any_batch_size(tmp_path, monkeypatch, capsys):
-    # A.3's grid: with --set batch_size different from optim.ref_batch the grid's learning rates were
-    # scaled by batch/ref_batch while λ was divided by the unscaled rate and finetune.csv reported the grid
-    # value; now the runs set ref_batch to the batch size, so η (grid) is the peak rate and η·(λ/η) = λ
+def _finetune_config(monkeypatch, argv: list[str]) -> dict:
+    """The config ``repsim finetune --preset finetune-digits --init-from x.pt ARGV`` hands the protocol
+    (its ``tune`` replaced by one that only builds the config; no source checkpoint is read)."""
     import argparse
 
     import repsim.train.finetune_cli as fc
@@ -261,10 +260,15 @@ def test_finetune_grid_rates_are_the_rates_used_at_any_batch_size(tmp_path, monk
     monkeypatch.setattr(fc, "source_groups", lambda patterns: ([], []))
     parser = argparse.ArgumentParser()
     fc.configure(parser)
-    args = parser.parse_args(["--preset", "finetune-digits", "--init-from", "x.pt", "--out", str(tmp_path / "o"),
-                              "--set", "batch_size=32", "--device", "cpu"])
-    fc.run(args)
-    cfg = seen["cfg"]
+    fc.run(parser.parse_args(["--preset", "finetune-digits", "--init-from", "x.pt", "--device", "cpu", *argv]))
+    return seen["cfg"]
+
+
+def test_finetune_grid_rates_are_the_rates_used_at_any_batch_size(tmp_path, monkeypatch, capsys):
+    # A.3's grid: with --set batch_size different from optim.ref_batch the grid's learning rates were
+    # scaled by batch/ref_batch while λ was divided by the unscaled rate and finetune.csv reported the grid
+    # value; now the runs set ref_batch to the batch size, so η (grid) is the peak rate and η·(λ/η) = λ
+    cfg = _finetune_config(monkeypatch, ["--out", str(tmp_path / "o"), "--set", "batch_size=32"])
     assert cfg["batch_size"] == 32 and cfg["optim"]["ref_batch"] == 32  # peak lr = grid lr x 32/32
     assert "learning rates are used as given" in capsys.readouterr().out
 
@@ -290,13 +294,8 @@ def test_tune_options_reach_the_protocol(tmp_path, monkeypatch):
 def test_finetune_holdout_size_sets_the_grid_holdout_of_an_image_folder(tmp_path, monkeypatch):
     """``repsim finetune --data FOLDER --holdout-size 3``: the runs' config holds data.holdout_size = 3 and
     the holdout the grid is scored on (checked before training) has 3 images."""
-    import argparse
-
     from PIL import Image
 
-    import repsim.train.finetune_cli as fc
-    import repsim.train.tune as tu
-    from repsim.train.config import load_config
     from repsim.train.data import dataset_from_config
 
     rng = np.random.default_rng(0)
@@ -305,19 +304,7 @@ def test_finetune_holdout_size_sets_the_grid_holdout_of_an_image_folder(tmp_path
         for i in range(5):
             img = Image.fromarray(rng.integers(0, 255, (12, 12, 3), dtype=np.uint8))
             img.save(tmp_path / "data" / "train" / c / f"{i}.png")
-    seen = {}
-
-    def fake_tune(*, preset, base_sets, **kw):
-        seen["cfg"] = load_config(preset, [f"{k}={tu.toml_literal(v)}" for k, v in base_sets])
-        return []
-
-    monkeypatch.setattr(tu, "tune", fake_tune)
-    monkeypatch.setattr(fc, "source_groups", lambda patterns: ([], []))
-    parser = argparse.ArgumentParser()
-    fc.configure(parser)
-    fc.run(parser.parse_args(["--preset", "finetune-digits", "--init-from", "x.pt", "--out", str(tmp_path / "o"),
-                              "--data", str(tmp_path / "data"), "--holdout-size", "3", "--set", "data.image_size=8",
-                              "--device", "cpu"]))
-    cfg = seen["cfg"]
+    cfg = _finetune_config(monkeypatch, ["--out", str(tmp_path / "o"), "--data", str(tmp_path / "data"),
+                                         "--holdout-size", "3", "--set", "data.image_size=8"])
     assert cfg["data"]["holdout_size"] == 3 and cfg["data"]["spec"] == str(tmp_path / "data")
     assert len(dataset_from_config(cfg, "holdout")) == 3 and len(dataset_from_config(cfg, "train")) == 7
