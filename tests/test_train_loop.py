@@ -203,6 +203,32 @@ def test_load_model_takes_the_checkpoint_tensors_without_running_the_initialiser
     assert torch.allclose(net(x), ordinary.eval()(x), atol=1e-5)
 
 
+def test_the_meta_build_skips_the_initialisers_values_and_imports_no_dynamo(trained):
+    """On the meta device the initialisers' value ops (normal_, fill_, ...) return the tensor untouched
+    (_NoValuesOnMeta; CPU tensors are still drawn), the network has the ordinary build's shapes, and a
+    process that loads a checkpoint never imports torch._dynamo (the meta normal_'s Python reference
+    imported it: ~2 s of every `repsim extract` of a repsim network)."""
+    import subprocess
+    import sys
+
+    from repsim.train.checkpoint import _NoValuesOnMeta
+    from repsim.train.models import build_network
+
+    ck = load_checkpoint(trained[0] / "checkpoint.pt")
+    with torch.device("meta"), _NoValuesOnMeta():
+        meta = build_network(ck["config"])
+        cpu = torch.zeros(3, device="cpu").normal_()
+    assert cpu.abs().sum() > 0  # (a real tensor keeps its values' ops)
+    ordinary = build_network(ck["config"])
+    assert [(k, v.shape, v.dtype) for k, v in meta.state_dict().items()] == \
+        [(k, v.shape, v.dtype) for k, v in ordinary.state_dict().items()]
+    code = ("import sys; from repsim.train.checkpoint import load_model; load_model(sys.argv[1]); "
+            "print('torch._dynamo' in sys.modules)")
+    got = subprocess.run([sys.executable, "-c", code, str(trained[0] / "checkpoint.pt")], capture_output=True,
+                         text=True, timeout=300)
+    assert got.returncode == 0 and got.stdout.strip() == "False", got.stdout + got.stderr[-2000:]
+
+
 def test_load_model_falls_back_to_the_ordinary_build_when_the_state_does_not_fit(trained):
     from repsim.train.checkpoint import CheckpointError, network_from_checkpoint
 
