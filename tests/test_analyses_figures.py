@@ -269,7 +269,7 @@ def test_figure_formats(tmp_path, capsys):
     capsys.readouterr()
     assert main(["figures", "--results", str(res), "--out", str(tmp_path / "bad"), "--formats", "png", "jpg"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--formats: jpg; choose from png, pdf, svg" in err[0]
+    assert len(err) == 1 and "--formats: jpg is not a figure format; choose from png, pdf, svg" in err[0], err
 
 
 def test_missing_inputs_are_skipped_with_a_note(tmp_path):

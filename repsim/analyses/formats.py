@@ -14,5 +14,7 @@ def check_formats(formats: Sequence[str]) -> tuple[str, ...]:
     got = tuple(dict.fromkeys(str(f).lower().lstrip(".") for f in formats))
     bad = [f for f in got if f not in FIGURE_FORMATS]
     if bad or not got:
-        raise ValueError(f"--formats: {', '.join(bad) or 'none given'}; choose from {', '.join(FIGURE_FORMATS)}")
+        what = f"{', '.join(bad)} {'is not a figure format' if len(bad) == 1 else 'are not figure formats'}" if bad \
+            else "no format given"
+        raise ValueError(f"--formats: {what}; choose from {', '.join(FIGURE_FORMATS)}")
     return got
