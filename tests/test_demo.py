@@ -209,3 +209,19 @@ def test_an_item_line_that_a_workers_long_write_was_cut_by_is_still_read():
                                                                                  '{"name": "b"}')
     assert split_item("a plain line") == ("a plain line", None)
     assert split_item("   ") == ("", None)
+
+
+def test_run_stage_verbose_streams_the_stage_lines_and_a_failure_names_its_network(tmp_path, capsys):
+    """run_stage (the demo's train/extract stages) with verbose=True (`repsim demo --verbose`): every line
+    the stage's process prints that is not a network's @@item line is echoed as "  [STAGE] ..."; a failing
+    network ends the stage in DemoError with the process's last lines, naming the network."""
+    from repsim.analyses.pipeline import DemoError, run_stage
+
+    broken = {"name": "broken", "commands": [["train", "--preset", "digits-nonexistent", "--out", str(tmp_path / "b"),
+                                              "--no-progress"]], "log": str(tmp_path / "broken.log")}
+    with pytest.raises(DemoError, match="train failed .exit 2.") as err:
+        run_stage("train", [broken], 1, item=lambda info: info["name"], verbose=True)
+    out = capsys.readouterr().out
+    assert "  [train] command_runs: broken failed (exit 2)" in out, out
+    assert "nonexistent" in out and "nonexistent" in str(err.value)  # the log's tail: the command's own error
+    # (without --verbose none of these lines is printed: test_demo_smoke_and_rerun's log has only [demo] lines)
