@@ -229,6 +229,32 @@ def test_the_meta_build_skips_the_initialisers_values_and_imports_no_dynamo(trai
     assert got.returncode == 0 and got.stdout.strip() == "False", got.stdout + got.stderr[-2000:]
 
 
+@pytest.mark.parametrize("arch", ["resnet18", "inception_v3", "allcnn_c", "wrn16_8", "mini_resnet14"])
+def test_every_architecture_loads_through_the_meta_build_to_the_same_outputs(arch):
+    """Each architecture family (torchvision's ResNet and Inception with its truncated-normal init,
+    All-CNN-C, the WRN, the mini ResNets) is rebuilt from a state dict on the meta device with its
+    initialisers skipped, every tensor the checkpoint's, and computes bit for bit what the network it
+    came from computes."""
+    from repsim.train.checkpoint import network_from_checkpoint
+    from repsim.train.config import load_config
+    from repsim.train.models import build_network
+
+    cfg = load_config(None, [f'arch="{arch}"', "arch_params={}", "in_channels=3", "num_classes=10",
+                             'objective="cosine_softmax"', 'data.spec="synthetic"'])
+    torch.manual_seed(0)
+    net = build_network(cfg).eval()
+    torch.manual_seed(1)
+    got = network_from_checkpoint({"config": cfg, "model": net.state_dict(), "ema": {}}, arch)
+    drawn_after = torch.rand(3)
+    torch.manual_seed(1)
+    assert torch.equal(drawn_after, torch.rand(3))  # the meta route: no initialiser drew (the ordinary one would)
+    assert not any(t.is_meta for t in (*got.parameters(), *got.buffers()))
+    size = 75 if arch == "inception_v3" else 32
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        assert torch.equal(got(x), net(x))
+
+
 def test_load_model_falls_back_to_the_ordinary_build_when_the_state_does_not_fit(trained):
     from repsim.train.checkpoint import CheckpointError, network_from_checkpoint
 
