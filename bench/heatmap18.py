@@ -150,6 +150,20 @@ def run_extract(ckpts: list[str], data: str, split: str, stores: Path, device: s
     return t, ex
 
 
+WROTE = re.compile(r"wrote .* in ([0-9.]+) s, after ([0-9.]+) s of setup \(model ([0-9.]+), data ([0-9.]+), "
+                   r"probe and plan ([0-9.]+), store ([0-9.]+)\)")
+
+
+def store_times(stderr: str) -> dict:
+    """From ``repsim extract``'s "wrote ..." lines (repsim/extract/pipeline.py ``setup_line``): each store's
+    seconds of forward passes and writes (``store_seconds``) and of setup before them
+    (``store_setup_seconds``), and the setup's steps summed over the stores (``setup_steps``)."""
+    rows = [[float(x) for x in m] for m in WROTE.findall(stderr)]
+    steps = ("model", "data", "probe_and_plan", "store")
+    return {"store_seconds": [r[0] for r in rows], "store_setup_seconds": [r[1] for r in rows],
+            "setup_steps": {k: round(sum(r[2 + i] for r in rows), 2) for i, k in enumerate(steps)}}
+
+
 def extract_job_modes(ckpts: list[str], data: str, split: str, work: Path, device: str) -> dict:
     """``repsim extract`` of the same checkpoints with each ``--job-mode`` (threads of one process, the
     GPU default; processes, the route before it: one spawned process per job on a GPU), back to back,
@@ -158,7 +172,7 @@ def extract_job_modes(ckpts: list[str], data: str, split: str, work: Path, devic
     for mode in ("processes", "threads"):
         stores = work / f"stores-{mode}"
         t, ex = run_extract(ckpts, data, split, stores, device, "--job-mode", mode)
-        out[mode] = {"seconds": t, "store_seconds": [float(m) for m in re.findall(r"wrote .* in ([0-9.]+) s", ex.stderr)]}
+        out[mode] = {"seconds": t, **store_times(ex.stderr)}
         shutil.rmtree(stores, ignore_errors=True)
         _stage(f"repsim extract --job-mode {mode}: {t:.1f} s")
     out["processes_over_threads"] = out["processes"]["seconds"] / out["threads"]["seconds"]
@@ -184,8 +198,7 @@ def run_repsim(ckpts: list[str], data: str, split: str, batch: int, work: Path, 
             raise SystemExit(f"repsim cka ({mode}) failed:\n{ck.stderr[-3000:]}")
         modes[mode] = {"seconds": {"extract": t_extract, "cka": t_cka, "total": t_extract + t_cka},
                        "flags": flags, "values": CKAResult.load(work / f"cka-{mode}.npz").values}
-    per_store = [float(m) for m in re.findall(r"wrote .* in ([0-9.]+) s", ex.stderr)]
-    return {"modes": modes, "store_seconds": per_store, "stores": paths,
+    return {"modes": modes, **store_times(ex.stderr), "stores": paths,
             "jobs_line": next((ln for ln in ex.stderr.splitlines() if "jobs" in ln), "")}
 
 
@@ -633,6 +646,12 @@ def report(r: dict) -> None:
         jm = r["extract_job_modes"]
         print(f"  repsim extract, one run each: --job-mode threads {jm['threads']['seconds']:.1f} s, processes "
               f"{jm['processes']['seconds']:.1f} s ({jm['processes_over_threads']:.2f}x)")
+        for mode in ("threads", "processes"):
+            st = jm[mode].get("setup_steps")
+            if st:
+                print(f"    {mode}: the stores' setup summed {sum(jm[mode]['store_setup_seconds']):.1f} s ("
+                      + ", ".join(f"{k} {v:.1f}" for k, v in st.items()) + f"), their passes and writes "
+                      f"{sum(jm[mode]['store_seconds']):.1f} s")
     print("  agreement (max |ΔCKA|): " + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
                                                   for k, v in r["agreement"].items()))
 

@@ -684,3 +684,22 @@ def test_the_demo_extract_stage_forks_workers_that_take_the_networks_in_turn(ckp
     fail = subprocess.run([sys.executable, "-m", "repsim.analyses.command_runs", "--jobs", "2", json.dumps(bad)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert fail.returncode != 0 and "command_runs: broken failed" in fail.stderr and "nope" in fail.stderr
+
+
+def test_the_wrote_line_gives_the_setup_steps_that_the_heatmap_bench_reads():
+    """extract's "wrote ..." line ends with the setup before the first forward pass and its steps
+    (pipeline.setup_line); bench/heatmap18.py splits a heatmap's extraction time with it."""
+    import importlib.util
+    from pathlib import Path
+
+    from repsim.extract.pipeline import setup_line
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "heatmap18.py"
+    spec = importlib.util.spec_from_file_location("heatmap18", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    line = setup_line({"start": 10.0, "model": 10.25, "data": 10.5, "plan": 11.0, "store": 11.125})
+    assert line == "1.1 s of setup (model 0.2, data 0.2, probe and plan 0.5, store 0.1)"
+    got = bench.store_times(f"extract: wrote s.zarr (2 chunks, 100 examples) in 3.0 s, after {line}\n" * 2)
+    assert got == {"store_seconds": [3.0, 3.0], "store_setup_seconds": [1.1, 1.1],
+                   "setup_steps": {"model": 0.4, "data": 0.4, "probe_and_plan": 1.0, "store": 0.2}}

@@ -299,6 +299,7 @@ def extract_store(
     fmt = "contiguous"
     # a module's weights_sha256 (the store's record of which model wrote it) on a thread of its own,
     # beside the dataset, the probe and the plan; it is needed first when the store is prepared
+    setup = {"start": time.perf_counter()}  # when each step before the forward passes ended (the "wrote" line)
     hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-hash") if given is not None else None
     digest = hashing.submit(weights_sha256, given) if hashing is not None else None
     lock = refused = None
@@ -314,12 +315,14 @@ def extract_store(
                     raise
                 refused = exc  # raised where rank 0 prepares the store: the other ranks hear of it there
         loaded = load_source(model, digest=PENDING_DIGEST if digest is not None else None, seed=seed)
+        setup["model"] = time.perf_counter()
         net, mmeta = loaded.model, loaded.meta
         dataset, dmeta = load_dataset(data, split, data_root, net, loaded.tokenizer, max_length)
         n = len(dataset)
         if n < 1:
             raise ExtractError("extract: the dataset is empty")
         dataset, dmeta = adapt_dataset(dataset, dmeta, loaded, image_size)
+        setup["data"] = time.perf_counter()
         dmeta["n"] = n
         jpeg, why = choose_jpeg(dataset, dev)  # a JPEG folder on a GPU: decoded there (extract/jpeg.py)
         if jpeg is not None:
@@ -358,6 +361,7 @@ def extract_store(
             # a model that reshapes its activations with .view() fails on NHWC strides: run it as it was written
             fmt = "contiguous"
             plan = plan_in(fmt)
+        setup["plan"] = time.perf_counter()
         plan.settings = {
             "layers": list(chosen), "spatial": str(spatial_), "tokens": str(tokens_), "dtype": dtype,
             "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else "off",
@@ -415,7 +419,7 @@ def extract_store(
         writer = created if created is not None else StoreWriter.open(str(out))
         dataset = reorder_rows(dataset, n, order, order_seed)
         ids = example_ids(dataset, n)
-        t0 = time.perf_counter()
+        t0 = setup["store"] = time.perf_counter()
         # the head's weights are written beside the forward passes (a thread of its own), not after them
         head = head_weights(net, plan.head) if plan.head and rank == 0 else None
         head_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="extract-head") if head else None
@@ -436,7 +440,7 @@ def extract_store(
         if rank == 0:
             store = writer.finalize()
             dt = time.perf_counter() - t0
-            _msg(f"wrote {out} ({len(pending)} chunks, {n} examples) in {dt:.1f} s")
+            _msg(f"wrote {out} ({len(pending)} chunks, {n} examples) in {dt:.1f} s, after {setup_line(setup)}")
         if world > 1:
             torch.distributed.barrier()
         return store if rank == 0 else open_store(str(out))
@@ -451,6 +455,16 @@ def extract_store(
             given.to(given_device)
         for m, mode in given_modes.items():
             m.training = mode
+
+
+def setup_line(setup: dict[str, float]) -> str:
+    """``0.3 s of setup (model 0.2, data 0.0, probe and plan 0.1, store 0.0)``: the time from the call to the
+    first forward pass and its steps, from the step-end times ``setup`` ("start", "model", "data",
+    "plan", "store"; bench/heatmap18.py reads the line to split a heatmap's extraction time)."""
+    names = {"model": "model", "data": "data", "plan": "probe and plan", "store": "store"}
+    keys = [k for k in ("start", "model", "data", "plan", "store") if k in setup]
+    steps = ", ".join(f"{names[b]} {setup[b] - setup[a]:.1f}" for a, b in zip(keys, keys[1:]))
+    return f"{setup[keys[-1]] - setup['start']:.1f} s of setup ({steps})"
 
 
 def _module_device(net: nn.Module) -> torch.device | None:
