@@ -630,8 +630,9 @@ def write_md(res: dict) -> None:
         if isinstance(jm, dict) and "threads" in jm:
             lines.append(f"| … `repsim extract` of the {h.get('networks', 18)} checkpoints as threads of one process "
                          f"(`--job-mode threads`, the GPU default) | {jm['threads']['seconds']:.1f} s | spawned processes "
-                         f"(`--job-mode processes`, the route before): {jm['processes']['seconds']:.1f} s | threads "
-                         f"**{jm['processes_over_threads']:.2f}×** faster |")
+                         f"(`--job-mode processes`, the route before): {jm['processes']['seconds']:.1f} s | threads at "
+                         f"**{jm['processes_over_threads']:.2f}×** the processes' speed "
+                         f"({'faster' if jm['processes_over_threads'] > 1 else 'slower'}) |")
             for mode in ("threads", "processes"):
                 st = jm[mode].get("setup_steps")
                 if st:  # where each mode's time went: the stores' setup steps and their passes, summed
