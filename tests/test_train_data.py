@@ -210,3 +210,35 @@ def test_image_folder_with_val_and_test_is_tested_on_test(tmp_path):
 
     shutil.rmtree(tmp_path / "test")  # the ImageNet layout: val/ is the test split
     assert len(build_dataset(str(tmp_path), "test", image_size=16)) == 2
+
+
+def test_threads_share_one_image_stack():
+    """Extraction jobs run as threads (`repsim extract --job-mode threads`) and ask one dataset for its
+    image stack at once: one of them builds it, the others wait and get the same tensor (each built its
+    own before: 4 threads, 4 stacks of the split). The build waits until all four have asked."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    ds = build_dataset("synthetic", "test", image_size=8, n=64)
+    entered, calls = [], []
+    all_in = threading.Event()
+    real = ds._loader
+
+    def loader(base, i):
+        if not calls:
+            all_in.wait(timeout=30)  # every thread is inside image_tensor before the first image is made
+        calls.append(i)
+        return real(base, i)
+
+    ds._loader = loader
+
+    def ask(_):
+        entered.append(1)
+        if len(entered) == 4:
+            all_in.set()
+        return ds.image_tensor()
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(ask, range(4)))
+    assert all(g is got[0] for g in got) and len(calls) == len(ds) + 1  # (the first image, then the stack)
+    assert torch.equal(got[0][0][5], ds[5][0])

@@ -34,6 +34,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import os
+import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -52,6 +53,7 @@ TORCHVISION_NATIVE_SIZE = {"cifar10": 32, "cifar100": 32, "mnist": 28, "fashionm
 
 
 IN_MEMORY_BYTES = 2 << 30  # the largest split SplitDataset.image_tensor materialises
+_STACKING = threading.Lock()  # one SplitDataset.image_tensor build at a time (threads share the result)
 
 
 class SplitDataset(Dataset):
@@ -87,18 +89,23 @@ class SplitDataset(Dataset):
         transform: digits, synthetic) and all of them fit ``max_bytes``; else None.  Extraction then
         slices batches from it without DataLoader workers (repsim/extract/memory.py).  Built once per dataset
         object (extraction reuses a dataset across the checkpoints of one command: 18 networks, one
-        stack)."""
+        stack; its threads, ``repsim extract --job-mode threads``, wait for one build instead of each making
+        its own)."""
         cached = self.__dict__.get("_image_tensor")
         if cached is not None and cached[0].nbytes <= max_bytes:
             return cached
         if self.transform is not None or not len(self) or not (
                 isinstance(self.base, torch.Tensor) or getattr(self.base, "in_memory", False)):
             return None
-        first = self._loader(self.base, int(self.indices[0]))
-        if not isinstance(first, torch.Tensor) or first.ndim != 3 or len(self) * first.nbytes > max_bytes:
-            return None
-        self._image_tensor = (torch.stack([self._loader(self.base, int(i)) for i in self.indices]), self.targets)
-        return self._image_tensor
+        with _STACKING:
+            cached = self.__dict__.get("_image_tensor")  # (built by another thread meanwhile)
+            if cached is not None and cached[0].nbytes <= max_bytes:
+                return cached
+            first = self._loader(self.base, int(self.indices[0]))
+            if not isinstance(first, torch.Tensor) or first.ndim != 3 or len(self) * first.nbytes > max_bytes:
+                return None
+            self._image_tensor = (torch.stack([self._loader(self.base, int(i)) for i in self.indices]), self.targets)
+            return self._image_tensor
 
 
 # -- digits ---------------------------------------------------------------------------------------
