@@ -643,7 +643,8 @@ class BlockReader:
         plans: list[tuple[list[int], list[tuple]] | None] = []
         for c in cols:
             cr = self.columns[c].chunk_rows
-            wanted = sorted({k for a, b in zip(starts.tolist(), stops.tolist()) for k in range(a // cr, (b - 1) // cr + 1)})
+            wanted = sorted({k for a, b in zip(starts.tolist(), stops.tolist())
+                             for k in range(a // cr, (b - 1) // cr + 1)})
             objects = []
             for k in wanted:
                 got = self._stores[c].chunk_object(self.columns[c].layer, k)

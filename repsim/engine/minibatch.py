@@ -106,12 +106,14 @@ def _cka_segment(spec: dict[str, Any], epoch: int, start: int, stop: int, *, rea
 
     # a load is one column of a group, or with the chunks decoded on the device a span of columns
     # decoded in one call (engine/device_decode.py: a call per column cost more than it saved)
-    spans = _decode_spans(columns, groups, plan.block_rows) if decoder is not None else [range(c, c + 1) for c in range(L)]
+    spans = (_decode_spans(columns, groups, plan.block_rows) if decoder is not None
+             else [range(c, c + 1) for c in range(L)])
 
     def load(unit: tuple[int, int]) -> list[list[Any]]:
         g, s = unit
         cols = spans[s]
-        decoded = reader.gather_decoded_span(cols, groups[g], decoder, xp) if decoder is not None else [None] * len(cols)
+        decoded = ([None] * len(cols) if decoder is None
+                   else reader.gather_decoded_span(cols, groups[g], decoder, xp))
         out = []
         for c, got in zip(cols, decoded):
             if got is None:
