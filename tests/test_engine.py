@@ -508,7 +508,7 @@ def test_cuda_without_cupy_is_a_clear_error(two_stores):
 def test_array_module_cuda_fills_cupy13_gaps(monkeypatch):
     """array_module("cuda") hands out the namespace CuPy's arrays get (repsim.array_api.array_namespace),
     which fills the names CuPy <= 13 lacks: the GPU-decoding route calls xp.concat on it
-    (BlockReader.gather_decoded), which the bare CuPy 13 module does not have."""
+    (BlockReader.gather_decoded_span), which the bare CuPy 13 module does not have."""
     import types
 
     from repsim import array_api

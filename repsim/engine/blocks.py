@@ -625,17 +625,12 @@ class BlockReader:
             out.append(span[offsets[pos] + rows - starts[pos]])
         return out
 
-    def gather_decoded(self, c: int, group: "Group", decoder: Any, xp: Any) -> list[Any] | None:
-        """:meth:`gather` with the chunks decoded by ``decoder`` (:mod:`repsim.engine.device_decode`:
-        on a GPU, nvCOMP), the rows picked and ``spatial`` applied in ``xp``; ``None`` where that route
-        does not apply (the "examples" scheme, a float64 layer — its magnitude check is the host's —,
-        an array not in repsim's zstd encoding on a local disk, a missing object): read as usual."""
-        return self.gather_decoded_span([c], group, decoder, xp)[0]
-
     def gather_decoded_span(self, cols: Sequence[int], group: "Group", decoder: Any, xp: Any) -> list[list[Any] | None]:
-        """:meth:`gather_decoded` of every column of ``cols`` with all their chunks decoded in one
-        ``decoder`` call (:func:`repsim.engine.device_decode.decode_spans` chooses the columns); a
-        column the route does not apply to is ``None`` (read as usual), the others are decoded."""
+        """:meth:`gather` of every column of ``cols``, with all their chunks decoded in one ``decoder``
+        call (:mod:`repsim.engine.device_decode`: on a GPU, nvCOMP; ``decode_spans`` chooses the
+        columns), the rows picked and ``spatial`` applied in ``xp``. A column the route does not apply
+        to is ``None``, read as usual: the "examples" scheme, a float64 layer (its magnitude check is
+        the host's), an array not in repsim's zstd encoding on a local disk, a missing object."""
         if group.blocks is None or self.spatial not in ("flatten", "mean"):
             return [None] * len(cols)
         starts = np.minimum(group.blocks * self.block_rows, self.n)
