@@ -42,6 +42,7 @@ def make_figures(stores: Path | None, results: Path | None, out: Path, *, only=N
     ``only_stores``: names of the stores to use under ``stores`` (default: all). ``formats``: the figure
     files (:data:`repsim.analyses.formats.FIGURE_FORMATS`). Returns (outcomes, report path).
     """
+    formats = check_formats(formats)  # (before the inputs are read)
     from repsim.analyses.data import Inputs
     from repsim.analyses.render import render_all
     from repsim.analyses.report import write_report
@@ -70,7 +71,6 @@ def run(args) -> int:
         return 0
     if args.out is None:
         raise SystemExit("repsim figures: --out is required (or --list)")
-    formats = check_formats(args.formats)
     for name in ("stores", "results"):
         path = getattr(args, name)
         if path is not None and not path.is_dir():
@@ -85,7 +85,7 @@ def run(args) -> int:
         if unknown:
             raise ValueError(f"--only: unknown item(s) {', '.join(unknown)}; `repsim figures --list` lists the items")
     outcomes, report = make_figures(args.stores, args.results, args.out, only=args.only,
-                                    progress=show_progress(args.progress), formats=formats)
+                                    progress=show_progress(args.progress), formats=args.formats)
     failed = [o for o in outcomes if o.status == "failed"]
     done = sum(o.status == "done" for o in outcomes)
     print(f"repsim figures: {done} rendered, {sum(o.status == 'skipped' for o in outcomes)} skipped, "

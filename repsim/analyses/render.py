@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from repsim.analyses.data import Inputs, Missing
-from repsim.analyses.formats import DEFAULT_FORMATS, check_formats
+from repsim.analyses.formats import DEFAULT_FORMATS
 from repsim.analyses.item import REGISTRY, Figure, Item, Table
 from repsim.analyses.items.catalog import ORDER
 
@@ -70,8 +70,7 @@ def render_one(it: Item, inputs: Inputs, out: Path, formats: Sequence[str] = DEF
 def render_all(inputs: Inputs, out: Path, *, only: set[str] | None = None,
                progress: bool = True, formats: Sequence[str] = DEFAULT_FORMATS) -> list[Outcome]:
     """Render every registered item (or those in ``only``: an id, or a per-measure item's id for all
-    its variants) into ``out``, figures as each of ``formats``."""
-    formats = check_formats(formats)
+    its variants) into ``out``, figures as each of ``formats`` (checked by ``make_figures``)."""
     import matplotlib
 
     matplotlib.use("Agg")

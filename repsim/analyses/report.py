@@ -54,8 +54,8 @@ def write_report(outcomes: list[Outcome], out: Path, *, title: str = "repsim fig
         links = " ".join(f"<a href='{html.escape(f)}'>{html.escape(f)}</a>" for f in o.files)
         parts.append(f"<h2 id='{o.item.id}'>{html.escape(o.item.title)}</h2>")
         if o.item.kind == "figure":
-            shown = next((f for f in o.files if f.endswith(".png")), None) or next(
-                (f for f in o.files if f.endswith(".svg")), None)  # (a PDF alone: the links below)
+            # the PNG, else the SVG (a PDF alone: the links below)
+            shown = next((f for ext in (".png", ".svg") for f in o.files if f.endswith(ext)), None)
             if shown is not None:
                 parts.append(f"<a href='{html.escape(shown)}'><img src='{html.escape(shown)}' "
                              f"alt='{html.escape(o.item.title)}'></a>")
