@@ -359,15 +359,15 @@ def build_dataset(spec: str, split: str, *, augment: Any = False, root: str | os
     if per_class and fashion_classes is None:  # a subsample the run would silently not take
         raise ValueError(f"data.{', data.'.join(sorted(per_class))} apply to the Fashion-MNIST specs only "
                          f"(fashion, fashion-source, fashion-target, fashion:C,...), not to {spec!r}")
-    fixed = {"digits": "10 % of each class", "digits-source": "10 % of each class",
-             "digits-target": "10 % of each class", "synthetic": "a generated set of data.synthetic_n images"}
-    if holdout_size and (spec in fixed or fashion_classes is not None):  # a holdout the run would silently not take
-        how = ("data.holdout_per_class images of each class (repsim.train.fashion)" if fashion_classes is not None
-               else fixed[spec])
+    digits = spec in ("digits", "digits-source", "digits-target")
+    # a holdout size these specs would silently not take: their holdout splits are fixed
+    if holdout_size and (digits or spec == "synthetic" or fashion_classes is not None):
+        how = ("10 % of each class" if digits else "a generated set of data.synthetic_n images"
+               if spec == "synthetic" else "data.holdout_per_class images of each class (repsim.train.fashion)")
         raise FixedHoldoutError(f"data.holdout_size = {holdout_size} (finetune: --holdout-size) applies to image "
                                 f"folders, CSV files and torchvision datasets; the holdout split of {spec!r} is "
                                 f"fixed: {how}")
-    if spec in ("digits", "digits-source", "digits-target"):
+    if digits:
         return _digits(spec, split, bool(augment) and split == "train", autoaugment)
     if fashion_classes is not None:
         if autoaugment:
