@@ -633,12 +633,12 @@ def write_md(res: dict) -> None:
                          f"(`--job-mode processes`, the route before): {jm['processes']['seconds']:.1f} s | threads at "
                          f"**{jm['processes_over_threads']:.2f}×** the processes' speed "
                          f"({'faster' if jm['processes_over_threads'] > 1 else 'slower'}) |")
+            from heatmap18 import setup_summary
+
             for mode in ("threads", "processes"):
-                st = jm[mode].get("setup_steps")
-                if st:  # where each mode's time went: the stores' setup steps and their passes, summed
-                    lines.append(f"| … {mode}: the stores' setup summed | {sum(jm[mode]['store_setup_seconds']):.1f} s ("
-                                 + ", ".join(f"{k} {v:.1f}" for k, v in st.items()) + ") | their forward passes and "
-                                 f"writes: {sum(jm[mode]['store_seconds']):.1f} s | |")
+                summary = setup_summary(jm[mode])  # where each mode's time went, summed over the stores
+                if summary:
+                    lines.append(f"| … {mode}: the stores' setup and passes | {summary} | | |")
     x = res.get("extract")
     if isinstance(x, dict) and x.get("ratio_16_blocks") is not None:
         lines.append(f"| extraction of ResNet-50's 16 blocks (`--spatial mean`, 224 px, in memory; "

@@ -164,6 +164,17 @@ def store_times(stderr: str) -> dict:
             "setup_steps": {k: round(sum(r[2 + i] for r in rows), 2) for i, k in enumerate(steps)}}
 
 
+def setup_summary(times: dict) -> str | None:
+    """``5.4 s (model 3.0, data 0.5, probe_and_plan 1.0, store 0.2); passes and writes 9.0 s``: the stores'
+    setup and its steps, and their forward passes and writes, each summed (:func:`store_times`'s dict);
+    None for results without the steps."""
+    steps = times.get("setup_steps")
+    if not steps:
+        return None
+    return (f"{sum(times['store_setup_seconds']):.1f} s (" + ", ".join(f"{k} {v:.1f}" for k, v in steps.items())
+            + f"); passes and writes {sum(times['store_seconds']):.1f} s")
+
+
 def extract_job_modes(ckpts: list[str], data: str, split: str, work: Path, device: str) -> dict:
     """``repsim extract`` of the same checkpoints with each ``--job-mode`` (threads of one process, the
     GPU default; processes, the route before it: one spawned process per job on a GPU), back to back,
@@ -647,11 +658,8 @@ def report(r: dict) -> None:
         print(f"  repsim extract, one run each: --job-mode threads {jm['threads']['seconds']:.1f} s, processes "
               f"{jm['processes']['seconds']:.1f} s ({jm['processes_over_threads']:.2f}x)")
         for mode in ("threads", "processes"):
-            st = jm[mode].get("setup_steps")
-            if st:
-                print(f"    {mode}: the stores' setup summed {sum(jm[mode]['store_setup_seconds']):.1f} s ("
-                      + ", ".join(f"{k} {v:.1f}" for k, v in st.items()) + f"), their passes and writes "
-                      f"{sum(jm[mode]['store_seconds']):.1f} s")
+            if setup_summary(jm[mode]):
+                print(f"    {mode}: the stores' setup summed {setup_summary(jm[mode])}")
     print("  agreement (max |ΔCKA|): " + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
                                                   for k, v in r["agreement"].items()))
 
